@@ -1,0 +1,88 @@
+//! A small axum server with rate-limited routes, on Redis when `REDIS_URL` is set and
+//! in-process otherwise.
+//!
+//! ```text
+//! cargo run --example quickstart                                   # in-process
+//! REDIS_URL=redis://127.0.0.1:6379 cargo run --example quickstart  # shared in Redis
+//! ```
+//!
+//! Each route is limited per `x-api-key` header, or per client IP when the header is
+//! absent. `PORT` overrides the port (3000).
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use axum::{routing::get, Extension, Router};
+use tower_redis_ratelimit::key::{HeaderKey, PeerIp};
+use tower_redis_ratelimit::{deadpool_redis, Backend, Decision, PeriodLimitLayer};
+
+/// Requests per window on `/period`.
+const PERIOD_QUOTA: u64 = 5;
+/// The window of `/period`.
+const PERIOD: Duration = Duration::from_secs(30);
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "info,tower_redis_ratelimit=info".into()),
+        )
+        .init();
+
+    let backend = match std::env::var("REDIS_URL") {
+        Ok(url) => {
+            let pool = deadpool_redis::Config::from_url(url.clone())
+                .create_pool(Some(deadpool_redis::Runtime::Tokio1))?;
+            println!("limits are kept in Redis at {url}");
+            Backend::builder()
+                .redis(pool)
+                .prefix("quickstart")
+                .build()?
+        }
+        Err(_) => {
+            println!("REDIS_URL is not set: limits are kept in this process");
+            Backend::in_process()
+        }
+    };
+
+    let key = || HeaderKey::from_static("x-api-key").or(PeerIp::new());
+    let period = PeriodLimitLayer::builder(&backend)
+        .name("period")
+        .quota(PERIOD_QUOTA)
+        .period(PERIOD)
+        .key(key())
+        .build()?;
+
+    let app = Router::new().route("/period", get(report).layer(period));
+
+    let port: u16 = match std::env::var("PORT") {
+        Ok(port) => port.parse()?,
+        Err(_) => 3000,
+    };
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let addr = listener.local_addr()?;
+    println!(
+        "serving on http://{addr}\n  GET /period  {PERIOD_QUOTA} requests per {}s (fixed window)\n\
+         try: for i in $(seq 7); do curl -si -H 'x-api-key: demo' http://{addr}/period | head -n1; done",
+        PERIOD.as_secs()
+    );
+    axum::serve(
+        listener,
+        app.into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .await?;
+    Ok(())
+}
+
+/// Tells the client where it stands, from the decision the limiter left in the request.
+async fn report(Extension(decision): Extension<Decision>) -> String {
+    format!(
+        "{:?}: {} of {} left, window resets in {:.1}s\n",
+        decision.state,
+        decision.remaining,
+        decision.limit,
+        decision.reset.as_secs_f64()
+    )
+}

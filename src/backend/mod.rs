@@ -1,0 +1,318 @@
+//! Where limits are kept: one [`Backend`] handle, shared by every layer.
+//!
+//! A backend is either in-process ([`Backend::in_process`]) or Redis
+//! ([`Backend::redis`], a `deadpool-redis` pool). Every limiter built on a Redis backend
+//! also keeps in-process state with the same semantics, which answers while Redis is
+//! unreachable; one health state per backend decides which one answers, and one
+//! background probe switches back when Redis recovers.
+
+mod redis;
+
+use std::fmt;
+use std::num::NonZeroU32;
+use std::sync::Arc;
+use std::time::Duration;
+
+use deadpool_redis::redis::{Script, ScriptInvocation};
+
+use crate::clock::Clock;
+use crate::decision::{Decision, Source};
+use crate::error::{check_name, ConfigError};
+use crate::limiter::Check;
+
+use self::redis::{RedisBackend, ScriptError};
+
+/// The default key prefix.
+pub const DEFAULT_PREFIX: &str = "ratelimit";
+/// The default deadline of one Redis round trip (pool wait included).
+pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_millis(100);
+/// The default interval of the health probe while Redis is unreachable.
+pub const DEFAULT_PROBE_INTERVAL: Duration = Duration::from_millis(500);
+
+/// A handle on where limits are kept; cheap to clone, shared by all layers.
+///
+/// ```
+/// use tower_redis_ratelimit::Backend;
+///
+/// // No Redis: limits live in this process.
+/// let local = Backend::in_process();
+/// assert!(!local.is_redis());
+/// ```
+///
+/// ```no_run
+/// use tower_redis_ratelimit::{deadpool_redis, Backend};
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let pool = deadpool_redis::Config::from_url("redis://127.0.0.1:6379")
+///     .create_pool(Some(deadpool_redis::Runtime::Tokio1))?;
+/// let backend = Backend::builder().redis(pool).prefix("myapp:rl").build()?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Backend {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    prefix: String,
+    clock: Clock,
+    redis: Option<Arc<RedisBackend>>,
+}
+
+impl Backend {
+    /// A backend that keeps every limit in this process.
+    #[must_use]
+    pub fn in_process() -> Self {
+        Self::builder()
+            .build()
+            .expect("the default configuration is valid")
+    }
+
+    /// A Redis backend on `pool` with the default settings.
+    #[must_use]
+    pub fn redis(pool: deadpool_redis::Pool) -> Self {
+        Self::builder()
+            .redis(pool)
+            .build()
+            .expect("the default configuration is valid")
+    }
+
+    /// Starts configuring a backend.
+    pub fn builder() -> BackendBuilder {
+        BackendBuilder::default()
+    }
+
+    /// Whether limits are kept in Redis (possibly answered by the fallback right now).
+    #[must_use]
+    pub fn is_redis(&self) -> bool {
+        self.inner.redis.is_some()
+    }
+
+    /// Whether Redis currently answers checks: `None` for an in-process backend, `false`
+    /// while the in-process fallback is answering.
+    #[must_use]
+    pub fn redis_healthy(&self) -> Option<bool> {
+        self.inner.redis.as_ref().map(|r| r.is_healthy())
+    }
+
+    /// The prefix of every Redis key.
+    #[must_use]
+    pub fn prefix(&self) -> &str {
+        &self.inner.prefix
+    }
+
+    pub(crate) fn clock(&self) -> Clock {
+        self.inner.clock
+    }
+
+    pub(crate) fn redis_handle(&self) -> Option<&Arc<RedisBackend>> {
+        self.inner.redis.as_ref()
+    }
+
+    /// The namespace of one limiter's keys: `<prefix>:<kind>:<name>:`.
+    pub(crate) fn namespace(&self, kind: &str, name: &str) -> String {
+        let mut ns = String::with_capacity(self.inner.prefix.len() + kind.len() + name.len() + 3);
+        ns.push_str(&self.inner.prefix);
+        ns.push(':');
+        ns.push_str(kind);
+        ns.push(':');
+        ns.push_str(name);
+        ns.push(':');
+        ns
+    }
+}
+
+impl fmt::Debug for Backend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Backend")
+            .field("prefix", &self.inner.prefix)
+            .field("redis", &self.inner.redis)
+            .finish()
+    }
+}
+
+/// One algorithm's two halves: its Redis script and its in-process state with the same
+/// semantics. [`check`] picks the half that answers.
+pub(crate) trait Store: Send + Sync + 'static {
+    fn backend(&self) -> &Backend;
+    /// `<prefix>:<kind>:<name>:`, the start of every Redis key of this limiter.
+    fn namespace(&self) -> &str;
+    /// The largest cost that can ever be admitted at once.
+    fn capacity(&self) -> u64;
+    /// The decision for a cost above [`capacity`](Self::capacity).
+    fn exceeds_capacity(&self, source: Source) -> Decision;
+    /// The script, run with `KEYS[1]` = the limited key.
+    fn script(&self) -> &'static Script;
+    /// Appends the script's `ARGV`.
+    fn args(&self, invocation: &mut ScriptInvocation<'static>, cost: NonZeroU32);
+    /// Reads the script's reply; `None` when it is not of the expected shape.
+    fn decide(&self, reply: &[i64], cost: NonZeroU32) -> Option<Decision>;
+    /// Answers from the in-process state.
+    fn local(&self, key: &str, cost: NonZeroU32, source: Source) -> Decision;
+}
+
+/// Answers a check from Redis while it is healthy (one round trip, run by SHA), from the
+/// in-process state otherwise; a failed round trip is answered by the fallback and
+/// switches the backend to it until the probe reaches Redis again.
+pub(crate) fn check<T: Store>(store: &Arc<T>, key: &str, cost: NonZeroU32) -> Check {
+    let redis = store.backend().redis_handle();
+    if u64::from(cost.get()) > store.capacity() {
+        let source = match redis {
+            None => Source::InProcess,
+            Some(redis) if redis.is_healthy() => Source::Redis,
+            Some(_) => Source::Fallback,
+        };
+        return Check::ready(store.exceeds_capacity(source));
+    }
+    let Some(redis) = redis else {
+        return Check::ready(store.local(key, cost, Source::InProcess));
+    };
+    if !redis.is_healthy() {
+        return Check::ready(store.local(key, cost, Source::Fallback));
+    }
+    let namespace = store.namespace();
+    let mut redis_key = String::with_capacity(namespace.len() + key.len());
+    redis_key.push_str(namespace);
+    redis_key.push_str(key);
+    let mut invocation = store.script().key(&redis_key);
+    store.args(&mut invocation, cost);
+    let store = Arc::clone(store);
+    let redis = Arc::clone(redis);
+    Check::pending(async move {
+        let error = match redis.eval(&invocation).await {
+            Ok(reply) => match store.decide(&reply, cost) {
+                Some(decision) => return decision,
+                None => ScriptError::Reply(reply),
+            },
+            Err(error) => error,
+        };
+        redis.mark_unhealthy(&error);
+        let key = &redis_key[store.namespace().len()..];
+        store.local(key, cost, Source::Fallback)
+    })
+}
+
+/// Configures a [`Backend`].
+#[derive(Debug)]
+#[must_use = "a builder does nothing until `build` is called"]
+pub struct BackendBuilder {
+    pool: Option<deadpool_redis::Pool>,
+    prefix: String,
+    call_timeout: Duration,
+    probe_interval: Duration,
+}
+
+impl Default for BackendBuilder {
+    fn default() -> Self {
+        Self {
+            pool: None,
+            prefix: DEFAULT_PREFIX.to_owned(),
+            call_timeout: DEFAULT_CALL_TIMEOUT,
+            probe_interval: DEFAULT_PROBE_INTERVAL,
+        }
+    }
+}
+
+impl BackendBuilder {
+    /// Keeps limits in Redis through this pool (without it, limits stay in-process).
+    pub fn redis(mut self, pool: deadpool_redis::Pool) -> Self {
+        self.pool = Some(pool);
+        self
+    }
+
+    /// The prefix of every Redis key (default `ratelimit`), e.g. to share one Redis
+    /// between applications.
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// The deadline of one Redis check, pool wait included (default 100 ms). A check that
+    /// takes longer is answered by the fallback, and Redis counts as unreachable until the
+    /// probe reaches it again.
+    pub fn call_timeout(mut self, timeout: Duration) -> Self {
+        self.call_timeout = timeout;
+        self
+    }
+
+    /// How often the health probe pings Redis while it is unreachable (default 500 ms).
+    pub fn probe_interval(mut self, interval: Duration) -> Self {
+        self.probe_interval = interval;
+        self
+    }
+
+    /// Checks the settings and builds the backend.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] for an invalid prefix or a zero timeout or probe interval.
+    pub fn build(self) -> Result<Backend, ConfigError> {
+        check_name("prefix", &self.prefix)?;
+        if self.call_timeout < Duration::from_millis(1) {
+            return Err(ConfigError::ZeroDuration {
+                setting: "call_timeout",
+            });
+        }
+        if self.probe_interval < Duration::from_millis(1) {
+            return Err(ConfigError::ZeroDuration {
+                setting: "probe_interval",
+            });
+        }
+        let redis = self.pool.map(|pool| {
+            Arc::new(RedisBackend::new(
+                pool,
+                self.call_timeout,
+                self.probe_interval,
+            ))
+        });
+        Ok(Backend {
+            inner: Arc::new(Inner {
+                prefix: self.prefix,
+                clock: Clock::new(),
+                redis,
+            }),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn invalid_settings_fail_when_built() {
+        assert!(matches!(
+            Backend::builder().prefix("").build(),
+            Err(ConfigError::InvalidName {
+                setting: "prefix",
+                ..
+            })
+        ));
+        assert!(matches!(
+            Backend::builder().prefix("{app}").build(),
+            Err(ConfigError::InvalidName {
+                setting: "prefix",
+                ..
+            })
+        ));
+        assert!(matches!(
+            Backend::builder().call_timeout(Duration::ZERO).build(),
+            Err(ConfigError::ZeroDuration {
+                setting: "call_timeout"
+            })
+        ));
+        assert!(matches!(
+            Backend::builder().probe_interval(Duration::ZERO).build(),
+            Err(ConfigError::ZeroDuration {
+                setting: "probe_interval"
+            })
+        ));
+    }
+
+    #[test]
+    fn namespace_layout() {
+        let b = Backend::builder().prefix("app").build().unwrap();
+        assert_eq!(b.namespace("period", "sms"), "app:period:sms:");
+        assert_eq!(b.redis_healthy(), None);
+    }
+}

@@ -1,0 +1,119 @@
+//! The Redis side of a backend: scripts run by SHA under a deadline, and the health
+//! state with its single background probe.
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use deadpool_redis::redis::{self, ScriptInvocation};
+use deadpool_redis::{Pool, PoolError};
+
+/// Why a Redis check could not be answered by Redis.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ScriptError {
+    #[error("redis pool: {0}")]
+    Pool(#[from] PoolError),
+    #[error("redis: {0}")]
+    Redis(#[from] redis::RedisError),
+    #[error("redis did not answer within {0:?}")]
+    Timeout(Duration),
+    #[error("unexpected script reply: {0:?}")]
+    Reply(Vec<i64>),
+}
+
+pub(crate) struct RedisBackend {
+    pool: Pool,
+    call_timeout: Duration,
+    probe_interval: Duration,
+    healthy: AtomicBool,
+}
+
+impl fmt::Debug for RedisBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Redis")
+            .field("pool", &self.pool.status())
+            .field("call_timeout", &self.call_timeout)
+            .field("probe_interval", &self.probe_interval)
+            .field("healthy", &self.is_healthy())
+            .finish()
+    }
+}
+
+impl RedisBackend {
+    pub(crate) fn new(pool: Pool, call_timeout: Duration, probe_interval: Duration) -> Self {
+        Self {
+            pool,
+            call_timeout,
+            probe_interval,
+            healthy: AtomicBool::new(true),
+        }
+    }
+
+    pub(crate) fn is_healthy(&self) -> bool {
+        self.healthy.load(Ordering::Acquire)
+    }
+
+    /// Runs a script by SHA (loading it on `NOSCRIPT`), pool wait included in the deadline.
+    pub(crate) async fn eval(
+        &self,
+        invocation: &ScriptInvocation<'static>,
+    ) -> Result<Vec<i64>, ScriptError> {
+        let call = async {
+            let mut conn = self.pool.get().await?;
+            Ok(invocation.invoke_async::<Vec<i64>>(&mut conn).await?)
+        };
+        match tokio::time::timeout(self.call_timeout, call).await {
+            Ok(result) => result,
+            Err(_) => Err(ScriptError::Timeout(self.call_timeout)),
+        }
+    }
+
+    /// Switches every limiter of this backend to its fallback and starts the one probe
+    /// that switches them back. Only the first failure of an outage logs and probes.
+    pub(crate) fn mark_unhealthy(self: &Arc<Self>, error: &ScriptError) {
+        if !self.healthy.swap(false, Ordering::AcqRel) {
+            return;
+        }
+        tracing::warn!(%error, "redis unreachable: answering from the in-process fallback");
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(probe(Arc::downgrade(self), self.probe_interval));
+            }
+            // No runtime to probe from: try Redis again on the next check.
+            Err(_) => self.healthy.store(true, Ordering::Release),
+        }
+    }
+
+    async fn ping(&self) -> Result<(), ScriptError> {
+        let call = async {
+            let mut conn = self.pool.get().await?;
+            redis::cmd("PING")
+                .query_async::<()>(&mut conn)
+                .await
+                .map_err(ScriptError::from)
+        };
+        match tokio::time::timeout(self.call_timeout, call).await {
+            Ok(result) => result,
+            Err(_) => Err(ScriptError::Timeout(self.call_timeout)),
+        }
+    }
+}
+
+/// Pings Redis every `interval` until it answers or the backend is dropped.
+async fn probe(backend: Weak<RedisBackend>, interval: Duration) {
+    loop {
+        tokio::time::sleep(interval).await;
+        let Some(backend) = backend.upgrade() else {
+            return;
+        };
+        match backend.ping().await {
+            Ok(()) => {
+                backend.healthy.store(true, Ordering::Release);
+                tracing::info!("redis reachable again: limits are back in redis");
+                return;
+            }
+            Err(error) => tracing::debug!(%error, "redis health probe failed"),
+        }
+    }
+}

@@ -1,0 +1,163 @@
+//! The outcome of one rate-limit check, as data.
+
+use std::time::Duration;
+
+/// Where a request stands against its limit after a check.
+///
+/// The states follow go-zero's period limiter: the request that uses the last unit of the
+/// quota is [`HitQuota`](State::HitQuota) (admitted, and the last one), so a batch job can
+/// pause until the window resets instead of running into rejections.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum State {
+    /// Admitted, with quota left.
+    Allowed,
+    /// Admitted, and it used the last of the quota.
+    HitQuota,
+    /// Rejected: the limit is used up until the time in [`Decision::retry_after`].
+    OverQuota,
+    /// Rejected for good: the request costs more than the limit can ever admit at once
+    /// (a cost above the burst or the limit). Waiting does not help, so there is no
+    /// retry-after.
+    ExceedsCapacity,
+}
+
+impl State {
+    /// Whether the request was admitted.
+    #[must_use]
+    pub fn is_admitted(self) -> bool {
+        matches!(self, Self::Allowed | Self::HitQuota)
+    }
+}
+
+/// Which store answered a check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Source {
+    /// The shared Redis state.
+    Redis,
+    /// The in-process state, because the backend has no Redis.
+    InProcess,
+    /// The in-process state standing in while Redis is unreachable.
+    Fallback,
+}
+
+/// The outcome of one check: state, limit, what is left, and when it resets.
+///
+/// Admitted requests carry their `Decision` in the request extensions, so a handler can
+/// read it:
+///
+/// ```
+/// use axum::Extension;
+/// use tower_redis_ratelimit::{Decision, State};
+///
+/// async fn handler(Extension(decision): Extension<Decision>) -> String {
+///     if decision.state == State::HitQuota {
+///         format!("that was the last one; next window in {:?}", decision.reset)
+///     } else {
+///         format!("{} left", decision.remaining)
+///     }
+/// }
+/// # let _ = axum::Router::<()>::new().route("/", axum::routing::get(handler));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Decision {
+    /// Admitted or not, and why.
+    pub state: State,
+    /// The limit this check ran against (quota, burst, or window limit).
+    pub limit: u64,
+    /// Units still available right after this check.
+    pub remaining: u64,
+    /// Time until the limit is fully available again (window end, or a full bucket).
+    pub reset: Duration,
+    /// For a rejected request that can succeed later: the time until it could be admitted.
+    pub retry_after: Option<Duration>,
+    /// Which store answered.
+    pub source: Source,
+}
+
+impl Decision {
+    /// Builds a decision; meant for [`Limiter`](crate::Limiter) implementations.
+    #[must_use]
+    pub fn new(state: State, limit: u64, remaining: u64, reset: Duration, source: Source) -> Self {
+        Self {
+            state,
+            limit,
+            remaining: remaining.min(limit),
+            reset,
+            retry_after: None,
+            source,
+        }
+    }
+
+    /// Sets the time after which a rejected request could be admitted.
+    #[must_use]
+    pub fn with_retry_after(mut self, retry_after: Duration) -> Self {
+        self.retry_after = Some(retry_after);
+        self
+    }
+
+    /// Whether the request was admitted.
+    #[must_use]
+    pub fn is_admitted(&self) -> bool {
+        self.state.is_admitted()
+    }
+}
+
+/// What a limiter enforces, as advertised in the `RateLimit-Policy` header.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Policy {
+    name: String,
+    quota: u64,
+    window: Duration,
+}
+
+impl Policy {
+    /// A policy named `name` admitting `quota` units per `window`.
+    #[must_use]
+    pub fn new(name: impl Into<String>, quota: u64, window: Duration) -> Self {
+        Self {
+            name: name.into(),
+            quota,
+            window,
+        }
+    }
+
+    /// The policy's name, also the namespace of its keys.
+    #[must_use]
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Units admitted per window (`q` in `RateLimit-Policy`).
+    #[must_use]
+    pub fn quota(&self) -> u64 {
+        self.quota
+    }
+
+    /// The window (`w` in `RateLimit-Policy`, in whole seconds rounded up).
+    #[must_use]
+    pub fn window(&self) -> Duration {
+        self.window
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn admitted_states() {
+        assert!(State::Allowed.is_admitted());
+        assert!(State::HitQuota.is_admitted());
+        assert!(!State::OverQuota.is_admitted());
+        assert!(!State::ExceedsCapacity.is_admitted());
+    }
+
+    #[test]
+    fn remaining_never_exceeds_limit() {
+        let d = Decision::new(State::Allowed, 5, 9, Duration::ZERO, Source::InProcess);
+        assert_eq!(d.remaining, 5);
+    }
+}

@@ -1,0 +1,102 @@
+//! Errors reported when a layer or backend is built.
+
+use std::fmt;
+
+/// A configuration that cannot work, reported when the layer or backend is built.
+///
+/// Nothing on the request path returns this error: every check that can fail is made up
+/// front, so a layer that was built successfully never rejects a request because of its
+/// own configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// A count (quota, rate, burst, limit, buckets) is zero.
+    #[non_exhaustive]
+    Zero {
+        /// The setting that is zero.
+        setting: &'static str,
+    },
+    /// A duration (period, interval, timeout) is zero or too short to be measured.
+    #[non_exhaustive]
+    ZeroDuration {
+        /// The setting that is zero.
+        setting: &'static str,
+    },
+    /// A duration is longer than the backend can represent.
+    #[non_exhaustive]
+    TooLong {
+        /// The setting that is too long.
+        setting: &'static str,
+    },
+    /// A required setting was never given.
+    #[non_exhaustive]
+    Missing {
+        /// The setting that is missing.
+        setting: &'static str,
+    },
+    /// A name or prefix is empty or holds characters that would break key building.
+    #[non_exhaustive]
+    InvalidName {
+        /// The setting that is invalid.
+        setting: &'static str,
+        /// Why it is invalid.
+        reason: &'static str,
+    },
+    /// Two settings contradict each other.
+    #[non_exhaustive]
+    Conflict {
+        /// What contradicts what.
+        reason: &'static str,
+    },
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Zero { setting } => write!(f, "`{setting}` must be greater than zero"),
+            Self::ZeroDuration { setting } => {
+                write!(f, "`{setting}` must be at least one millisecond")
+            }
+            Self::TooLong { setting } => write!(f, "`{setting}` is too long"),
+            Self::Missing { setting } => write!(f, "`{setting}` is required but was not set"),
+            Self::InvalidName { setting, reason } => write!(f, "invalid `{setting}`: {reason}"),
+            Self::Conflict { reason } => write!(f, "conflicting settings: {reason}"),
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// Checks a key prefix or limiter name: non-empty, printable, no Redis hash-tag braces.
+pub(crate) fn check_name(setting: &'static str, value: &str) -> Result<(), ConfigError> {
+    let reason = if value.is_empty() {
+        "must not be empty"
+    } else if value.len() > 128 {
+        "must be at most 128 bytes"
+    } else if value.contains(['{', '}']) {
+        "must not contain `{` or `}` (they would change the Redis Cluster hash slot)"
+    } else if value
+        .chars()
+        .any(|c| c.is_control() || c == '"' || c == '\\')
+    {
+        "must not contain control characters, quotes or backslashes"
+    } else {
+        return Ok(());
+    };
+    Err(ConfigError::InvalidName { setting, reason })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_name_the_setting() {
+        let e = ConfigError::Zero { setting: "quota" };
+        assert_eq!(e.to_string(), "`quota` must be greater than zero");
+        assert!(check_name("prefix", "").is_err());
+        assert!(check_name("prefix", "a{b").is_err());
+        assert!(check_name("name", "say \"hi\"").is_err());
+        assert!(check_name("prefix", "ratelimit").is_ok());
+    }
+}

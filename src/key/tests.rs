@@ -1,0 +1,752 @@
+use std::borrow::Cow;
+use std::collections::HashSet;
+use std::net::{IpAddr, SocketAddr};
+
+use http::{HeaderValue, Request};
+
+use super::ip::parse_forwarded_line;
+use super::*;
+
+fn req() -> Request<()> {
+    Request::new(())
+}
+
+fn with_peer(peer: &str) -> Request<()> {
+    let mut req = req();
+    req.extensions_mut()
+        .insert(peer.parse::<SocketAddr>().unwrap());
+    req
+}
+
+fn with_peer_and_headers(peer: &str, headers: &[(&str, &str)]) -> Request<()> {
+    let mut req = with_peer(peer);
+    for (name, value) in headers {
+        req.headers_mut().append(
+            HeaderName::from_bytes(name.as_bytes()).unwrap(),
+            HeaderValue::from_str(value).unwrap(),
+        );
+    }
+    req
+}
+
+fn key<K: KeyExtractor<()>>(k: &K, req: &Request<()>) -> Option<String> {
+    k.extract(req).map(Cow::into_owned)
+}
+
+fn is_borrowed(key: &Option<Cow<'_, str>>) -> bool {
+    matches!(key, Some(Cow::Borrowed(_)))
+}
+
+fn assert_traits<T: Clone + fmt::Debug + Send + Sync + 'static>() {}
+
+#[test]
+fn public_types_are_clone_debug_send_sync() {
+    struct NotCloneNorDebug;
+    assert_traits::<GlobalKey>();
+    assert_traits::<PeerIp>();
+    assert_traits::<ForwardedIp>();
+    assert_traits::<ForwardedHeader>();
+    assert_traits::<HeaderKey>();
+    assert_traits::<ExtensionKey<NotCloneNorDebug>>();
+    assert_traits::<PathKey>();
+    assert_traits::<Or<GlobalKey, PathKey>>();
+    assert_traits::<And<GlobalKey, PathKey>>();
+    #[cfg(feature = "axum")]
+    assert_traits::<MatchedPathKey>();
+}
+
+#[test]
+fn extractors_are_object_safe() {
+    let extractors: Vec<Box<dyn KeyExtractor<()>>> = vec![
+        Box::new(GlobalKey::new()),
+        Box::new(PathKey::new()),
+        Box::new(|_: &Request<()>| Some("closure")),
+    ];
+    let keys: Vec<_> = extractors.iter().map(|k| key(&**k, &req())).collect();
+    assert_eq!(
+        keys,
+        [
+            Some("global".to_owned()),
+            Some("/".to_owned()),
+            Some("closure".to_owned())
+        ]
+    );
+
+    fn key<K: KeyExtractor<()> + ?Sized>(k: &K, req: &Request<()>) -> Option<String> {
+        k.extract(req).map(Cow::into_owned)
+    }
+}
+
+// ---------------------------------------------------------------- closures
+
+#[test]
+fn closure_returning_owned_keys() {
+    let tenant = |req: &Request<()>| {
+        req.headers()
+            .get("x-tenant")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    };
+    let mut r = req();
+    assert_eq!(tenant.extract(&r), None);
+    r.headers_mut()
+        .insert("x-tenant", HeaderValue::from_static("acme"));
+    let k = tenant.extract(&r);
+    assert!(matches!(k, Some(Cow::Owned(_))));
+    assert_eq!(k.as_deref(), Some("acme"));
+
+    // `&'static str` is `Into<String>` as well.
+    let constant = |_: &Request<()>| Some("const");
+    assert_eq!(key(&constant, &r).as_deref(), Some("const"));
+    let never = |_: &Request<()>| None::<String>;
+    assert_eq!(key(&never, &r), None);
+}
+
+#[test]
+fn closures_combine_with_trait_methods() {
+    let never = |_: &Request<()>| None::<String>;
+    let always = |_: &Request<()>| Some("x".to_owned());
+    assert_eq!(key(&never.or(GlobalKey), &req()).as_deref(), Some("global"));
+    assert_eq!(key(&always.and(PathKey), &req()).as_deref(), Some("x:/"));
+    assert_eq!(key(&always.and(never), &req()), None);
+}
+
+// ---------------------------------------------------------------- global / path
+
+#[test]
+fn global_key_is_constant_and_borrowed() {
+    let r = req();
+    let k = GlobalKey::new().extract(&r);
+    assert!(is_borrowed(&k));
+    assert_eq!(k.as_deref(), Some("global"));
+    fn default<T: Default>() -> T {
+        T::default()
+    }
+    assert_eq!(default::<GlobalKey>(), GlobalKey);
+}
+
+#[test]
+fn path_key_borrows_the_path_without_query() {
+    let r = Request::builder()
+        .uri("https://example.com/users/42?page=2")
+        .body(())
+        .unwrap();
+    let k = PathKey::new().extract(&r);
+    assert!(is_borrowed(&k));
+    assert_eq!(k.as_deref(), Some("/users/42"));
+}
+
+#[test]
+fn path_key_none_without_path() {
+    let r = Request::builder()
+        .method("CONNECT")
+        .uri("example.com:443")
+        .body(())
+        .unwrap();
+    assert_eq!(key(&PathKey, &r), None);
+}
+
+// ---------------------------------------------------------------- headers
+
+#[test]
+fn header_key_borrows_value() {
+    let k = HeaderKey::from_static("x-api-key");
+    let r = with_peer_and_headers("1.2.3.4:1", &[("x-api-key", "secret")]);
+    let v = k.extract(&r);
+    assert!(is_borrowed(&v));
+    assert_eq!(v.as_deref(), Some("secret"));
+}
+
+#[test]
+fn header_key_missing_or_empty_is_none() {
+    let k = HeaderKey::new(HeaderName::from_static("x-api-key"));
+    assert_eq!(key(&k, &req()), None);
+    let r = with_peer_and_headers("1.2.3.4:1", &[("x-api-key", "")]);
+    assert_eq!(key(&k, &r), None);
+    assert_eq!(k.name(), "x-api-key");
+}
+
+#[test]
+fn header_key_uses_first_line() {
+    let k = HeaderKey::from_static("x-api-key");
+    let r = with_peer_and_headers("1.2.3.4:1", &[("x-api-key", "one"), ("x-api-key", "two")]);
+    assert_eq!(key(&k, &r).as_deref(), Some("one"));
+}
+
+#[test]
+fn header_key_non_ascii_values() {
+    let k = HeaderKey::from_static("x-user");
+    let mut r = req();
+    // Valid UTF-8 (not visible ASCII): still borrowed.
+    r.headers_mut().insert(
+        "x-user",
+        HeaderValue::from_bytes("jürgen".as_bytes()).unwrap(),
+    );
+    let v = k.extract(&r);
+    assert!(is_borrowed(&v));
+    assert_eq!(v.as_deref(), Some("jürgen"));
+    // Invalid UTF-8: lossy, owned.
+    r.headers_mut()
+        .insert("x-user", HeaderValue::from_bytes(b"a\xffb").unwrap());
+    let v = k.extract(&r);
+    assert!(matches!(v, Some(Cow::Owned(_))));
+    assert_eq!(v.as_deref(), Some("a\u{fffd}b"));
+}
+
+// ---------------------------------------------------------------- extensions
+
+#[derive(Clone)]
+struct UserId(u64);
+
+impl fmt::Display for UserId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "user:{}", self.0)
+    }
+}
+
+#[test]
+fn extension_key() {
+    let k = ExtensionKey::<UserId>::new();
+    let mut r = req();
+    assert_eq!(key(&k, &r), None);
+    r.extensions_mut().insert(UserId(7));
+    assert_eq!(key(&k, &r).as_deref(), Some("user:7"));
+    assert!(format!("{k:?}").contains("UserId"));
+    let copy = k;
+    assert_eq!(key(&copy.clone(), &r).as_deref(), Some("user:7"));
+}
+
+#[test]
+fn extension_key_empty_display_is_none() {
+    #[derive(Clone)]
+    struct Empty;
+    impl fmt::Display for Empty {
+        fn fmt(&self, _f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            Ok(())
+        }
+    }
+    let mut r = req();
+    r.extensions_mut().insert(Empty);
+    assert_eq!(key(&ExtensionKey::<Empty>::default(), &r), None);
+}
+
+#[test]
+fn extension_key_with_plain_types() {
+    let mut r = req();
+    r.extensions_mut().insert(42_u32);
+    r.extensions_mut().insert(String::from("tenant-a"));
+    assert_eq!(key(&ExtensionKey::<u32>::new(), &r).as_deref(), Some("42"));
+    assert_eq!(
+        key(&ExtensionKey::<String>::new(), &r).as_deref(),
+        Some("tenant-a")
+    );
+    assert_eq!(key(&ExtensionKey::<u64>::new(), &r), None);
+}
+
+// ---------------------------------------------------------------- or / and
+
+#[test]
+fn or_uses_first_available_key() {
+    let k = HeaderKey::from_static("x-api-key").or(GlobalKey);
+    assert_eq!(key(&k, &req()).as_deref(), Some("global"));
+    let r = with_peer_and_headers("1.2.3.4:1", &[("x-api-key", "abc")]);
+    let v = k.extract(&r);
+    assert!(is_borrowed(&v), "or keeps borrowed keys borrowed");
+    assert_eq!(v.as_deref(), Some("abc"));
+
+    let none = HeaderKey::from_static("a").or(HeaderKey::from_static("b"));
+    assert_eq!(key(&none, &req()), None);
+}
+
+#[test]
+fn and_requires_both_keys() {
+    let k = HeaderKey::from_static("x-api-key").and(PathKey);
+    assert_eq!(key(&k, &req()), None);
+    let r = with_peer_and_headers("1.2.3.4:1", &[("x-api-key", "abc")]);
+    assert_eq!(key(&k, &r).as_deref(), Some("abc:/"));
+    let k = GlobalKey.and(HeaderKey::from_static("x-missing"));
+    assert_eq!(key(&k, &r), None);
+}
+
+#[test]
+fn and_is_unambiguous() {
+    let pair = |a: &'static str, b: &'static str| {
+        let first = move |_: &Request<()>| Some(a);
+        let second = move |_: &Request<()>| Some(b);
+        key(&first.and(second), &req()).unwrap()
+    };
+    assert_eq!(pair("a:b", "c"), "a\\:b:c");
+    assert_eq!(pair("a", "b:c"), "a:b\\:c");
+    assert_ne!(pair("a:b", "c"), pair("a", "b:c"));
+
+    let tricky = [
+        ("a:b", "c"),
+        ("a", "b:c"),
+        ("a\\", ":b"),
+        ("a\\:", "b"),
+        ("a", "\\:b"),
+        ("a\\", "\\b"),
+        ("a", "\\\\b"),
+        ("", ":"),
+        (":", ""),
+        ("", ""),
+        ("\\", ""),
+        ("", "\\"),
+    ];
+    let keys: HashSet<String> = tricky.iter().map(|(a, b)| pair(a, b)).collect();
+    assert_eq!(keys.len(), tricky.len(), "{keys:?}");
+}
+
+#[test]
+fn nested_combinators() {
+    let r = with_peer_and_headers("1.2.3.4:1", &[("x-b", "b")]);
+    let k = HeaderKey::from_static("x-a")
+        .or(HeaderKey::from_static("x-b"))
+        .and(PeerIp::new())
+        .or(GlobalKey);
+    assert_eq!(key(&k, &r).as_deref(), Some("b:1.2.3.4"));
+    assert_eq!(key(&k, &req()).as_deref(), Some("global"));
+    // Explicit trait syntax works as well.
+    let k = KeyExtractorExt::<()>::or(PathKey, GlobalKey);
+    assert_eq!(key(&k, &r).as_deref(), Some("/"));
+}
+
+// ---------------------------------------------------------------- peer ip
+
+#[test]
+fn peer_ip_none_without_connection_info() {
+    assert_eq!(key(&PeerIp::new(), &req()), None);
+}
+
+#[test]
+fn peer_ip_from_socket_addr() {
+    let r = with_peer("192.0.2.10:5555");
+    assert_eq!(key(&PeerIp::new(), &r).as_deref(), Some("192.0.2.10"));
+    let r = with_peer("[2001:db8::1]:5555");
+    assert_eq!(key(&PeerIp::default(), &r).as_deref(), Some("2001:db8::1"));
+}
+
+#[cfg(feature = "axum")]
+#[test]
+fn peer_ip_prefers_connect_info() {
+    use axum::extract::ConnectInfo;
+    let mut r = with_peer("192.0.2.1:1");
+    r.extensions_mut()
+        .insert(ConnectInfo("198.51.100.2:2".parse::<SocketAddr>().unwrap()));
+    assert_eq!(key(&PeerIp::new(), &r).as_deref(), Some("198.51.100.2"));
+
+    let mut r = req();
+    r.extensions_mut().insert(ConnectInfo(
+        "[::ffff:198.51.100.3]:2".parse::<SocketAddr>().unwrap(),
+    ));
+    assert_eq!(key(&PeerIp::new(), &r).as_deref(), Some("198.51.100.3"));
+}
+
+#[test]
+fn peer_ip_normalizes_ipv4_mapped() {
+    let r = with_peer("[::ffff:1.2.3.4]:80");
+    assert_eq!(key(&PeerIp::new(), &r).as_deref(), Some("1.2.3.4"));
+    // Mapping is not applied to the deprecated IPv4-compatible form.
+    let r = with_peer("[::1.2.3.4]:80");
+    assert_eq!(key(&PeerIp::new(), &r).as_deref(), Some("::102:304"));
+}
+
+#[test]
+fn peer_ip_ipv6_prefix_grouping() {
+    let k = PeerIp::new().ipv6_prefix(64);
+    let a = with_peer("[2001:db8:1:2:aaaa::1]:1");
+    let b = with_peer("[2001:db8:1:2:bbbb::2]:1");
+    let c = with_peer("[2001:db8:1:3::1]:1");
+    assert_eq!(key(&k, &a).as_deref(), Some("2001:db8:1:2::/64"));
+    assert_eq!(key(&k, &a), key(&k, &b));
+    assert_eq!(key(&k, &c).as_deref(), Some("2001:db8:1:3::/64"));
+    // IPv4 (also mapped) is unaffected.
+    assert_eq!(
+        key(&k, &with_peer("10.1.2.3:1")).as_deref(),
+        Some("10.1.2.3")
+    );
+    assert_eq!(
+        key(&k, &with_peer("[::ffff:10.1.2.3]:1")).as_deref(),
+        Some("10.1.2.3")
+    );
+    // Odd prefixes, zero and clamping.
+    assert_eq!(
+        key(&PeerIp::new().ipv6_prefix(56), &a).as_deref(),
+        Some("2001:db8:1::/56")
+    );
+    assert_eq!(
+        key(&PeerIp::new().ipv6_prefix(0), &a).as_deref(),
+        Some("::/0")
+    );
+    assert_eq!(PeerIp::new().ipv6_prefix(200), PeerIp::new());
+    assert_eq!(
+        key(&PeerIp::new().ipv6_prefix(200), &a).as_deref(),
+        Some("2001:db8:1:2:aaaa::1")
+    );
+}
+
+// ---------------------------------------------------------------- forwarded ip
+
+fn proxies() -> ForwardedIp {
+    ForwardedIp::from_strs(["10.0.0.0/8", "2001:db8:ffff::/48"]).unwrap()
+}
+
+#[test]
+fn forwarded_ip_none_without_peer() {
+    let mut r = req();
+    r.headers_mut()
+        .insert("x-forwarded-for", HeaderValue::from_static("1.2.3.4"));
+    assert_eq!(key(&proxies(), &r), None);
+}
+
+#[test]
+fn forwarded_ip_ignores_headers_from_untrusted_peer() {
+    let r = with_peer_and_headers(
+        "198.51.100.1:1",
+        &[("x-forwarded-for", "1.1.1.1"), ("forwarded", "for=2.2.2.2")],
+    );
+    assert_eq!(key(&proxies(), &r).as_deref(), Some("198.51.100.1"));
+}
+
+#[test]
+fn forwarded_ip_without_header_uses_peer() {
+    let r = with_peer("10.0.0.1:1");
+    assert_eq!(key(&proxies(), &r).as_deref(), Some("10.0.0.1"));
+}
+
+#[test]
+fn forwarded_ip_no_trusted_networks_is_peer_ip() {
+    let k = ForwardedIp::new([]);
+    let r = with_peer_and_headers("10.0.0.1:1", &[("x-forwarded-for", "1.1.1.1")]);
+    assert_eq!(key(&k, &r).as_deref(), Some("10.0.0.1"));
+    assert!(k.trusted().is_empty());
+}
+
+#[test]
+fn xff_skips_trusted_proxies() {
+    let r = with_peer_and_headers(
+        "10.0.0.1:1",
+        &[("x-forwarded-for", "6.6.6.6, 203.0.113.9, 10.2.2.2,10.3.3.3")],
+    );
+    assert_eq!(key(&proxies(), &r).as_deref(), Some("203.0.113.9"));
+}
+
+#[test]
+fn xff_all_trusted_uses_leftmost() {
+    let r = with_peer_and_headers("10.0.0.1:1", &[("x-forwarded-for", "10.9.9.9, 10.2.2.2")]);
+    assert_eq!(key(&proxies(), &r).as_deref(), Some("10.9.9.9"));
+}
+
+#[test]
+fn xff_garbage_ends_the_walk() {
+    let k = proxies();
+    // Garbage right after trusted hops: nearest valid address.
+    let r = with_peer_and_headers(
+        "10.0.0.1:1",
+        &[("x-forwarded-for", "1.1.1.1, not-an-ip, 10.5.5.5")],
+    );
+    assert_eq!(key(&k, &r).as_deref(), Some("10.5.5.5"));
+    // Garbage as the nearest entry: the peer.
+    let r = with_peer_and_headers("10.0.0.1:1", &[("x-forwarded-for", "1.1.1.1, unknown")]);
+    assert_eq!(key(&k, &r).as_deref(), Some("10.0.0.1"));
+    // Garbage left of the client is never reached.
+    let r = with_peer_and_headers("10.0.0.1:1", &[("x-forwarded-for", "garbage, 2.2.2.2")]);
+    assert_eq!(key(&k, &r).as_deref(), Some("2.2.2.2"));
+    // Bad port, zone ids, host names.
+    for bad in [
+        "1.2.3.4:99999",
+        "1.2.3.4:",
+        "fe80::1%eth0",
+        "example.com",
+        "_hidden",
+    ] {
+        let r = with_peer_and_headers("10.0.0.1:1", &[("x-forwarded-for", bad)]);
+        assert_eq!(key(&k, &r).as_deref(), Some("10.0.0.1"), "{bad}");
+    }
+}
+
+#[test]
+fn xff_ports_and_ipv6() {
+    let k = proxies();
+    for (value, expected) in [
+        ("203.0.113.9:4711", "203.0.113.9"),
+        ("[2001:db8::7]:4711", "2001:db8::7"),
+        ("[2001:db8::7]", "2001:db8::7"),
+        ("2001:db8::7", "2001:db8::7"),
+        ("::ffff:203.0.113.9", "203.0.113.9"),
+        ("  203.0.113.9\t", "203.0.113.9"),
+    ] {
+        let r = with_peer_and_headers("10.0.0.1:1", &[("x-forwarded-for", value)]);
+        assert_eq!(key(&k, &r).as_deref(), Some(expected), "{value}");
+    }
+}
+
+#[test]
+fn xff_multiple_lines_and_empty_elements() {
+    let r = with_peer_and_headers(
+        "10.0.0.1:1",
+        &[
+            ("x-forwarded-for", "1.1.1.1, 2.2.2.2"),
+            ("x-forwarded-for", "10.1.1.1, ,"),
+            ("x-forwarded-for", "10.2.2.2"),
+        ],
+    );
+    assert_eq!(key(&proxies(), &r).as_deref(), Some("2.2.2.2"));
+}
+
+#[test]
+fn xff_non_ascii_line_is_garbage() {
+    let mut r = with_peer("10.0.0.1:1");
+    r.headers_mut().append(
+        "x-forwarded-for",
+        HeaderValue::from_bytes(b"1.1.1.1, \xff").unwrap(),
+    );
+    r.headers_mut()
+        .append("x-forwarded-for", HeaderValue::from_static("10.7.7.7"));
+    assert_eq!(key(&proxies(), &r).as_deref(), Some("10.7.7.7"));
+}
+
+#[test]
+fn oversized_header_is_ignored() {
+    let k = proxies();
+    let mut long = "9.9.9.9, ".repeat(1000);
+    long.push_str("1.2.3.4");
+    assert!(long.len() > 8 * 1024);
+    let r = with_peer_and_headers("10.0.0.1:1", &[("x-forwarded-for", &long)]);
+    assert_eq!(key(&k, &r).as_deref(), Some("10.0.0.1"));
+
+    // The limit applies to all lines together.
+    let line = format!("{}1.2.3.4", "9.9.9.9, ".repeat(500));
+    let r = with_peer_and_headers(
+        "10.0.0.1:1",
+        &[("x-forwarded-for", &line), ("x-forwarded-for", &line)],
+    );
+    assert_eq!(key(&k, &r).as_deref(), Some("10.0.0.1"));
+    let r = with_peer_and_headers("10.0.0.1:1", &[("x-forwarded-for", &line)]);
+    assert_eq!(key(&k, &r).as_deref(), Some("1.2.3.4"));
+
+    // An oversized `Forwarded` header does not fall back to (possibly
+    // client-controlled) `X-Forwarded-For`.
+    let long = format!("{}for=1.2.3.4", "for=9.9.9.9, ".repeat(1000));
+    let r = with_peer_and_headers(
+        "10.0.0.1:1",
+        &[("forwarded", &long), ("x-forwarded-for", "5.5.5.5")],
+    );
+    assert_eq!(key(&k, &r).as_deref(), Some("10.0.0.1"));
+}
+
+#[test]
+fn forwarded_header_basic() {
+    let k = proxies();
+    for (value, expected) in [
+        ("for=192.0.2.60;proto=http;by=203.0.113.43", "192.0.2.60"),
+        ("For=\"192.0.2.60\"", "192.0.2.60"),
+        ("for=\"[2001:db8:cafe::17]:4711\"", "2001:db8:cafe::17"),
+        ("for=\"[2001:db8:cafe::17]\"", "2001:db8:cafe::17"),
+        ("for=\"192.0.2.60:8080\"", "192.0.2.60"),
+        ("for=192.0.2.60:8080", "192.0.2.60"),
+        ("for=\"192.0.2.60:_abc\"", "192.0.2.60"),
+        (
+            "proto=https; for=192.0.2.60 ;host=example.com",
+            "192.0.2.60",
+        ),
+        ("for=\"\\[2001:db8::5\\]\"", "2001:db8::5"),
+        (
+            "for=192.0.2.43, for=\"[2001:db8:cafe::17]\"",
+            "2001:db8:cafe::17",
+        ),
+        ("for=192.0.2.43, for=10.4.4.4", "192.0.2.43"),
+        ("for=192.0.2.43,for=10.4.4.4;by=\"a,b;c\"", "192.0.2.43"),
+        ("for=192.0.2.43, , for=10.4.4.4", "192.0.2.43"),
+        ("for=\"[::ffff:192.0.2.1]\"", "192.0.2.1"),
+    ] {
+        let r = with_peer_and_headers("10.0.0.1:1", &[("forwarded", value)]);
+        assert_eq!(key(&k, &r).as_deref(), Some(expected), "{value}");
+    }
+}
+
+#[test]
+fn forwarded_header_unusable_elements() {
+    let k = proxies();
+    for (value, expected) in [
+        // Obfuscated / unknown identifiers end the walk.
+        ("for=1.1.1.1, for=unknown", "10.0.0.1"),
+        ("for=1.1.1.1, for=_hidden", "10.0.0.1"),
+        ("for=1.1.1.1, for=_hidden, for=10.3.3.3", "10.3.3.3"),
+        // An element without `for` is a hop of unknown origin.
+        ("for=1.1.1.1, proto=https", "10.0.0.1"),
+        // Duplicate `for` makes the element invalid.
+        ("for=1.1.1.1;for=2.2.2.2", "10.0.0.1"),
+        // Unquoted IPv6 (not a token) is still understood.
+        ("for=[2001:db8::9]:80", "2001:db8::9"),
+        // Malformed elements; parsing resumes at the next element.
+        ("for=1.1.1.1;;garbage here, for=2.2.2.2", "2.2.2.2"),
+        ("for=1.1.1.1, =x, for=10.3.3.3", "10.3.3.3"),
+        ("for 1.1.1.1", "10.0.0.1"),
+        ("for=\"1.1.1.1\"x, for=2.2.2.2", "2.2.2.2"),
+        // An unterminated quote swallows the rest of the line.
+        ("for=1.1.1.1, for=\"10.2.2.2, for=3.3.3.3", "10.0.0.1"),
+        // An empty value.
+        ("for=", "10.0.0.1"),
+        ("for=\"\"", "10.0.0.1"),
+    ] {
+        let r = with_peer_and_headers("10.0.0.1:1", &[("forwarded", value)]);
+        assert_eq!(key(&k, &r).as_deref(), Some(expected), "{value}");
+    }
+}
+
+#[test]
+fn forwarded_header_multiple_lines() {
+    let r = with_peer_and_headers(
+        "10.0.0.1:1",
+        &[
+            ("forwarded", "for=1.1.1.1, for=\"broken"),
+            ("forwarded", "for=203.0.113.5"),
+            ("forwarded", "for=10.1.1.1;proto=https"),
+        ],
+    );
+    assert_eq!(key(&proxies(), &r).as_deref(), Some("203.0.113.5"));
+
+    // The garbage line is reached only when every hop right of it is trusted.
+    let r = with_peer_and_headers(
+        "10.0.0.1:1",
+        &[
+            ("forwarded", "for=1.1.1.1, for=\"broken"),
+            ("forwarded", "for=10.1.1.1"),
+        ],
+    );
+    assert_eq!(key(&proxies(), &r).as_deref(), Some("10.1.1.1"));
+}
+
+#[test]
+fn forwarded_header_selection() {
+    let headers = [("forwarded", "for=1.1.1.1"), ("x-forwarded-for", "2.2.2.2")];
+    let r = with_peer_and_headers("10.0.0.1:1", &headers);
+    assert_eq!(key(&proxies(), &r).as_deref(), Some("1.1.1.1"));
+    let k = proxies().header(ForwardedHeader::Forwarded);
+    assert_eq!(key(&k, &r).as_deref(), Some("1.1.1.1"));
+    let k = proxies().header(ForwardedHeader::XForwardedFor);
+    assert_eq!(key(&k, &r).as_deref(), Some("2.2.2.2"));
+
+    let only_xff = with_peer_and_headers("10.0.0.1:1", &headers[1..]);
+    assert_eq!(key(&proxies(), &only_xff).as_deref(), Some("2.2.2.2"));
+    let k = proxies().header(ForwardedHeader::Forwarded);
+    assert_eq!(key(&k, &only_xff).as_deref(), Some("10.0.0.1"));
+}
+
+#[test]
+fn forwarded_ip_ipv6_and_mapped_addresses() {
+    let k = proxies().ipv6_prefix(64);
+    // Trusted IPv6 proxy, IPv6 client grouped by /64.
+    let r = with_peer_and_headers(
+        "[2001:db8:ffff::1]:1",
+        &[("x-forwarded-for", "2001:db8:1:2::99, 2001:db8:ffff::2")],
+    );
+    assert_eq!(key(&k, &r).as_deref(), Some("2001:db8:1:2::/64"));
+    // Untrusted IPv6 peer grouped as well.
+    let r = with_peer_and_headers("[2001:db8:1:2::5]:1", &[("x-forwarded-for", "1.1.1.1")]);
+    assert_eq!(key(&k, &r).as_deref(), Some("2001:db8:1:2::/64"));
+    // A mapped peer matches IPv4 trusted networks.
+    let r = with_peer_and_headers(
+        "[::ffff:10.0.0.1]:1",
+        &[("x-forwarded-for", "::ffff:10.8.8.8, ::ffff:203.0.113.1")],
+    );
+    assert_eq!(key(&proxies(), &r).as_deref(), Some("203.0.113.1"));
+    // Trusted networks written in mapped form are normalized too.
+    let k = ForwardedIp::from_strs(["::ffff:10.0.0.0/104"]).unwrap();
+    assert_eq!(k.trusted(), ["10.0.0.0/8".parse::<IpNet>().unwrap()]);
+    let r = with_peer_and_headers("10.0.0.1:1", &[("x-forwarded-for", "1.2.3.4")]);
+    assert_eq!(key(&k, &r).as_deref(), Some("1.2.3.4"));
+}
+
+#[cfg(feature = "axum")]
+#[test]
+fn forwarded_ip_uses_connect_info() {
+    use axum::extract::ConnectInfo;
+    let mut r = req();
+    r.extensions_mut()
+        .insert(ConnectInfo("10.0.0.1:1".parse::<SocketAddr>().unwrap()));
+    r.headers_mut()
+        .insert("x-forwarded-for", HeaderValue::from_static("203.0.113.1"));
+    assert_eq!(key(&proxies(), &r).as_deref(), Some("203.0.113.1"));
+}
+
+#[test]
+fn forwarded_ip_from_strs() {
+    let k = ForwardedIp::from_strs(["10.0.0.0/8", " 192.0.2.1 ", "2001:db8::/32", "::1"]).unwrap();
+    let expected: Vec<IpNet> = ["10.0.0.0/8", "192.0.2.1/32", "2001:db8::/32", "::1/128"]
+        .iter()
+        .map(|s| s.parse().unwrap())
+        .collect();
+    assert_eq!(k.trusted(), expected);
+    // Host bits are dropped.
+    let strs: &[&str] = &["10.1.2.3/8"];
+    let k = ForwardedIp::from_strs(strs).unwrap();
+    assert_eq!(k.trusted(), ["10.0.0.0/8".parse::<IpNet>().unwrap()]);
+    assert!(ForwardedIp::from_strs(["10.0.0.0/33"]).is_err());
+    assert!(ForwardedIp::from_strs(vec![String::from("nope")]).is_err());
+    // Clamping and Debug.
+    let k = k.ipv6_prefix(129);
+    assert!(format!("{k:?}").contains("ipv6_prefix: 128"));
+}
+
+#[test]
+fn parse_forwarded_lines() {
+    fn parse(line: &str) -> Vec<Option<IpAddr>> {
+        let mut out = Vec::new();
+        parse_forwarded_line(line, &mut out);
+        out
+    }
+    let ip = |s: &str| Some(s.parse::<IpAddr>().unwrap());
+    assert_eq!(parse(""), []);
+    assert_eq!(parse(" , ,"), []);
+    assert_eq!(parse("for=1.2.3.4"), [ip("1.2.3.4")]);
+    assert_eq!(
+        parse("for=1.2.3.4,for=\"[::1]:80\";by=x, proto=http, for=unknown"),
+        [ip("1.2.3.4"), ip("::1"), None, None]
+    );
+    assert_eq!(parse("by=\"x,y\", for=5.6.7.8"), [None, ip("5.6.7.8")]);
+    assert_eq!(parse("for=\"a\\\"b\", for=5.6.7.8"), [None, ip("5.6.7.8")]);
+    assert_eq!(
+        parse("for=1.2.3.4 junk, for=5.6.7.8"),
+        [None, ip("5.6.7.8")]
+    );
+    assert_eq!(parse("for=\"1.2.3.4"), [None]);
+    assert_eq!(parse("for=\"1.2.3.4\\"), [None]);
+    assert_eq!(parse(";;for=1.2.3.4;;"), [ip("1.2.3.4")]);
+}
+
+// ---------------------------------------------------------------- matched path
+
+#[cfg(feature = "axum")]
+#[test]
+fn matched_path_key_absent() {
+    assert_eq!(key(&MatchedPathKey::new(), &req()), None);
+}
+
+#[cfg(feature = "axum")]
+#[tokio::test]
+async fn matched_path_key_from_router() {
+    use axum::body::Body;
+    use axum::routing::get;
+    use tower::ServiceExt;
+
+    async fn handler(req: Request<Body>) -> String {
+        let key = MatchedPathKey::new().or(PathKey).extract(&req);
+        assert!(is_borrowed(&key));
+        key.unwrap().into_owned()
+    }
+
+    let app = axum::Router::new()
+        .route("/users/{id}", get(handler))
+        .route("/static", get(handler));
+    for (uri, expected) in [("/users/42", "/users/{id}"), ("/static", "/static")] {
+        let res = app
+            .clone()
+            .oneshot(Request::builder().uri(uri).body(Body::empty()).unwrap())
+            .await
+            .unwrap();
+        let body = axum::body::to_bytes(res.into_body(), 1024).await.unwrap();
+        assert_eq!(body, expected);
+    }
+}

@@ -1,0 +1,77 @@
+//! Distributed rate limiting for [tower] and [axum]: fixed window, token bucket and
+//! rolling window, kept in Redis so every instance of a service shares one limit, and
+//! answered in-process when Redis is unreachable.
+//!
+//! # Overview
+//!
+//! Each algorithm is a tower [`Layer`](tower_layer::Layer) that wraps any `Service`
+//! taking `http::Request`s (axum routers, tonic servers, plain tower stacks):
+//!
+//! | layer | limits | for |
+//! |---|---|---|
+//! | [`PeriodLimitLayer`] | `quota` per fixed `period`, optionally aligned to the calendar | daily quotas, "5 SMS codes per phone per day" |
+//!
+//! Every layer is built on a [`Backend`]: [`Backend::in_process`] keeps limits in this
+//! process; [`Backend::redis`] keeps them in Redis (through a [`deadpool_redis`] pool,
+//! with atomic Lua scripts run by SHA that read the Redis server's clock), and falls back
+//! to in-process state with the same semantics while Redis is unreachable.
+//!
+//! A request's key comes from a [`KeyExtractor`](key::KeyExtractor) (peer IP, the client
+//! IP behind trusted proxies, a header, an authenticated user, or any closure); its cost
+//! from a [`Cost`]. An admitted request carries the [`Decision`] in its extensions and
+//! its response carries the IETF `RateLimit` and `RateLimit-Policy` headers; a rejected
+//! one gets `429 Too Many Requests` with `Retry-After` without reaching the inner
+//! service.
+//!
+//! # Example
+//!
+//! ```
+//! use std::time::Duration;
+//! use axum::{routing::get, Router};
+//! use tower_redis_ratelimit::{key::{HeaderKey, PeerIp}, Backend, PeriodLimitLayer};
+//!
+//! # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
+//! // In production: Backend::redis(pool), shared by every layer of the process.
+//! let backend = Backend::in_process();
+//! let limit = PeriodLimitLayer::builder(&backend)
+//!     .name("api")
+//!     .quota(100)
+//!     .period(Duration::from_secs(60))
+//!     .key(HeaderKey::from_static("x-api-key").or(PeerIp::new()))
+//!     .build()?;
+//! let app: Router = Router::new().route("/", get(|| async { "hello" })).layer(limit);
+//! # let _ = app; Ok(()) }
+//! ```
+//!
+//! # Feature flags
+//!
+//! | feature | default | enables |
+//! |---|---|---|
+//! | `axum` | yes | key extractors that read axum's `ConnectInfo` and `MatchedPath` |
+//!
+//! [tower]: https://docs.rs/tower
+//! [axum]: https://docs.rs/axum
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+pub mod backend;
+mod clock;
+mod cost;
+mod decision;
+mod error;
+pub mod key;
+mod limiter;
+pub mod period;
+pub mod response;
+pub mod rolling_window;
+pub mod service;
+
+pub use deadpool_redis;
+
+pub use crate::backend::{Backend, BackendBuilder};
+pub use crate::cost::{Cost, FixedCost, UnitCost};
+pub use crate::decision::{Decision, Policy, Source, State};
+pub use crate::error::ConfigError;
+pub use crate::limiter::{Check, Limiter};
+pub use crate::period::PeriodLimitLayer;
+pub use crate::response::{DefaultRejection, OnRejection, ProblemJson};
+pub use crate::service::{LayerBuilder, MissingKey, RateLimit, RateLimitLayer};

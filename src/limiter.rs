@@ -1,0 +1,97 @@
+//! The one trait every algorithm implements, and the future it returns.
+
+use std::fmt;
+use std::future::Future;
+use std::num::NonZeroU32;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use crate::decision::{Decision, Policy};
+
+/// A rate-limit algorithm bound to a backend: the one thing the generic
+/// [`RateLimit`](crate::RateLimit) service asks.
+///
+/// The three built-in limiters ([`PeriodLimiter`](crate::period::PeriodLimiter),
+/// [`TokenBucketLimiter`](crate::token_bucket::TokenBucketLimiter),
+/// [`RollingWindowLimiter`](crate::rolling::RollingWindowLimiter)) implement it; so can
+/// your own. A check never fails: trouble with a shared store is the limiter's to handle
+/// (the built-in ones answer from their in-process state), so the service always gets a
+/// [`Decision`].
+pub trait Limiter: Send + Sync + 'static {
+    /// What this limiter enforces; shown in the `RateLimit-Policy` header.
+    fn policy(&self) -> &Policy;
+
+    /// Counts `cost` units against `key` and says whether they fit.
+    ///
+    /// In-process checks answer at once with [`Check::ready`]; checks that need a round
+    /// trip return [`Check::pending`].
+    fn check(&self, key: &str, cost: NonZeroU32) -> Check;
+}
+
+impl<L: Limiter + ?Sized> Limiter for std::sync::Arc<L> {
+    fn policy(&self) -> &Policy {
+        (**self).policy()
+    }
+
+    fn check(&self, key: &str, cost: NonZeroU32) -> Check {
+        (**self).check(key, cost)
+    }
+}
+
+/// The answer of [`Limiter::check`]: a future of a [`Decision`] that allocates only when
+/// the check has to wait for a store.
+#[must_use = "a check does nothing unless awaited"]
+pub struct Check {
+    inner: Inner,
+}
+
+enum Inner {
+    Ready(Option<Decision>),
+    Pending(Pin<Box<dyn Future<Output = Decision> + Send + 'static>>),
+}
+
+impl Check {
+    /// A decision that is already known.
+    pub fn ready(decision: Decision) -> Self {
+        Self {
+            inner: Inner::Ready(Some(decision)),
+        }
+    }
+
+    /// A decision that needs a round trip.
+    pub fn pending(future: impl Future<Output = Decision> + Send + 'static) -> Self {
+        Self {
+            inner: Inner::Pending(Box::pin(future)),
+        }
+    }
+
+    /// Takes the decision out if it was known at once.
+    pub(crate) fn take_ready(&mut self) -> Option<Decision> {
+        match &mut self.inner {
+            Inner::Ready(decision) => decision.take(),
+            Inner::Pending(_) => None,
+        }
+    }
+}
+
+impl Future for Check {
+    type Output = Decision;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Decision> {
+        match &mut self.get_mut().inner {
+            Inner::Ready(decision) => {
+                Poll::Ready(decision.take().expect("`Check` polled after completion"))
+            }
+            Inner::Pending(future) => future.as_mut().poll(cx),
+        }
+    }
+}
+
+impl fmt::Debug for Check {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.inner {
+            Inner::Ready(decision) => f.debug_tuple("Check::Ready").field(decision).finish(),
+            Inner::Pending(_) => f.write_str("Check::Pending"),
+        }
+    }
+}

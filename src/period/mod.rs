@@ -1,0 +1,356 @@
+//! Fixed-window limits: `quota` units per `period` per key, optionally aligned to the
+//! calendar ("5 SMS codes per phone per day, reset at midnight UTC+8").
+//!
+//! The request that uses the last unit of a window is [`State::HitQuota`] (admitted),
+//! later ones [`State::OverQuota`] until the window ends. Rejected requests are not
+//! counted, so a cost-5 request refused near the end of the quota does not use up the
+//! units a cost-1 request could still have. One Redis key per limited key holds the
+//! count, with the window's end as its expiry.
+//!
+//! A fixed window admits up to twice the quota across a window edge; use
+//! [`TokenBucketLayer`](crate::TokenBucketLayer) or
+//! [`RollingWindowLayer`](crate::RollingWindowLayer) when that matters.
+//!
+//! ```
+//! use std::time::Duration;
+//! use tower_redis_ratelimit::{key::HeaderKey, period::UtcOffset, Backend, PeriodLimitLayer};
+//!
+//! # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
+//! let layer = PeriodLimitLayer::builder(&Backend::in_process())
+//!     .name("sms")
+//!     .quota(5)
+//!     .period(Duration::from_secs(86_400))
+//!     .align(UtcOffset::from_hours(8))
+//!     .key(HeaderKey::from_static("x-phone"))
+//!     .build()?;
+//! # let _ = layer; Ok(()) }
+//! ```
+
+mod memory;
+
+use std::num::NonZeroU32;
+use std::sync::{Arc, LazyLock};
+use std::time::Duration;
+
+use deadpool_redis::redis::{Script, ScriptInvocation};
+
+use self::memory::{Schedule, Windows};
+use crate::backend::{self, Backend, Store};
+use crate::decision::{Decision, Policy, Source, State};
+use crate::error::ConfigError;
+use crate::limiter::{Check, Limiter};
+use crate::service::{Algorithm, LayerBuilder, RateLimitLayer};
+
+static SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("period.lua")));
+
+/// The largest UTC offset accepted (±18 hours, as in RFC 3339 and most time libraries).
+const MAX_OFFSET_SECS: i32 = 18 * 3_600;
+
+/// A fixed offset from UTC that windows are aligned to.
+///
+/// Offsets are fixed: a zone with daylight saving time changes its offset twice a year,
+/// which a fixed offset does not follow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct UtcOffset {
+    seconds: i32,
+}
+
+impl UtcOffset {
+    /// UTC itself.
+    pub const UTC: Self = Self { seconds: 0 };
+
+    /// Whole hours east of UTC (negative for west); checked when the layer is built.
+    #[must_use]
+    pub const fn from_hours(hours: i8) -> Self {
+        Self {
+            seconds: hours as i32 * 3_600,
+        }
+    }
+
+    /// Seconds east of UTC (e.g. `19_800` for UTC+5:30); checked when the layer is built.
+    #[must_use]
+    pub const fn from_seconds(seconds: i32) -> Self {
+        Self { seconds }
+    }
+
+    /// Seconds east of UTC.
+    #[must_use]
+    pub const fn seconds(self) -> i32 {
+        self.seconds
+    }
+}
+
+/// The settings of a fixed-window limit.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PeriodConfig {
+    quota: u64,
+    period: Duration,
+    align: Option<UtcOffset>,
+}
+
+impl PeriodConfig {
+    /// `quota` units per `period`, windows starting at each key's first request.
+    #[must_use]
+    pub fn new(quota: u64, period: Duration) -> Self {
+        Self {
+            quota,
+            period,
+            align: None,
+        }
+    }
+
+    /// Ends windows on multiples of the period in local time at `offset` (a one-day
+    /// period then resets at local midnight) instead of one period after the first hit.
+    #[must_use]
+    pub fn align(mut self, offset: UtcOffset) -> Self {
+        self.align = Some(offset);
+        self
+    }
+
+    fn period_ms(&self) -> u64 {
+        u64::try_from(self.period.as_millis()).unwrap_or(u64::MAX)
+    }
+}
+
+impl Algorithm for PeriodConfig {
+    type Limiter = PeriodLimiter;
+
+    fn build(self, backend: &Backend, name: &str) -> Result<PeriodLimiter, ConfigError> {
+        PeriodLimiter::new(backend, name, self)
+    }
+}
+
+/// A fixed-window [`Limiter`] on a [`Backend`].
+#[derive(Debug, Clone)]
+pub struct PeriodLimiter {
+    store: Arc<PeriodStore>,
+}
+
+#[derive(Debug)]
+struct PeriodStore {
+    backend: Backend,
+    namespace: String,
+    policy: Policy,
+    quota: u64,
+    period_ms: u64,
+    offset_ms: Option<i64>,
+    windows: Windows,
+}
+
+impl PeriodLimiter {
+    /// Checks `config` and builds the limiter named `name` on `backend`.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] for a zero quota, a period under one millisecond or over ten
+    /// years, an offset beyond ±18 hours, or an invalid name.
+    pub fn new(backend: &Backend, name: &str, config: PeriodConfig) -> Result<Self, ConfigError> {
+        crate::error::check_name("name", name)?;
+        if config.quota == 0 {
+            return Err(ConfigError::Zero { setting: "quota" });
+        }
+        let period_ms = config.period_ms();
+        if period_ms == 0 {
+            return Err(ConfigError::ZeroDuration { setting: "period" });
+        }
+        if period_ms > 10 * 366 * 86_400_000 {
+            return Err(ConfigError::TooLong { setting: "period" });
+        }
+        if let Some(offset) = config.align {
+            if offset.seconds.abs() > MAX_OFFSET_SECS {
+                return Err(ConfigError::TooLong { setting: "align" });
+            }
+        }
+        let offset_ms = config.align.map(|o| i64::from(o.seconds) * 1_000);
+        Ok(Self {
+            store: Arc::new(PeriodStore {
+                backend: backend.clone(),
+                namespace: backend.namespace("period", name),
+                policy: Policy::new(name, config.quota, Duration::from_millis(period_ms)),
+                quota: config.quota,
+                period_ms,
+                offset_ms,
+                windows: Windows::new(period_ms * 1_000),
+            }),
+        })
+    }
+}
+
+impl Limiter for PeriodLimiter {
+    fn policy(&self) -> &Policy {
+        &self.store.policy
+    }
+
+    fn check(&self, key: &str, cost: NonZeroU32) -> Check {
+        backend::check(&self.store, key, cost)
+    }
+}
+
+impl PeriodStore {
+    fn decision(&self, count: u64, reset: Duration, admitted: bool, source: Source) -> Decision {
+        let remaining = self.quota.saturating_sub(count);
+        match (admitted, remaining) {
+            (true, 0) => Decision::new(State::HitQuota, self.quota, 0, reset, source),
+            (true, _) => Decision::new(State::Allowed, self.quota, remaining, reset, source),
+            (false, _) => Decision::new(State::OverQuota, self.quota, remaining, reset, source)
+                .with_retry_after(reset),
+        }
+    }
+}
+
+impl Store for PeriodStore {
+    fn backend(&self) -> &Backend {
+        &self.backend
+    }
+
+    fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    fn capacity(&self) -> u64 {
+        self.quota
+    }
+
+    fn exceeds_capacity(&self, source: Source) -> Decision {
+        Decision::new(
+            State::ExceedsCapacity,
+            self.quota,
+            0,
+            Duration::from_millis(self.period_ms),
+            source,
+        )
+    }
+
+    fn script(&self) -> &'static Script {
+        &SCRIPT
+    }
+
+    fn args(&self, invocation: &mut ScriptInvocation<'static>, cost: NonZeroU32) {
+        invocation
+            .arg(self.quota)
+            .arg(self.period_ms)
+            .arg(cost.get());
+        if let Some(offset) = self.offset_ms {
+            invocation.arg(offset);
+        }
+    }
+
+    fn decide(&self, reply: &[i64], _cost: NonZeroU32) -> Option<Decision> {
+        let &[count, ttl_ms, admitted] = reply else {
+            return None;
+        };
+        let count = u64::try_from(count).ok()?;
+        let reset = Duration::from_millis(u64::try_from(ttl_ms).unwrap_or(0));
+        Some(self.decision(count, reset, admitted == 1, Source::Redis))
+    }
+
+    fn local(&self, key: &str, cost: NonZeroU32, source: Source) -> Decision {
+        let now_us = self.backend.clock().now_us();
+        let schedule = Schedule {
+            period_us: self.period_ms * 1_000,
+            offset_us: self.offset_ms.map(|ms| ms * 1_000),
+        };
+        let hit = self
+            .windows
+            .hit(key, u64::from(cost.get()), self.quota, schedule, now_us);
+        let reset = Duration::from_micros(hit.ends_at_us.saturating_sub(now_us));
+        self.decision(hit.count, reset, hit.admitted, source)
+    }
+}
+
+/// Fixed-window settings on the layer builder.
+impl<K, C, R> LayerBuilder<PeriodConfig, K, C, R> {
+    /// Units admitted per window (required, at least 1).
+    pub fn quota(mut self, quota: u64) -> Self {
+        self.algorithm.quota = quota;
+        self
+    }
+
+    /// The window length (required; whole milliseconds, at least 1 ms).
+    pub fn period(mut self, period: Duration) -> Self {
+        self.algorithm.period = period;
+        self
+    }
+
+    /// Aligns windows to the calendar in a fixed UTC offset; see [`PeriodConfig::align`].
+    pub fn align(mut self, offset: UtcOffset) -> Self {
+        self.algorithm.align = Some(offset);
+        self
+    }
+}
+
+/// A layer that applies a fixed-window limit; see the [`period`](crate::period) module.
+pub type PeriodLimitLayer<
+    K = crate::key::GlobalKey,
+    C = crate::UnitCost,
+    R = crate::DefaultRejection,
+> = RateLimitLayer<PeriodLimiter, K, C, R>;
+
+impl PeriodLimitLayer {
+    /// Starts building a fixed-window layer on `backend`.
+    pub fn builder(backend: &Backend) -> LayerBuilder<PeriodConfig> {
+        LayerBuilder::new(backend, PeriodConfig::default())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn build(config: PeriodConfig) -> Result<PeriodLimiter, ConfigError> {
+        PeriodLimiter::new(&Backend::in_process(), "t", config)
+    }
+
+    #[test]
+    fn invalid_configurations() {
+        let sec = Duration::from_secs(1);
+        assert_eq!(
+            build(PeriodConfig::new(0, sec)).unwrap_err(),
+            ConfigError::Zero { setting: "quota" }
+        );
+        assert_eq!(
+            build(PeriodConfig::new(1, Duration::ZERO)).unwrap_err(),
+            ConfigError::ZeroDuration { setting: "period" }
+        );
+        assert_eq!(
+            build(PeriodConfig::new(1, Duration::from_micros(999))).unwrap_err(),
+            ConfigError::ZeroDuration { setting: "period" }
+        );
+        assert_eq!(
+            build(PeriodConfig::new(1, sec).align(UtcOffset::from_hours(19))).unwrap_err(),
+            ConfigError::TooLong { setting: "align" }
+        );
+        assert!(PeriodLimiter::new(&Backend::in_process(), "", PeriodConfig::new(1, sec)).is_err());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn go_zero_states_in_process() {
+        let limiter = build(PeriodConfig::new(5, Duration::from_secs(1))).unwrap();
+        let one = NonZeroU32::MIN;
+        let mut states = Vec::new();
+        for _ in 0..7 {
+            states.push(limiter.check("k", one).await.state);
+        }
+        use State::*;
+        assert_eq!(
+            states,
+            [Allowed, Allowed, Allowed, Allowed, HitQuota, OverQuota, OverQuota]
+        );
+        let over = limiter.check("k", one).await;
+        assert_eq!(over.remaining, 0);
+        assert_eq!(over.retry_after, Some(Duration::from_secs(1)));
+        assert_eq!(over.source, Source::InProcess);
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert_eq!(limiter.check("k", one).await.state, Allowed);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn cost_above_quota_can_never_pass() {
+        let limiter = build(PeriodConfig::new(3, Duration::from_secs(1))).unwrap();
+        let d = limiter.check("k", NonZeroU32::new(4).unwrap()).await;
+        assert_eq!(d.state, State::ExceedsCapacity);
+        assert_eq!(d.retry_after, None);
+        let d = limiter.check("k", NonZeroU32::new(3).unwrap()).await;
+        assert_eq!(d.state, State::HitQuota);
+    }
+}

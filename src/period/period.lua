@@ -1,0 +1,40 @@
+-- Fixed-window counter. KEYS[1]: the key's counter.
+-- ARGV[1]: quota, ARGV[2]: period (ms), ARGV[3]: cost,
+-- ARGV[4]: UTC offset (ms) to align windows to, or absent for windows that start at the
+-- first request. Large numbers go to Redis through string.format('%d') so that they are
+-- never written in exponent notation.
+-- Returns {count, ms until the window ends, admitted (1/0)}. A rejected request is not
+-- counted. Time is the Redis server's, so every instance agrees on window edges.
+local quota = tonumber(ARGV[1])
+local period = tonumber(ARGV[2])
+local cost = tonumber(ARGV[3])
+local count = tonumber(redis.call('GET', KEYS[1]) or '0')
+local ttl = redis.call('PTTL', KEYS[1])
+local fresh = count == 0 or ttl < 0
+local deadline = nil
+if fresh then
+  -- A new window, or a counter that lost its expiry (it must not live forever).
+  count = 0
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  if ARGV[4] then
+    deadline = now - ((now + tonumber(ARGV[4])) % period) + period
+    ttl = deadline - now
+  else
+    ttl = period
+  end
+end
+if count + cost > quota then
+  return {count, ttl, 0}
+end
+count = count + cost
+if fresh then
+  if deadline then
+    redis.call('SET', KEYS[1], count, 'PXAT', string.format('%d', deadline))
+  else
+    redis.call('SET', KEYS[1], count, 'PX', string.format('%d', ttl))
+  end
+else
+  redis.call('INCRBY', KEYS[1], cost)
+end
+return {count, ttl, 1}

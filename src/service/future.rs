@@ -1,0 +1,160 @@
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+
+use bytes::Bytes;
+use http::{Request, Response};
+use pin_project_lite::pin_project;
+use tower_service::Service;
+
+use super::service::admit;
+use super::{Respond, ResponseBody};
+use crate::decision::Decision;
+use crate::limiter::Check;
+
+pin_project! {
+    /// The response future of [`RateLimit`](super::RateLimit): waits for the limiter when
+    /// it needs a round trip, then runs the inner service or yields the rejection.
+    pub struct ResponseFuture<S, B>
+    where
+        S: Service<Request<B>>,
+    {
+        #[pin]
+        state: State<S, B>,
+        respond: Arc<dyn Respond>,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State<S, B>
+    where
+        S: Service<Request<B>>,
+    {
+        Check {
+            check: Check,
+            request: Option<Request<B>>,
+            service: Option<S>,
+        },
+        Inner {
+            #[pin]
+            future: S::Future,
+            decision: Option<Decision>,
+        },
+        Done {
+            response: Option<Response<Bytes>>,
+        },
+    }
+}
+
+impl<S, B> ResponseFuture<S, B>
+where
+    S: Service<Request<B>>,
+{
+    pub(super) fn check(
+        check: Check,
+        request: Request<B>,
+        service: S,
+        respond: Arc<dyn Respond>,
+    ) -> Self {
+        Self {
+            state: State::Check {
+                check,
+                request: Some(request),
+                service: Some(service),
+            },
+            respond,
+        }
+    }
+
+    pub(super) fn inner(
+        future: S::Future,
+        decision: Option<Decision>,
+        respond: Arc<dyn Respond>,
+    ) -> Self {
+        Self {
+            state: State::Inner { future, decision },
+            respond,
+        }
+    }
+
+    pub(super) fn done(response: Response<Bytes>, respond: Arc<dyn Respond>) -> Self {
+        Self {
+            state: State::Done {
+                response: Some(response),
+            },
+            respond,
+        }
+    }
+}
+
+impl<S, B, ResBody> Future for ResponseFuture<S, B>
+where
+    S: Service<Request<B>, Response = Response<ResBody>>,
+{
+    type Output = Result<Response<ResponseBody<ResBody>>, S::Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        loop {
+            match this.state.as_mut().project() {
+                StateProj::Check {
+                    check,
+                    request,
+                    service,
+                } => {
+                    let decision = ready!(Pin::new(check).poll(cx));
+                    let mut request = request.take().expect("polled after completion");
+                    if decision.is_admitted() {
+                        let mut service = service.take().expect("polled after completion");
+                        admit(&mut request, &decision);
+                        let future = service.call(request);
+                        this.state.set(State::Inner {
+                            future,
+                            decision: Some(decision),
+                        });
+                    } else {
+                        let response = this.respond.reject(
+                            request.method(),
+                            request.uri(),
+                            request.headers(),
+                            &decision,
+                        );
+                        this.state.set(State::Done {
+                            response: Some(response),
+                        });
+                    }
+                }
+                StateProj::Inner { future, decision } => {
+                    let mut response = ready!(future.poll(cx))?;
+                    if let Some(decision) = decision.take() {
+                        this.respond.decorate(response.headers_mut(), &decision);
+                    }
+                    return Poll::Ready(Ok(response.map(ResponseBody::inner)));
+                }
+                StateProj::Done { response } => {
+                    let response = response.take().expect("polled after completion");
+                    return Poll::Ready(Ok(response.map(ResponseBody::rejection)));
+                }
+            }
+        }
+    }
+}
+
+impl<S, B> fmt::Debug for ResponseFuture<S, B>
+where
+    S: Service<Request<B>>,
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = match &self.state {
+            State::Check { .. } => "check",
+            State::Inner { .. } => "inner",
+            State::Done { .. } => "done",
+        };
+        f.debug_struct("ResponseFuture")
+            .field("state", &state)
+            .finish_non_exhaustive()
+    }
+}

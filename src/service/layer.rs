@@ -1,0 +1,235 @@
+use std::fmt;
+use std::sync::Arc;
+
+use tower_layer::Layer;
+
+use super::{MissingKey, RateLimit, Shared};
+use crate::backend::Backend;
+use crate::cost::UnitCost;
+use crate::error::{check_name, ConfigError};
+use crate::key::GlobalKey;
+use crate::limiter::Limiter;
+use crate::response::{DefaultRejection, HeaderParts, OnRejection};
+
+/// The longest key accepted by default, in bytes.
+const DEFAULT_MAX_KEY_LEN: usize = 256;
+
+/// A tower [`Layer`] that rate-limits requests with limiter `L`, keyed by `K`, costed by
+/// `C`, and answered with `R` when rejected.
+///
+/// Built with [`PeriodLimitLayer::builder`](crate::PeriodLimitLayer::builder),
+/// [`TokenBucketLayer::builder`](crate::TokenBucketLayer::builder) or
+/// [`RollingWindowLayer::builder`](crate::RollingWindowLayer::builder). Cloning is cheap:
+/// every clone, and every service it builds, shares one limiter.
+pub struct RateLimitLayer<L, K = GlobalKey, C = UnitCost, R = DefaultRejection> {
+    shared: Arc<Shared<L, K, C, R>>,
+}
+
+impl<L, K, C, R> RateLimitLayer<L, K, C, R> {
+    /// The limiter every service of this layer asks.
+    pub fn limiter(&self) -> &L {
+        &self.shared.limiter
+    }
+}
+
+impl<L, K, C, R> Clone for RateLimitLayer<L, K, C, R> {
+    fn clone(&self) -> Self {
+        Self {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+impl<L: Limiter, K, C, R> fmt::Debug for RateLimitLayer<L, K, C, R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimitLayer")
+            .field("policy", self.shared.limiter.policy())
+            .field("missing_key", &self.shared.missing_key)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, L, K, C, R> Layer<S> for RateLimitLayer<L, K, C, R> {
+    type Service = RateLimit<S, L, K, C, R>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        RateLimit::from_shared(inner, Arc::clone(&self.shared))
+    }
+}
+
+/// An algorithm's configuration, turned into a [`Limiter`] on a [`Backend`] when the
+/// layer is built.
+pub trait Algorithm {
+    /// The limiter this configuration builds.
+    type Limiter: Limiter;
+
+    /// Checks the configuration and builds the limiter named `name` on `backend`.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] naming the setting that cannot work.
+    fn build(self, backend: &Backend, name: &str) -> Result<Self::Limiter, ConfigError>;
+}
+
+/// Builds a [`RateLimitLayer`]: the algorithm's settings, then the key, cost, rejection
+/// and missing-key handling shared by all algorithms.
+///
+/// Nothing is checked until [`build`](Self::build), which reports the first setting
+/// that cannot work.
+#[must_use = "a builder does nothing until `build` is called"]
+pub struct LayerBuilder<A, K = GlobalKey, C = UnitCost, R = DefaultRejection> {
+    pub(crate) backend: Backend,
+    pub(crate) algorithm: A,
+    name: Option<String>,
+    key: K,
+    cost: C,
+    rejection: R,
+    admitted_headers: bool,
+    missing_key: MissingKey,
+    max_key_len: usize,
+}
+
+impl<A: fmt::Debug, K, C, R> fmt::Debug for LayerBuilder<A, K, C, R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LayerBuilder")
+            .field("algorithm", &self.algorithm)
+            .field("name", &self.name)
+            .field("backend", &self.backend)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<A> LayerBuilder<A> {
+    pub(crate) fn new(backend: &Backend, algorithm: A) -> Self {
+        Self {
+            backend: backend.clone(),
+            algorithm,
+            name: None,
+            key: GlobalKey,
+            cost: UnitCost,
+            rejection: DefaultRejection,
+            admitted_headers: true,
+            missing_key: MissingKey::default(),
+            max_key_len: DEFAULT_MAX_KEY_LEN,
+        }
+    }
+}
+
+impl<A, K, C, R> LayerBuilder<A, K, C, R> {
+    /// The policy's name (required): shown in the `RateLimit` headers and used as the
+    /// namespace of its keys, so layers with the same name and algorithm on the same
+    /// backend share their counters, across processes too. Non-empty, at most 128 bytes,
+    /// no `{`, `}`, quotes, backslashes or control characters.
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = Some(name.into());
+        self
+    }
+
+    /// How requests are told apart (default: one [`GlobalKey`] for all requests).
+    pub fn key<K2>(self, key: K2) -> LayerBuilder<A, K2, C, R> {
+        LayerBuilder {
+            backend: self.backend,
+            algorithm: self.algorithm,
+            name: self.name,
+            key,
+            cost: self.cost,
+            rejection: self.rejection,
+            admitted_headers: self.admitted_headers,
+            missing_key: self.missing_key,
+            max_key_len: self.max_key_len,
+        }
+    }
+
+    /// How many units a request costs (default: one).
+    pub fn cost<C2>(self, cost: C2) -> LayerBuilder<A, K, C2, R> {
+        LayerBuilder {
+            backend: self.backend,
+            algorithm: self.algorithm,
+            name: self.name,
+            key: self.key,
+            cost,
+            rejection: self.rejection,
+            admitted_headers: self.admitted_headers,
+            missing_key: self.missing_key,
+            max_key_len: self.max_key_len,
+        }
+    }
+
+    /// The response for rejected requests (default: [`DefaultRejection`], a plain 429).
+    pub fn on_rejection<R2>(self, rejection: R2) -> LayerBuilder<A, K, C, R2> {
+        LayerBuilder {
+            backend: self.backend,
+            algorithm: self.algorithm,
+            name: self.name,
+            key: self.key,
+            cost: self.cost,
+            rejection,
+            admitted_headers: self.admitted_headers,
+            missing_key: self.missing_key,
+            max_key_len: self.max_key_len,
+        }
+    }
+
+    /// Whether admitted responses carry `RateLimit` and `RateLimit-Policy` (default:
+    /// yes). Rejections always carry them.
+    pub fn admitted_headers(mut self, enabled: bool) -> Self {
+        self.admitted_headers = enabled;
+        self
+    }
+
+    /// What to do when no key can be extracted (default: reject with 400).
+    pub fn on_missing_key(mut self, missing_key: MissingKey) -> Self {
+        self.missing_key = missing_key;
+        self
+    }
+
+    /// The longest key accepted, in bytes (default: 256). A longer key, such as an
+    /// oversized header, is treated as a missing key instead of being stored.
+    pub fn max_key_len(mut self, max_key_len: usize) -> Self {
+        self.max_key_len = max_key_len;
+        self
+    }
+
+    /// Checks every setting and builds the layer.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] for a missing or invalid name, a zero maximum key length, or
+    /// any setting of the algorithm that cannot work.
+    pub fn build(self) -> Result<RateLimitLayer<A::Limiter, K, C, R>, ConfigError>
+    where
+        A: Algorithm,
+        K: Send + Sync + 'static,
+        C: Send + Sync + 'static,
+        R: OnRejection,
+    {
+        let name = self.name.ok_or(ConfigError::Missing { setting: "name" })?;
+        check_name("name", &name)?;
+        if self.max_key_len == 0 {
+            return Err(ConfigError::Zero {
+                setting: "max_key_len",
+            });
+        }
+        if let MissingKey::Key(key) = &self.missing_key {
+            if key.len() > self.max_key_len {
+                return Err(ConfigError::Conflict {
+                    reason: "the missing-key fallback key is longer than `max_key_len`",
+                });
+            }
+        }
+        let limiter = self.algorithm.build(&self.backend, &name)?;
+        let headers = HeaderParts::new(limiter.policy());
+        Ok(RateLimitLayer {
+            shared: Arc::new(Shared {
+                limiter,
+                key: self.key,
+                cost: self.cost,
+                rejection: self.rejection,
+                headers,
+                admitted_headers: self.admitted_headers,
+                missing_key: self.missing_key,
+                max_key_len: self.max_key_len,
+            }),
+        })
+    }
+}

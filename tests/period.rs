@@ -1,0 +1,273 @@
+//! The fixed-window limiter against a real `redis-server` started by the harness.
+
+mod support;
+
+use std::num::NonZeroU32;
+use std::sync::Arc;
+use std::time::Duration;
+
+use support::RedisServer;
+use tower_redis_ratelimit::period::{PeriodConfig, PeriodLimiter, UtcOffset};
+use tower_redis_ratelimit::{Backend, Limiter, Source, State};
+
+const ONE: NonZeroU32 = NonZeroU32::MIN;
+
+fn limiter(backend: &Backend, config: PeriodConfig) -> PeriodLimiter {
+    PeriodLimiter::new(backend, "test", config).expect("valid config")
+}
+
+async fn states(limiter: &PeriodLimiter, key: &str, n: usize) -> Vec<State> {
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        out.push(limiter.check(key, ONE).await.state);
+    }
+    out
+}
+
+#[tokio::test]
+async fn quota_five_gives_four_allowed_one_hit_quota_then_over_quota() {
+    let redis = RedisServer::start();
+    let backend = Backend::redis(redis.pool());
+    let limiter = limiter(&backend, PeriodConfig::new(5, Duration::from_secs(60)));
+    use State::*;
+    assert_eq!(
+        states(&limiter, "phone", 7).await,
+        [Allowed, Allowed, Allowed, Allowed, HitQuota, OverQuota, OverQuota]
+    );
+    let over = limiter.check("phone", ONE).await;
+    assert_eq!(over.source, Source::Redis);
+    assert_eq!(over.remaining, 0);
+    let retry = over.retry_after.expect("over quota has a retry-after");
+    assert!(retry > Duration::from_secs(58) && retry <= Duration::from_secs(60));
+    // The state lives in Redis: one key, holding the admitted count, with an expiry.
+    assert_eq!(redis.cmd(&["GET", "ratelimit:period:test:phone"]), "5");
+    let pttl: i64 = redis
+        .cmd(&["PTTL", "ratelimit:period:test:phone"])
+        .parse()
+        .unwrap();
+    assert!(pttl > 58_000 && pttl <= 60_000, "pttl {pttl}");
+    // Another key is unaffected.
+    assert_eq!(limiter.check("other", ONE).await.state, Allowed);
+}
+
+#[tokio::test]
+async fn quota_one_is_hit_quota_at_once() {
+    let redis = RedisServer::start();
+    let limiter = limiter(
+        &Backend::redis(redis.pool()),
+        PeriodConfig::new(1, Duration::from_secs(10)),
+    );
+    assert_eq!(
+        states(&limiter, "k", 3).await,
+        [State::HitQuota, State::OverQuota, State::OverQuota]
+    );
+}
+
+#[tokio::test]
+async fn window_resets_after_expiry_with_sub_second_periods() {
+    let redis = RedisServer::start();
+    let limiter = limiter(
+        &Backend::redis(redis.pool()),
+        PeriodConfig::new(2, Duration::from_millis(150)),
+    );
+    assert_eq!(
+        states(&limiter, "k", 3).await,
+        [State::Allowed, State::HitQuota, State::OverQuota]
+    );
+    let over = limiter.check("k", ONE).await;
+    let wait = over.retry_after.unwrap();
+    assert!(wait <= Duration::from_millis(150), "{wait:?}");
+    tokio::time::sleep(wait + Duration::from_millis(20)).await;
+    let fresh = limiter.check("k", ONE).await;
+    assert_eq!(fresh.state, State::Allowed);
+    assert_eq!(fresh.remaining, 1);
+}
+
+#[tokio::test]
+async fn aligned_windows_end_on_the_zone_boundary() {
+    let redis = RedisServer::start();
+    let backend = Backend::redis(redis.pool());
+    let day = Duration::from_secs(86_400);
+    let limiter = PeriodLimiter::new(
+        &backend,
+        "daily",
+        PeriodConfig::new(5, day).align(UtcOffset::from_hours(8)),
+    )
+    .unwrap();
+    let first = limiter.check("phone", ONE).await;
+    // The key expires at an absolute deadline: midnight in UTC+8.
+    let deadline_ms: i64 = redis
+        .cmd(&["PEXPIRETIME", "ratelimit:period:daily:phone"])
+        .parse()
+        .unwrap();
+    assert_eq!(
+        (deadline_ms + 8 * 3_600_000) % 86_400_000,
+        0,
+        "{deadline_ms}"
+    );
+    let now_ms = redis_now_ms(&redis);
+    let expected = Duration::from_millis(u64::try_from(deadline_ms - now_ms).unwrap());
+    let diff = first.reset.abs_diff(expected);
+    assert!(
+        diff < Duration::from_secs(2),
+        "{:?} vs {expected:?}",
+        first.reset
+    );
+
+    // A short aligned period: windows end on multiples of 2 s, shifted by the offset.
+    let short = PeriodLimiter::new(
+        &backend,
+        "short",
+        PeriodConfig::new(3, Duration::from_secs(2)).align(UtcOffset::from_seconds(1)),
+    )
+    .unwrap();
+    short.check("k", ONE).await;
+    let deadline_ms: i64 = redis
+        .cmd(&["PEXPIRETIME", "ratelimit:period:short:k"])
+        .parse()
+        .unwrap();
+    assert_eq!((deadline_ms + 1_000) % 2_000, 0, "{deadline_ms}");
+}
+
+fn redis_now_ms(redis: &RedisServer) -> i64 {
+    let time = redis.cmd(&["TIME"]);
+    let mut parts = time.lines();
+    let secs: i64 = parts.next().unwrap().parse().unwrap();
+    let micros: i64 = parts.next().unwrap().parse().unwrap();
+    secs * 1_000 + micros / 1_000
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_requests_on_one_key_admit_exactly_the_quota() {
+    let redis = RedisServer::start();
+    let backend = Backend::redis(redis.pool());
+    let limiter = Arc::new(limiter(
+        &backend,
+        PeriodConfig::new(25, Duration::from_secs(60)),
+    ));
+    let tasks: Vec<_> = (0..300)
+        .map(|_| {
+            let limiter = Arc::clone(&limiter);
+            tokio::spawn(async move { limiter.check("hot", ONE).await })
+        })
+        .collect();
+    let mut admitted = 0;
+    let mut hit_quota = 0;
+    for task in tasks {
+        let decision = task.await.unwrap();
+        assert_eq!(decision.source, Source::Redis);
+        admitted += usize::from(decision.is_admitted());
+        hit_quota += usize::from(decision.state == State::HitQuota);
+    }
+    assert_eq!(admitted, 25);
+    assert_eq!(hit_quota, 1);
+}
+
+#[tokio::test]
+async fn two_instances_sharing_redis_admit_the_quota_once() {
+    let redis = RedisServer::start();
+    // Two processes' worth of state: separate pools, backends and limiters.
+    let a = limiter(
+        &Backend::redis(redis.pool()),
+        PeriodConfig::new(4, Duration::from_secs(60)),
+    );
+    let b = limiter(
+        &Backend::redis(redis.pool()),
+        PeriodConfig::new(4, Duration::from_secs(60)),
+    );
+    let mut admitted = 0;
+    for i in 0..10 {
+        let instance = if i % 2 == 0 { &a } else { &b };
+        admitted += usize::from(instance.check("shared", ONE).await.is_admitted());
+    }
+    assert_eq!(admitted, 4);
+}
+
+#[tokio::test]
+async fn weighted_costs_and_costs_beyond_the_quota() {
+    let redis = RedisServer::start();
+    let limiter = limiter(
+        &Backend::redis(redis.pool()),
+        PeriodConfig::new(10, Duration::from_secs(60)),
+    );
+    let cost = |n| NonZeroU32::new(n).unwrap();
+    assert_eq!(limiter.check("k", cost(6)).await.remaining, 4);
+    // Too much for what is left: rejected, and not counted.
+    let over = limiter.check("k", cost(5)).await;
+    assert_eq!(over.state, State::OverQuota);
+    assert_eq!(over.remaining, 4);
+    assert_eq!(limiter.check("k", cost(4)).await.state, State::HitQuota);
+    // More than the whole quota can never pass, and says so without a retry-after.
+    let never = limiter.check("fresh", cost(11)).await;
+    assert_eq!(never.state, State::ExceedsCapacity);
+    assert_eq!(never.retry_after, None);
+}
+
+#[tokio::test]
+async fn script_flush_mid_traffic_is_invisible() {
+    let redis = RedisServer::start();
+    let limiter = limiter(
+        &Backend::redis(redis.pool()),
+        PeriodConfig::new(3, Duration::from_secs(60)),
+    );
+    assert_eq!(limiter.check("k", ONE).await.source, Source::Redis);
+    redis.flush_scripts();
+    let d = limiter.check("k", ONE).await;
+    assert_eq!(
+        d.source,
+        Source::Redis,
+        "NOSCRIPT must reload, not fall back"
+    );
+    assert_eq!(d.remaining, 1);
+}
+
+#[tokio::test]
+async fn a_counter_without_expiry_starts_a_new_window() {
+    let redis = RedisServer::start();
+    let limiter = limiter(
+        &Backend::redis(redis.pool()),
+        PeriodConfig::new(3, Duration::from_secs(60)),
+    );
+    // Someone wrote the key without an expiry: it must not lock the key out forever.
+    redis.cmd(&["SET", "ratelimit:period:test:k", "99"]);
+    let d = limiter.check("k", ONE).await;
+    assert_eq!(d.state, State::Allowed);
+    assert_eq!(d.remaining, 2);
+    let pttl: i64 = redis
+        .cmd(&["PTTL", "ratelimit:period:test:k"])
+        .parse()
+        .unwrap();
+    assert!(pttl > 0);
+}
+
+#[tokio::test]
+async fn unreachable_redis_is_answered_by_the_fallback() {
+    let mut redis = RedisServer::start();
+    let pool = redis.pool();
+    let backend = Backend::builder()
+        .redis(pool)
+        .call_timeout(Duration::from_millis(200))
+        .probe_interval(Duration::from_millis(50))
+        .build()
+        .unwrap();
+    let limiter = limiter(&backend, PeriodConfig::new(2, Duration::from_secs(60)));
+    assert_eq!(limiter.check("k", ONE).await.source, Source::Redis);
+    redis.kill();
+    let d = limiter.check("k", ONE).await;
+    assert_eq!(d.source, Source::Fallback);
+    assert_eq!(backend.redis_healthy(), Some(false));
+    let d = limiter.check("k", ONE).await;
+    assert_eq!(d.source, Source::Fallback);
+    assert_eq!(d.state, State::HitQuota);
+    assert_eq!(limiter.check("k", ONE).await.state, State::OverQuota);
+    redis.restart();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while backend.redis_healthy() != Some(true) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "probe never recovered"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(limiter.check("k", ONE).await.source, Source::Redis);
+}
