@@ -34,6 +34,14 @@ impl Clock {
     }
 }
 
+impl Clock {
+    /// Nanoseconds since the clock was created.
+    pub(crate) fn elapsed_ns(&self) -> u64 {
+        let elapsed = Instant::now().saturating_duration_since(self.base_instant);
+        u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -28,6 +28,14 @@ pub enum ConfigError {
         /// The setting that is too long.
         setting: &'static str,
     },
+    /// A count is larger than the algorithm can handle.
+    #[non_exhaustive]
+    TooLarge {
+        /// The setting that is too large.
+        setting: &'static str,
+        /// The largest value accepted.
+        max: u64,
+    },
     /// A required setting was never given.
     #[non_exhaustive]
     Missing {
@@ -58,6 +66,7 @@ impl fmt::Display for ConfigError {
                 write!(f, "`{setting}` must be at least one millisecond")
             }
             Self::TooLong { setting } => write!(f, "`{setting}` is too long"),
+            Self::TooLarge { setting, max } => write!(f, "`{setting}` must be at most {max}"),
             Self::Missing { setting } => write!(f, "`{setting}` is required but was not set"),
             Self::InvalidName { setting, reason } => write!(f, "invalid `{setting}`: {reason}"),
             Self::Conflict { reason } => write!(f, "conflicting settings: {reason}"),

@@ -10,6 +10,7 @@
 //! | layer | limits | for |
 //! |---|---|---|
 //! | [`PeriodLimitLayer`] | `quota` per fixed `period`, optionally aligned to the calendar | daily quotas, "5 SMS codes per phone per day" |
+//! | [`TokenBucketLayer`] | `rate` per `period` with bursts up to `burst`, weighted costs | API rate limits that tolerate short bursts |
 //!
 //! Every layer is built on a [`Backend`]: [`Backend::in_process`] keeps limits in this
 //! process; [`Backend::redis`] keeps them in Redis (through a [`deadpool_redis`] pool,
@@ -62,8 +63,10 @@ pub mod key;
 mod limiter;
 pub mod period;
 pub mod response;
+pub mod rolling;
 pub mod rolling_window;
 pub mod service;
+pub mod token_bucket;
 
 pub use deadpool_redis;
 
@@ -75,3 +78,4 @@ pub use crate::limiter::{Check, Limiter};
 pub use crate::period::PeriodLimitLayer;
 pub use crate::response::{DefaultRejection, OnRejection, ProblemJson};
 pub use crate::service::{LayerBuilder, MissingKey, RateLimit, RateLimitLayer};
+pub use crate::token_bucket::TokenBucketLayer;

@@ -1,0 +1,30 @@
+-- Token bucket as GCRA: one key per bucket holds its theoretical arrival time (TAT), in
+-- microseconds since ARGV[4] (an epoch close to now, so that doubles keep sub-microsecond
+-- precision). A full bucket has TAT <= now; each token moves TAT one emission interval
+-- into the future; a request fits while TAT stays within burst intervals of now.
+-- KEYS[1]: the bucket. ARGV[1]: emission interval (µs per token, fractional allowed),
+-- ARGV[2]: burst, ARGV[3]: cost, ARGV[4]: epoch (whole seconds since the Unix epoch).
+-- Returns {admitted (1/0), tokens left, µs until admissible (0 when admitted),
+-- µs until the bucket is full}. Time is the Redis server's clock, so every instance
+-- agrees; TAT only ever moves forward.
+local t = redis.call('TIME')
+local now = (tonumber(t[1]) - tonumber(ARGV[4])) * 1000000 + tonumber(t[2])
+local interval = tonumber(ARGV[1])
+local burst = tonumber(ARGV[2])
+local cost = tonumber(ARGV[3])
+local tau = interval * burst
+local tat = tonumber(redis.call('GET', KEYS[1]) or '')
+if tat == nil or tat < now then
+  tat = now
+end
+local new_tat = tat + cost * interval
+local wait = new_tat - tau - now
+-- Tolerate float noise well below a microsecond.
+if wait > 0.001 then
+  local available = math.floor((tau - (tat - now)) / interval + 1e-9)
+  return {0, available, math.ceil(wait), math.ceil(tat - now)}
+end
+local full_in = new_tat - now
+redis.call('SET', KEYS[1], string.format('%.4f', new_tat),
+  'PX', string.format('%d', math.ceil(full_in / 1000)))
+return {1, math.floor((tau - full_in) / interval + 1e-9), 0, math.ceil(full_in)}

@@ -1,0 +1,245 @@
+//! The token bucket, with the same behaviour tests run against a real `redis-server`
+//! (real time) and in-process (tokio's paused clock).
+
+mod support;
+
+use std::num::NonZeroU32;
+use std::sync::Arc;
+use std::time::Duration;
+
+use support::RedisServer;
+use tokio::time::Instant;
+use tower_redis_ratelimit::token_bucket::{TokenBucketConfig, TokenBucketLimiter};
+use tower_redis_ratelimit::{Backend, Limiter, Source, State};
+
+const ONE: NonZeroU32 = NonZeroU32::MIN;
+
+fn cost(n: u32) -> NonZeroU32 {
+    NonZeroU32::new(n).unwrap()
+}
+
+fn bucket(backend: &Backend, rate: u64, period: Duration, burst: u64) -> TokenBucketLimiter {
+    TokenBucketLimiter::new(backend, "tb", TokenBucketConfig::new(rate, period, burst)).unwrap()
+}
+
+/// Runs one behaviour against Redis and in-process.
+macro_rules! both {
+    ($name:ident, $body:ident) => {
+        mod $name {
+            use super::*;
+
+            #[tokio::test]
+            async fn redis() {
+                let redis = RedisServer::start();
+                $body(Backend::redis(redis.pool()), Source::Redis).await;
+            }
+
+            #[tokio::test(start_paused = true)]
+            async fn in_process() {
+                $body(Backend::in_process(), Source::InProcess).await;
+            }
+        }
+    };
+}
+
+async fn full_burst_then_rejection(backend: Backend, source: Source) {
+    let limiter = bucket(&backend, 1, Duration::from_secs(60), 5);
+    for left in (0..5).rev() {
+        let d = limiter.check("k", ONE).await;
+        assert_eq!(d.source, source);
+        assert!(d.is_admitted());
+        assert_eq!(d.remaining, left);
+        let want = if left == 0 {
+            State::HitQuota
+        } else {
+            State::Allowed
+        };
+        assert_eq!(d.state, want);
+    }
+    let over = limiter.check("k", ONE).await;
+    assert_eq!(over.state, State::OverQuota);
+    assert_eq!(over.remaining, 0);
+    let retry = over.retry_after.unwrap();
+    // The next token drips in one emission interval (60 s) after the first was taken.
+    assert!(
+        retry > Duration::from_secs(55) && retry <= Duration::from_secs(60),
+        "{retry:?}"
+    );
+    // A different key has its own full bucket.
+    assert_eq!(limiter.check("other", ONE).await.remaining, 4);
+}
+both!(full_burst, full_burst_then_rejection);
+
+async fn refill_at_the_configured_rate(backend: Backend, _source: Source) {
+    // 40 per second, burst 4: over a span S the admitted count is 4 + 40 * S (within one).
+    let limiter = bucket(&backend, 40, Duration::from_secs(1), 4);
+    let start = Instant::now();
+    let mut admitted = 0u64;
+    while start.elapsed() < Duration::from_millis(500) {
+        admitted += u64::from(limiter.check("k", ONE).await.is_admitted());
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let span = start.elapsed().as_secs_f64();
+    let expected = 4.0 + 40.0 * span;
+    assert!(
+        (admitted as f64 - expected).abs() <= 1.0 + 40.0 * 0.003,
+        "admitted {admitted}, expected {expected:.1} over {span:.3}s"
+    );
+}
+both!(refill, refill_at_the_configured_rate);
+
+async fn weighted_costs(backend: Backend, _source: Source) {
+    let limiter = bucket(&backend, 1, Duration::from_secs(60), 10);
+    assert_eq!(limiter.check("k", cost(7)).await.remaining, 3);
+    let over = limiter.check("k", cost(4)).await;
+    assert_eq!(over.state, State::OverQuota);
+    assert_eq!(over.remaining, 3, "a refused request takes nothing");
+    assert_eq!(limiter.check("k", cost(3)).await.state, State::HitQuota);
+    // More than the burst can never pass: refused as such, with no retry-after.
+    let never = limiter.check("fresh", cost(11)).await;
+    assert_eq!(never.state, State::ExceedsCapacity);
+    assert_eq!(never.retry_after, None);
+    assert_eq!(
+        limiter.check("fresh", cost(10)).await.state,
+        State::HitQuota
+    );
+}
+both!(weighted, weighted_costs);
+
+async fn rate_100_burst_10(backend: Backend, source: Source) {
+    // go-zero's ttl = floor(2 * 10 / 100) = 0 broke every call with these settings.
+    let limiter = bucket(&backend, 100, Duration::from_secs(1), 10);
+    let mut admitted = 0;
+    for _ in 0..15 {
+        let d = limiter.check("k", ONE).await;
+        assert_eq!(d.source, source, "no call may fall back");
+        admitted += u32::from(d.is_admitted());
+    }
+    assert!((10..=11).contains(&admitted), "{admitted}");
+    let over = limiter.check("k", ONE).await;
+    let retry = over.retry_after.expect("refused");
+    assert!(retry <= Duration::from_millis(10), "{retry:?}");
+    tokio::time::sleep(retry).await;
+    assert!(limiter.check("k", ONE).await.is_admitted());
+}
+both!(fast_rate_small_burst, rate_100_burst_10);
+
+async fn rates_below_one_per_second(backend: Backend, _source: Source) {
+    // Two tokens every three seconds: one per 1.5 s.
+    let limiter = bucket(&backend, 2, Duration::from_secs(3), 1);
+    assert_eq!(limiter.check("k", ONE).await.state, State::HitQuota);
+    let over = limiter.check("k", ONE).await;
+    let retry = over.retry_after.unwrap();
+    assert!(
+        retry > Duration::from_millis(1_400) && retry <= Duration::from_millis(1_500),
+        "{retry:?}"
+    );
+    tokio::time::sleep(retry - Duration::from_millis(100)).await;
+    assert!(!limiter.check("k", ONE).await.is_admitted(), "not yet");
+    tokio::time::sleep(Duration::from_millis(110)).await;
+    assert!(
+        limiter.check("k", ONE).await.is_admitted(),
+        "exactly on time"
+    );
+}
+both!(slow_rate, rates_below_one_per_second);
+
+async fn retry_after_is_exact(backend: Backend, _source: Source) {
+    let limiter = bucket(&backend, 10, Duration::from_secs(1), 3);
+    for _ in 0..3 {
+        assert!(limiter.check("k", ONE).await.is_admitted());
+    }
+    // Two tokens: 200 ms minus what already dripped in.
+    let over = limiter.check("k", cost(2)).await;
+    let retry = over.retry_after.unwrap();
+    assert!(retry > Duration::from_millis(150) && retry <= Duration::from_millis(200));
+    tokio::time::sleep(retry + Duration::from_millis(2)).await;
+    assert!(limiter.check("k", cost(2)).await.is_admitted());
+}
+both!(retry_after, retry_after_is_exact);
+
+#[tokio::test]
+async fn two_clients_sharing_redis_see_one_bucket() {
+    let redis = RedisServer::start();
+    let a = bucket(&Backend::redis(redis.pool()), 1, Duration::from_secs(60), 6);
+    let b = bucket(&Backend::redis(redis.pool()), 1, Duration::from_secs(60), 6);
+    let mut admitted = 0;
+    for i in 0..12 {
+        let limiter = if i % 2 == 0 { &a } else { &b };
+        admitted += u32::from(limiter.check("shared", ONE).await.is_admitted());
+    }
+    assert_eq!(admitted, 6);
+    // One key per bucket, expiring when the bucket would be full again.
+    assert_eq!(
+        redis.cmd(&["KEYS", "ratelimit:token:*"]),
+        "ratelimit:token:tb:shared"
+    );
+    let pttl: i64 = redis
+        .cmd(&["PTTL", "ratelimit:token:tb:shared"])
+        .parse()
+        .unwrap();
+    assert!(pttl > 300_000 && pttl <= 360_000, "{pttl}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_token_refilled_is_taken_once_across_instances() {
+    let redis = RedisServer::start();
+    let a = Arc::new(bucket(
+        &Backend::redis(redis.pool()),
+        20,
+        Duration::from_secs(1),
+        2,
+    ));
+    let b = Arc::new(bucket(
+        &Backend::redis(redis.pool()),
+        20,
+        Duration::from_secs(1),
+        2,
+    ));
+    assert!(a.check("k", cost(2)).await.is_admitted());
+    // Wait for exactly one token (50 ms), then both instances race for it many times over.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let tasks: Vec<_> = (0..20)
+        .map(|i| {
+            let limiter = if i % 2 == 0 {
+                Arc::clone(&a)
+            } else {
+                Arc::clone(&b)
+            };
+            tokio::spawn(async move { limiter.check("k", ONE).await.is_admitted() })
+        })
+        .collect();
+    let mut admitted = 0;
+    for task in tasks {
+        admitted += u32::from(task.await.unwrap());
+    }
+    // One token, plus at most one more if the race spans another 50 ms.
+    assert!((1..=2).contains(&admitted), "{admitted}");
+}
+
+#[tokio::test]
+async fn the_stored_time_never_moves_backwards() {
+    let redis = RedisServer::start();
+    let limiter = bucket(&Backend::redis(redis.pool()), 1, Duration::from_secs(10), 3);
+    for _ in 0..3 {
+        limiter.check("k", ONE).await;
+    }
+    let before: f64 = redis.cmd(&["GET", "ratelimit:token:tb:k"]).parse().unwrap();
+    // Refused requests leave the arrival time alone.
+    for _ in 0..5 {
+        assert!(!limiter.check("k", ONE).await.is_admitted());
+    }
+    let after: f64 = redis.cmd(&["GET", "ratelimit:token:tb:k"]).parse().unwrap();
+    assert_eq!(before, after);
+}
+
+#[tokio::test]
+async fn script_flush_is_invisible() {
+    let redis = RedisServer::start();
+    let limiter = bucket(&Backend::redis(redis.pool()), 1, Duration::from_secs(10), 3);
+    limiter.check("k", ONE).await;
+    redis.flush_scripts();
+    let d = limiter.check("k", ONE).await;
+    assert_eq!(d.source, Source::Redis);
+    assert_eq!(d.remaining, 1);
+}
