@@ -14,12 +14,17 @@ use std::time::Duration;
 
 use axum::{routing::get, Extension, Router};
 use tower_redis_ratelimit::key::{HeaderKey, PeerIp};
-use tower_redis_ratelimit::{deadpool_redis, Backend, Decision, PeriodLimitLayer};
+use tower_redis_ratelimit::{
+    deadpool_redis, Backend, Decision, PeriodLimitLayer, TokenBucketLayer,
+};
 
 /// Requests per window on `/period`.
 const PERIOD_QUOTA: u64 = 5;
 /// The window of `/period`.
 const PERIOD: Duration = Duration::from_secs(30);
+/// The bucket of `/token`: a burst of 3, then one token every 10 seconds.
+const TOKEN_BURST: u64 = 3;
+const TOKEN_EVERY: Duration = Duration::from_secs(10);
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -54,7 +59,16 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .key(key())
         .build()?;
 
-    let app = Router::new().route("/period", get(report).layer(period));
+    let token = TokenBucketLayer::builder(&backend)
+        .name("token")
+        .rate(1, TOKEN_EVERY)
+        .burst(TOKEN_BURST)
+        .key(key())
+        .build()?;
+
+    let app = Router::new()
+        .route("/period", get(report).layer(period))
+        .route("/token", get(report).layer(token));
 
     let port: u16 = match std::env::var("PORT") {
         Ok(port) => port.parse()?,
@@ -64,9 +78,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let addr = listener.local_addr()?;
     println!(
-        "serving on http://{addr}\n  GET /period  {PERIOD_QUOTA} requests per {}s (fixed window)\n\
-         try: for i in $(seq 7); do curl -si -H 'x-api-key: demo' http://{addr}/period | head -n1; done",
-        PERIOD.as_secs()
+        "serving on http://{addr}\n  \
+         GET /period  {PERIOD_QUOTA} requests per {}s (fixed window)\n  \
+         GET /token   bursts of {TOKEN_BURST}, then 1 request per {}s (token bucket)\n\
+         try: for i in $(seq 7); do curl -s -H 'x-api-key: demo' http://{addr}/period; done",
+        PERIOD.as_secs(),
+        TOKEN_EVERY.as_secs(),
     );
     axum::serve(
         listener,

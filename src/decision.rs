@@ -40,6 +40,13 @@ pub enum Source {
     InProcess,
     /// The in-process state standing in while Redis is unreachable.
     Fallback,
+    /// The local deny cache: Redis refused this key moments ago until a time not yet
+    /// reached.
+    DenyCache,
+    /// Redis is unreachable and the layer's failure policy admits everything.
+    FailOpen,
+    /// Redis is unreachable and the layer's failure policy refuses everything.
+    FailClosed,
 }
 
 /// The outcome of one check: state, limit, what is left, and when it resets.

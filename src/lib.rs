@@ -70,7 +70,7 @@ pub mod token_bucket;
 
 pub use deadpool_redis;
 
-pub use crate::backend::{Backend, BackendBuilder};
+pub use crate::backend::{Backend, BackendBuilder, FailurePolicy};
 pub use crate::cost::{Cost, FixedCost, UnitCost};
 pub use crate::decision::{Decision, Policy, Source, State};
 pub use crate::error::ConfigError;

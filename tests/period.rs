@@ -34,8 +34,10 @@ async fn quota_five_gives_four_allowed_one_hit_quota_then_over_quota() {
         states(&limiter, "phone", 7).await,
         [Allowed, Allowed, Allowed, Allowed, HitQuota, OverQuota, OverQuota]
     );
+    // Redis refused the key until the window ends: the deny cache answers now.
     let over = limiter.check("phone", ONE).await;
-    assert_eq!(over.source, Source::Redis);
+    assert_eq!(over.source, Source::DenyCache);
+    assert_eq!(over.state, OverQuota);
     assert_eq!(over.remaining, 0);
     let retry = over.retry_after.expect("over quota has a retry-after");
     assert!(retry > Duration::from_secs(58) && retry <= Duration::from_secs(60));
@@ -155,7 +157,10 @@ async fn concurrent_requests_on_one_key_admit_exactly_the_quota() {
     let mut hit_quota = 0;
     for task in tasks {
         let decision = task.await.unwrap();
-        assert_eq!(decision.source, Source::Redis);
+        assert!(
+            matches!(decision.source, Source::Redis | Source::DenyCache),
+            "{decision:?}"
+        );
         admitted += usize::from(decision.is_admitted());
         hit_quota += usize::from(decision.state == State::HitQuota);
     }
@@ -270,4 +275,68 @@ async fn unreachable_redis_is_answered_by_the_fallback() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(limiter.check("k", ONE).await.source, Source::Redis);
+}
+
+fn evalsha_calls(redis: &RedisServer) -> u64 {
+    let stats = redis.cmd(&["INFO", "commandstats"]);
+    stats
+        .lines()
+        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |n| n.parse().unwrap())
+}
+
+#[tokio::test]
+async fn a_flood_on_a_refused_key_is_answered_by_the_deny_cache() {
+    let redis = RedisServer::start();
+    let limiter = limiter(
+        &Backend::redis(redis.pool()),
+        PeriodConfig::new(3, Duration::from_secs(60)),
+    );
+    let mut admitted = 0;
+    for _ in 0..1_000 {
+        admitted += usize::from(limiter.check("hot", ONE).await.is_admitted());
+    }
+    assert_eq!(admitted, 3);
+    // Three admitted, one refusal from Redis, then the cache until the window ends
+    // (plus the first EVALSHA, refused with NOSCRIPT before the script was loaded).
+    assert_eq!(evalsha_calls(&redis), 1 + 4);
+    // Bigger costs are refused by the cache too; other keys still ask Redis.
+    let d = limiter.check("hot", NonZeroU32::new(2).unwrap()).await;
+    assert_eq!(d.source, Source::DenyCache);
+    assert_eq!(limiter.check("cold", ONE).await.source, Source::Redis);
+}
+
+#[tokio::test]
+async fn without_the_deny_cache_every_check_asks_redis() {
+    let redis = RedisServer::start();
+    let backend = Backend::builder()
+        .redis(redis.pool())
+        .deny_cache(0)
+        .build()
+        .unwrap();
+    let limiter = limiter(&backend, PeriodConfig::new(1, Duration::from_secs(60)));
+    for _ in 0..10 {
+        assert_eq!(limiter.check("hot", ONE).await.source, Source::Redis);
+    }
+    assert_eq!(evalsha_calls(&redis), 1 + 10, "the first one got NOSCRIPT");
+}
+
+#[tokio::test]
+async fn refusals_of_larger_costs_are_not_cached() {
+    let redis = RedisServer::start();
+    let limiter = limiter(
+        &Backend::redis(redis.pool()),
+        PeriodConfig::new(5, Duration::from_secs(60)),
+    );
+    assert!(limiter
+        .check("k", NonZeroU32::new(4).unwrap())
+        .await
+        .is_admitted());
+    // Cost 2 does not fit, but cost 1 still does: that refusal must not be cached.
+    let refused = limiter.check("k", NonZeroU32::new(2).unwrap()).await;
+    assert_eq!(refused.state, State::OverQuota);
+    let one = limiter.check("k", ONE).await;
+    assert_eq!(one.state, State::HitQuota);
+    assert_eq!(one.source, Source::Redis);
 }

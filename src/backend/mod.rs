@@ -4,8 +4,13 @@
 //! ([`Backend::redis`], a `deadpool-redis` pool). Every limiter built on a Redis backend
 //! also keeps in-process state with the same semantics, which answers while Redis is
 //! unreachable; one health state per backend decides which one answers, and one
-//! background probe switches back when Redis recovers.
+//! background probe switches back when Redis recovers. What answers while Redis fails is
+//! each layer's [`FailurePolicy`]; a [fallback share](BackendBuilder::fallback_share)
+//! keeps N instances from admitting N times the limit meanwhile. A local deny cache
+//! remembers Redis's refusals of hot keys until they expire, so a flood on one key costs
+//! Redis almost nothing.
 
+mod deny;
 mod redis;
 
 use std::fmt;
@@ -16,11 +21,13 @@ use std::time::Duration;
 use deadpool_redis::redis::{Script, ScriptInvocation};
 
 use crate::clock::Clock;
-use crate::decision::{Decision, Source};
+use crate::decision::{Decision, Source, State};
 use crate::error::{check_name, ConfigError};
 use crate::limiter::Check;
 
-use self::redis::{RedisBackend, ScriptError};
+pub(crate) use self::deny::KeyHasher;
+use self::deny::{Denied, DenyCache};
+use self::redis::{RedisBackend, RedisPool, ScriptError};
 
 /// The default key prefix.
 pub const DEFAULT_PREFIX: &str = "ratelimit";
@@ -28,6 +35,54 @@ pub const DEFAULT_PREFIX: &str = "ratelimit";
 pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_millis(100);
 /// The default interval of the health probe while Redis is unreachable.
 pub const DEFAULT_PROBE_INTERVAL: Duration = Duration::from_millis(500);
+/// The default number of refused keys the local deny cache remembers.
+pub const DEFAULT_DENY_CACHE_CAPACITY: usize = 10_000;
+
+/// What a layer answers while Redis is unreachable (connection refused, timeout, script
+/// error, pool exhausted: every kind of failure is treated alike).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum FailurePolicy {
+    /// Answer from the in-process state, which has the same semantics (the default).
+    /// Combine with a [fallback share](BackendBuilder::fallback_share) so that N
+    /// instances do not admit N times the limit.
+    #[default]
+    Fallback,
+    /// Admit every request (fail open).
+    FailOpen,
+    /// Refuse every request (fail closed), with a retry-after of one probe interval.
+    FailClosed,
+}
+
+/// Per-layer settings for Redis failures, carried by the backend handle a layer holds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Failover {
+    pub(crate) policy: FailurePolicy,
+    /// The fraction of each limit the in-process fallback applies, in `(0, 1]`.
+    pub(crate) share: f64,
+}
+
+impl Default for Failover {
+    fn default() -> Self {
+        Self {
+            policy: FailurePolicy::Fallback,
+            share: 1.0,
+        }
+    }
+}
+
+impl Failover {
+    pub(crate) fn check(&self) -> Result<(), ConfigError> {
+        if self.share.is_finite() && self.share > 0.0 && self.share <= 1.0 {
+            Ok(())
+        } else {
+            Err(ConfigError::InvalidName {
+                setting: "fallback_share",
+                reason: "must be a fraction in (0, 1]",
+            })
+        }
+    }
+}
 
 /// A handle on where limits are kept; cheap to clone, shared by all layers.
 ///
@@ -51,12 +106,14 @@ pub const DEFAULT_PROBE_INTERVAL: Duration = Duration::from_millis(500);
 #[derive(Clone)]
 pub struct Backend {
     inner: Arc<Inner>,
+    failover: Failover,
 }
 
 struct Inner {
     prefix: String,
     clock: Clock,
     redis: Option<Arc<RedisBackend>>,
+    deny: DenyCache,
 }
 
 impl Backend {
@@ -109,6 +166,27 @@ impl Backend {
         self.inner.redis.as_ref()
     }
 
+    /// This handle with other failure settings (for one layer).
+    pub(crate) fn with_failover(&self, failover: Failover) -> Self {
+        Self {
+            inner: Arc::clone(&self.inner),
+            failover,
+        }
+    }
+
+    pub(crate) fn failover(&self) -> Failover {
+        self.failover
+    }
+
+    /// Scales a limit for the in-process state: the fallback share of a Redis backend,
+    /// the whole limit in-process (never below one).
+    pub(crate) fn local_limit(&self, limit: u64) -> u64 {
+        if self.inner.redis.is_none() || self.failover.share >= 1.0 {
+            return limit;
+        }
+        ((limit as f64 * self.failover.share).floor() as u64).max(1)
+    }
+
     /// The namespace of one limiter's keys: `<prefix>:<kind>:<name>:`.
     pub(crate) fn namespace(&self, kind: &str, name: &str) -> String {
         let mut ns = String::with_capacity(self.inner.prefix.len() + kind.len() + name.len() + 3);
@@ -127,7 +205,8 @@ impl fmt::Debug for Backend {
         f.debug_struct("Backend")
             .field("prefix", &self.inner.prefix)
             .field("redis", &self.inner.redis)
-            .finish()
+            .field("failover", &self.failover)
+            .finish_non_exhaustive()
     }
 }
 
@@ -152,10 +231,12 @@ pub(crate) trait Store: Send + Sync + 'static {
 }
 
 /// Answers a check from Redis while it is healthy (one round trip, run by SHA), from the
-/// in-process state otherwise; a failed round trip is answered by the fallback and
-/// switches the backend to it until the probe reaches Redis again.
+/// in-process state otherwise; a failed round trip is answered by the layer's
+/// [`FailurePolicy`] and switches the backend to it until the probe reaches Redis again.
+/// A key Redis refused recently is refused from the deny cache without a round trip.
 pub(crate) fn check<T: Store>(store: &Arc<T>, key: &str, cost: NonZeroU32) -> Check {
-    let redis = store.backend().redis_handle();
+    let backend = store.backend();
+    let redis = backend.redis_handle();
     if u64::from(cost.get()) > store.capacity() {
         let source = match redis {
             None => Source::InProcess,
@@ -168,12 +249,28 @@ pub(crate) fn check<T: Store>(store: &Arc<T>, key: &str, cost: NonZeroU32) -> Ch
         return Check::ready(store.local(key, cost, Source::InProcess));
     };
     if !redis.is_healthy() {
-        return Check::ready(store.local(key, cost, Source::Fallback));
+        return Check::ready(unavailable(&**store, key, cost));
     }
     let namespace = store.namespace();
     let mut redis_key = String::with_capacity(namespace.len() + key.len());
     redis_key.push_str(namespace);
     redis_key.push_str(key);
+    let deny = &backend.inner.deny;
+    let deny_key = deny.is_enabled().then(|| deny.hash(&redis_key));
+    if let Some(hash) = deny_key {
+        let now_us = backend.clock().now_us();
+        if let Some(denied) = deny.get(hash, now_us) {
+            let us = |t: u64| Duration::from_micros(t.saturating_sub(now_us));
+            let decision = Decision::new(
+                State::OverQuota,
+                store.capacity(),
+                0,
+                us(denied.reset_us),
+                Source::DenyCache,
+            );
+            return Check::ready(decision.with_retry_after(us(denied.until_us)));
+        }
+    }
     let mut invocation = store.script().key(&redis_key);
     store.args(&mut invocation, cost);
     let store = Arc::clone(store);
@@ -181,25 +278,74 @@ pub(crate) fn check<T: Store>(store: &Arc<T>, key: &str, cost: NonZeroU32) -> Ch
     Check::pending(async move {
         let error = match redis.eval(&invocation).await {
             Ok(reply) => match store.decide(&reply, cost) {
-                Some(decision) => return decision,
+                Some(decision) => {
+                    if let (Some(hash), Some(retry), 1) =
+                        (deny_key, decision.retry_after, cost.get())
+                    {
+                        let backend = store.backend();
+                        let now_us = backend.clock().now_us();
+                        let at = |d: Duration| {
+                            now_us.saturating_add(u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+                        };
+                        let denied = Denied {
+                            until_us: at(retry),
+                            reset_us: at(decision.reset),
+                        };
+                        backend.inner.deny.insert(hash, denied, now_us);
+                    }
+                    return decision;
+                }
                 None => ScriptError::Reply(reply),
             },
             Err(error) => error,
         };
         redis.mark_unhealthy(&error);
         let key = &redis_key[store.namespace().len()..];
-        store.local(key, cost, Source::Fallback)
+        unavailable(&*store, key, cost)
     })
+}
+
+/// The answer while Redis is unreachable, by the layer's failure policy.
+fn unavailable<T: Store>(store: &T, key: &str, cost: NonZeroU32) -> Decision {
+    let backend = store.backend();
+    match backend.failover.policy {
+        FailurePolicy::Fallback => store.local(key, cost, Source::Fallback),
+        FailurePolicy::FailOpen => {
+            let limit = store.capacity();
+            Decision::new(
+                State::Allowed,
+                limit,
+                limit,
+                Duration::ZERO,
+                Source::FailOpen,
+            )
+        }
+        FailurePolicy::FailClosed => {
+            let retry = backend
+                .redis_handle()
+                .map_or(DEFAULT_PROBE_INTERVAL, |r| r.probe_interval());
+            Decision::new(
+                State::OverQuota,
+                store.capacity(),
+                0,
+                retry,
+                Source::FailClosed,
+            )
+            .with_retry_after(retry)
+        }
+    }
 }
 
 /// Configures a [`Backend`].
 #[derive(Debug)]
 #[must_use = "a builder does nothing until `build` is called"]
 pub struct BackendBuilder {
-    pool: Option<deadpool_redis::Pool>,
+    pool: Option<RedisPool>,
     prefix: String,
     call_timeout: Duration,
     probe_interval: Duration,
+    deny_cache: usize,
+    failover: Failover,
 }
 
 impl Default for BackendBuilder {
@@ -209,6 +355,8 @@ impl Default for BackendBuilder {
             prefix: DEFAULT_PREFIX.to_owned(),
             call_timeout: DEFAULT_CALL_TIMEOUT,
             probe_interval: DEFAULT_PROBE_INTERVAL,
+            deny_cache: DEFAULT_DENY_CACHE_CAPACITY,
+            failover: Failover::default(),
         }
     }
 }
@@ -216,7 +364,42 @@ impl Default for BackendBuilder {
 impl BackendBuilder {
     /// Keeps limits in Redis through this pool (without it, limits stay in-process).
     pub fn redis(mut self, pool: deadpool_redis::Pool) -> Self {
-        self.pool = Some(pool);
+        self.pool = Some(RedisPool::Single(pool));
+        self
+    }
+
+    /// Keeps limits in a Redis Cluster through this pool. Every script touches one key,
+    /// so each check runs on the node that owns the key's slot.
+    #[cfg(feature = "cluster")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "cluster")))]
+    pub fn redis_cluster(mut self, pool: deadpool_redis::cluster::Pool) -> Self {
+        self.pool = Some(RedisPool::Cluster(pool));
+        self
+    }
+
+    /// How many refused keys the local deny cache remembers (default 10 000; `0` turns
+    /// it off). While Redis refuses a key until a known time, further requests on that
+    /// key are refused locally until then without a round trip.
+    pub fn deny_cache(mut self, capacity: usize) -> Self {
+        self.deny_cache = capacity;
+        self
+    }
+
+    /// The default [`FailurePolicy`] of layers on this backend (default: fallback).
+    /// Layers can override it with
+    /// [`LayerBuilder::on_redis_failure`](crate::LayerBuilder::on_redis_failure).
+    pub fn failure_policy(mut self, policy: FailurePolicy) -> Self {
+        self.failover.policy = policy;
+        self
+    }
+
+    /// The fraction of every limit that the in-process fallback applies while Redis is
+    /// unreachable (default 1.0), e.g. `1.0 / 4.0` when four instances share the limit,
+    /// so that together they admit about the limit, not four times it. Limits are
+    /// rounded down, never below one. Layers can override it with
+    /// [`LayerBuilder::fallback_share`](crate::LayerBuilder::fallback_share).
+    pub fn fallback_share(mut self, share: f64) -> Self {
+        self.failover.share = share;
         self
     }
 
@@ -245,9 +428,11 @@ impl BackendBuilder {
     ///
     /// # Errors
     ///
-    /// A [`ConfigError`] for an invalid prefix or a zero timeout or probe interval.
+    /// A [`ConfigError`] for an invalid prefix, a zero timeout or probe interval, or a
+    /// fallback share outside `(0, 1]`.
     pub fn build(self) -> Result<Backend, ConfigError> {
         check_name("prefix", &self.prefix)?;
+        self.failover.check()?;
         if self.call_timeout < Duration::from_millis(1) {
             return Err(ConfigError::ZeroDuration {
                 setting: "call_timeout",
@@ -270,7 +455,9 @@ impl BackendBuilder {
                 prefix: self.prefix,
                 clock: Clock::new(),
                 redis,
+                deny: DenyCache::new(self.deny_cache),
             }),
+            failover: self.failover,
         })
     }
 }

@@ -6,8 +6,71 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use deadpool_redis::redis::{self, ScriptInvocation};
-use deadpool_redis::{Pool, PoolError};
+use deadpool_redis::redis::{self, Cmd, ScriptInvocation};
+use deadpool_redis::PoolError;
+
+/// A single-node or cluster pool.
+#[derive(Clone)]
+pub(crate) enum RedisPool {
+    Single(deadpool_redis::Pool),
+    #[cfg(feature = "cluster")]
+    Cluster(deadpool_redis::cluster::Pool),
+}
+
+impl fmt::Debug for RedisPool {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let kind = match self {
+            Self::Single(_) => "single",
+            #[cfg(feature = "cluster")]
+            Self::Cluster(_) => "cluster",
+        };
+        f.debug_struct("RedisPool")
+            .field("kind", &kind)
+            .field("status", &self.status())
+            .finish()
+    }
+}
+
+impl RedisPool {
+    fn status(&self) -> deadpool_redis::Status {
+        match self {
+            Self::Single(pool) => pool.status(),
+            #[cfg(feature = "cluster")]
+            Self::Cluster(pool) => pool.status(),
+        }
+    }
+
+    async fn script(
+        &self,
+        invocation: &ScriptInvocation<'static>,
+    ) -> Result<Vec<i64>, ScriptError> {
+        match self {
+            Self::Single(pool) => {
+                let mut conn = pool.get().await?;
+                Ok(invocation.invoke_async(&mut conn).await?)
+            }
+            #[cfg(feature = "cluster")]
+            Self::Cluster(pool) => {
+                let mut conn = pool.get().await?;
+                Ok(invocation.invoke_async(&mut conn).await?)
+            }
+        }
+    }
+
+    async fn command(&self, cmd: &Cmd) -> Result<(), ScriptError> {
+        match self {
+            Self::Single(pool) => {
+                let mut conn = pool.get().await?;
+                Ok(cmd.query_async::<()>(&mut conn).await?)
+            }
+            #[cfg(feature = "cluster")]
+            Self::Cluster(pool) => {
+                let mut conn = pool.get().await?;
+                Ok(cmd.query_async::<()>(&mut conn).await?)
+            }
+        }
+    }
+}
 
 /// Why a Redis check could not be answered by Redis.
 #[derive(Debug, thiserror::Error)]
@@ -23,7 +86,7 @@ pub(crate) enum ScriptError {
 }
 
 pub(crate) struct RedisBackend {
-    pool: Pool,
+    pool: RedisPool,
     call_timeout: Duration,
     probe_interval: Duration,
     healthy: AtomicBool,
@@ -32,7 +95,7 @@ pub(crate) struct RedisBackend {
 impl fmt::Debug for RedisBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Redis")
-            .field("pool", &self.pool.status())
+            .field("pool", &self.pool)
             .field("call_timeout", &self.call_timeout)
             .field("probe_interval", &self.probe_interval)
             .field("healthy", &self.is_healthy())
@@ -41,13 +104,17 @@ impl fmt::Debug for RedisBackend {
 }
 
 impl RedisBackend {
-    pub(crate) fn new(pool: Pool, call_timeout: Duration, probe_interval: Duration) -> Self {
+    pub(crate) fn new(pool: RedisPool, call_timeout: Duration, probe_interval: Duration) -> Self {
         Self {
             pool,
             call_timeout,
             probe_interval,
             healthy: AtomicBool::new(true),
         }
+    }
+
+    pub(crate) fn probe_interval(&self) -> Duration {
+        self.probe_interval
     }
 
     pub(crate) fn is_healthy(&self) -> bool {
@@ -59,11 +126,7 @@ impl RedisBackend {
         &self,
         invocation: &ScriptInvocation<'static>,
     ) -> Result<Vec<i64>, ScriptError> {
-        let call = async {
-            let mut conn = self.pool.get().await?;
-            Ok(invocation.invoke_async::<Vec<i64>>(&mut conn).await?)
-        };
-        match tokio::time::timeout(self.call_timeout, call).await {
+        match tokio::time::timeout(self.call_timeout, self.pool.script(invocation)).await {
             Ok(result) => result,
             Err(_) => Err(ScriptError::Timeout(self.call_timeout)),
         }
@@ -86,14 +149,8 @@ impl RedisBackend {
     }
 
     async fn ping(&self) -> Result<(), ScriptError> {
-        let call = async {
-            let mut conn = self.pool.get().await?;
-            redis::cmd("PING")
-                .query_async::<()>(&mut conn)
-                .await
-                .map_err(ScriptError::from)
-        };
-        match tokio::time::timeout(self.call_timeout, call).await {
+        let ping = redis::cmd("PING");
+        match tokio::time::timeout(self.call_timeout, self.pool.command(&ping)).await {
             Ok(result) => result,
             Err(_) => Err(ScriptError::Timeout(self.call_timeout)),
         }

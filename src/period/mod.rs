@@ -132,6 +132,8 @@ struct PeriodStore {
     namespace: String,
     policy: Policy,
     quota: u64,
+    /// The quota of the in-process state (the fallback share of `quota` on Redis).
+    local_quota: u64,
     period_ms: u64,
     offset_ms: Option<i64>,
     windows: Windows,
@@ -168,6 +170,7 @@ impl PeriodLimiter {
                 namespace: backend.namespace("period", name),
                 policy: Policy::new(name, config.quota, Duration::from_millis(period_ms)),
                 quota: config.quota,
+                local_quota: backend.local_limit(config.quota),
                 period_ms,
                 offset_ms,
                 windows: Windows::new(period_ms * 1_000),
@@ -187,12 +190,18 @@ impl Limiter for PeriodLimiter {
 }
 
 impl PeriodStore {
-    fn decision(&self, count: u64, reset: Duration, admitted: bool, source: Source) -> Decision {
-        let remaining = self.quota.saturating_sub(count);
+    fn decision(
+        quota: u64,
+        count: u64,
+        reset: Duration,
+        admitted: bool,
+        source: Source,
+    ) -> Decision {
+        let remaining = quota.saturating_sub(count);
         match (admitted, remaining) {
-            (true, 0) => Decision::new(State::HitQuota, self.quota, 0, reset, source),
-            (true, _) => Decision::new(State::Allowed, self.quota, remaining, reset, source),
-            (false, _) => Decision::new(State::OverQuota, self.quota, remaining, reset, source)
+            (true, 0) => Decision::new(State::HitQuota, quota, 0, reset, source),
+            (true, _) => Decision::new(State::Allowed, quota, remaining, reset, source),
+            (false, _) => Decision::new(State::OverQuota, quota, remaining, reset, source)
                 .with_retry_after(reset),
         }
     }
@@ -241,7 +250,13 @@ impl Store for PeriodStore {
         };
         let count = u64::try_from(count).ok()?;
         let reset = Duration::from_millis(u64::try_from(ttl_ms).unwrap_or(0));
-        Some(self.decision(count, reset, admitted == 1, Source::Redis))
+        Some(Self::decision(
+            self.quota,
+            count,
+            reset,
+            admitted == 1,
+            Source::Redis,
+        ))
     }
 
     fn local(&self, key: &str, cost: NonZeroU32, source: Source) -> Decision {
@@ -250,11 +265,12 @@ impl Store for PeriodStore {
             period_us: self.period_ms * 1_000,
             offset_us: self.offset_ms.map(|ms| ms * 1_000),
         };
+        let quota = self.local_quota;
         let hit = self
             .windows
-            .hit(key, u64::from(cost.get()), self.quota, schedule, now_us);
+            .hit(key, u64::from(cost.get()), quota, schedule, now_us);
         let reset = Duration::from_micros(hit.ends_at_us.saturating_sub(now_us));
-        self.decision(hit.count, reset, hit.admitted, source)
+        Self::decision(quota, hit.count, reset, hit.admitted, source)
     }
 }
 

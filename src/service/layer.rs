@@ -4,7 +4,7 @@ use std::sync::Arc;
 use tower_layer::Layer;
 
 use super::{MissingKey, RateLimit, Shared};
-use crate::backend::Backend;
+use crate::backend::{Backend, FailurePolicy};
 use crate::cost::UnitCost;
 use crate::error::{check_name, ConfigError};
 use crate::key::GlobalKey;
@@ -190,6 +190,24 @@ impl<A, K, C, R> LayerBuilder<A, K, C, R> {
         self
     }
 
+    /// What this layer answers while Redis is unreachable (default: the backend's, which
+    /// defaults to [`FailurePolicy::Fallback`]).
+    pub fn on_redis_failure(mut self, policy: FailurePolicy) -> Self {
+        let mut failover = self.backend.failover();
+        failover.policy = policy;
+        self.backend = self.backend.with_failover(failover);
+        self
+    }
+
+    /// The fraction of this layer's limit that the in-process fallback applies while
+    /// Redis is unreachable; see [`BackendBuilder::fallback_share`](crate::BackendBuilder::fallback_share).
+    pub fn fallback_share(mut self, share: f64) -> Self {
+        let mut failover = self.backend.failover();
+        failover.share = share;
+        self.backend = self.backend.with_failover(failover);
+        self
+    }
+
     /// Checks every setting and builds the layer.
     ///
     /// # Errors
@@ -204,6 +222,7 @@ impl<A, K, C, R> LayerBuilder<A, K, C, R> {
         R: OnRejection,
     {
         let name = self.name.ok_or(ConfigError::Missing { setting: "name" })?;
+        self.backend.failover().check()?;
         check_name("name", &name)?;
         if self.max_key_len == 0 {
             return Err(ConfigError::Zero {

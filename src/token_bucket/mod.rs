@@ -31,9 +31,7 @@
 //! # let _ = layer; Ok(()) }
 //! ```
 
-use std::collections::hash_map::RandomState;
 use std::fmt;
-use std::hash::BuildHasher;
 use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock};
@@ -46,7 +44,7 @@ use governor::nanos::Nanos;
 use governor::state::keyed::DashMapStateStore;
 use governor::{Quota, RateLimiter};
 
-use crate::backend::{self, Backend, Store};
+use crate::backend::{self, Backend, KeyHasher, Store};
 use crate::clock::Clock;
 use crate::decision::{Decision, Policy, Source, State};
 use crate::error::{check_name, ConfigError};
@@ -114,12 +112,14 @@ struct BucketStore {
     namespace: String,
     policy: Policy,
     burst: u64,
-    /// Nanoseconds per token.
-    interval_ns: u64,
     /// Microseconds per token, for the script.
     interval_us: f64,
+    /// The in-process bucket's capacity (the fallback share of `burst` on Redis).
+    local_burst: u64,
+    /// Nanoseconds per token in-process (the fallback share of the rate on Redis).
+    local_interval_ns: u64,
     buckets: Buckets,
-    hasher: (RandomState, RandomState),
+    hasher: KeyHasher,
     next_sweep_ns: AtomicU64,
 }
 
@@ -127,7 +127,7 @@ impl fmt::Debug for BucketStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("TokenBucket")
             .field("policy", &self.policy)
-            .field("interval_ns", &self.interval_ns)
+            .field("interval_us", &self.interval_us)
             .field("local_buckets", &self.buckets.len())
             .finish_non_exhaustive()
     }
@@ -184,10 +184,15 @@ impl TokenBucketLimiter {
         if refill_ns > 10 * 366 * 86_400 * 1_000_000_000 {
             return Err(ConfigError::TooLong { setting: "period" });
         }
-        let interval = Duration::from_nanos(interval_ns);
-        let quota = Quota::with_period(interval)
+        // The in-process state applies the fallback share of both rate and burst.
+        let local_burst = backend.local_limit(config.burst);
+        let share = local_burst as f64 / config.burst as f64;
+        let local_interval_ns = (interval_ns as f64 / share).ceil() as u64;
+        let quota = Quota::with_period(Duration::from_nanos(local_interval_ns))
             .expect("interval is at least one nanosecond")
-            .allow_burst(burst);
+            .allow_burst(
+                NonZeroU32::new(u32::try_from(local_burst).unwrap_or(burst.get())).unwrap_or(burst),
+            );
         let buckets = RateLimiter::dashmap_with_clock(quota, TokioClock(backend.clock()))
             .with_middleware::<StateInformationMiddleware>();
         let refill = Duration::from_nanos(u64::try_from(refill_ns).unwrap_or(u64::MAX));
@@ -197,11 +202,12 @@ impl TokenBucketLimiter {
                 namespace: backend.namespace("token", name),
                 policy: Policy::new(name, config.burst, refill),
                 burst: config.burst,
-                interval_ns,
+                local_burst,
+                local_interval_ns,
                 // Exact, not rounded to nanoseconds: 3 per second is 333333.33 µs.
                 interval_us: config.period.as_secs_f64() * 1e6 / config.rate as f64,
                 buckets,
-                hasher: (RandomState::new(), RandomState::new()),
+                hasher: KeyHasher::default(),
                 next_sweep_ns: AtomicU64::new(0),
             }),
         })
@@ -220,15 +226,13 @@ impl Limiter for TokenBucketLimiter {
 
 impl BucketStore {
     fn tokens_duration(&self, tokens: u64) -> Duration {
-        Duration::from_nanos(self.interval_ns.saturating_mul(tokens))
+        Duration::from_nanos(self.local_interval_ns.saturating_mul(tokens))
     }
 
     /// A 128-bit key for governor: hashing with two random seeds avoids allocating an
     /// owned key per check, and collisions are out of reach of attackers.
     fn local_key(&self, key: &str) -> u128 {
-        let high = self.hasher.0.hash_one(key);
-        let low = self.hasher.1.hash_one(key);
-        (u128::from(high) << 64) | u128::from(low)
+        self.hasher.hash(key)
     }
 
     fn maybe_sweep(&self) {
@@ -314,27 +318,34 @@ impl Store for BucketStore {
         let key = self.local_key(key);
         match self.buckets.check_key_n(&key, cost) {
             Ok(Ok(snapshot)) => {
+                let burst = self.local_burst;
                 let left = u64::from(snapshot.remaining_burst_capacity());
                 let state = if left == 0 {
                     State::HitQuota
                 } else {
                     State::Allowed
                 };
-                let reset = self.tokens_duration(self.burst - left.min(self.burst));
-                Decision::new(state, self.burst, left, reset, source)
+                let reset = self.tokens_duration(burst - left.min(burst));
+                Decision::new(state, burst, left, reset, source)
             }
             Ok(Err(not_until)) => {
                 let now = self.buckets.clock().now();
                 let wait = not_until.wait_time_from(now);
                 let cost = u64::from(cost.get());
-                let missing = wait.as_nanos().div_ceil(u128::from(self.interval_ns));
+                let burst = self.local_burst;
+                let missing = wait.as_nanos().div_ceil(u128::from(self.local_interval_ns));
                 let left = cost.saturating_sub(u64::try_from(missing).unwrap_or(u64::MAX));
-                let reset = wait + self.tokens_duration(self.burst - cost.min(self.burst));
-                Decision::new(State::OverQuota, self.burst, left, reset, source)
-                    .with_retry_after(wait)
+                let reset = wait + self.tokens_duration(burst - cost.min(burst));
+                Decision::new(State::OverQuota, burst, left, reset, source).with_retry_after(wait)
             }
-            // Costs above the burst are refused before the stores are asked.
-            Err(_) => self.exceeds_capacity(source),
+            // Above the burst, or above the fallback share of it.
+            Err(_) => Decision::new(
+                State::ExceedsCapacity,
+                self.local_burst,
+                0,
+                Duration::ZERO,
+                source,
+            ),
         }
     }
 }

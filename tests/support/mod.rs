@@ -20,6 +20,7 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Once;
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -68,15 +69,46 @@ fn free_cluster_port() -> u16 {
     panic!("could not find a free port pair (p, p + {CLUSTER_BUS_OFFSET}) for a cluster node");
 }
 
+const TEMP_PREFIX: &str = "tower-redis-ratelimit-";
+
+/// Removes temp dirs left behind by test processes that no longer exist
+/// (e.g. killed by a nextest timeout before `Drop` could run). Only dirs with
+/// our prefix whose owning pid is gone are touched; runs once per process.
+fn sweep_stale_temp_dirs() {
+    static SWEEP: Once = Once::new();
+    SWEEP.call_once(|| {
+        if !Path::new("/proc/self").exists() {
+            return;
+        }
+        let Ok(entries) = fs::read_dir(std::env::temp_dir()) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let Some(rest) = name.to_str().and_then(|n| n.strip_prefix(TEMP_PREFIX)) else {
+                continue;
+            };
+            // <kind>-<pid>-<counter>-<nanos>
+            let Some(pid) = rest.split('-').nth(1).and_then(|p| p.parse::<u32>().ok()) else {
+                continue;
+            };
+            if !Path::new(&format!("/proc/{pid}")).exists() {
+                let _ = fs::remove_dir_all(entry.path());
+            }
+        }
+    });
+}
+
 /// Creates a fresh, unique directory under the system temp dir.
 fn make_temp_dir(kind: &str) -> PathBuf {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
+    sweep_stale_temp_dirs();
     let nanos = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_nanos())
         .unwrap_or(0);
     let name = format!(
-        "tower-redis-ratelimit-{kind}-{}-{}-{nanos}",
+        "{TEMP_PREFIX}{kind}-{}-{}-{nanos}",
         std::process::id(),
         COUNTER.fetch_add(1, Ordering::Relaxed),
     );

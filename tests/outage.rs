@@ -1,0 +1,302 @@
+//! Surviving Redis: a real `redis-server` that the harness kills, restarts and pauses
+//! while layers keep answering.
+
+mod support;
+
+use std::convert::Infallible;
+use std::io::Write;
+use std::num::NonZeroU32;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use http::{Request, Response, StatusCode};
+use support::RedisServer;
+use tokio::time::Instant;
+use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
+use tower_redis_ratelimit::period::{PeriodConfig, PeriodLimiter};
+use tower_redis_ratelimit::token_bucket::{TokenBucketConfig, TokenBucketLimiter};
+use tower_redis_ratelimit::{
+    Backend, FailurePolicy, Limiter, PeriodLimitLayer, Source, State, TokenBucketLayer,
+};
+
+const ONE: NonZeroU32 = NonZeroU32::MIN;
+const PROBE: Duration = Duration::from_millis(100);
+const DEADLINE: Duration = Duration::from_millis(150);
+
+fn backend(redis: &RedisServer) -> Backend {
+    Backend::builder()
+        .redis(redis.pool())
+        .call_timeout(DEADLINE)
+        .probe_interval(PROBE)
+        .build()
+        .unwrap()
+}
+
+async fn wait_healthy(backend: &Backend, within: Duration) -> Duration {
+    let start = Instant::now();
+    while backend.redis_healthy() != Some(true) {
+        assert!(
+            start.elapsed() < within,
+            "not back in redis after {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    start.elapsed()
+}
+
+/// A period layer and a token-bucket layer in front of a service that always answers.
+fn stack(
+    backend: &Backend,
+    policy: FailurePolicy,
+) -> impl Service<Request<()>, Response = Response<impl Sized>, Error = Infallible> + Clone {
+    let period = PeriodLimitLayer::builder(backend)
+        .name("day")
+        .quota(5)
+        .period(Duration::from_secs(60))
+        .on_redis_failure(policy)
+        .build()
+        .unwrap();
+    let token = TokenBucketLayer::builder(backend)
+        .name("burst")
+        .rate(1, Duration::from_secs(60))
+        .burst(3)
+        .on_redis_failure(policy)
+        .build()
+        .unwrap();
+    ServiceBuilder::new()
+        .layer(token)
+        .layer(period)
+        .service(service_fn(|_req: Request<()>| async {
+            Ok::<_, Infallible>(Response::new(()))
+        }))
+}
+
+async fn statuses<S, B>(svc: &S, n: usize) -> Vec<StatusCode>
+where
+    S: Service<Request<()>, Response = Response<B>, Error = Infallible> + Clone,
+{
+    let mut out = Vec::new();
+    for _ in 0..n {
+        let response = svc.clone().oneshot(Request::new(())).await.unwrap();
+        out.push(response.status());
+    }
+    out
+}
+
+#[tokio::test]
+async fn killed_redis_falls_back_then_comes_back_within_a_probe_interval() {
+    let mut redis = RedisServer::start();
+    let backend = backend(&redis);
+    let svc = stack(&backend, FailurePolicy::Fallback);
+    assert_eq!(statuses(&svc, 1).await, [StatusCode::OK]);
+    redis.kill();
+    // The fallback keeps the semantics: a fresh token bucket of 3 in this process.
+    let during = statuses(&svc, 6).await;
+    assert!(during
+        .iter()
+        .all(|s| *s == StatusCode::OK || *s == StatusCode::TOO_MANY_REQUESTS));
+    assert_eq!(
+        during.iter().filter(|s| **s == StatusCode::OK).count(),
+        3,
+        "{during:?}"
+    );
+    assert_eq!(backend.redis_healthy(), Some(false));
+    redis.restart();
+    let took = wait_healthy(&backend, Duration::from_secs(3)).await;
+    assert!(
+        took <= PROBE + DEADLINE + Duration::from_millis(200),
+        "{took:?}"
+    );
+    // Back in Redis: the restarted server is empty, so the full burst is there again.
+    assert_eq!(statuses(&svc, 4).await[..3], [StatusCode::OK; 3]);
+    assert_eq!(redis.cmd(&["EXISTS", "ratelimit:token:burst:global"]), "1");
+}
+
+#[tokio::test]
+async fn paused_redis_costs_a_request_at_most_the_deadline() {
+    let mut redis = RedisServer::start();
+    let backend = backend(&redis);
+    let limiter = TokenBucketLimiter::new(
+        &backend,
+        "tb",
+        TokenBucketConfig::new(100, Duration::from_secs(1), 100),
+    )
+    .unwrap();
+    assert_eq!(limiter.check("k", ONE).await.source, Source::Redis);
+    redis.pause();
+    let start = Instant::now();
+    let d = limiter.check("k", ONE).await;
+    let took = start.elapsed();
+    assert_eq!(d.source, Source::Fallback);
+    assert!(took < DEADLINE + Duration::from_millis(100), "{took:?}");
+    // From now on the fallback answers at once, without waiting for Redis.
+    let start = Instant::now();
+    for _ in 0..20 {
+        assert_eq!(limiter.check("k", ONE).await.source, Source::Fallback);
+    }
+    assert!(start.elapsed() < Duration::from_millis(50));
+    redis.resume();
+    wait_healthy(&backend, Duration::from_secs(3)).await;
+    assert_eq!(limiter.check("k", ONE).await.source, Source::Redis);
+}
+
+#[tokio::test]
+async fn fail_open_and_fail_closed_policies() {
+    let mut redis = RedisServer::start();
+    let backend = backend(&redis);
+    let open = stack(&backend, FailurePolicy::FailOpen);
+    let closed = stack(&backend, FailurePolicy::FailClosed);
+    redis.kill();
+    assert_eq!(statuses(&open, 10).await, [StatusCode::OK; 10]);
+    let refused = closed.clone().oneshot(Request::new(())).await.unwrap();
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert!(refused.headers().contains_key(http::header::RETRY_AFTER));
+    assert_eq!(
+        statuses(&closed, 5).await,
+        [StatusCode::TOO_MANY_REQUESTS; 5]
+    );
+
+    let limiter =
+        PeriodLimiter::new(&backend, "p", PeriodConfig::new(2, Duration::from_secs(60))).unwrap();
+    assert_eq!(limiter.check("k", ONE).await.source, Source::Fallback);
+}
+
+#[tokio::test]
+async fn the_fallback_applies_its_share_of_the_limit() {
+    let mut redis = RedisServer::start();
+    // Four instances share the limit: each fallback admits a quarter of it.
+    let backend = Backend::builder()
+        .redis(redis.pool())
+        .call_timeout(DEADLINE)
+        .probe_interval(PROBE)
+        .fallback_share(0.25)
+        .build()
+        .unwrap();
+    let period =
+        PeriodLimiter::new(&backend, "p", PeriodConfig::new(8, Duration::from_secs(60))).unwrap();
+    let bucket = TokenBucketLimiter::new(
+        &backend,
+        "t",
+        TokenBucketConfig::new(1, Duration::from_secs(60), 12),
+    )
+    .unwrap();
+    redis.kill();
+    let mut period_admitted = 0;
+    let mut bucket_admitted = 0;
+    for _ in 0..20 {
+        period_admitted += u32::from(period.check("k", ONE).await.is_admitted());
+        bucket_admitted += u32::from(bucket.check("k", ONE).await.is_admitted());
+    }
+    assert_eq!(period_admitted, 2);
+    assert_eq!(bucket_admitted, 3);
+    let d = period.check("k", ONE).await;
+    assert_eq!(
+        (d.source, d.limit, d.state),
+        (Source::Fallback, 2, State::OverQuota)
+    );
+}
+
+#[test]
+fn invalid_failure_settings_fail_when_built() {
+    for share in [0.0, -0.5, 1.5, f64::NAN] {
+        let err = Backend::builder()
+            .fallback_share(share)
+            .build()
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "invalid `fallback_share`: must be a fraction in (0, 1]"
+        );
+        let err = PeriodLimitLayer::builder(&Backend::in_process())
+            .name("p")
+            .quota(1)
+            .period(Duration::from_secs(1))
+            .fallback_share(share)
+            .build()
+            .unwrap_err();
+        assert!(err.to_string().contains("fallback_share"));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn script_flush_mid_traffic_is_invisible() {
+    let redis = RedisServer::start();
+    let backend = backend(&redis);
+    let limiter = Arc::new(
+        PeriodLimiter::new(
+            &backend,
+            "p",
+            PeriodConfig::new(1_000_000, Duration::from_secs(60)),
+        )
+        .unwrap(),
+    );
+    let workers: Vec<_> = (0..4)
+        .map(|w| {
+            let limiter = Arc::clone(&limiter);
+            tokio::spawn(async move {
+                let mut sources = Vec::new();
+                for i in 0..200 {
+                    sources.push(limiter.check(&format!("k{w}-{}", i % 7), ONE).await.source);
+                }
+                sources
+            })
+        })
+        .collect();
+    for _ in 0..5 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        redis.flush_scripts();
+    }
+    for worker in workers {
+        let sources = worker.await.unwrap();
+        assert!(sources.iter().all(|s| *s == Source::Redis), "{sources:?}");
+    }
+    assert_eq!(backend.redis_healthy(), Some(true));
+}
+
+/// Collects everything the crate logs on this thread.
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn one_outage_logs_once_and_runs_one_probe_that_stops_with_the_backend() {
+    let logs = Captured::default();
+    let writer = logs.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .with_max_level(tracing::Level::INFO)
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+
+    let mut redis = RedisServer::start();
+    let backend = backend(&redis);
+    let limiter = Arc::new(
+        PeriodLimiter::new(&backend, "p", PeriodConfig::new(5, Duration::from_secs(60))).unwrap(),
+    );
+    redis.kill();
+    let checks: Vec<_> = (0..50)
+        .map(|i| limiter.check(&format!("k{i}"), ONE))
+        .collect();
+    for check in checks {
+        assert_eq!(check.await.source, Source::Fallback);
+    }
+    let text = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+    assert_eq!(text.matches("redis unreachable").count(), 1, "{text}");
+    let metrics = tokio::runtime::Handle::current().metrics();
+    assert_eq!(metrics.num_alive_tasks(), 1, "one probe");
+    // Dropping the last handle stops the probe at its next tick.
+    drop(limiter);
+    drop(backend);
+    tokio::time::sleep(PROBE * 3).await;
+    assert_eq!(metrics.num_alive_tasks(), 0);
+}
