@@ -1,0 +1,96 @@
+//! Every layer on a three-master Redis Cluster started by the harness.
+#![cfg(feature = "cluster")]
+
+mod support;
+
+use std::num::NonZeroU32;
+use std::time::Duration;
+
+use support::RedisCluster;
+use tower_redis_ratelimit::deadpool_redis::{cluster, Runtime};
+use tower_redis_ratelimit::period::{PeriodConfig, PeriodLimiter};
+use tower_redis_ratelimit::token_bucket::{TokenBucketConfig, TokenBucketLimiter};
+use tower_redis_ratelimit::{Backend, Limiter, Source};
+
+const ONE: NonZeroU32 = NonZeroU32::MIN;
+
+/// Keys spread over many slots, with hash-tag braces and the empty key among them.
+fn keys() -> Vec<String> {
+    let mut keys: Vec<String> = (0..40).map(|i| format!("user-{i}")).collect();
+    keys.extend(
+        ["", "{", "}", "{}", "}{", "{user-1}", "a{b}c", "{x}{y}"]
+            .iter()
+            .map(|k| k.to_string()),
+    );
+    keys
+}
+
+async fn admitted(limiter: &impl Limiter, key: &str, tries: usize) -> usize {
+    let mut n = 0;
+    for _ in 0..tries {
+        let d = limiter.check(key, ONE).await;
+        assert!(
+            matches!(d.source, Source::Redis | Source::DenyCache),
+            "key {key:?}: {d:?}"
+        );
+        n += usize::from(d.is_admitted());
+    }
+    n
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_layer_limits_exactly_with_keys_over_all_slots() {
+    let cluster = RedisCluster::start(3);
+    let pool = cluster::Config::from_urls(cluster.urls())
+        .create_pool(Some(Runtime::Tokio1))
+        .unwrap();
+    let backend = Backend::builder().redis_cluster(pool).build().unwrap();
+    let period =
+        PeriodLimiter::new(&backend, "p", PeriodConfig::new(3, Duration::from_secs(60))).unwrap();
+    let bucket = TokenBucketLimiter::new(
+        &backend,
+        "t",
+        TokenBucketConfig::new(1, Duration::from_secs(60), 2),
+    )
+    .unwrap();
+    for key in keys() {
+        assert_eq!(admitted(&period, &key, 5).await, 3, "period, key {key:?}");
+        assert_eq!(
+            admitted(&bucket, &key, 4).await,
+            2,
+            "token bucket, key {key:?}"
+        );
+    }
+    // The keys really are spread over the three masters.
+    for node in 0..3 {
+        let size: u64 = cluster.cmd(node, &["DBSIZE"]).parse().unwrap();
+        assert!(size > 0, "node {node} holds no key");
+    }
+    assert_eq!(backend.redis_healthy(), Some(true));
+}
+
+#[tokio::test]
+async fn noscript_on_a_cluster_is_handled() {
+    let cluster = RedisCluster::start(3);
+    let pool = cluster::Config::from_urls(cluster.urls())
+        .create_pool(Some(Runtime::Tokio1))
+        .unwrap();
+    let backend = Backend::builder().redis_cluster(pool).build().unwrap();
+    let limiter = PeriodLimiter::new(
+        &backend,
+        "p",
+        PeriodConfig::new(100, Duration::from_secs(60)),
+    )
+    .unwrap();
+    for key in keys() {
+        assert_eq!(limiter.check(&key, ONE).await.source, Source::Redis);
+    }
+    for node in 0..3 {
+        assert_eq!(cluster.cmd(node, &["SCRIPT", "FLUSH"]), "OK");
+    }
+    for key in keys() {
+        let d = limiter.check(&key, ONE).await;
+        assert_eq!(d.source, Source::Redis, "key {key:?}");
+        assert_eq!(d.remaining, 98);
+    }
+}
