@@ -38,6 +38,34 @@ pub const DEFAULT_PROBE_INTERVAL: Duration = Duration::from_millis(500);
 /// The default number of refused keys the local deny cache remembers.
 pub const DEFAULT_DENY_CACHE_CAPACITY: usize = 10_000;
 
+/// A `deadpool-redis` configuration for a limiter backend: the pool's wait, create and
+/// recycle timeouts are set to `timeout` (use the backend's call timeout), so a hung
+/// Redis or a full pool fails fast instead of queueing requests.
+///
+/// The backend's [call timeout](BackendBuilder::call_timeout) bounds every check
+/// anyway; pool timeouts also free the pool's slots and connection attempts promptly.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use tower_redis_ratelimit::{backend::pool_config, deadpool_redis::Runtime, Backend};
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let pool = pool_config("redis://127.0.0.1:6379", Duration::from_millis(100))
+///     .create_pool(Some(Runtime::Tokio1))?;
+/// let backend = Backend::redis(pool);
+/// # Ok(()) }
+/// ```
+#[must_use]
+pub fn pool_config(url: impl Into<String>, timeout: Duration) -> deadpool_redis::Config {
+    let mut config = deadpool_redis::Config::from_url(url);
+    let mut pool = deadpool_redis::PoolConfig::default();
+    pool.timeouts.wait = Some(timeout);
+    pool.timeouts.create = Some(timeout);
+    pool.timeouts.recycle = Some(timeout);
+    config.pool = Some(pool);
+    config
+}
+
 /// What a layer answers while Redis is unreachable (connection refused, timeout, script
 /// error, pool exhausted: every kind of failure is treated alike).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
