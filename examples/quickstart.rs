@@ -16,16 +16,24 @@ use axum::{routing::get, Extension, Router};
 use tower_redis_ratelimit::backend::pool_config;
 use tower_redis_ratelimit::key::{HeaderKey, PeerIp};
 use tower_redis_ratelimit::{
-    deadpool_redis, Backend, Decision, PeriodLimitLayer, TokenBucketLayer,
+    deadpool_redis, Backend, ConfigError, Decision, PeriodLimitLayer, RollingWindowLayer,
+    TokenBucketLayer,
 };
 
 /// Requests per window on `/period`.
-const PERIOD_QUOTA: u64 = 5;
+pub(crate) const PERIOD_QUOTA: u64 = 5;
 /// The window of `/period`.
-const PERIOD: Duration = Duration::from_secs(30);
+pub(crate) const PERIOD: Duration = Duration::from_secs(30);
 /// The bucket of `/token`: a burst of 3, then one token every 10 seconds.
-const TOKEN_BURST: u64 = 3;
-const TOKEN_EVERY: Duration = Duration::from_secs(10);
+pub(crate) const TOKEN_BURST: u64 = 3;
+/// How often `/token` gets a token back.
+pub(crate) const TOKEN_EVERY: Duration = Duration::from_secs(10);
+/// The window of `/rolling`: at most 4 requests in any 20 seconds (10 buckets of 2 s).
+pub(crate) const ROLLING_LIMIT: u64 = 4;
+/// The buckets of `/rolling`.
+pub(crate) const ROLLING_BUCKETS: u32 = 10;
+/// The bucket length of `/rolling`.
+pub(crate) const ROLLING_INTERVAL: Duration = Duration::from_secs(2);
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -52,24 +60,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     };
 
-    let key = || HeaderKey::from_static("x-api-key").or(PeerIp::new());
-    let period = PeriodLimitLayer::builder(&backend)
-        .name("period")
-        .quota(PERIOD_QUOTA)
-        .period(PERIOD)
-        .key(key())
-        .build()?;
-
-    let token = TokenBucketLayer::builder(&backend)
-        .name("token")
-        .rate(1, TOKEN_EVERY)
-        .burst(TOKEN_BURST)
-        .key(key())
-        .build()?;
-
-    let app = Router::new()
-        .route("/period", get(report).layer(period))
-        .route("/token", get(report).layer(token));
+    let app = app(&backend)?;
 
     let port: u16 = match std::env::var("PORT") {
         Ok(port) => port.parse()?,
@@ -81,10 +72,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!(
         "serving on http://{addr}\n  \
          GET /period  {PERIOD_QUOTA} requests per {}s (fixed window)\n  \
-         GET /token   bursts of {TOKEN_BURST}, then 1 request per {}s (token bucket)\n\
+         GET /token   bursts of {TOKEN_BURST}, then 1 request per {}s (token bucket)\n  \
+         GET /rolling {ROLLING_LIMIT} requests in any {}s (rolling window)\n\
          try: for i in $(seq 7); do curl -s -H 'x-api-key: demo' http://{addr}/period; done",
         PERIOD.as_secs(),
         TOKEN_EVERY.as_secs(),
+        (ROLLING_INTERVAL * ROLLING_BUCKETS).as_secs(),
     );
     axum::serve(
         listener,
@@ -92,6 +85,37 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     )
     .await?;
     Ok(())
+}
+
+/// The quickstart's routes, each limited per `x-api-key` header (client IP without one).
+pub(crate) fn app(backend: &Backend) -> Result<Router, ConfigError> {
+    let key = || HeaderKey::from_static("x-api-key").or(PeerIp::new());
+    let period = PeriodLimitLayer::builder(backend)
+        .name("period")
+        .quota(PERIOD_QUOTA)
+        .period(PERIOD)
+        .key(key())
+        .build()?;
+
+    let token = TokenBucketLayer::builder(backend)
+        .name("token")
+        .rate(1, TOKEN_EVERY)
+        .burst(TOKEN_BURST)
+        .key(key())
+        .build()?;
+
+    let rolling = RollingWindowLayer::builder(backend)
+        .name("rolling")
+        .limit(ROLLING_LIMIT)
+        .buckets(ROLLING_BUCKETS)
+        .interval(ROLLING_INTERVAL)
+        .key(key())
+        .build()?;
+
+    Ok(Router::new()
+        .route("/period", get(report).layer(period))
+        .route("/token", get(report).layer(token))
+        .route("/rolling", get(report).layer(rolling)))
 }
 
 /// Tells the client where it stands, from the decision the limiter left in the request.

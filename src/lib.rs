@@ -11,6 +11,7 @@
 //! |---|---|---|
 //! | [`PeriodLimitLayer`] | `quota` per fixed `period`, optionally aligned to the calendar | daily quotas, "5 SMS codes per phone per day" |
 //! | [`TokenBucketLayer`] | `rate` per `period` with bursts up to `burst`, weighted costs | API rate limits that tolerate short bursts |
+//! | [`RollingWindowLayer`] | at most `limit` within any window of `buckets` x `interval` | limits with no 2x burst at window edges |
 //!
 //! Every layer is built on a [`Backend`]: [`Backend::in_process`] keeps limits in this
 //! process; [`Backend::redis`] keeps them in Redis (through a [`deadpool_redis`] pool,
@@ -78,4 +79,5 @@ pub use crate::limiter::{Check, Limiter};
 pub use crate::period::PeriodLimitLayer;
 pub use crate::response::{DefaultRejection, OnRejection, ProblemJson};
 pub use crate::service::{LayerBuilder, MissingKey, RateLimit, RateLimitLayer};
+pub use crate::rolling::RollingWindowLayer;
 pub use crate::token_bucket::TokenBucketLayer;

@@ -15,6 +15,7 @@ use http::{header, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Empty};
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::TokioExecutor;
+use support::http::Served;
 use support::RedisServer;
 use tower::{service_fn, ServiceBuilder, ServiceExt};
 use tower_redis_ratelimit::key::{ForwardedIp, HeaderKey, PeerIp};
@@ -22,48 +23,6 @@ use tower_redis_ratelimit::response::{Rejection, RATELIMIT, RATELIMIT_POLICY};
 use tower_redis_ratelimit::{
     Backend, ConfigError, Decision, MissingKey, PeriodLimitLayer, ProblemJson, State,
 };
-
-type HttpClient = Client<HttpConnector, Empty<Bytes>>;
-
-struct Served {
-    addr: SocketAddr,
-    client: HttpClient,
-}
-
-impl Served {
-    async fn start(app: Router) -> Self {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        tokio::spawn(async move {
-            axum::serve(
-                listener,
-                app.into_make_service_with_connect_info::<SocketAddr>(),
-            )
-            .await
-            .unwrap();
-        });
-        let client = Client::builder(TokioExecutor::new()).build_http();
-        Self { addr, client }
-    }
-
-    async fn get(&self, path: &str, headers: &[(&str, &str)]) -> (Response<()>, String) {
-        let mut req = Request::get(format!("http://{}{path}", self.addr));
-        for (name, value) in headers {
-            req = req.header(*name, *value);
-        }
-        let response = self
-            .client
-            .request(req.body(Empty::new()).unwrap())
-            .await
-            .unwrap();
-        let (parts, body) = response.into_parts();
-        let body = body.collect().await.unwrap().to_bytes();
-        (
-            Response::from_parts(parts, ()),
-            String::from_utf8(body.to_vec()).unwrap(),
-        )
-    }
-}
 
 fn header_str<'a>(response: &'a Response<()>, name: &http::HeaderName) -> &'a str {
     response

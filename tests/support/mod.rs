@@ -13,6 +13,8 @@
 //! item is used by every test crate.
 #![allow(dead_code)]
 
+pub(crate) mod http;
+
 use std::fmt;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, BufRead, BufReader, Read, Write};

@@ -1,0 +1,76 @@
+-- Rolling window of time buckets. KEYS[1]: the key's hash, one field per bucket: the
+-- absolute bucket index floor(now_ms / interval) in decimal, holding that bucket's count.
+-- ARGV[1]: limit, ARGV[2]: buckets, ARGV[3]: interval (ms), ARGV[4]: cost.
+-- A bucket is live while its index is above current - buckets; bucket i stops counting at
+-- (i + buckets) * interval ms. Dead fields are deleted on every call, so the hash holds at
+-- most `buckets` fields. Large numbers go to Redis through string.format('%d') so that
+-- they are never written in exponent notation.
+-- Returns {admitted (1/0), sum of the live buckets after the call, ms until this cost
+-- could be admitted (0 when admitted), ms until every counted unit has expired}.
+-- A rejected request is not counted. Time is the Redis server's, so every instance
+-- agrees on bucket edges.
+local limit = tonumber(ARGV[1])
+local buckets = tonumber(ARGV[2])
+local interval = tonumber(ARGV[3])
+local cost = tonumber(ARGV[4])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local current = math.floor(now / interval)
+local oldest = current - buckets + 1
+-- Buckets slightly ahead of `current` (the server clock stepped back) still count, so
+-- such a step never admits more than the limit; anything further ahead is garbage.
+local newest_allowed = current + buckets - 1
+
+local fields = redis.call('HGETALL', KEYS[1])
+local live = {}
+local indices = {}
+local dead = {}
+local sum = 0
+for i = 1, #fields, 2 do
+  local index = tonumber(fields[i])
+  local count = tonumber(fields[i + 1])
+  if index and count and count > 0 and count == math.floor(count)
+      and index == math.floor(index) and index >= oldest and index <= newest_allowed then
+    sum = sum + count
+    if not live[index] then
+      live[index] = 0
+      indices[#indices + 1] = index
+    end
+    live[index] = live[index] + count
+  else
+    dead[#dead + 1] = fields[i]
+  end
+end
+-- Delete in chunks: unpack() has a bounded stack.
+for i = 1, #dead, 500 do
+  redis.call('HDEL', KEYS[1], unpack(dead, i, math.min(i + 499, #dead)))
+end
+table.sort(indices)
+
+if sum + cost <= limit then
+  redis.call('HINCRBY', KEYS[1], string.format('%d', current), cost)
+  redis.call('PEXPIRE', KEYS[1], string.format('%d', (buckets + 1) * interval))
+  sum = sum + cost
+  local newest = current
+  if #indices > 0 and indices[#indices] > newest then
+    newest = indices[#indices]
+  end
+  return {1, sum, 0, (newest + buckets) * interval - now}
+end
+
+-- Rejected: the oldest buckets expire first; find the one whose expiry frees enough.
+local need = sum + cost - limit
+local freed = 0
+local retry = 0
+for _, index in ipairs(indices) do
+  freed = freed + live[index]
+  if freed >= need then
+    retry = (index + buckets) * interval - now
+    break
+  end
+end
+local reset = 0
+if #indices > 0 then
+  reset = (indices[#indices] + buckets) * interval - now
+end
+return {0, sum, retry, reset}

@@ -1,0 +1,104 @@
+//! The quickstart's own routes, served as the example serves them, in-process and on a
+//! real `redis-server`.
+
+mod support;
+
+#[path = "../examples/quickstart.rs"]
+#[allow(dead_code)]
+mod quickstart;
+
+use http::{header, StatusCode};
+use support::http::Served;
+use support::RedisServer;
+use tower_redis_ratelimit::Backend;
+
+/// Each route admits exactly what it advertises per key, then answers 429 with
+/// `Retry-After` and `RateLimit` `r=0`; another key is unaffected.
+async fn advertised_limits(backend: Backend) {
+    let served = Served::start(quickstart::app(&backend).unwrap()).await;
+    let routes = [
+        ("/period", quickstart::PERIOD_QUOTA),
+        ("/token", quickstart::TOKEN_BURST),
+        ("/rolling", quickstart::ROLLING_LIMIT),
+    ];
+    for (route, limit) in routes {
+        let me = [("x-api-key", "me")];
+        for i in 0..limit {
+            let (response, body) = served.get(route, &me).await;
+            assert_eq!(
+                response.status(),
+                StatusCode::OK,
+                "{route} request {i}: {body}"
+            );
+        }
+        let (response, body) = served.get(route, &me).await;
+        assert_eq!(
+            response.status(),
+            StatusCode::TOO_MANY_REQUESTS,
+            "{route}: {body}"
+        );
+        let retry: u64 = response.headers()[header::RETRY_AFTER]
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!(retry >= 1, "{route}");
+        let ratelimit = response.headers()["ratelimit"].to_str().unwrap();
+        assert!(ratelimit.contains(";r=0;"), "{route}: {ratelimit}");
+        let (response, _) = served.get(route, &[("x-api-key", "you")]).await;
+        assert_eq!(response.status(), StatusCode::OK, "{route}: another key");
+        // Without the header, the client IP is the key.
+        let (response, _) = served.get(route, &[]).await;
+        assert_eq!(response.status(), StatusCode::OK, "{route}: by IP");
+    }
+}
+
+#[tokio::test]
+async fn in_process() {
+    advertised_limits(Backend::in_process()).await;
+}
+
+#[tokio::test]
+async fn on_redis() {
+    let redis = RedisServer::start();
+    advertised_limits(
+        Backend::builder()
+            .redis(redis.pool())
+            .prefix("quickstart")
+            .build()
+            .unwrap(),
+    )
+    .await;
+    let keys = redis.cmd(&["KEYS", "quickstart:*:me"]);
+    let mut keys: Vec<_> = keys.lines().collect();
+    keys.sort_unstable();
+    assert_eq!(
+        keys,
+        [
+            "quickstart:period:period:me",
+            "quickstart:rolling:rolling:me",
+            "quickstart:token:token:me"
+        ],
+        "the state lives in redis"
+    );
+}
+
+#[tokio::test]
+async fn two_processes_sharing_redis_admit_the_quota_once() {
+    let redis = RedisServer::start();
+    let one = Served::start(quickstart::app(&Backend::redis(redis.pool())).unwrap()).await;
+    let two = Served::start(quickstart::app(&Backend::redis(redis.pool())).unwrap()).await;
+    for (route, limit) in [
+        ("/period", quickstart::PERIOD_QUOTA),
+        ("/token", quickstart::TOKEN_BURST),
+        ("/rolling", quickstart::ROLLING_LIMIT),
+    ] {
+        let mut ok = 0;
+        for i in 0..limit * 2 {
+            let served = if i % 2 == 0 { &one } else { &two };
+            let (response, _) = served.get(route, &[("x-api-key", "shared")]).await;
+            ok += u64::from(response.status() == StatusCode::OK);
+        }
+        assert_eq!(ok, limit, "{route}");
+    }
+}

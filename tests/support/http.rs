@@ -1,0 +1,54 @@
+//! A real HTTP client against an axum app served on a free loopback port.
+
+use std::net::SocketAddr;
+
+use axum::Router;
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body_util::{BodyExt, Empty};
+use hyper_util::client::legacy::{connect::HttpConnector, Client};
+use hyper_util::rt::TokioExecutor;
+
+type HttpClient = Client<HttpConnector, Empty<Bytes>>;
+
+/// An app served on `127.0.0.1:0`, with the peer address in `ConnectInfo`.
+pub(crate) struct Served {
+    pub(crate) addr: SocketAddr,
+    client: HttpClient,
+}
+
+impl Served {
+    pub(crate) async fn start(app: Router) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            axum::serve(
+                listener,
+                app.into_make_service_with_connect_info::<SocketAddr>(),
+            )
+            .await
+            .unwrap();
+        });
+        let client = Client::builder(TokioExecutor::new()).build_http();
+        Self { addr, client }
+    }
+
+    /// GETs `path` with `headers`; returns the response head and the body as text.
+    pub(crate) async fn get(&self, path: &str, headers: &[(&str, &str)]) -> (Response<()>, String) {
+        let mut req = Request::get(format!("http://{}{path}", self.addr));
+        for (name, value) in headers {
+            req = req.header(*name, *value);
+        }
+        let response = self
+            .client
+            .request(req.body(Empty::new()).unwrap())
+            .await
+            .unwrap();
+        let (parts, body) = response.into_parts();
+        let body = body.collect().await.unwrap().to_bytes();
+        (
+            Response::from_parts(parts, ()),
+            String::from_utf8(body.to_vec()).unwrap(),
+        )
+    }
+}
