@@ -4,7 +4,6 @@
 mod support;
 
 use std::convert::Infallible;
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,9 +11,7 @@ use std::time::Duration;
 use axum::{routing::get, Extension, Router};
 use bytes::Bytes;
 use http::{header, Request, Response, StatusCode};
-use http_body_util::{BodyExt, Empty};
-use hyper_util::client::legacy::{connect::HttpConnector, Client};
-use hyper_util::rt::TokioExecutor;
+use http_body_util::BodyExt;
 use support::http::Served;
 use support::RedisServer;
 use tower::{service_fn, ServiceBuilder, ServiceExt};

@@ -1,9 +1,9 @@
 //! The in-process fixed windows: one counter and deadline per key, expired windows swept
 //! on a schedule so memory follows the keys active within one period.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-
 use dashmap::DashMap;
+
+use crate::local::{self, Sweep};
 
 /// How a window's deadline is chosen.
 #[derive(Debug, Clone, Copy)]
@@ -46,16 +46,14 @@ pub(crate) struct Hit {
 #[derive(Debug)]
 pub(crate) struct Windows {
     map: DashMap<Box<str>, Window>,
-    next_sweep_us: AtomicU64,
-    sweep_every_us: u64,
+    sweep: Sweep,
 }
 
 impl Windows {
     pub(crate) fn new(period_us: u64) -> Self {
         Self {
             map: DashMap::new(),
-            next_sweep_us: AtomicU64::new(0),
-            sweep_every_us: period_us.clamp(1_000_000, 60_000_000),
+            sweep: Sweep::every(period_us.clamp(1_000_000, 60_000_000)),
         }
     }
 
@@ -69,7 +67,7 @@ impl Windows {
         schedule: Schedule,
         now_us: u64,
     ) -> Hit {
-        self.maybe_sweep(now_us);
+        local::sweep(&self.sweep, &self.map, now_us, |_, w| w.ends_at_us > now_us);
         let apply = |w: &mut Window| {
             if w.ends_at_us <= now_us {
                 w.count = 0;
@@ -85,30 +83,11 @@ impl Windows {
                 admitted,
             }
         };
-        if let Some(mut window) = self.map.get_mut(key) {
-            return apply(&mut window);
-        }
-        let mut window = self.map.entry(Box::from(key)).or_insert(Window {
+        let new = || Window {
             count: 0,
             ends_at_us: 0,
-        });
-        apply(&mut window)
-    }
-
-    /// Drops expired windows, at most once per sweep interval (one caller does it).
-    fn maybe_sweep(&self, now_us: u64) {
-        let due = self.next_sweep_us.load(Ordering::Relaxed);
-        if now_us < due {
-            return;
-        }
-        let next = now_us + self.sweep_every_us;
-        if self
-            .next_sweep_us
-            .compare_exchange(due, next, Ordering::Relaxed, Ordering::Relaxed)
-            .is_ok()
-        {
-            self.map.retain(|_, w| w.ends_at_us > now_us);
-        }
+        };
+        local::update(&self.map, key, new, apply)
     }
 
     #[cfg(test)]

@@ -3,9 +3,9 @@
 //! buckets have all expired are swept on a schedule, so memory follows the keys active
 //! within one window.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-
 use dashmap::DashMap;
+
+use crate::local::{self, Sweep};
 
 /// The bucket grid: `buckets` buckets of `interval_us`, bucket `i` covering
 /// `[i * interval_us, (i + 1) * interval_us)` in Unix microseconds (the same edges as the
@@ -94,8 +94,7 @@ pub(crate) struct Hit {
 pub(crate) struct Rings {
     map: DashMap<Box<str>, Ring>,
     grid: Grid,
-    next_sweep_us: AtomicU64,
-    sweep_every_us: u64,
+    sweep: Sweep,
 }
 
 impl Rings {
@@ -104,16 +103,17 @@ impl Rings {
         Self {
             map: DashMap::new(),
             grid,
-            next_sweep_us: AtomicU64::new(0),
-            sweep_every_us: window_us.clamp(1_000_000, 60_000_000),
+            sweep: Sweep::every(window_us.clamp(1_000_000, 60_000_000)),
         }
     }
 
     /// Counts `cost` against `key` unless the live buckets plus `cost` would exceed
     /// `limit` (rejected hits are not counted, as in the Redis script).
     pub(crate) fn hit(&self, key: &str, cost: u64, limit: u64, now_us: u64) -> Hit {
-        self.maybe_sweep(now_us);
         let grid = self.grid;
+        local::sweep(&self.sweep, &self.map, now_us, |_, ring| {
+            ring.sum > 0 && grid.end_of_life_us(ring.newest) > now_us
+        });
         let current = grid.index(now_us);
         let apply = |ring: &mut Ring| {
             ring.advance(grid, current);
@@ -153,33 +153,7 @@ impl Rings {
                 reset_us: newest_used.map_or(0, from_now),
             }
         };
-        if let Some(mut ring) = self.map.get_mut(key) {
-            return apply(&mut ring);
-        }
-        let mut ring = self
-            .map
-            .entry(Box::from(key))
-            .or_insert_with(|| Ring::new(grid.buckets));
-        apply(&mut ring)
-    }
-
-    /// Drops the keys whose buckets have all expired, at most once per sweep interval
-    /// (one caller does it).
-    fn maybe_sweep(&self, now_us: u64) {
-        let due = self.next_sweep_us.load(Ordering::Relaxed);
-        if now_us < due {
-            return;
-        }
-        let next = now_us + self.sweep_every_us;
-        if self
-            .next_sweep_us
-            .compare_exchange(due, next, Ordering::Relaxed, Ordering::Relaxed)
-            .is_ok()
-        {
-            let grid = self.grid;
-            self.map
-                .retain(|_, ring| ring.sum > 0 && grid.end_of_life_us(ring.newest) > now_us);
-        }
+        local::update(&self.map, key, || Ring::new(grid.buckets), apply)
     }
 
     #[cfg(test)]

@@ -33,7 +33,6 @@
 
 use std::fmt;
 use std::num::NonZeroU32;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
@@ -49,6 +48,7 @@ use crate::clock::Clock;
 use crate::decision::{Decision, Policy, Source, State};
 use crate::error::{check_name, ConfigError};
 use crate::limiter::{Check, Limiter};
+use crate::local::Sweep;
 use crate::service::{Algorithm, LayerBuilder, RateLimitLayer};
 
 static SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("token_bucket.lua")));
@@ -120,7 +120,7 @@ struct BucketStore {
     local_interval_ns: u64,
     buckets: Buckets,
     hasher: KeyHasher,
-    next_sweep_ns: AtomicU64,
+    sweep: Sweep,
 }
 
 impl fmt::Debug for BucketStore {
@@ -208,7 +208,7 @@ impl TokenBucketLimiter {
                 interval_us: config.period.as_secs_f64() * 1e6 / config.rate as f64,
                 buckets,
                 hasher: KeyHasher::default(),
-                next_sweep_ns: AtomicU64::new(0),
+                sweep: Sweep::every(u64::try_from(SWEEP_EVERY.as_nanos()).unwrap_or(u64::MAX)),
             }),
         })
     }
@@ -236,17 +236,7 @@ impl BucketStore {
     }
 
     fn maybe_sweep(&self) {
-        let now = self.backend.clock().elapsed_ns();
-        let due = self.next_sweep_ns.load(Ordering::Relaxed);
-        if now < due {
-            return;
-        }
-        let next = now.saturating_add(u64::try_from(SWEEP_EVERY.as_nanos()).unwrap_or(u64::MAX));
-        if self
-            .next_sweep_ns
-            .compare_exchange(due, next, Ordering::Relaxed, Ordering::Relaxed)
-            .is_ok()
-        {
+        if self.sweep.due(self.backend.clock().elapsed_ns()) {
             self.buckets.retain_recent();
             self.buckets.shrink_to_fit();
         }
