@@ -62,6 +62,7 @@ mod decision;
 mod error;
 pub mod key;
 mod limiter;
+mod local;
 pub mod period;
 pub mod response;
 pub mod rolling;
