@@ -45,11 +45,16 @@
 //! # let _ = app; Ok(()) }
 //! ```
 //!
+//! The [`guide`] covers choosing an algorithm and a key, per-plan and stacked limits,
+//! shadow mode, running behind a proxy, Redis Cluster, failure modes, gRPC and metrics.
+//!
 //! # Feature flags
 //!
 //! | feature | default | enables |
 //! |---|---|---|
 //! | `axum` | yes | key extractors that read axum's `ConnectInfo` and `MatchedPath` |
+//! | `grpc` | no | gRPC rejections for tonic: trailers-only `RESOURCE_EXHAUSTED` with `RetryInfo` and `QuotaFailure` (the `grpc` module) |
+//! | `metrics` | no | counters and histograms with the [`metrics`](https://docs.rs/metrics) crate (listed in [`metrics`]) |
 //!
 //! [tower]: https://docs.rs/tower
 //! [axum]: https://docs.rs/axum
@@ -60,9 +65,14 @@ mod clock;
 mod cost;
 mod decision;
 mod error;
+#[cfg(feature = "grpc")]
+#[cfg_attr(docsrs, doc(cfg(feature = "grpc")))]
+pub mod grpc;
+pub mod guide;
 pub mod key;
 mod limiter;
 mod local;
+pub mod metrics;
 pub mod period;
 pub mod response;
 pub mod rolling;
@@ -79,6 +89,8 @@ pub use crate::error::ConfigError;
 pub use crate::limiter::{Check, Limiter};
 pub use crate::period::PeriodLimitLayer;
 pub use crate::response::{DefaultRejection, OnRejection, ProblemJson};
-pub use crate::service::{LayerBuilder, MissingKey, RateLimit, RateLimitLayer};
 pub use crate::rolling::RollingWindowLayer;
+pub use crate::service::{
+    ExtensionPlan, LayerBuilder, MissingKey, Plans, RateLimit, RateLimitLayer,
+};
 pub use crate::token_bucket::TokenBucketLayer;

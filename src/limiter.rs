@@ -26,6 +26,31 @@ pub trait Limiter: Send + Sync + 'static {
     /// In-process checks answer at once with [`Check::ready`]; checks that need a round
     /// trip return [`Check::pending`].
     fn check(&self, key: &str, cost: NonZeroU32) -> Check;
+
+    /// Every policy this limiter can apply, for limiters that choose one per request
+    /// (such as [`PlanLimiter`](crate::service::PlanLimiter), one policy per plan).
+    ///
+    /// The default is [`policy`](Self::policy) alone. The first policy is the default
+    /// one, which [`policy`](Self::policy) returns and [`check`](Self::check) applies.
+    fn policies(&self) -> &[Policy] {
+        std::slice::from_ref(self.policy())
+    }
+
+    /// The index in [`policies`](Self::policies) of the policy that applies to a
+    /// request, from its head (method, URI, headers, extensions). Only asked when there
+    /// is more than one policy; the default is `0`.
+    fn select(&self, request: &http::request::Parts) -> usize {
+        let _ = request;
+        0
+    }
+
+    /// Counts `cost` units against `key` under the policy at `index` in
+    /// [`policies`](Self::policies). The default ignores `index` and calls
+    /// [`check`](Self::check).
+    fn check_policy(&self, index: usize, key: &str, cost: NonZeroU32) -> Check {
+        let _ = index;
+        self.check(key, cost)
+    }
 }
 
 impl<L: Limiter + ?Sized> Limiter for std::sync::Arc<L> {
@@ -35,6 +60,18 @@ impl<L: Limiter + ?Sized> Limiter for std::sync::Arc<L> {
 
     fn check(&self, key: &str, cost: NonZeroU32) -> Check {
         (**self).check(key, cost)
+    }
+
+    fn policies(&self) -> &[Policy] {
+        (**self).policies()
+    }
+
+    fn select(&self, request: &http::request::Parts) -> usize {
+        (**self).select(request)
+    }
+
+    fn check_policy(&self, index: usize, key: &str, cost: NonZeroU32) -> Check {
+        (**self).check_policy(index, key, cost)
     }
 }
 

@@ -1,10 +1,27 @@
 //! What clients see: the rejection response and the `RateLimit` headers.
 //!
 //! Rejections are `429 Too Many Requests` by default ([`DefaultRejection`]); swap in
-//! [`ProblemJson`] or any closure that turns a [`Rejection`] into a response. Whatever
-//! the response, the service adds `Retry-After` (when waiting helps) and the IETF draft
-//! headers `RateLimit-Policy: "name";q=<quota>;w=<seconds>` and
-//! `RateLimit: "name";r=<remaining>;t=<seconds>`, unless the response already has them.
+//! [`ProblemJson`] or any closure that turns a [`Rejection`] into a response. With the
+//! `grpc` feature both built-in rejections answer gRPC calls with a gRPC status instead
+//! (see the `grpc` module). Whatever the response, the service adds `Retry-After`
+//! (when waiting helps) and the IETF draft headers
+//! `RateLimit-Policy: "name";q=<quota>;w=<seconds>` and
+//! `RateLimit: "name";r=<remaining>;t=<seconds>`.
+//!
+//! # Stacked limits
+//!
+//! When several layers limit one request, each adds its policy to the same two headers,
+//! which then hold one list item per policy, outermost layer first:
+//!
+//! ```text
+//! RateLimit-Policy: "burst";q=10;w=1, "daily";q=1000;w=86400
+//! RateLimit: "burst";r=9;t=1, "daily";r=998;t=51840
+//! ```
+//!
+//! A request refused by an outer layer never reaches the inner ones, so its headers
+//! list the outer policies only; `Retry-After` holds the longest wait of the refusing
+//! policies. See [the guide](crate::guide#stacked-limits) for which limit to put
+//! outermost.
 
 use std::time::Duration;
 
@@ -73,12 +90,17 @@ where
 /// The default rejection: `429 Too Many Requests` with a one-line `text/plain` body.
 ///
 /// A request whose cost can never fit (see [`State::ExceedsCapacity`]) gets the same
-/// status with a body that says so, and no `Retry-After`.
+/// status with a body that says so, and no `Retry-After`. With the `grpc` feature, a
+/// gRPC call gets `grpc::GrpcRejection` instead.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct DefaultRejection;
 
 impl OnRejection for DefaultRejection {
     fn on_rejection(&self, rejection: &Rejection<'_>) -> Response<Bytes> {
+        #[cfg(feature = "grpc")]
+        if crate::grpc::is_grpc(rejection.headers) {
+            return crate::grpc::GrpcRejection.on_rejection(rejection);
+        }
         let body: &'static str = match rejection.decision.state {
             State::ExceedsCapacity => "request cost exceeds the rate limit's capacity\n",
             _ => "too many requests\n",
@@ -88,11 +110,17 @@ impl OnRejection for DefaultRejection {
 }
 
 /// A rejection as RFC 9457 `application/problem+json`, status 429.
+///
+/// With the `grpc` feature, a gRPC call gets `grpc::GrpcRejection` instead.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ProblemJson;
 
 impl OnRejection for ProblemJson {
     fn on_rejection(&self, rejection: &Rejection<'_>) -> Response<Bytes> {
+        #[cfg(feature = "grpc")]
+        if crate::grpc::is_grpc(rejection.headers) {
+            return crate::grpc::GrpcRejection.on_rejection(rejection);
+        }
         let (title, detail) = match rejection.decision.state {
             State::ExceedsCapacity => (
                 "Request Too Costly",
@@ -135,6 +163,18 @@ pub(crate) fn plain(status: StatusCode, body: &'static str) -> Response<Bytes> {
     response
 }
 
+/// The answer to a request without a usable key: a short `text/plain` response with
+/// `status`, or with the `grpc` feature the matching gRPC status for a gRPC call.
+pub(crate) fn missing_key(status: StatusCode, headers: &HeaderMap) -> Response<Bytes> {
+    #[cfg(feature = "grpc")]
+    if crate::grpc::is_grpc(headers) {
+        return crate::grpc::missing_key(status);
+    }
+    #[cfg(not(feature = "grpc"))]
+    let _ = headers;
+    plain(status, "missing rate-limit key\n")
+}
+
 /// Whole seconds, rounded up.
 pub(crate) fn ceil_secs(d: Duration) -> u64 {
     d.as_secs() + u64::from(d.subsec_nanos() > 0)
@@ -173,9 +213,10 @@ impl HeaderParts {
         }
     }
 
-    /// Appends `RateLimit-Policy` and `RateLimit` (and `Retry-After` for a rejection that
-    /// can be retried). Headers a handler already set are kept, so stacked layers and
-    /// custom rejections compose.
+    /// Adds this policy to `RateLimit-Policy` and `RateLimit` (and `Retry-After` for a
+    /// rejection that can be retried). Values already there (from inner layers, a
+    /// handler, or a custom rejection) are kept: this policy goes first in the list, so
+    /// stacked layers read outermost first.
     pub(crate) fn apply(&self, headers: &mut HeaderMap, decision: &Decision) {
         let mut num = itoa::Buffer::new();
         let mut v = BytesMut::with_capacity(self.ratelimit_prefix.len() + 24);
@@ -183,9 +224,9 @@ impl HeaderParts {
         v.put_slice(num.format(decision.remaining).as_bytes());
         v.put_slice(b";t=");
         v.put_slice(num.format(ceil_secs(decision.reset)).as_bytes());
-        headers.append(RATELIMIT_POLICY, self.policy.clone());
+        prepend(headers, RATELIMIT_POLICY, self.policy.clone());
         if let Ok(value) = HeaderValue::from_maybe_shared(v.freeze()) {
-            headers.append(RATELIMIT, value);
+            prepend(headers, RATELIMIT, value);
         }
         if let Some(retry) = decision.retry_after {
             if !decision.is_admitted() {
@@ -199,6 +240,29 @@ impl HeaderParts {
                 if !keep {
                     headers.insert(header::RETRY_AFTER, new);
                 }
+            }
+        }
+    }
+}
+
+/// Puts `value` first in the list header `name`: one field line holding `value` and
+/// then every value already there, comma-separated (one list, as RFC 9110 reads several
+/// lines of a list header, but one line for clients that read only the first).
+fn prepend(headers: &mut HeaderMap, name: HeaderName, value: HeaderValue) {
+    match headers.entry(name) {
+        header::Entry::Vacant(entry) => {
+            entry.insert(value);
+        }
+        header::Entry::Occupied(mut entry) => {
+            let len = entry.iter().map(|v| v.len() + 2).sum::<usize>();
+            let mut joined = BytesMut::with_capacity(value.len() + len);
+            joined.put_slice(value.as_bytes());
+            for old in entry.iter() {
+                joined.put_slice(b", ");
+                joined.put_slice(old.as_bytes());
+            }
+            if let Ok(joined) = HeaderValue::from_maybe_shared(joined.freeze()) {
+                entry.insert(joined);
             }
         }
     }
@@ -244,6 +308,25 @@ mod tests {
         parts.apply(&mut headers, &d);
         assert_eq!(headers[header::RETRY_AFTER], "1");
         assert_eq!(headers[RATELIMIT], "\"p\";r=0;t=1");
+    }
+
+    #[test]
+    fn stacked_policies_share_one_list_outermost_first() {
+        let burst = HeaderParts::new(&Policy::new("burst", 10, Duration::from_secs(1)));
+        let daily = HeaderParts::new(&Policy::new("daily", 1_000, Duration::from_secs(86_400)));
+        let mut headers = HeaderMap::new();
+        // The inner layer (daily) decorates first, then the outer one (burst).
+        daily.apply(&mut headers, &decision(State::Allowed, 998, 51_840_000));
+        burst.apply(&mut headers, &decision(State::Allowed, 9, 1_000));
+        assert_eq!(headers.get_all(RATELIMIT_POLICY).iter().count(), 1);
+        assert_eq!(
+            headers[RATELIMIT_POLICY],
+            "\"burst\";q=10;w=1, \"daily\";q=1000;w=86400"
+        );
+        assert_eq!(
+            headers[RATELIMIT],
+            "\"burst\";r=5;t=1, \"daily\";r=5;t=51840"
+        );
     }
 
     #[test]

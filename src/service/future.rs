@@ -24,6 +24,7 @@ pin_project! {
         #[pin]
         state: State<S, B>,
         respond: Arc<dyn Respond>,
+        policy: usize,
     }
 }
 
@@ -57,6 +58,7 @@ where
         check: Check,
         request: Request<B>,
         service: S,
+        policy: usize,
         respond: Arc<dyn Respond>,
     ) -> Self {
         Self {
@@ -66,26 +68,34 @@ where
                 service: Some(service),
             },
             respond,
+            policy,
         }
     }
 
     pub(super) fn inner(
         future: S::Future,
         decision: Option<Decision>,
+        policy: usize,
         respond: Arc<dyn Respond>,
     ) -> Self {
         Self {
             state: State::Inner { future, decision },
             respond,
+            policy,
         }
     }
 
-    pub(super) fn done(response: Response<Bytes>, respond: Arc<dyn Respond>) -> Self {
+    pub(super) fn done(
+        response: Response<Bytes>,
+        policy: usize,
+        respond: Arc<dyn Respond>,
+    ) -> Self {
         Self {
             state: State::Done {
                 response: Some(response),
             },
             respond,
+            policy,
         }
     }
 }
@@ -107,7 +117,16 @@ where
                 } => {
                     let decision = ready!(Pin::new(check).poll(cx));
                     let mut request = request.take().expect("polled after completion");
-                    if decision.is_admitted() {
+                    let policy = *this.policy;
+                    this.respond.record(policy, &decision);
+                    if this.respond.is_shadow() {
+                        let mut service = service.take().expect("polled after completion");
+                        let future = service.call(request);
+                        this.state.set(State::Inner {
+                            future,
+                            decision: None,
+                        });
+                    } else if decision.is_admitted() {
                         let mut service = service.take().expect("polled after completion");
                         admit(&mut request, &decision);
                         let future = service.call(request);
@@ -117,6 +136,7 @@ where
                         });
                     } else {
                         let response = this.respond.reject(
+                            policy,
                             request.method(),
                             request.uri(),
                             request.headers(),
@@ -130,7 +150,8 @@ where
                 StateProj::Inner { future, decision } => {
                     let mut response = ready!(future.poll(cx))?;
                     if let Some(decision) = decision.take() {
-                        this.respond.decorate(response.headers_mut(), &decision);
+                        this.respond
+                            .decorate(*this.policy, response.headers_mut(), &decision);
                     }
                     return Poll::Ready(Ok(response.map(ResponseBody::inner)));
                 }

@@ -9,6 +9,7 @@ use crate::cost::UnitCost;
 use crate::error::{check_name, ConfigError};
 use crate::key::GlobalKey;
 use crate::limiter::Limiter;
+use crate::metrics::LayerMetrics;
 use crate::response::{DefaultRejection, HeaderParts, OnRejection};
 
 /// The longest key accepted by default, in bytes.
@@ -43,7 +44,8 @@ impl<L, K, C, R> Clone for RateLimitLayer<L, K, C, R> {
 impl<L: Limiter, K, C, R> fmt::Debug for RateLimitLayer<L, K, C, R> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RateLimitLayer")
-            .field("policy", self.shared.limiter.policy())
+            .field("policies", &self.shared.limiter.policies())
+            .field("shadow", &self.shared.shadow)
             .field("missing_key", &self.shared.missing_key)
             .finish_non_exhaustive()
     }
@@ -85,6 +87,7 @@ pub struct LayerBuilder<A, K = GlobalKey, C = UnitCost, R = DefaultRejection> {
     cost: C,
     rejection: R,
     admitted_headers: bool,
+    shadow: bool,
     missing_key: MissingKey,
     max_key_len: usize,
 }
@@ -100,7 +103,22 @@ impl<A: fmt::Debug, K, C, R> fmt::Debug for LayerBuilder<A, K, C, R> {
 }
 
 impl<A> LayerBuilder<A> {
-    pub(crate) fn new(backend: &Backend, algorithm: A) -> Self {
+    /// Starts building a layer for any [`Algorithm`] on `backend`, such as
+    /// [`Plans`](super::Plans) or your own; the built-in algorithms have shortcuts
+    /// ([`PeriodLimitLayer::builder`](crate::PeriodLimitLayer::builder) and friends).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_redis_ratelimit::{period::PeriodConfig, Backend, LayerBuilder};
+    ///
+    /// # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
+    /// let config = PeriodConfig::new(100, Duration::from_secs(60));
+    /// let layer = LayerBuilder::new(&Backend::in_process(), config)
+    ///     .name("api")
+    ///     .build()?;
+    /// # let _ = layer; Ok(()) }
+    /// ```
+    pub fn new(backend: &Backend, algorithm: A) -> Self {
         Self {
             backend: backend.clone(),
             algorithm,
@@ -109,6 +127,7 @@ impl<A> LayerBuilder<A> {
             cost: UnitCost,
             rejection: DefaultRejection,
             admitted_headers: true,
+            shadow: false,
             missing_key: MissingKey::default(),
             max_key_len: DEFAULT_MAX_KEY_LEN,
         }
@@ -135,6 +154,7 @@ impl<A, K, C, R> LayerBuilder<A, K, C, R> {
             cost: self.cost,
             rejection: self.rejection,
             admitted_headers: self.admitted_headers,
+            shadow: self.shadow,
             missing_key: self.missing_key,
             max_key_len: self.max_key_len,
         }
@@ -150,6 +170,7 @@ impl<A, K, C, R> LayerBuilder<A, K, C, R> {
             cost,
             rejection: self.rejection,
             admitted_headers: self.admitted_headers,
+            shadow: self.shadow,
             missing_key: self.missing_key,
             max_key_len: self.max_key_len,
         }
@@ -165,6 +186,7 @@ impl<A, K, C, R> LayerBuilder<A, K, C, R> {
             cost: self.cost,
             rejection,
             admitted_headers: self.admitted_headers,
+            shadow: self.shadow,
             missing_key: self.missing_key,
             max_key_len: self.max_key_len,
         }
@@ -174,6 +196,41 @@ impl<A, K, C, R> LayerBuilder<A, K, C, R> {
     /// yes). Rejections always carry them.
     pub fn admitted_headers(mut self, enabled: bool) -> Self {
         self.admitted_headers = enabled;
+        self
+    }
+
+    /// Shadow mode (default: off): evaluate and record every request, never reject one.
+    ///
+    /// A request over the limit is counted as `shadow_rejected` in the
+    /// [metrics](crate::metrics), logged with an `info` [`tracing`] event, and served as
+    /// if admitted; so is a request without a usable key, whatever
+    /// [`on_missing_key`](Self::on_missing_key) says. Use it to try a new limit in
+    /// production and see whom it would refuse before enforcing it.
+    ///
+    /// A shadow layer is invisible to clients and handlers: it adds no `RateLimit`
+    /// headers (a limit that is not enforced must not make clients slow down) and puts
+    /// no [`Decision`](crate::Decision) into the request extensions (the decision of an
+    /// enforcing layer stays there). The check counts what an enforcing layer would
+    /// count, in the same keys: shadow and enforcing layers with the same name and
+    /// algorithm share their counters, so give a shadow layer a name of its own. A check
+    /// that needs a Redis round trip runs in a task of its own, so the request is
+    /// served without waiting for it.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_redis_ratelimit::{Backend, TokenBucketLayer};
+    ///
+    /// # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
+    /// let trial = TokenBucketLayer::builder(&Backend::in_process())
+    ///     .name("api-v2-trial")
+    ///     .rate(50, Duration::from_secs(1))
+    ///     .burst(10)
+    ///     .shadow(true)
+    ///     .build()?;
+    /// # let _ = trial; Ok(()) }
+    /// ```
+    pub fn shadow(mut self, enabled: bool) -> Self {
+        self.shadow = enabled;
         self
     }
 
@@ -237,7 +294,12 @@ impl<A, K, C, R> LayerBuilder<A, K, C, R> {
             }
         }
         let limiter = self.algorithm.build(&self.backend, &name)?;
-        let headers = HeaderParts::new(limiter.policy());
+        let policies = limiter.policies();
+        if policies.is_empty() {
+            return Err(ConfigError::Missing { setting: "policy" });
+        }
+        let headers = policies.iter().map(HeaderParts::new).collect();
+        let metrics = LayerMetrics::new(policies);
         Ok(RateLimitLayer {
             shared: Arc::new(Shared {
                 limiter,
@@ -246,8 +308,10 @@ impl<A, K, C, R> LayerBuilder<A, K, C, R> {
                 rejection: self.rejection,
                 headers,
                 admitted_headers: self.admitted_headers,
+                shadow: self.shadow,
                 missing_key: self.missing_key,
                 max_key_len: self.max_key_len,
+                metrics,
             }),
         })
     }

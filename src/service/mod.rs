@@ -5,10 +5,14 @@
 //! `TokenBucketLayer::builder`, `RollingWindowLayer::builder`) and wraps services in
 //! [`RateLimit`], whose future is [`ResponseFuture`]. `poll_ready` only delegates: the
 //! limit is decided per request, in the future, never by refusing readiness.
+//!
+//! [`Plans`] chooses one of several limits per request (a free and a paid plan) inside
+//! one layer; [`LayerBuilder::shadow`] evaluates a limit without enforcing it.
 
 mod body;
 mod future;
 mod layer;
+mod plan;
 #[allow(clippy::module_inception)]
 mod service;
 
@@ -19,11 +23,13 @@ use http::{Response, StatusCode};
 
 use crate::decision::Decision;
 use crate::limiter::Limiter;
+use crate::metrics::LayerMetrics;
 use crate::response::{HeaderParts, OnRejection, Rejection};
 
 pub use self::body::ResponseBody;
 pub use self::future::ResponseFuture;
 pub use self::layer::{Algorithm, LayerBuilder, RateLimitLayer};
+pub use self::plan::{ExtensionPlan, PlanLimiter, Plans, SelectPlan};
 pub use self::service::RateLimit;
 
 /// What happens to a request whose key cannot be extracted (or is longer than
@@ -35,7 +41,8 @@ pub use self::service::RateLimit;
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum MissingKey {
-    /// Answer with this status (and a short text body) without calling the inner service.
+    /// Answer with this status (and a short text body; for a gRPC call with the `grpc`
+    /// feature, the matching gRPC status) without calling the inner service.
     Reject(StatusCode),
     /// Let the request through without limiting it.
     Allow,
@@ -55,24 +62,33 @@ pub(crate) struct Shared<L, K, C, R> {
     pub(crate) key: K,
     pub(crate) cost: C,
     pub(crate) rejection: R,
-    pub(crate) headers: HeaderParts,
+    /// One per policy of the limiter, in the order of [`Limiter::policies`].
+    pub(crate) headers: Box<[HeaderParts]>,
     pub(crate) admitted_headers: bool,
+    pub(crate) shadow: bool,
     pub(crate) missing_key: MissingKey,
     pub(crate) max_key_len: usize,
+    pub(crate) metrics: LayerMetrics,
 }
 
-/// The part of [`Shared`] a response future needs, without its type parameters.
+/// The part of [`Shared`] a response future needs, without its type parameters. `policy`
+/// is an index into the limiter's policies.
 pub(crate) trait Respond: Send + Sync + 'static {
     /// The full rejection response (handler's response plus headers).
     fn reject(
         &self,
+        policy: usize,
         method: &http::Method,
         uri: &http::Uri,
         headers: &http::HeaderMap,
         decision: &Decision,
     ) -> Response<Bytes>;
     /// Adds the rate-limit headers to an admitted response.
-    fn decorate(&self, headers: &mut http::HeaderMap, decision: &Decision);
+    fn decorate(&self, policy: usize, headers: &mut http::HeaderMap, decision: &Decision);
+    /// Records a decision in the metrics and the trace.
+    fn record(&self, policy: usize, decision: &Decision);
+    /// Whether the layer only observes (shadow mode).
+    fn is_shadow(&self) -> bool;
 }
 
 impl<L, K, C, R> Respond for Shared<L, K, C, R>
@@ -84,6 +100,7 @@ where
 {
     fn reject(
         &self,
+        policy: usize,
         method: &http::Method,
         uri: &http::Uri,
         headers: &http::HeaderMap,
@@ -91,18 +108,52 @@ where
     ) -> Response<Bytes> {
         let mut response = self.rejection.on_rejection(&Rejection {
             decision,
-            policy: self.limiter.policy(),
+            policy: &self.limiter.policies()[policy],
             method,
             uri,
             headers,
         });
-        self.headers.apply(response.headers_mut(), decision);
+        self.headers[policy].apply(response.headers_mut(), decision);
         response
     }
 
-    fn decorate(&self, headers: &mut http::HeaderMap, decision: &Decision) {
+    fn decorate(&self, policy: usize, headers: &mut http::HeaderMap, decision: &Decision) {
         if self.admitted_headers {
-            self.headers.apply(headers, decision);
+            self.headers[policy].apply(headers, decision);
         }
+    }
+
+    fn record(&self, policy: usize, decision: &Decision) {
+        self.metrics.decision(policy, decision, self.shadow);
+        let name = self.limiter.policies()[policy].name();
+        if decision.is_admitted() {
+            tracing::trace!(
+                policy = name,
+                state = ?decision.state,
+                remaining = decision.remaining,
+                source = ?decision.source,
+                "request admitted"
+            );
+        } else if self.shadow {
+            tracing::info!(
+                policy = name,
+                state = ?decision.state,
+                retry_after = ?decision.retry_after,
+                source = ?decision.source,
+                "shadow mode: request over the limit, served anyway"
+            );
+        } else {
+            tracing::debug!(
+                policy = name,
+                state = ?decision.state,
+                retry_after = ?decision.retry_after,
+                source = ?decision.source,
+                "request rejected by the rate limit"
+            );
+        }
+    }
+
+    fn is_shadow(&self) -> bool {
+        self.shadow
     }
 }

@@ -13,7 +13,7 @@ use crate::cost::Cost;
 use crate::decision::Decision;
 use crate::key::KeyExtractor;
 use crate::limiter::{Check, Limiter};
-use crate::response::{plain, OnRejection};
+use crate::response::{missing_key, OnRejection};
 
 /// Rate-limits requests to an inner service; built by
 /// [`RateLimitLayer`](super::RateLimitLayer).
@@ -22,6 +22,8 @@ use crate::response::{plain, OnRejection};
 /// Each request's key and cost are read in `call`, the limiter is asked, and then either
 /// the inner service is called (with the [`Decision`] in the request extensions and the
 /// rate-limit headers on its response) or the rejection is answered without touching it.
+/// A [shadow](super::LayerBuilder::shadow) layer always calls the inner service, and
+/// only records its decisions.
 pub struct RateLimit<S, L, K, C, R> {
     inner: S,
     shared: Arc<Shared<L, K, C, R>>,
@@ -87,46 +89,84 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, mut req: Request<ReqBody>) -> Self::Future {
+    fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
         let shared = &self.shared;
         let Some(cost) = NonZeroU32::new(shared.cost.cost(&req)) else {
-            return ResponseFuture::inner(self.inner.call(req), None, shared.clone());
+            return ResponseFuture::inner(self.inner.call(req), None, 0, shared.clone());
         };
+        let (policy, mut req) = select(&shared.limiter, shared.headers.len(), req);
         let mut check: Check = match shared.key.extract(&req) {
-            Some(key) if key.len() <= shared.max_key_len => shared.limiter.check(&key, cost),
+            Some(key) if key.len() <= shared.max_key_len => {
+                shared.limiter.check_policy(policy, &key, cost)
+            }
             key => {
                 tracing::debug!(
-                    policy = shared.limiter.policy().name(),
+                    policy = shared.limiter.policies()[policy].name(),
                     too_long = key.is_some(),
                     "rate-limit key missing"
                 );
+                shared.metrics.missing_key(policy);
                 match &shared.missing_key {
-                    MissingKey::Reject(status) => {
-                        let response = plain(*status, "missing rate-limit key\n");
-                        return ResponseFuture::done(response, shared.clone());
+                    MissingKey::Reject(status) if !shared.shadow => {
+                        let response = missing_key(*status, req.headers());
+                        return ResponseFuture::done(response, policy, shared.clone());
                     }
-                    MissingKey::Allow => {
-                        return ResponseFuture::inner(self.inner.call(req), None, shared.clone());
+                    MissingKey::Reject(_) | MissingKey::Allow => {
+                        return ResponseFuture::inner(
+                            self.inner.call(req),
+                            None,
+                            policy,
+                            shared.clone(),
+                        );
                     }
-                    MissingKey::Key(key) => shared.limiter.check(key, cost),
+                    MissingKey::Key(key) => shared.limiter.check_policy(policy, key, cost),
                 }
             }
         };
         if let Some(decision) = check.take_ready() {
-            return if decision.is_admitted() {
+            shared.record(policy, &decision);
+            return if shared.shadow {
+                ResponseFuture::inner(self.inner.call(req), None, policy, shared.clone())
+            } else if decision.is_admitted() {
                 admit(&mut req, &decision);
-                ResponseFuture::inner(self.inner.call(req), Some(decision), shared.clone())
+                ResponseFuture::inner(self.inner.call(req), Some(decision), policy, shared.clone())
             } else {
-                let response = shared.reject(req.method(), req.uri(), req.headers(), &decision);
-                ResponseFuture::done(response, shared.clone())
+                let response =
+                    shared.reject(policy, req.method(), req.uri(), req.headers(), &decision);
+                ResponseFuture::done(response, policy, shared.clone())
             };
+        }
+        if shared.shadow {
+            // Never make a request wait for a limit that is not enforced: the round trip
+            // runs (and is recorded) in a task of its own when there is a runtime.
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                let respond: Arc<dyn Respond> = shared.clone();
+                runtime.spawn(async move {
+                    let decision = check.await;
+                    respond.record(policy, &decision);
+                });
+                return ResponseFuture::inner(self.inner.call(req), None, policy, shared.clone());
+            }
         }
         // The check needs a round trip: hand the ready inner service to the future and
         // keep a fresh clone here (the `mem::replace` idiom from tower's docs).
         let clone = self.inner.clone();
         let inner = mem::replace(&mut self.inner, clone);
-        ResponseFuture::check(check, req, inner, shared.clone())
+        ResponseFuture::check(check, req, inner, policy, shared.clone())
     }
+}
+
+/// The index of the policy that applies to `req` among `count`: asked of the limiter
+/// only when it has more than one, on the request's head (no allocation: the head and
+/// body are only moved apart and back).
+fn select<L: Limiter, B>(limiter: &L, count: usize, req: Request<B>) -> (usize, Request<B>) {
+    if count <= 1 {
+        return (0, req);
+    }
+    let (parts, body) = req.into_parts();
+    let index = limiter.select(&parts);
+    let index = if index < count { index } else { 0 };
+    (index, Request::from_parts(parts, body))
 }
 
 /// Prepares an admitted request for the inner service.

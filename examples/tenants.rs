@@ -1,0 +1,184 @@
+//! Limits for a multi-tenant API: per user, per plan, per merchant, stacked, and a trial
+//! limit in shadow mode. On Redis when `REDIS_URL` is set, in-process otherwise.
+//!
+//! ```text
+//! cargo run --example tenants                                   # in-process
+//! REDIS_URL=redis://127.0.0.1:6379 cargo run --example tenants  # shared in Redis
+//! ```
+//!
+//! An authentication layer turns `Authorization: Bearer <token>` into a [`UserId`] and a
+//! [`Plan`] in the request extensions (tokens `free-token` and `paid-token`); the limits
+//! read them from there:
+//!
+//! | route | limit | key |
+//! |---|---|---|
+//! | `GET /profile` | free plan 10/min, paid plan 1000/min: one layer, the plan chosen per request | user |
+//! | `GET /search` | a burst of 3 (one more per second) and a daily quota of 100, stacked | user |
+//! | `POST /payments` | 20/min | `x-merchant-id` header |
+//! | all of the above | 30/min in shadow mode: logged and counted, never enforced | user |
+//!
+//! Try `curl -i -H 'authorization: Bearer free-token' http://127.0.0.1:3001/profile`.
+//! `PORT` overrides the port (3001).
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use axum::extract::Request;
+use axum::http::StatusCode;
+use axum::middleware::{self, Next};
+use axum::response::Response;
+use axum::routing::{get, post};
+use axum::{Extension, Router};
+use tower::ServiceBuilder;
+use tower_redis_ratelimit::key::{ExtensionKey, HeaderKey};
+use tower_redis_ratelimit::period::{PeriodConfig, UtcOffset};
+use tower_redis_ratelimit::{
+    deadpool_redis, Backend, ConfigError, Decision, ExtensionPlan, LayerBuilder, PeriodLimitLayer,
+    Plans, TokenBucketLayer,
+};
+
+/// The authenticated user, put into the request extensions by [`authenticate`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UserId(pub String);
+
+impl fmt::Display for UserId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// The user's plan, put into the request extensions by [`authenticate`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Plan {
+    /// 10 calls per minute on `/profile`.
+    Free,
+    /// 1000 calls per minute on `/profile`.
+    Paid,
+}
+
+/// A stand-in for real authentication: two fixed bearer tokens.
+pub async fn authenticate(mut req: Request, next: Next) -> Result<Response, StatusCode> {
+    let token = req
+        .headers()
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    let (user, plan) = match token {
+        Some("free-token") => ("user-free", Plan::Free),
+        Some("paid-token") => ("user-paid", Plan::Paid),
+        _ => return Err(StatusCode::UNAUTHORIZED),
+    };
+    req.extensions_mut().insert(UserId(user.to_owned()));
+    req.extensions_mut().insert(plan);
+    Ok(next.run(req).await)
+}
+
+/// The whole application, limited on `backend`.
+///
+/// # Errors
+///
+/// A [`ConfigError`] if a limit is misconfigured.
+pub fn app(backend: &Backend) -> Result<Router, ConfigError> {
+    let minute = Duration::from_secs(60);
+    let user = || ExtensionKey::<UserId>::new();
+
+    // One layer, two plans: each request is checked against its plan's limit, and its
+    // `RateLimit-Policy` header names that plan ("profile.free" or "profile.paid").
+    let plans = Plans::new(ExtensionPlan::<Plan>::new())
+        .plan(Plan::Free, "free", PeriodConfig::new(10, minute))
+        .plan(Plan::Paid, "paid", PeriodConfig::new(1_000, minute));
+    let per_plan = LayerBuilder::new(backend, plans)
+        .name("profile")
+        .key(user())
+        .build()?;
+
+    // Stacked: the burst limit must be the outer layer (checked first), so a request it
+    // refuses never reaches, and never uses, the daily quota.
+    let burst = TokenBucketLayer::builder(backend)
+        .name("search-burst")
+        .rate(1, Duration::from_secs(1))
+        .burst(3)
+        .key(user())
+        .build()?;
+    let daily = PeriodLimitLayer::builder(backend)
+        .name("search-daily")
+        .quota(100)
+        .period(Duration::from_secs(86_400))
+        .align(UtcOffset::UTC)
+        .key(user())
+        .build()?;
+
+    let per_merchant = PeriodLimitLayer::builder(backend)
+        .name("payments")
+        .quota(20)
+        .period(minute)
+        .key(HeaderKey::from_static("x-merchant-id"))
+        .build()?;
+
+    // A limit under trial: never rejects, adds no headers, and logs (`info`) and counts
+    // (`outcome="shadow_rejected"`) the requests it would have refused.
+    let trial = TokenBucketLayer::builder(backend)
+        .name("trial")
+        .rate(30, minute)
+        .burst(30)
+        .key(user())
+        .shadow(true)
+        .build()?;
+
+    Ok(Router::new()
+        .route("/profile", get(report).layer(per_plan))
+        // `ServiceBuilder` runs its layers top to bottom: `burst`, then `daily`.
+        .route(
+            "/search",
+            get(report).layer(ServiceBuilder::new().layer(burst).layer(daily)),
+        )
+        .route("/payments", post(report).layer(per_merchant))
+        .layer(trial)
+        .layer(middleware::from_fn(authenticate)))
+}
+
+/// Tells the client where it stands (the innermost enforcing layer's decision).
+async fn report(
+    Extension(user): Extension<UserId>,
+    Extension(decision): Extension<Decision>,
+) -> String {
+    format!(
+        "{user}: {:?}, {} of {} left\n",
+        decision.state, decision.remaining, decision.limit
+    )
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "info,tower_redis_ratelimit=info".into()),
+        )
+        .init();
+    let backend = match std::env::var("REDIS_URL") {
+        Ok(url) => {
+            let pool = deadpool_redis::Config::from_url(url.clone())
+                .create_pool(Some(deadpool_redis::Runtime::Tokio1))?;
+            println!("limits are kept in Redis at {url}");
+            Backend::builder().redis(pool).prefix("tenants").build()?
+        }
+        Err(_) => {
+            println!("REDIS_URL is not set: limits are kept in this process");
+            Backend::in_process()
+        }
+    };
+    let port: u16 = match std::env::var("PORT") {
+        Ok(port) => port.parse()?,
+        Err(_) => 3001,
+    };
+    let listener = tokio::net::TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], port))).await?;
+    let addr = listener.local_addr()?;
+    println!(
+        "serving on http://{addr}\n\
+         try: for i in $(seq 12); do curl -s -H 'authorization: Bearer free-token' http://{addr}/profile; done"
+    );
+    axum::serve(listener, app(&backend)?).await?;
+    Ok(())
+}

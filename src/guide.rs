@@ -1,0 +1,212 @@
+//! Guides: choosing an algorithm and a key, stacking limits, trying a limit in shadow
+//! mode, running behind a proxy, on Redis Cluster, when Redis fails, on gRPC, and
+//! watching it all. This module has no items, only documentation.
+//!
+//! # Choosing an algorithm
+//!
+//! | you want | use | because |
+//! |---|---|---|
+//! | a quota per calendar period ("1000 per day, reset at midnight") | [`PeriodLimitLayer`](crate::PeriodLimitLayer) with [`align`](crate::LayerBuilder::align) | one counter per key; windows end at fixed times everybody can predict |
+//! | an API rate that tolerates short bursts | [`TokenBucketLayer`](crate::TokenBucketLayer) | smooth: a steady `rate` with up to `burst` at once; weighted costs |
+//! | "at most N in any minute", no matter when the minute starts | [`RollingWindowLayer`](crate::RollingWindowLayer) | no doubling at window edges, at the cost of one counter per bucket |
+//! | several limits on one route | one layer each, [stacked](#stacked-limits) | each limit keeps its own algorithm and key |
+//! | a limit per plan or tier | [`Plans`](crate::Plans) | one layer, the limit chosen per request |
+//!
+//! The fixed window is the cheapest and the easiest to explain, but a client can spend
+//! its quota at the end of one window and again at the start of the next: twice the
+//! quota within moments. When that matters, use the token bucket (which spreads
+//! requests out) or the rolling window (which counts any window of the same length).
+//! Every algorithm counts only admitted requests, so a refused request never makes a
+//! client wait longer.
+//!
+//! # Choosing a key
+//!
+//! The key says whose limit a request counts against. Keys come from
+//! [`key`](crate::key) extractors; prefer identities the client cannot change at will:
+//!
+//! - **per user**: let the authentication layer put the user into the request
+//!   extensions and key on it with [`ExtensionKey`](crate::key::ExtensionKey). The
+//!   authentication layer must run first (be the outer layer); a request without a user
+//!   then has no key, and is answered by the [`MissingKey`](crate::MissingKey) setting
+//!   (`400` by default).
+//! - **per tenant, merchant or API key**: a header set or checked by your gateway, with
+//!   [`HeaderKey`](crate::key::HeaderKey) (`x-merchant-id`, `x-api-key`).
+//! - **per client address**: [`PeerIp`](crate::key::PeerIp), or
+//!   [`ForwardedIp`](crate::key::ForwardedIp) [behind a proxy](#running-behind-a-proxy).
+//! - **per plan**: the plan is not a key but a choice of limit: see [`Plans`](crate::Plans),
+//!   which picks each request's limit (free plan 10 per minute, paid plan 1000) inside
+//!   one layer, with each plan's policy in the response headers.
+//!
+//! The `tenants` example (`cargo run --example tenants`) does all of these on one axum
+//! application.
+//!
+//! # Stacked limits
+//!
+//! Put one layer per limit on the route, for instance a burst limit and a daily quota.
+//! The layers are checked from the outermost in, and each refuses on its own:
+//!
+//! - a request refused by an outer layer never reaches the inner layers, so it uses
+//!   none of their quota;
+//! - a request admitted by an outer layer and refused by an inner one has used one unit
+//!   of the outer layers' limits (it was counted when they admitted it).
+//!
+//! So **put the short limit outermost** and the long one inside: a request refused by
+//! the burst limit does not burn the daily quota, and a request refused by the daily
+//! quota only spends a burst unit, which returns within seconds. (The other order would
+//! let a client's burst of refused requests eat its daily quota.)
+//!
+//! Every admitted response lists each policy in one `RateLimit-Policy` and one
+//! `RateLimit` header, outermost first; a refused one lists the policies that saw it,
+//! and `Retry-After` holds the longest wait among them. The request extensions hold
+//! the [`Decision`](crate::Decision) of the innermost layer.
+//!
+//! ```
+//! use std::time::Duration;
+//! use axum::{routing::get, Router};
+//! use tower::ServiceBuilder;
+//! use tower_redis_ratelimit::{key::HeaderKey, Backend, PeriodLimitLayer, TokenBucketLayer};
+//!
+//! # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
+//! let backend = Backend::in_process();
+//! let key = || HeaderKey::from_static("x-api-key");
+//! let burst = TokenBucketLayer::builder(&backend)
+//!     .name("burst")
+//!     .rate(5, Duration::from_secs(1))
+//!     .burst(10)
+//!     .key(key())
+//!     .build()?;
+//! let daily = PeriodLimitLayer::builder(&backend)
+//!     .name("daily")
+//!     .quota(10_000)
+//!     .period(Duration::from_secs(86_400))
+//!     .key(key())
+//!     .build()?;
+//! // `ServiceBuilder` applies its layers top to bottom: `burst` is checked first.
+//! // (With axum's `.layer(..).layer(..)` it is the other way round: the last is outermost.)
+//! let app: Router = Router::new().route(
+//!     "/search",
+//!     get(|| async { "results" }).layer(ServiceBuilder::new().layer(burst).layer(daily)),
+//! );
+//! # let _ = app; Ok(()) }
+//! ```
+//!
+//! ```text
+//! RateLimit-Policy: "burst";q=10;w=2, "daily";q=10000;w=86400
+//! RateLimit: "burst";r=9;t=1, "daily";r=9999;t=86400
+//! ```
+//!
+//! # Shadow mode
+//!
+//! To try a new limit in production, build it with
+//! [`shadow(true)`](crate::LayerBuilder::shadow): it checks and counts every request as
+//! an enforcing layer would, records what it would have refused (an `info` event and
+//! `ratelimit_requests_total{outcome="shadow_rejected"}`), and serves the request
+//! anyway. It adds no headers and no [`Decision`](crate::Decision), so clients and
+//! handlers cannot tell it is there, and it never makes a request wait for Redis. Give
+//! it a name of its own: layers with the same name and algorithm share their counters.
+//! When the numbers look right, remove `shadow(true)`.
+//!
+//! # Running behind a proxy
+//!
+//! Behind a load balancer or reverse proxy every connection comes from the proxy, so
+//! [`PeerIp`](crate::key::PeerIp) would put all clients under one key. Use
+//! [`ForwardedIp`](crate::key::ForwardedIp) with the networks of your proxies: it
+//! believes `Forwarded` / `X-Forwarded-For` only when the connection comes from one of
+//! them, and then takes the nearest address in the chain that is not a trusted proxy.
+//! Anything a client writes into those headers itself is ignored, so it cannot pick its
+//! own key.
+//!
+//! - List every proxy hop you run (load balancer, ingress, CDN ranges), and nothing
+//!   else: a trusted network that clients can reach directly lets them spoof.
+//! - Choose the header your outermost proxy maintains with
+//!   [`ForwardedIp::header`](crate::key::ForwardedIp::header) rather than the default
+//!   `Auto`, unless your proxies strip the one they do not set.
+//! - Group IPv6 clients by network (`ipv6_prefix(64)`): one client usually owns a /64.
+//! - Serve axum with `into_make_service_with_connect_info::<SocketAddr>()` so the peer
+//!   address is known.
+//!
+//! ```
+//! use tower_redis_ratelimit::key::{ForwardedHeader, ForwardedIp};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let client = ForwardedIp::from_strs(["10.0.0.0/8", "192.0.2.10"])?
+//!     .header(ForwardedHeader::XForwardedFor)
+//!     .ipv6_prefix(64);
+//! # let _ = client; Ok(()) }
+//! ```
+//!
+//! # Redis Cluster
+//!
+//! With the `cluster` feature, give the backend a `deadpool_redis::cluster` pool with
+//! `BackendBuilder::redis_cluster`. Every check
+//! is one script on one key (`<prefix>:<algorithm>:<name>:<key>`), so it runs on the
+//! node that owns that key's slot and keys spread over the whole cluster; there are no
+//! cross-slot operations and no hash tags to plan. Prefixes and names may not contain
+//! `{` or `}`, so they cannot pin every key to one slot by accident. Scripts are loaded
+//! per node on first use and again after a failover (`NOSCRIPT` is handled).
+//!
+//! ```no_run
+//! # #[cfg(feature = "cluster")]
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use tower_redis_ratelimit::deadpool_redis::{cluster, Runtime};
+//! use tower_redis_ratelimit::Backend;
+//!
+//! let pool = cluster::Config::from_urls(vec![
+//!     "redis://10.0.0.1:6379".to_owned(),
+//!     "redis://10.0.0.2:6379".to_owned(),
+//!     "redis://10.0.0.3:6379".to_owned(),
+//! ])
+//! .create_pool(Some(Runtime::Tokio1))?;
+//! let backend = Backend::builder().redis_cluster(pool).build()?;
+//! # let _ = backend; Ok(()) }
+//! # #[cfg(not(feature = "cluster"))]
+//! # fn main() {}
+//! ```
+//!
+//! # Failure modes
+//!
+//! Redis can be down, slow, or out of connections; a check never waits longer than the
+//! backend's [call timeout](crate::BackendBuilder::call_timeout) (100 ms by default,
+//! pool wait included; [`pool_config`](crate::backend::pool_config) makes the pool
+//! fail as fast). The first failure switches the whole backend to its failure mode,
+//! and one background probe (every 500 ms by default) switches it back when Redis
+//! answers again. No request is ever answered with a server error because of Redis.
+//!
+//! What a layer answers meanwhile is its [`FailurePolicy`](crate::FailurePolicy):
+//!
+//! | policy | while Redis is unreachable | choose it when |
+//! |---|---|---|
+//! | `Fallback` (default) | each instance limits with in-process state of the same algorithm | the limit protects your service: keep limiting, approximately |
+//! | `FailOpen` | every request is admitted | availability matters more than the limit |
+//! | `FailClosed` | every request is refused, retry after one probe interval | the limit guards something costly (SMS, payments) |
+//!
+//! With `Fallback`, N instances each admit the whole limit unless you set a
+//! [fallback share](crate::BackendBuilder::fallback_share) of `1/N`. Counts made while
+//! Redis was away are not merged back: after recovery, Redis's counts apply again.
+//! Decisions say which store answered ([`Source`](crate::Source)), and the
+//! [metrics](crate::metrics) count the decisions taken without Redis.
+//!
+//! The local deny cache ([`BackendBuilder::deny_cache`](crate::BackendBuilder::deny_cache))
+//! remembers keys Redis refused until their retry time, so a client hammering an
+//! exhausted limit costs Redis nothing until then.
+//!
+//! # gRPC
+//!
+//! The same layers wrap a tonic server: `Server::builder().layer(limit)`. With the
+//! `grpc` feature, refused calls get the gRPC answer (`RESOURCE_EXHAUSTED`, trailers-only,
+//! with `RetryInfo` and `QuotaFailure` details), keys come from metadata with
+//! [`HeaderKey`](crate::key::HeaderKey), and admitted calls carry the `RateLimit`
+//! headers as initial metadata. See the `grpc` module and the `grpc`
+//! example (`cargo run --example grpc --features grpc`), a health service that any
+//! standard gRPC health client can exhaust.
+//!
+//! Note that tonic puts the peer address into the request extensions as its own
+//! `TcpConnectInfo`; to key on it, read it with a closure (the `grpc` example does).
+//!
+//! # Observability
+//!
+//! Every decision is a `tracing` event of target `tower_redis_ratelimit` (`trace` when
+//! admitted, `debug` when refused, `info` for shadow refusals), with the policy, state,
+//! wait and source, never the key. With the `metrics` feature, the layers count
+//! requests by policy and outcome, near-limit requests, decisions taken without Redis,
+//! Redis errors and latency; the [`metrics`](crate::metrics) module lists the names.

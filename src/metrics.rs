@@ -1,0 +1,278 @@
+//! What the layers record with the [`metrics`](https://docs.rs/metrics) crate (feature
+//! `metrics`): the names, their labels, and when they change.
+//!
+//! Every layer records into whatever recorder is installed (a Prometheus exporter, for
+//! instance); without the `metrics` feature nothing is recorded and nothing is compiled
+//! in. A layer registers its handles on the first request it sees, with the recorder
+//! installed at that moment: install the recorder before serving.
+//!
+//! | name | kind | labels | counts |
+//! |---|---|---|---|
+//! | `ratelimit_requests_total` | counter | `policy`, `outcome` | every request a layer saw, by outcome (below) |
+//! | `ratelimit_near_limit_total` | counter | `policy` | admitted requests that left at most 10 % of the limit |
+//! | `ratelimit_fallback_decisions_total` | counter | `policy`, `source` | decisions taken without Redis because it was unreachable: `source` is `fallback`, `fail_open` or `fail_closed` (the layer's [`FailurePolicy`](crate::FailurePolicy)) |
+//! | `ratelimit_fallback_active` | gauge | `prefix` | `1` while a Redis backend (by key prefix) answers from its fallback, `0` otherwise |
+//! | `ratelimit_redis_errors_total` | counter | `policy`, `kind` | failed Redis checks: `kind` is `timeout`, `pool`, `redis` or `reply` |
+//! | `ratelimit_redis_duration_seconds` | histogram | `policy` | the time of each Redis check, pool wait included |
+//!
+//! The outcomes of `ratelimit_requests_total` exclude each other, so their sum is the
+//! number of requests the layer saw (free requests, of cost zero, are not counted):
+//!
+//! | `outcome` | the request was |
+//! |---|---|
+//! | `admitted` | admitted |
+//! | `rejected` | rejected by the limit |
+//! | `shadow_rejected` | over the limit of a [shadow](crate::LayerBuilder::shadow) layer, and served anyway |
+//! | `missing_key` | without a usable key, answered by the layer's [`MissingKey`](crate::MissingKey) setting |
+//!
+//! `policy` is the [policy name](crate::Policy::name): the layer's name, or
+//! `<name>.<plan>` for a [per-plan](crate::service::Plans) layer. Keys are never labels
+//! (they are unbounded, and may be secrets).
+//!
+//! The same events are `tracing` events of the `tower_redis_ratelimit` target: `trace`
+//! for admitted requests, `debug` for rejections and missing keys, `info` for shadow
+//! rejections.
+//!
+//! ```
+//! # #[cfg(feature = "metrics")] {
+//! use tower_redis_ratelimit::metrics::{REQUESTS_TOTAL, NEAR_LIMIT_TOTAL};
+//! assert_eq!(REQUESTS_TOTAL, "ratelimit_requests_total");
+//! # let _ = NEAR_LIMIT_TOTAL; }
+//! ```
+
+use std::time::Duration;
+
+use crate::decision::{Decision, Policy, Source};
+
+/// Requests by `policy` and `outcome` (counter).
+pub const REQUESTS_TOTAL: &str = "ratelimit_requests_total";
+/// Admitted requests that left at most 10 % of the limit, by `policy` (counter).
+pub const NEAR_LIMIT_TOTAL: &str = "ratelimit_near_limit_total";
+/// Decisions taken without Redis while it was unreachable, by `policy` and `source`
+/// (counter).
+pub const FALLBACK_DECISIONS_TOTAL: &str = "ratelimit_fallback_decisions_total";
+/// `1` while a Redis backend answers from its fallback, by `prefix` (gauge).
+pub const FALLBACK_ACTIVE: &str = "ratelimit_fallback_active";
+/// Failed Redis checks, by `policy` and `kind` (counter).
+pub const REDIS_ERRORS_TOTAL: &str = "ratelimit_redis_errors_total";
+/// The time of each Redis check in seconds, by `policy` (histogram).
+pub const REDIS_DURATION_SECONDS: &str = "ratelimit_redis_duration_seconds";
+
+/// Whether an admitted decision left at most 10 % of its limit.
+fn near_limit(decision: &Decision) -> bool {
+    decision.is_admitted() && decision.remaining.saturating_mul(10) <= decision.limit
+}
+
+/// How a decision was taken without Redis, while it was unreachable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Unshared {
+    Fallback,
+    FailOpen,
+    FailClosed,
+}
+
+/// How a decision was taken without Redis, if it was.
+fn unshared(source: Source) -> Option<Unshared> {
+    match source {
+        Source::Fallback => Some(Unshared::Fallback),
+        Source::FailOpen => Some(Unshared::FailOpen),
+        Source::FailClosed => Some(Unshared::FailClosed),
+        _ => None,
+    }
+}
+
+/// The metrics of one layer: one set of handles per policy, registered on first use.
+#[derive(Debug)]
+pub(crate) struct LayerMetrics {
+    #[cfg(feature = "metrics")]
+    policies: Box<[imp::PolicyMetrics]>,
+}
+
+impl LayerMetrics {
+    pub(crate) fn new(policies: &[Policy]) -> Self {
+        #[cfg(not(feature = "metrics"))]
+        let _ = policies;
+        Self {
+            #[cfg(feature = "metrics")]
+            policies: policies
+                .iter()
+                .map(|p| imp::PolicyMetrics::new(p.name()))
+                .collect(),
+        }
+    }
+
+    /// Records a decision of the policy at `index`; `shadow` for a shadow layer.
+    #[inline]
+    pub(crate) fn decision(&self, index: usize, decision: &Decision, shadow: bool) {
+        let near = near_limit(decision);
+        let fallback = unshared(decision.source);
+        #[cfg(feature = "metrics")]
+        if let Some(policy) = self.policies.get(index) {
+            policy.decision(decision.is_admitted(), shadow, near, fallback);
+        }
+        #[cfg(not(feature = "metrics"))]
+        let _ = (index, shadow, near, fallback);
+    }
+
+    /// Records a request without a usable key.
+    #[inline]
+    pub(crate) fn missing_key(&self, index: usize) {
+        #[cfg(feature = "metrics")]
+        if let Some(policy) = self.policies.get(index) {
+            policy.missing_key();
+        }
+        #[cfg(not(feature = "metrics"))]
+        let _ = index;
+    }
+}
+
+/// Records whether the Redis backend with key prefix `prefix` answers from its fallback
+/// (call on every switch: `true` when Redis is marked unreachable, `false` when the probe
+/// reaches it again, and `false` once when a Redis backend is built).
+#[allow(dead_code)] // called from src/backend once wired
+pub(crate) fn fallback_active(prefix: &str, active: bool) {
+    #[cfg(feature = "metrics")]
+    metrics::gauge!(FALLBACK_ACTIVE, "prefix" => prefix.to_owned())
+        .set(f64::from(u8::from(active)));
+    #[cfg(not(feature = "metrics"))]
+    let _ = (prefix, active);
+}
+
+/// Records the time of one Redis check of policy `policy`, successful or not.
+#[allow(dead_code)] // called from src/backend once wired
+pub(crate) fn redis_duration(policy: &str, elapsed: Duration) {
+    #[cfg(feature = "metrics")]
+    metrics::histogram!(REDIS_DURATION_SECONDS, "policy" => policy.to_owned())
+        .record(elapsed.as_secs_f64());
+    #[cfg(not(feature = "metrics"))]
+    let _ = (policy, elapsed);
+}
+
+/// Records a failed Redis check of policy `policy`; `kind` is `timeout`, `pool`, `redis`
+/// or `reply`.
+#[allow(dead_code)] // called from src/backend once wired
+pub(crate) fn redis_error(policy: &str, kind: &'static str) {
+    #[cfg(feature = "metrics")]
+    metrics::counter!(REDIS_ERRORS_TOTAL, "policy" => policy.to_owned(), "kind" => kind)
+        .increment(1);
+    #[cfg(not(feature = "metrics"))]
+    let _ = (policy, kind);
+}
+
+#[cfg(feature = "metrics")]
+mod imp {
+    use std::sync::OnceLock;
+
+    use metrics::{counter, Counter};
+
+    use super::{Unshared, FALLBACK_DECISIONS_TOTAL, NEAR_LIMIT_TOTAL, REQUESTS_TOTAL};
+
+    /// The handles of one policy, registered with the recorder current on first use.
+    #[derive(Debug)]
+    pub(super) struct PolicyMetrics {
+        policy: String,
+        handles: OnceLock<Handles>,
+    }
+
+    #[derive(Debug)]
+    struct Handles {
+        admitted: Counter,
+        rejected: Counter,
+        shadow_rejected: Counter,
+        missing_key: Counter,
+        near_limit: Counter,
+        fallback: Counter,
+        fail_open: Counter,
+        fail_closed: Counter,
+    }
+
+    impl PolicyMetrics {
+        pub(super) fn new(policy: &str) -> Self {
+            Self {
+                policy: policy.to_owned(),
+                handles: OnceLock::new(),
+            }
+        }
+
+        fn handles(&self) -> &Handles {
+            self.handles.get_or_init(|| {
+                let outcome = |outcome: &'static str| {
+                    counter!(REQUESTS_TOTAL, "policy" => self.policy.clone(), "outcome" => outcome)
+                };
+                let source = |source: &'static str| {
+                    counter!(
+                        FALLBACK_DECISIONS_TOTAL,
+                        "policy" => self.policy.clone(),
+                        "source" => source
+                    )
+                };
+                Handles {
+                    admitted: outcome("admitted"),
+                    rejected: outcome("rejected"),
+                    shadow_rejected: outcome("shadow_rejected"),
+                    missing_key: outcome("missing_key"),
+                    near_limit: counter!(NEAR_LIMIT_TOTAL, "policy" => self.policy.clone()),
+                    fallback: source("fallback"),
+                    fail_open: source("fail_open"),
+                    fail_closed: source("fail_closed"),
+                }
+            })
+        }
+
+        pub(super) fn decision(
+            &self,
+            admitted: bool,
+            shadow: bool,
+            near: bool,
+            fallback: Option<Unshared>,
+        ) {
+            let h = self.handles();
+            match (admitted, shadow) {
+                (true, _) => h.admitted.increment(1),
+                (false, false) => h.rejected.increment(1),
+                (false, true) => h.shadow_rejected.increment(1),
+            }
+            if near {
+                h.near_limit.increment(1);
+            }
+            match fallback {
+                Some(Unshared::Fallback) => h.fallback.increment(1),
+                Some(Unshared::FailOpen) => h.fail_open.increment(1),
+                Some(Unshared::FailClosed) => h.fail_closed.increment(1),
+                None => {}
+            }
+        }
+
+        pub(super) fn missing_key(&self) {
+            self.handles().missing_key.increment(1);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decision::State;
+
+    fn decision(state: State, remaining: u64) -> Decision {
+        Decision::new(state, 10, remaining, Duration::ZERO, Source::Redis)
+    }
+
+    #[test]
+    fn near_limit_is_the_last_tenth_of_admitted_requests() {
+        assert!(!near_limit(&decision(State::Allowed, 2)));
+        assert!(near_limit(&decision(State::Allowed, 1)));
+        assert!(near_limit(&decision(State::HitQuota, 0)));
+        assert!(!near_limit(&decision(State::OverQuota, 0)));
+    }
+
+    #[test]
+    fn only_redis_less_sources_are_fallbacks() {
+        assert_eq!(unshared(Source::Redis), None);
+        assert_eq!(unshared(Source::InProcess), None);
+        assert_eq!(unshared(Source::DenyCache), None);
+        assert_eq!(unshared(Source::Fallback), Some(Unshared::Fallback));
+        assert_eq!(unshared(Source::FailOpen), Some(Unshared::FailOpen));
+        assert_eq!(unshared(Source::FailClosed), Some(Unshared::FailClosed));
+    }
+}

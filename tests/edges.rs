@@ -1,0 +1,571 @@
+//! Limits at the edges of real services: per user, per plan and per merchant (through the
+//! `tenants` example), stacked limits, shadow mode, and the metrics recorded.
+
+mod support;
+
+#[path = "../examples/tenants.rs"]
+#[allow(dead_code, unreachable_pub)]
+mod tenants;
+
+use std::convert::Infallible;
+use std::num::NonZeroU32;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::Router;
+use http::{header, HeaderMap, Method, Request, Response, StatusCode};
+use http_body_util::BodyExt;
+use support::RedisServer;
+use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
+use tower_redis_ratelimit::key::HeaderKey;
+use tower_redis_ratelimit::response::{RATELIMIT, RATELIMIT_POLICY};
+use tower_redis_ratelimit::service::ResponseBody;
+use tower_redis_ratelimit::{Backend, Decision, Limiter, PeriodLimitLayer, State};
+
+// ---------------------------------------------------------------------------
+// The `tenants` example: per user, per plan, per merchant
+// ---------------------------------------------------------------------------
+
+async fn send(
+    app: &Router,
+    method: Method,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> (Response<()>, String) {
+    let mut req = Request::builder().method(method).uri(path);
+    for (name, value) in headers {
+        req = req.header(*name, *value);
+    }
+    let response = app
+        .clone()
+        .oneshot(req.body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    let (parts, body) = response.into_parts();
+    let body = body.collect().await.unwrap().to_bytes();
+    (
+        Response::from_parts(parts, ()),
+        String::from_utf8(body.to_vec()).unwrap(),
+    )
+}
+
+fn value<'a>(headers: &'a HeaderMap, name: &http::HeaderName) -> &'a str {
+    headers
+        .get(name)
+        .unwrap_or_else(|| panic!("no {name} header in {headers:?}"))
+        .to_str()
+        .unwrap()
+}
+
+const FREE: (&str, &str) = ("authorization", "Bearer free-token");
+const PAID: (&str, &str) = ("authorization", "Bearer paid-token");
+
+async fn per_user_and_per_plan(backend: Backend) {
+    let app = tenants::app(&backend).unwrap();
+    let (response, _) = send(&app, Method::GET, "/profile", &[]).await;
+    assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+
+    // The free user: 10 per minute, under the policy of the free plan.
+    for remaining in (0..10).rev() {
+        let (response, body) = send(&app, Method::GET, "/profile", &[FREE]).await;
+        assert_eq!(response.status(), StatusCode::OK, "{body}");
+        assert!(body.starts_with("user-free: "), "{body}");
+        // Only the enforced policy is advertised: the shadow trial adds nothing.
+        assert_eq!(
+            value(response.headers(), &RATELIMIT_POLICY),
+            "\"profile.free\";q=10;w=60"
+        );
+        assert!(value(response.headers(), &RATELIMIT)
+            .starts_with(&format!("\"profile.free\";r={remaining};t=")));
+    }
+    let (response, _) = send(&app, Method::GET, "/profile", &[FREE]).await;
+    assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert!(value(response.headers(), &RATELIMIT).starts_with("\"profile.free\";r=0;t="));
+
+    // The paid user, through the same layer: the paid plan's limit and policy.
+    for _ in 0..11 {
+        let (response, _) = send(&app, Method::GET, "/profile", &[PAID]).await;
+        assert_eq!(response.status(), StatusCode::OK);
+    }
+    let (response, body) = send(&app, Method::GET, "/profile", &[PAID]).await;
+    assert_eq!(body, "user-paid: Allowed, 988 of 1000 left\n");
+    assert_eq!(
+        value(response.headers(), &RATELIMIT_POLICY),
+        "\"profile.paid\";q=1000;w=60"
+    );
+}
+
+#[tokio::test]
+async fn per_user_and_per_plan_limits_in_process() {
+    per_user_and_per_plan(Backend::in_process()).await;
+}
+
+#[tokio::test]
+async fn per_user_and_per_plan_limits_on_redis() {
+    let redis = RedisServer::start();
+    per_user_and_per_plan(Backend::redis(redis.pool())).await;
+    // Each plan counts in a namespace of its own.
+    assert_eq!(
+        redis.cmd(&["GET", "ratelimit:period:profile.free:user-free"]),
+        "10"
+    );
+    assert_eq!(
+        redis.cmd(&["GET", "ratelimit:period:profile.paid:user-paid"]),
+        "12"
+    );
+}
+
+#[tokio::test]
+async fn per_merchant_limits_key_on_the_merchant_header() {
+    let app = tenants::app(&Backend::in_process()).unwrap();
+    let m1 = [FREE, ("x-merchant-id", "m-1")];
+    for _ in 0..20 {
+        let (response, _) = send(&app, Method::POST, "/payments", &m1).await;
+        assert_eq!(response.status(), StatusCode::OK);
+    }
+    let (response, _) = send(&app, Method::POST, "/payments", &m1).await;
+    assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+    // Another merchant of the same user is not affected.
+    let (response, _) = send(
+        &app,
+        Method::POST,
+        "/payments",
+        &[PAID, ("x-merchant-id", "m-2")],
+    )
+    .await;
+    assert_eq!(response.status(), StatusCode::OK);
+    let (response, _) = send(&app, Method::POST, "/payments", &[FREE]).await;
+    assert_eq!(response.status(), StatusCode::BAD_REQUEST, "no merchant id");
+}
+
+#[tokio::test]
+async fn stacked_burst_and_daily_in_the_example() {
+    let redis = RedisServer::start();
+    let app = tenants::app(&Backend::redis(redis.pool())).unwrap();
+    for remaining in [2, 1, 0] {
+        let (response, _) = send(&app, Method::GET, "/search", &[FREE]).await;
+        assert_eq!(response.status(), StatusCode::OK);
+        // One header line per field, listing both policies, the outer (burst) first.
+        assert_eq!(
+            response.headers().get_all(&RATELIMIT_POLICY).iter().count(),
+            1
+        );
+        assert_eq!(
+            value(response.headers(), &RATELIMIT_POLICY),
+            "\"search-burst\";q=3;w=3, \"search-daily\";q=100;w=86400"
+        );
+        let ratelimit = value(response.headers(), &RATELIMIT);
+        assert!(
+            ratelimit.starts_with(&format!("\"search-burst\";r={remaining};t=")),
+            "{ratelimit}"
+        );
+        assert!(
+            ratelimit.contains(&format!(", \"search-daily\";r={};t=", 97 + remaining)),
+            "{ratelimit}"
+        );
+    }
+    let (response, _) = send(&app, Method::GET, "/search", &[FREE]).await;
+    assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        value(response.headers(), &RATELIMIT_POLICY),
+        "\"search-burst\";q=3;w=3",
+        "a request refused by the outer layer never reaches the inner one"
+    );
+    assert_eq!(
+        redis.cmd(&["GET", "ratelimit:period:search-daily:user-free"]),
+        "3",
+        "the refused request did not use daily quota"
+    );
+}
+
+// ---------------------------------------------------------------------------
+// Stacked limits on a plain tower stack
+// ---------------------------------------------------------------------------
+
+type Svc = tower::util::BoxCloneService<
+    Request<String>,
+    Response<ResponseBody<ResponseBody<String>>>,
+    Infallible,
+>;
+
+/// `outer` then `inner` around a service that counts its calls and reports whether it
+/// saw a `Decision` in the request extensions.
+fn stack(
+    outer: PeriodLimitLayer<HeaderKey>,
+    inner: PeriodLimitLayer<HeaderKey>,
+) -> (Arc<AtomicUsize>, Svc) {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counter = Arc::clone(&calls);
+    let svc = ServiceBuilder::new()
+        .layer(outer)
+        .layer(inner)
+        .service(service_fn(move |req: Request<String>| {
+            counter.fetch_add(1, Ordering::SeqCst);
+            let saw = req.extensions().get::<Decision>().is_some();
+            async move { Ok::<_, Infallible>(Response::new(format!("decision: {saw}"))) }
+        }));
+    (calls, tower::util::BoxCloneService::new(svc))
+}
+
+fn keyed(key: &str) -> Request<String> {
+    Request::get("/")
+        .header("x-key", key)
+        .body(String::new())
+        .unwrap()
+}
+
+fn burst_and_daily(
+    backend: &Backend,
+    burst: u64,
+    daily: u64,
+) -> (PeriodLimitLayer<HeaderKey>, PeriodLimitLayer<HeaderKey>) {
+    let layer = |name: &str, quota: u64, period: u64| {
+        PeriodLimitLayer::builder(backend)
+            .name(name)
+            .quota(quota)
+            .period(Duration::from_secs(period))
+            .key(HeaderKey::from_static("x-key"))
+            .build()
+            .unwrap()
+    };
+    (layer("burst", burst, 10), layer("daily", daily, 86_400))
+}
+
+/// A request the outer (burst) layer refuses leaves the inner (daily) count unchanged,
+/// read back through the daily limiter itself.
+#[tokio::test]
+async fn a_burst_rejection_does_not_burn_daily_quota_in_process() {
+    let backend = Backend::in_process();
+    let (burst, daily) = burst_and_daily(&backend, 2, 5);
+    let (calls, svc) = stack(burst, daily.clone());
+    let mut statuses = Vec::new();
+    for _ in 0..4 {
+        statuses.push(svc.clone().oneshot(keyed("alice")).await.unwrap().status());
+    }
+    assert_eq!(
+        statuses,
+        [
+            StatusCode::OK,
+            StatusCode::OK,
+            StatusCode::TOO_MANY_REQUESTS,
+            StatusCode::TOO_MANY_REQUESTS
+        ]
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+    // Exactly 3 of 5 daily units are left: 3 fit, and they are the last ones.
+    let left = daily
+        .limiter()
+        .check("alice", NonZeroU32::new(3).unwrap())
+        .await;
+    assert_eq!(left.state, State::HitQuota);
+}
+
+#[tokio::test]
+async fn a_burst_rejection_does_not_burn_daily_quota_on_redis() {
+    let redis = RedisServer::start();
+    let backend = Backend::redis(redis.pool());
+    let (burst, daily) = burst_and_daily(&backend, 2, 5);
+    let (calls, svc) = stack(burst, daily);
+    for _ in 0..4 {
+        svc.clone().oneshot(keyed("alice")).await.unwrap();
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+    assert_eq!(redis.cmd(&["GET", "ratelimit:period:burst:alice"]), "2");
+    assert_eq!(redis.cmd(&["GET", "ratelimit:period:daily:alice"]), "2");
+}
+
+/// When the inner (daily) layer refuses, the response lists both policies and the
+/// longest wait; the outer layer's unit was spent (documented: put the short limit
+/// outermost, whose units come back soon).
+#[tokio::test]
+async fn an_inner_rejection_lists_every_policy_and_the_longest_wait() {
+    let backend = Backend::in_process();
+    let (burst, daily) = burst_and_daily(&backend, 10, 1);
+    let (calls, svc) = stack(burst.clone(), daily);
+    let ok = svc.clone().oneshot(keyed("bob")).await.unwrap();
+    assert_eq!(ok.status(), StatusCode::OK);
+    let body = ok.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(&body[..], b"decision: true");
+    let refused = svc.oneshot(keyed("bob")).await.unwrap();
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    let headers = refused.headers();
+    assert_eq!(
+        value(headers, &RATELIMIT_POLICY),
+        "\"burst\";q=10;w=10, \"daily\";q=1;w=86400"
+    );
+    assert!(value(headers, &RATELIMIT).starts_with("\"burst\";r=8;t="));
+    let retry: u64 = value(headers, &header::RETRY_AFTER).parse().unwrap();
+    assert!(retry > 80_000, "the daily wait, not the burst's: {retry}");
+    let spent = burst
+        .limiter()
+        .check("bob", NonZeroU32::new(8).unwrap())
+        .await;
+    assert_eq!(spent.state, State::HitQuota, "two burst units were spent");
+}
+
+// ---------------------------------------------------------------------------
+// Shadow mode
+// ---------------------------------------------------------------------------
+
+fn shadow_layer(backend: &Backend, quota: u64) -> PeriodLimitLayer<HeaderKey> {
+    PeriodLimitLayer::builder(backend)
+        .name("shadow")
+        .quota(quota)
+        .period(Duration::from_secs(60))
+        .key(HeaderKey::from_static("x-key"))
+        .shadow(true)
+        .build()
+        .unwrap()
+}
+
+fn counting(
+    layer: PeriodLimitLayer<HeaderKey>,
+) -> (
+    Arc<AtomicUsize>,
+    impl Service<Request<String>, Response = Response<ResponseBody<String>>, Error = Infallible> + Clone,
+) {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counter = Arc::clone(&calls);
+    let svc =
+        ServiceBuilder::new()
+            .layer(layer)
+            .service(service_fn(move |req: Request<String>| {
+                counter.fetch_add(1, Ordering::SeqCst);
+                let saw = req.extensions().get::<Decision>().is_some();
+                async move { Ok::<_, Infallible>(Response::new(format!("decision: {saw}"))) }
+            }));
+    (calls, svc)
+}
+
+#[tokio::test]
+async fn shadow_mode_serves_everything_and_adds_no_headers() {
+    let (calls, svc) = counting(shadow_layer(&Backend::in_process(), 1));
+    for _ in 0..3 {
+        let response = svc.clone().oneshot(keyed("a")).await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        assert!(response.headers().get(RATELIMIT).is_none());
+        assert!(response.headers().get(RATELIMIT_POLICY).is_none());
+        assert!(response.headers().get(header::RETRY_AFTER).is_none());
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(
+            &body[..],
+            b"decision: false",
+            "a shadow layer leaves no decision"
+        );
+    }
+    // Even without a key (an enforcing layer would answer 400).
+    let response = svc.oneshot(Request::new(String::new())).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(calls.load(Ordering::SeqCst), 4);
+}
+
+#[tokio::test]
+async fn shadow_mode_on_redis_counts_like_enforcement_without_waiting() {
+    let redis = RedisServer::start();
+    let (calls, svc) = counting(shadow_layer(&Backend::redis(redis.pool()), 2));
+    for _ in 0..4 {
+        let response = svc.clone().oneshot(keyed("a")).await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        assert!(response.headers().get(RATELIMIT).is_none());
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 4);
+    // The checks run in tasks of their own; they count what enforcement would count.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let count = redis.cmd(&["GET", "ratelimit:period:shadow:a"]);
+        if count == "2" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "count stuck at {count:?}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_shadow_layer_stacked_on_an_enforcing_one_stays_invisible() {
+    let backend = Backend::in_process();
+    let enforcing = PeriodLimitLayer::builder(&backend)
+        .name("enforced")
+        .quota(2)
+        .period(Duration::from_secs(60))
+        .key(HeaderKey::from_static("x-key"))
+        .build()
+        .unwrap();
+    let (calls, svc) = stack(shadow_layer(&backend, 1), enforcing);
+    let mut statuses = Vec::new();
+    for _ in 0..3 {
+        let response = svc.clone().oneshot(keyed("a")).await.unwrap();
+        statuses.push(response.status());
+        assert!(value(response.headers(), &RATELIMIT_POLICY).starts_with("\"enforced\";"));
+        assert!(!value(response.headers(), &RATELIMIT_POLICY).contains("shadow"));
+    }
+    assert_eq!(
+        statuses,
+        [
+            StatusCode::OK,
+            StatusCode::OK,
+            StatusCode::TOO_MANY_REQUESTS
+        ]
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}
+
+// ---------------------------------------------------------------------------
+// Metrics
+// ---------------------------------------------------------------------------
+
+#[cfg(feature = "metrics")]
+mod metrics_recorded {
+    use std::collections::BTreeMap;
+
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+    use tower_redis_ratelimit::deadpool_redis;
+    use tower_redis_ratelimit::metrics::{
+        FALLBACK_DECISIONS_TOTAL, NEAR_LIMIT_TOTAL, REQUESTS_TOTAL,
+    };
+
+    use super::*;
+
+    /// Every counter of a snapshot, as `name{label=value,...}` -> count.
+    fn counters(snapshotter: &Snapshotter) -> BTreeMap<String, u64> {
+        snapshotter
+            .snapshot()
+            .into_vec()
+            .into_iter()
+            .filter_map(|(key, _, _, value)| {
+                let DebugValue::Counter(count) = value else {
+                    return None;
+                };
+                let key = key.key();
+                let mut labels: Vec<String> = key
+                    .labels()
+                    .map(|l| format!("{}={}", l.key(), l.value()))
+                    .collect();
+                labels.sort();
+                Some((format!("{}{{{}}}", key.name(), labels.join(",")), count))
+            })
+            .collect()
+    }
+
+    fn get(counters: &BTreeMap<String, u64>, key: &str) -> u64 {
+        counters
+            .get(key)
+            .copied()
+            .unwrap_or_else(|| panic!("no {key} in {counters:#?}"))
+    }
+
+    /// Enforcing, shadow and per-plan layers, each counted under its policy name; the
+    /// recorder is local to this test's thread (the runtime is single-threaded).
+    #[tokio::test]
+    async fn requests_are_counted_by_policy_and_outcome() {
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        let _guard = metrics::set_default_local_recorder(&recorder);
+
+        let backend = Backend::in_process();
+        let enforcing = PeriodLimitLayer::builder(&backend)
+            .name("api")
+            .quota(10)
+            .period(Duration::from_secs(60))
+            .key(HeaderKey::from_static("x-key"))
+            .build()
+            .unwrap();
+        let (_, svc) = stack(shadow_layer(&backend, 3), enforcing);
+        for _ in 0..12 {
+            svc.clone().oneshot(keyed("a")).await.unwrap();
+        }
+        // No key: served by the shadow layer, refused by the enforcing one.
+        let response = svc
+            .clone()
+            .oneshot(Request::new(String::new()))
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+
+        // The example's per-plan layer: one label per plan.
+        let app = tenants::app(&backend).unwrap();
+        send(&app, Method::GET, "/profile", &[FREE]).await;
+        send(&app, Method::GET, "/profile", &[PAID]).await;
+        send(&app, Method::GET, "/profile", &[PAID]).await;
+
+        let c = counters(&snapshotter);
+        let requests = |policy: &str, outcome: &str| {
+            get(
+                &c,
+                &format!("{REQUESTS_TOTAL}{{outcome={outcome},policy={policy}}}"),
+            )
+        };
+        assert_eq!(requests("api", "admitted"), 10);
+        assert_eq!(requests("api", "rejected"), 2);
+        assert_eq!(requests("api", "missing_key"), 1);
+        assert_eq!(requests("shadow", "admitted"), 3);
+        assert_eq!(requests("shadow", "shadow_rejected"), 9);
+        assert_eq!(requests("shadow", "missing_key"), 1);
+        assert_eq!(requests("shadow", "rejected"), 0);
+        // At most 10 % left: the 9th (1 left) and 10th (none left) of `api`.
+        assert_eq!(get(&c, &format!("{NEAR_LIMIT_TOTAL}{{policy=api}}")), 2);
+        assert_eq!(requests("profile.free", "admitted"), 1);
+        assert_eq!(requests("profile.paid", "admitted"), 2);
+        assert_eq!(requests("trial", "admitted"), 3);
+        assert_eq!(
+            get(
+                &c,
+                &format!("{FALLBACK_DECISIONS_TOTAL}{{policy=api,source=fallback}}")
+            ),
+            0
+        );
+    }
+
+    /// Decisions taken while Redis is unreachable are counted as fallback decisions.
+    #[tokio::test]
+    async fn fallback_decisions_are_counted() {
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        let _guard = metrics::set_default_local_recorder(&recorder);
+
+        // Nothing listens on this port: every Redis call fails at once.
+        let port = support::free_port();
+        let pool = deadpool_redis::Config::from_url(format!("redis://127.0.0.1:{port}"))
+            .create_pool(Some(deadpool_redis::Runtime::Tokio1))
+            .unwrap();
+        let layer = PeriodLimitLayer::builder(&Backend::redis(pool))
+            .name("down")
+            .quota(2)
+            .period(Duration::from_secs(60))
+            .key(HeaderKey::from_static("x-key"))
+            .build()
+            .unwrap();
+        let (calls, svc) = counting(layer);
+        let mut statuses = Vec::new();
+        for _ in 0..3 {
+            statuses.push(svc.clone().oneshot(keyed("a")).await.unwrap().status());
+        }
+        assert_eq!(calls.load(Ordering::SeqCst), 2);
+        assert_eq!(
+            statuses,
+            [
+                StatusCode::OK,
+                StatusCode::OK,
+                StatusCode::TOO_MANY_REQUESTS
+            ]
+        );
+        let c = counters(&snapshotter);
+        assert_eq!(
+            get(
+                &c,
+                &format!("{FALLBACK_DECISIONS_TOTAL}{{policy=down,source=fallback}}")
+            ),
+            3
+        );
+        assert_eq!(
+            get(
+                &c,
+                &format!("{REQUESTS_TOTAL}{{outcome=rejected,policy=down}}")
+            ),
+            1
+        );
+    }
+}
