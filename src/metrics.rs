@@ -129,7 +129,6 @@ impl LayerMetrics {
 /// Records whether the Redis backend with key prefix `prefix` answers from its fallback
 /// (call on every switch: `true` when Redis is marked unreachable, `false` when the probe
 /// reaches it again, and `false` once when a Redis backend is built).
-#[allow(dead_code)] // called from src/backend once wired
 pub(crate) fn fallback_active(prefix: &str, active: bool) {
     #[cfg(feature = "metrics")]
     metrics::gauge!(FALLBACK_ACTIVE, "prefix" => prefix.to_owned())
@@ -138,19 +137,31 @@ pub(crate) fn fallback_active(prefix: &str, active: bool) {
     let _ = (prefix, active);
 }
 
-/// Records the time of one Redis check of policy `policy`, successful or not.
-#[allow(dead_code)] // called from src/backend once wired
-pub(crate) fn redis_duration(policy: &str, elapsed: Duration) {
+/// The Redis metrics of one limiter: the duration histogram is registered on first use
+/// and kept, so timing a check allocates nothing.
+#[derive(Debug, Default)]
+pub(crate) struct RedisMetrics {
     #[cfg(feature = "metrics")]
-    metrics::histogram!(REDIS_DURATION_SECONDS, "policy" => policy.to_owned())
-        .record(elapsed.as_secs_f64());
-    #[cfg(not(feature = "metrics"))]
-    let _ = (policy, elapsed);
+    duration: std::sync::OnceLock<metrics::Histogram>,
+}
+
+impl RedisMetrics {
+    /// Records the time of one Redis check of policy `policy`, successful or not.
+    #[inline]
+    pub(crate) fn duration(&self, policy: &str, elapsed: Duration) {
+        #[cfg(feature = "metrics")]
+        self.duration
+            .get_or_init(
+                || metrics::histogram!(REDIS_DURATION_SECONDS, "policy" => policy.to_owned()),
+            )
+            .record(elapsed.as_secs_f64());
+        #[cfg(not(feature = "metrics"))]
+        let _ = (policy, elapsed);
+    }
 }
 
 /// Records a failed Redis check of policy `policy`; `kind` is `timeout`, `pool`, `redis`
 /// or `reply`.
-#[allow(dead_code)] // called from src/backend once wired
 pub(crate) fn redis_error(policy: &str, kind: &'static str) {
     #[cfg(feature = "metrics")]
     metrics::counter!(REDIS_ERRORS_TOTAL, "policy" => policy.to_owned(), "kind" => kind)

@@ -300,3 +300,76 @@ async fn one_outage_logs_once_and_runs_one_probe_that_stops_with_the_backend() {
     tokio::time::sleep(PROBE * 3).await;
     assert_eq!(metrics.num_alive_tasks(), 0);
 }
+
+#[cfg(feature = "metrics")]
+#[tokio::test]
+async fn redis_latency_errors_and_the_fallback_gauge_are_recorded() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    use tower_redis_ratelimit::metrics::{
+        FALLBACK_ACTIVE, REDIS_DURATION_SECONDS, REDIS_ERRORS_TOTAL,
+    };
+
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    // Local to this thread; the runtime is single-threaded, so the probe records here too.
+    let _guard = metrics::set_default_local_recorder(&recorder);
+    // A snapshot drains what it reads (counters and gauges read 0 afterwards), so each
+    // stage takes one: metric name -> (labels, value).
+    let read = |snapshotter: &metrics_util::debugging::Snapshotter| -> std::collections::HashMap<String, (String, DebugValue)> {
+        snapshotter
+            .snapshot()
+            .into_vec()
+            .into_iter()
+            .map(|(key, _, _, value)| {
+                let labels: Vec<String> = key
+                    .key()
+                    .labels()
+                    .map(|l| format!("{}={}", l.key(), l.value()))
+                    .collect();
+                (key.key().name().to_owned(), (labels.join(","), value))
+            })
+            .collect()
+    };
+    let snapshot = || read(&snapshotter);
+    let gauge = |value: &(String, DebugValue)| match value {
+        (_, DebugValue::Gauge(g)) => g.into_inner(),
+        other => panic!("{other:?}"),
+    };
+
+    let mut redis = RedisServer::start();
+    let backend = backend(&redis);
+    let limiter =
+        PeriodLimiter::new(&backend, "p", PeriodConfig::new(5, Duration::from_secs(60))).unwrap();
+    let built = snapshot();
+    assert_eq!(built[FALLBACK_ACTIVE].0, "prefix=ratelimit");
+    assert_eq!(gauge(&built[FALLBACK_ACTIVE]), 0.0);
+    limiter.check("k", ONE).await;
+    limiter.check("k", ONE).await;
+    match &snapshot()[REDIS_DURATION_SECONDS] {
+        (labels, DebugValue::Histogram(samples)) => {
+            assert_eq!(labels, "policy=p");
+            assert_eq!(samples.len(), 2);
+            assert!(samples
+                .iter()
+                .all(|s| s.into_inner() > 0.0 && s.into_inner() < 1.0));
+        }
+        other => panic!("{other:?}"),
+    }
+    redis.kill();
+    assert_eq!(limiter.check("k", ONE).await.source, Source::Fallback);
+    let outage = snapshot();
+    assert_eq!(
+        outage[REDIS_ERRORS_TOTAL],
+        ("policy=p,kind=pool".to_owned(), DebugValue::Counter(1))
+    );
+    assert_eq!(gauge(&outage[FALLBACK_ACTIVE]), 1.0);
+    // A fresh recorder shows only what is recorded from now on: the probe's switch back.
+    let recovery = DebuggingRecorder::new();
+    let recovery_snapshotter = recovery.snapshotter();
+    let _recovery_guard = metrics::set_default_local_recorder(&recovery);
+    redis.restart();
+    wait_healthy(&backend, Duration::from_secs(3)).await;
+    let recovered = read(&recovery_snapshotter);
+    assert_eq!(recovered[FALLBACK_ACTIVE].0, "prefix=ratelimit");
+    assert_eq!(gauge(&recovered[FALLBACK_ACTIVE]), 0.0);
+}

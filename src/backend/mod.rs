@@ -24,6 +24,7 @@ use crate::clock::Clock;
 use crate::decision::{Decision, Source, State};
 use crate::error::{check_name, ConfigError};
 use crate::limiter::Check;
+use crate::metrics::RedisMetrics;
 
 pub(crate) use self::deny::KeyHasher;
 use self::deny::{Denied, DenyCache};
@@ -238,12 +239,42 @@ impl fmt::Debug for Backend {
     }
 }
 
+/// What one limiter needs of the backend: the handle, its key namespace, and its Redis
+/// metrics.
+#[derive(Debug)]
+pub(crate) struct Remote {
+    backend: Backend,
+    /// `<prefix>:<kind>:<name>:`, the start of every Redis key of this limiter.
+    namespace: String,
+    /// The policy name, for metrics labels.
+    name: String,
+    metrics: RedisMetrics,
+}
+
+impl Remote {
+    pub(crate) fn new(backend: &Backend, kind: &str, name: &str) -> Self {
+        Self {
+            backend: backend.clone(),
+            namespace: backend.namespace(kind, name),
+            name: name.to_owned(),
+            metrics: RedisMetrics::default(),
+        }
+    }
+
+    pub(crate) fn backend(&self) -> &Backend {
+        &self.backend
+    }
+
+    #[cfg(test)]
+    pub(crate) fn namespace(&self) -> &str {
+        &self.namespace
+    }
+}
+
 /// One algorithm's two halves: its Redis script and its in-process state with the same
 /// semantics. [`check`] picks the half that answers.
 pub(crate) trait Store: Send + Sync + 'static {
-    fn backend(&self) -> &Backend;
-    /// `<prefix>:<kind>:<name>:`, the start of every Redis key of this limiter.
-    fn namespace(&self) -> &str;
+    fn remote(&self) -> &Remote;
     /// The largest cost that can ever be admitted at once.
     fn capacity(&self) -> u64;
     /// The decision for a cost above [`capacity`](Self::capacity).
@@ -263,7 +294,8 @@ pub(crate) trait Store: Send + Sync + 'static {
 /// [`FailurePolicy`] and switches the backend to it until the probe reaches Redis again.
 /// A key Redis refused recently is refused from the deny cache without a round trip.
 pub(crate) fn check<T: Store>(store: &Arc<T>, key: &str, cost: NonZeroU32) -> Check {
-    let backend = store.backend();
+    let remote = store.remote();
+    let backend = &remote.backend;
     let redis = backend.redis_handle();
     if u64::from(cost.get()) > store.capacity() {
         let source = match redis {
@@ -279,7 +311,7 @@ pub(crate) fn check<T: Store>(store: &Arc<T>, key: &str, cost: NonZeroU32) -> Ch
     if !redis.is_healthy() {
         return Check::ready(unavailable(&**store, key, cost));
     }
-    let namespace = store.namespace();
+    let namespace = &remote.namespace;
     let mut redis_key = String::with_capacity(namespace.len() + key.len());
     redis_key.push_str(namespace);
     redis_key.push_str(key);
@@ -304,13 +336,17 @@ pub(crate) fn check<T: Store>(store: &Arc<T>, key: &str, cost: NonZeroU32) -> Ch
     let store = Arc::clone(store);
     let redis = Arc::clone(redis);
     Check::pending(async move {
-        let error = match redis.eval(&invocation).await {
+        let remote = store.remote();
+        let started = std::time::Instant::now();
+        let result = redis.eval(&invocation).await;
+        remote.metrics.duration(&remote.name, started.elapsed());
+        let error = match result {
             Ok(reply) => match store.decide(&reply, cost) {
                 Some(decision) => {
                     if let (Some(hash), Some(retry), 1) =
                         (deny_key, decision.retry_after, cost.get())
                     {
-                        let backend = store.backend();
+                        let backend = &remote.backend;
                         let now_us = backend.clock().now_us();
                         let at = |d: Duration| {
                             now_us.saturating_add(u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
@@ -327,15 +363,16 @@ pub(crate) fn check<T: Store>(store: &Arc<T>, key: &str, cost: NonZeroU32) -> Ch
             },
             Err(error) => error,
         };
+        crate::metrics::redis_error(&remote.name, error.kind());
         redis.mark_unhealthy(&error);
-        let key = &redis_key[store.namespace().len()..];
+        let key = &redis_key[remote.namespace.len()..];
         unavailable(&*store, key, cost)
     })
 }
 
 /// The answer while Redis is unreachable, by the layer's failure policy.
 fn unavailable<T: Store>(store: &T, key: &str, cost: NonZeroU32) -> Decision {
-    let backend = store.backend();
+    let backend = &store.remote().backend;
     match backend.failover.policy {
         FailurePolicy::Fallback => store.local(key, cost, Source::Fallback),
         FailurePolicy::FailOpen => {
@@ -472,8 +509,10 @@ impl BackendBuilder {
             });
         }
         let redis = self.pool.map(|pool| {
+            crate::metrics::fallback_active(&self.prefix, false);
             Arc::new(RedisBackend::new(
                 pool,
+                self.prefix.clone(),
                 self.call_timeout,
                 self.probe_interval,
             ))

@@ -85,8 +85,22 @@ pub(crate) enum ScriptError {
     Reply(Vec<i64>),
 }
 
+impl ScriptError {
+    /// The `kind` label of the error in metrics.
+    pub(crate) fn kind(&self) -> &'static str {
+        match self {
+            Self::Pool(_) => "pool",
+            Self::Redis(_) => "redis",
+            Self::Timeout(_) => "timeout",
+            Self::Reply(_) => "reply",
+        }
+    }
+}
+
 pub(crate) struct RedisBackend {
     pool: RedisPool,
+    /// The backend's key prefix, naming it in metrics.
+    prefix: String,
     call_timeout: Duration,
     probe_interval: Duration,
     healthy: AtomicBool,
@@ -104,9 +118,15 @@ impl fmt::Debug for RedisBackend {
 }
 
 impl RedisBackend {
-    pub(crate) fn new(pool: RedisPool, call_timeout: Duration, probe_interval: Duration) -> Self {
+    pub(crate) fn new(
+        pool: RedisPool,
+        prefix: String,
+        call_timeout: Duration,
+        probe_interval: Duration,
+    ) -> Self {
         Self {
             pool,
+            prefix,
             call_timeout,
             probe_interval,
             healthy: AtomicBool::new(true),
@@ -139,6 +159,7 @@ impl RedisBackend {
             return;
         }
         tracing::warn!(%error, "redis unreachable: answering from the in-process fallback");
+        crate::metrics::fallback_active(&self.prefix, true);
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
                 runtime.spawn(probe(Arc::downgrade(self), self.probe_interval));
@@ -167,6 +188,7 @@ async fn probe(backend: Weak<RedisBackend>, interval: Duration) {
         match backend.ping().await {
             Ok(()) => {
                 backend.healthy.store(true, Ordering::Release);
+                crate::metrics::fallback_active(&backend.prefix, false);
                 tracing::info!("redis reachable again: limits are back in redis");
                 return;
             }

@@ -35,7 +35,7 @@ use std::time::Duration;
 use deadpool_redis::redis::{Script, ScriptInvocation};
 
 use self::memory::{Schedule, Windows};
-use crate::backend::{self, Backend, Store};
+use crate::backend::{self, Backend, Remote, Store};
 use crate::decision::{Decision, Policy, Source, State};
 use crate::error::ConfigError;
 use crate::limiter::{Check, Limiter};
@@ -128,8 +128,7 @@ pub struct PeriodLimiter {
 
 #[derive(Debug)]
 struct PeriodStore {
-    backend: Backend,
-    namespace: String,
+    remote: Remote,
     policy: Policy,
     quota: u64,
     /// The quota of the in-process state (the fallback share of `quota` on Redis).
@@ -166,8 +165,7 @@ impl PeriodLimiter {
         let offset_ms = config.align.map(|o| i64::from(o.seconds) * 1_000);
         Ok(Self {
             store: Arc::new(PeriodStore {
-                backend: backend.clone(),
-                namespace: backend.namespace("period", name),
+                remote: Remote::new(backend, "period", name),
                 policy: Policy::new(name, config.quota, Duration::from_millis(period_ms)),
                 quota: config.quota,
                 local_quota: backend.local_limit(config.quota),
@@ -208,12 +206,8 @@ impl PeriodStore {
 }
 
 impl Store for PeriodStore {
-    fn backend(&self) -> &Backend {
-        &self.backend
-    }
-
-    fn namespace(&self) -> &str {
-        &self.namespace
+    fn remote(&self) -> &Remote {
+        &self.remote
     }
 
     fn capacity(&self) -> u64 {
@@ -260,7 +254,7 @@ impl Store for PeriodStore {
     }
 
     fn local(&self, key: &str, cost: NonZeroU32, source: Source) -> Decision {
-        let now_us = self.backend.clock().now_us();
+        let now_us = self.remote.backend().clock().now_us();
         let schedule = Schedule {
             period_us: self.period_ms * 1_000,
             offset_us: self.offset_ms.map(|ms| ms * 1_000),

@@ -60,7 +60,7 @@ use std::time::Duration;
 use deadpool_redis::redis::{Script, ScriptInvocation};
 
 use self::memory::{Grid, Rings};
-use crate::backend::{self, Backend, Store};
+use crate::backend::{self, Backend, Remote, Store};
 use crate::decision::{Decision, Policy, Source, State};
 use crate::error::ConfigError;
 use crate::limiter::{Check, Limiter};
@@ -115,8 +115,7 @@ pub struct RollingWindowLimiter {
 
 #[derive(Debug)]
 struct RollingStore {
-    backend: Backend,
-    namespace: String,
+    remote: Remote,
     policy: Policy,
     limit: u64,
     /// The limit of the in-process state (the fallback share of `limit` on Redis).
@@ -159,8 +158,7 @@ impl RollingWindowLimiter {
             })?;
         Ok(Self {
             store: Arc::new(RollingStore {
-                backend: backend.clone(),
-                namespace: backend.namespace("rolling", name),
+                remote: Remote::new(backend, "rolling", name),
                 policy: Policy::new(name, config.limit, Duration::from_millis(window_ms)),
                 limit: config.limit,
                 local_limit: backend.local_limit(config.limit),
@@ -205,12 +203,8 @@ impl RollingStore {
 }
 
 impl Store for RollingStore {
-    fn backend(&self) -> &Backend {
-        &self.backend
-    }
-
-    fn namespace(&self) -> &str {
-        &self.namespace
+    fn remote(&self) -> &Remote {
+        &self.remote
     }
 
     fn capacity(&self) -> u64 {
@@ -261,7 +255,7 @@ impl Store for RollingStore {
     }
 
     fn local(&self, key: &str, cost: NonZeroU32, source: Source) -> Decision {
-        let now_us = self.backend.clock().now_us();
+        let now_us = self.remote.backend().clock().now_us();
         let limit = self.local_limit;
         let hit = self.rings.hit(key, u64::from(cost.get()), limit, now_us);
         Self::decision(
@@ -334,7 +328,7 @@ mod tests {
     }
 
     fn now_us(limiter: &RollingWindowLimiter) -> u64 {
-        limiter.store.backend.clock().now_us()
+        limiter.store.remote.backend().clock().now_us()
     }
 
     /// Advances the paused clock to the next multiple of `step_us` in Unix time (a
@@ -422,7 +416,7 @@ mod tests {
         assert_eq!(policy.quota(), 7);
         // Sub-millisecond parts of the interval are ignored: 4 × 250 ms.
         assert_eq!(policy.window(), Duration::from_secs(1));
-        assert_eq!(layer.limiter().store.namespace, "ratelimit:rolling:api:");
+        assert_eq!(layer.limiter().store.remote.namespace(), "ratelimit:rolling:api:");
         let missing = RollingWindowLayer::builder(&Backend::in_process())
             .name("api")
             .limit(7)

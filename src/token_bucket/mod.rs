@@ -43,7 +43,7 @@ use governor::nanos::Nanos;
 use governor::state::keyed::DashMapStateStore;
 use governor::{Quota, RateLimiter};
 
-use crate::backend::{self, Backend, KeyHasher, Store};
+use crate::backend::{self, Backend, KeyHasher, Remote, Store};
 use crate::clock::Clock;
 use crate::decision::{Decision, Policy, Source, State};
 use crate::error::{check_name, ConfigError};
@@ -108,8 +108,7 @@ pub struct TokenBucketLimiter {
 type Buckets = RateLimiter<u128, DashMapStateStore<u128>, TokioClock, StateInformationMiddleware>;
 
 struct BucketStore {
-    backend: Backend,
-    namespace: String,
+    remote: Remote,
     policy: Policy,
     burst: u64,
     /// Microseconds per token, for the script.
@@ -198,8 +197,7 @@ impl TokenBucketLimiter {
         let refill = Duration::from_nanos(u64::try_from(refill_ns).unwrap_or(u64::MAX));
         Ok(Self {
             store: Arc::new(BucketStore {
-                backend: backend.clone(),
-                namespace: backend.namespace("token", name),
+                remote: Remote::new(backend, "token", name),
                 policy: Policy::new(name, config.burst, refill),
                 burst: config.burst,
                 local_burst,
@@ -236,7 +234,7 @@ impl BucketStore {
     }
 
     fn maybe_sweep(&self) {
-        if self.sweep.due(self.backend.clock().elapsed_ns()) {
+        if self.sweep.due(self.remote.backend().clock().elapsed_ns()) {
             self.buckets.retain_recent();
             self.buckets.shrink_to_fit();
         }
@@ -244,12 +242,8 @@ impl BucketStore {
 }
 
 impl Store for BucketStore {
-    fn backend(&self) -> &Backend {
-        &self.backend
-    }
-
-    fn namespace(&self) -> &str {
-        &self.namespace
+    fn remote(&self) -> &Remote {
+        &self.remote
     }
 
     fn capacity(&self) -> u64 {
