@@ -416,7 +416,10 @@ mod tests {
         assert_eq!(policy.quota(), 7);
         // Sub-millisecond parts of the interval are ignored: 4 × 250 ms.
         assert_eq!(policy.window(), Duration::from_secs(1));
-        assert_eq!(layer.limiter().store.remote.namespace(), "ratelimit:rolling:api:");
+        assert_eq!(
+            layer.limiter().store.remote.namespace(),
+            "ratelimit:rolling:api:"
+        );
         let missing = RollingWindowLayer::builder(&Backend::in_process())
             .name("api")
             .limit(7)
