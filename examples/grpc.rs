@@ -22,8 +22,8 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use tonic::transport::server::{TcpConnectInfo, TcpIncoming};
-use tower_redis_ratelimit::key::HeaderKey;
+use tonic::transport::server::TcpIncoming;
+use tower_redis_ratelimit::key::{HeaderKey, PeerIp};
 use tower_redis_ratelimit::{deadpool_redis, Backend, PeriodLimitLayer};
 
 /// Calls per window and key: small enough to exhaust by hand.
@@ -85,7 +85,7 @@ pub async fn serve(
         .name(POLICY)
         .quota(QUOTA)
         .period(PERIOD)
-        .key(HeaderKey::from_static("x-api-key").or(peer_ip))
+        .key(HeaderKey::from_static("x-api-key").or(PeerIp::new()))
         .build()?;
     // Reports SERVING for the whole server (service name "").
     let (_reporter, health) = tonic_health::server::health_reporter();
@@ -95,10 +95,4 @@ pub async fn serve(
         .serve_with_incoming(TcpIncoming::from(listener))
         .await?;
     Ok(())
-}
-
-/// The client's IP address, which tonic puts into the request extensions.
-fn peer_ip(req: &http::Request<tonic::body::Body>) -> Option<String> {
-    let info = req.extensions().get::<TcpConnectInfo>()?;
-    Some(info.remote_addr()?.ip().to_string())
 }

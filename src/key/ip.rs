@@ -19,8 +19,8 @@ pub(crate) const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwar
 pub(crate) const MAX_FORWARDING_HEADER_LEN: usize = 8 * 1024;
 
 /// The TCP peer address of a request: axum's `ConnectInfo<SocketAddr>` (with
-/// the `axum` feature) first, then a plain `SocketAddr` extension. The result
-/// is already [`normalize`]d.
+/// the `axum` feature), tonic's `TcpConnectInfo` (with the `grpc` feature), then
+/// a plain `SocketAddr` extension. The result is already [`normalize`]d.
 pub(crate) fn peer_ip<B>(req: &http::Request<B>) -> Option<IpAddr> {
     #[cfg(feature = "axum")]
     {
@@ -29,6 +29,16 @@ pub(crate) fn peer_ip<B>(req: &http::Request<B>) -> Option<IpAddr> {
             .get::<axum::extract::ConnectInfo<SocketAddr>>()
         {
             return Some(normalize(info.0.ip()));
+        }
+    }
+    #[cfg(feature = "grpc")]
+    {
+        if let Some(addr) = req
+            .extensions()
+            .get::<tonic::transport::server::TcpConnectInfo>()
+            .and_then(|info| info.remote_addr())
+        {
+            return Some(normalize(addr.ip()));
         }
     }
     req.extensions()
