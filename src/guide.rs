@@ -171,6 +171,9 @@
 //! fail as fast). The first failure switches the whole backend to its failure mode,
 //! and one background probe (every 500 ms by default) switches it back when Redis
 //! answers again. No request is ever answered with a server error because of Redis.
+//! Every kind of failure counts alike, a script error too (for instance `WRONGTYPE`
+//! when something else wrote one of the limiter's keys): keep the limiter's
+//! [prefix](crate::BackendBuilder::prefix) to itself.
 //!
 //! What a layer answers meanwhile is its [`FailurePolicy`](crate::FailurePolicy):
 //!
@@ -200,8 +203,9 @@
 //! example (`cargo run --example grpc --features grpc`), a health service that any
 //! standard gRPC health client can exhaust.
 //!
-//! Note that tonic puts the peer address into the request extensions as its own
-//! `TcpConnectInfo`; to key on it, read it with a closure (the `grpc` example does).
+//! [`PeerIp`](crate::key::PeerIp) reads tonic's `TcpConnectInfo` (with the `grpc`
+//! feature), so calls without an API key can be limited per client address, as in the
+//! `grpc` example.
 //!
 //! # Observability
 //!
