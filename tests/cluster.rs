@@ -9,6 +9,7 @@ use std::time::Duration;
 use support::RedisCluster;
 use tower_redis_ratelimit::deadpool_redis::{cluster, Runtime};
 use tower_redis_ratelimit::period::{PeriodConfig, PeriodLimiter};
+use tower_redis_ratelimit::rolling::{RollingConfig, RollingWindowLimiter};
 use tower_redis_ratelimit::token_bucket::{TokenBucketConfig, TokenBucketLimiter};
 use tower_redis_ratelimit::{Backend, Limiter, Source};
 

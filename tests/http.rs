@@ -376,3 +376,40 @@ fn every_invalid_configuration_fails_when_built() {
         assert_eq!(result.unwrap_err().to_string(), message);
     }
 }
+
+#[tokio::test]
+async fn works_as_router_layer_and_route_layer() {
+    let limit = || {
+        PeriodLimitLayer::builder(&Backend::in_process())
+            .name("p")
+            .quota(1)
+            .period(Duration::from_secs(60))
+            .build()
+            .unwrap()
+    };
+    let whole = Router::new()
+        .route("/a", get(|| async { "a" }))
+        .layer(limit());
+    let routes = Router::new()
+        .route("/b", get(|| async { "b" }))
+        .route_layer(limit());
+    // `layer` wraps the fallback too (unmatched paths count and are refused once the
+    // quota is gone); `route_layer` leaves unmatched paths alone (404, never limited).
+    let cases = [
+        (whole, "/a", StatusCode::TOO_MANY_REQUESTS),
+        (routes, "/b", StatusCode::NOT_FOUND),
+    ];
+    for (app, path, unmatched) in cases {
+        let served = Served::start(app).await;
+        assert_eq!(served.get(path, &[]).await.0.status(), StatusCode::OK);
+        assert_eq!(
+            served.get(path, &[]).await.0.status(),
+            StatusCode::TOO_MANY_REQUESTS
+        );
+        // route_layer leaves unmatched paths alone (404, not limited).
+        assert_eq!(
+            served.get("/none", &[]).await.0.status(),
+            StatusCode::NOT_FOUND
+        );
+    }
+}

@@ -7,9 +7,12 @@ mod support;
 #[allow(dead_code)]
 mod quickstart;
 
+use std::time::Duration;
+
 use http::{header, StatusCode};
 use support::http::Served;
 use support::RedisServer;
+use tokio::time::Instant;
 use tower_redis_ratelimit::Backend;
 
 /// Each route admits exactly what it advertises per key, then answers 429 with
@@ -100,5 +103,47 @@ async fn two_processes_sharing_redis_admit_the_quota_once() {
             ok += u64::from(response.status() == StatusCode::OK);
         }
         assert_eq!(ok, limit, "{route}");
+    }
+}
+
+#[tokio::test]
+async fn keeps_answering_when_redis_dies_and_returns_to_it() {
+    let mut redis = RedisServer::start();
+    let pool = tower_redis_ratelimit::backend::pool_config(redis.url(), Duration::from_millis(100))
+        .create_pool(Some(tower_redis_ratelimit::deadpool_redis::Runtime::Tokio1))
+        .unwrap();
+    let backend = Backend::builder()
+        .redis(pool)
+        .prefix("quickstart")
+        .build()
+        .unwrap();
+    let served = Served::start(quickstart::app(&backend).unwrap()).await;
+    let key = [("x-api-key", "k")];
+    assert_eq!(served.get("/period", &key).await.0.status(), StatusCode::OK);
+    redis.kill();
+    for route in ["/period", "/token", "/rolling"] {
+        for _ in 0..8 {
+            let started = Instant::now();
+            let (response, body) = served.get(route, &key).await;
+            let status = response.status();
+            assert!(
+                status == StatusCode::OK || status == StatusCode::TOO_MANY_REQUESTS,
+                "{route}: {status} {body}"
+            );
+            assert!(
+                started.elapsed() < Duration::from_millis(500),
+                "{route} hung"
+            );
+        }
+    }
+    redis.restart();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        served.get("/token", &[("x-api-key", "after")]).await;
+        if redis.cmd(&["EXISTS", "quickstart:token:token:after"]) == "1" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "state never returned to redis");
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
