@@ -1,0 +1,226 @@
+//! The HTTP load-test target of `scripts/bench`: one axum server whose routes differ only
+//! in their rate limiter, so `wrk` can measure what each limiter costs per request.
+//!
+//! ```text
+//! cargo run --release --example loadtest                                   # in-process only
+//! REDIS_URL=redis://127.0.0.1:6379 cargo run --release --example loadtest  # with /token/redis
+//! wrk -t1 -c32 -d10s --latency -H 'x-api-key: k1' http://127.0.0.1:3000/token/in-process
+//! ```
+//!
+//! Routes (each answers `ok`; the limited ones are keyed per `x-api-key` header):
+//!
+//! | route | limiter |
+//! |---|---|
+//! | `/unlimited` | none: the baseline |
+//! | `/token/in-process` | `TokenBucketLayer` on `Backend::in_process()` |
+//! | `/token/in-process/no-headers` | the same with `admitted_headers(false)`: no `RateLimit` / `RateLimit-Policy` headers on admitted responses (like `/governor`) |
+//! | `/token/redis` | `TokenBucketLayer` on `Backend::redis` at `REDIS_URL` (503 without it) |
+//! | `/governor` | `tower_governor` 0.8 with the same quota and key |
+//! | `/bare/evalsha` | no limiter crate: `EVALSHA` of the token-bucket script, same arguments, on one shared multiplexed connection (503 without `REDIS_URL`) |
+//!
+//! `/bare/evalsha` is a reference for `/token/redis`: the same script and arguments, but
+//! no pool (a deadpool-redis checkout costs an extra `UNWATCH` + `PING` round trip) and
+//! concurrent requests pipelined on one connection. It answers 429 when refused.
+//!
+//! Environment:
+//!
+//! - `PORT`: the port on 127.0.0.1 (default 3000; `0` picks a free one). The server
+//!   prints `listening on http://127.0.0.1:<port>` once it accepts connections.
+//! - `BENCH_RATE`: tokens per second, and the burst (default 1 000 000, far above what
+//!   one machine can send, so nothing is refused; 1 to 1 000 000 000).
+//! - `REDIS_URL`: enables `/token/redis`.
+//! - `REDIS_POOL_SIZE`: the deadpool-redis pool size (default: deadpool's, twice the
+//!   number of CPUs). The pool is `backend::pool_config(url, DEFAULT_CALL_TIMEOUT)`.
+//!
+//! Nothing is logged per request.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use axum::http::{HeaderMap, HeaderValue, Request, StatusCode};
+use axum::routing::get;
+use axum::Router;
+use deadpool_redis::redis::{self, aio::MultiplexedConnection};
+use tower_governor::governor::GovernorConfigBuilder;
+use tower_governor::key_extractor::KeyExtractor;
+use tower_governor::{GovernorError, GovernorLayer};
+use tower_redis_ratelimit::backend::{pool_config, DEFAULT_CALL_TIMEOUT};
+use tower_redis_ratelimit::key::HeaderKey;
+use tower_redis_ratelimit::{deadpool_redis, Backend, TokenBucketLayer};
+
+/// The default of `BENCH_RATE`: a token per microsecond and a burst of a million.
+const DEFAULT_RATE: u64 = 1_000_000;
+/// The highest `BENCH_RATE`: a token per nanosecond (the finest the limiters accept).
+const MAX_RATE: u64 = 1_000_000_000;
+const API_KEY: &str = "x-api-key";
+/// The token-bucket script and the epoch of its arrival times (the crate's, 2026-01-01Z).
+const TOKEN_SCRIPT: &str = include_str!("../src/token_bucket/token_bucket.lua");
+const TAT_EPOCH_SECS: i64 = 1_767_225_600;
+
+/// tower_governor's key: the `x-api-key` header, as `HeaderKey` reads it for our layer.
+#[derive(Debug, Clone, Copy)]
+struct ApiKey;
+
+impl KeyExtractor for ApiKey {
+    type Key = HeaderValue;
+
+    fn extract<T>(&self, req: &Request<T>) -> Result<HeaderValue, GovernorError> {
+        req.headers()
+            .get(API_KEY)
+            .cloned()
+            .ok_or(GovernorError::UnableToExtractKey)
+    }
+}
+
+fn env_or<T: std::str::FromStr>(name: &str, default: T) -> Result<T, String> {
+    match std::env::var(name) {
+        Ok(value) => value
+            .parse()
+            .map_err(|_| format!("{name}={value:?} is not a valid number")),
+        Err(_) => Ok(default),
+    }
+}
+
+async fn ok() -> &'static str {
+    "ok"
+}
+
+async fn no_redis() -> (StatusCode, &'static str) {
+    (
+        StatusCode::SERVICE_UNAVAILABLE,
+        "REDIS_URL is not set: restart the loadtest example with \
+         REDIS_URL=redis://127.0.0.1:<port> to enable /token/redis and /bare/evalsha\n",
+    )
+}
+
+/// `/bare/evalsha`: the token-bucket script by SHA on a shared multiplexed connection.
+#[derive(Clone)]
+struct Bare {
+    conn: MultiplexedConnection,
+    sha: String,
+    interval_us: f64,
+    rate: u64,
+}
+
+impl Bare {
+    async fn check(self, headers: HeaderMap) -> (StatusCode, &'static str) {
+        let Some(key) = headers.get(API_KEY).and_then(|v| v.to_str().ok()) else {
+            return (StatusCode::BAD_REQUEST, "no x-api-key\n");
+        };
+        let mut conn = self.conn;
+        let reply: Result<Vec<i64>, _> = redis::cmd("EVALSHA")
+            .arg(&self.sha)
+            .arg(1)
+            .arg(format!("loadtest:bare:{key}"))
+            .arg(self.interval_us)
+            .arg(self.rate)
+            .arg(1)
+            .arg(TAT_EPOCH_SECS)
+            .query_async(&mut conn)
+            .await;
+        match reply.as_deref() {
+            Ok([1, ..]) => (StatusCode::OK, "ok"),
+            Ok(_) => (StatusCode::TOO_MANY_REQUESTS, "refused\n"),
+            Err(_) => (StatusCode::BAD_GATEWAY, "redis error\n"),
+        }
+    }
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let rate: u64 = env_or("BENCH_RATE", DEFAULT_RATE)?;
+    if !(1..=MAX_RATE).contains(&rate) {
+        return Err(format!("BENCH_RATE must be within 1..={MAX_RATE}, not {rate}").into());
+    }
+    let port: u16 = env_or("PORT", 3000)?;
+
+    let local = Backend::in_process();
+    let in_process = |headers: bool| {
+        TokenBucketLayer::builder(&local)
+            .name("loadtest")
+            .rate(rate, Duration::from_secs(1))
+            .burst(rate)
+            .key(HeaderKey::from_static(API_KEY))
+            .admitted_headers(headers)
+            .build()
+    };
+
+    let governor = GovernorConfigBuilder::default()
+        .per_nanosecond(1_000_000_000 / rate)
+        .burst_size(u32::try_from(rate)?)
+        .key_extractor(ApiKey)
+        .finish()
+        .ok_or("invalid tower_governor quota")?;
+
+    let mut app = Router::new()
+        .route("/unlimited", get(ok))
+        .route("/token/in-process", get(ok).layer(in_process(true)?))
+        .route(
+            "/token/in-process/no-headers",
+            get(ok).layer(in_process(false)?),
+        )
+        .route("/governor", get(ok).layer(GovernorLayer::new(governor)));
+
+    let redis = match std::env::var("REDIS_URL") {
+        Ok(url) => {
+            // The crate's recommended pool: wait, create and recycle timeouts equal to the
+            // backend's call timeout.
+            let mut config = pool_config(url.clone(), DEFAULT_CALL_TIMEOUT);
+            if let Ok(size) = std::env::var("REDIS_POOL_SIZE") {
+                let size = size
+                    .parse()
+                    .map_err(|_| format!("REDIS_POOL_SIZE={size:?} is not a number"))?;
+                if let Some(pool) = config.pool.as_mut() {
+                    pool.max_size = size;
+                }
+            }
+            let pool = config.create_pool(Some(deadpool_redis::Runtime::Tokio1))?;
+            let pool_size = pool.status().max_size;
+            let backend = Backend::builder().redis(pool).prefix("loadtest").build()?;
+            let layer = TokenBucketLayer::builder(&backend)
+                .name("loadtest")
+                .rate(rate, Duration::from_secs(1))
+                .burst(rate)
+                .key(HeaderKey::from_static(API_KEY))
+                .build()?;
+            app = app.route("/token/redis", get(ok).layer(layer));
+
+            let mut conn = redis::Client::open(url.as_str())?
+                .get_multiplexed_async_connection()
+                .await?;
+            let sha: String = redis::cmd("SCRIPT")
+                .arg("LOAD")
+                .arg(TOKEN_SCRIPT)
+                .query_async(&mut conn)
+                .await?;
+            let bare = Bare {
+                conn,
+                sha,
+                interval_us: 1e6 / rate as f64,
+                rate,
+            };
+            app = app.route(
+                "/bare/evalsha",
+                get(move |headers: HeaderMap| bare.clone().check(headers)),
+            );
+            format!("{url} (pool of {pool_size})")
+        }
+        Err(_) => {
+            app = app
+                .route("/token/redis", get(no_redis))
+                .route("/bare/evalsha", get(no_redis));
+            "none (REDIS_URL is not set: /token/redis answers 503)".to_owned()
+        }
+    };
+
+    let listener = tokio::net::TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], port))).await?;
+    let addr = listener.local_addr()?;
+    println!("rate {rate}/s, burst {rate}; redis: {redis}");
+    println!("listening on http://{addr}");
+    axum::serve(
+        listener,
+        app.into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .await?;
+    Ok(())
+}
