@@ -54,12 +54,23 @@ async fn every_layer_limits_exactly_with_keys_over_all_slots() {
         TokenBucketConfig::new(1, Duration::from_secs(60), 2),
     )
     .unwrap();
+    let rolling = RollingWindowLimiter::new(
+        &backend,
+        "r",
+        RollingConfig::new(4, 10, Duration::from_secs(6)),
+    )
+    .unwrap();
     for key in keys() {
         assert_eq!(admitted(&period, &key, 5).await, 3, "period, key {key:?}");
         assert_eq!(
             admitted(&bucket, &key, 4).await,
             2,
             "token bucket, key {key:?}"
+        );
+        assert_eq!(
+            admitted(&rolling, &key, 6).await,
+            4,
+            "rolling window, key {key:?}"
         );
     }
     // The keys really are spread over the three masters.
