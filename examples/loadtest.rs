@@ -50,8 +50,8 @@ use tower_redis_ratelimit::{deadpool_redis, Backend, TokenBucketLayer};
 
 /// The default of `BENCH_RATE`: a token per microsecond and a burst of a million.
 const DEFAULT_RATE: u64 = 1_000_000;
-/// The highest `BENCH_RATE`: a token per nanosecond (the finest the limiters accept).
-const MAX_RATE: u64 = 1_000_000_000;
+/// The highest `BENCH_RATE`: a token per microsecond (the most the limiters accept).
+const MAX_RATE: u64 = 1_000_000;
 const API_KEY: &str = "x-api-key";
 /// The token-bucket script and the epoch of its arrival times (the crate's, 2026-01-01Z).
 const TOKEN_SCRIPT: &str = include_str!("../src/token_bucket/token_bucket.lua");

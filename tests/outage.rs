@@ -356,11 +356,12 @@ async fn redis_latency_errors_and_the_fallback_gauge_are_recorded() {
         other => panic!("{other:?}"),
     }
     redis.kill();
+    // The kept connection breaks: a `redis` (I/O) error, not a pool error.
     assert_eq!(limiter.check("k", ONE).await.source, Source::Fallback);
     let outage = snapshot();
     assert_eq!(
         outage[REDIS_ERRORS_TOTAL],
-        ("policy=p,kind=pool".to_owned(), DebugValue::Counter(1))
+        ("policy=p,kind=redis".to_owned(), DebugValue::Counter(1))
     );
     assert_eq!(gauge(&outage[FALLBACK_ACTIVE]), 1.0);
     // A fresh recorder shows only what is recorded from now on: the probe's switch back.

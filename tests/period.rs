@@ -340,3 +340,32 @@ async fn refusals_of_larger_costs_are_not_cached() {
     assert_eq!(one.state, State::HitQuota);
     assert_eq!(one.source, Source::Redis);
 }
+
+#[tokio::test]
+async fn one_redis_command_per_decision() {
+    let redis = RedisServer::start();
+    let backend = Backend::builder()
+        .redis(redis.pool())
+        .deny_cache(0)
+        .build()
+        .unwrap();
+    let limiter = limiter(&backend, PeriodConfig::new(1_000, Duration::from_secs(60)));
+    let calls = |name: &str| -> u64 {
+        redis
+            .cmd(&["INFO", "commandstats"])
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("cmdstat_{name}:calls=")))
+            .and_then(|rest| rest.split(',').next())
+            .map_or(0, |n| n.parse().unwrap())
+    };
+    let pings_before = calls("ping");
+    for i in 0..50 {
+        limiter.check(&format!("k{}", i % 5), ONE).await;
+    }
+    // The script is loaded once (one NOSCRIPT, one SCRIPT LOAD), then one EVALSHA per
+    // check, and no PING or UNWATCH from checking connections out of the pool.
+    assert_eq!(calls("evalsha"), 1 + 50);
+    assert_eq!(calls("script|load"), 1);
+    assert_eq!(calls("ping"), pings_before);
+    assert_eq!(calls("unwatch"), 0);
+}

@@ -20,9 +20,11 @@ use tower_redis_ratelimit::token_bucket::{TokenBucketConfig, TokenBucketLimiter}
 use tower_redis_ratelimit::{Backend, Limiter, State};
 
 const ONE: NonZeroU32 = NonZeroU32::MIN;
-/// Tokens per second in the `allowed` groups: a token per nanosecond, far more than a
-/// benchmark loop can spend.
-const HUGE_RATE: u32 = 1_000_000_000;
+/// Tokens per second in the `allowed` groups: a token per microsecond, the most the
+/// limiters accept.
+const HUGE_RATE: u64 = 1_000_000;
+/// The bucket of the `allowed` groups: far more than a benchmark loop can spend.
+const HUGE_BURST: u32 = 1_000_000_000;
 /// A fixed-window or rolling quota that is never reached.
 const HUGE_QUOTA: u64 = 1 << 60;
 
@@ -36,13 +38,13 @@ struct Limiters {
 
 impl Limiters {
     fn allowing(backend: &Backend) -> Self {
-        let rate = u64::from(HUGE_RATE);
-        let burst = NonZeroU32::new(HUGE_RATE).expect("not zero");
+        let rate = HUGE_RATE;
+        let burst = NonZeroU32::new(HUGE_BURST).expect("not zero");
         Self {
             token: TokenBucketLimiter::new(
                 backend,
                 "bench",
-                TokenBucketConfig::new(rate, Duration::from_secs(1), rate),
+                TokenBucketConfig::new(rate, Duration::from_secs(1), u64::from(HUGE_BURST)),
             )
             .expect("valid token bucket"),
             period: PeriodLimiter::new(
@@ -58,7 +60,7 @@ impl Limiters {
             )
             .expect("valid rolling window"),
             governor: RateLimiter::dashmap(
-                Quota::with_period(Duration::from_nanos(1))
+                Quota::with_period(Duration::from_micros(1))
                     .expect("not zero")
                     .allow_burst(burst),
             ),

@@ -6,6 +6,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
+use arc_swap::ArcSwapOption;
+
 use deadpool_redis::redis::{self, Cmd, ScriptInvocation};
 use deadpool_redis::PoolError;
 
@@ -40,21 +42,14 @@ impl RedisPool {
         }
     }
 
-    async fn script(
-        &self,
-        invocation: &ScriptInvocation<'static>,
-    ) -> Result<Vec<i64>, ScriptError> {
-        match self {
-            Self::Single(pool) => {
-                let mut conn = pool.get().await?;
-                Ok(invocation.invoke_async(&mut conn).await?)
-            }
+    /// A multiplexed connection from the pool, detached from it: clones share one
+    /// socket and pipeline requests, so one of them serves every concurrent check.
+    async fn connection(&self) -> Result<Conn, PoolError> {
+        Ok(match self {
+            Self::Single(pool) => Conn::Single((*pool.get().await?).clone()),
             #[cfg(feature = "cluster")]
-            Self::Cluster(pool) => {
-                let mut conn = pool.get().await?;
-                Ok(invocation.invoke_async(&mut conn).await?)
-            }
-        }
+            Self::Cluster(pool) => Conn::Cluster((*pool.get().await?).clone()),
+        })
     }
 
     async fn command(&self, cmd: &Cmd) -> Result<(), ScriptError> {
@@ -68,6 +63,27 @@ impl RedisPool {
                 let mut conn = pool.get().await?;
                 Ok(cmd.query_async::<()>(&mut conn).await?)
             }
+        }
+    }
+}
+
+/// A multiplexed connection (single node or cluster); cloning it is cheap.
+#[derive(Clone)]
+enum Conn {
+    Single(redis::aio::MultiplexedConnection),
+    #[cfg(feature = "cluster")]
+    Cluster(redis::cluster_async::ClusterConnection),
+}
+
+impl Conn {
+    async fn script(
+        &mut self,
+        invocation: &ScriptInvocation<'static>,
+    ) -> Result<Vec<i64>, redis::RedisError> {
+        match self {
+            Self::Single(conn) => invocation.invoke_async(conn).await,
+            #[cfg(feature = "cluster")]
+            Self::Cluster(conn) => invocation.invoke_async(conn).await,
         }
     }
 }
@@ -86,6 +102,21 @@ pub(crate) enum ScriptError {
 }
 
 impl ScriptError {
+    /// Whether the connection the check ran on may be unusable now.
+    fn breaks_connection(&self) -> bool {
+        match self {
+            Self::Redis(error) => {
+                error.is_io_error()
+                    || error.is_connection_dropped()
+                    || error.is_connection_refusal()
+                    || error.is_timeout()
+                    || error.is_unrecoverable_error()
+            }
+            Self::Timeout(_) => true,
+            Self::Pool(_) | Self::Reply(_) => false,
+        }
+    }
+
     /// The `kind` label of the error in metrics.
     pub(crate) fn kind(&self) -> &'static str {
         match self {
@@ -99,6 +130,9 @@ impl ScriptError {
 
 pub(crate) struct RedisBackend {
     pool: RedisPool,
+    /// The connection checks run on, taken from the pool once and kept until it fails:
+    /// checking a connection out per check would cost deadpool's `PING` round trip.
+    conn: ArcSwapOption<Conn>,
     /// The backend's key prefix, naming it in metrics.
     prefix: String,
     call_timeout: Duration,
@@ -126,6 +160,7 @@ impl RedisBackend {
     ) -> Self {
         Self {
             pool,
+            conn: ArcSwapOption::empty(),
             prefix,
             call_timeout,
             probe_interval,
@@ -146,10 +181,28 @@ impl RedisBackend {
         &self,
         invocation: &ScriptInvocation<'static>,
     ) -> Result<Vec<i64>, ScriptError> {
-        match tokio::time::timeout(self.call_timeout, self.pool.script(invocation)).await {
+        let call = async {
+            let mut conn = match &*self.conn.load() {
+                Some(conn) => Conn::clone(conn),
+                None => {
+                    let conn = self.pool.connection().await?;
+                    self.conn.store(Some(Arc::new(conn.clone())));
+                    conn
+                }
+            };
+            Ok(conn.script(invocation).await?)
+        };
+        let result = match tokio::time::timeout(self.call_timeout, call).await {
             Ok(result) => result,
             Err(_) => Err(ScriptError::Timeout(self.call_timeout)),
+        };
+        if let Err(error) = &result {
+            if error.breaks_connection() {
+                // The next check takes a fresh connection from the pool.
+                self.conn.store(None);
+            }
         }
+        result
     }
 
     /// Switches every limiter of this backend to its fallback and starts the one probe
@@ -158,6 +211,8 @@ impl RedisBackend {
         if !self.healthy.swap(false, Ordering::AcqRel) {
             return;
         }
+        // Whatever connection was cached, the next check after recovery takes a new one.
+        self.conn.store(None);
         tracing::warn!(%error, "redis unreachable: answering from the in-process fallback");
         crate::metrics::fallback_active(&self.prefix, true);
         match tokio::runtime::Handle::try_current() {

@@ -150,8 +150,8 @@ impl TokenBucketLimiter {
     /// # Errors
     ///
     /// A [`ConfigError`] for a zero rate, burst or period, a burst above `u32::MAX`, a
-    /// rate so high that a token takes less than a nanosecond, a full-bucket refill time
-    /// above ten years, or an invalid name.
+    /// rate above one token per microsecond (the precision of the Redis script's clock
+    /// arithmetic), a full-bucket refill time above ten years, or an invalid name.
     pub fn new(
         backend: &Backend,
         name: &str,
@@ -174,9 +174,9 @@ impl TokenBucketLimiter {
         let burst = NonZeroU32::new(burst).expect("checked above");
         let period_ns = config.period.as_nanos();
         let interval_ns = u64::try_from(period_ns / u128::from(config.rate)).unwrap_or(u64::MAX);
-        if interval_ns == 0 {
+        if interval_ns < 1_000 {
             return Err(ConfigError::Conflict {
-                reason: "the rate is so high that a token takes less than a nanosecond",
+                reason: "the rate is above one token per microsecond (1 000 000 per second)",
             });
         }
         let refill_ns = u128::from(interval_ns) * u128::from(config.burst);

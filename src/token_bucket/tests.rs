@@ -34,6 +34,11 @@ fn invalid_configurations() {
         build(2_000_000_000, sec, 1).unwrap_err(),
         ConfigError::Conflict { .. }
     ));
+    assert!(matches!(
+        build(1_000_001, sec, 1).unwrap_err(),
+        ConfigError::Conflict { .. }
+    ));
+    assert!(build(1_000_000, sec, 1).is_ok());
     assert_eq!(
         build(1, Duration::from_secs(86_400 * 365), 20).unwrap_err(),
         ConfigError::TooLong { setting: "period" }

@@ -26,5 +26,5 @@ if wait > 0.001 then
 end
 local full_in = new_tat - now
 redis.call('SET', KEYS[1], string.format('%.4f', new_tat),
-  'PX', string.format('%d', math.ceil(full_in / 1000)))
+  'PX', string.format('%d', math.max(1, math.ceil(full_in / 1000))))
 return {1, math.floor((tau - full_in) / interval + 1e-9), 0, math.ceil(full_in)}
