@@ -22,6 +22,43 @@ impl KeyHasher {
     }
 }
 
+/// A `BuildHasher` for keys that already are [`KeyHasher`] output: their bits are random,
+/// so hashing them again would only cost time.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct PreHashed;
+
+impl BuildHasher for PreHashed {
+    type Hasher = PreHashedHasher;
+
+    fn build_hasher(&self) -> PreHashedHasher {
+        PreHashedHasher(0)
+    }
+}
+
+/// Keeps the low 64 bits of a `u128` written to it.
+#[derive(Debug, Default)]
+pub(crate) struct PreHashedHasher(u64);
+
+impl std::hash::Hasher for PreHashedHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        // Only reached for keys other than `u128`; fold them in anyway.
+        for chunk in bytes.chunks(8) {
+            let mut word = [0u8; 8];
+            word[..chunk.len()].copy_from_slice(chunk);
+            self.0 = self.0.rotate_left(5) ^ u64::from_le_bytes(word);
+        }
+    }
+
+    fn write_u128(&mut self, value: u128) {
+        // Truncation intended: the low half is as random as the whole.
+        self.0 = value as u64;
+    }
+}
+
 /// What a cached refusal remembers of Redis's answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Denied {
@@ -33,7 +70,7 @@ pub(crate) struct Denied {
 
 #[derive(Debug)]
 pub(crate) struct DenyCache {
-    entries: DashMap<u128, Denied>,
+    entries: DashMap<u128, Denied, PreHashed>,
     capacity: usize,
     hasher: KeyHasher,
 }
@@ -41,7 +78,7 @@ pub(crate) struct DenyCache {
 impl DenyCache {
     pub(crate) fn new(capacity: usize) -> Self {
         Self {
-            entries: DashMap::new(),
+            entries: DashMap::with_hasher(PreHashed),
             capacity,
             hasher: KeyHasher::default(),
         }

@@ -26,7 +26,7 @@ use crate::error::{check_name, ConfigError};
 use crate::limiter::Check;
 use crate::metrics::RedisMetrics;
 
-pub(crate) use self::deny::KeyHasher;
+pub(crate) use self::deny::{KeyHasher, PreHashed};
 use self::deny::{Denied, DenyCache};
 use self::redis::{RedisBackend, RedisPool, ScriptError};
 

@@ -33,6 +33,7 @@
 
 use std::fmt;
 use std::num::NonZeroU32;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
@@ -43,7 +44,7 @@ use governor::nanos::Nanos;
 use governor::state::keyed::DashMapStateStore;
 use governor::{Quota, RateLimiter};
 
-use crate::backend::{self, Backend, KeyHasher, Remote, Store};
+use crate::backend::{self, Backend, KeyHasher, PreHashed, Remote, Store};
 use crate::clock::Clock;
 use crate::decision::{Decision, Policy, Source, State};
 use crate::error::{check_name, ConfigError};
@@ -59,6 +60,8 @@ const TAT_EPOCH_SECS: i64 = 1_767_225_600;
 
 /// How often idle in-process buckets are dropped.
 const SWEEP_EVERY: Duration = Duration::from_secs(10);
+/// One check in this many looks at the clock to see whether a sweep is due.
+const SWEEP_SAMPLE: u32 = 64;
 
 /// The settings of a token bucket.
 #[derive(Debug, Clone, Copy)]
@@ -105,7 +108,8 @@ pub struct TokenBucketLimiter {
     store: Arc<BucketStore>,
 }
 
-type Buckets = RateLimiter<u128, DashMapStateStore<u128>, TokioClock, StateInformationMiddleware>;
+type Buckets =
+    RateLimiter<u128, DashMapStateStore<u128, PreHashed>, TokioClock, StateInformationMiddleware>;
 
 struct BucketStore {
     remote: Remote,
@@ -120,6 +124,8 @@ struct BucketStore {
     buckets: Buckets,
     hasher: KeyHasher,
     sweep: Sweep,
+    /// Checks so far, to sample the sweep's clock reads.
+    checks: AtomicU32,
 }
 
 impl fmt::Debug for BucketStore {
@@ -192,8 +198,12 @@ impl TokenBucketLimiter {
             .allow_burst(
                 NonZeroU32::new(u32::try_from(local_burst).unwrap_or(burst.get())).unwrap_or(burst),
             );
-        let buckets = RateLimiter::dashmap_with_clock(quota, TokioClock(backend.clock()))
-            .with_middleware::<StateInformationMiddleware>();
+        let buckets = RateLimiter::dashmap_with_clock_and_hasher(
+            quota,
+            TokioClock(backend.clock()),
+            PreHashed,
+        )
+        .with_middleware::<StateInformationMiddleware>();
         let refill = Duration::from_nanos(u64::try_from(refill_ns).unwrap_or(u64::MAX));
         Ok(Self {
             store: Arc::new(BucketStore {
@@ -206,6 +216,7 @@ impl TokenBucketLimiter {
                 interval_us: config.period.as_secs_f64() * 1e6 / config.rate as f64,
                 buckets,
                 hasher: KeyHasher::default(),
+                checks: AtomicU32::new(0),
                 sweep: Sweep::every(u64::try_from(SWEEP_EVERY.as_nanos()).unwrap_or(u64::MAX)),
             }),
         })
@@ -233,7 +244,12 @@ impl BucketStore {
         self.hasher.hash(key)
     }
 
+    /// Drops idle buckets when a sweep is due; the clock is read on one check in
+    /// [`SWEEP_SAMPLE`] only, so the common check reads it once (in governor).
     fn maybe_sweep(&self) {
+        if self.checks.fetch_add(1, Ordering::Relaxed) % SWEEP_SAMPLE != 0 {
+            return;
+        }
         if self.sweep.due(self.remote.backend().clock().elapsed_ns()) {
             self.buckets.retain_recent();
             self.buckets.shrink_to_fit();
