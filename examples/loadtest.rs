@@ -13,7 +13,7 @@
 //! |---|---|
 //! | `/unlimited` | none: the baseline |
 //! | `/token/in-process` | `TokenBucketLayer` on `Backend::in_process()` |
-//! | `/token/in-process/no-headers` | the same with `admitted_headers(false)`: no `RateLimit` / `RateLimit-Policy` headers on admitted responses (like `/governor`) |
+//! | `/token/in-process/no-headers` | the same with `admitted_headers(false)` and `decision_extension(false)`: no `RateLimit` / `RateLimit-Policy` headers on admitted responses and no `Decision` in the request extensions (like `/governor`) |
 //! | `/token/redis` | `TokenBucketLayer` on `Backend::redis` at `REDIS_URL` (503 without it) |
 //! | `/governor` | `tower_governor` 0.8 with the same quota and key |
 //! | `/bare/evalsha` | no limiter crate: `EVALSHA` of the token-bucket script, same arguments, on one shared multiplexed connection (503 without `REDIS_URL`) |
@@ -142,6 +142,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             .burst(rate)
             .key(HeaderKey::from_static(API_KEY))
             .admitted_headers(headers)
+            .decision_extension(headers)
             .build()
     };
 

@@ -280,16 +280,20 @@ async fn custom_rejections_and_header_options() {
         .key(HeaderKey::from_static("x-key"))
         .on_rejection(ProblemJson)
         .admitted_headers(false)
+        .decision_extension(false)
         .build()
         .unwrap();
     let svc =
         ServiceBuilder::new()
             .layer(layer)
-            .service(service_fn(|_req: Request<String>| async {
-                Ok::<_, Infallible>(Response::new(String::new()))
+            .service(service_fn(|req: Request<String>| async move {
+                let has_decision = req.extensions().get::<Decision>().is_some();
+                Ok::<_, Infallible>(Response::new(format!("decision: {has_decision}")))
             }));
     let ok = svc.clone().oneshot(keyed("a")).await.unwrap();
     assert!(ok.headers().get(RATELIMIT).is_none());
+    let body = ok.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(&body[..], b"decision: false");
     let rejected = svc.oneshot(keyed("a")).await.unwrap();
     assert_eq!(rejected.status(), StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(

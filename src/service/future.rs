@@ -9,7 +9,6 @@ use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
-use super::service::admit;
 use super::{Respond, ResponseBody};
 use crate::decision::Decision;
 use crate::limiter::Check;
@@ -128,7 +127,7 @@ where
                         });
                     } else if decision.is_admitted() {
                         let mut service = service.take().expect("polled after completion");
-                        admit(&mut request, &decision);
+                        this.respond.admit(request.extensions_mut(), &decision);
                         let future = service.call(request);
                         this.state.set(State::Inner {
                             future,

@@ -3,7 +3,7 @@ use std::sync::Arc;
 
 use tower_layer::Layer;
 
-use super::{MissingKey, RateLimit, Shared};
+use super::{MissingKey, Options, RateLimit, Shared};
 use crate::backend::{Backend, FailurePolicy};
 use crate::cost::UnitCost;
 use crate::error::{check_name, ConfigError};
@@ -13,7 +13,7 @@ use crate::metrics::LayerMetrics;
 use crate::response::{DefaultRejection, HeaderParts, OnRejection};
 
 /// The longest key accepted by default, in bytes.
-const DEFAULT_MAX_KEY_LEN: usize = 256;
+pub(super) const DEFAULT_MAX_KEY_LEN: usize = 256;
 
 /// A tower [`Layer`] that rate-limits requests with limiter `L`, keyed by `K`, costed by
 /// `C`, and answered with `R` when rejected.
@@ -45,8 +45,8 @@ impl<L: Limiter, K, C, R> fmt::Debug for RateLimitLayer<L, K, C, R> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RateLimitLayer")
             .field("policies", &self.shared.limiter.policies())
-            .field("shadow", &self.shared.shadow)
-            .field("missing_key", &self.shared.missing_key)
+            .field("shadow", &self.shared.options.shadow)
+            .field("missing_key", &self.shared.options.missing_key)
             .finish_non_exhaustive()
     }
 }
@@ -86,10 +86,7 @@ pub struct LayerBuilder<A, K = GlobalKey, C = UnitCost, R = DefaultRejection> {
     key: K,
     cost: C,
     rejection: R,
-    admitted_headers: bool,
-    shadow: bool,
-    missing_key: MissingKey,
-    max_key_len: usize,
+    options: Options,
 }
 
 impl<A: fmt::Debug, K, C, R> fmt::Debug for LayerBuilder<A, K, C, R> {
@@ -126,10 +123,7 @@ impl<A> LayerBuilder<A> {
             key: GlobalKey,
             cost: UnitCost,
             rejection: DefaultRejection,
-            admitted_headers: true,
-            shadow: false,
-            missing_key: MissingKey::default(),
-            max_key_len: DEFAULT_MAX_KEY_LEN,
+            options: Options::default(),
         }
     }
 }
@@ -153,10 +147,7 @@ impl<A, K, C, R> LayerBuilder<A, K, C, R> {
             key,
             cost: self.cost,
             rejection: self.rejection,
-            admitted_headers: self.admitted_headers,
-            shadow: self.shadow,
-            missing_key: self.missing_key,
-            max_key_len: self.max_key_len,
+            options: self.options,
         }
     }
 
@@ -169,10 +160,7 @@ impl<A, K, C, R> LayerBuilder<A, K, C, R> {
             key: self.key,
             cost,
             rejection: self.rejection,
-            admitted_headers: self.admitted_headers,
-            shadow: self.shadow,
-            missing_key: self.missing_key,
-            max_key_len: self.max_key_len,
+            options: self.options,
         }
     }
 
@@ -185,17 +173,22 @@ impl<A, K, C, R> LayerBuilder<A, K, C, R> {
             key: self.key,
             cost: self.cost,
             rejection,
-            admitted_headers: self.admitted_headers,
-            shadow: self.shadow,
-            missing_key: self.missing_key,
-            max_key_len: self.max_key_len,
+            options: self.options,
         }
+    }
+
+    /// Whether admitted requests carry their [`Decision`](crate::Decision) in the request
+    /// extensions (default: yes). Turning it off saves an allocation per request when no
+    /// handler reads it.
+    pub fn decision_extension(mut self, enabled: bool) -> Self {
+        self.options.decision_extension = enabled;
+        self
     }
 
     /// Whether admitted responses carry `RateLimit` and `RateLimit-Policy` (default:
     /// yes). Rejections always carry them.
     pub fn admitted_headers(mut self, enabled: bool) -> Self {
-        self.admitted_headers = enabled;
+        self.options.admitted_headers = enabled;
         self
     }
 
@@ -230,20 +223,20 @@ impl<A, K, C, R> LayerBuilder<A, K, C, R> {
     /// # let _ = trial; Ok(()) }
     /// ```
     pub fn shadow(mut self, enabled: bool) -> Self {
-        self.shadow = enabled;
+        self.options.shadow = enabled;
         self
     }
 
     /// What to do when no key can be extracted (default: reject with 400).
     pub fn on_missing_key(mut self, missing_key: MissingKey) -> Self {
-        self.missing_key = missing_key;
+        self.options.missing_key = missing_key;
         self
     }
 
     /// The longest key accepted, in bytes (default: 256). A longer key, such as an
     /// oversized header, is treated as a missing key instead of being stored.
     pub fn max_key_len(mut self, max_key_len: usize) -> Self {
-        self.max_key_len = max_key_len;
+        self.options.max_key_len = max_key_len;
         self
     }
 
@@ -281,13 +274,13 @@ impl<A, K, C, R> LayerBuilder<A, K, C, R> {
         let name = self.name.ok_or(ConfigError::Missing { setting: "name" })?;
         self.backend.failover().check()?;
         check_name("name", &name)?;
-        if self.max_key_len == 0 {
+        if self.options.max_key_len == 0 {
             return Err(ConfigError::Zero {
                 setting: "max_key_len",
             });
         }
-        if let MissingKey::Key(key) = &self.missing_key {
-            if key.len() > self.max_key_len {
+        if let MissingKey::Key(key) = &self.options.missing_key {
+            if key.len() > self.options.max_key_len {
                 return Err(ConfigError::Conflict {
                     reason: "the missing-key fallback key is longer than `max_key_len`",
                 });
@@ -307,10 +300,7 @@ impl<A, K, C, R> LayerBuilder<A, K, C, R> {
                 cost: self.cost,
                 rejection: self.rejection,
                 headers,
-                admitted_headers: self.admitted_headers,
-                shadow: self.shadow,
-                missing_key: self.missing_key,
-                max_key_len: self.max_key_len,
+                options: self.options,
                 metrics,
             }),
         })

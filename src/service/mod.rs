@@ -64,11 +64,30 @@ pub(crate) struct Shared<L, K, C, R> {
     pub(crate) rejection: R,
     /// One per policy of the limiter, in the order of [`Limiter::policies`].
     pub(crate) headers: Box<[HeaderParts]>,
+    pub(crate) options: Options,
+    pub(crate) metrics: LayerMetrics,
+}
+
+/// The plain settings of a layer, shared by [`LayerBuilder`] and the service.
+#[derive(Debug, Clone)]
+pub(crate) struct Options {
     pub(crate) admitted_headers: bool,
+    pub(crate) decision_extension: bool,
     pub(crate) shadow: bool,
     pub(crate) missing_key: MissingKey,
     pub(crate) max_key_len: usize,
-    pub(crate) metrics: LayerMetrics,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            admitted_headers: true,
+            decision_extension: true,
+            shadow: false,
+            missing_key: MissingKey::default(),
+            max_key_len: layer::DEFAULT_MAX_KEY_LEN,
+        }
+    }
 }
 
 /// The part of [`Shared`] a response future needs, without its type parameters. `policy`
@@ -89,6 +108,9 @@ pub(crate) trait Respond: Send + Sync + 'static {
     fn record(&self, policy: usize, decision: &Decision);
     /// Whether the layer only observes (shadow mode).
     fn is_shadow(&self) -> bool;
+    /// Prepares an admitted request for the inner service: its [`Decision`] goes into
+    /// the request extensions unless the layer was told not to.
+    fn admit(&self, extensions: &mut http::Extensions, decision: &Decision);
 }
 
 impl<L, K, C, R> Respond for Shared<L, K, C, R>
@@ -118,13 +140,13 @@ where
     }
 
     fn decorate(&self, policy: usize, headers: &mut http::HeaderMap, decision: &Decision) {
-        if self.admitted_headers {
+        if self.options.admitted_headers {
             self.headers[policy].apply(headers, decision);
         }
     }
 
     fn record(&self, policy: usize, decision: &Decision) {
-        self.metrics.decision(policy, decision, self.shadow);
+        self.metrics.decision(policy, decision, self.options.shadow);
         let name = self.limiter.policies()[policy].name();
         if decision.is_admitted() {
             tracing::trace!(
@@ -134,7 +156,7 @@ where
                 source = ?decision.source,
                 "request admitted"
             );
-        } else if self.shadow {
+        } else if self.options.shadow {
             tracing::info!(
                 policy = name,
                 state = ?decision.state,
@@ -154,6 +176,12 @@ where
     }
 
     fn is_shadow(&self) -> bool {
-        self.shadow
+        self.options.shadow
+    }
+
+    fn admit(&self, extensions: &mut http::Extensions, decision: &Decision) {
+        if self.options.decision_extension {
+            extensions.insert(decision.clone());
+        }
     }
 }

@@ -10,7 +10,6 @@ use tower_service::Service;
 use super::future::ResponseFuture;
 use super::{MissingKey, Respond, ResponseBody, Shared};
 use crate::cost::Cost;
-use crate::decision::Decision;
 use crate::key::KeyExtractor;
 use crate::limiter::{Check, Limiter};
 use crate::response::{missing_key, OnRejection};
@@ -20,7 +19,7 @@ use crate::response::{missing_key, OnRejection};
 ///
 /// Readiness is the inner service's: a limit is never enforced by refusing readiness.
 /// Each request's key and cost are read in `call`, the limiter is asked, and then either
-/// the inner service is called (with the [`Decision`] in the request extensions and the
+/// the inner service is called (with the [`Decision`](crate::Decision) in the request extensions and the
 /// rate-limit headers on its response) or the rejection is answered without touching it.
 /// A [shadow](super::LayerBuilder::shadow) layer always calls the inner service, and
 /// only records its decisions.
@@ -96,7 +95,7 @@ where
         };
         let (policy, mut req) = select(&shared.limiter, shared.headers.len(), req);
         let mut check: Check = match shared.key.extract(&req) {
-            Some(key) if key.len() <= shared.max_key_len => {
+            Some(key) if key.len() <= shared.options.max_key_len => {
                 shared.limiter.check_policy(policy, &key, cost)
             }
             key => {
@@ -106,8 +105,8 @@ where
                     "rate-limit key missing"
                 );
                 shared.metrics.missing_key(policy);
-                match &shared.missing_key {
-                    MissingKey::Reject(status) if !shared.shadow => {
+                match &shared.options.missing_key {
+                    MissingKey::Reject(status) if !shared.options.shadow => {
                         let response = missing_key(*status, req.headers());
                         return ResponseFuture::done(response, policy, shared.clone());
                     }
@@ -125,10 +124,10 @@ where
         };
         if let Some(decision) = check.take_ready() {
             shared.record(policy, &decision);
-            return if shared.shadow {
+            return if shared.options.shadow {
                 ResponseFuture::inner(self.inner.call(req), None, policy, shared.clone())
             } else if decision.is_admitted() {
-                admit(&mut req, &decision);
+                shared.admit(req.extensions_mut(), &decision);
                 ResponseFuture::inner(self.inner.call(req), Some(decision), policy, shared.clone())
             } else {
                 let response =
@@ -136,7 +135,7 @@ where
                 ResponseFuture::done(response, policy, shared.clone())
             };
         }
-        if shared.shadow {
+        if shared.options.shadow {
             // Never make a request wait for a limit that is not enforced: the round trip
             // runs (and is recorded) in a task of its own when there is a runtime.
             if let Ok(runtime) = tokio::runtime::Handle::try_current() {
@@ -167,9 +166,4 @@ fn select<L: Limiter, B>(limiter: &L, count: usize, req: Request<B>) -> (usize, 
     let index = limiter.select(&parts);
     let index = if index < count { index } else { 0 };
     (index, Request::from_parts(parts, body))
-}
-
-/// Prepares an admitted request for the inner service.
-pub(super) fn admit<B>(req: &mut Request<B>, decision: &Decision) {
-    req.extensions_mut().insert(decision.clone());
 }
