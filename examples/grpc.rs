@@ -23,6 +23,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use tonic::transport::server::TcpIncoming;
+use tower_redis_ratelimit::backend::pool_config;
 use tower_redis_ratelimit::key::{HeaderKey, PeerIp};
 use tower_redis_ratelimit::{deadpool_redis, Backend, PeriodLimitLayer};
 
@@ -44,7 +45,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let backend = match std::env::var("REDIS_URL") {
         Ok(url) => {
-            let pool = deadpool_redis::Config::from_url(url.clone())
+            let pool = pool_config(url.clone(), Duration::from_millis(100))
                 .create_pool(Some(deadpool_redis::Runtime::Tokio1))?;
             println!("limits are kept in Redis at {url}");
             Backend::builder()

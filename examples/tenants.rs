@@ -31,6 +31,7 @@ use axum::response::Response;
 use axum::routing::{get, post};
 use axum::{Extension, Router};
 use tower::ServiceBuilder;
+use tower_redis_ratelimit::backend::pool_config;
 use tower_redis_ratelimit::key::{ExtensionKey, HeaderKey};
 use tower_redis_ratelimit::period::{PeriodConfig, UtcOffset};
 use tower_redis_ratelimit::{
@@ -159,7 +160,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .init();
     let backend = match std::env::var("REDIS_URL") {
         Ok(url) => {
-            let pool = deadpool_redis::Config::from_url(url.clone())
+            let pool = pool_config(url.clone(), Duration::from_millis(100))
                 .create_pool(Some(deadpool_redis::Runtime::Tokio1))?;
             println!("limits are kept in Redis at {url}");
             Backend::builder().redis(pool).prefix("tenants").build()?
