@@ -26,8 +26,8 @@ use crate::error::{check_name, ConfigError};
 use crate::limiter::Check;
 use crate::metrics::RedisMetrics;
 
-pub(crate) use self::deny::{KeyHasher, PreHashed};
 use self::deny::{Denied, DenyCache};
+pub(crate) use self::deny::{KeyHasher, PreHashed};
 use self::redis::{RedisBackend, RedisPool, ScriptError};
 
 /// The default key prefix.
