@@ -147,8 +147,8 @@ async fn spoofed_forwarded_header_from_untrusted_peer_is_ignored() {
 }
 
 /// A tower stack around a service that counts its calls.
-fn counting_stack(
-    layer: PeriodLimitLayer<HeaderKey>,
+fn counting_stack<L: tower_redis_ratelimit::Limiter>(
+    layer: tower_redis_ratelimit::RateLimitLayer<L, HeaderKey>,
 ) -> (
     Arc<AtomicUsize>,
     impl tower::Service<
@@ -412,4 +412,66 @@ async fn works_as_router_layer_and_route_layer() {
         );
         assert_eq!(served.get("/none", &[]).await.0.status(), unmatched);
     }
+}
+
+/// A limiter of our own: refuses the key `blocked` for a minute, admits everything else.
+struct DenyList(tower_redis_ratelimit::Policy);
+
+impl tower_redis_ratelimit::Limiter for DenyList {
+    fn policy(&self) -> &tower_redis_ratelimit::Policy {
+        &self.0
+    }
+
+    fn check(&self, key: &str, _cost: std::num::NonZeroU32) -> tower_redis_ratelimit::Check {
+        use tower_redis_ratelimit::{Check, Source};
+        let minute = Duration::from_secs(60);
+        Check::ready(if key == "blocked" {
+            Decision::new(State::OverQuota, 1, 0, minute, Source::InProcess)
+                .with_retry_after(minute)
+        } else {
+            Decision::new(State::Allowed, 1, 1, minute, Source::InProcess)
+        })
+    }
+}
+
+/// Builds a [`DenyList`] whose policy is the layer's name with a suffix appended.
+struct DenyListConfig(&'static str);
+
+impl tower_redis_ratelimit::service::Algorithm for DenyListConfig {
+    type Limiter = DenyList;
+
+    fn build(self, _backend: &Backend, name: &str) -> Result<DenyList, ConfigError> {
+        let name = format!("{name}{}", self.0);
+        Ok(DenyList(tower_redis_ratelimit::Policy::new(
+            name,
+            1,
+            Duration::from_secs(60),
+        )))
+    }
+}
+
+#[tokio::test]
+async fn custom_limiters_plug_into_the_same_service() {
+    let layer =
+        tower_redis_ratelimit::LayerBuilder::new(&Backend::in_process(), DenyListConfig(""))
+            .name("deny")
+            .key(HeaderKey::from_static("x-key"))
+            .build()
+            .unwrap();
+    let (calls, svc) = counting_stack(layer);
+    let ok = svc.clone().oneshot(keyed("fine")).await.unwrap();
+    assert_eq!(ok.status(), StatusCode::OK);
+    assert_eq!(ok.headers()[RATELIMIT_POLICY], "\"deny\";q=1;w=60");
+    let refused = svc.oneshot(keyed("blocked")).await.unwrap();
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(refused.headers()[header::RETRY_AFTER], "60");
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+
+    // A policy name that cannot go into a header fails when the layer is built.
+    let err =
+        tower_redis_ratelimit::LayerBuilder::new(&Backend::in_process(), DenyListConfig("\"x"))
+            .name("deny")
+            .build()
+            .unwrap_err();
+    assert!(err.to_string().contains("policy name"), "{err}");
 }

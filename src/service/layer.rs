@@ -291,6 +291,10 @@ impl<A, K, C, R> LayerBuilder<A, K, C, R> {
         if policies.is_empty() {
             return Err(ConfigError::Missing { setting: "policy" });
         }
+        // Custom limiters and plans name their own policies: they go into headers too.
+        for policy in policies {
+            check_name("policy name", policy.name())?;
+        }
         let headers = policies.iter().map(HeaderParts::new).collect();
         let metrics = LayerMetrics::new(policies);
         Ok(RateLimitLayer {
