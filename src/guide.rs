@@ -118,9 +118,10 @@
 //!
 //! - List every proxy hop you run (load balancer, ingress, CDN ranges), and nothing
 //!   else: a trusted network that clients can reach directly lets them spoof.
-//! - Choose the header your outermost proxy maintains with
-//!   [`ForwardedIp::header`](crate::key::ForwardedIp::header) rather than the default
-//!   `Auto`, unless your proxies strip the one they do not set.
+//! - Read the header your proxies maintain: `X-Forwarded-For` by default (what nearly
+//!   every proxy appends to), or RFC 7239 `Forwarded` with
+//!   [`ForwardedIp::header`](crate::key::ForwardedIp::header). Avoid `Auto` unless your
+//!   proxies strip the header they do not set: a client could otherwise send its own.
 //! - Group IPv6 clients by network (`ipv6_prefix(64)`): one client usually owns a /64.
 //! - Serve axum with `into_make_service_with_connect_info::<SocketAddr>()` so the peer
 //!   address is known.

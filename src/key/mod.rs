@@ -331,18 +331,20 @@ impl<B> KeyExtractor<B> for PeerIp {
 #[non_exhaustive]
 pub enum ForwardedHeader {
     /// `Forwarded` (RFC 7239) when the request has that header, otherwise
-    /// `X-Forwarded-For`. The default.
+    /// `X-Forwarded-For`.
     ///
     /// Only safe when the proxies rewrite or strip whichever of the two
     /// headers they do not maintain themselves: if a proxy appends to
     /// `X-Forwarded-For` but passes a client's `Forwarded` header through
     /// untouched, that client can pick its own key. Prefer one of the other
     /// variants when you know what your proxies send.
-    #[default]
     Auto,
     /// Only the RFC 7239 `Forwarded` header.
     Forwarded,
-    /// Only `X-Forwarded-For`.
+    /// Only `X-Forwarded-For`: the default, since it is the header that nearly every
+    /// reverse proxy and load balancer appends to (nginx, HAProxy, Envoy, Traefik, the
+    /// cloud load balancers). A client's own `Forwarded` header is then ignored.
+    #[default]
     XForwardedFor,
 }
 
@@ -372,9 +374,8 @@ pub enum ForwardedHeader {
 /// A forwarding header larger than 8 KiB (all lines together) is not parsed
 /// at all; the key is then the peer address, as if the chain were garbage.
 ///
-/// [`header`](Self::header) chooses the header (by default `Forwarded` if
-/// present, else `X-Forwarded-For`; read the warning on
-/// [`ForwardedHeader::Auto`]), and [`ipv6_prefix`](Self::ipv6_prefix)
+/// [`header`](Self::header) chooses the header (by default `X-Forwarded-For`;
+/// choose `Forwarded` when your proxies maintain RFC 7239 headers instead), and [`ipv6_prefix`](Self::ipv6_prefix)
 /// groups IPv6 clients as described on [`PeerIp`].
 ///
 /// # Example
@@ -412,7 +413,7 @@ impl ForwardedIp {
     pub fn new(trusted: impl IntoIterator<Item = IpNet>) -> Self {
         Self {
             trusted: trusted.into_iter().map(ip::normalize_net).collect(),
-            header: ForwardedHeader::Auto,
+            header: ForwardedHeader::XForwardedFor,
             ipv6_prefix: 128,
         }
     }
@@ -440,7 +441,7 @@ impl ForwardedIp {
     }
 
     /// Chooses the forwarding header to read (default:
-    /// [`ForwardedHeader::Auto`]).
+    /// [`ForwardedHeader::XForwardedFor`]).
     #[must_use]
     pub fn header(mut self, header: ForwardedHeader) -> Self {
         self.header = header;

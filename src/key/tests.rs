@@ -527,6 +527,7 @@ fn oversized_header_is_ignored() {
 
     // An oversized `Forwarded` header does not fall back to (possibly
     // client-controlled) `X-Forwarded-For`.
+    let k = proxies().header(ForwardedHeader::Auto);
     let long = format!("{}for=1.2.3.4", "for=9.9.9.9, ".repeat(1000));
     let r = with_peer_and_headers(
         "10.0.0.1:1",
@@ -537,7 +538,7 @@ fn oversized_header_is_ignored() {
 
 #[test]
 fn forwarded_header_basic() {
-    let k = proxies();
+    let k = proxies().header(ForwardedHeader::Forwarded);
     for (value, expected) in [
         ("for=192.0.2.60;proto=http;by=203.0.113.43", "192.0.2.60"),
         ("For=\"192.0.2.60\"", "192.0.2.60"),
@@ -567,7 +568,7 @@ fn forwarded_header_basic() {
 
 #[test]
 fn forwarded_header_unusable_elements() {
-    let k = proxies();
+    let k = proxies().header(ForwardedHeader::Forwarded);
     for (value, expected) in [
         // Obfuscated / unknown identifiers end the walk.
         ("for=1.1.1.1, for=unknown", "10.0.0.1"),
@@ -605,7 +606,8 @@ fn forwarded_header_multiple_lines() {
             ("forwarded", "for=10.1.1.1;proto=https"),
         ],
     );
-    assert_eq!(key(&proxies(), &r).as_deref(), Some("203.0.113.5"));
+    let forwarded = proxies().header(ForwardedHeader::Forwarded);
+    assert_eq!(key(&forwarded, &r).as_deref(), Some("203.0.113.5"));
 
     // The garbage line is reached only when every hop right of it is trusted.
     let r = with_peer_and_headers(
@@ -615,14 +617,17 @@ fn forwarded_header_multiple_lines() {
             ("forwarded", "for=10.1.1.1"),
         ],
     );
-    assert_eq!(key(&proxies(), &r).as_deref(), Some("10.1.1.1"));
+    assert_eq!(key(&forwarded, &r).as_deref(), Some("10.1.1.1"));
 }
 
 #[test]
 fn forwarded_header_selection() {
     let headers = [("forwarded", "for=1.1.1.1"), ("x-forwarded-for", "2.2.2.2")];
     let r = with_peer_and_headers("10.0.0.1:1", &headers);
-    assert_eq!(key(&proxies(), &r).as_deref(), Some("1.1.1.1"));
+    // By default only `X-Forwarded-For` counts: a client's own `Forwarded` is ignored.
+    assert_eq!(key(&proxies(), &r).as_deref(), Some("2.2.2.2"));
+    let auto = proxies().header(ForwardedHeader::Auto);
+    assert_eq!(key(&auto, &r).as_deref(), Some("1.1.1.1"));
     let k = proxies().header(ForwardedHeader::Forwarded);
     assert_eq!(key(&k, &r).as_deref(), Some("1.1.1.1"));
     let k = proxies().header(ForwardedHeader::XForwardedFor);
