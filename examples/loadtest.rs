@@ -18,16 +18,18 @@
 //! | `/governor` | `tower_governor` 0.8 with the same quota and key |
 //! | `/bare/evalsha` | no limiter crate: `EVALSHA` of the token-bucket script, same arguments, on one shared multiplexed connection (503 without `REDIS_URL`) |
 //!
-//! `/bare/evalsha` is a reference for `/token/redis`: the same script and arguments, but
-//! no pool (a deadpool-redis checkout costs an extra `UNWATCH` + `PING` round trip) and
-//! concurrent requests pipelined on one connection. It answers 429 when refused.
+//! `/bare/evalsha` is a reference for `/token/redis`: the same script and arguments on
+//! one multiplexed connection, as the crate's backend does, but without the crate (no
+//! key extraction, decision, fallback, deny cache or headers). It answers 429 when
+//! refused.
 //!
 //! Environment:
 //!
 //! - `PORT`: the port on 127.0.0.1 (default 3000; `0` picks a free one). The server
 //!   prints `listening on http://127.0.0.1:<port>` once it accepts connections.
 //! - `BENCH_RATE`: tokens per second, and the burst (default 1 000 000, far above what
-//!   one machine can send, so nothing is refused; 1 to 1 000 000 000).
+//!   one machine can send, so nothing is refused; 1 to 1 000 000, the most the token
+//!   bucket accepts).
 //! - `REDIS_URL`: enables `/token/redis`.
 //! - `REDIS_POOL_SIZE`: the deadpool-redis pool size (default: deadpool's, twice the
 //!   number of CPUs). The pool is `backend::pool_config(url, DEFAULT_CALL_TIMEOUT)`.
