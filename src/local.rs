@@ -53,7 +53,8 @@ impl Sweep {
     }
 }
 
-/// Drops the entries `keep` says no to, if a sweep is due.
+/// Drops the entries `keep` says no to, if a sweep is due, and gives the memory back
+/// when most of the map is gone (after a flood of keys, say).
 pub(crate) fn sweep<K: Hash + Eq, V>(
     sweep: &Sweep,
     map: &DashMap<K, V>,
@@ -62,6 +63,9 @@ pub(crate) fn sweep<K: Hash + Eq, V>(
 ) {
     if sweep.due(now) {
         map.retain(keep);
+        if map.len() < map.capacity() / 4 {
+            map.shrink_to_fit();
+        }
     }
 }
 
@@ -77,6 +81,22 @@ mod tests {
         assert!(sweep.due(10));
         assert!(!sweep.due(19));
         assert!(sweep.due(100));
+    }
+
+    #[test]
+    fn a_sweep_gives_memory_back() {
+        let map = DashMap::new();
+        for i in 0..10_000u64 {
+            map.insert(i, i);
+        }
+        let before = map.capacity();
+        sweep(&Sweep::every(1), &map, 0, |k, _| *k < 10);
+        assert_eq!(map.len(), 10);
+        assert!(
+            map.capacity() < before / 4,
+            "{} of {before}",
+            map.capacity()
+        );
     }
 
     #[test]
