@@ -16,7 +16,12 @@
 //! Every layer is built on a [`Backend`]: [`Backend::in_process`] keeps limits in this
 //! process; [`Backend::redis`] keeps them in Redis (through a [`deadpool_redis`] pool,
 //! with atomic Lua scripts run by SHA that read the Redis server's clock), and falls back
-//! to in-process state with the same semantics while Redis is unreachable.
+//! to in-process state with the same semantics while Redis is unreachable (or admits or
+//! refuses everything, as each layer's [`FailurePolicy`] says). A local deny cache keeps
+//! a flood on one refused key away from Redis.
+//!
+//! The services' own statistics (error rates, load) can use the public in-process
+//! [`RollingWindow`](rolling_window::RollingWindow).
 //!
 //! A request's key comes from a [`KeyExtractor`](key::KeyExtractor) (peer IP, the client
 //! IP behind trusted proxies, a header, an authenticated user, or any closure); its cost
@@ -53,6 +58,7 @@
 //! | feature | default | enables |
 //! |---|---|---|
 //! | `axum` | yes | key extractors that read axum's `ConnectInfo` and `MatchedPath` |
+//! | `cluster` | no | Redis Cluster pools ([`BackendBuilder::redis_cluster`](crate::BackendBuilder)) |
 //! | `grpc` | no | gRPC rejections for tonic: trailers-only `RESOURCE_EXHAUSTED` with `RetryInfo` and `QuotaFailure` (the `grpc` module) |
 //! | `metrics` | no | counters and histograms with the [`metrics`](https://docs.rs/metrics) crate (listed in [`metrics`]) |
 //!
