@@ -113,6 +113,23 @@ async fn killed_redis_falls_back_then_comes_back_within_a_probe_interval() {
 }
 
 #[tokio::test]
+async fn a_restart_between_checks_costs_no_fallback() {
+    let mut redis = RedisServer::start();
+    let backend = backend(&redis);
+    let limiter =
+        PeriodLimiter::new(&backend, "p", PeriodConfig::new(5, Duration::from_secs(60))).unwrap();
+    assert_eq!(limiter.check("k", ONE).await.source, Source::Redis);
+    // Redis restarts while nobody checks: the kept connection is dead, but the next
+    // check reconnects within its deadline instead of switching to the fallback.
+    redis.kill();
+    redis.restart();
+    let d = limiter.check("k", ONE).await;
+    assert_eq!(d.source, Source::Redis);
+    assert_eq!(d.remaining, 4, "the restarted server starts empty");
+    assert_eq!(backend.redis_healthy(), Some(true));
+}
+
+#[tokio::test]
 async fn paused_redis_costs_a_request_at_most_the_deadline() {
     let mut redis = RedisServer::start();
     let backend = backend(&redis);
@@ -356,12 +373,12 @@ async fn redis_latency_errors_and_the_fallback_gauge_are_recorded() {
         other => panic!("{other:?}"),
     }
     redis.kill();
-    // The kept connection breaks: a `redis` (I/O) error, not a pool error.
+    // The kept connection breaks, and so does the attempt at a new one: a pool error.
     assert_eq!(limiter.check("k", ONE).await.source, Source::Fallback);
     let outage = snapshot();
     assert_eq!(
         outage[REDIS_ERRORS_TOTAL],
-        ("policy=p,kind=redis".to_owned(), DebugValue::Counter(1))
+        ("policy=p,kind=pool".to_owned(), DebugValue::Counter(1))
     );
     assert_eq!(gauge(&outage[FALLBACK_ACTIVE]), 1.0);
     // A fresh recorder shows only what is recorded from now on: the probe's switch back.

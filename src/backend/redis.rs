@@ -105,13 +105,7 @@ impl ScriptError {
     /// Whether the connection the check ran on may be unusable now.
     fn breaks_connection(&self) -> bool {
         match self {
-            Self::Redis(error) => {
-                error.is_io_error()
-                    || error.is_connection_dropped()
-                    || error.is_connection_refusal()
-                    || error.is_timeout()
-                    || error.is_unrecoverable_error()
-            }
+            Self::Redis(error) => breaks_connection(error),
             Self::Timeout(_) => true,
             Self::Pool(_) | Self::Reply(_) => false,
         }
@@ -126,6 +120,15 @@ impl ScriptError {
             Self::Reply(_) => "reply",
         }
     }
+}
+
+/// Whether a connection that returned `error` may be unusable now.
+fn breaks_connection(error: &redis::RedisError) -> bool {
+    error.is_io_error()
+        || error.is_connection_dropped()
+        || error.is_connection_refusal()
+        || error.is_timeout()
+        || error.is_unrecoverable_error()
 }
 
 pub(crate) struct RedisBackend {
@@ -182,14 +185,21 @@ impl RedisBackend {
         invocation: &ScriptInvocation<'static>,
     ) -> Result<Vec<i64>, ScriptError> {
         let call = async {
-            let mut conn = match &*self.conn.load() {
-                Some(conn) => Conn::clone(conn),
-                None => {
-                    let conn = self.pool.connection().await?;
-                    self.conn.store(Some(Arc::new(conn.clone())));
-                    conn
+            let kept = self.conn.load_full();
+            if let Some(conn) = &kept {
+                match Conn::clone(conn).script(invocation).await {
+                    Ok(reply) => return Ok(reply),
+                    // The kept connection died while Redis may be fine (a restart, an
+                    // idle timeout on the way): forget it, unless another check already
+                    // replaced it, and try once more on a new one within the deadline.
+                    Err(error) if breaks_connection(&error) => {
+                        self.conn.compare_and_swap(&kept, None);
+                    }
+                    Err(error) => return Err(error.into()),
                 }
-            };
+            }
+            let mut conn = self.pool.connection().await?;
+            self.conn.store(Some(Arc::new(conn.clone())));
             Ok(conn.script(invocation).await?)
         };
         let result = match tokio::time::timeout(self.call_timeout, call).await {
