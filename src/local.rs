@@ -3,6 +3,7 @@
 
 use std::hash::Hash;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use dashmap::DashMap;
 
@@ -54,18 +55,33 @@ impl Sweep {
 }
 
 /// Drops the entries `keep` says no to, if a sweep is due, and gives the memory back
-/// when most of the map is gone (after a flood of keys, say).
-pub(crate) fn sweep<K: Hash + Eq, V>(
-    sweep: &Sweep,
-    map: &DashMap<K, V>,
-    now: u64,
-    keep: impl FnMut(&K, &mut V) -> bool,
-) {
+/// when most of the map is gone (after a flood of keys, say). The sweep walks the whole
+/// map, so it runs [off the request path](off_the_request_path).
+pub(crate) fn sweep<K, V, F>(sweep: &Sweep, map: &Arc<DashMap<K, V>>, now: u64, keep: F)
+where
+    K: Hash + Eq + Send + Sync + 'static,
+    V: Send + Sync + 'static,
+    F: FnMut(&K, &mut V) -> bool + Send + 'static,
+{
     if sweep.due(now) {
-        map.retain(keep);
-        if map.len() < map.capacity() / 4 {
-            map.shrink_to_fit();
-        }
+        let map = Arc::clone(map);
+        off_the_request_path(move || {
+            let before = map.len();
+            map.retain(keep);
+            if map.len() < map.capacity() / 4 {
+                map.shrink_to_fit();
+            }
+            tracing::debug!(before, after = map.len(), "swept expired rate-limit keys");
+        });
+    }
+}
+
+/// Runs `job` on tokio's blocking pool when there is a runtime (a sweep of a million
+/// keys takes up to ~100 ms, which must not stall an async worker), at once otherwise.
+pub(crate) fn off_the_request_path(job: impl FnOnce() + Send + 'static) {
+    match tokio::runtime::Handle::try_current() {
+        Ok(runtime) => drop(runtime.spawn_blocking(job)),
+        Err(_) => job(),
     }
 }
 
@@ -85,7 +101,7 @@ mod tests {
 
     #[test]
     fn a_sweep_gives_memory_back() {
-        let map = DashMap::new();
+        let map = Arc::new(DashMap::new());
         for i in 0..10_000u64 {
             map.insert(i, i);
         }
@@ -97,6 +113,27 @@ mod tests {
             "{} of {before}",
             map.capacity()
         );
+    }
+
+    #[tokio::test]
+    async fn with_a_runtime_sweeps_run_on_the_blocking_pool() {
+        let map = Arc::new(DashMap::new());
+        for i in 0..100u64 {
+            map.insert(i, i);
+        }
+        let swept_on = Arc::new(std::sync::Mutex::new(None));
+        let record = Arc::clone(&swept_on);
+        sweep(&Sweep::every(1), &map, 0, move |k, _| {
+            *record.lock().unwrap() = Some(std::thread::current().id());
+            *k < 10
+        });
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while map.len() > 10 {
+            assert!(std::time::Instant::now() < deadline, "never swept");
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        }
+        let thread = swept_on.lock().unwrap().expect("the sweep ran");
+        assert_ne!(thread, std::thread::current().id());
     }
 
     #[test]

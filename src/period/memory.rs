@@ -1,6 +1,8 @@
 //! The in-process fixed windows: one counter and deadline per key, expired windows swept
 //! on a schedule so memory follows the keys active within one period.
 
+use std::sync::Arc;
+
 use dashmap::DashMap;
 
 use crate::local::{self, Sweep};
@@ -45,14 +47,14 @@ pub(crate) struct Hit {
 
 #[derive(Debug)]
 pub(crate) struct Windows {
-    map: DashMap<Box<str>, Window>,
+    map: Arc<DashMap<Box<str>, Window>>,
     sweep: Sweep,
 }
 
 impl Windows {
     pub(crate) fn new(period_us: u64) -> Self {
         Self {
-            map: DashMap::new(),
+            map: Arc::default(),
             sweep: Sweep::every(period_us.clamp(1_000_000, 60_000_000)),
         }
     }
@@ -67,7 +69,9 @@ impl Windows {
         schedule: Schedule,
         now_us: u64,
     ) -> Hit {
-        local::sweep(&self.sweep, &self.map, now_us, |_, w| w.ends_at_us > now_us);
+        local::sweep(&self.sweep, &self.map, now_us, move |_, w| {
+            w.ends_at_us > now_us
+        });
         let apply = |w: &mut Window| {
             if w.ends_at_us <= now_us {
                 w.count = 0;

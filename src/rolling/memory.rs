@@ -3,6 +3,8 @@
 //! buckets have all expired are swept on a schedule, so memory follows the keys active
 //! within one window.
 
+use std::sync::Arc;
+
 use dashmap::DashMap;
 
 use crate::local::{self, Sweep};
@@ -92,7 +94,7 @@ pub(crate) struct Hit {
 
 #[derive(Debug)]
 pub(crate) struct Rings {
-    map: DashMap<Box<str>, Ring>,
+    map: Arc<DashMap<Box<str>, Ring>>,
     grid: Grid,
     sweep: Sweep,
 }
@@ -101,7 +103,7 @@ impl Rings {
     pub(crate) fn new(grid: Grid) -> Self {
         let window_us = grid.buckets.saturating_mul(grid.interval_us);
         Self {
-            map: DashMap::new(),
+            map: Arc::default(),
             grid,
             sweep: Sweep::every(window_us.clamp(1_000_000, 60_000_000)),
         }
@@ -111,7 +113,7 @@ impl Rings {
     /// `limit` (rejected hits are not counted, as in the Redis script).
     pub(crate) fn hit(&self, key: &str, cost: u64, limit: u64, now_us: u64) -> Hit {
         let grid = self.grid;
-        local::sweep(&self.sweep, &self.map, now_us, |_, ring| {
+        local::sweep(&self.sweep, &self.map, now_us, move |_, ring| {
             ring.sum > 0 && grid.end_of_life_us(ring.newest) > now_us
         });
         let current = grid.index(now_us);

@@ -49,7 +49,7 @@ use crate::clock::Clock;
 use crate::decision::{Decision, Policy, Source, State};
 use crate::error::{check_name, ConfigError};
 use crate::limiter::{Check, Limiter};
-use crate::local::Sweep;
+use crate::local::{self, Sweep};
 use crate::service::{Algorithm, LayerBuilder, RateLimitLayer};
 
 static SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("token_bucket.lua")));
@@ -121,7 +121,7 @@ struct BucketStore {
     local_burst: u64,
     /// Nanoseconds per token in-process (the fallback share of the rate on Redis).
     local_interval_ns: u64,
-    buckets: Buckets,
+    buckets: Arc<Buckets>,
     hasher: KeyHasher,
     sweep: Sweep,
     /// Checks so far, to sample the sweep's clock reads.
@@ -214,7 +214,7 @@ impl TokenBucketLimiter {
                 local_interval_ns,
                 // Exact, not rounded to nanoseconds: 3 per second is 333333.33 µs.
                 interval_us: config.period.as_secs_f64() * 1e6 / config.rate as f64,
-                buckets,
+                buckets: Arc::new(buckets),
                 hasher: KeyHasher::default(),
                 checks: AtomicU32::new(0),
                 sweep: Sweep::every(u64::try_from(SWEEP_EVERY.as_nanos()).unwrap_or(u64::MAX)),
@@ -251,8 +251,11 @@ impl BucketStore {
             return;
         }
         if self.sweep.due(self.remote.backend().clock().elapsed_ns()) {
-            self.buckets.retain_recent();
-            self.buckets.shrink_to_fit();
+            let buckets = Arc::clone(&self.buckets);
+            local::off_the_request_path(move || {
+                buckets.retain_recent();
+                buckets.shrink_to_fit();
+            });
         }
     }
 }
