@@ -112,6 +112,58 @@ impl Decision {
     }
 }
 
+/// The decisions of every stacked layer that admitted a request, outermost first.
+///
+/// A request that passed one layer carries only its [`Decision`]; once a second layer
+/// admits it too, the request extensions also hold `Decisions` with both (and any
+/// further layer's), while `Decision` itself is the innermost layer's.
+///
+/// ```
+/// use axum::Extension;
+/// use tower_redis_ratelimit::{Decision, Decisions};
+///
+/// async fn handler(
+///     Extension(last): Extension<Decision>,
+///     all: Option<Extension<Decisions>>,
+/// ) -> String {
+///     let left = all.map_or(last.remaining, |Extension(all)| {
+///         all.iter().map(|d| d.remaining).min().unwrap_or(0)
+///     });
+///     format!("{left} left before some limit refuses")
+/// }
+/// # let _ = axum::Router::<()>::new().route("/", axum::routing::get(handler));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Decisions(pub(crate) Vec<Decision>);
+
+impl Decisions {
+    /// The decisions, outermost layer first.
+    pub fn iter(&self) -> std::slice::Iter<'_, Decision> {
+        self.0.iter()
+    }
+
+    /// How many layers admitted the request.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether there is none (never the case in request extensions).
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl<'a> IntoIterator for &'a Decisions {
+    type Item = &'a Decision;
+    type IntoIter = std::slice::Iter<'a, Decision>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.iter()
+    }
+}
+
 /// What a limiter enforces, as advertised in the `RateLimit-Policy` header.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Policy {

@@ -58,7 +58,8 @@
 //! Every admitted response lists each policy in one `RateLimit-Policy` and one
 //! `RateLimit` header, outermost first; a refused one lists the policies that saw it,
 //! and `Retry-After` holds the longest wait among them. The request extensions hold
-//! the [`Decision`](crate::Decision) of the innermost layer.
+//! the [`Decision`](crate::Decision) of the innermost layer, and
+//! [`Decisions`](crate::Decisions) lists every layer's, outermost first.
 //!
 //! ```
 //! use std::time::Duration;

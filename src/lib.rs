@@ -90,7 +90,7 @@ pub use deadpool_redis;
 
 pub use crate::backend::{Backend, BackendBuilder, FailurePolicy};
 pub use crate::cost::{Cost, FixedCost, UnitCost};
-pub use crate::decision::{Decision, Policy, Source, State};
+pub use crate::decision::{Decision, Decisions, Policy, Source, State};
 pub use crate::error::ConfigError;
 pub use crate::limiter::{Check, Limiter};
 pub use crate::period::PeriodLimitLayer;

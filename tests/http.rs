@@ -475,3 +475,45 @@ async fn custom_limiters_plug_into_the_same_service() {
             .unwrap_err();
     assert!(err.to_string().contains("policy name"), "{err}");
 }
+
+#[tokio::test]
+async fn stacked_layers_list_every_decision_outermost_first() {
+    let backend = Backend::in_process();
+    let layer = |name: &str, quota: u64| {
+        PeriodLimitLayer::builder(&backend)
+            .name(name)
+            .quota(quota)
+            .period(Duration::from_secs(60))
+            .build()
+            .unwrap()
+    };
+    let svc = ServiceBuilder::new()
+        .layer(layer("burst", 3))
+        .layer(layer("daily", 100))
+        .service(service_fn(|req: Request<String>| async move {
+            let last = req.extensions().get::<Decision>().map(|d| d.limit);
+            let all: Vec<u64> = req
+                .extensions()
+                .get::<tower_redis_ratelimit::Decisions>()
+                .map(|all| all.iter().map(|d| d.limit).collect())
+                .unwrap_or_default();
+            Ok::<_, Infallible>(Response::new(format!("{last:?} {all:?}")))
+        }));
+    let response = svc.oneshot(Request::new(String::new())).await.unwrap();
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(&body[..], b"Some(100) [3, 100]");
+
+    // One layer: the decision alone, no list.
+    let single = ServiceBuilder::new()
+        .layer(layer("solo", 3))
+        .service(service_fn(|req: Request<String>| async move {
+            let listed = req
+                .extensions()
+                .get::<tower_redis_ratelimit::Decisions>()
+                .is_some();
+            Ok::<_, Infallible>(Response::new(format!("{listed}")))
+        }));
+    let response = single.oneshot(Request::new(String::new())).await.unwrap();
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(&body[..], b"false");
+}

@@ -21,7 +21,7 @@ use std::borrow::Cow;
 use bytes::Bytes;
 use http::{Response, StatusCode};
 
-use crate::decision::Decision;
+use crate::decision::{Decision, Decisions};
 use crate::limiter::Limiter;
 use crate::metrics::LayerMetrics;
 use crate::response::{HeaderParts, OnRejection, Rejection};
@@ -180,8 +180,17 @@ where
     }
 
     fn admit(&self, extensions: &mut http::Extensions, decision: &Decision) {
-        if self.options.decision_extension {
-            extensions.insert(decision.clone());
+        if !self.options.decision_extension {
+            return;
+        }
+        // A single layer stores its decision alone; stacked layers also list them all.
+        if let Some(outer) = extensions.insert(decision.clone()) {
+            match extensions.get_mut::<Decisions>() {
+                Some(all) => all.0.push(decision.clone()),
+                None => {
+                    extensions.insert(Decisions(vec![outer, decision.clone()]));
+                }
+            }
         }
     }
 }
