@@ -277,15 +277,6 @@ async fn unreachable_redis_is_answered_by_the_fallback() {
     assert_eq!(limiter.check("k", ONE).await.source, Source::Redis);
 }
 
-fn evalsha_calls(redis: &RedisServer) -> u64 {
-    let stats = redis.cmd(&["INFO", "commandstats"]);
-    stats
-        .lines()
-        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
-        .and_then(|rest| rest.split(',').next())
-        .map_or(0, |n| n.parse().unwrap())
-}
-
 #[tokio::test]
 async fn a_flood_on_a_refused_key_is_answered_by_the_deny_cache() {
     let redis = RedisServer::start();
@@ -300,7 +291,7 @@ async fn a_flood_on_a_refused_key_is_answered_by_the_deny_cache() {
     assert_eq!(admitted, 3);
     // Three admitted, one refusal from Redis, then the cache until the window ends
     // (plus the first EVALSHA, refused with NOSCRIPT before the script was loaded).
-    assert_eq!(evalsha_calls(&redis), 1 + 4);
+    assert_eq!(redis.command_calls("evalsha"), 1 + 4);
     // Bigger costs are refused by the cache too; other keys still ask Redis.
     let d = limiter.check("hot", NonZeroU32::new(2).unwrap()).await;
     assert_eq!(d.source, Source::DenyCache);
@@ -319,7 +310,11 @@ async fn without_the_deny_cache_every_check_asks_redis() {
     for _ in 0..10 {
         assert_eq!(limiter.check("hot", ONE).await.source, Source::Redis);
     }
-    assert_eq!(evalsha_calls(&redis), 1 + 10, "the first one got NOSCRIPT");
+    assert_eq!(
+        redis.command_calls("evalsha"),
+        1 + 10,
+        "the first one got NOSCRIPT"
+    );
 }
 
 #[tokio::test]
@@ -350,14 +345,7 @@ async fn one_redis_command_per_decision() {
         .build()
         .unwrap();
     let limiter = limiter(&backend, PeriodConfig::new(1_000, Duration::from_secs(60)));
-    let calls = |name: &str| -> u64 {
-        redis
-            .cmd(&["INFO", "commandstats"])
-            .lines()
-            .find_map(|l| l.strip_prefix(&format!("cmdstat_{name}:calls=")))
-            .and_then(|rest| rest.split(',').next())
-            .map_or(0, |n| n.parse().unwrap())
-    };
+    let calls = |name: &str| redis.command_calls(name);
     let pings_before = calls("ping");
     for i in 0..50 {
         limiter.check(&format!("k{}", i % 5), ONE).await;

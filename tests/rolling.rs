@@ -39,15 +39,6 @@ fn uncached(redis: &RedisServer) -> Backend {
         .unwrap()
 }
 
-fn evalsha_calls(redis: &RedisServer) -> u64 {
-    let stats = redis.cmd(&["INFO", "commandstats"]);
-    stats
-        .lines()
-        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
-        .and_then(|rest| rest.split(',').next())
-        .map_or(0, |n| n.parse().unwrap())
-}
-
 fn redis_now_ms(redis: &RedisServer) -> u64 {
     let time = redis.cmd(&["TIME"]);
     let mut parts = time.lines();
@@ -373,7 +364,7 @@ async fn a_flood_on_a_refused_key_is_answered_by_the_deny_cache_until_a_bucket_f
     assert_eq!(admitted, 3);
     // Three admitted and one refusal from Redis (plus the first EVALSHA, refused with
     // NOSCRIPT before the script was loaded); the cache answered the rest.
-    assert_eq!(evalsha_calls(&redis), 1 + 4);
+    assert_eq!(redis.command_calls("evalsha"), 1 + 4);
     assert_eq!(limiter.check("hot", ONE).await.source, Source::DenyCache);
     // The refusal lasts until the oldest bucket has expired, and no longer.
     tokio::time::sleep(retry.unwrap() + 2 * MS).await;

@@ -699,6 +699,17 @@ impl RedisServer {
         self.cmd_reply(args).render()
     }
 
+    /// How many times the server ran `command` (lower case, e.g. `evalsha`, `ping`),
+    /// from `INFO commandstats`.
+    pub(crate) fn command_calls(&self, command: &str) -> u64 {
+        let prefix = format!("cmdstat_{command}:calls=");
+        self.cmd(&["INFO", "commandstats"])
+            .lines()
+            .find_map(|line| line.strip_prefix(prefix.as_str()))
+            .and_then(|rest| rest.split(',').next())
+            .map_or(0, |calls| calls.parse().expect("a number of calls"))
+    }
+
     /// Like [`cmd`](RedisServer::cmd), returning the decoded reply.
     pub(crate) fn cmd_reply(&self, args: &[&str]) -> Reply {
         raw_cmd(self.node.port, args).unwrap_or_else(|e| {
