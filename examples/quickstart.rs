@@ -13,11 +13,9 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use axum::{routing::get, Extension, Router};
-use tower_redis_ratelimit::backend::pool_config;
 use tower_redis_ratelimit::key::{HeaderKey, PeerIp};
 use tower_redis_ratelimit::{
-    deadpool_redis, Backend, ConfigError, Decision, PeriodLimitLayer, RollingWindowLayer,
-    TokenBucketLayer,
+    Backend, ConfigError, Decision, PeriodLimitLayer, RollingWindowLayer, TokenBucketLayer,
 };
 
 /// Requests per window on `/period`.
@@ -46,11 +44,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let backend = match std::env::var("REDIS_URL") {
         Ok(url) => {
-            let pool = pool_config(url.clone(), Duration::from_millis(100))
-                .create_pool(Some(deadpool_redis::Runtime::Tokio1))?;
             println!("limits are kept in Redis at {url}");
             Backend::builder()
-                .redis(pool)
+                .redis_url(url)
                 .prefix("quickstart")
                 .build()?
         }

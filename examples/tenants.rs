@@ -31,12 +31,11 @@ use axum::response::Response;
 use axum::routing::{get, post};
 use axum::{Extension, Router};
 use tower::ServiceBuilder;
-use tower_redis_ratelimit::backend::pool_config;
 use tower_redis_ratelimit::key::{ExtensionKey, HeaderKey};
 use tower_redis_ratelimit::period::{PeriodConfig, UtcOffset};
 use tower_redis_ratelimit::{
-    deadpool_redis, Backend, ConfigError, Decision, ExtensionPlan, LayerBuilder, PeriodLimitLayer,
-    Plans, TokenBucketLayer,
+    Backend, ConfigError, Decision, ExtensionPlan, LayerBuilder, PeriodLimitLayer, Plans,
+    TokenBucketLayer,
 };
 
 /// The authenticated user, put into the request extensions by [`authenticate`].
@@ -160,10 +159,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .init();
     let backend = match std::env::var("REDIS_URL") {
         Ok(url) => {
-            let pool = pool_config(url.clone(), Duration::from_millis(100))
-                .create_pool(Some(deadpool_redis::Runtime::Tokio1))?;
             println!("limits are kept in Redis at {url}");
-            Backend::builder().redis(pool).prefix("tenants").build()?
+            Backend::builder()
+                .redis_url(url)
+                .prefix("tenants")
+                .build()?
         }
         Err(_) => {
             println!("REDIS_URL is not set: limits are kept in this process");

@@ -36,6 +36,12 @@ pub enum ConfigError {
         /// The largest value accepted.
         max: u64,
     },
+    /// The Redis URL cannot be parsed.
+    #[non_exhaustive]
+    InvalidRedisUrl {
+        /// What the Redis client said about it.
+        reason: String,
+    },
     /// A required setting was never given.
     #[non_exhaustive]
     Missing {
@@ -67,6 +73,7 @@ impl fmt::Display for ConfigError {
             }
             Self::TooLong { setting } => write!(f, "`{setting}` is too long"),
             Self::TooLarge { setting, max } => write!(f, "`{setting}` must be at most {max}"),
+            Self::InvalidRedisUrl { reason } => write!(f, "invalid Redis URL: {reason}"),
             Self::Missing { setting } => write!(f, "`{setting}` is required but was not set"),
             Self::InvalidName { setting, reason } => write!(f, "invalid `{setting}`: {reason}"),
             Self::Conflict { reason } => write!(f, "conflicting settings: {reason}"),

@@ -109,11 +109,9 @@ async fn two_processes_sharing_redis_admit_the_quota_once() {
 #[tokio::test]
 async fn keeps_answering_when_redis_dies_and_returns_to_it() {
     let mut redis = RedisServer::start();
-    let pool = tower_redis_ratelimit::backend::pool_config(redis.url(), Duration::from_millis(100))
-        .create_pool(Some(tower_redis_ratelimit::deadpool_redis::Runtime::Tokio1))
-        .unwrap();
+    // As the example builds it from REDIS_URL.
     let backend = Backend::builder()
-        .redis(pool)
+        .redis_url(redis.url())
         .prefix("quickstart")
         .build()
         .unwrap();

@@ -406,6 +406,7 @@ fn unavailable<T: Store>(store: &T, key: &str, cost: NonZeroU32) -> Decision {
 #[must_use = "a builder does nothing until `build` is called"]
 pub struct BackendBuilder {
     pool: Option<RedisPool>,
+    url: Option<String>,
     prefix: String,
     call_timeout: Duration,
     probe_interval: Duration,
@@ -417,6 +418,7 @@ impl Default for BackendBuilder {
     fn default() -> Self {
         Self {
             pool: None,
+            url: None,
             prefix: DEFAULT_PREFIX.to_owned(),
             call_timeout: DEFAULT_CALL_TIMEOUT,
             probe_interval: DEFAULT_PROBE_INTERVAL,
@@ -427,6 +429,28 @@ impl Default for BackendBuilder {
 }
 
 impl BackendBuilder {
+    /// Keeps limits in the Redis at `url` (`redis://host:port/db`, `rediss://` for TLS
+    /// when the `redis` crate was built with it), through a pool that
+    /// [`build`](Self::build) creates with [`pool_config`]: the pool's wait, create and
+    /// recycle timeouts equal the [call timeout](Self::call_timeout). Nothing connects
+    /// until the first check.
+    ///
+    /// ```
+    /// use tower_redis_ratelimit::Backend;
+    ///
+    /// # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
+    /// let backend = Backend::builder()
+    ///     .redis_url("redis://127.0.0.1:6379")
+    ///     .prefix("myapp")
+    ///     .build()?;
+    /// assert!(backend.is_redis());
+    /// # Ok(()) }
+    /// ```
+    pub fn redis_url(mut self, url: impl Into<String>) -> Self {
+        self.url = Some(url.into());
+        self
+    }
+
     /// Keeps limits in Redis through this pool (without it, limits stay in-process).
     pub fn redis(mut self, pool: deadpool_redis::Pool) -> Self {
         self.pool = Some(RedisPool::Single(pool));
@@ -493,9 +517,10 @@ impl BackendBuilder {
     ///
     /// # Errors
     ///
-    /// A [`ConfigError`] for an invalid prefix, a zero timeout or probe interval, or a
-    /// fallback share outside `(0, 1]`.
-    pub fn build(self) -> Result<Backend, ConfigError> {
+    /// A [`ConfigError`] for an invalid prefix, a zero timeout or probe interval, a
+    /// fallback share outside `(0, 1]`, a Redis URL that cannot be parsed, or both a URL
+    /// and a pool.
+    pub fn build(mut self) -> Result<Backend, ConfigError> {
         check_name("prefix", &self.prefix)?;
         self.failover.check()?;
         if self.call_timeout < Duration::from_millis(1) {
@@ -507,6 +532,19 @@ impl BackendBuilder {
             return Err(ConfigError::ZeroDuration {
                 setting: "probe_interval",
             });
+        }
+        if let Some(url) = self.url.take() {
+            if self.pool.is_some() {
+                return Err(ConfigError::Conflict {
+                    reason: "both a Redis URL and a pool were given",
+                });
+            }
+            let pool = pool_config(url, self.call_timeout)
+                .create_pool(Some(deadpool_redis::Runtime::Tokio1))
+                .map_err(|error| ConfigError::InvalidRedisUrl {
+                    reason: error.to_string(),
+                })?;
+            self.pool = Some(RedisPool::Single(pool));
         }
         let redis = self.pool.map(|pool| {
             crate::metrics::fallback_active(&self.prefix, false);
@@ -561,6 +599,21 @@ mod tests {
                 setting: "probe_interval"
             })
         ));
+    }
+
+    #[test]
+    fn redis_urls_are_checked_when_built() {
+        let backend = Backend::builder()
+            .redis_url("redis://127.0.0.1:1")
+            .build()
+            .unwrap();
+        assert_eq!(backend.redis_healthy(), Some(true));
+        let err = Backend::builder()
+            .redis_url("http://not-redis")
+            .build()
+            .unwrap_err();
+        assert!(matches!(err, ConfigError::InvalidRedisUrl { .. }), "{err}");
+        assert!(err.to_string().starts_with("invalid Redis URL: "), "{err}");
     }
 
     #[test]
