@@ -43,12 +43,7 @@ async fn send(
         .oneshot(req.body(Body::empty()).unwrap())
         .await
         .unwrap();
-    let (parts, body) = response.into_parts();
-    let body = body.collect().await.unwrap().to_bytes();
-    (
-        Response::from_parts(parts, ()),
-        String::from_utf8(body.to_vec()).unwrap(),
-    )
+    support::http::read(response).await
 }
 
 fn value<'a>(headers: &'a HeaderMap, name: &http::HeaderName) -> &'a str {

@@ -298,14 +298,19 @@ async fn a_flood_on_a_refused_key_is_answered_by_the_deny_cache() {
     assert_eq!(limiter.check("cold", ONE).await.source, Source::Redis);
 }
 
-#[tokio::test]
-async fn without_the_deny_cache_every_check_asks_redis() {
-    let redis = RedisServer::start();
-    let backend = Backend::builder()
+/// A Redis backend whose every check goes to Redis.
+fn without_deny_cache(redis: &RedisServer) -> Backend {
+    Backend::builder()
         .redis(redis.pool())
         .deny_cache(0)
         .build()
-        .unwrap();
+        .unwrap()
+}
+
+#[tokio::test]
+async fn without_the_deny_cache_every_check_asks_redis() {
+    let redis = RedisServer::start();
+    let backend = without_deny_cache(&redis);
     let limiter = limiter(&backend, PeriodConfig::new(1, Duration::from_secs(60)));
     for _ in 0..10 {
         assert_eq!(limiter.check("hot", ONE).await.source, Source::Redis);
@@ -339,11 +344,7 @@ async fn refusals_of_larger_costs_are_not_cached() {
 #[tokio::test]
 async fn one_redis_command_per_decision() {
     let redis = RedisServer::start();
-    let backend = Backend::builder()
-        .redis(redis.pool())
-        .deny_cache(0)
-        .build()
-        .unwrap();
+    let backend = without_deny_cache(&redis);
     let limiter = limiter(&backend, PeriodConfig::new(1_000, Duration::from_secs(60)));
     let calls = |name: &str| redis.command_calls(name);
     let pings_before = calls("ping");

@@ -44,11 +44,20 @@ impl Served {
             .request(req.body(Empty::new()).unwrap())
             .await
             .unwrap();
-        let (parts, body) = response.into_parts();
-        let body = body.collect().await.unwrap().to_bytes();
-        (
-            Response::from_parts(parts, ()),
-            String::from_utf8(body.to_vec()).unwrap(),
-        )
+        read(response).await
     }
+}
+
+/// A response's head, and its body as text.
+pub(crate) async fn read<B>(response: Response<B>) -> (Response<()>, String)
+where
+    B: http_body::Body,
+    B::Error: std::fmt::Debug,
+{
+    let (parts, body) = response.into_parts();
+    let body = body.collect().await.unwrap().to_bytes();
+    (
+        Response::from_parts(parts, ()),
+        String::from_utf8(body.to_vec()).unwrap(),
+    )
 }
