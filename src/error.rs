@@ -56,6 +56,14 @@ pub enum ConfigError {
         /// Why it is invalid.
         reason: &'static str,
     },
+    /// A number lies outside the range the setting accepts.
+    #[non_exhaustive]
+    OutOfRange {
+        /// The setting that is out of range.
+        setting: &'static str,
+        /// The range it accepts.
+        reason: &'static str,
+    },
     /// Two settings contradict each other.
     #[non_exhaustive]
     Conflict {
@@ -76,6 +84,7 @@ impl fmt::Display for ConfigError {
             Self::InvalidRedisUrl { reason } => write!(f, "invalid Redis URL: {reason}"),
             Self::Missing { setting } => write!(f, "`{setting}` is required but was not set"),
             Self::InvalidName { setting, reason } => write!(f, "invalid `{setting}`: {reason}"),
+            Self::OutOfRange { setting, reason } => write!(f, "`{setting}` {reason}"),
             Self::Conflict { reason } => write!(f, "conflicting settings: {reason}"),
         }
     }

@@ -22,12 +22,16 @@ use tower_redis_ratelimit::{
 const ONE: NonZeroU32 = NonZeroU32::MIN;
 const PROBE: Duration = Duration::from_millis(100);
 const DEADLINE: Duration = Duration::from_millis(150);
+const RECOVERY: Duration = Duration::from_millis(200);
+/// Enough failed calls for the breaker to judge (its default minimum).
+const JUDGED: usize = tower_redis_ratelimit::backend::DEFAULT_BREAKER_MIN_CALLS as usize;
 
 fn backend(redis: &RedisServer) -> Backend {
     Backend::builder()
         .redis(redis.pool())
         .call_timeout(DEADLINE)
         .probe_interval(PROBE)
+        .recovery(RECOVERY)
         .build()
         .unwrap()
 }
@@ -90,8 +94,9 @@ async fn killed_redis_falls_back_then_comes_back_within_a_probe_interval() {
     let svc = stack(&backend, FailurePolicy::Fallback);
     assert_eq!(statuses(&svc, 1).await, [StatusCode::OK]);
     redis.kill();
-    // The fallback keeps the semantics: a fresh token bucket of 3 in this process.
-    let during = statuses(&svc, 6).await;
+    // The fallback keeps the semantics: a fresh token bucket of 3 in this process. Every
+    // check fails at once (connection refused), so the breaker soon has enough to judge.
+    let during = statuses(&svc, JUDGED + 5).await;
     assert!(during
         .iter()
         .all(|s| *s == StatusCode::OK || *s == StatusCode::TOO_MANY_REQUESTS));
@@ -101,12 +106,14 @@ async fn killed_redis_falls_back_then_comes_back_within_a_probe_interval() {
         "{during:?}"
     );
     assert_eq!(backend.redis_healthy(), Some(false));
+    assert_eq!(backend.redis_switches(), Some(1));
     redis.restart();
     let took = wait_healthy(&backend, Duration::from_secs(3)).await;
     assert!(
-        took <= PROBE + DEADLINE + Duration::from_millis(200),
+        took <= PROBE + DEADLINE + RECOVERY + Duration::from_millis(200),
         "{took:?}"
     );
+    assert_eq!(backend.redis_switches(), Some(1));
     // Back in Redis: the restarted server is empty, so the full burst is there again.
     assert_eq!(statuses(&svc, 4).await[..3], [StatusCode::OK; 3]);
     assert_eq!(redis.cmd(&["EXISTS", "ratelimit:token:burst:global"]), "1");
@@ -146,6 +153,14 @@ async fn paused_redis_costs_a_request_at_most_the_deadline() {
     let took = start.elapsed();
     assert_eq!(d.source, Source::Fallback);
     assert!(took < DEADLINE + Duration::from_millis(100), "{took:?}");
+    // Each check waits at most the deadline; once every call has failed for twice the
+    // deadline, the breaker opens.
+    while backend.redis_healthy() == Some(true) {
+        let start = Instant::now();
+        assert_eq!(limiter.check("k", ONE).await.source, Source::Fallback);
+        assert!(start.elapsed() < DEADLINE + Duration::from_millis(100));
+    }
+    assert_eq!(backend.redis_switches(), Some(1));
     // From now on the fallback answers at once, without waiting for Redis.
     let start = Instant::now();
     for _ in 0..20 {
@@ -222,7 +237,7 @@ fn invalid_failure_settings_fail_when_built() {
             .unwrap_err();
         assert_eq!(
             err.to_string(),
-            "invalid `fallback_share`: must be a fraction in (0, 1]"
+            "`fallback_share` must be a fraction in (0, 1]"
         );
         let err = PeriodLimitLayer::builder(&Backend::in_process())
             .name("p")
@@ -308,7 +323,8 @@ async fn one_outage_logs_once_and_runs_one_probe_that_stops_with_the_backend() {
         assert_eq!(check.await.source, Source::Fallback);
     }
     let text = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
-    assert_eq!(text.matches("redis unreachable").count(), 1, "{text}");
+    assert_eq!(text.matches("redis judged unusable").count(), 1, "{text}");
+    assert_eq!(backend.redis_switches(), Some(1));
     let metrics = tokio::runtime::Handle::current().metrics();
     assert_eq!(metrics.num_alive_tasks(), 1, "one probe");
     // Dropping the last handle stops the probe at its next tick.
@@ -323,7 +339,7 @@ async fn one_outage_logs_once_and_runs_one_probe_that_stops_with_the_backend() {
 async fn redis_latency_errors_and_the_fallback_gauge_are_recorded() {
     use metrics_util::debugging::{DebugValue, DebuggingRecorder};
     use tower_redis_ratelimit::metrics::{
-        FALLBACK_ACTIVE, REDIS_DURATION_SECONDS, REDIS_ERRORS_TOTAL,
+        FALLBACK_ACTIVE, REDIS_DURATION_SECONDS, REDIS_ERRORS_TOTAL, REDIS_SWITCHES_TOTAL,
     };
 
     let recorder = DebuggingRecorder::new();
@@ -373,14 +389,28 @@ async fn redis_latency_errors_and_the_fallback_gauge_are_recorded() {
         other => panic!("{other:?}"),
     }
     redis.kill();
-    // The kept connection breaks, and so does the attempt at a new one: a pool error.
-    assert_eq!(limiter.check("k", ONE).await.source, Source::Fallback);
+    // The kept connection breaks, and so does the attempt at a new one: a transport
+    // error, answered by the fallback; the breaker opens once it has enough to judge.
+    let mut failed = 0;
+    while backend.redis_healthy() == Some(true) {
+        assert_eq!(limiter.check("k", ONE).await.source, Source::Fallback);
+        failed += 1;
+    }
+    // The two successes before count too: 18 failures of 20 calls judge it.
+    assert_eq!(failed, JUDGED - 2);
     let outage = snapshot();
     assert_eq!(
         outage[REDIS_ERRORS_TOTAL],
-        ("policy=p,kind=pool".to_owned(), DebugValue::Counter(1))
+        (
+            "policy=p,kind=transport".to_owned(),
+            DebugValue::Counter(failed as u64)
+        )
     );
     assert_eq!(gauge(&outage[FALLBACK_ACTIVE]), 1.0);
+    assert_eq!(
+        outage[REDIS_SWITCHES_TOTAL],
+        ("prefix=ratelimit,to=fallback".to_owned(), DebugValue::Counter(1))
+    );
     // A fresh recorder shows only what is recorded from now on: the probe's switch back.
     let recovery = DebuggingRecorder::new();
     let recovery_snapshotter = recovery.snapshotter();

@@ -11,6 +11,7 @@
 //! Redis almost nothing.
 
 mod deny;
+mod health;
 mod redis;
 
 use std::fmt;
@@ -28,7 +29,12 @@ use crate::metrics::RedisMetrics;
 
 use self::deny::{Denied, DenyCache};
 pub(crate) use self::deny::{KeyHasher, PreHashed};
-use self::redis::{RedisBackend, RedisPool, ScriptError};
+pub use self::health::{
+    RedisState, DEFAULT_BREAKER_FAILURE_RATIO, DEFAULT_BREAKER_MIN_CALLS, DEFAULT_BREAKER_WINDOW,
+    DEFAULT_RECOVERY,
+};
+use self::health::BreakerConfig;
+use self::redis::{Fault, RedisBackend, RedisPool, ScriptError};
 
 /// The default key prefix.
 pub const DEFAULT_PREFIX: &str = "ratelimit";
@@ -67,8 +73,10 @@ pub fn pool_config(url: impl Into<String>, timeout: Duration) -> deadpool_redis:
     config
 }
 
-/// What a layer answers while Redis is unreachable (connection refused, timeout, script
-/// error, pool exhausted: every kind of failure is treated alike).
+/// What a layer answers when Redis cannot: while the backend's breaker has judged Redis
+/// unusable (see [`BackendBuilder::breaker_failure_ratio`]), and for a single check whose
+/// own call failed (a timeout, or an error that concerns only its key, such as
+/// `WRONGTYPE`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum FailurePolicy {
@@ -105,7 +113,7 @@ impl Failover {
         if self.share.is_finite() && self.share > 0.0 && self.share <= 1.0 {
             Ok(())
         } else {
-            Err(ConfigError::InvalidName {
+            Err(ConfigError::OutOfRange {
                 setting: "fallback_share",
                 reason: "must be a fraction in (0, 1]",
             })
@@ -174,11 +182,35 @@ impl Backend {
         self.inner.redis.is_some()
     }
 
-    /// Whether Redis currently answers checks: `None` for an in-process backend, `false`
-    /// while the in-process fallback is answering.
+    /// Whether Redis currently answers every check: `None` for an in-process backend,
+    /// `false` while the failure policies answer (or share the checks with Redis while it
+    /// recovers).
     #[must_use]
     pub fn redis_healthy(&self) -> Option<bool> {
         self.inner.redis.as_ref().map(|r| r.is_healthy())
+    }
+
+    /// Where the breaker stands: `None` for an in-process backend.
+    ///
+    /// ```
+    /// use tower_redis_ratelimit::{backend::RedisState, Backend};
+    ///
+    /// # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
+    /// let backend = Backend::builder().redis_url("redis://127.0.0.1:6379").build()?;
+    /// assert_eq!(backend.redis_state(), Some(RedisState::Healthy));
+    /// assert_eq!(Backend::in_process().redis_state(), None);
+    /// # Ok(()) }
+    /// ```
+    #[must_use]
+    pub fn redis_state(&self) -> Option<RedisState> {
+        self.inner.redis.as_ref().map(|r| r.state())
+    }
+
+    /// How many times the breaker has switched this backend to its failure policies
+    /// since it was built: `None` for an in-process backend.
+    #[must_use]
+    pub fn redis_switches(&self) -> Option<u64> {
+        self.inner.redis.as_ref().map(|r| r.switches())
     }
 
     /// The prefix of every Redis key.
@@ -289,9 +321,9 @@ pub(crate) trait Store: Send + Sync + 'static {
     fn local(&self, key: &str, cost: NonZeroU32, source: Source) -> Decision;
 }
 
-/// Answers a check from Redis while it is healthy (one round trip, run by SHA), from the
-/// in-process state otherwise; a failed round trip is answered by the layer's
-/// [`FailurePolicy`] and switches the backend to it until the probe reaches Redis again.
+/// Answers a check from Redis when the breaker lets it through (one round trip, run by
+/// SHA), by the layer's [`FailurePolicy`] otherwise; a failed round trip is answered by
+/// the failure policy too, and counts toward the breaker unless it concerns only its key.
 /// A key Redis refused recently is refused from the deny cache without a round trip.
 pub(crate) fn check<T: Store>(store: &Arc<T>, key: &str, cost: NonZeroU32) -> Check {
     let remote = store.remote();
@@ -308,7 +340,7 @@ pub(crate) fn check<T: Store>(store: &Arc<T>, key: &str, cost: NonZeroU32) -> Ch
     let Some(redis) = redis else {
         return Check::ready(store.local(key, cost, Source::InProcess));
     };
-    if !redis.is_healthy() {
+    if !redis.admit() {
         return Check::ready(unavailable(&**store, key, cost));
     }
     let namespace = &remote.namespace;
@@ -363,8 +395,11 @@ pub(crate) fn check<T: Store>(store: &Arc<T>, key: &str, cost: NonZeroU32) -> Ch
             },
             Err(error) => error,
         };
-        crate::metrics::redis_error(&remote.name, error.kind());
-        redis.mark_unhealthy(&error);
+        let fault = error.fault();
+        crate::metrics::redis_error(&remote.name, fault.label());
+        if fault == Fault::Key {
+            redis.key_error(remote.backend.inner.deny.hash(&redis_key), &error);
+        }
         let key = &redis_key[remote.namespace.len()..];
         unavailable(&*store, key, cost)
     })
@@ -407,9 +442,12 @@ fn unavailable<T: Store>(store: &T, key: &str, cost: NonZeroU32) -> Decision {
 pub struct BackendBuilder {
     pool: Option<RedisPool>,
     url: Option<String>,
+    #[cfg(feature = "cluster")]
+    cluster_urls: Option<Vec<String>>,
     prefix: String,
     call_timeout: Duration,
     probe_interval: Duration,
+    breaker: BreakerConfig,
     deny_cache: usize,
     failover: Failover,
 }
@@ -419,9 +457,12 @@ impl Default for BackendBuilder {
         Self {
             pool: None,
             url: None,
+            #[cfg(feature = "cluster")]
+            cluster_urls: None,
             prefix: DEFAULT_PREFIX.to_owned(),
             call_timeout: DEFAULT_CALL_TIMEOUT,
             probe_interval: DEFAULT_PROBE_INTERVAL,
+            breaker: BreakerConfig::default(),
             deny_cache: DEFAULT_DENY_CACHE_CAPACITY,
             failover: Failover::default(),
         }
@@ -429,11 +470,11 @@ impl Default for BackendBuilder {
 }
 
 impl BackendBuilder {
-    /// Keeps limits in the Redis at `url` (`redis://host:port/db`, `rediss://` for TLS
-    /// when the `redis` crate was built with it), through a pool that
-    /// [`build`](Self::build) creates with [`pool_config`]: the pool's wait, create and
-    /// recycle timeouts equal the [call timeout](Self::call_timeout). Nothing connects
-    /// until the first check.
+    /// Keeps limits in the Redis at `url` (`redis://[user:password@]host:port/db`). The
+    /// backend connects itself, with `TCP_NODELAY` on its socket (a pool built with
+    /// `deadpool_redis::Config` leaves it off, which costs about a round trip per request
+    /// under concurrency); this is the recommended way to reach a single Redis. Nothing
+    /// connects until the first check.
     ///
     /// ```
     /// use tower_redis_ratelimit::Backend;
@@ -452,13 +493,46 @@ impl BackendBuilder {
     }
 
     /// Keeps limits in Redis through this pool (without it, limits stay in-process).
+    ///
+    /// The backend takes one connection out of the pool and keeps it (every check is
+    /// pipelined on it), replacing it when it fails. Its socket has the pool's settings:
+    /// a pool built with `deadpool_redis::Config` leaves `TCP_NODELAY` off, which costs
+    /// latency under concurrency; [`redis_url`](Self::redis_url) turns it on.
     pub fn redis(mut self, pool: deadpool_redis::Pool) -> Self {
         self.pool = Some(RedisPool::Single(pool));
         self
     }
 
+    /// Keeps limits in the Redis Cluster whose nodes (some or all of them) are at `urls`.
+    /// The backend connects itself, with `TCP_NODELAY` on every socket; this is the
+    /// recommended way to reach a cluster. Every script touches one key, so each check
+    /// runs on the node that owns the key's slot. Nothing connects until the first check.
+    ///
+    /// ```
+    /// use tower_redis_ratelimit::Backend;
+    ///
+    /// # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
+    /// let backend = Backend::builder()
+    ///     .redis_cluster_urls(["redis://10.0.0.1:7000", "redis://10.0.0.2:7000"])
+    ///     .build()?;
+    /// assert!(backend.is_redis());
+    /// # Ok(()) }
+    /// ```
+    #[cfg(feature = "cluster")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "cluster")))]
+    pub fn redis_cluster_urls<I, U>(mut self, urls: I) -> Self
+    where
+        I: IntoIterator<Item = U>,
+        U: Into<String>,
+    {
+        self.cluster_urls = Some(urls.into_iter().map(Into::into).collect());
+        self
+    }
+
     /// Keeps limits in a Redis Cluster through this pool. Every script touches one key,
-    /// so each check runs on the node that owns the key's slot.
+    /// so each check runs on the node that owns the key's slot. The pool's connections
+    /// keep deadpool's socket settings (`TCP_NODELAY` off);
+    /// [`redis_cluster_urls`](Self::redis_cluster_urls) turns it on.
     #[cfg(feature = "cluster")]
     #[cfg_attr(docsrs, doc(cfg(feature = "cluster")))]
     pub fn redis_cluster(mut self, pool: deadpool_redis::cluster::Pool) -> Self {
@@ -499,17 +573,75 @@ impl BackendBuilder {
         self
     }
 
-    /// The deadline of one Redis check, pool wait included (default 100 ms). A check that
-    /// takes longer is answered by the fallback, and Redis counts as unreachable until the
-    /// probe reaches it again.
+    /// The deadline of one Redis check, waiting for a connection included (default
+    /// 100 ms). A check that takes longer is answered by its layer's failure policy, and
+    /// counts as a failure for the [breaker](Self::breaker_failure_ratio).
     pub fn call_timeout(mut self, timeout: Duration) -> Self {
         self.call_timeout = timeout;
         self
     }
 
-    /// How often the health probe pings Redis while it is unreachable (default 500 ms).
+    /// How often the probe tries Redis while the breaker holds the backend on its failure
+    /// policies (default 500 ms). A probe is one round trip: a script that writes one
+    /// small key (`<prefix>:probe`), so a Redis that answers but refuses writes (`OOM`,
+    /// `READONLY`, `LOADING`) is not taken for healthy.
     pub fn probe_interval(mut self, interval: Duration) -> Self {
         self.probe_interval = interval;
+        self
+    }
+
+    /// The span of recent calls the breaker judges (default 2 s, in 20 buckets).
+    ///
+    /// The breaker moves the backend to its failure policies when, within this span, at
+    /// least [`breaker_min_calls`](Self::breaker_min_calls) calls were made and at least
+    /// [`breaker_failure_ratio`](Self::breaker_failure_ratio) of them failed for a reason
+    /// that concerns the whole server (a transport failure or timeout, or a server-wide
+    /// error such as `OOM` or `READONLY`), or when three calls or more in a row failed over
+    /// twice the [call timeout](Self::call_timeout) (so a quiet service does not need
+    /// [`breaker_min_calls`](Self::breaker_min_calls) failures first). Errors that concern
+    /// one key (`WRONGTYPE`, a script error caused by a stored value) never count: only
+    /// that request is answered by its failure policy.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_redis_ratelimit::Backend;
+    ///
+    /// # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
+    /// let backend = Backend::builder()
+    ///     .redis_url("redis://127.0.0.1:6379")
+    ///     .breaker_window(Duration::from_secs(5))
+    ///     .breaker_min_calls(50)
+    ///     .breaker_failure_ratio(0.25)
+    ///     .recovery(Duration::from_secs(2))
+    ///     .build()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn breaker_window(mut self, window: Duration) -> Self {
+        self.breaker.window = window;
+        self
+    }
+
+    /// How many calls the [breaker window](Self::breaker_window) must hold before their
+    /// failure ratio is judged (default 20).
+    pub fn breaker_min_calls(mut self, calls: u32) -> Self {
+        self.breaker.min_calls = calls;
+        self
+    }
+
+    /// The share of failed calls within the [breaker window](Self::breaker_window) that
+    /// moves the backend to its failure policies, in `(0, 1]` (default 0.5).
+    pub fn breaker_failure_ratio(mut self, ratio: f64) -> Self {
+        self.breaker.failure_ratio = ratio;
+        self
+    }
+
+    /// How long traffic takes to return to Redis once a probe succeeds (default 1 s): a
+    /// tenth of the checks at first, all of them at the end, the rest answered by the
+    /// failure policies meanwhile, so a recovering Redis is not hit by every instance's
+    /// whole traffic at once. A failure ratio over the threshold meanwhile moves the
+    /// backend back to its failure policies.
+    pub fn recovery(mut self, recovery: Duration) -> Self {
+        self.breaker.recovery = recovery;
         self
     }
 
@@ -518,11 +650,12 @@ impl BackendBuilder {
     /// # Errors
     ///
     /// A [`ConfigError`] for an invalid prefix, a zero timeout or probe interval, a
-    /// fallback share outside `(0, 1]`, a Redis URL that cannot be parsed, or both a URL
-    /// and a pool.
+    /// fallback share or failure ratio outside `(0, 1]`, zero minimum calls, a breaker
+    /// window under 20 ms, a Redis URL that cannot be parsed, or both a URL and a pool.
     pub fn build(mut self) -> Result<Backend, ConfigError> {
         check_name("prefix", &self.prefix)?;
         self.failover.check()?;
+        self.breaker.check()?;
         if self.call_timeout < Duration::from_millis(1) {
             return Err(ConfigError::ZeroDuration {
                 setting: "call_timeout",
@@ -539,12 +672,25 @@ impl BackendBuilder {
                     reason: "both a Redis URL and a pool were given",
                 });
             }
-            let pool = pool_config(url, self.call_timeout)
-                .create_pool(Some(deadpool_redis::Runtime::Tokio1))
-                .map_err(|error| ConfigError::InvalidRedisUrl {
+            let pool =
+                RedisPool::from_url(&url).map_err(|error| ConfigError::InvalidRedisUrl {
                     reason: error.to_string(),
                 })?;
-            self.pool = Some(RedisPool::Single(pool));
+            self.pool = Some(pool);
+        }
+        #[cfg(feature = "cluster")]
+        if let Some(urls) = self.cluster_urls.take() {
+            if self.pool.is_some() {
+                return Err(ConfigError::Conflict {
+                    reason: "more than one of a Redis URL, cluster URLs and a pool were given",
+                });
+            }
+            let pool = RedisPool::from_cluster_urls(&urls).map_err(|error| {
+                ConfigError::InvalidRedisUrl {
+                    reason: error.to_string(),
+                }
+            })?;
+            self.pool = Some(pool);
         }
         let redis = self.pool.map(|pool| {
             crate::metrics::fallback_active(&self.prefix, false);
@@ -553,6 +699,7 @@ impl BackendBuilder {
                 self.prefix.clone(),
                 self.call_timeout,
                 self.probe_interval,
+                self.breaker,
             ))
         });
         Ok(Backend {

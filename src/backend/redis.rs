@@ -1,69 +1,90 @@
-//! The Redis side of a backend: scripts run by SHA under a deadline, and the health
-//! state with its single background probe.
+//! The Redis side of a backend: one kept multiplexed connection (replaced by one
+//! connection attempt at a time), scripts run by SHA under a deadline, errors sorted by
+//! what they say about Redis, and the one probe that runs while the breaker is open.
 
+use std::collections::HashMap;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, LazyLock, Mutex, Weak};
 use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
+use deadpool_redis::redis::{self, ErrorKind, Script, ScriptInvocation, ServerErrorKind};
+use tokio::sync::watch;
 
-use deadpool_redis::redis::{self, Cmd, ScriptInvocation};
-use deadpool_redis::PoolError;
+use super::health::{Breaker, BreakerConfig, Outcome, RedisState};
 
-/// A single-node or cluster pool.
+/// Where connections come from: a user's pool (single node or cluster), or a client the
+/// backend built from a URL itself (with `TCP_NODELAY`).
 #[derive(Clone)]
 pub(crate) enum RedisPool {
     Single(deadpool_redis::Pool),
+    Client(redis::Client),
     #[cfg(feature = "cluster")]
     Cluster(deadpool_redis::cluster::Pool),
+    #[cfg(feature = "cluster")]
+    ClusterClient(redis::cluster::ClusterClient),
 }
 
 impl fmt::Debug for RedisPool {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Never the URL: it may hold a password.
         let kind = match self {
             Self::Single(_) => "single",
+            Self::Client(_) => "url",
             #[cfg(feature = "cluster")]
             Self::Cluster(_) => "cluster",
+            #[cfg(feature = "cluster")]
+            Self::ClusterClient(_) => "cluster urls",
         };
-        f.debug_struct("RedisPool")
-            .field("kind", &kind)
-            .field("status", &self.status())
-            .finish()
+        f.debug_struct("RedisPool").field("kind", &kind).finish()
     }
 }
 
 impl RedisPool {
-    fn status(&self) -> deadpool_redis::Status {
-        match self {
-            Self::Single(pool) => pool.status(),
-            #[cfg(feature = "cluster")]
-            Self::Cluster(pool) => pool.status(),
-        }
+    /// A client for `url` whose connections set `TCP_NODELAY`.
+    pub(crate) fn from_url(url: &str) -> Result<Self, redis::RedisError> {
+        let info = redis::IntoConnectionInfo::into_connection_info(url)?;
+        let tcp = info.tcp_settings().clone().set_nodelay(true);
+        Ok(Self::Client(redis::Client::open(info.set_tcp_settings(tcp))?))
     }
 
-    /// A multiplexed connection from the pool, detached from it: clones share one
-    /// socket and pipeline requests, so one of them serves every concurrent check.
-    async fn connection(&self) -> Result<Conn, PoolError> {
+    /// A cluster client for the nodes at `urls` whose connections set `TCP_NODELAY`.
+    #[cfg(feature = "cluster")]
+    pub(crate) fn from_cluster_urls(urls: &[String]) -> Result<Self, redis::RedisError> {
+        let tcp = redis::io::tcp::TcpSettings::default().set_nodelay(true);
+        let client = redis::cluster::ClusterClientBuilder::new(urls.iter().map(String::as_str))
+            .tcp_settings(tcp)
+            .build()?;
+        Ok(Self::ClusterClient(client))
+    }
+
+    /// A new multiplexed connection, owned by the backend (taken out of a pool, so the
+    /// pool never recycles it with a `PING`): clones share one socket and pipeline
+    /// requests, so one of them serves every concurrent check.
+    async fn connect(&self, timeout: Duration) -> Result<Conn, ScriptError> {
         Ok(match self {
-            Self::Single(pool) => Conn::Single((*pool.get().await?).clone()),
+            Self::Single(pool) => Conn::Single(deadpool_redis::Connection::take(
+                pool.get().await.map_err(ScriptError::from_pool)?,
+            )),
+            Self::Client(client) => {
+                let config = redis::AsyncConnectionConfig::new()
+                    .set_connection_timeout(Some(timeout))
+                    // Every call has its own deadline.
+                    .set_response_timeout(None);
+                Conn::Single(
+                    client
+                        .get_multiplexed_async_connection_with_config(&config)
+                        .await?,
+                )
+            }
             #[cfg(feature = "cluster")]
-            Self::Cluster(pool) => Conn::Cluster((*pool.get().await?).clone()),
+            Self::Cluster(pool) => Conn::Cluster(deadpool_redis::cluster::Connection::take(
+                pool.get().await.map_err(ScriptError::from_pool)?,
+            )),
+            #[cfg(feature = "cluster")]
+            Self::ClusterClient(client) => Conn::Cluster(client.get_async_connection().await?),
         })
-    }
-
-    async fn command(&self, cmd: &Cmd) -> Result<(), ScriptError> {
-        match self {
-            Self::Single(pool) => {
-                let mut conn = pool.get().await?;
-                Ok(cmd.query_async::<()>(&mut conn).await?)
-            }
-            #[cfg(feature = "cluster")]
-            Self::Cluster(pool) => {
-                let mut conn = pool.get().await?;
-                Ok(cmd.query_async::<()>(&mut conn).await?)
-            }
-        }
     }
 }
 
@@ -78,7 +99,7 @@ enum Conn {
 impl Conn {
     async fn script(
         &mut self,
-        invocation: &ScriptInvocation<'static>,
+        invocation: &ScriptInvocation<'_>,
     ) -> Result<Vec<i64>, redis::RedisError> {
         match self {
             Self::Single(conn) => invocation.invoke_async(conn).await,
@@ -88,37 +109,105 @@ impl Conn {
     }
 }
 
+/// What a failed call says about Redis.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum Fault {
+    /// The way to Redis failed: refused, reset, timed out, a protocol error, no
+    /// connection to be had. Counts toward the breaker.
+    Transport,
+    /// Redis answered that it cannot serve anyone right now (`OOM`, `READONLY`,
+    /// `LOADING`, `BUSY`, `MASTERDOWN`, `CLUSTERDOWN`, a `NOSCRIPT` that a reload did not
+    /// cure, a refused login). Counts toward the breaker.
+    Server,
+    /// Only this key is affected (`WRONGTYPE`, a script error caused by the stored
+    /// value, a reply of the wrong shape). Decided by the failure policy for this request
+    /// alone; never counts toward the breaker.
+    Key,
+}
+
+impl Fault {
+    /// The `kind` label of the error in metrics.
+    pub(crate) const fn label(self) -> &'static str {
+        match self {
+            Self::Transport => "transport",
+            Self::Server => "server",
+            Self::Key => "key",
+        }
+    }
+}
+
 /// Why a Redis check could not be answered by Redis.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub(crate) enum ScriptError {
     #[error("redis pool: {0}")]
-    Pool(#[from] PoolError),
+    Pool(String),
     #[error("redis: {0}")]
     Redis(#[from] redis::RedisError),
     #[error("redis did not answer within {0:?}")]
     Timeout(Duration),
+    #[error("redis could not be connected to: {0}")]
+    Connect(Box<ScriptError>),
     #[error("unexpected script reply: {0:?}")]
     Reply(Vec<i64>),
 }
 
 impl ScriptError {
-    /// Whether the connection the check ran on may be unusable now.
-    fn breaks_connection(&self) -> bool {
-        match self {
-            Self::Redis(error) => breaks_connection(error),
-            Self::Timeout(_) => true,
-            Self::Pool(_) | Self::Reply(_) => false,
+    fn from_pool(error: deadpool_redis::PoolError) -> Self {
+        match error {
+            deadpool_redis::PoolError::Backend(error) => Self::Redis(error),
+            other => Self::Pool(other.to_string()),
         }
     }
 
-    /// The `kind` label of the error in metrics.
-    pub(crate) fn kind(&self) -> &'static str {
+    /// What this error says about Redis.
+    pub(crate) fn fault(&self) -> Fault {
         match self {
-            Self::Pool(_) => "pool",
-            Self::Redis(_) => "redis",
-            Self::Timeout(_) => "timeout",
-            Self::Reply(_) => "reply",
+            Self::Pool(_) | Self::Timeout(_) => Fault::Transport,
+            Self::Connect(error) => match error.fault() {
+                // A failed login or a loading server when connecting concerns everyone.
+                Fault::Server | Fault::Key => Fault::Server,
+                Fault::Transport => Fault::Transport,
+            },
+            Self::Redis(error) => classify(error),
+            Self::Reply(_) => Fault::Key,
         }
+    }
+}
+
+/// Sorts a Redis error by its kind and code, never by its message.
+fn classify(error: &redis::RedisError) -> Fault {
+    if breaks_connection(error) {
+        return Fault::Transport;
+    }
+    match error.kind() {
+        ErrorKind::Server(kind) => match kind {
+            ServerErrorKind::BusyLoading
+            | ServerErrorKind::ReadOnly
+            | ServerErrorKind::MasterDown
+            | ServerErrorKind::ClusterDown
+            | ServerErrorKind::TryAgain
+            | ServerErrorKind::NoScript
+            | ServerErrorKind::NoPerm
+            | ServerErrorKind::Moved
+            | ServerErrorKind::Ask => Fault::Server,
+            // A script error (`ERR user_script:..`): the script met a stored value it
+            // cannot read.
+            ServerErrorKind::ResponseError
+            | ServerErrorKind::ExecAbort
+            | ServerErrorKind::CrossSlot
+            | ServerErrorKind::NotBusy
+            | ServerErrorKind::NoSub => Fault::Key,
+            _ => Fault::Server,
+        },
+        ErrorKind::Extension => match error.code() {
+            Some("WRONGTYPE") => Fault::Key,
+            // OOM, BUSY, MISCONF, NOREPLICAS, NOAUTH, WRONGPASS and the codes of servers
+            // we do not know: assume they concern everyone.
+            _ => Fault::Server,
+        },
+        ErrorKind::UnexpectedReturnType => Fault::Key,
+        ErrorKind::AuthenticationFailed => Fault::Server,
+        _ => Fault::Transport,
     }
 }
 
@@ -131,16 +220,34 @@ fn breaks_connection(error: &redis::RedisError) -> bool {
         || error.is_unrecoverable_error()
 }
 
+/// The probe: one write, so a server that answers but refuses writes stays in fallback.
+static PROBE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("probe.lua")));
+
+/// How long a connection attempt may take, at least: it runs in the background, so a
+/// far Redis (a round trip near the call timeout) can still be connected to.
+const MIN_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+/// How many keys' errors are remembered for [`RedisBackend::key_error`], at most.
+const KEY_ERRORS_LOGGED: usize = 1024;
+/// How often repeated errors are summarised in the log, at most.
+const SUMMARY_INTERVAL: Duration = Duration::from_secs(10);
+
 pub(crate) struct RedisBackend {
     pool: RedisPool,
-    /// The connection checks run on, taken from the pool once and kept until it fails:
-    /// checking a connection out per check would cost deadpool's `PING` round trip.
+    /// The connection checks run on, kept until it fails: checking a connection out per
+    /// check would cost deadpool's `PING` round trip.
     conn: ArcSwapOption<Conn>,
-    /// The backend's key prefix, naming it in metrics.
-    prefix: String,
+    /// The connection attempt under way, if any: callers wait for it instead of each
+    /// opening their own (no herd after a restart).
+    connecting: Mutex<Option<watch::Receiver<Option<Result<(), ScriptError>>>>>,
+    /// `<prefix>:probe`, the one key the probe writes.
+    probe_key: String,
     call_timeout: Duration,
     probe_interval: Duration,
-    healthy: AtomicBool,
+    breaker: Breaker,
+    probing: AtomicBool,
+    log: ErrorLog,
+    /// Keys whose errors were logged lately (by hash), and when.
+    key_errors: Mutex<HashMap<u128, std::time::Instant>>,
 }
 
 impl fmt::Debug for RedisBackend {
@@ -149,7 +256,7 @@ impl fmt::Debug for RedisBackend {
             .field("pool", &self.pool)
             .field("call_timeout", &self.call_timeout)
             .field("probe_interval", &self.probe_interval)
-            .field("healthy", &self.is_healthy())
+            .field("state", &self.state())
             .finish()
     }
 }
@@ -160,14 +267,19 @@ impl RedisBackend {
         prefix: String,
         call_timeout: Duration,
         probe_interval: Duration,
+        breaker: BreakerConfig,
     ) -> Self {
         Self {
             pool,
             conn: ArcSwapOption::empty(),
-            prefix,
+            connecting: Mutex::new(None),
+            probe_key: format!("{prefix}:probe"),
             call_timeout,
             probe_interval,
-            healthy: AtomicBool::new(true),
+            breaker: Breaker::new(breaker, call_timeout, prefix.clone()),
+            probing: AtomicBool::new(false),
+            log: ErrorLog::default(),
+            key_errors: Mutex::default(),
         }
     }
 
@@ -175,89 +287,267 @@ impl RedisBackend {
         self.probe_interval
     }
 
-    pub(crate) fn is_healthy(&self) -> bool {
-        self.healthy.load(Ordering::Acquire)
+    pub(crate) fn state(&self) -> RedisState {
+        self.breaker.state()
     }
 
-    /// Runs a script by SHA (loading it on `NOSCRIPT`), pool wait included in the deadline.
+    pub(crate) fn switches(&self) -> u64 {
+        self.breaker.switches()
+    }
+
+    pub(crate) fn is_healthy(&self) -> bool {
+        self.state() == RedisState::Healthy
+    }
+
+    /// Whether this check goes to Redis (see [`Breaker::admit`]).
+    pub(crate) fn admit(&self) -> bool {
+        self.breaker.admit()
+    }
+
+    /// Runs a script by SHA (loading it on `NOSCRIPT`) under the call timeout, waiting
+    /// for a connection if there is none, and records the outcome.
     pub(crate) async fn eval(
-        &self,
-        invocation: &ScriptInvocation<'static>,
+        self: &Arc<Self>,
+        invocation: &ScriptInvocation<'_>,
     ) -> Result<Vec<i64>, ScriptError> {
+        let result = self.call(invocation).await;
+        match &result {
+            Ok(_) => {
+                self.breaker.record(Outcome::Success);
+            }
+            Err(error) => self.failed(error),
+        }
+        result
+    }
+
+    async fn call(
+        self: &Arc<Self>,
+        invocation: &ScriptInvocation<'_>,
+    ) -> Result<Vec<i64>, ScriptError> {
+        let mut used = self.conn.load_full();
         let call = async {
-            let kept = self.conn.load_full();
-            if let Some(conn) = &kept {
+            if let Some(conn) = &used {
                 match Conn::clone(conn).script(invocation).await {
                     Ok(reply) => return Ok(reply),
                     // The kept connection died while Redis may be fine (a restart, an
                     // idle timeout on the way): forget it, unless another check already
                     // replaced it, and try once more on a new one within the deadline.
                     Err(error) if breaks_connection(&error) => {
-                        self.conn.compare_and_swap(&kept, None);
+                        self.conn.compare_and_swap(&used, None);
                     }
                     Err(error) => return Err(error.into()),
                 }
             }
-            let mut conn = self.pool.connection().await?;
-            self.conn.store(Some(Arc::new(conn.clone())));
+            let mut conn = self.connection().await?;
             Ok(conn.script(invocation).await?)
         };
-        let result = match tokio::time::timeout(self.call_timeout, call).await {
+        match tokio::time::timeout(self.call_timeout, call).await {
             Ok(result) => result,
-            Err(_) => Err(ScriptError::Timeout(self.call_timeout)),
-        };
-        if let Err(error) = &result {
-            if error.breaks_connection() {
-                // The next check takes a fresh connection from the pool.
-                self.conn.store(None);
+            Err(_) => {
+                // A reply held up on this connection (a slow command, a retransmission)
+                // holds up every reply behind it: later checks take a new connection.
+                if let Some(conn) = used.take() {
+                    self.conn.compare_and_swap(&Some(conn), None);
+                }
+                Err(ScriptError::Timeout(self.call_timeout))
             }
         }
-        result
     }
 
-    /// Switches every limiter of this backend to its fallback and starts the one probe
-    /// that switches them back. Only the first failure of an outage logs and probes.
-    pub(crate) fn mark_unhealthy(self: &Arc<Self>, error: &ScriptError) {
-        if !self.healthy.swap(false, Ordering::AcqRel) {
+    /// The kept connection, or the one the connection attempt under way (started here
+    /// if there is none) brings.
+    async fn connection(self: &Arc<Self>) -> Result<Conn, ScriptError> {
+        if let Some(conn) = self.conn.load_full() {
+            return Ok(Conn::clone(&conn));
+        }
+        let mut attempt = self.connect();
+        let done = attempt
+            .wait_for(Option::is_some)
+            .await
+            .map_err(|_| ScriptError::Pool("the connection attempt was dropped".into()))?;
+        match &*done {
+            Some(Err(error)) => Err(ScriptError::Connect(Box::new(error.clone()))),
+            _ => self
+                .conn
+                .load_full()
+                .map(|conn| Conn::clone(&conn))
+                .ok_or_else(|| ScriptError::Pool("the new connection was dropped".into())),
+        }
+    }
+
+    /// The connection attempt under way, or a new one in the background.
+    fn connect(self: &Arc<Self>) -> watch::Receiver<Option<Result<(), ScriptError>>> {
+        let mut slot = self.connecting.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(attempt) = &*slot {
+            if attempt.borrow().is_none() {
+                return attempt.clone();
+            }
+        }
+        let (done, attempt) = watch::channel(None);
+        *slot = Some(attempt.clone());
+        drop(slot);
+        let this = Arc::clone(self);
+        let timeout = self.call_timeout.saturating_mul(4).max(MIN_CONNECT_TIMEOUT);
+        tokio::spawn(async move {
+            let result = match tokio::time::timeout(timeout, this.pool.connect(timeout)).await {
+                Ok(Ok(conn)) => {
+                    this.conn.store(Some(Arc::new(conn)));
+                    Ok(())
+                }
+                Ok(Err(error)) => Err(error),
+                Err(_) => Err(ScriptError::Timeout(timeout)),
+            };
+            done.send_replace(Some(result));
+        });
+        attempt
+    }
+
+    /// Counts a failed call; opens the breaker and starts the probe when the failures
+    /// say Redis is unusable.
+    fn failed(self: &Arc<Self>, error: &ScriptError) {
+        let fault = error.fault();
+        self.log.error(fault, error);
+        if fault == Fault::Key {
             return;
         }
-        // Whatever connection was cached, the next check after recovery takes a new one.
+        if let Some(trip) = self.breaker.record(Outcome::Failure) {
+            tracing::warn!(
+                fault = fault.label(),
+                %error,
+                reason = %trip,
+                "redis judged unusable: answering by the failure policies until a probe succeeds"
+            );
+            self.start_probe();
+        }
+    }
+
+    fn start_probe(self: &Arc<Self>) {
+        if self.probing.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        // Whatever connection was kept, the probe and the checks after recovery use a
+        // fresh one.
         self.conn.store(None);
-        tracing::warn!(%error, "redis unreachable: answering from the in-process fallback");
-        crate::metrics::fallback_active(&self.prefix, true);
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
                 runtime.spawn(probe(Arc::downgrade(self), self.probe_interval));
             }
             // No runtime to probe from: try Redis again on the next check.
-            Err(_) => self.healthy.store(true, Ordering::Release),
+            Err(_) => {
+                self.probing.store(false, Ordering::Release);
+                self.breaker.start_recovery();
+            }
         }
     }
 
-    async fn ping(&self) -> Result<(), ScriptError> {
-        let ping = redis::cmd("PING");
-        match tokio::time::timeout(self.call_timeout, self.pool.command(&ping)).await {
-            Ok(result) => result,
-            Err(_) => Err(ScriptError::Timeout(self.call_timeout)),
+    /// Logs an error that concerns one key, at most once per key per summary interval,
+    /// with the key hashed (keys may be secrets).
+    pub(crate) fn key_error(&self, key_hash: u128, error: &ScriptError) {
+        let now = std::time::Instant::now();
+        let mut seen = self.key_errors.lock().unwrap_or_else(|e| e.into_inner());
+        if seen
+            .get(&key_hash)
+            .is_some_and(|at| now.duration_since(*at) < SUMMARY_INTERVAL)
+        {
+            return;
+        }
+        if seen.len() >= KEY_ERRORS_LOGGED {
+            seen.retain(|_, at| now.duration_since(*at) < SUMMARY_INTERVAL);
+            if seen.len() >= KEY_ERRORS_LOGGED {
+                return;
+            }
+        }
+        seen.insert(key_hash, now);
+        drop(seen);
+        tracing::warn!(
+            key_hash = format_args!("{:016x}", key_hash as u64),
+            %error,
+            "redis error for one key: answering it by the failure policy"
+        );
+    }
+
+    /// One probe: the write script on the kept connection, one round trip.
+    async fn probe_once(self: &Arc<Self>) -> Result<(), ScriptError> {
+        let mut invocation = PROBE.key(&self.probe_key);
+        invocation.arg(self.probe_interval.as_millis().max(1000) as u64);
+        let reply = self.call(&invocation).await?;
+        if reply.first() == Some(&1) {
+            Ok(())
+        } else {
+            Err(ScriptError::Reply(reply))
         }
     }
 }
 
-/// Pings Redis every `interval` until it answers or the backend is dropped.
+/// Probes Redis every `interval` until a probe succeeds (then recovery starts) or the
+/// backend is dropped.
 async fn probe(backend: Weak<RedisBackend>, interval: Duration) {
+    let mut failures = 0u64;
     loop {
         tokio::time::sleep(interval).await;
         let Some(backend) = backend.upgrade() else {
             return;
         };
-        match backend.ping().await {
+        match backend.probe_once().await {
             Ok(()) => {
-                backend.healthy.store(true, Ordering::Release);
-                crate::metrics::fallback_active(&backend.prefix, false);
-                tracing::info!("redis reachable again: limits are back in redis");
+                backend.probing.store(false, Ordering::Release);
+                backend.breaker.start_recovery();
+                tracing::info!(
+                    failed_probes = failures,
+                    "redis answers again: moving checks back to redis"
+                );
                 return;
             }
-            Err(error) => tracing::debug!(%error, "redis health probe failed"),
+            Err(error) => {
+                failures += 1;
+                tracing::debug!(%error, fault = error.fault().label(), "redis probe failed");
+            }
         }
+    }
+}
+
+/// Repeated errors, summarised in one `warn` at most every [`SUMMARY_INTERVAL`].
+#[derive(Debug, Default)]
+struct ErrorLog {
+    transport: AtomicU64,
+    server: AtomicU64,
+    key: AtomicU64,
+    /// When the last summary was written (ms since the process's first error).
+    last_ms: AtomicU64,
+}
+
+static LOG_BASE: LazyLock<std::time::Instant> = LazyLock::new(std::time::Instant::now);
+
+impl ErrorLog {
+    fn error(&self, fault: Fault, error: &ScriptError) {
+        let counter = match fault {
+            Fault::Transport => &self.transport,
+            Fault::Server => &self.server,
+            Fault::Key => &self.key,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        let now = u64::try_from(LOG_BASE.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let last = self.last_ms.load(Ordering::Relaxed);
+        let interval = SUMMARY_INTERVAL.as_millis() as u64;
+        if (last != 0 && now.saturating_sub(last) < interval)
+            || self
+                .last_ms
+                .compare_exchange(last, now.max(1), Ordering::AcqRel, Ordering::Relaxed)
+                .is_err()
+        {
+            return;
+        }
+        let (transport, server, key) = (
+            self.transport.swap(0, Ordering::Relaxed),
+            self.server.swap(0, Ordering::Relaxed),
+            self.key.swap(0, Ordering::Relaxed),
+        );
+        tracing::warn!(
+            transport,
+            server,
+            key,
+            last = %error,
+            "redis errors since the last summary"
+        );
     }
 }

@@ -1,0 +1,467 @@
+//! The breaker that decides where checks go: to Redis, to the failure policy, or (while
+//! recovering) a growing share to Redis and the rest to the failure policy.
+//!
+//! It judges Redis by the outcomes of recent calls, not by one failure: the backend
+//! moves to its fallback when, over a rolling window, enough calls failed for a reason
+//! that concerns the whole server (a transport or server-wide error), or when every call
+//! has failed for a sustained stretch. Errors that concern one key never count.
+
+use std::num::NonZeroUsize;
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use tokio::time::Instant;
+
+use crate::error::ConfigError;
+use crate::rolling_window::RollingWindow;
+
+/// The default span of recent calls the breaker judges.
+pub const DEFAULT_BREAKER_WINDOW: Duration = Duration::from_secs(2);
+/// The default number of calls within the window below which the ratio is not judged.
+pub const DEFAULT_BREAKER_MIN_CALLS: u32 = 20;
+/// The default share of failed calls within the window that opens the breaker.
+pub const DEFAULT_BREAKER_FAILURE_RATIO: f64 = 0.5;
+/// The default time over which traffic returns to Redis after a successful probe.
+pub const DEFAULT_RECOVERY: Duration = Duration::from_secs(1);
+
+/// The share of checks sent to Redis when recovery starts.
+const FIRST_SHARE: f64 = 0.1;
+/// Buckets of the rolling window.
+const BUCKETS: usize = 20;
+/// Consecutive failed calls that open the breaker once they span the streak length.
+const STREAK_CALLS: u32 = 3;
+
+/// How the breaker judges Redis; validated when the backend is built.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct BreakerConfig {
+    pub(crate) window: Duration,
+    pub(crate) min_calls: u32,
+    pub(crate) failure_ratio: f64,
+    pub(crate) recovery: Duration,
+}
+
+impl Default for BreakerConfig {
+    fn default() -> Self {
+        Self {
+            window: DEFAULT_BREAKER_WINDOW,
+            min_calls: DEFAULT_BREAKER_MIN_CALLS,
+            failure_ratio: DEFAULT_BREAKER_FAILURE_RATIO,
+            recovery: DEFAULT_RECOVERY,
+        }
+    }
+}
+
+impl BreakerConfig {
+    pub(crate) fn check(&self) -> Result<(), ConfigError> {
+        if self.window < Duration::from_millis(BUCKETS as u64) {
+            return Err(ConfigError::ZeroDuration {
+                setting: "breaker_window",
+            });
+        }
+        if self.min_calls == 0 {
+            return Err(ConfigError::Zero {
+                setting: "breaker_min_calls",
+            });
+        }
+        if !(self.failure_ratio.is_finite() && self.failure_ratio > 0.0 && self.failure_ratio <= 1.0)
+        {
+            return Err(ConfigError::OutOfRange {
+                setting: "breaker_failure_ratio",
+                reason: "must be a fraction in (0, 1]",
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Where the breaker stands.
+///
+/// ```
+/// use tower_redis_ratelimit::backend::RedisState;
+///
+/// assert_ne!(RedisState::Healthy, RedisState::Fallback);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum RedisState {
+    /// Checks go to Redis.
+    Healthy,
+    /// Redis is judged unusable: checks are answered by the layers' failure policies
+    /// while a probe tries Redis every probe interval.
+    Fallback,
+    /// The probe reached Redis: a share of checks that grows over the recovery time goes
+    /// to Redis again, the rest is answered by the failure policies.
+    Recovering,
+}
+
+impl RedisState {
+    fn from_u8(value: u8) -> Self {
+        match value {
+            1 => Self::Fallback,
+            2 => Self::Recovering,
+            _ => Self::Healthy,
+        }
+    }
+
+    const fn as_u8(self) -> u8 {
+        match self {
+            Self::Healthy => 0,
+            Self::Fallback => 1,
+            Self::Recovering => 2,
+        }
+    }
+}
+
+/// What a call's outcome tells about Redis.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    /// Redis answered.
+    Success,
+    /// The call failed for a reason that concerns the whole server.
+    Failure,
+}
+
+/// The breaker of one Redis backend.
+#[derive(Debug)]
+pub(crate) struct Breaker {
+    config: BreakerConfig,
+    /// How long every call must have failed before the breaker opens without enough
+    /// calls to judge a ratio (twice the call timeout).
+    streak_span: Duration,
+    state: AtomicU8,
+    /// Outcomes of recent calls: 1.0 a failure, 0.0 a success. Replaced when recovery
+    /// starts, so the failures that opened the breaker are not judged twice.
+    window: ArcSwap<RollingWindow>,
+    /// Consecutive failures, and when the first of them happened (ns since `base`).
+    streak: AtomicU32,
+    streak_since_ns: AtomicU64,
+    /// When recovery started (ns since `base`).
+    recovering_since_ns: AtomicU64,
+    /// Counts checks while recovering, to pick the share that goes to Redis.
+    picks: AtomicU64,
+    /// Switches to the fallback since the backend was built.
+    switches: AtomicU64,
+    /// When the breaker last opened (ns since `base`).
+    opened_ns: AtomicU64,
+    base: Instant,
+    /// The backend's key prefix, naming it in metrics.
+    prefix: String,
+}
+
+impl Breaker {
+    pub(crate) fn new(config: BreakerConfig, call_timeout: Duration, prefix: String) -> Self {
+        Self {
+            config,
+            streak_span: call_timeout.saturating_mul(2),
+            state: AtomicU8::new(RedisState::Healthy.as_u8()),
+            window: ArcSwap::from_pointee(new_window(config.window)),
+            streak: AtomicU32::new(0),
+            streak_since_ns: AtomicU64::new(0),
+            recovering_since_ns: AtomicU64::new(0),
+            picks: AtomicU64::new(0),
+            switches: AtomicU64::new(0),
+            opened_ns: AtomicU64::new(0),
+            base: Instant::now(),
+            prefix,
+        }
+    }
+
+    /// Where the breaker stands; a recovery whose time is over ends here.
+    pub(crate) fn state(&self) -> RedisState {
+        let state = RedisState::from_u8(self.state.load(Ordering::Acquire));
+        if state == RedisState::Recovering && self.recovered_share().is_none() {
+            self.close();
+            return RedisState::from_u8(self.state.load(Ordering::Acquire));
+        }
+        state
+    }
+
+    pub(crate) fn switches(&self) -> u64 {
+        self.switches.load(Ordering::Relaxed)
+    }
+
+    fn now_ns(&self) -> u64 {
+        u64::try_from(self.base.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    /// The share of checks that go to Redis while recovering: from a tenth to all of
+    /// them over the recovery time; `None` once that time is over.
+    fn recovered_share(&self) -> Option<f64> {
+        let since = self.recovering_since_ns.load(Ordering::Acquire);
+        let elapsed = self.now_ns().saturating_sub(since);
+        let recovery = u64::try_from(self.config.recovery.as_nanos()).unwrap_or(u64::MAX);
+        (elapsed < recovery)
+            .then(|| FIRST_SHARE + (1.0 - FIRST_SHARE) * elapsed as f64 / recovery as f64)
+    }
+
+    /// Ends a recovery: every check goes to Redis again.
+    fn close(&self) {
+        if self
+            .state
+            .compare_exchange(
+                RedisState::Recovering.as_u8(),
+                RedisState::Healthy.as_u8(),
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
+            .is_ok()
+        {
+            let opened = self.opened_ns.load(Ordering::Acquire);
+            let away = Duration::from_nanos(self.now_ns().saturating_sub(opened));
+            crate::metrics::redis_switch(&self.prefix, RedisState::Healthy, away);
+            tracing::info!(?away, "redis recovered: every check goes to redis again");
+        }
+    }
+
+    /// Whether this check goes to Redis: all of them while healthy, none in fallback, a
+    /// growing share while recovering.
+    pub(crate) fn admit(&self) -> bool {
+        match self.state() {
+            RedisState::Healthy => true,
+            RedisState::Fallback => false,
+            RedisState::Recovering => {
+                let Some(share) = self.recovered_share() else {
+                    return true;
+                };
+                // Spread the picks evenly: the n-th check goes to Redis when the
+                // fractional part of n times the golden ratio is below the share.
+                let n = self.picks.fetch_add(1, Ordering::Relaxed);
+                let spread = n.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 11;
+                (spread as f64) < share * (1u64 << 53) as f64
+            }
+        }
+    }
+
+    /// Records the outcome of a check's call; returns the reason when this outcome
+    /// opened the breaker.
+    pub(crate) fn record(&self, outcome: Outcome) -> Option<Trip> {
+        let state = self.state();
+        if state == RedisState::Fallback {
+            return None;
+        }
+        let window = self.window.load();
+        match outcome {
+            Outcome::Success => {
+                window.add(0.0);
+                if self.streak.load(Ordering::Relaxed) != 0 {
+                    self.streak.store(0, Ordering::Relaxed);
+                }
+                None
+            }
+            Outcome::Failure => {
+                window.add(1.0);
+                let now = self.now_ns();
+                let streak = self.streak.fetch_add(1, Ordering::AcqRel);
+                if streak == 0 {
+                    self.streak_since_ns.store(now, Ordering::Release);
+                }
+                let since = self.streak_since_ns.load(Ordering::Acquire);
+                let span = u64::try_from(self.streak_span.as_nanos()).unwrap_or(u64::MAX);
+                let trip = if streak + 1 >= STREAK_CALLS && now.saturating_sub(since) >= span {
+                    Some(Trip::Streak {
+                        calls: streak + 1,
+                        span: Duration::from_nanos(now.saturating_sub(since)),
+                    })
+                } else {
+                    let (mut failures, mut calls) = (0.0, 0u64);
+                    window.reduce(|bucket| {
+                        failures += bucket.sum;
+                        calls += bucket.count;
+                    });
+                    let ratio = failures / calls.max(1) as f64;
+                    (calls >= u64::from(self.config.min_calls)
+                        && ratio >= self.config.failure_ratio)
+                        .then_some(Trip::Ratio { ratio, calls })
+                };
+                let trip = trip?;
+                self.open(state).then_some(trip)
+            }
+        }
+    }
+
+    /// Moves from `from` to the fallback; `false` if another call did it first.
+    fn open(&self, from: RedisState) -> bool {
+        let opened = self
+            .state
+            .compare_exchange(
+                from.as_u8(),
+                RedisState::Fallback.as_u8(),
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
+            .is_ok();
+        if opened {
+            self.switches.fetch_add(1, Ordering::Relaxed);
+            self.streak.store(0, Ordering::Relaxed);
+            if from == RedisState::Healthy {
+                self.opened_ns.store(self.now_ns(), Ordering::Release);
+            }
+            crate::metrics::redis_switch(&self.prefix, RedisState::Fallback, Duration::ZERO);
+        }
+        opened
+    }
+
+    /// Opens the breaker whatever it judged so far.
+    #[cfg(test)]
+    pub(crate) fn force_open(&self) -> bool {
+        let state = self.state();
+        state != RedisState::Fallback && self.open(state)
+    }
+
+    /// The probe reached Redis: start sending a share of checks to it.
+    pub(crate) fn start_recovery(&self) {
+        self.window.store(std::sync::Arc::new(new_window(self.config.window)));
+        self.streak.store(0, Ordering::Relaxed);
+        self.recovering_since_ns
+            .store(self.now_ns(), Ordering::Release);
+        self.state
+            .store(RedisState::Recovering.as_u8(), Ordering::Release);
+        crate::metrics::redis_switch(&self.prefix, RedisState::Recovering, Duration::ZERO);
+    }
+}
+
+fn new_window(span: Duration) -> RollingWindow {
+    let size = NonZeroUsize::new(BUCKETS).expect("non-zero");
+    RollingWindow::new(size, span / BUCKETS as u32)
+        .expect("the window was checked to be at least one millisecond per bucket")
+}
+
+/// Why the breaker opened.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum Trip {
+    /// Too many of the recent calls failed.
+    Ratio { ratio: f64, calls: u64 },
+    /// Every call failed for a sustained stretch.
+    Streak { calls: u32, span: Duration },
+}
+
+impl std::fmt::Display for Trip {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Ratio { ratio, calls } => {
+                write!(f, "{:.0}% of the last {calls} calls failed", ratio * 100.0)
+            }
+            Self::Streak { calls, span } => {
+                write!(f, "{calls} calls in a row failed over {span:?}")
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn breaker() -> Breaker {
+        Breaker::new(
+            BreakerConfig::default(),
+            Duration::from_millis(100),
+            "test".into(),
+        )
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn scattered_failures_do_not_open() {
+        let b = breaker();
+        // 10 % failures, evenly spread, for 10 s.
+        for i in 0..4000 {
+            let outcome = if i % 10 == 0 {
+                Outcome::Failure
+            } else {
+                Outcome::Success
+            };
+            assert_eq!(b.record(outcome), None);
+            tokio::time::advance(Duration::from_micros(2500)).await;
+        }
+        assert_eq!(b.state(), RedisState::Healthy);
+        assert_eq!(b.switches(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_burst_of_timeouts_behind_one_slow_reply_does_not_open() {
+        let b = breaker();
+        for _ in 0..400 {
+            b.record(Outcome::Success);
+            tokio::time::advance(Duration::from_millis(2)).await;
+        }
+        // 25 calls fail within 50 ms (head-of-line behind one held reply), then all is well.
+        for _ in 0..25 {
+            assert_eq!(b.record(Outcome::Failure), None);
+            tokio::time::advance(Duration::from_millis(2)).await;
+        }
+        b.record(Outcome::Success);
+        assert_eq!(b.state(), RedisState::Healthy);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_high_failure_ratio_opens() {
+        let b = breaker();
+        for _ in 0..10 {
+            b.record(Outcome::Success);
+        }
+        let mut trip = None;
+        for _ in 0..20 {
+            trip = trip.or(b.record(Outcome::Failure));
+        }
+        assert!(matches!(trip, Some(Trip::Ratio { .. })), "{trip:?}");
+        assert_eq!(b.state(), RedisState::Fallback);
+        assert_eq!(b.switches(), 1);
+        assert!(!b.admit());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn few_calls_that_all_fail_open_after_the_streak_span() {
+        let b = breaker();
+        assert_eq!(b.record(Outcome::Failure), None);
+        tokio::time::advance(Duration::from_millis(150)).await;
+        assert_eq!(b.record(Outcome::Failure), None);
+        tokio::time::advance(Duration::from_millis(150)).await;
+        let trip = b.record(Outcome::Failure);
+        assert!(matches!(trip, Some(Trip::Streak { calls: 3, .. })), "{trip:?}");
+        assert_eq!(b.state(), RedisState::Fallback);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn recovery_sends_a_growing_share_then_closes() {
+        let b = breaker();
+        b.force_open();
+        b.start_recovery();
+        assert_eq!(b.state(), RedisState::Recovering);
+        let first = (0..1000).filter(|_| b.admit()).count();
+        assert!((50..=200).contains(&first), "{first}");
+        tokio::time::advance(Duration::from_millis(500)).await;
+        let half = (0..1000).filter(|_| b.admit()).count();
+        assert!((450..=650).contains(&half), "{half}");
+        tokio::time::advance(Duration::from_millis(500)).await;
+        assert!(b.admit());
+        assert_eq!(b.state(), RedisState::Healthy);
+        assert_eq!(b.switches(), 1);
+    }
+
+    #[test]
+    fn invalid_settings_are_refused() {
+        let ok = BreakerConfig::default();
+        assert!(ok.check().is_ok());
+        for bad in [
+            BreakerConfig {
+                min_calls: 0,
+                ..ok
+            },
+            BreakerConfig {
+                failure_ratio: 0.0,
+                ..ok
+            },
+            BreakerConfig {
+                failure_ratio: f64::NAN,
+                ..ok
+            },
+            BreakerConfig {
+                window: Duration::ZERO,
+                ..ok
+            },
+        ] {
+            assert!(bad.check().is_err(), "{bad:?}");
+        }
+    }
+}
