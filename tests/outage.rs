@@ -409,7 +409,10 @@ async fn redis_latency_errors_and_the_fallback_gauge_are_recorded() {
     assert_eq!(gauge(&outage[FALLBACK_ACTIVE]), 1.0);
     assert_eq!(
         outage[REDIS_SWITCHES_TOTAL],
-        ("prefix=ratelimit,to=fallback".to_owned(), DebugValue::Counter(1))
+        (
+            "prefix=ratelimit,to=fallback".to_owned(),
+            DebugValue::Counter(1)
+        )
     );
     // A fresh recorder shows only what is recorded from now on: the probe's switch back.
     let recovery = DebuggingRecorder::new();

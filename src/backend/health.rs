@@ -64,7 +64,9 @@ impl BreakerConfig {
                 setting: "breaker_min_calls",
             });
         }
-        if !(self.failure_ratio.is_finite() && self.failure_ratio > 0.0 && self.failure_ratio <= 1.0)
+        if !(self.failure_ratio.is_finite()
+            && self.failure_ratio > 0.0
+            && self.failure_ratio <= 1.0)
         {
             return Err(ConfigError::OutOfRange {
                 setting: "breaker_failure_ratio",
@@ -133,9 +135,11 @@ pub(crate) struct Breaker {
     /// Outcomes of recent calls: 1.0 a failure, 0.0 a success. Replaced when recovery
     /// starts, so the failures that opened the breaker are not judged twice.
     window: ArcSwap<RollingWindow>,
-    /// Consecutive failures, and when the first of them happened (ns since `base`).
+    /// Consecutive failures, when the first and the last of them happened (ns since
+    /// `base`).
     streak: AtomicU32,
     streak_since_ns: AtomicU64,
+    streak_last_ns: AtomicU64,
     /// When recovery started (ns since `base`).
     recovering_since_ns: AtomicU64,
     /// Counts checks while recovering, to pick the share that goes to Redis.
@@ -158,6 +162,7 @@ impl Breaker {
             window: ArcSwap::from_pointee(new_window(config.window)),
             streak: AtomicU32::new(0),
             streak_since_ns: AtomicU64::new(0),
+            streak_last_ns: AtomicU64::new(0),
             recovering_since_ns: AtomicU64::new(0),
             picks: AtomicU64::new(0),
             switches: AtomicU64::new(0),
@@ -252,12 +257,18 @@ impl Breaker {
             Outcome::Failure => {
                 window.add(1.0);
                 let now = self.now_ns();
+                let span = u64::try_from(self.streak_span.as_nanos()).unwrap_or(u64::MAX);
+                // Failures far apart, with no call between them, say nothing of a
+                // sustained outage: a streak starts again after a quiet spell.
+                let last = self.streak_last_ns.swap(now, Ordering::AcqRel);
+                if now.saturating_sub(last) > span {
+                    self.streak.store(0, Ordering::Release);
+                }
                 let streak = self.streak.fetch_add(1, Ordering::AcqRel);
                 if streak == 0 {
                     self.streak_since_ns.store(now, Ordering::Release);
                 }
                 let since = self.streak_since_ns.load(Ordering::Acquire);
-                let span = u64::try_from(self.streak_span.as_nanos()).unwrap_or(u64::MAX);
                 let trip = if streak + 1 >= STREAK_CALLS && now.saturating_sub(since) >= span {
                     Some(Trip::Streak {
                         calls: streak + 1,
@@ -311,7 +322,8 @@ impl Breaker {
 
     /// The probe reached Redis: start sending a share of checks to it.
     pub(crate) fn start_recovery(&self) {
-        self.window.store(std::sync::Arc::new(new_window(self.config.window)));
+        self.window
+            .store(std::sync::Arc::new(new_window(self.config.window)));
         self.streak.store(0, Ordering::Relaxed);
         self.recovering_since_ns
             .store(self.now_ns(), Ordering::Release);
@@ -418,8 +430,21 @@ mod tests {
         assert_eq!(b.record(Outcome::Failure), None);
         tokio::time::advance(Duration::from_millis(150)).await;
         let trip = b.record(Outcome::Failure);
-        assert!(matches!(trip, Some(Trip::Streak { calls: 3, .. })), "{trip:?}");
+        assert!(
+            matches!(trip, Some(Trip::Streak { calls: 3, .. })),
+            "{trip:?}"
+        );
         assert_eq!(b.state(), RedisState::Fallback);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn failures_far_apart_are_no_streak() {
+        let b = breaker();
+        for _ in 0..5 {
+            assert_eq!(b.record(Outcome::Failure), None);
+            tokio::time::advance(Duration::from_millis(300)).await;
+        }
+        assert_eq!(b.state(), RedisState::Healthy);
     }
 
     #[tokio::test(start_paused = true)]
@@ -444,10 +469,7 @@ mod tests {
         let ok = BreakerConfig::default();
         assert!(ok.check().is_ok());
         for bad in [
-            BreakerConfig {
-                min_calls: 0,
-                ..ok
-            },
+            BreakerConfig { min_calls: 0, ..ok },
             BreakerConfig {
                 failure_ratio: 0.0,
                 ..ok

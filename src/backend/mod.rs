@@ -29,11 +29,11 @@ use crate::metrics::RedisMetrics;
 
 use self::deny::{Denied, DenyCache};
 pub(crate) use self::deny::{KeyHasher, PreHashed};
+use self::health::BreakerConfig;
 pub use self::health::{
     RedisState, DEFAULT_BREAKER_FAILURE_RATIO, DEFAULT_BREAKER_MIN_CALLS, DEFAULT_BREAKER_WINDOW,
     DEFAULT_RECOVERY,
 };
-use self::health::BreakerConfig;
 use self::redis::{Fault, RedisBackend, RedisPool, ScriptError};
 
 /// The default key prefix.
@@ -370,7 +370,7 @@ pub(crate) fn check<T: Store>(store: &Arc<T>, key: &str, cost: NonZeroU32) -> Ch
     Check::pending(async move {
         let remote = store.remote();
         let started = std::time::Instant::now();
-        let result = redis.eval(&invocation).await;
+        let result = redis.eval(store.script(), &invocation).await;
         remote.metrics.duration(&remote.name, started.elapsed());
         let error = match result {
             Ok(reply) => match store.decide(&reply, cost) {
@@ -672,10 +672,9 @@ impl BackendBuilder {
                     reason: "both a Redis URL and a pool were given",
                 });
             }
-            let pool =
-                RedisPool::from_url(&url).map_err(|error| ConfigError::InvalidRedisUrl {
-                    reason: error.to_string(),
-                })?;
+            let pool = RedisPool::from_url(&url).map_err(|error| ConfigError::InvalidRedisUrl {
+                reason: error.to_string(),
+            })?;
             self.pool = Some(pool);
         }
         #[cfg(feature = "cluster")]

@@ -46,7 +46,9 @@ impl RedisPool {
     pub(crate) fn from_url(url: &str) -> Result<Self, redis::RedisError> {
         let info = redis::IntoConnectionInfo::into_connection_info(url)?;
         let tcp = info.tcp_settings().clone().set_nodelay(true);
-        Ok(Self::Client(redis::Client::open(info.set_tcp_settings(tcp))?))
+        Ok(Self::Client(redis::Client::open(
+            info.set_tcp_settings(tcp),
+        )?))
     }
 
     /// A cluster client for the nodes at `urls` whose connections set `TCP_NODELAY`.
@@ -105,6 +107,14 @@ impl Conn {
             Self::Single(conn) => invocation.invoke_async(conn).await,
             #[cfg(feature = "cluster")]
             Self::Cluster(conn) => invocation.invoke_async(conn).await,
+        }
+    }
+
+    async fn load(&mut self, script: &Script) -> Result<String, redis::RedisError> {
+        match self {
+            Self::Single(conn) => script.load_async(conn).await,
+            #[cfg(feature = "cluster")]
+            Self::Cluster(conn) => script.load_async(conn).await,
         }
     }
 }
@@ -245,6 +255,8 @@ pub(crate) struct RedisBackend {
     probe_interval: Duration,
     breaker: Breaker,
     probing: AtomicBool,
+    /// Whether a script is being loaded in the background.
+    loading: AtomicBool,
     log: ErrorLog,
     /// Keys whose errors were logged lately (by hash), and when.
     key_errors: Mutex<HashMap<u128, std::time::Instant>>,
@@ -278,6 +290,7 @@ impl RedisBackend {
             probe_interval,
             breaker: Breaker::new(breaker, call_timeout, prefix.clone()),
             probing: AtomicBool::new(false),
+            loading: AtomicBool::new(false),
             log: ErrorLog::default(),
             key_errors: Mutex::default(),
         }
@@ -308,9 +321,10 @@ impl RedisBackend {
     /// for a connection if there is none, and records the outcome.
     pub(crate) async fn eval(
         self: &Arc<Self>,
+        script: &'static Script,
         invocation: &ScriptInvocation<'_>,
     ) -> Result<Vec<i64>, ScriptError> {
-        let result = self.call(invocation).await;
+        let result = self.call(script, invocation).await;
         match &result {
             Ok(_) => {
                 self.breaker.record(Outcome::Success);
@@ -322,9 +336,10 @@ impl RedisBackend {
 
     async fn call(
         self: &Arc<Self>,
+        script: &'static Script,
         invocation: &ScriptInvocation<'_>,
     ) -> Result<Vec<i64>, ScriptError> {
-        let mut used = self.conn.load_full();
+        let used = self.conn.load_full();
         let call = async {
             if let Some(conn) = &used {
                 match Conn::clone(conn).script(invocation).await {
@@ -343,15 +358,42 @@ impl RedisBackend {
         };
         match tokio::time::timeout(self.call_timeout, call).await {
             Ok(result) => result,
+            // The connection is kept: a reply held up on it (a slow command, a
+            // retransmission) delays the replies behind it, but a new connection would not
+            // bring them sooner, and near the deadline it would cost two round trips. A
+            // connection that stays silent fails every call, and the breaker, opening,
+            // drops it. The call may have been cut between a `NOSCRIPT` and the script's
+            // loading: load it apart from any deadline, or a Redis more than half a
+            // deadline away would never get it.
             Err(_) => {
-                // A reply held up on this connection (a slow command, a retransmission)
-                // holds up every reply behind it: later checks take a new connection.
-                if let Some(conn) = used.take() {
-                    self.conn.compare_and_swap(&Some(conn), None);
-                }
+                self.load_in_background(script);
                 Err(ScriptError::Timeout(self.call_timeout))
             }
         }
+    }
+
+    /// Loads `script` on the kept connection (or the next one) in the background, unless
+    /// a load is under way already.
+    fn load_in_background(self: &Arc<Self>, script: &'static Script) {
+        if self.loading.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let this = Arc::clone(self);
+        let timeout = self.connect_timeout();
+        tokio::spawn(async move {
+            let load = async {
+                let mut conn = this.connection().await?;
+                conn.load(script).await.map_err(ScriptError::from)
+            };
+            if let Err(error) = tokio::time::timeout(timeout, load).await {
+                tracing::debug!(%error, "loading a script in the background timed out");
+            }
+            this.loading.store(false, Ordering::Release);
+        });
+    }
+
+    fn connect_timeout(&self) -> Duration {
+        self.call_timeout.saturating_mul(4).max(MIN_CONNECT_TIMEOUT)
     }
 
     /// The kept connection, or the one the connection attempt under way (started here
@@ -387,7 +429,7 @@ impl RedisBackend {
         *slot = Some(attempt.clone());
         drop(slot);
         let this = Arc::clone(self);
-        let timeout = self.call_timeout.saturating_mul(4).max(MIN_CONNECT_TIMEOUT);
+        let timeout = self.connect_timeout();
         tokio::spawn(async move {
             let result = match tokio::time::timeout(timeout, this.pool.connect(timeout)).await {
                 Ok(Ok(conn)) => {
@@ -470,7 +512,7 @@ impl RedisBackend {
     async fn probe_once(self: &Arc<Self>) -> Result<(), ScriptError> {
         let mut invocation = PROBE.key(&self.probe_key);
         invocation.arg(self.probe_interval.as_millis().max(1000) as u64);
-        let reply = self.call(&invocation).await?;
+        let reply = self.call(&PROBE, &invocation).await?;
         if reply.first() == Some(&1) {
             Ok(())
         } else {

@@ -1,0 +1,433 @@
+//! Partial Redis faults: a real `redis-server`, reached through the fault-injecting proxy
+//! of the test support where the fault is on the way. Each test asserts which source
+//! answered, how often the breaker switched, and per-key isolation — not timings.
+
+mod support;
+
+use std::num::NonZeroU32;
+use std::sync::Arc;
+use std::time::Duration;
+
+use support::proxy::FaultProxy;
+use support::RedisServer;
+use tokio::time::Instant;
+use tower_redis_ratelimit::backend::RedisState;
+use tower_redis_ratelimit::period::{PeriodConfig, PeriodLimiter};
+use tower_redis_ratelimit::{Backend, BackendBuilder, FailurePolicy, Limiter, Source, State};
+
+const ONE: NonZeroU32 = NonZeroU32::MIN;
+const PROBE: Duration = Duration::from_millis(100);
+const RECOVERY: Duration = Duration::from_millis(300);
+
+/// The crate's defaults, with a faster probe and recovery to keep tests short.
+fn builder() -> BackendBuilder {
+    Backend::builder().probe_interval(PROBE).recovery(RECOVERY)
+}
+
+fn limiter(backend: &Backend, name: &str) -> Arc<PeriodLimiter> {
+    Arc::new(
+        PeriodLimiter::new(
+            backend,
+            name,
+            PeriodConfig::new(1_000_000, Duration::from_secs(60)),
+        )
+        .unwrap(),
+    )
+}
+
+/// Decisions by source.
+#[derive(Debug, Default, Clone, Copy)]
+struct Sources {
+    redis: usize,
+    other: usize,
+}
+
+impl Sources {
+    fn add(&mut self, source: Source) {
+        if source == Source::Redis {
+            self.redis += 1;
+        } else {
+            self.other += 1;
+        }
+    }
+
+    fn merge(&mut self, other: Sources) {
+        self.redis += other.redis;
+        self.other += other.other;
+    }
+
+    fn redis_share(&self) -> f64 {
+        self.redis as f64 / (self.redis + self.other).max(1) as f64
+    }
+}
+
+/// `tasks` tasks checking `limiter` back to back for `span`, each pausing `pause` between
+/// checks; the decisions by source.
+async fn load(
+    limiter: &Arc<PeriodLimiter>,
+    tasks: usize,
+    span: Duration,
+    pause: Duration,
+) -> Sources {
+    let until = Instant::now() + span;
+    let workers: Vec<_> = (0..tasks)
+        .map(|t| {
+            let limiter = Arc::clone(limiter);
+            tokio::spawn(async move {
+                let mut sources = Sources::default();
+                let mut i = 0u64;
+                while Instant::now() < until {
+                    let key = format!("k{}", (t as u64 * 7 + i) % 16);
+                    sources.add(limiter.check(&key, ONE).await.source);
+                    i += 1;
+                    tokio::time::sleep(pause).await;
+                }
+                sources
+            })
+        })
+        .collect();
+    let mut total = Sources::default();
+    for worker in workers {
+        total.merge(worker.await.unwrap());
+    }
+    total
+}
+
+async fn wait_state(backend: &Backend, state: RedisState, within: Duration) {
+    let start = Instant::now();
+    while backend.redis_state() != Some(state) {
+        assert!(
+            start.elapsed() < within,
+            "not {state:?} after {within:?}: {:?}",
+            backend.redis_state()
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replies_held_past_the_deadline_are_answered_locally_without_a_switch() {
+    let redis = RedisServer::start();
+    let proxy = FaultProxy::start(redis.port());
+    let backend = builder().redis_url(proxy.url()).build().unwrap();
+    let limiter = limiter(&backend, "held");
+    assert_eq!(limiter.check("warm", ONE).await.source, Source::Redis);
+    // Now and then a reply is held 150 ms, past the 100 ms default deadline: every reply
+    // behind it on the connection waits too (head-of-line).
+    proxy.hold_replies(0.005, Duration::from_millis(150));
+    let sources = load(
+        &limiter,
+        8,
+        Duration::from_secs(3),
+        Duration::from_millis(2),
+    )
+    .await;
+    assert!(sources.other > 0, "no reply was held: {sources:?}");
+    assert_eq!(backend.redis_switches(), Some(0), "{sources:?}");
+    assert!(sources.redis_share() >= 0.8, "{sources:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_replies_with_their_connection_are_absorbed() {
+    let redis = RedisServer::start();
+    let proxy = FaultProxy::start(redis.port());
+    let backend = builder().redis_url(proxy.url()).build().unwrap();
+    let limiter = limiter(&backend, "lost");
+    assert_eq!(limiter.check("warm", ONE).await.source, Source::Redis);
+    proxy.lose_replies(0.01);
+    let sources = load(
+        &limiter,
+        4,
+        Duration::from_secs(2),
+        Duration::from_millis(2),
+    )
+    .await;
+    assert!(proxy.connections() > 1, "no reply was lost");
+    assert_eq!(backend.redis_switches(), Some(0), "{sources:?}");
+    assert!(sources.redis_share() >= 0.95, "{sources:?}");
+}
+
+#[tokio::test]
+async fn a_key_of_the_wrong_type_affects_only_its_own_requests() {
+    let redis = RedisServer::start();
+    let backend = builder().redis_url(redis.url()).build().unwrap();
+    let limiter = limiter(&backend, "wrong");
+    let closed = PeriodLimiter::new(
+        &backend.clone(),
+        "closed",
+        PeriodConfig::new(10, Duration::from_secs(60)),
+    )
+    .unwrap();
+    // Something else wrote the limiter's keys: a hash where a counter belongs.
+    assert_eq!(limiter.check("bad", ONE).await.source, Source::Redis);
+    assert_eq!(closed.check("bad", ONE).await.source, Source::Redis);
+    let keys = redis.cmd(&["KEYS", "*bad*"]);
+    assert_eq!(keys.lines().count(), 2, "{keys}");
+    for key in keys.lines() {
+        redis.cmd(&["DEL", key]);
+        redis.cmd(&["HSET", key, "field", "value"]);
+    }
+    let mut good = Sources::default();
+    for i in 0..200 {
+        let bad = limiter.check("bad", ONE).await;
+        assert_eq!(
+            bad.source,
+            Source::Fallback,
+            "the failure policy decides it"
+        );
+        good.add(limiter.check(&format!("good{}", i % 10), ONE).await.source);
+    }
+    assert_eq!(good.redis, 200, "{good:?}");
+    assert_eq!(backend.redis_switches(), Some(0));
+    assert_eq!(backend.redis_state(), Some(RedisState::Healthy));
+
+    // A layer that fails closed refuses that key alone.
+    let closed_backend = builder()
+        .redis_url(redis.url())
+        .failure_policy(FailurePolicy::FailClosed)
+        .build()
+        .unwrap();
+    let closed = PeriodLimiter::new(
+        &closed_backend,
+        "closed",
+        PeriodConfig::new(10, Duration::from_secs(60)),
+    )
+    .unwrap();
+    let refused = closed.check("bad", ONE).await;
+    assert_eq!(
+        (refused.source, refused.state),
+        (Source::FailClosed, State::OverQuota)
+    );
+    assert_eq!(closed.check("fine", ONE).await.source, Source::Redis);
+}
+
+async fn refuses_writes_then_recovers(redis: &RedisServer, refuse: &[&[&str]], accept: &[&[&str]]) {
+    let backend = builder().redis_url(redis.url()).build().unwrap();
+    let limiter = limiter(&backend, "writes");
+    assert_eq!(limiter.check("k", ONE).await.source, Source::Redis);
+    for command in refuse {
+        assert_eq!(redis.cmd(command), "OK", "{command:?}");
+    }
+    // PING still answers, writes do not: the breaker opens once and stays open while
+    // the probe (a write) keeps failing.
+    assert_eq!(redis.cmd(&["PING"]), "PONG");
+    let during = load(
+        &limiter,
+        2,
+        Duration::from_millis(1500),
+        Duration::from_millis(1),
+    )
+    .await;
+    assert_eq!(
+        backend.redis_state(),
+        Some(RedisState::Fallback),
+        "{during:?}"
+    );
+    assert_eq!(backend.redis_switches(), Some(1), "{during:?}");
+    assert!(during.other > during.redis * 10, "{during:?}");
+    for command in accept {
+        assert_eq!(redis.cmd(command), "OK", "{command:?}");
+    }
+    wait_state(&backend, RedisState::Healthy, Duration::from_secs(2)).await;
+    assert_eq!(limiter.check("k", ONE).await.source, Source::Redis);
+    assert_eq!(backend.redis_switches(), Some(1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_out_of_memory_stays_in_fallback_until_it_accepts_writes() {
+    let redis = RedisServer::start();
+    refuses_writes_then_recovers(
+        &redis,
+        &[
+            &["CONFIG", "SET", "maxmemory-policy", "noeviction"],
+            &["CONFIG", "SET", "maxmemory", "1"],
+        ],
+        &[&["CONFIG", "SET", "maxmemory", "0"]],
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_only_replica_stays_in_fallback_until_it_is_promoted() {
+    let redis = RedisServer::start();
+    let primary = RedisServer::start();
+    let port = primary.port().to_string();
+    refuses_writes_then_recovers(
+        &redis,
+        &[&["REPLICAOF", "127.0.0.1", &port]],
+        &[&["REPLICAOF", "NO", "ONE"]],
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_far_redis_within_the_deadline_keeps_answering() {
+    let redis = RedisServer::start();
+    let proxy = FaultProxy::start(redis.port());
+    // A 70 ms round trip against the default 100 ms deadline: a connection takes two
+    // round trips, more than one deadline, and still gets made.
+    proxy.set_latency(Duration::from_millis(35));
+    let backend = builder().redis_url(proxy.url()).build().unwrap();
+    let limiter = limiter(&backend, "far");
+    let sources = load(
+        &limiter,
+        8,
+        Duration::from_secs(2),
+        Duration::from_millis(5),
+    )
+    .await;
+    assert_eq!(backend.redis_switches(), Some(0), "{sources:?}");
+    assert!(sources.redis_share() >= 0.9, "{sources:?}");
+    assert_eq!(proxy.connections(), 1, "one connection attempt at a time");
+
+    // A 2 s partition: the breaker opens, and Redis answers again soon after it ends.
+    proxy.blackhole(true);
+    let during = load(
+        &limiter,
+        8,
+        Duration::from_secs(2),
+        Duration::from_millis(5),
+    )
+    .await;
+    assert_eq!(
+        backend.redis_state(),
+        Some(RedisState::Fallback),
+        "{during:?}"
+    );
+    proxy.blackhole(false);
+    wait_state(&backend, RedisState::Healthy, Duration::from_secs(3)).await;
+    let after = load(
+        &limiter,
+        8,
+        Duration::from_millis(500),
+        Duration::from_millis(5),
+    )
+    .await;
+    assert_eq!(after.other, 0, "{after:?}");
+    assert_eq!(backend.redis_switches(), Some(1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_region_with_a_longer_deadline_keeps_answering() {
+    let redis = RedisServer::start();
+    let proxy = FaultProxy::start(redis.port());
+    proxy.set_latency(Duration::from_millis(80));
+    let backend = builder()
+        .redis_url(proxy.url())
+        .call_timeout(Duration::from_millis(250))
+        .build()
+        .unwrap();
+    let limiter = limiter(&backend, "slow");
+    // Connecting takes two round trips (320 ms), more than the deadline: the first check
+    // is answered locally while the connection is made in the background.
+    limiter.check("warm", ONE).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let sources = load(
+        &limiter,
+        8,
+        Duration::from_secs(2),
+        Duration::from_millis(5),
+    )
+    .await;
+    assert_eq!(backend.redis_switches(), Some(0), "{sources:?}");
+    assert!(sources.redis_share() >= 0.95, "{sources:?}");
+    assert_eq!(proxy.connections(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_under_load_switches_once_and_comes_back() {
+    let mut redis = RedisServer::start();
+    let proxy = FaultProxy::start(redis.port());
+    proxy.set_latency(Duration::from_millis(15));
+    let backend = builder().redis_url(proxy.url()).build().unwrap();
+    let limiter = limiter(&backend, "restart");
+    let before = load(
+        &limiter,
+        16,
+        Duration::from_millis(500),
+        Duration::from_millis(10),
+    )
+    .await;
+    assert!(before.redis_share() >= 0.9, "{before:?}");
+    redis.kill();
+    let during = load(
+        &limiter,
+        16,
+        Duration::from_secs(1),
+        Duration::from_millis(10),
+    )
+    .await;
+    assert_eq!(
+        backend.redis_state(),
+        Some(RedisState::Fallback),
+        "{during:?}"
+    );
+    redis.restart();
+    wait_state(&backend, RedisState::Healthy, Duration::from_secs(3)).await;
+    let after = load(
+        &limiter,
+        16,
+        Duration::from_secs(1),
+        Duration::from_millis(10),
+    )
+    .await;
+    assert!(after.redis_share() >= 0.95, "{after:?}");
+    assert_eq!(backend.redis_switches(), Some(1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cold_start_under_concurrency_makes_one_connection() {
+    let redis = RedisServer::start();
+    let proxy = FaultProxy::start(redis.port());
+    proxy.set_latency(Duration::from_millis(5));
+    let backend = builder().redis_url(proxy.url()).build().unwrap();
+    let limiter = limiter(&backend, "cold");
+    let sources = load(
+        &limiter,
+        32,
+        Duration::from_secs(1),
+        Duration::from_millis(1),
+    )
+    .await;
+    assert_eq!(proxy.connections(), 1, "{sources:?}");
+    assert_eq!(backend.redis_switches(), Some(0), "{sources:?}");
+    assert!(sources.redis_share() >= 0.95, "{sources:?}");
+}
+
+#[tokio::test]
+async fn backends_built_from_a_pool_recover_the_same_way() {
+    let mut redis = RedisServer::start();
+    let backend = builder().redis(redis.pool()).build().unwrap();
+    let limiter = limiter(&backend, "pool");
+    assert_eq!(limiter.check("k", ONE).await.source, Source::Redis);
+    redis.kill();
+    while backend.redis_state() == Some(RedisState::Healthy) {
+        assert_ne!(limiter.check("k", ONE).await.source, Source::Redis);
+    }
+    redis.restart();
+    wait_state(&backend, RedisState::Healthy, Duration::from_secs(3)).await;
+    assert_eq!(limiter.check("k", ONE).await.source, Source::Redis);
+    assert_eq!(backend.redis_switches(), Some(1));
+}
+
+#[test]
+fn invalid_breaker_settings_fail_when_built() {
+    let err = Backend::builder()
+        .breaker_failure_ratio(1.5)
+        .build()
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "`breaker_failure_ratio` must be a fraction in (0, 1]"
+    );
+    let err = Backend::builder().breaker_min_calls(0).build().unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "`breaker_min_calls` must be greater than zero"
+    );
+    let err = Backend::builder()
+        .breaker_window(Duration::ZERO)
+        .build()
+        .unwrap_err();
+    assert!(err.to_string().contains("breaker_window"), "{err}");
+}
