@@ -167,15 +167,56 @@
 //!
 //! # Failure modes
 //!
-//! Redis can be down, slow, or out of connections; a check never waits longer than the
-//! backend's [call timeout](crate::BackendBuilder::call_timeout) (100 ms by default,
-//! pool wait included; [`pool_config`](crate::backend::pool_config) makes the pool
-//! fail as fast). The first failure switches the whole backend to its failure mode,
-//! and one background probe (every 500 ms by default) switches it back when Redis
-//! answers again. No request is ever answered with a server error because of Redis.
-//! Every kind of failure counts alike, a script error too (for instance `WRONGTYPE`
-//! when something else wrote one of the limiter's keys): keep the limiter's
-//! [prefix](crate::BackendBuilder::prefix) to itself.
+//! Redis fails partially more often than it fails cleanly: a slow reply, one key of the
+//! wrong type, a server that answers `PING` but refuses writes, a far region. A check
+//! never waits longer than the backend's [call timeout](crate::BackendBuilder::call_timeout)
+//! (100 ms by default, waiting for a connection included), and no request is ever
+//! answered with a server error because of Redis. Each failed call is sorted by what it
+//! says about Redis:
+//!
+//! | fault | examples | what happens |
+//! |---|---|---|
+//! | transport | refused, reset, timed out, protocol error, no connection | that request is answered by its layer's failure policy; counts toward the breaker |
+//! | server-wide | `OOM`, `READONLY`, `LOADING`, `BUSY`, `MASTERDOWN`, `CLUSTERDOWN`, a `NOSCRIPT` a reload did not cure | likewise |
+//! | this key only | `WRONGTYPE` (something else wrote a limiter key), a script error caused by the stored value | that request alone is answered by its failure policy, and the key is logged (hashed) at most once per 10 s; never counts toward the breaker |
+//!
+//! The **breaker** judges Redis by a rate, not by one event: it moves the whole backend
+//! to its failure policies when, over the last 2 s, at least 20 calls were made and half
+//! of them failed, or when three calls or more in a row failed over twice the call
+//! timeout (a quiet service). While it is open, one **probe** per backend runs every
+//! 500 ms: one round trip, a script that writes one small key (`<prefix>:probe`), so a
+//! Redis that answers `PING` but refuses writes stays judged unusable. When a probe
+//! succeeds, traffic **returns gradually**: a tenth of the checks at first, all of them
+//! after 1 s ([`recovery`](crate::BackendBuilder::recovery)), so a recovering Redis is not
+//! hit by every instance's whole traffic at once. Every threshold is a
+//! [`BackendBuilder`](crate::BackendBuilder) setting, validated when the backend is built.
+//!
+//! | what Redis does | what the crate does |
+//! |---|---|
+//! | a reply now and then held past the deadline (a slow command, a retransmission: the replies behind it wait too) | only the requests whose own call timed out are answered locally; no switch |
+//! | a reply lost together with its connection (reset) | the call is retried once on a fresh connection within its deadline |
+//! | one key holds a value of the wrong type | only that key's requests are answered by the failure policy; every other key stays on Redis |
+//! | answers `PING` but refuses writes (`OOM` with `noeviction`, a `READONLY` replica, `LOADING`) | one switch to the failure policies, which stay until a probe's write succeeds; back on Redis within about a probe interval plus the recovery time once writes work |
+//! | a round trip above half the call timeout (another zone or region) | stays on Redis as long as the round trip is below the call timeout: connections are made and scripts loaded in the background, apart from any request's deadline |
+//! | down, restarted, partitioned | one switch after the breaker judges it, back within a probe interval plus the recovery time of Redis answering again |
+//! | many concurrent checks at a cold start or after a restart | one connection attempt at a time, shared by every waiting check (no herd) |
+//!
+//! The figures of each row, measured with a fault-injecting proxy, are in
+//! `BENCHMARKS.md` (`cargo run --release --example chaos`).
+//!
+//! Logs stay quiet and useful: one `warn` when the breaker opens (with the fault and the
+//! ratio or streak that opened it), one `info` when a probe succeeds and one when the
+//! recovery is over, and repeated errors summarised in one `warn` at most every 10 s.
+//! The [metrics](crate::metrics) count switches, time away from Redis, and failed calls
+//! by fault. [`Backend::redis_state`](crate::Backend::redis_state) and
+//! [`Backend::redis_switches`](crate::Backend::redis_switches) tell where a backend
+//! stands, for a health endpoint.
+//!
+//! The backend keeps one multiplexed connection and pipelines every check on it. A
+//! backend built from a URL ([`redis_url`](crate::BackendBuilder::redis_url),
+//! [`redis_cluster_urls`](crate::BackendBuilder::redis_cluster_urls)) sets `TCP_NODELAY`
+//! on its sockets; a pool built with `deadpool_redis::Config` leaves it off, which costs
+//! latency under concurrency.
 //!
 //! What a layer answers meanwhile is its [`FailurePolicy`](crate::FailurePolicy):
 //!

@@ -106,3 +106,22 @@ async fn noscript_on_a_cluster_is_handled() {
         assert_eq!(d.remaining, 98);
     }
 }
+
+#[tokio::test]
+async fn a_cluster_reached_by_urls_limits_on_every_node() {
+    let cluster = RedisCluster::start(3);
+    let backend = Backend::builder()
+        .redis_cluster_urls(cluster.urls())
+        .build()
+        .unwrap();
+    let limiter =
+        PeriodLimiter::new(&backend, "u", PeriodConfig::new(2, Duration::from_secs(60))).unwrap();
+    for key in keys() {
+        assert_eq!(admitted(&limiter, &key, 3).await, 2, "key {key:?}");
+    }
+    for node in 0..3 {
+        let size: u64 = cluster.cmd(node, &["DBSIZE"]).parse().unwrap();
+        assert!(size > 0, "node {node} holds no key");
+    }
+    assert_eq!(backend.redis_switches(), Some(0));
+}

@@ -593,3 +593,36 @@ impl ErrorLog {
         );
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backends_built_from_urls_set_tcp_nodelay() {
+        let RedisPool::Client(client) = RedisPool::from_url("redis://127.0.0.1:6379").unwrap()
+        else {
+            panic!("a URL makes a client");
+        };
+        assert!(client.get_connection_info().tcp_settings().nodelay());
+    }
+
+    #[test]
+    fn errors_are_sorted_by_kind_and_code() {
+        // Server replies (`WRONGTYPE`, `OOM`, `READONLY`) are sorted in tests/faults.rs,
+        // against a real server.
+        let io = ScriptError::Redis(redis::RedisError::from(std::io::Error::from(
+            std::io::ErrorKind::ConnectionReset,
+        )));
+        assert_eq!(io.fault(), Fault::Transport);
+        assert_eq!(
+            ScriptError::Timeout(Duration::ZERO).fault(),
+            Fault::Transport
+        );
+        assert_eq!(ScriptError::Reply(vec![]).fault(), Fault::Key);
+        assert_eq!(
+            ScriptError::Connect(Box::new(ScriptError::Timeout(Duration::ZERO))).fault(),
+            Fault::Transport
+        );
+    }
+}
