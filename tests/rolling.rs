@@ -424,7 +424,8 @@ async fn unreachable_redis_is_answered_by_the_fallback() {
     redis.kill();
     let d = limiter.check("k", ONE).await;
     assert_eq!(d.source, Source::Fallback);
-    assert_eq!(backend.redis_healthy(), Some(false));
+    // One failed call is answered by the fallback; it takes more to open the breaker.
+    assert_eq!(backend.redis_healthy(), Some(true));
     let d = limiter.check("k", ONE).await;
     assert_eq!(d.source, Source::Fallback);
     assert_eq!(d.state, State::HitQuota);
