@@ -385,8 +385,10 @@ impl RedisBackend {
                 let mut conn = this.connection().await?;
                 conn.load(script).await.map_err(ScriptError::from)
             };
-            if let Err(error) = tokio::time::timeout(timeout, load).await {
-                tracing::debug!(%error, "loading a script in the background timed out");
+            match tokio::time::timeout(timeout, load).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(error)) => tracing::debug!(%error, "loading a script failed"),
+                Err(_) => tracing::debug!(?timeout, "loading a script timed out"),
             }
             this.loading.store(false, Ordering::Release);
         });
