@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, Weak};
 use std::time::Duration;
 
-use arc_swap::ArcSwapOption;
+use arc_swap::{ArcSwap, ArcSwapOption};
 use deadpool_redis::redis::{self, ErrorKind, Script, ScriptInvocation, ServerErrorKind};
 use tokio::sync::watch;
 
@@ -257,6 +257,8 @@ pub(crate) struct RedisBackend {
     probing: AtomicBool,
     /// Whether a script is being loaded in the background.
     loading: AtomicBool,
+    /// The scripts checks have run, loaded on every new connection.
+    scripts: ArcSwap<Vec<&'static Script>>,
     log: ErrorLog,
     /// Keys whose errors were logged lately (by hash), and when.
     key_errors: Mutex<HashMap<u128, std::time::Instant>>,
@@ -291,6 +293,7 @@ impl RedisBackend {
             breaker: Breaker::new(breaker, call_timeout, prefix.clone()),
             probing: AtomicBool::new(false),
             loading: AtomicBool::new(false),
+            scripts: ArcSwap::from_pointee(vec![&*PROBE]),
             log: ErrorLog::default(),
             key_errors: Mutex::default(),
         }
@@ -324,6 +327,15 @@ impl RedisBackend {
         script: &'static Script,
         invocation: &ScriptInvocation<'_>,
     ) -> Result<Vec<i64>, ScriptError> {
+        if !self.scripts.load().iter().any(|s| std::ptr::eq(*s, script)) {
+            self.scripts.rcu(|scripts| {
+                let mut scripts = Vec::clone(scripts);
+                if !scripts.iter().any(|s| std::ptr::eq(*s, script)) {
+                    scripts.push(script);
+                }
+                scripts
+            });
+        }
         let result = self.call(script, invocation).await;
         match &result {
             Ok(_) => {
@@ -433,7 +445,21 @@ impl RedisBackend {
         let this = Arc::clone(self);
         let timeout = self.connect_timeout();
         tokio::spawn(async move {
-            let result = match tokio::time::timeout(timeout, this.pool.connect(timeout)).await {
+            let connect = async {
+                let mut conn = this.pool.connect(timeout).await?;
+                // A new connection may reach a new server (a restart, a failover): load
+                // the scripts in use before any check needs them, so that concurrent
+                // checks do not each meet `NOSCRIPT` and load them again.
+                let scripts = this.scripts.load_full();
+                for script in scripts.iter() {
+                    if let Err(error) = conn.load(script).await {
+                        tracing::debug!(%error, "loading a script on a new connection failed");
+                        break;
+                    }
+                }
+                Ok::<_, ScriptError>(conn)
+            };
+            let result = match tokio::time::timeout(timeout, connect).await {
                 Ok(Ok(conn)) => {
                     this.conn.store(Some(Arc::new(conn)));
                     Ok(())
