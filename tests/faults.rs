@@ -276,10 +276,14 @@ async fn a_read_only_replica_stays_in_fallback_until_it_is_promoted() {
 async fn a_far_redis_within_the_deadline_keeps_answering() {
     let redis = RedisServer::start();
     let proxy = FaultProxy::start(redis.port());
-    // A 70 ms round trip against the default 100 ms deadline: a connection takes two
-    // round trips, more than one deadline, and still gets made.
-    proxy.set_latency(Duration::from_millis(35));
-    let backend = builder().redis_url(proxy.url()).build().unwrap();
+    // A round trip above half the deadline (120 ms against 200 ms): a connection takes
+    // two round trips, more than one deadline, and still gets made.
+    proxy.set_latency(Duration::from_millis(60));
+    let backend = builder()
+        .redis_url(proxy.url())
+        .call_timeout(Duration::from_millis(200))
+        .build()
+        .unwrap();
     let limiter = limiter(&backend, "far");
     warm(&limiter).await;
     let sources = load(

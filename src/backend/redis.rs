@@ -293,7 +293,7 @@ impl RedisBackend {
             breaker: Breaker::new(breaker, call_timeout, prefix.clone()),
             probing: AtomicBool::new(false),
             loading: AtomicBool::new(false),
-            scripts: ArcSwap::from_pointee(vec![&*PROBE]),
+            scripts: ArcSwap::default(),
             log: ErrorLog::default(),
             key_errors: Mutex::default(),
         }
@@ -327,15 +327,7 @@ impl RedisBackend {
         script: &'static Script,
         invocation: &ScriptInvocation<'_>,
     ) -> Result<Vec<i64>, ScriptError> {
-        if !self.scripts.load().iter().any(|s| std::ptr::eq(*s, script)) {
-            self.scripts.rcu(|scripts| {
-                let mut scripts = Vec::clone(scripts);
-                if !scripts.iter().any(|s| std::ptr::eq(*s, script)) {
-                    scripts.push(script);
-                }
-                scripts
-            });
-        }
+        self.register(script);
         let result = self.call(script, invocation).await;
         match &result {
             Ok(_) => {
@@ -382,6 +374,20 @@ impl RedisBackend {
                 Err(ScriptError::Timeout(self.call_timeout))
             }
         }
+    }
+
+    /// Remembers `script` as one to load on every new connection.
+    fn register(&self, script: &'static Script) {
+        if self.scripts.load().iter().any(|s| std::ptr::eq(*s, script)) {
+            return;
+        }
+        self.scripts.rcu(|scripts| {
+            let mut scripts = Vec::clone(scripts);
+            if !scripts.iter().any(|s| std::ptr::eq(*s, script)) {
+                scripts.push(script);
+            }
+            scripts
+        });
     }
 
     /// Loads `script` on the kept connection (or the next one) in the background, unless
@@ -538,6 +544,7 @@ impl RedisBackend {
 
     /// One probe: the write script on the kept connection, one round trip.
     async fn probe_once(self: &Arc<Self>) -> Result<(), ScriptError> {
+        self.register(&PROBE);
         let mut invocation = PROBE.key(&self.probe_key);
         invocation.arg(self.probe_interval.as_millis().max(1000) as u64);
         let reply = self.call(&PROBE, &invocation).await?;
