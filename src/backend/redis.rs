@@ -23,7 +23,7 @@ pub(crate) enum RedisPool {
     #[cfg(feature = "cluster")]
     Cluster(deadpool_redis::cluster::Pool),
     #[cfg(feature = "cluster")]
-    ClusterClient(redis::cluster::ClusterClient),
+    ClusterClient(Box<redis::cluster::ClusterClient>),
 }
 
 impl fmt::Debug for RedisPool {
@@ -58,7 +58,7 @@ impl RedisPool {
         let client = redis::cluster::ClusterClientBuilder::new(urls.iter().map(String::as_str))
             .tcp_settings(tcp)
             .build()?;
-        Ok(Self::ClusterClient(client))
+        Ok(Self::ClusterClient(Box::new(client)))
     }
 
     /// A new multiplexed connection, owned by the backend (taken out of a pool, so the
@@ -230,6 +230,9 @@ fn breaks_connection(error: &redis::RedisError) -> bool {
         || error.is_unrecoverable_error()
 }
 
+/// A connection attempt: `None` while under way, then how it ended.
+type Attempt = watch::Receiver<Option<Result<(), ScriptError>>>;
+
 /// The probe: one write, so a server that answers but refuses writes stays in fallback.
 static PROBE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("probe.lua")));
 
@@ -248,7 +251,7 @@ pub(crate) struct RedisBackend {
     conn: ArcSwapOption<Conn>,
     /// The connection attempt under way, if any: callers wait for it instead of each
     /// opening their own (no herd after a restart).
-    connecting: Mutex<Option<watch::Receiver<Option<Result<(), ScriptError>>>>>,
+    connecting: Mutex<Option<Attempt>>,
     /// `<prefix>:probe`, the one key the probe writes.
     probe_key: String,
     call_timeout: Duration,
@@ -438,7 +441,7 @@ impl RedisBackend {
     }
 
     /// The connection attempt under way, or a new one in the background.
-    fn connect(self: &Arc<Self>) -> watch::Receiver<Option<Result<(), ScriptError>>> {
+    fn connect(self: &Arc<Self>) -> Attempt {
         let mut slot = self.connecting.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(attempt) = &*slot {
             if attempt.borrow().is_none() {
