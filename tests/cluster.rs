@@ -29,7 +29,7 @@ fn keys() -> Vec<String> {
 async fn admitted(limiter: &impl Limiter, key: &str, tries: usize) -> usize {
     let mut n = 0;
     for _ in 0..tries {
-        let d = limiter.check(key, ONE).await;
+        let d = limiter.check(key.as_bytes(), ONE).await;
         assert!(
             matches!(d.source, Source::Redis | Source::DenyCache),
             "key {key:?}: {d:?}"
@@ -95,13 +95,16 @@ async fn noscript_on_a_cluster_is_handled() {
     )
     .unwrap();
     for key in keys() {
-        assert_eq!(limiter.check(&key, ONE).await.source, Source::Redis);
+        assert_eq!(
+            limiter.check(key.as_bytes(), ONE).await.source,
+            Source::Redis
+        );
     }
     for node in 0..3 {
         assert_eq!(cluster.cmd(node, &["SCRIPT", "FLUSH"]), "OK");
     }
     for key in keys() {
-        let d = limiter.check(&key, ONE).await;
+        let d = limiter.check(key.as_bytes(), ONE).await;
         assert_eq!(d.source, Source::Redis, "key {key:?}");
         assert_eq!(d.remaining, 98);
     }
