@@ -3,6 +3,7 @@
 
 mod support;
 
+use std::collections::{HashMap, HashSet};
 use std::num::NonZeroU32;
 use std::time::Duration;
 
@@ -77,6 +78,24 @@ async fn every_layer_limits_exactly_with_keys_over_all_slots() {
     for node in 0..3 {
         let size: u64 = cluster.cmd(node, &["DBSIZE"]).parse().unwrap();
         assert!(size > 0, "node {node} holds no key");
+    }
+    // The hash tag is the limited key: the three limits of one key share its slot.
+    let mut nodes_of_tag: HashMap<String, (HashSet<usize>, usize)> = HashMap::new();
+    for node in 0..3 {
+        for redis_key in cluster.cmd(node, &["KEYS", "*"]).lines() {
+            let open = redis_key.find('{').expect("a hash tag");
+            let len = redis_key[open..].find('}').expect("a closed hash tag");
+            let tag = &redis_key[open + 1..open + len];
+            assert!(tag.starts_with("v1:") && !tag.contains('{'), "{redis_key}");
+            let entry = nodes_of_tag.entry(tag.to_owned()).or_default();
+            entry.0.insert(node);
+            entry.1 += 1;
+        }
+    }
+    assert_eq!(nodes_of_tag.len(), keys().len(), "one tag per limited key");
+    for (tag, (nodes, count)) in nodes_of_tag {
+        assert_eq!(nodes.len(), 1, "{tag} on nodes {nodes:?}");
+        assert_eq!(count, 3, "{tag}: one key per algorithm");
     }
     assert_eq!(backend.redis_healthy(), Some(true));
 }

@@ -98,6 +98,26 @@ async fn limiters_never_share_a_redis_key_whatever_their_names_and_keys() {
     }
 }
 
+/// The Redis key is the documented layout, `<prefix>:{v1:<escaped key>}:<algorithm>:<name>`.
+#[tokio::test]
+async fn redis_keys_follow_the_documented_layout() {
+    let redis = RedisServer::start();
+    let backend = backend(&redis, "app");
+    for limiter in one_of_each(&backend, "sms:daily") {
+        assert!(admits(&*limiter, b"hdr:x-api-key:{k}%1").await);
+    }
+    let mut keys: Vec<String> = redis.cmd(&["KEYS", "*"]).lines().map(Into::into).collect();
+    keys.sort_unstable();
+    assert_eq!(
+        keys,
+        [
+            "app:{v1:hdr:x-api-key:%7Bk%7D%251}:period:sms:daily",
+            "app:{v1:hdr:x-api-key:%7Bk%7D%251}:rolling:sms:daily",
+            "app:{v1:hdr:x-api-key:%7Bk%7D%251}:token:sms:daily",
+        ]
+    );
+}
+
 #[tokio::test]
 async fn keys_that_differ_only_in_bytes_that_are_not_utf8_are_apart() {
     let redis = RedisServer::start();
