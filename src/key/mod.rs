@@ -87,11 +87,11 @@ use std::sync::Arc;
 use http::header::{HeaderName, FORWARDED};
 use ipnet::IpNet;
 
-mod bytes;
+mod raw;
 mod ip;
 
-pub use self::bytes::Key;
-use self::bytes::Writer;
+pub use self::raw::Key;
+use self::raw::Writer;
 
 /// The IPv6 prefix length [`PeerIp`] and [`ForwardedIp`] group clients by,
 /// unless told otherwise: a /64, the smallest network a single host usually

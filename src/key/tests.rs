@@ -113,7 +113,7 @@ fn closure_returning_owned_keys() {
     assert_eq!(key(&constant, &r).as_deref(), Some("fn:const"));
     let bytes = |_: &Request<()>| Some(vec![0xff_u8, b'x']);
     assert_eq!(bytes.extract(&r).unwrap(), b"fn:\xffx");
-    let shared = |_: &Request<()>| Some(::bytes::Bytes::from_static(b"\x00"));
+    let shared = |_: &Request<()>| Some(bytes::Bytes::from_static(b"\x00"));
     assert_eq!(shared.extract(&r).unwrap(), b"fn:\x00");
     let never = |_: &Request<()>| None::<String>;
     assert_eq!(key(&never, &r), None);
