@@ -131,6 +131,29 @@ async fn keys_that_differ_only_in_bytes_that_are_not_utf8_are_apart() {
     }
 }
 
+/// While Redis fails, the fallback counts each key under the same bytes whether the
+/// check failed on its way to Redis (the key is read back from the Redis key) or went
+/// straight to the fallback, and keeps keys apart as Redis does.
+#[tokio::test]
+async fn the_fallback_keeps_byte_keys_apart_and_whole() {
+    let mut redis = RedisServer::start();
+    let backend = backend(&redis, "app");
+    let minute = Duration::from_secs(60);
+    let limiter = PeriodLimiter::new(&backend, "l", PeriodConfig::new(2, minute)).unwrap();
+    assert_eq!(limiter.check(b"warm", ONE).await.source, Source::Redis);
+    redis.kill();
+    let keys: [&[u8]; 4] = [b"a{%7B}\xff", b"a%7B%7B}\xff", b"a{{}\xff", b""];
+    for key in keys {
+        let mut admitted = 0;
+        for _ in 0..3 {
+            let decision = limiter.check(key, ONE).await;
+            assert_ne!(decision.source, Source::Redis, "{key:?}");
+            admitted += usize::from(decision.is_admitted());
+        }
+        assert_eq!(admitted, 2, "{key:?}: the fallback's limit, once per key");
+    }
+}
+
 // ---------------------------------------------------------------------------
 // Over HTTP
 // ---------------------------------------------------------------------------

@@ -87,8 +87,8 @@ use std::sync::Arc;
 use http::header::{HeaderName, FORWARDED};
 use ipnet::IpNet;
 
-mod raw;
 mod ip;
+mod raw;
 
 pub use self::raw::Key;
 use self::raw::Writer;
