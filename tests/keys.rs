@@ -74,6 +74,25 @@ fn colliding_tuples() -> Vec<[(&'static str, &'static str, &'static [u8]); 2]> {
     ]
 }
 
+/// Prefixes and names with hash-tag braces are refused when they are built (they would
+/// end the hash tag early); keys may hold any bytes.
+#[test]
+fn braces_in_prefixes_and_names_are_refused_when_built() {
+    for prefix in ["{app}", "a{", "}"] {
+        let built = Backend::builder().prefix(prefix).build();
+        assert!(built.is_err(), "prefix {prefix:?}");
+    }
+    let backend = Backend::in_process();
+    let minute = Duration::from_secs(60);
+    for name in ["{sms}", "a}", "{"] {
+        assert!(PeriodLimiter::new(&backend, name, PeriodConfig::new(1, minute)).is_err());
+        let config = TokenBucketConfig::new(1, minute, 1);
+        assert!(TokenBucketLimiter::new(&backend, name, config).is_err());
+        let config = RollingConfig::new(1, 6, minute / 6);
+        assert!(RollingWindowLimiter::new(&backend, name, config).is_err());
+    }
+}
+
 #[tokio::test]
 async fn limiters_never_share_a_redis_key_whatever_their_names_and_keys() {
     let redis = RedisServer::start();

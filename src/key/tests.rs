@@ -257,6 +257,12 @@ fn extension_key() {
 }
 
 #[test]
+#[should_panic(expected = "must not contain `:`")]
+fn extension_key_tags_with_colons_are_refused() {
+    let _ = ExtensionKey::<UserId>::new().tag("a:b");
+}
+
+#[test]
 fn extension_key_empty_display_is_none() {
     #[derive(Clone)]
     struct Empty;
