@@ -97,7 +97,7 @@ async fn flood(limiter: &dyn Limiter, prefix: &str, count: usize) -> Duration {
         key.clear();
         key.push_str(prefix);
         write!(key, "{i}").expect("write to a String");
-        let decision = limiter.check(&key, ONE).await;
+        let decision = limiter.check(key.as_bytes(), ONE).await;
         assert!(
             matches!(decision.state, State::Allowed | State::HitQuota),
             "{key} was refused: {decision:?}"
@@ -125,7 +125,7 @@ fn run(algorithm: &str, keys: usize) {
         tokio::time::advance(idle).await;
         // The first check after the sweep interval starts a sweep on the blocking pool.
         let sweep_start = Instant::now();
-        let _ = limiter.check("after-the-sweep", ONE).await;
+        let _ = limiter.check(b"after-the-sweep", ONE).await;
         let request = sweep_start.elapsed();
         tokio::task::spawn_blocking(|| ())
             .await

@@ -40,6 +40,15 @@
 //! The `tenants` example (`cargo run --example tenants`) does all of these on one axum
 //! application.
 //!
+//! Keys are bytes, and every extractor starts its keys with a tag of its own (`ip:`,
+//! `hdr:x-api-key:`, `ext::`, `path:`, `fn:` for closures; the [table](crate::key#tags)
+//! lists them). So combining extractors is safe by construction: with
+//! `HeaderKey::from_static("x-api-key").or(PeerIp::new())`, a client that sends
+//! `x-api-key: 127.0.0.1` is counted under `hdr:x-api-key:127.0.0.1`, never under the
+//! address `ip:127.0.0.1` of another client, and an API key cannot be chosen to drain
+//! an address's quota. Header values that are not UTF-8 are used byte for byte, so two
+//! different values are never one key.
+//!
 //! # Stacked limits
 //!
 //! Put one layer per limit on the route, for instance a burst limit and a daily quota.
@@ -123,7 +132,11 @@
 //!   every proxy appends to), or RFC 7239 `Forwarded` with
 //!   [`ForwardedIp::header`](crate::key::ForwardedIp::header). Avoid `Auto` unless your
 //!   proxies strip the header they do not set: a client could otherwise send its own.
-//! - Group IPv6 clients by network (`ipv6_prefix(64)`): one client usually owns a /64.
+//! - IPv6 clients are grouped by their /64 by default, since one client usually owns a
+//!   whole /64 and could otherwise rotate addresses around any limit; use
+//!   `ipv6_prefix(56)` or `ipv6_prefix(48)` for networks that hand out larger prefixes,
+//!   `ipv6_prefix(128)` for one limit per address. IPv4-mapped addresses
+//!   (`::ffff:192.0.2.1`) are keyed as IPv4.
 //! - Serve axum with `into_make_service_with_connect_info::<SocketAddr>()` so the peer
 //!   address is known.
 //!
@@ -133,19 +146,24 @@
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let client = ForwardedIp::from_strs(["10.0.0.0/8", "192.0.2.10"])?
 //!     .header(ForwardedHeader::XForwardedFor)
-//!     .ipv6_prefix(64);
+//!     .ipv6_prefix(56);
 //! # let _ = client; Ok(()) }
 //! ```
 //!
 //! # Redis Cluster
 //!
 //! With the `cluster` feature, give the backend a `deadpool_redis::cluster` pool with
-//! `BackendBuilder::redis_cluster`. Every check
-//! is one script on one key (`<prefix>:<algorithm>:<name>:<key>`), so it runs on the
-//! node that owns that key's slot and keys spread over the whole cluster; there are no
-//! cross-slot operations and no hash tags to plan. Prefixes and names may not contain
-//! `{` or `}`, so they cannot pin every key to one slot by accident. Scripts are loaded
-//! per node on first use and again after a failover (`NOSCRIPT` is handled).
+//! `BackendBuilder::redis_cluster`. Every check is one script on one Redis key,
+//! `<prefix>:{v1:<escaped key>}:<algorithm>:<name>` (the [layout](crate::backend#redis-keys)),
+//! so it runs on the node that owns that key's slot; there are no cross-slot operations
+//! and no hash tags to plan. The crate writes the hash tag itself: the braces hold the
+//! layout version and the limited key, with any `{`, `}` or `%` in the key escaped
+//! (`%7B`, `%7D`, `%25`), so a key's slot depends on the limited key alone. Keys spread
+//! over the whole cluster by limited key, whatever braces a client puts into its key,
+//! and every limit on one key (a burst limit and a daily quota, say) lives in one slot.
+//! (A hot key is therefore hot on one node for all its limits.) Prefixes and names may
+//! not contain `{` or `}`. Scripts are loaded per node on first use and again after a
+//! failover (`NOSCRIPT` is handled).
 //!
 //! ```no_run
 //! # #[cfg(feature = "cluster")]

@@ -23,9 +23,12 @@ pub trait Limiter: Send + Sync + 'static {
 
     /// Counts `cost` units against `key` and says whether they fit.
     ///
+    /// A key is any bytes (a [`Key`](crate::key::Key) dereferences to them); different
+    /// bytes are always different keys.
+    ///
     /// In-process checks answer at once with [`Check::ready`]; checks that need a round
     /// trip return [`Check::pending`].
-    fn check(&self, key: &str, cost: NonZeroU32) -> Check;
+    fn check(&self, key: &[u8], cost: NonZeroU32) -> Check;
 
     /// Every policy this limiter can apply, for limiters that choose one per request
     /// (such as [`PlanLimiter`](crate::service::PlanLimiter), one policy per plan).
@@ -47,7 +50,7 @@ pub trait Limiter: Send + Sync + 'static {
     /// Counts `cost` units against `key` under the policy at `index` in
     /// [`policies`](Self::policies). The default ignores `index` and calls
     /// [`check`](Self::check).
-    fn check_policy(&self, index: usize, key: &str, cost: NonZeroU32) -> Check {
+    fn check_policy(&self, index: usize, key: &[u8], cost: NonZeroU32) -> Check {
         let _ = index;
         self.check(key, cost)
     }
@@ -58,7 +61,7 @@ impl<L: Limiter + ?Sized> Limiter for std::sync::Arc<L> {
         (**self).policy()
     }
 
-    fn check(&self, key: &str, cost: NonZeroU32) -> Check {
+    fn check(&self, key: &[u8], cost: NonZeroU32) -> Check {
         (**self).check(key, cost)
     }
 
@@ -70,7 +73,7 @@ impl<L: Limiter + ?Sized> Limiter for std::sync::Arc<L> {
         (**self).select(request)
     }
 
-    fn check_policy(&self, index: usize, key: &str, cost: NonZeroU32) -> Check {
+    fn check_policy(&self, index: usize, key: &[u8], cost: NonZeroU32) -> Check {
         (**self).check_policy(index, key, cost)
     }
 }

@@ -10,8 +10,8 @@ use dashmap::DashMap;
 /// Runs `f` on `key`'s entry, inserting `init()` first if the key is new. Existing keys
 /// are found without allocating an owned key.
 pub(crate) fn update<V, R>(
-    map: &DashMap<Box<str>, V>,
-    key: &str,
+    map: &DashMap<Box<[u8]>, V>,
+    key: &[u8],
     init: impl FnOnce() -> V,
     f: impl FnOnce(&mut V) -> R,
 ) -> R {
@@ -139,8 +139,8 @@ mod tests {
     #[test]
     fn update_inserts_then_finds() {
         let map = DashMap::new();
-        assert_eq!(update(&map, "k", || 1, |v| *v), 1);
-        update(&map, "k", || 1, |v| *v += 1);
-        assert_eq!(update(&map, "k", || 0, |v| *v), 2);
+        assert_eq!(update(&map, b"k", || 1, |v| *v), 1);
+        update(&map, b"k", || 1, |v| *v += 1);
+        assert_eq!(update(&map, b"k", || 0, |v| *v), 2);
     }
 }

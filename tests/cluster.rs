@@ -3,6 +3,7 @@
 
 mod support;
 
+use std::collections::{HashMap, HashSet};
 use std::num::NonZeroU32;
 use std::time::Duration;
 
@@ -29,7 +30,7 @@ fn keys() -> Vec<String> {
 async fn admitted(limiter: &impl Limiter, key: &str, tries: usize) -> usize {
     let mut n = 0;
     for _ in 0..tries {
-        let d = limiter.check(key, ONE).await;
+        let d = limiter.check(key.as_bytes(), ONE).await;
         assert!(
             matches!(d.source, Source::Redis | Source::DenyCache),
             "key {key:?}: {d:?}"
@@ -78,6 +79,24 @@ async fn every_layer_limits_exactly_with_keys_over_all_slots() {
         let size: u64 = cluster.cmd(node, &["DBSIZE"]).parse().unwrap();
         assert!(size > 0, "node {node} holds no key");
     }
+    // The hash tag is the limited key: the three limits of one key share its slot.
+    let mut nodes_of_tag: HashMap<String, (HashSet<usize>, usize)> = HashMap::new();
+    for node in 0..3 {
+        for redis_key in cluster.cmd(node, &["KEYS", "*"]).lines() {
+            let open = redis_key.find('{').expect("a hash tag");
+            let len = redis_key[open..].find('}').expect("a closed hash tag");
+            let tag = &redis_key[open + 1..open + len];
+            assert!(tag.starts_with("v1:") && !tag.contains('{'), "{redis_key}");
+            let entry = nodes_of_tag.entry(tag.to_owned()).or_default();
+            entry.0.insert(node);
+            entry.1 += 1;
+        }
+    }
+    assert_eq!(nodes_of_tag.len(), keys().len(), "one tag per limited key");
+    for (tag, (nodes, count)) in nodes_of_tag {
+        assert_eq!(nodes.len(), 1, "{tag} on nodes {nodes:?}");
+        assert_eq!(count, 3, "{tag}: one key per algorithm");
+    }
     assert_eq!(backend.redis_healthy(), Some(true));
 }
 
@@ -95,13 +114,16 @@ async fn noscript_on_a_cluster_is_handled() {
     )
     .unwrap();
     for key in keys() {
-        assert_eq!(limiter.check(&key, ONE).await.source, Source::Redis);
+        assert_eq!(
+            limiter.check(key.as_bytes(), ONE).await.source,
+            Source::Redis
+        );
     }
     for node in 0..3 {
         assert_eq!(cluster.cmd(node, &["SCRIPT", "FLUSH"]), "OK");
     }
     for key in keys() {
-        let d = limiter.check(&key, ONE).await;
+        let d = limiter.check(key.as_bytes(), ONE).await;
         assert_eq!(d.source, Source::Redis, "key {key:?}");
         assert_eq!(d.remaining, 98);
     }

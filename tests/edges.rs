@@ -103,11 +103,11 @@ async fn per_user_and_per_plan_limits_on_redis() {
     per_user_and_per_plan(Backend::redis(redis.pool())).await;
     // Each plan counts in a namespace of its own.
     assert_eq!(
-        redis.cmd(&["GET", "ratelimit:period:profile.free:user-free"]),
+        redis.cmd(&["GET", "ratelimit:{v1:ext::user-free}:period:profile.free"]),
         "10"
     );
     assert_eq!(
-        redis.cmd(&["GET", "ratelimit:period:profile.paid:user-paid"]),
+        redis.cmd(&["GET", "ratelimit:{v1:ext::user-paid}:period:profile.paid"]),
         "12"
     );
 }
@@ -169,7 +169,7 @@ async fn stacked_burst_and_daily_in_the_example() {
         "a request refused by the outer layer never reaches the inner one"
     );
     assert_eq!(
-        redis.cmd(&["GET", "ratelimit:period:search-daily:user-free"]),
+        redis.cmd(&["GET", "ratelimit:{v1:ext::user-free}:period:search-daily"]),
         "3",
         "the refused request did not use daily quota"
     );
@@ -252,7 +252,7 @@ async fn a_burst_rejection_does_not_burn_daily_quota_in_process() {
     // Exactly 3 of 5 daily units are left: 3 fit, and they are the last ones.
     let left = daily
         .limiter()
-        .check("alice", NonZeroU32::new(3).unwrap())
+        .check(b"hdr:x-key:alice", NonZeroU32::new(3).unwrap())
         .await;
     assert_eq!(left.state, State::HitQuota);
 }
@@ -267,8 +267,14 @@ async fn a_burst_rejection_does_not_burn_daily_quota_on_redis() {
         svc.clone().oneshot(keyed("alice")).await.unwrap();
     }
     assert_eq!(calls.load(Ordering::SeqCst), 2);
-    assert_eq!(redis.cmd(&["GET", "ratelimit:period:burst:alice"]), "2");
-    assert_eq!(redis.cmd(&["GET", "ratelimit:period:daily:alice"]), "2");
+    assert_eq!(
+        redis.cmd(&["GET", "ratelimit:{v1:hdr:x-key:alice}:period:burst"]),
+        "2"
+    );
+    assert_eq!(
+        redis.cmd(&["GET", "ratelimit:{v1:hdr:x-key:alice}:period:daily"]),
+        "2"
+    );
 }
 
 /// When the inner (daily) layer refuses, the response lists both policies and the
@@ -296,7 +302,7 @@ async fn an_inner_rejection_lists_every_policy_and_the_longest_wait() {
     assert!(retry > 80_000, "the daily wait, not the burst's: {retry}");
     let spent = burst
         .limiter()
-        .check("bob", NonZeroU32::new(8).unwrap())
+        .check(b"hdr:x-key:bob", NonZeroU32::new(8).unwrap())
         .await;
     assert_eq!(spent.state, State::HitQuota, "two burst units were spent");
 }
@@ -370,7 +376,7 @@ async fn shadow_mode_on_redis_counts_like_enforcement_without_waiting() {
     // The checks run in tasks of their own; they count what enforcement would count.
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
-        let count = redis.cmd(&["GET", "ratelimit:period:shadow:a"]);
+        let count = redis.cmd(&["GET", "ratelimit:{v1:hdr:x-key:a}:period:shadow"]);
         if count == "2" {
             break;
         }

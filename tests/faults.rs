@@ -78,7 +78,7 @@ async fn load(
                 let mut i = 0u64;
                 while Instant::now() < until {
                     let key = format!("k{}", (t as u64 * 7 + i) % 16);
-                    sources.add(limiter.check(&key, ONE).await.source);
+                    sources.add(limiter.check(key.as_bytes(), ONE).await.source);
                     i += 1;
                     tokio::time::sleep(pause).await;
                 }
@@ -96,7 +96,7 @@ async fn load(
 /// Checks until Redis answers: the connection is made and the script loaded.
 async fn warm(limiter: &PeriodLimiter) {
     let start = Instant::now();
-    while limiter.check("warm", ONE).await.source != Source::Redis {
+    while limiter.check(b"warm", ONE).await.source != Source::Redis {
         assert!(
             start.elapsed() < Duration::from_secs(3),
             "redis never answered"
@@ -171,8 +171,8 @@ async fn a_key_of_the_wrong_type_affects_only_its_own_requests() {
     )
     .unwrap();
     // Something else wrote the limiter's keys: a hash where a counter belongs.
-    assert_eq!(limiter.check("bad", ONE).await.source, Source::Redis);
-    assert_eq!(closed.check("bad", ONE).await.source, Source::Redis);
+    assert_eq!(limiter.check(b"bad", ONE).await.source, Source::Redis);
+    assert_eq!(closed.check(b"bad", ONE).await.source, Source::Redis);
     let keys = redis.cmd(&["KEYS", "*bad*"]);
     assert_eq!(keys.lines().count(), 2, "{keys}");
     for key in keys.lines() {
@@ -181,13 +181,18 @@ async fn a_key_of_the_wrong_type_affects_only_its_own_requests() {
     }
     let mut good = Sources::default();
     for i in 0..200 {
-        let bad = limiter.check("bad", ONE).await;
+        let bad = limiter.check(b"bad", ONE).await;
         assert_eq!(
             bad.source,
             Source::Fallback,
             "the failure policy decides it"
         );
-        good.add(limiter.check(&format!("good{}", i % 10), ONE).await.source);
+        good.add(
+            limiter
+                .check(format!("good{}", i % 10).as_bytes(), ONE)
+                .await
+                .source,
+        );
     }
     assert_eq!(good.redis, 200, "{good:?}");
     assert_eq!(backend.redis_switches(), Some(0));
@@ -205,18 +210,18 @@ async fn a_key_of_the_wrong_type_affects_only_its_own_requests() {
         PeriodConfig::new(10, Duration::from_secs(60)),
     )
     .unwrap();
-    let refused = closed.check("bad", ONE).await;
+    let refused = closed.check(b"bad", ONE).await;
     assert_eq!(
         (refused.source, refused.state),
         (Source::FailClosed, State::OverQuota)
     );
-    assert_eq!(closed.check("fine", ONE).await.source, Source::Redis);
+    assert_eq!(closed.check(b"fine", ONE).await.source, Source::Redis);
 }
 
 async fn refuses_writes_then_recovers(redis: &RedisServer, refuse: &[&[&str]], accept: &[&[&str]]) {
     let backend = builder().redis_url(redis.url()).build().unwrap();
     let limiter = limiter(&backend, "writes");
-    assert_eq!(limiter.check("k", ONE).await.source, Source::Redis);
+    assert_eq!(limiter.check(b"k", ONE).await.source, Source::Redis);
     for command in refuse {
         assert_eq!(redis.cmd(command), "OK", "{command:?}");
     }
@@ -241,7 +246,7 @@ async fn refuses_writes_then_recovers(redis: &RedisServer, refuse: &[&[&str]], a
         assert_eq!(redis.cmd(command), "OK", "{command:?}");
     }
     wait_state(&backend, RedisState::Healthy, Duration::from_secs(2)).await;
-    assert_eq!(limiter.check("k", ONE).await.source, Source::Redis);
+    assert_eq!(limiter.check(b"k", ONE).await.source, Source::Redis);
     assert_eq!(backend.redis_switches(), Some(1));
 }
 
@@ -407,14 +412,14 @@ async fn backends_built_from_a_pool_recover_the_same_way() {
     let mut redis = RedisServer::start();
     let backend = builder().redis(redis.pool()).build().unwrap();
     let limiter = limiter(&backend, "pool");
-    assert_eq!(limiter.check("k", ONE).await.source, Source::Redis);
+    assert_eq!(limiter.check(b"k", ONE).await.source, Source::Redis);
     redis.kill();
     while backend.redis_state() == Some(RedisState::Healthy) {
-        assert_ne!(limiter.check("k", ONE).await.source, Source::Redis);
+        assert_ne!(limiter.check(b"k", ONE).await.source, Source::Redis);
     }
     redis.restart();
     wait_state(&backend, RedisState::Healthy, Duration::from_secs(3)).await;
-    assert_eq!(limiter.check("k", ONE).await.source, Source::Redis);
+    assert_eq!(limiter.check(b"k", ONE).await.source, Source::Redis);
     assert_eq!(backend.redis_switches(), Some(1));
 }
 

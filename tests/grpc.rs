@@ -118,7 +118,7 @@ async fn example_on_redis_quota_then_resource_exhausted() {
     let redis = RedisServer::start();
     quota_then_resource_exhausted(Backend::redis(redis.pool())).await;
     assert_eq!(
-        redis.cmd(&["GET", "ratelimit:period:grpc:alice"]),
+        redis.cmd(&["GET", "ratelimit:{v1:hdr:x-api-key:alice}:period:grpc"]),
         "5",
         "the count lives in redis, and the refused call was not counted"
     );

@@ -89,7 +89,7 @@ async fn redis_quota_then_429() {
     let redis = RedisServer::start();
     quota_then_429(Backend::redis(redis.pool())).await;
     assert_eq!(
-        redis.cmd(&["GET", "ratelimit:period:period:alice"]),
+        redis.cmd(&["GET", "ratelimit:{v1:hdr:x-api-key:alice}:period:period"]),
         "3",
         "the state lives in redis"
     );
@@ -414,7 +414,8 @@ async fn works_as_router_layer_and_route_layer() {
     }
 }
 
-/// A limiter of our own: refuses the key `blocked` for a minute, admits everything else.
+/// A limiter of our own: refuses the key `hdr:x-key:blocked` for a minute, admits
+/// everything else.
 struct DenyList(tower_redis_ratelimit::Policy);
 
 impl tower_redis_ratelimit::Limiter for DenyList {
@@ -422,10 +423,10 @@ impl tower_redis_ratelimit::Limiter for DenyList {
         &self.0
     }
 
-    fn check(&self, key: &str, _cost: std::num::NonZeroU32) -> tower_redis_ratelimit::Check {
+    fn check(&self, key: &[u8], _cost: std::num::NonZeroU32) -> tower_redis_ratelimit::Check {
         use tower_redis_ratelimit::{Check, Source};
         let minute = Duration::from_secs(60);
-        Check::ready(if key == "blocked" {
+        Check::ready(if key == b"hdr:x-key:blocked" {
             Decision::new(State::OverQuota, 1, 0, minute, Source::InProcess)
                 .with_retry_after(minute)
         } else {

@@ -116,7 +116,10 @@ async fn killed_redis_falls_back_then_comes_back_within_a_probe_interval() {
     assert_eq!(backend.redis_switches(), Some(1));
     // Back in Redis: the restarted server is empty, so the full burst is there again.
     assert_eq!(statuses(&svc, 4).await[..3], [StatusCode::OK; 3]);
-    assert_eq!(redis.cmd(&["EXISTS", "ratelimit:token:burst:global"]), "1");
+    assert_eq!(
+        redis.cmd(&["EXISTS", "ratelimit:{v1:global}:token:burst"]),
+        "1"
+    );
 }
 
 #[tokio::test]
@@ -125,12 +128,12 @@ async fn a_restart_between_checks_costs_no_fallback() {
     let backend = backend(&redis);
     let limiter =
         PeriodLimiter::new(&backend, "p", PeriodConfig::new(5, Duration::from_secs(60))).unwrap();
-    assert_eq!(limiter.check("k", ONE).await.source, Source::Redis);
+    assert_eq!(limiter.check(b"k", ONE).await.source, Source::Redis);
     // Redis restarts while nobody checks: the kept connection is dead, but the next
     // check reconnects within its deadline instead of switching to the fallback.
     redis.kill();
     redis.restart();
-    let d = limiter.check("k", ONE).await;
+    let d = limiter.check(b"k", ONE).await;
     assert_eq!(d.source, Source::Redis);
     assert_eq!(d.remaining, 4, "the restarted server starts empty");
     assert_eq!(backend.redis_healthy(), Some(true));
@@ -146,10 +149,10 @@ async fn paused_redis_costs_a_request_at_most_the_deadline() {
         TokenBucketConfig::new(100, Duration::from_secs(1), 100),
     )
     .unwrap();
-    assert_eq!(limiter.check("k", ONE).await.source, Source::Redis);
+    assert_eq!(limiter.check(b"k", ONE).await.source, Source::Redis);
     redis.pause();
     let start = Instant::now();
-    let d = limiter.check("k", ONE).await;
+    let d = limiter.check(b"k", ONE).await;
     let took = start.elapsed();
     assert_eq!(d.source, Source::Fallback);
     assert!(took < DEADLINE + Duration::from_millis(100), "{took:?}");
@@ -157,19 +160,19 @@ async fn paused_redis_costs_a_request_at_most_the_deadline() {
     // deadline, the breaker opens.
     while backend.redis_healthy() == Some(true) {
         let start = Instant::now();
-        assert_eq!(limiter.check("k", ONE).await.source, Source::Fallback);
+        assert_eq!(limiter.check(b"k", ONE).await.source, Source::Fallback);
         assert!(start.elapsed() < DEADLINE + Duration::from_millis(100));
     }
     assert_eq!(backend.redis_switches(), Some(1));
     // From now on the fallback answers at once, without waiting for Redis.
     let start = Instant::now();
     for _ in 0..20 {
-        assert_eq!(limiter.check("k", ONE).await.source, Source::Fallback);
+        assert_eq!(limiter.check(b"k", ONE).await.source, Source::Fallback);
     }
     assert!(start.elapsed() < Duration::from_millis(50));
     redis.resume();
     wait_healthy(&backend, Duration::from_secs(3)).await;
-    assert_eq!(limiter.check("k", ONE).await.source, Source::Redis);
+    assert_eq!(limiter.check(b"k", ONE).await.source, Source::Redis);
 }
 
 #[tokio::test]
@@ -190,7 +193,7 @@ async fn fail_open_and_fail_closed_policies() {
 
     let limiter =
         PeriodLimiter::new(&backend, "p", PeriodConfig::new(2, Duration::from_secs(60))).unwrap();
-    assert_eq!(limiter.check("k", ONE).await.source, Source::Fallback);
+    assert_eq!(limiter.check(b"k", ONE).await.source, Source::Fallback);
 }
 
 #[tokio::test]
@@ -216,12 +219,12 @@ async fn the_fallback_applies_its_share_of_the_limit() {
     let mut period_admitted = 0;
     let mut bucket_admitted = 0;
     for _ in 0..20 {
-        period_admitted += u32::from(period.check("k", ONE).await.is_admitted());
-        bucket_admitted += u32::from(bucket.check("k", ONE).await.is_admitted());
+        period_admitted += u32::from(period.check(b"k", ONE).await.is_admitted());
+        bucket_admitted += u32::from(bucket.check(b"k", ONE).await.is_admitted());
     }
     assert_eq!(period_admitted, 2);
     assert_eq!(bucket_admitted, 3);
-    let d = period.check("k", ONE).await;
+    let d = period.check(b"k", ONE).await;
     assert_eq!(
         (d.source, d.limit, d.state),
         (Source::Fallback, 2, State::OverQuota)
@@ -268,7 +271,12 @@ async fn script_flush_mid_traffic_is_invisible() {
             tokio::spawn(async move {
                 let mut sources = Vec::new();
                 for i in 0..200 {
-                    sources.push(limiter.check(&format!("k{w}-{}", i % 7), ONE).await.source);
+                    sources.push(
+                        limiter
+                            .check(format!("k{w}-{}", i % 7).as_bytes(), ONE)
+                            .await
+                            .source,
+                    );
                 }
                 sources
             })
@@ -317,7 +325,7 @@ async fn one_outage_logs_once_and_runs_one_probe_that_stops_with_the_backend() {
     );
     redis.kill();
     let checks: Vec<_> = (0..50)
-        .map(|i| limiter.check(&format!("k{i}"), ONE))
+        .map(|i| limiter.check(format!("k{i}").as_bytes(), ONE))
         .collect();
     for check in checks {
         assert_eq!(check.await.source, Source::Fallback);
@@ -376,8 +384,8 @@ async fn redis_latency_errors_and_the_fallback_gauge_are_recorded() {
     let built = snapshot();
     assert_eq!(built[FALLBACK_ACTIVE].0, "prefix=ratelimit");
     assert_eq!(gauge(&built[FALLBACK_ACTIVE]), 0.0);
-    limiter.check("k", ONE).await;
-    limiter.check("k", ONE).await;
+    limiter.check(b"k", ONE).await;
+    limiter.check(b"k", ONE).await;
     match &snapshot()[REDIS_DURATION_SECONDS] {
         (labels, DebugValue::Histogram(samples)) => {
             assert_eq!(labels, "policy=p");
@@ -393,7 +401,7 @@ async fn redis_latency_errors_and_the_fallback_gauge_are_recorded() {
     // error, answered by the fallback; the breaker opens once it has enough to judge.
     let mut failed = 0;
     while backend.redis_healthy() == Some(true) {
-        assert_eq!(limiter.check("k", ONE).await.source, Source::Fallback);
+        assert_eq!(limiter.check(b"k", ONE).await.source, Source::Fallback);
         failed += 1;
     }
     // The two successes before count too: 18 failures of 20 calls judge it.

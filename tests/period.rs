@@ -19,7 +19,7 @@ fn limiter(backend: &Backend, config: PeriodConfig) -> PeriodLimiter {
 async fn states(limiter: &PeriodLimiter, key: &str, n: usize) -> Vec<State> {
     let mut out = Vec::with_capacity(n);
     for _ in 0..n {
-        out.push(limiter.check(key, ONE).await.state);
+        out.push(limiter.check(key.as_bytes(), ONE).await.state);
     }
     out
 }
@@ -35,21 +35,21 @@ async fn quota_five_gives_four_allowed_one_hit_quota_then_over_quota() {
         [Allowed, Allowed, Allowed, Allowed, HitQuota, OverQuota, OverQuota]
     );
     // Redis refused the key until the window ends: the deny cache answers now.
-    let over = limiter.check("phone", ONE).await;
+    let over = limiter.check(b"phone", ONE).await;
     assert_eq!(over.source, Source::DenyCache);
     assert_eq!(over.state, OverQuota);
     assert_eq!(over.remaining, 0);
     let retry = over.retry_after.expect("over quota has a retry-after");
     assert!(retry > Duration::from_secs(58) && retry <= Duration::from_secs(60));
     // The state lives in Redis: one key, holding the admitted count, with an expiry.
-    assert_eq!(redis.cmd(&["GET", "ratelimit:period:test:phone"]), "5");
+    assert_eq!(redis.cmd(&["GET", "ratelimit:{v1:phone}:period:test"]), "5");
     let pttl: i64 = redis
-        .cmd(&["PTTL", "ratelimit:period:test:phone"])
+        .cmd(&["PTTL", "ratelimit:{v1:phone}:period:test"])
         .parse()
         .unwrap();
     assert!(pttl > 58_000 && pttl <= 60_000, "pttl {pttl}");
     // Another key is unaffected.
-    assert_eq!(limiter.check("other", ONE).await.state, Allowed);
+    assert_eq!(limiter.check(b"other", ONE).await.state, Allowed);
 }
 
 #[tokio::test]
@@ -76,11 +76,11 @@ async fn window_resets_after_expiry_with_sub_second_periods() {
         states(&limiter, "k", 3).await,
         [State::Allowed, State::HitQuota, State::OverQuota]
     );
-    let over = limiter.check("k", ONE).await;
+    let over = limiter.check(b"k", ONE).await;
     let wait = over.retry_after.unwrap();
     assert!(wait <= Duration::from_millis(150), "{wait:?}");
     tokio::time::sleep(wait + Duration::from_millis(20)).await;
-    let fresh = limiter.check("k", ONE).await;
+    let fresh = limiter.check(b"k", ONE).await;
     assert_eq!(fresh.state, State::Allowed);
     assert_eq!(fresh.remaining, 1);
 }
@@ -96,10 +96,10 @@ async fn aligned_windows_end_on_the_zone_boundary() {
         PeriodConfig::new(5, day).align(UtcOffset::from_hours(8)),
     )
     .unwrap();
-    let first = limiter.check("phone", ONE).await;
+    let first = limiter.check(b"phone", ONE).await;
     // The key expires at an absolute deadline: midnight in UTC+8.
     let deadline_ms: i64 = redis
-        .cmd(&["PEXPIRETIME", "ratelimit:period:daily:phone"])
+        .cmd(&["PEXPIRETIME", "ratelimit:{v1:phone}:period:daily"])
         .parse()
         .unwrap();
     assert_eq!(
@@ -123,9 +123,9 @@ async fn aligned_windows_end_on_the_zone_boundary() {
         PeriodConfig::new(3, Duration::from_secs(2)).align(UtcOffset::from_seconds(1)),
     )
     .unwrap();
-    short.check("k", ONE).await;
+    short.check(b"k", ONE).await;
     let deadline_ms: i64 = redis
-        .cmd(&["PEXPIRETIME", "ratelimit:period:short:k"])
+        .cmd(&["PEXPIRETIME", "ratelimit:{v1:k}:period:short"])
         .parse()
         .unwrap();
     assert_eq!((deadline_ms + 1_000) % 2_000, 0, "{deadline_ms}");
@@ -150,7 +150,7 @@ async fn concurrent_requests_on_one_key_admit_exactly_the_quota() {
     let tasks: Vec<_> = (0..300)
         .map(|_| {
             let limiter = Arc::clone(&limiter);
-            tokio::spawn(async move { limiter.check("hot", ONE).await })
+            tokio::spawn(async move { limiter.check(b"hot", ONE).await })
         })
         .collect();
     let mut admitted = 0;
@@ -183,7 +183,7 @@ async fn two_instances_sharing_redis_admit_the_quota_once() {
     let mut admitted = 0;
     for i in 0..10 {
         let instance = if i % 2 == 0 { &a } else { &b };
-        admitted += usize::from(instance.check("shared", ONE).await.is_admitted());
+        admitted += usize::from(instance.check(b"shared", ONE).await.is_admitted());
     }
     assert_eq!(admitted, 4);
 }
@@ -196,14 +196,14 @@ async fn weighted_costs_and_costs_beyond_the_quota() {
         PeriodConfig::new(10, Duration::from_secs(60)),
     );
     let cost = |n| NonZeroU32::new(n).unwrap();
-    assert_eq!(limiter.check("k", cost(6)).await.remaining, 4);
+    assert_eq!(limiter.check(b"k", cost(6)).await.remaining, 4);
     // Too much for what is left: rejected, and not counted.
-    let over = limiter.check("k", cost(5)).await;
+    let over = limiter.check(b"k", cost(5)).await;
     assert_eq!(over.state, State::OverQuota);
     assert_eq!(over.remaining, 4);
-    assert_eq!(limiter.check("k", cost(4)).await.state, State::HitQuota);
+    assert_eq!(limiter.check(b"k", cost(4)).await.state, State::HitQuota);
     // More than the whole quota can never pass, and says so without a retry-after.
-    let never = limiter.check("fresh", cost(11)).await;
+    let never = limiter.check(b"fresh", cost(11)).await;
     assert_eq!(never.state, State::ExceedsCapacity);
     assert_eq!(never.retry_after, None);
 }
@@ -215,9 +215,9 @@ async fn script_flush_mid_traffic_is_invisible() {
         &Backend::redis(redis.pool()),
         PeriodConfig::new(3, Duration::from_secs(60)),
     );
-    assert_eq!(limiter.check("k", ONE).await.source, Source::Redis);
+    assert_eq!(limiter.check(b"k", ONE).await.source, Source::Redis);
     redis.flush_scripts();
-    let d = limiter.check("k", ONE).await;
+    let d = limiter.check(b"k", ONE).await;
     assert_eq!(
         d.source,
         Source::Redis,
@@ -234,12 +234,12 @@ async fn a_counter_without_expiry_starts_a_new_window() {
         PeriodConfig::new(3, Duration::from_secs(60)),
     );
     // Someone wrote the key without an expiry: it must not lock the key out forever.
-    redis.cmd(&["SET", "ratelimit:period:test:k", "99"]);
-    let d = limiter.check("k", ONE).await;
+    redis.cmd(&["SET", "ratelimit:{v1:k}:period:test", "99"]);
+    let d = limiter.check(b"k", ONE).await;
     assert_eq!(d.state, State::Allowed);
     assert_eq!(d.remaining, 2);
     let pttl: i64 = redis
-        .cmd(&["PTTL", "ratelimit:period:test:k"])
+        .cmd(&["PTTL", "ratelimit:{v1:k}:period:test"])
         .parse()
         .unwrap();
     assert!(pttl > 0);
@@ -256,16 +256,16 @@ async fn unreachable_redis_is_answered_by_the_fallback() {
         .build()
         .unwrap();
     let limiter = limiter(&backend, PeriodConfig::new(2, Duration::from_secs(60)));
-    assert_eq!(limiter.check("k", ONE).await.source, Source::Redis);
+    assert_eq!(limiter.check(b"k", ONE).await.source, Source::Redis);
     redis.kill();
-    let d = limiter.check("k", ONE).await;
+    let d = limiter.check(b"k", ONE).await;
     assert_eq!(d.source, Source::Fallback);
     // One failed call is answered by the fallback; it takes more to open the breaker.
     assert_eq!(backend.redis_healthy(), Some(true));
-    let d = limiter.check("k", ONE).await;
+    let d = limiter.check(b"k", ONE).await;
     assert_eq!(d.source, Source::Fallback);
     assert_eq!(d.state, State::HitQuota);
-    assert_eq!(limiter.check("k", ONE).await.state, State::OverQuota);
+    assert_eq!(limiter.check(b"k", ONE).await.state, State::OverQuota);
     redis.restart();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
     while backend.redis_healthy() != Some(true) {
@@ -275,7 +275,7 @@ async fn unreachable_redis_is_answered_by_the_fallback() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert_eq!(limiter.check("k", ONE).await.source, Source::Redis);
+    assert_eq!(limiter.check(b"k", ONE).await.source, Source::Redis);
 }
 
 #[tokio::test]
@@ -287,16 +287,16 @@ async fn a_flood_on_a_refused_key_is_answered_by_the_deny_cache() {
     );
     let mut admitted = 0;
     for _ in 0..1_000 {
-        admitted += usize::from(limiter.check("hot", ONE).await.is_admitted());
+        admitted += usize::from(limiter.check(b"hot", ONE).await.is_admitted());
     }
     assert_eq!(admitted, 3);
     // Three admitted, one refusal from Redis, then the cache until the window ends (the
     // script is loaded with the connection, so no EVALSHA meets NOSCRIPT).
     assert_eq!(redis.command_calls("evalsha"), 4);
     // Bigger costs are refused by the cache too; other keys still ask Redis.
-    let d = limiter.check("hot", NonZeroU32::new(2).unwrap()).await;
+    let d = limiter.check(b"hot", NonZeroU32::new(2).unwrap()).await;
     assert_eq!(d.source, Source::DenyCache);
-    assert_eq!(limiter.check("cold", ONE).await.source, Source::Redis);
+    assert_eq!(limiter.check(b"cold", ONE).await.source, Source::Redis);
 }
 
 /// A Redis backend whose every check goes to Redis.
@@ -314,7 +314,7 @@ async fn without_the_deny_cache_every_check_asks_redis() {
     let backend = without_deny_cache(&redis);
     let limiter = limiter(&backend, PeriodConfig::new(1, Duration::from_secs(60)));
     for _ in 0..10 {
-        assert_eq!(limiter.check("hot", ONE).await.source, Source::Redis);
+        assert_eq!(limiter.check(b"hot", ONE).await.source, Source::Redis);
     }
     assert_eq!(
         redis.command_calls("evalsha"),
@@ -331,13 +331,13 @@ async fn refusals_of_larger_costs_are_not_cached() {
         PeriodConfig::new(5, Duration::from_secs(60)),
     );
     assert!(limiter
-        .check("k", NonZeroU32::new(4).unwrap())
+        .check(b"k", NonZeroU32::new(4).unwrap())
         .await
         .is_admitted());
     // Cost 2 does not fit, but cost 1 still does: that refusal must not be cached.
-    let refused = limiter.check("k", NonZeroU32::new(2).unwrap()).await;
+    let refused = limiter.check(b"k", NonZeroU32::new(2).unwrap()).await;
     assert_eq!(refused.state, State::OverQuota);
-    let one = limiter.check("k", ONE).await;
+    let one = limiter.check(b"k", ONE).await;
     assert_eq!(one.state, State::HitQuota);
     assert_eq!(one.source, Source::Redis);
 }
@@ -350,7 +350,7 @@ async fn one_redis_command_per_decision() {
     let calls = |name: &str| redis.command_calls(name);
     let pings_before = calls("ping");
     for i in 0..50 {
-        limiter.check(&format!("k{}", i % 5), ONE).await;
+        limiter.check(format!("k{}", i % 5).as_bytes(), ONE).await;
     }
     // The script is loaded once, with the connection, then one EVALSHA per check, and
     // no PING or UNWATCH from checking connections out of the pool.

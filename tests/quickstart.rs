@@ -72,15 +72,15 @@ async fn on_redis() {
             .unwrap(),
     )
     .await;
-    let keys = redis.cmd(&["KEYS", "quickstart:*:me"]);
+    let keys = redis.cmd(&["KEYS", "quickstart:{v1:hdr:x-api-key:me}:*"]);
     let mut keys: Vec<_> = keys.lines().collect();
     keys.sort_unstable();
     assert_eq!(
         keys,
         [
-            "quickstart:period:period:me",
-            "quickstart:rolling:rolling:me",
-            "quickstart:token:token:me"
+            "quickstart:{v1:hdr:x-api-key:me}:period:period",
+            "quickstart:{v1:hdr:x-api-key:me}:rolling:rolling",
+            "quickstart:{v1:hdr:x-api-key:me}:token:token"
         ],
         "the state lives in redis"
     );
@@ -138,7 +138,7 @@ async fn keeps_answering_when_redis_dies_and_returns_to_it() {
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
         served.get("/token", &[("x-api-key", "after")]).await;
-        if redis.cmd(&["EXISTS", "quickstart:token:token:after"]) == "1" {
+        if redis.cmd(&["EXISTS", "quickstart:{v1:hdr:x-api-key:after}:token:token"]) == "1" {
             break;
         }
         assert!(Instant::now() < deadline, "state never returned to redis");

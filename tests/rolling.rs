@@ -25,7 +25,7 @@ fn limiter(backend: &Backend, config: RollingConfig) -> RollingWindowLimiter {
 async fn states(limiter: &RollingWindowLimiter, key: &str, n: usize) -> Vec<State> {
     let mut out = Vec::with_capacity(n);
     for _ in 0..n {
-        out.push(limiter.check(key, ONE).await.state);
+        out.push(limiter.check(key.as_bytes(), ONE).await.state);
     }
     out
 }
@@ -49,7 +49,7 @@ fn redis_now_ms(redis: &RedisServer) -> u64 {
 
 /// The hash of `key`: (bucket index, count) pairs.
 fn buckets_of(redis: &RedisServer, key: &str) -> Vec<(u64, u64)> {
-    let reply = redis.cmd_reply(&["HGETALL", &format!("ratelimit:rolling:test:{key}")]);
+    let reply = redis.cmd_reply(&["HGETALL", &format!("ratelimit:{{v1:{key}}}:rolling:test")]);
     let Reply::Array(items) = reply else {
         panic!("HGETALL answered {reply}");
     };
@@ -64,7 +64,7 @@ fn buckets_of(redis: &RedisServer, key: &str) -> Vec<(u64, u64)> {
 
 fn pttl(redis: &RedisServer, key: &str) -> i64 {
     redis
-        .cmd(&["PTTL", &format!("ratelimit:rolling:test:{key}")])
+        .cmd(&["PTTL", &format!("ratelimit:{{v1:{key}}}:rolling:test")])
         .parse()
         .unwrap()
 }
@@ -82,7 +82,7 @@ async fn admits_exactly_the_limit_within_a_window() {
         [Allowed, Allowed, Allowed, Allowed, HitQuota, OverQuota, OverQuota]
     );
     // Redis refused the key until its oldest bucket expires: the deny cache answers now.
-    let over = limiter.check("k", ONE).await;
+    let over = limiter.check(b"k", ONE).await;
     assert_eq!((over.state, over.source), (OverQuota, Source::DenyCache));
     assert_eq!((over.limit, over.remaining), (5, 0));
     let retry = over.retry_after.expect("over quota has a retry-after");
@@ -92,7 +92,7 @@ async fn admits_exactly_the_limit_within_a_window() {
     );
     assert!(over.reset >= retry && over.reset <= Duration::from_secs(60));
     // Another key is unaffected.
-    assert_eq!(limiter.check("other", ONE).await.remaining, 4);
+    assert_eq!(limiter.check(b"other", ONE).await.remaining, 4);
 }
 
 #[tokio::test]
@@ -102,11 +102,11 @@ async fn the_key_is_one_hash_of_live_buckets_with_an_expiry() {
         &Backend::redis(redis.pool()),
         RollingConfig::new(1_000, 4, 20 * MS),
     );
-    let key = "ratelimit:rolling:test:k";
+    let key = "ratelimit:{v1:k}:rolling:test";
     let start = Instant::now();
     let mut admitted = 0;
     while start.elapsed() < Duration::from_millis(250) {
-        let d = limiter.check("k", ONE).await;
+        let d = limiter.check(b"k", ONE).await;
         assert_eq!(d.source, Source::Redis);
         admitted += 1;
         assert_eq!(d.state, State::Allowed);
@@ -149,16 +149,16 @@ async fn buckets_expire_and_admit_again() {
             State::OverQuota
         ]
     );
-    let over = limiter.check("k", ONE).await;
+    let over = limiter.check(b"k", ONE).await;
     let retry = over.retry_after.unwrap();
     assert!(retry <= Duration::from_millis(500), "{retry:?}");
     assert!(retry > Duration::from_millis(400), "{retry:?}");
     // Shortly before the oldest bucket expires the request is still rejected ...
     tokio::time::sleep(retry - 15 * MS).await;
-    assert_eq!(limiter.check("k", ONE).await.state, State::OverQuota);
+    assert_eq!(limiter.check(b"k", ONE).await.state, State::OverQuota);
     // ... and once it has, admitted.
     tokio::time::sleep(20 * MS).await;
-    let d = limiter.check("k", ONE).await;
+    let d = limiter.check(b"k", ONE).await;
     assert!(d.is_admitted(), "{d:?}");
     // A whole window after that, the full limit is available again.
     tokio::time::sleep(d.reset + 5 * MS).await;
@@ -184,7 +184,7 @@ async fn straddling_a_window_edge_does_not_double_the_limit() {
         RollingConfig::new(LIMIT as u64, 10, Duration::from_millis(INTERVAL_MS)),
     );
     // Warm up the connection and the script cache.
-    limiter.check("warm-up", ONE).await;
+    limiter.check(b"warm-up", ONE).await;
     // Find the next window edge on the Redis server's clock (bucket edges are multiples
     // of the interval in Unix time, so window edges can be taken on multiples of it too),
     // as a local instant.
@@ -207,7 +207,7 @@ async fn straddling_a_window_edge_does_not_double_the_limit() {
     let mut admitted = Vec::new();
     for i in 0..LIMIT as i64 {
         tokio::time::sleep_until(at(-40 + i * 5)).await;
-        let d = limiter.check("k", ONE).await;
+        let d = limiter.check(b"k", ONE).await;
         assert!(d.is_admitted(), "the burst fits: {d:?}");
         admitted.push(Instant::now());
     }
@@ -216,7 +216,7 @@ async fn straddling_a_window_edge_does_not_double_the_limit() {
     let mut offset = 0;
     while offset <= 520 {
         tokio::time::sleep_until(at(offset)).await;
-        let d = limiter.check("k", ONE).await;
+        let d = limiter.check(b"k", ONE).await;
         assert_eq!(d.source, Source::Redis);
         let now = Instant::now();
         if d.is_admitted() {
@@ -260,7 +260,7 @@ async fn concurrent_requests_on_one_key_admit_exactly_the_limit() {
     let tasks: Vec<_> = (0..300)
         .map(|_| {
             let limiter = Arc::clone(&limiter);
-            tokio::spawn(async move { limiter.check("hot", ONE).await })
+            tokio::spawn(async move { limiter.check(b"hot", ONE).await })
         })
         .collect();
     let mut admitted = 0;
@@ -290,7 +290,7 @@ async fn two_instances_sharing_redis_share_one_window() {
     let mut admitted = 0;
     for i in 0..10 {
         let instance = if i % 2 == 0 { &a } else { &b };
-        let d = instance.check("shared", ONE).await;
+        let d = instance.check(b"shared", ONE).await;
         assert!(
             matches!(d.source, Source::Redis | Source::DenyCache),
             "{d:?}"
@@ -298,7 +298,7 @@ async fn two_instances_sharing_redis_share_one_window() {
         admitted += usize::from(d.is_admitted());
     }
     assert_eq!(admitted, 4);
-    assert_eq!(b.check("shared", ONE).await.state, State::OverQuota);
+    assert_eq!(b.check(b"shared", ONE).await.state, State::OverQuota);
 }
 
 #[tokio::test]
@@ -308,22 +308,25 @@ async fn weighted_costs_and_costs_beyond_the_limit() {
         &Backend::redis(redis.pool()),
         RollingConfig::new(10, 10, Duration::from_secs(6)),
     );
-    let d = limiter.check("k", cost(6)).await;
+    let d = limiter.check(b"k", cost(6)).await;
     assert_eq!((d.state, d.remaining), (State::Allowed, 4));
     // Too much for what is left: rejected, and not counted.
-    let over = limiter.check("k", cost(5)).await;
+    let over = limiter.check(b"k", cost(5)).await;
     assert_eq!((over.state, over.remaining), (State::OverQuota, 4));
     assert!(over.retry_after.unwrap() > Duration::from_secs(50));
-    let d = limiter.check("k", cost(4)).await;
+    let d = limiter.check(b"k", cost(4)).await;
     assert_eq!((d.state, d.remaining), (State::HitQuota, 0));
     let sum: u64 = buckets_of(&redis, "k").iter().map(|&(_, c)| c).sum();
     assert_eq!(sum, 10);
     // More than the whole limit can never pass, and says so without a retry-after.
-    let never = limiter.check("fresh", cost(11)).await;
+    let never = limiter.check(b"fresh", cost(11)).await;
     assert_eq!(never.state, State::ExceedsCapacity);
     assert_eq!(never.retry_after, None);
     assert_eq!(never.source, Source::Redis);
-    assert_eq!(redis.cmd(&["EXISTS", "ratelimit:rolling:test:fresh"]), "0");
+    assert_eq!(
+        redis.cmd(&["EXISTS", "ratelimit:{v1:fresh}:rolling:test"]),
+        "0"
+    );
 }
 
 #[tokio::test]
@@ -334,17 +337,17 @@ async fn retry_after_waits_for_the_buckets_that_free_enough() {
         RollingConfig::new(4, 10, 30 * MS),
     );
     // Two units now, two units at least one bucket later.
-    limiter.check("k", cost(2)).await;
+    limiter.check(b"k", cost(2)).await;
     tokio::time::sleep(70 * MS).await;
-    assert_eq!(limiter.check("k", cost(2)).await.state, State::HitQuota);
-    let small = limiter.check("k", cost(2)).await.retry_after.unwrap();
-    let large = limiter.check("k", cost(3)).await.retry_after.unwrap();
+    assert_eq!(limiter.check(b"k", cost(2)).await.state, State::HitQuota);
+    let small = limiter.check(b"k", cost(2)).await.retry_after.unwrap();
+    let large = limiter.check(b"k", cost(3)).await.retry_after.unwrap();
     // A cost of 2 waits for the first bucket only, a cost of 3 for the second too.
     assert!(large >= small + 30 * MS, "{small:?} vs {large:?}");
     assert!(small <= 300 * MS && large <= 300 * MS);
     tokio::time::sleep(small + 2 * MS).await;
-    assert_eq!(limiter.check("k", cost(3)).await.state, State::OverQuota);
-    assert_eq!(limiter.check("k", cost(2)).await.state, State::HitQuota);
+    assert_eq!(limiter.check(b"k", cost(3)).await.state, State::OverQuota);
+    assert_eq!(limiter.check(b"k", cost(2)).await.state, State::HitQuota);
 }
 
 #[tokio::test]
@@ -357,7 +360,7 @@ async fn a_flood_on_a_refused_key_is_answered_by_the_deny_cache_until_a_bucket_f
     let mut admitted = 0;
     let mut retry = None;
     for _ in 0..500 {
-        let d = limiter.check("hot", ONE).await;
+        let d = limiter.check(b"hot", ONE).await;
         admitted += usize::from(d.is_admitted());
         retry = retry.or(d.retry_after);
     }
@@ -365,10 +368,10 @@ async fn a_flood_on_a_refused_key_is_answered_by_the_deny_cache_until_a_bucket_f
     // Three admitted and one refusal from Redis (the script is loaded with the
     // connection); the cache answered the rest.
     assert_eq!(redis.command_calls("evalsha"), 4);
-    assert_eq!(limiter.check("hot", ONE).await.source, Source::DenyCache);
+    assert_eq!(limiter.check(b"hot", ONE).await.source, Source::DenyCache);
     // The refusal lasts until the oldest bucket has expired, and no longer.
     tokio::time::sleep(retry.unwrap() + 2 * MS).await;
-    let d = limiter.check("hot", ONE).await;
+    let d = limiter.check(b"hot", ONE).await;
     assert_eq!(d.source, Source::Redis);
     assert!(d.is_admitted(), "{d:?}");
 }
@@ -380,10 +383,10 @@ async fn expired_and_foreign_fields_are_dropped() {
         &Backend::redis(redis.pool()),
         RollingConfig::new(3, 10, Duration::from_secs(6)),
     );
-    let key = "ratelimit:rolling:test:k";
+    let key = "ratelimit:{v1:k}:rolling:test";
     // An ancient bucket, garbage, and a bucket far in the future, without an expiry.
     redis.cmd(&["HSET", key, "1", "99", "junk", "x", "99999999999999", "99"]);
-    let d = limiter.check("k", ONE).await;
+    let d = limiter.check(b"k", ONE).await;
     assert_eq!((d.state, d.remaining), (State::Allowed, 2));
     let buckets = buckets_of(&redis, "k");
     assert_eq!(buckets.len(), 1, "{buckets:?}");
@@ -399,9 +402,9 @@ async fn script_flush_mid_traffic_is_invisible() {
         &Backend::redis(redis.pool()),
         RollingConfig::new(3, 10, Duration::from_secs(6)),
     );
-    assert_eq!(limiter.check("k", ONE).await.source, Source::Redis);
+    assert_eq!(limiter.check(b"k", ONE).await.source, Source::Redis);
     redis.flush_scripts();
-    let d = limiter.check("k", ONE).await;
+    let d = limiter.check(b"k", ONE).await;
     assert_eq!(
         d.source,
         Source::Redis,
@@ -420,16 +423,16 @@ async fn unreachable_redis_is_answered_by_the_fallback() {
         .build()
         .unwrap();
     let limiter = limiter(&backend, RollingConfig::new(2, 10, Duration::from_secs(6)));
-    assert_eq!(limiter.check("k", ONE).await.source, Source::Redis);
+    assert_eq!(limiter.check(b"k", ONE).await.source, Source::Redis);
     redis.kill();
-    let d = limiter.check("k", ONE).await;
+    let d = limiter.check(b"k", ONE).await;
     assert_eq!(d.source, Source::Fallback);
     // One failed call is answered by the fallback; it takes more to open the breaker.
     assert_eq!(backend.redis_healthy(), Some(true));
-    let d = limiter.check("k", ONE).await;
+    let d = limiter.check(b"k", ONE).await;
     assert_eq!(d.source, Source::Fallback);
     assert_eq!(d.state, State::HitQuota);
-    let over = limiter.check("k", ONE).await;
+    let over = limiter.check(b"k", ONE).await;
     assert_eq!(over.state, State::OverQuota);
     assert!(over.retry_after.unwrap() > Duration::from_secs(50));
     redis.restart();
@@ -438,5 +441,5 @@ async fn unreachable_redis_is_answered_by_the_fallback() {
         assert!(Instant::now() < deadline, "probe never recovered");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert_eq!(limiter.check("k", ONE).await.source, Source::Redis);
+    assert_eq!(limiter.check(b"k", ONE).await.source, Source::Redis);
 }

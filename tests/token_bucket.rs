@@ -45,7 +45,7 @@ macro_rules! both {
 async fn full_burst_then_rejection(backend: Backend, source: Source) {
     let limiter = bucket(&backend, 1, Duration::from_secs(60), 5);
     for left in (0..5).rev() {
-        let d = limiter.check("k", ONE).await;
+        let d = limiter.check(b"k", ONE).await;
         assert_eq!(d.source, source);
         assert!(d.is_admitted());
         assert_eq!(d.remaining, left);
@@ -56,7 +56,7 @@ async fn full_burst_then_rejection(backend: Backend, source: Source) {
         };
         assert_eq!(d.state, want);
     }
-    let over = limiter.check("k", ONE).await;
+    let over = limiter.check(b"k", ONE).await;
     assert_eq!(over.state, State::OverQuota);
     assert_eq!(over.remaining, 0);
     let retry = over.retry_after.unwrap();
@@ -66,7 +66,7 @@ async fn full_burst_then_rejection(backend: Backend, source: Source) {
         "{retry:?}"
     );
     // A different key has its own full bucket.
-    assert_eq!(limiter.check("other", ONE).await.remaining, 4);
+    assert_eq!(limiter.check(b"other", ONE).await.remaining, 4);
 }
 both!(full_burst, full_burst_then_rejection);
 
@@ -78,7 +78,7 @@ async fn refill_at_the_configured_rate(backend: Backend, _source: Source) {
     let mut admitted = 0u64;
     while start.elapsed() < Duration::from_millis(500) {
         last = Instant::now();
-        admitted += u64::from(limiter.check("k", ONE).await.is_admitted());
+        admitted += u64::from(limiter.check(b"k", ONE).await.is_admitted());
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
     // Tokens that drip in between attempts wait in the bucket (it holds 4, 100 ms worth),
@@ -94,17 +94,17 @@ both!(refill, refill_at_the_configured_rate);
 
 async fn weighted_costs(backend: Backend, _source: Source) {
     let limiter = bucket(&backend, 1, Duration::from_secs(60), 10);
-    assert_eq!(limiter.check("k", cost(7)).await.remaining, 3);
-    let over = limiter.check("k", cost(4)).await;
+    assert_eq!(limiter.check(b"k", cost(7)).await.remaining, 3);
+    let over = limiter.check(b"k", cost(4)).await;
     assert_eq!(over.state, State::OverQuota);
     assert_eq!(over.remaining, 3, "a refused request takes nothing");
-    assert_eq!(limiter.check("k", cost(3)).await.state, State::HitQuota);
+    assert_eq!(limiter.check(b"k", cost(3)).await.state, State::HitQuota);
     // More than the burst can never pass: refused as such, with no retry-after.
-    let never = limiter.check("fresh", cost(11)).await;
+    let never = limiter.check(b"fresh", cost(11)).await;
     assert_eq!(never.state, State::ExceedsCapacity);
     assert_eq!(never.retry_after, None);
     assert_eq!(
-        limiter.check("fresh", cost(10)).await.state,
+        limiter.check(b"fresh", cost(10)).await.state,
         State::HitQuota
     );
 }
@@ -115,7 +115,7 @@ async fn rate_100_burst_10(backend: Backend, source: Source) {
     let limiter = bucket(&backend, 100, Duration::from_secs(1), 10);
     let mut admitted = 0;
     for _ in 0..15 {
-        let d = limiter.check("k", ONE).await;
+        let d = limiter.check(b"k", ONE).await;
         if d.is_admitted() || source == Source::InProcess {
             assert_eq!(d.source, source, "no call may fall back");
         } else {
@@ -127,29 +127,29 @@ async fn rate_100_burst_10(backend: Backend, source: Source) {
         admitted += u32::from(d.is_admitted());
     }
     assert!((10..=11).contains(&admitted), "{admitted}");
-    let over = limiter.check("k", ONE).await;
+    let over = limiter.check(b"k", ONE).await;
     let retry = over.retry_after.expect("refused");
     assert!(retry <= Duration::from_millis(10), "{retry:?}");
     tokio::time::sleep(retry).await;
-    assert!(limiter.check("k", ONE).await.is_admitted());
+    assert!(limiter.check(b"k", ONE).await.is_admitted());
 }
 both!(fast_rate_small_burst, rate_100_burst_10);
 
 async fn rates_below_one_per_second(backend: Backend, _source: Source) {
     // Two tokens every three seconds: one per 1.5 s.
     let limiter = bucket(&backend, 2, Duration::from_secs(3), 1);
-    assert_eq!(limiter.check("k", ONE).await.state, State::HitQuota);
-    let over = limiter.check("k", ONE).await;
+    assert_eq!(limiter.check(b"k", ONE).await.state, State::HitQuota);
+    let over = limiter.check(b"k", ONE).await;
     let retry = over.retry_after.unwrap();
     assert!(
         retry > Duration::from_millis(1_400) && retry <= Duration::from_millis(1_500),
         "{retry:?}"
     );
     tokio::time::sleep(retry - Duration::from_millis(100)).await;
-    assert!(!limiter.check("k", ONE).await.is_admitted(), "not yet");
+    assert!(!limiter.check(b"k", ONE).await.is_admitted(), "not yet");
     tokio::time::sleep(Duration::from_millis(110)).await;
     assert!(
-        limiter.check("k", ONE).await.is_admitted(),
+        limiter.check(b"k", ONE).await.is_admitted(),
         "exactly on time"
     );
 }
@@ -158,14 +158,14 @@ both!(slow_rate, rates_below_one_per_second);
 async fn retry_after_is_exact(backend: Backend, _source: Source) {
     let limiter = bucket(&backend, 10, Duration::from_secs(1), 3);
     for _ in 0..3 {
-        assert!(limiter.check("k", ONE).await.is_admitted());
+        assert!(limiter.check(b"k", ONE).await.is_admitted());
     }
     // Two tokens: 200 ms minus what already dripped in.
-    let over = limiter.check("k", cost(2)).await;
+    let over = limiter.check(b"k", cost(2)).await;
     let retry = over.retry_after.unwrap();
     assert!(retry > Duration::from_millis(150) && retry <= Duration::from_millis(200));
     tokio::time::sleep(retry + Duration::from_millis(2)).await;
-    assert!(limiter.check("k", cost(2)).await.is_admitted());
+    assert!(limiter.check(b"k", cost(2)).await.is_admitted());
 }
 both!(retry_after, retry_after_is_exact);
 
@@ -177,16 +177,16 @@ async fn two_clients_sharing_redis_see_one_bucket() {
     let mut admitted = 0;
     for i in 0..12 {
         let limiter = if i % 2 == 0 { &a } else { &b };
-        admitted += u32::from(limiter.check("shared", ONE).await.is_admitted());
+        admitted += u32::from(limiter.check(b"shared", ONE).await.is_admitted());
     }
     assert_eq!(admitted, 6);
     // One key per bucket, expiring when the bucket would be full again.
     assert_eq!(
-        redis.cmd(&["KEYS", "ratelimit:token:*"]),
-        "ratelimit:token:tb:shared"
+        redis.cmd(&["KEYS", "ratelimit:*:token:*"]),
+        "ratelimit:{v1:shared}:token:tb"
     );
     let pttl: i64 = redis
-        .cmd(&["PTTL", "ratelimit:token:tb:shared"])
+        .cmd(&["PTTL", "ratelimit:{v1:shared}:token:tb"])
         .parse()
         .unwrap();
     assert!(pttl > 300_000 && pttl <= 360_000, "{pttl}");
@@ -207,7 +207,7 @@ async fn one_token_refilled_is_taken_once_across_instances() {
         Duration::from_secs(1),
         2,
     ));
-    assert!(a.check("k", cost(2)).await.is_admitted());
+    assert!(a.check(b"k", cost(2)).await.is_admitted());
     // Wait for exactly one token (50 ms), then both instances race for it many times over.
     tokio::time::sleep(Duration::from_millis(50)).await;
     let tasks: Vec<_> = (0..20)
@@ -217,7 +217,7 @@ async fn one_token_refilled_is_taken_once_across_instances() {
             } else {
                 Arc::clone(&b)
             };
-            tokio::spawn(async move { limiter.check("k", ONE).await.is_admitted() })
+            tokio::spawn(async move { limiter.check(b"k", ONE).await.is_admitted() })
         })
         .collect();
     let mut admitted = 0;
@@ -233,14 +233,20 @@ async fn the_stored_time_never_moves_backwards() {
     let redis = RedisServer::start();
     let limiter = bucket(&Backend::redis(redis.pool()), 1, Duration::from_secs(10), 3);
     for _ in 0..3 {
-        limiter.check("k", ONE).await;
+        limiter.check(b"k", ONE).await;
     }
-    let before: f64 = redis.cmd(&["GET", "ratelimit:token:tb:k"]).parse().unwrap();
+    let before: f64 = redis
+        .cmd(&["GET", "ratelimit:{v1:k}:token:tb"])
+        .parse()
+        .unwrap();
     // Refused requests leave the arrival time alone.
     for _ in 0..5 {
-        assert!(!limiter.check("k", ONE).await.is_admitted());
+        assert!(!limiter.check(b"k", ONE).await.is_admitted());
     }
-    let after: f64 = redis.cmd(&["GET", "ratelimit:token:tb:k"]).parse().unwrap();
+    let after: f64 = redis
+        .cmd(&["GET", "ratelimit:{v1:k}:token:tb"])
+        .parse()
+        .unwrap();
     assert_eq!(before, after);
 }
 
@@ -248,9 +254,9 @@ async fn the_stored_time_never_moves_backwards() {
 async fn script_flush_is_invisible() {
     let redis = RedisServer::start();
     let limiter = bucket(&Backend::redis(redis.pool()), 1, Duration::from_secs(10), 3);
-    limiter.check("k", ONE).await;
+    limiter.check(b"k", ONE).await;
     redis.flush_scripts();
-    let d = limiter.check("k", ONE).await;
+    let d = limiter.check(b"k", ONE).await;
     assert_eq!(d.source, Source::Redis);
     assert_eq!(d.remaining, 1);
 }

@@ -98,7 +98,7 @@ fn bench_limiter<L: Limiter>(
         let mut i = 0;
         b.to_async(rt).iter(|| {
             i = (i + 1) % keys.len();
-            limiter.check(&keys[i], ONE)
+            limiter.check(keys[i].as_bytes(), ONE)
         });
     });
 }
@@ -130,7 +130,7 @@ fn warm(rt: &Runtime, limiters: &Limiters, keys: &[String], admitted: bool) {
                 &limiters.period,
                 &limiters.rolling,
             ] {
-                let state = limiter.check(key, ONE).await.state;
+                let state = limiter.check(key.as_bytes(), ONE).await.state;
                 let ok = matches!(state, State::Allowed | State::HitQuota);
                 assert!(ok || !admitted, "{key} was refused: {state:?}");
             }
@@ -142,7 +142,7 @@ fn warm(rt: &Runtime, limiters: &Limiters, keys: &[String], admitted: bool) {
                 &limiters.period,
                 &limiters.rolling,
             ] {
-                let state = limiter.check(&keys[0], ONE).await.state;
+                let state = limiter.check(keys[0].as_bytes(), ONE).await.state;
                 assert_eq!(state, State::OverQuota, "the refused group must refuse");
             }
             assert!(limiters.governor.check_key(&keys[0]).is_err());

@@ -12,6 +12,8 @@
 //!   moments is printed on stderr (see `redis_checks.rs`): use those ratios to compare,
 //!   since Redis round trips on a shared machine drift from one bench to the next.
 //!
+//! - `keys/*`: one key extraction with the built-in extractors (see `keys.rs`).
+//!
 //! Rates are huge (nothing is refused) except in the `refused` groups. Each check is one
 //! element (`Throughput::Elements`), so criterion reports checks per second as well.
 //!
@@ -29,6 +31,7 @@
 mod support;
 
 mod in_process;
+mod keys;
 mod redis_checks;
 
 use criterion::Criterion;
@@ -53,6 +56,7 @@ fn keys(count: usize) -> Vec<String> {
 fn main() {
     let mut criterion = Criterion::default().configure_from_args();
     in_process::benches(&mut criterion);
+    keys::benches(&mut criterion);
     redis_checks::benches(&mut criterion);
     criterion.final_summary();
 }

@@ -173,7 +173,7 @@ impl Env<'_> {
         let query = |bucket: Bucket, keys: &[String]| bucket.evalsha(&keys[i % keys.len()]);
         match call {
             Call::Check(limiter, keys) => {
-                let decision = limiter.check(&keys[i % keys.len()], ONE).await;
+                let decision = limiter.check(keys[i % keys.len()].as_bytes(), ONE).await;
                 if counted {
                     self.sources.count(decision.source);
                 }
@@ -311,7 +311,7 @@ impl Env<'_> {
     async fn checks_in_flight(&self, limiter: &TokenBucketLimiter, counted: bool) {
         let mut set = JoinSet::new();
         for _ in 0..IN_FLIGHT {
-            set.spawn(limiter.check("hot", ONE));
+            set.spawn(limiter.check(b"hot", ONE));
         }
         while let Some(decision) = set.join_next().await {
             let decision = decision.expect("check task");
@@ -433,13 +433,13 @@ pub(crate) fn benches(c: &mut Criterion) {
             .expect("SCRIPT LOAD");
         assert_eq!(sha, TOKEN_SCRIPT.get_hash());
         for limiter in [&token as &dyn Limiter, &period, &rolling] {
-            let decision = limiter.check("warm-up", ONE).await;
+            let decision = limiter.check(b"warm-up", ONE).await;
             assert_eq!(decision.source, Source::Redis, "{decision:?}");
             assert_eq!(decision.state, State::Allowed, "{decision:?}");
         }
         for limiter in [&refusing, &refusing_uncached] {
-            let _ = limiter.check(&refused_hot[0], ONE).await;
-            let decision = limiter.check(&refused_hot[0], ONE).await;
+            let _ = limiter.check(refused_hot[0].as_bytes(), ONE).await;
+            let decision = limiter.check(refused_hot[0].as_bytes(), ONE).await;
             assert_eq!(decision.state, State::OverQuota, "{decision:?}");
         }
         for admitted in [1, 0] {

@@ -17,7 +17,7 @@ use dashmap::DashMap;
 pub(crate) struct KeyHasher(RandomState, RandomState);
 
 impl KeyHasher {
-    pub(crate) fn hash(&self, key: &str) -> u128 {
+    pub(crate) fn hash(&self, key: &[u8]) -> u128 {
         (u128::from(self.0.hash_one(key)) << 64) | u128::from(self.1.hash_one(key))
     }
 }
@@ -88,7 +88,7 @@ impl DenyCache {
         self.capacity > 0
     }
 
-    pub(crate) fn hash(&self, key: &str) -> u128 {
+    pub(crate) fn hash(&self, key: &[u8]) -> u128 {
         self.hasher.hash(key)
     }
 
@@ -126,7 +126,7 @@ mod tests {
     #[test]
     fn refusals_expire_and_stay_bounded() {
         let cache = DenyCache::new(2);
-        let (a, b, c) = (cache.hash("a"), cache.hash("b"), cache.hash("c"));
+        let (a, b, c) = (cache.hash(b"a"), cache.hash(b"b"), cache.hash(b"c"));
         assert_ne!(a, b);
         let denied = |until_us| Denied {
             until_us,

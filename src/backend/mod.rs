@@ -9,9 +9,51 @@
 //! keeps N instances from admitting N times the limit meanwhile. A local deny cache
 //! remembers Redis's refusals of hot keys until they expire, so a flood on one key costs
 //! Redis almost nothing.
+//!
+//! # Redis keys
+//!
+//! Each limited key of each limiter is one Redis key (a string for the fixed window and
+//! the token bucket, a hash for the rolling window), laid out as (layout version 1):
+//!
+//! ```text
+//! <prefix>:{v1:<escaped key>}:<algorithm>:<name>
+//! ```
+//!
+//! - `<prefix>` is the backend's [prefix](BackendBuilder::prefix) (default `ratelimit`);
+//! - `v1` is the version of this layout: a later layout gets another version, so it can
+//!   never read (or be read as) this one's state;
+//! - `<escaped key>` is the key's bytes (as the [key extractor](crate::key) made them,
+//!   tag included) with `%` written `%25`, `{` written `%7B` and `}` written `%7D`, every
+//!   other byte (`:`, bytes that are not UTF-8, ...) kept as it is;
+//! - `<algorithm>` is `period`, `token` or `rolling`, and `<name>` the limiter's
+//!   [name](crate::LayerBuilder::name).
+//!
+//! For example, the `sms` fixed-window limit of the client with API key `k1` is
+//! `ratelimit:{v1:hdr:x-api-key:k1}:period:sms`.
+//!
+//! No two (prefix, algorithm, name, key) tuples share a Redis key, whatever bytes they
+//! hold: prefixes and names contain no `{` or `}` (checked when they are built), so the
+//! first `{` ends the prefix; the escaped key contains no `{` or `}`, so the first `}`
+//! ends it; the algorithm contains no `:`, so the name is the rest.
+//!
+//! The part in braces is a Redis Cluster hash tag: a key's slot is determined by
+//! `v1:` and the escaped key alone, so keys spread over the whole cluster by limited key,
+//! and the keys of every limit on one limited key share a slot (what a script that
+//! checks several limits of one request at once needs). The tag is never empty, not even
+//! for the empty key.
+//!
+//! # Migrating from the unversioned layout
+//!
+//! Earlier releases wrote `<prefix>:<algorithm>:<name>:<key>`, with untagged keys. The
+//! new layout does not read those keys: every limit starts afresh after the upgrade, and
+//! the old keys expire on their own within one window (they all carry an expiry). To
+//! reclaim the memory at once, delete keys matching `<prefix>:period:*`,
+//! `<prefix>:token:*` and `<prefix>:rolling:*` (with `SCAN`, on every master of a
+//! cluster).
 
 mod deny;
 mod health;
+mod layout;
 mod redis;
 
 use std::fmt;
@@ -34,6 +76,7 @@ pub use self::health::{
     RedisState, DEFAULT_BREAKER_FAILURE_RATIO, DEFAULT_BREAKER_MIN_CALLS, DEFAULT_BREAKER_WINDOW,
     DEFAULT_RECOVERY,
 };
+use self::layout::Layout;
 use self::redis::{Fault, RedisBackend, RedisPool, ScriptError};
 
 /// The default key prefix.
@@ -248,16 +291,9 @@ impl Backend {
         ((limit as f64 * self.failover.share).floor() as u64).max(1)
     }
 
-    /// The namespace of one limiter's keys: `<prefix>:<kind>:<name>:`.
-    pub(crate) fn namespace(&self, kind: &str, name: &str) -> String {
-        let mut ns = String::with_capacity(self.inner.prefix.len() + kind.len() + name.len() + 3);
-        ns.push_str(&self.inner.prefix);
-        ns.push(':');
-        ns.push_str(kind);
-        ns.push(':');
-        ns.push_str(name);
-        ns.push(':');
-        ns
+    /// The Redis key layout of one limiter's keys (see [Redis keys](self#redis-keys)).
+    pub(crate) fn layout(&self, kind: &str, name: &str) -> Layout {
+        Layout::new(&self.inner.prefix, kind, name)
     }
 }
 
@@ -271,13 +307,13 @@ impl fmt::Debug for Backend {
     }
 }
 
-/// What one limiter needs of the backend: the handle, its key namespace, and its Redis
-/// metrics.
+/// What one limiter needs of the backend: the handle, its Redis key layout, and its
+/// Redis metrics.
 #[derive(Debug)]
 pub(crate) struct Remote {
     backend: Backend,
-    /// `<prefix>:<kind>:<name>:`, the start of every Redis key of this limiter.
-    namespace: String,
+    /// How this limiter's Redis keys are built.
+    layout: Layout,
     /// The policy name, for metrics labels.
     name: String,
     metrics: RedisMetrics,
@@ -287,7 +323,7 @@ impl Remote {
     pub(crate) fn new(backend: &Backend, kind: &str, name: &str) -> Self {
         Self {
             backend: backend.clone(),
-            namespace: backend.namespace(kind, name),
+            layout: backend.layout(kind, name),
             name: name.to_owned(),
             metrics: RedisMetrics::default(),
         }
@@ -297,9 +333,9 @@ impl Remote {
         &self.backend
     }
 
-    #[cfg(test)]
-    pub(crate) fn namespace(&self) -> &str {
-        &self.namespace
+    /// The Redis key of `key` for this limiter.
+    pub(crate) fn redis_key(&self, key: &[u8]) -> Vec<u8> {
+        self.layout.redis_key(key)
     }
 }
 
@@ -318,14 +354,14 @@ pub(crate) trait Store: Send + Sync + 'static {
     /// Reads the script's reply; `None` when it is not of the expected shape.
     fn decide(&self, reply: &[i64], cost: NonZeroU32) -> Option<Decision>;
     /// Answers from the in-process state.
-    fn local(&self, key: &str, cost: NonZeroU32, source: Source) -> Decision;
+    fn local(&self, key: &[u8], cost: NonZeroU32, source: Source) -> Decision;
 }
 
 /// Answers a check from Redis when the breaker lets it through (one round trip, run by
 /// SHA), by the layer's [`FailurePolicy`] otherwise; a failed round trip is answered by
 /// the failure policy too, and counts toward the breaker unless it concerns only its key.
 /// A key Redis refused recently is refused from the deny cache without a round trip.
-pub(crate) fn check<T: Store>(store: &Arc<T>, key: &str, cost: NonZeroU32) -> Check {
+pub(crate) fn check<T: Store>(store: &Arc<T>, key: &[u8], cost: NonZeroU32) -> Check {
     let remote = store.remote();
     let backend = &remote.backend;
     let redis = backend.redis_handle();
@@ -343,10 +379,7 @@ pub(crate) fn check<T: Store>(store: &Arc<T>, key: &str, cost: NonZeroU32) -> Ch
     if !redis.admit() {
         return Check::ready(unavailable(&**store, key, cost));
     }
-    let namespace = &remote.namespace;
-    let mut redis_key = String::with_capacity(namespace.len() + key.len());
-    redis_key.push_str(namespace);
-    redis_key.push_str(key);
+    let redis_key = remote.redis_key(key);
     let deny = &backend.inner.deny;
     let deny_key = deny.is_enabled().then(|| deny.hash(&redis_key));
     if let Some(hash) = deny_key {
@@ -400,13 +433,14 @@ pub(crate) fn check<T: Store>(store: &Arc<T>, key: &str, cost: NonZeroU32) -> Ch
         if fault == Fault::Key {
             redis.key_error(remote.backend.inner.deny.hash(&redis_key), &error);
         }
-        let key = &redis_key[remote.namespace.len()..];
-        unavailable(&*store, key, cost)
+        // The key, read back from the Redis key (only on this failure path).
+        let key = remote.layout.key_of(&redis_key).unwrap_or_default();
+        unavailable(&*store, &key, cost)
     })
 }
 
 /// The answer while Redis is unreachable, by the layer's failure policy.
-fn unavailable<T: Store>(store: &T, key: &str, cost: NonZeroU32) -> Decision {
+fn unavailable<T: Store>(store: &T, key: &[u8], cost: NonZeroU32) -> Decision {
     let backend = &store.remote().backend;
     match backend.failover.policy {
         FailurePolicy::Fallback => store.local(key, cost, Source::Fallback),
@@ -567,7 +601,8 @@ impl BackendBuilder {
     }
 
     /// The prefix of every Redis key (default `ratelimit`), e.g. to share one Redis
-    /// between applications.
+    /// between applications; see [Redis keys](self#redis-keys) for the whole layout.
+    /// At most 128 bytes, without `{`, `}`, control characters, quotes or backslashes.
     pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
         self.prefix = prefix.into();
         self
@@ -763,9 +798,13 @@ mod tests {
     }
 
     #[test]
-    fn namespace_layout() {
+    fn redis_key_layout() {
         let b = Backend::builder().prefix("app").build().unwrap();
-        assert_eq!(b.namespace("period", "sms"), "app:period:sms:");
+        let remote = Remote::new(&b, "period", "sms");
+        assert_eq!(
+            remote.redis_key(b"ip:1.2.3.4"),
+            b"app:{v1:ip:1.2.3.4}:period:sms"
+        );
         assert_eq!(b.redis_healthy(), None);
     }
 }

@@ -6,10 +6,13 @@
 //! wrappers around these functions.
 
 use std::borrow::Cow;
+use std::fmt::Write as _;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use http::header::{HeaderMap, HeaderName, FORWARDED};
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
+
+use super::{Key, Writer};
 
 /// `X-Forwarded-For` (not among `http`'s predefined header names).
 pub(crate) const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
@@ -80,20 +83,26 @@ pub(crate) const fn clamp_prefix(prefix: u8) -> u8 {
     }
 }
 
-/// Formats the rate-limit key of an (already normalized) address.
+/// The rate-limit key of an (already normalized) address: `ip:` and the address.
 ///
 /// IPv4 addresses are always the full dotted address. IPv6 addresses are the
 /// full address when `ipv6_prefix` is 128, otherwise the network address
-/// with its prefix length, e.g. `2001:db8:1:2::/64`.
-pub(crate) fn ip_key(ip: IpAddr, ipv6_prefix: u8) -> String {
-    match ip {
+/// with its prefix length, e.g. `ip:2001:db8:1:2::/64`. Written on the stack
+/// (an IPv6 network with its tag is at most 47 bytes).
+pub(crate) fn ip_key(ip: IpAddr, ipv6_prefix: u8) -> Key<'static> {
+    let mut key = Key::with_capacity(48);
+    key.push(b"ip:");
+    let mut out = Writer(&mut key);
+    // Writing into a key cannot fail.
+    let _ = match ip {
         IpAddr::V6(v6) if ipv6_prefix < 128 => {
             let net =
                 Ipv6Net::new(v6, ipv6_prefix).map_or_else(|_| Ipv6Net::from(v6), |n| n.trunc());
-            net.to_string()
+            write!(out, "{net}")
         }
-        _ => ip.to_string(),
-    }
+        _ => write!(out, "{ip}"),
+    };
+    key
 }
 
 /// Whether `ip` lies in one of the `trusted` networks.

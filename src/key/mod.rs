@@ -2,24 +2,42 @@
 //!
 //! A [`KeyExtractor`] looks at a request and returns its key, or `None` when
 //! no key can be extracted (the service then applies its missing-key policy).
-//! Requests with the same key share one limit.
+//! Requests with the same key share one limit. Keys are bytes ([`Key`]):
+//! header values that are not UTF-8 are used as they are, never converted,
+//! so different bytes are always different keys.
 //!
-//! Built-in extractors:
+//! # Tags
 //!
-//! | Extractor | Key |
-//! |-----------|-----|
-//! | [`GlobalKey`] | the constant `global`: one limit shared by everybody |
-//! | [`PeerIp`] | the TCP peer address |
-//! | [`ForwardedIp`] | the client address behind trusted reverse proxies (`Forwarded` / `X-Forwarded-For`) |
-//! | [`HeaderKey`] | the value of a request header, e.g. an API key |
-//! | [`ExtensionKey`] | a value an earlier layer put into the request extensions, e.g. a user id |
-//! | [`PathKey`] | the request path |
-//! | `MatchedPathKey` | axum's route template, e.g. `/users/{id}` (feature `axum`) |
+//! Every built-in extractor starts its key with a tag that names it, so two
+//! extractors can never produce the same key for different things: with
+//! `HeaderKey::from_static("x-api-key").or(PeerIp::new())`, a client sending
+//! `x-api-key: 127.0.0.1` gets the key `hdr:x-api-key:127.0.0.1`, never the
+//! key `ip:127.0.0.1` of the client at that address.
 //!
-//! Any closure `Fn(&Request<B>) -> Option<T>` with `T: Into<String>` is an
-//! extractor too, and extractors combine with [`or`](KeyExtractorExt::or)
-//! (the first key found) and [`and`](KeyExtractorExt::and) (both keys, joined
-//! unambiguously).
+//! | Extractor | Key | Example |
+//! |-----------|-----|---------|
+//! | [`GlobalKey`] | the constant `global`: one limit shared by everybody | `global` |
+//! | [`PeerIp`] | `ip:` and the TCP peer address (IPv6 by its /64) | `ip:192.0.2.7`, `ip:2001:db8:1:2::/64` |
+//! | [`ForwardedIp`] | `ip:` and the client address behind trusted reverse proxies (`Forwarded` / `X-Forwarded-For`) | `ip:203.0.113.7` |
+//! | [`HeaderKey`] | `hdr:`, the header name, `:`, and the value's bytes, e.g. an API key | `hdr:x-api-key:secret-1` |
+//! | [`ExtensionKey`] | `ext:`, its [tag](ExtensionKey::tag) (empty by default), `:`, and the `Display` of a value an earlier layer put into the request extensions, e.g. a user id | `ext::42`, `ext:user:42` |
+//! | [`PathKey`] | `path:` and the request path | `path:/users/42` |
+//! | `MatchedPathKey` | `route:` and axum's route template (feature `axum`) | `route:/users/{id}` |
+//! | a closure | `fn:` and the bytes it returns | `fn:acme` |
+//! | [`a.and(b)`](KeyExtractorExt::and) | `and:`, the length of `a`'s key in decimal, `:`, `a`'s key, `:`, `b`'s key | `and:16:hdr:x-api-key:k1:path:/` |
+//! | [`a.or(b)`](KeyExtractorExt::or) | `a`'s key, or else `b`'s, unchanged | |
+//!
+//! [`PeerIp`] and [`ForwardedIp`] share the tag `ip:` on purpose: both name a
+//! client address, so `ForwardedIp` falling back to `PeerIp` keeps one client
+//! on one key. A key no tag can be confused with: tags are ASCII words that end
+//! in `:` (and header names, extension tags and lengths contain no `:`), the
+//! `and:` length says where the first key ends, and `global` has no `:` at all.
+//!
+//! A type of your own that implements [`KeyExtractor`] returns its bytes as
+//! they are: when you combine it with other extractors, start its keys with a
+//! tag of your own (`tenant:`) that is not one of the above. So is the
+//! constant key of [`MissingKey::Key`](crate::MissingKey::Key) (a constant
+//! without `:` can never equal a tagged key).
 //!
 //! # Example
 //!
@@ -37,26 +55,31 @@
 //!     .header("x-forwarded-for", "203.0.113.7, 10.1.2.3")
 //!     .body(())?;
 //! req.extensions_mut().insert("10.0.0.1:443".parse::<SocketAddr>()?);
-//! assert_eq!(key.extract(&req).as_deref(), Some("203.0.113.7"));
+//! assert_eq!(key.extract(&req).unwrap(), "ip:203.0.113.7");
 //!
 //! req.headers_mut().insert("x-api-key", "secret-1".parse()?);
-//! assert_eq!(key.extract(&req).as_deref(), Some("secret-1"));
+//! assert_eq!(key.extract(&req).unwrap(), "hdr:x-api-key:secret-1");
+//!
+//! // A client whose API key spells an address still has a key of its own.
+//! req.headers_mut().insert("x-api-key", "203.0.113.7".parse()?);
+//! assert_eq!(key.extract(&req).unwrap(), "hdr:x-api-key:203.0.113.7");
 //!
 //! // A separate limit per API key and path:
 //! let per_route = HeaderKey::from_static("x-api-key").and(PathKey::new());
-//! assert_eq!(per_route.extract(&req).as_deref(), Some("secret-1:/"));
+//! req.headers_mut().insert("x-api-key", "k1".parse()?);
+//! assert_eq!(per_route.extract(&req).unwrap(), "and:16:hdr:x-api-key:k1:path:/");
 //!
-//! // Closures work as extractors (they return owned keys):
+//! // Closures work as extractors; their keys are tagged `fn:`.
 //! let tenant = |req: &http::Request<()>| {
 //!     req.uri().host().map(str::to_owned)
 //! };
 //! let per_tenant = tenant.or(key);
-//! assert_eq!(per_tenant.extract(&req).as_deref(), Some("secret-1"));
+//! assert_eq!(per_tenant.extract(&req).unwrap(), "hdr:x-api-key:k1");
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-use std::borrow::Cow;
 use std::fmt;
+use std::fmt::Write as _;
 use std::marker::PhantomData;
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -65,50 +88,62 @@ use http::header::{HeaderName, FORWARDED};
 use ipnet::IpNet;
 
 mod ip;
+mod raw;
+
+pub use self::raw::Key;
+use self::raw::Writer;
+
+/// The IPv6 prefix length [`PeerIp`] and [`ForwardedIp`] group clients by,
+/// unless told otherwise: a /64, the smallest network a single host usually
+/// controls.
+pub const DEFAULT_IPV6_PREFIX: u8 = 64;
 
 /// Extracts the rate-limit key of a request.
 ///
 /// Returning `None` means no key could be extracted; the service then
-/// applies its missing-key policy. Keys are returned as [`Cow`] so that
-/// extractors can borrow from the request (no allocation on the hot path)
-/// and still compute owned keys when they have to.
+/// applies its missing-key policy. A [`Key`] is bytes that either borrow from
+/// the request or, when short, are built on the stack: no allocation on the
+/// hot path.
 ///
 /// Implemented for every closure `Fn(&Request<B>) -> Option<T>` where
-/// `T: Into<String>` (the key is always owned then; to borrow from the
-/// request, implement the trait on a type instead).
+/// `T: AsRef<[u8]>` (`String`, `&'static str`, `Vec<u8>`, [`Bytes`](bytes::Bytes),
+/// a [`Key`], ...); its key is `fn:` followed by the bytes it returns, so it
+/// never equals a key of a built-in extractor it is combined with.
 ///
 /// # Example
 ///
 /// ```
-/// use std::borrow::Cow;
-/// use tower_redis_ratelimit::key::KeyExtractor;
+/// use tower_redis_ratelimit::key::{Key, KeyExtractor};
 ///
-/// /// The first path segment, e.g. `v1` for `/v1/users`.
+/// /// The first path segment, e.g. `v1` for `/v1/users`, tagged `version:`.
 /// #[derive(Clone, Debug)]
 /// struct ApiVersion;
 ///
 /// impl<B> KeyExtractor<B> for ApiVersion {
-///     fn extract<'r>(&self, req: &'r http::Request<B>) -> Option<Cow<'r, str>> {
+///     fn extract<'r>(&self, req: &'r http::Request<B>) -> Option<Key<'r>> {
 ///         let segment = req.uri().path().trim_start_matches('/').split('/').next()?;
-///         (!segment.is_empty()).then_some(Cow::Borrowed(segment))
+///         (!segment.is_empty()).then(|| Key::concat(&[b"version:", segment.as_bytes()]))
 ///     }
 /// }
 ///
 /// let req = http::Request::builder().uri("/v2/users").body(()).unwrap();
-/// assert_eq!(ApiVersion.extract(&req).as_deref(), Some("v2"));
+/// assert_eq!(ApiVersion.extract(&req).unwrap(), "version:v2");
 /// ```
 pub trait KeyExtractor<B>: Send + Sync + 'static {
     /// Returns the key of `req`, or `None` when it has none.
-    fn extract<'r>(&self, req: &'r http::Request<B>) -> Option<Cow<'r, str>>;
+    fn extract<'r>(&self, req: &'r http::Request<B>) -> Option<Key<'r>>;
 }
+
+/// The tag of closure keys.
+const FN_TAG: &[u8] = b"fn:";
 
 impl<B, F, T> KeyExtractor<B> for F
 where
     F: Fn(&http::Request<B>) -> Option<T> + Send + Sync + 'static,
-    T: Into<String>,
+    T: AsRef<[u8]>,
 {
-    fn extract<'r>(&self, req: &'r http::Request<B>) -> Option<Cow<'r, str>> {
-        self(req).map(|key| Cow::Owned(key.into()))
+    fn extract<'r>(&self, req: &'r http::Request<B>) -> Option<Key<'r>> {
+        self(req).map(|key| Key::concat(&[FN_TAG, key.as_ref()]))
     }
 }
 
@@ -119,11 +154,12 @@ where
 /// type (these extractors implement [`KeyExtractor<B>`] for every `B`, so
 /// the trait methods could not infer it).
 pub trait KeyExtractorExt<B>: KeyExtractor<B> + Sized {
-    /// Uses the key of `self`, or if it has none the key of `other`.
+    /// Uses the key of `self`, or if it has none the key of `other`,
+    /// unchanged.
     ///
-    /// Note that the two extractors share one key space: make sure their
-    /// keys cannot collide when that matters (e.g. a header value that looks
-    /// like an IP address).
+    /// The two branches never share a key: each built-in extractor tags its
+    /// keys (see the [table](self#tags)), so a header value that spells an IP
+    /// address is still not that address's key.
     fn or<O: KeyExtractor<B>>(self, other: O) -> Or<Self, O> {
         Or::new(self, other)
     }
@@ -131,10 +167,11 @@ pub trait KeyExtractorExt<B>: KeyExtractor<B> + Sized {
     /// Combines the keys of `self` and `other` into one (`None` when either
     /// has none).
     ///
-    /// The keys are joined with `:`; any `:` or `\` inside them is escaped
-    /// with a backslash, so different pairs never produce the same key:
-    /// `("a:b", "c")` becomes `a\:b:c`, while `("a", "b:c")` becomes
-    /// `a:b\:c`.
+    /// The key is `and:`, the length of `self`'s key in decimal, `:`,
+    /// `self`'s key, `:` and `other`'s key: the length says where the first
+    /// key ends, so different pairs of byte strings never produce the same
+    /// key (`("a:b", "c")` becomes `and:3:a:b:c`, `("a", "b:c")` becomes
+    /// `and:1:a:b:c`).
     fn and<O: KeyExtractor<B>>(self, other: O) -> And<Self, O> {
         And::new(self, other)
     }
@@ -188,7 +225,7 @@ where
     A: KeyExtractor<Body>,
     B: KeyExtractor<Body>,
 {
-    fn extract<'r>(&self, req: &'r http::Request<Body>) -> Option<Cow<'r, str>> {
+    fn extract<'r>(&self, req: &'r http::Request<Body>) -> Option<Key<'r>> {
         self.first.extract(req).or_else(|| self.second.extract(req))
     }
 }
@@ -216,32 +253,19 @@ where
     A: KeyExtractor<Body>,
     B: KeyExtractor<Body>,
 {
-    fn extract<'r>(&self, req: &'r http::Request<Body>) -> Option<Cow<'r, str>> {
+    fn extract<'r>(&self, req: &'r http::Request<Body>) -> Option<Key<'r>> {
         let first = self.first.extract(req)?;
         let second = self.second.extract(req)?;
-        Some(Cow::Owned(join_escaped(&first, &second)))
+        Some(join(&first, &second))
     }
 }
 
-/// Joins two keys with `:`, escaping `:` and `\` inside them.
-fn join_escaped(first: &str, second: &str) -> String {
-    fn push_escaped(out: &mut String, part: &str) {
-        if part.contains([':', '\\']) {
-            for c in part.chars() {
-                if c == ':' || c == '\\' {
-                    out.push('\\');
-                }
-                out.push(c);
-            }
-        } else {
-            out.push_str(part);
-        }
-    }
-    let mut out = String::with_capacity(first.len() + second.len() + 1);
-    push_escaped(&mut out, first);
-    out.push(':');
-    push_escaped(&mut out, second);
-    out
+/// `and:<len(first)>:<first>:<second>`: unambiguous for any bytes, since the length
+/// says where `first` ends.
+fn join(first: &[u8], second: &[u8]) -> Key<'static> {
+    let mut len = itoa::Buffer::new();
+    let len = len.format(first.len()).as_bytes();
+    Key::concat(&[b"and:", len, b":", first, b":", second])
 }
 
 /// One key for all requests: a single limit shared by everybody.
@@ -263,12 +287,13 @@ impl GlobalKey {
 combinators!(GlobalKey);
 
 impl<B> KeyExtractor<B> for GlobalKey {
-    fn extract<'r>(&self, _req: &'r http::Request<B>) -> Option<Cow<'r, str>> {
-        Some(Cow::Borrowed(Self::KEY))
+    fn extract<'r>(&self, _req: &'r http::Request<B>) -> Option<Key<'r>> {
+        Some(Key::borrowed(Self::KEY.as_bytes()))
     }
 }
 
-/// The TCP peer address of the connection.
+/// The TCP peer address of the connection; the key is `ip:` and the address,
+/// IPv6 addresses grouped by their /64.
 ///
 /// The address is read from the request extensions: axum's
 /// `ConnectInfo<SocketAddr>` (with the `axum` feature; serve the app with
@@ -277,31 +302,37 @@ impl<B> KeyExtractor<B> for GlobalKey {
 /// present. The port is not part of the key.
 ///
 /// IPv4-mapped IPv6 addresses (`::ffff:1.2.3.4`, as seen on dual-stack
-/// sockets) are keyed as the IPv4 address (`1.2.3.4`).
+/// sockets) are keyed as the IPv4 address (`ip:1.2.3.4`).
 ///
 /// Behind a reverse proxy every request comes from the proxy; use
 /// [`ForwardedIp`] there.
 ///
 /// # IPv6 prefixes
 ///
-/// A single IPv6 client typically controls a whole /64 (or more), so
-/// limiting per address is easy to evade. [`ipv6_prefix`](Self::ipv6_prefix)
-/// groups addresses by network: with a prefix of 64 the key of
-/// `2001:db8:1:2::abcd` is `2001:db8:1:2::/64`. The default, 128, keys by
-/// the full address (`2001:db8:1:2::abcd`). IPv4 addresses are always keyed
-/// by the full address.
+/// A single IPv6 client typically controls a whole /64 (2^64 addresses, or
+/// more), so a limit per address is easy to evade by rotating addresses.
+/// IPv6 addresses are therefore grouped by network, by default their /64: the
+/// key of `2001:db8:1:2::abcd` is `ip:2001:db8:1:2::/64`.
+/// [`ipv6_prefix`](Self::ipv6_prefix) chooses another prefix length (`56` or
+/// `48` for providers that hand out larger networks; `128` keys each full
+/// address, `ip:2001:db8:1:2::abcd`). IPv4 addresses are always keyed by the
+/// full address.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PeerIp {
     ipv6_prefix: u8,
 }
 
 impl PeerIp {
-    /// Creates the extractor, keying IPv6 clients by their full address.
+    /// Creates the extractor, keying IPv6 clients by their /64
+    /// ([`DEFAULT_IPV6_PREFIX`]).
     pub const fn new() -> Self {
-        Self { ipv6_prefix: 128 }
+        Self {
+            ipv6_prefix: DEFAULT_IPV6_PREFIX,
+        }
     }
 
-    /// Groups IPv6 clients by the network of this prefix length (e.g. 64).
+    /// Groups IPv6 clients by the network of this prefix length (default 64;
+    /// 128 for the full address).
     ///
     /// Values above 128 are clamped to 128 (the full address).
     #[must_use]
@@ -320,9 +351,9 @@ impl Default for PeerIp {
 combinators!(PeerIp);
 
 impl<B> KeyExtractor<B> for PeerIp {
-    fn extract<'r>(&self, req: &'r http::Request<B>) -> Option<Cow<'r, str>> {
+    fn extract<'r>(&self, req: &'r http::Request<B>) -> Option<Key<'r>> {
         let peer = ip::peer_ip(req)?;
-        Some(Cow::Owned(ip::ip_key(peer, self.ipv6_prefix)))
+        Some(ip::ip_key(peer, self.ipv6_prefix))
     }
 }
 
@@ -348,7 +379,8 @@ pub enum ForwardedHeader {
     XForwardedFor,
 }
 
-/// The client address behind trusted reverse proxies.
+/// The client address behind trusted reverse proxies; the key is `ip:` and the
+/// address, IPv6 addresses grouped by their /64 (as by [`PeerIp`]).
 ///
 /// Reads the `Forwarded` (RFC 7239) or `X-Forwarded-For` header, but only
 /// believes what trusted proxies wrote into it:
@@ -391,11 +423,16 @@ pub enum ForwardedHeader {
 ///     .header("x-forwarded-for", "198.51.100.1, 203.0.113.7, 192.0.2.1")
 ///     .body(())?;
 /// req.extensions_mut().insert("10.0.0.2:50000".parse::<SocketAddr>()?);
-/// assert_eq!(key.extract(&req).as_deref(), Some("203.0.113.7"));
+/// assert_eq!(key.extract(&req).unwrap(), "ip:203.0.113.7");
 ///
 /// // The same header from an untrusted peer is ignored.
 /// req.extensions_mut().insert("198.51.100.99:50000".parse::<SocketAddr>()?);
-/// assert_eq!(key.extract(&req).as_deref(), Some("198.51.100.99"));
+/// assert_eq!(key.extract(&req).unwrap(), "ip:198.51.100.99");
+///
+/// // IPv6 clients are limited per /64.
+/// req.extensions_mut().insert("10.0.0.2:50000".parse::<SocketAddr>()?);
+/// req.headers_mut().insert("x-forwarded-for", "2001:db8:1:2::abcd".parse()?);
+/// assert_eq!(key.extract(&req).unwrap(), "ip:2001:db8:1:2::/64");
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Clone, Debug)]
@@ -414,7 +451,7 @@ impl ForwardedIp {
         Self {
             trusted: trusted.into_iter().map(ip::normalize_net).collect(),
             header: ForwardedHeader::XForwardedFor,
-            ipv6_prefix: 128,
+            ipv6_prefix: DEFAULT_IPV6_PREFIX,
         }
     }
 
@@ -448,8 +485,8 @@ impl ForwardedIp {
         self
     }
 
-    /// Groups IPv6 clients by the network of this prefix length (e.g. 64);
-    /// see [`PeerIp`].
+    /// Groups IPv6 clients by the network of this prefix length (default 64;
+    /// 128 for the full address); see [`PeerIp`].
     ///
     /// Values above 128 are clamped to 128 (the full address).
     #[must_use]
@@ -492,22 +529,32 @@ impl ForwardedIp {
 combinators!(ForwardedIp);
 
 impl<B> KeyExtractor<B> for ForwardedIp {
-    fn extract<'r>(&self, req: &'r http::Request<B>) -> Option<Cow<'r, str>> {
+    fn extract<'r>(&self, req: &'r http::Request<B>) -> Option<Key<'r>> {
         let client = self.client_ip(req)?;
-        Some(Cow::Owned(ip::ip_key(client, self.ipv6_prefix)))
+        Some(ip::ip_key(client, self.ipv6_prefix))
     }
 }
 
-/// The value of a request header, e.g. an API key.
+/// The value of a request header, e.g. an API key; the key is `hdr:`, the
+/// header name, `:`, and the value.
 ///
 /// Only the first line of the header is used. `None` when the header is
-/// missing or empty. Values that are valid UTF-8 are borrowed from the
-/// request (no allocation); other bytes are converted with
-/// [`String::from_utf8_lossy`], so distinct invalid byte sequences may map to
-/// the same key.
+/// missing or empty. The value's bytes are used as they are, whether UTF-8
+/// or not: different values are always different keys.
 ///
-/// The key is the raw header value: for secrets such as API keys, consider
+/// The key holds the raw header value: for secrets such as API keys, consider
 /// hashing keys before they reach shared storage.
+///
+/// ```
+/// use tower_redis_ratelimit::key::{HeaderKey, KeyExtractor};
+///
+/// let key = HeaderKey::from_static("x-api-key");
+/// let req = http::Request::builder()
+///     .header("x-api-key", http::HeaderValue::from_bytes(b"k\xff")?)
+///     .body(())?;
+/// assert_eq!(key.extract(&req).unwrap(), b"hdr:x-api-key:k\xff");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HeaderKey {
     name: HeaderName,
@@ -540,21 +587,29 @@ impl HeaderKey {
 combinators!(HeaderKey);
 
 impl<B> KeyExtractor<B> for HeaderKey {
-    fn extract<'r>(&self, req: &'r http::Request<B>) -> Option<Cow<'r, str>> {
+    fn extract<'r>(&self, req: &'r http::Request<B>) -> Option<Key<'r>> {
         let value = req.headers().get(&self.name)?;
         if value.is_empty() {
             return None;
         }
-        Some(String::from_utf8_lossy(value.as_bytes()))
+        Some(Key::concat(&[
+            b"hdr:",
+            self.name.as_str().as_bytes(),
+            b":",
+            value.as_bytes(),
+        ]))
     }
 }
 
 /// A value an earlier layer (e.g. authentication) put into the request
 /// extensions, such as a user or tenant id.
 ///
-/// The key is the value's [`Display`](fmt::Display) output. `None` when the
+/// The key is `ext:`, the extractor's [tag](Self::tag) (empty by default),
+/// `:`, and the value's [`Display`](fmt::Display) output. `None` when the
 /// extension is missing or displays as an empty string. The layer that
-/// inserts the value must run before the rate limiter.
+/// inserts the value must run before the rate limiter. When you combine
+/// extractors of several extension types, give each a tag of its own, so that
+/// user `42` and tenant `42` never share a key.
 ///
 /// # Example
 ///
@@ -574,18 +629,42 @@ impl<B> KeyExtractor<B> for HeaderKey {
 /// let mut req = http::Request::new(());
 /// assert_eq!(key.extract(&req), None);
 /// req.extensions_mut().insert(UserId(42));
-/// assert_eq!(key.extract(&req).as_deref(), Some("user-42"));
+/// assert_eq!(key.extract(&req).unwrap(), "ext::user-42");
+/// assert_eq!(key.tag("user").extract(&req).unwrap(), "ext:user:user-42");
 /// ```
 pub struct ExtensionKey<T> {
+    tag: &'static str,
     _marker: PhantomData<fn() -> T>,
 }
 
 impl<T> ExtensionKey<T> {
-    /// Creates the extractor.
+    /// Creates the extractor, with an empty tag.
     pub const fn new() -> Self {
         Self {
+            tag: "",
             _marker: PhantomData,
         }
+    }
+
+    /// Tags the keys: `ext:<tag>:<value>`, to keep extractors of several
+    /// extension types apart.
+    ///
+    /// # Panics
+    ///
+    /// When `tag` contains a `:` (which would make keys ambiguous).
+    #[must_use]
+    pub const fn tag(mut self, tag: &'static str) -> Self {
+        let bytes = tag.as_bytes();
+        let mut i = 0;
+        while i < bytes.len() {
+            assert!(
+                bytes[i] != b':',
+                "an `ExtensionKey` tag must not contain `:`"
+            );
+            i += 1;
+        }
+        self.tag = tag;
+        self
     }
 }
 
@@ -607,7 +686,12 @@ impl<T> Copy for ExtensionKey<T> {}
 
 impl<T> fmt::Debug for ExtensionKey<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "ExtensionKey<{}>", std::any::type_name::<T>())
+        write!(
+            f,
+            "ExtensionKey<{}>({:?})",
+            std::any::type_name::<T>(),
+            self.tag
+        )
     }
 }
 
@@ -615,15 +699,19 @@ impl<B, T> KeyExtractor<B> for ExtensionKey<T>
 where
     T: fmt::Display + Send + Sync + 'static,
 {
-    fn extract<'r>(&self, req: &'r http::Request<B>) -> Option<Cow<'r, str>> {
-        let key = req.extensions().get::<T>()?.to_string();
-        (!key.is_empty()).then_some(Cow::Owned(key))
+    fn extract<'r>(&self, req: &'r http::Request<B>) -> Option<Key<'r>> {
+        let value = req.extensions().get::<T>()?;
+        let mut key = Key::concat(&[b"ext:", self.tag.as_bytes(), b":"]);
+        let tagged = key.len();
+        write!(Writer(&mut key), "{value}").ok()?;
+        (key.len() > tagged).then_some(key)
     }
 }
 
-/// The request path (without the query string), e.g. `/users/42`.
+/// The request path (without the query string), e.g. `/users/42`; the key is
+/// `path:` and the path.
 ///
-/// Borrowed from the request. `None` for requests without a path (such as
+/// `None` for requests without a path (such as
 /// `CONNECT host:port`). Every distinct path gets its own limit; to limit per
 /// route rather than per concrete path, use `MatchedPathKey` (feature
 /// `axum`).
@@ -640,19 +728,19 @@ impl PathKey {
 combinators!(PathKey);
 
 impl<B> KeyExtractor<B> for PathKey {
-    fn extract<'r>(&self, req: &'r http::Request<B>) -> Option<Cow<'r, str>> {
+    fn extract<'r>(&self, req: &'r http::Request<B>) -> Option<Key<'r>> {
         let path = req.uri().path();
-        (!path.is_empty()).then_some(Cow::Borrowed(path))
+        (!path.is_empty()).then(|| Key::concat(&[b"path:", path.as_bytes()]))
     }
 }
 
-/// axum's matched route template, e.g. `/users/{id}`: one limit per route.
+/// axum's matched route template, e.g. `/users/{id}`: one limit per route;
+/// the key is `route:` and the template.
 ///
 /// Read from axum's `MatchedPath` request extension, which the router
 /// inserts before running route layers and handlers; `None` when it is
 /// absent (e.g. when the rate limiter wraps the whole router rather than
-/// being added with `route_layer`, or for unmatched requests). Borrowed from
-/// the request.
+/// being added with `route_layer`, or for unmatched requests).
 #[cfg(feature = "axum")]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct MatchedPathKey;
@@ -670,10 +758,10 @@ combinators!(MatchedPathKey);
 
 #[cfg(feature = "axum")]
 impl<B> KeyExtractor<B> for MatchedPathKey {
-    fn extract<'r>(&self, req: &'r http::Request<B>) -> Option<Cow<'r, str>> {
+    fn extract<'r>(&self, req: &'r http::Request<B>) -> Option<Key<'r>> {
         req.extensions()
             .get::<axum::extract::MatchedPath>()
-            .map(|path| Cow::Borrowed(path.as_str()))
+            .map(|path| Key::concat(&[b"route:", path.as_str().as_bytes()]))
     }
 }
 

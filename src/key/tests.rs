@@ -1,4 +1,3 @@
-use std::borrow::Cow;
 use std::collections::HashSet;
 use std::net::{IpAddr, SocketAddr};
 
@@ -29,12 +28,24 @@ fn with_peer_and_headers(peer: &str, headers: &[(&str, &str)]) -> Request<()> {
     req
 }
 
+/// The key as text (every key of these tests is UTF-8 unless it says otherwise).
 fn key<K: KeyExtractor<()>>(k: &K, req: &Request<()>) -> Option<String> {
-    k.extract(req).map(Cow::into_owned)
+    k.extract(req)
+        .map(|key| String::from_utf8(key.into()).expect("a UTF-8 key"))
 }
 
-fn is_borrowed(key: &Option<Cow<'_, str>>) -> bool {
-    matches!(key, Some(Cow::Borrowed(_)))
+/// The address in an IP key, after checking its `ip:` tag.
+fn ip<K: KeyExtractor<()>>(k: &K, req: &Request<()>) -> Option<String> {
+    key(k, req).map(|key| {
+        key.strip_prefix("ip:")
+            .unwrap_or_else(|| panic!("{key} has no `ip:` tag"))
+            .to_owned()
+    })
+}
+
+/// Whether a key was built without a heap allocation.
+fn no_heap(key: &Option<Key<'_>>) -> bool {
+    matches!(key, Some(key) if !key.is_on_heap())
 }
 
 fn assert_traits<T: Clone + fmt::Debug + Send + Sync + 'static>() {}
@@ -61,19 +72,21 @@ fn extractors_are_object_safe() {
         Box::new(GlobalKey::new()),
         Box::new(PathKey::new()),
         Box::new(|_: &Request<()>| Some("closure")),
+        Box::new(HeaderKey::from_static("x-a")),
     ];
     let keys: Vec<_> = extractors.iter().map(|k| key(&**k, &req())).collect();
     assert_eq!(
         keys,
         [
-            Some("global".to_owned()),
-            Some("/".to_owned()),
-            Some("closure".to_owned())
+            Some(b"global".to_vec()),
+            Some(b"path:/".to_vec()),
+            Some(b"fn:closure".to_vec()),
+            None,
         ]
     );
 
-    fn key<K: KeyExtractor<()> + ?Sized>(k: &K, req: &Request<()>) -> Option<String> {
-        k.extract(req).map(Cow::into_owned)
+    fn key<K: KeyExtractor<()> + ?Sized>(k: &K, req: &Request<()>) -> Option<Vec<u8>> {
+        k.extract(req).map(Vec::from)
     }
 }
 
@@ -92,12 +105,16 @@ fn closure_returning_owned_keys() {
     r.headers_mut()
         .insert("x-tenant", HeaderValue::from_static("acme"));
     let k = tenant.extract(&r);
-    assert!(matches!(k, Some(Cow::Owned(_))));
-    assert_eq!(k.as_deref(), Some("acme"));
+    assert!(no_heap(&k));
+    assert_eq!(k.unwrap(), "fn:acme");
 
-    // `&'static str` is `Into<String>` as well.
+    // `&'static str`, bytes and `Bytes` are keys as well.
     let constant = |_: &Request<()>| Some("const");
-    assert_eq!(key(&constant, &r).as_deref(), Some("const"));
+    assert_eq!(key(&constant, &r).as_deref(), Some("fn:const"));
+    let bytes = |_: &Request<()>| Some(vec![0xff_u8, b'x']);
+    assert_eq!(bytes.extract(&r).unwrap(), b"fn:\xffx");
+    let shared = |_: &Request<()>| Some(bytes::Bytes::from_static(b"\x00"));
+    assert_eq!(shared.extract(&r).unwrap(), b"fn:\x00");
     let never = |_: &Request<()>| None::<String>;
     assert_eq!(key(&never, &r), None);
 }
@@ -107,7 +124,10 @@ fn closures_combine_with_trait_methods() {
     let never = |_: &Request<()>| None::<String>;
     let always = |_: &Request<()>| Some("x".to_owned());
     assert_eq!(key(&never.or(GlobalKey), &req()).as_deref(), Some("global"));
-    assert_eq!(key(&always.and(PathKey), &req()).as_deref(), Some("x:/"));
+    assert_eq!(
+        key(&always.and(PathKey), &req()).as_deref(),
+        Some("and:4:fn:x:path:/")
+    );
     assert_eq!(key(&always.and(never), &req()), None);
 }
 
@@ -117,8 +137,8 @@ fn closures_combine_with_trait_methods() {
 fn global_key_is_constant_and_borrowed() {
     let r = req();
     let k = GlobalKey::new().extract(&r);
-    assert!(is_borrowed(&k));
-    assert_eq!(k.as_deref(), Some("global"));
+    assert!(k.as_ref().is_some_and(Key::is_borrowed));
+    assert_eq!(k.unwrap(), "global");
     fn default<T: Default>() -> T {
         T::default()
     }
@@ -126,14 +146,14 @@ fn global_key_is_constant_and_borrowed() {
 }
 
 #[test]
-fn path_key_borrows_the_path_without_query() {
+fn path_key_is_the_path_without_query_and_allocates_nothing() {
     let r = Request::builder()
         .uri("https://example.com/users/42?page=2")
         .body(())
         .unwrap();
     let k = PathKey::new().extract(&r);
-    assert!(is_borrowed(&k));
-    assert_eq!(k.as_deref(), Some("/users/42"));
+    assert!(no_heap(&k));
+    assert_eq!(k.unwrap(), "path:/users/42");
 }
 
 #[test]
@@ -149,12 +169,12 @@ fn path_key_none_without_path() {
 // ---------------------------------------------------------------- headers
 
 #[test]
-fn header_key_borrows_value() {
+fn header_key_is_tagged_and_allocates_nothing() {
     let k = HeaderKey::from_static("x-api-key");
     let r = with_peer_and_headers("1.2.3.4:1", &[("x-api-key", "secret")]);
     let v = k.extract(&r);
-    assert!(is_borrowed(&v));
-    assert_eq!(v.as_deref(), Some("secret"));
+    assert!(no_heap(&v));
+    assert_eq!(v.unwrap(), "hdr:x-api-key:secret");
 }
 
 #[test]
@@ -170,7 +190,7 @@ fn header_key_missing_or_empty_is_none() {
 fn header_key_uses_first_line() {
     let k = HeaderKey::from_static("x-api-key");
     let r = with_peer_and_headers("1.2.3.4:1", &[("x-api-key", "one"), ("x-api-key", "two")]);
-    assert_eq!(key(&k, &r).as_deref(), Some("one"));
+    assert_eq!(key(&k, &r).as_deref(), Some("hdr:x-api-key:one"));
 }
 
 #[test]
@@ -183,14 +203,30 @@ fn header_key_non_ascii_values() {
         HeaderValue::from_bytes("jürgen".as_bytes()).unwrap(),
     );
     let v = k.extract(&r);
-    assert!(is_borrowed(&v));
-    assert_eq!(v.as_deref(), Some("jürgen"));
-    // Invalid UTF-8: lossy, owned.
+    assert!(no_heap(&v));
+    assert_eq!(v.unwrap(), "hdr:x-user:jürgen");
+    // Not UTF-8: the bytes as they are, never converted.
+    let mut keys = HashSet::new();
+    for value in [
+        &b"a\xffb"[..],
+        b"a\xfeb",
+        "a\u{fffd}b".as_bytes(),
+        b"a\x80b",
+    ] {
+        r.headers_mut()
+            .insert("x-user", HeaderValue::from_bytes(value).unwrap());
+        let v = k.extract(&r).unwrap();
+        assert_eq!(v, [&b"hdr:x-user:"[..], value].concat()[..]);
+        keys.insert(v.into_owned());
+    }
+    assert_eq!(keys.len(), 4, "different bytes, different keys");
+    // Long values are keys too (on the heap).
+    let long = "k".repeat(200);
     r.headers_mut()
-        .insert("x-user", HeaderValue::from_bytes(b"a\xffb").unwrap());
-    let v = k.extract(&r);
-    assert!(matches!(v, Some(Cow::Owned(_))));
-    assert_eq!(v.as_deref(), Some("a\u{fffd}b"));
+        .insert("x-user", HeaderValue::from_str(&long).unwrap());
+    let v = k.extract(&r).unwrap();
+    assert!(v.is_on_heap());
+    assert_eq!(v.len(), "hdr:x-user:".len() + 200);
 }
 
 // ---------------------------------------------------------------- extensions
@@ -210,10 +246,20 @@ fn extension_key() {
     let mut r = req();
     assert_eq!(key(&k, &r), None);
     r.extensions_mut().insert(UserId(7));
-    assert_eq!(key(&k, &r).as_deref(), Some("user:7"));
+    assert_eq!(key(&k, &r).as_deref(), Some("ext::user:7"));
     assert!(format!("{k:?}").contains("UserId"));
     let copy = k;
-    assert_eq!(key(&copy.clone(), &r).as_deref(), Some("user:7"));
+    assert_eq!(key(&copy.clone(), &r).as_deref(), Some("ext::user:7"));
+    let tagged = k.tag("uid");
+    assert_eq!(key(&tagged, &r).as_deref(), Some("ext:uid:user:7"));
+    assert!(format!("{tagged:?}").contains("uid"));
+    assert!(no_heap(&tagged.extract(&r)));
+}
+
+#[test]
+#[should_panic(expected = "must not contain `:`")]
+fn extension_key_tags_with_colons_are_refused() {
+    let _ = ExtensionKey::<UserId>::new().tag("a:b");
 }
 
 #[test]
@@ -235,11 +281,18 @@ fn extension_key_with_plain_types() {
     let mut r = req();
     r.extensions_mut().insert(42_u32);
     r.extensions_mut().insert(String::from("tenant-a"));
-    assert_eq!(key(&ExtensionKey::<u32>::new(), &r).as_deref(), Some("42"));
+    assert_eq!(
+        key(&ExtensionKey::<u32>::new(), &r).as_deref(),
+        Some("ext::42")
+    );
     assert_eq!(
         key(&ExtensionKey::<String>::new(), &r).as_deref(),
-        Some("tenant-a")
+        Some("ext::tenant-a")
     );
+    // Two extension types in one `or` stay apart with their own tags.
+    let user = ExtensionKey::<u32>::new().tag("user");
+    let tenant = ExtensionKey::<String>::new().tag("tenant");
+    assert_ne!(key(&user, &r), key(&tenant, &r));
     assert_eq!(key(&ExtensionKey::<u64>::new(), &r), None);
 }
 
@@ -251,8 +304,8 @@ fn or_uses_first_available_key() {
     assert_eq!(key(&k, &req()).as_deref(), Some("global"));
     let r = with_peer_and_headers("1.2.3.4:1", &[("x-api-key", "abc")]);
     let v = k.extract(&r);
-    assert!(is_borrowed(&v), "or keeps borrowed keys borrowed");
-    assert_eq!(v.as_deref(), Some("abc"));
+    assert!(no_heap(&v), "or adds no allocation");
+    assert_eq!(v.unwrap(), "hdr:x-api-key:abc");
 
     let none = HeaderKey::from_static("a").or(HeaderKey::from_static("b"));
     assert_eq!(key(&none, &req()), None);
@@ -263,38 +316,87 @@ fn and_requires_both_keys() {
     let k = HeaderKey::from_static("x-api-key").and(PathKey);
     assert_eq!(key(&k, &req()), None);
     let r = with_peer_and_headers("1.2.3.4:1", &[("x-api-key", "abc")]);
-    assert_eq!(key(&k, &r).as_deref(), Some("abc:/"));
+    assert_eq!(
+        key(&k, &r).as_deref(),
+        Some("and:17:hdr:x-api-key:abc:path:/")
+    );
     let k = GlobalKey.and(HeaderKey::from_static("x-missing"));
     assert_eq!(key(&k, &r), None);
 }
 
-#[test]
-fn and_is_unambiguous() {
-    let pair = |a: &'static str, b: &'static str| {
-        let first = move |_: &Request<()>| Some(a);
-        let second = move |_: &Request<()>| Some(b);
-        key(&first.and(second), &req()).unwrap()
-    };
-    assert_eq!(pair("a:b", "c"), "a\\:b:c");
-    assert_eq!(pair("a", "b:c"), "a:b\\:c");
-    assert_ne!(pair("a:b", "c"), pair("a", "b:c"));
+/// A borrowed key of exactly these bytes, untagged (as a type of your own might return).
+#[derive(Clone, Copy)]
+struct Raw(&'static [u8]);
 
-    let tricky = [
-        ("a:b", "c"),
-        ("a", "b:c"),
-        ("a\\", ":b"),
-        ("a\\:", "b"),
-        ("a", "\\:b"),
-        ("a\\", "\\b"),
-        ("a", "\\\\b"),
-        ("", ":"),
-        (":", ""),
-        ("", ""),
-        ("\\", ""),
-        ("", "\\"),
+impl KeyExtractor<()> for Raw {
+    fn extract<'r>(&self, _req: &'r Request<()>) -> Option<Key<'r>> {
+        Some(Key::borrowed(self.0))
+    }
+}
+
+#[test]
+fn and_is_unambiguous_for_any_bytes() {
+    let pair = |a: &'static [u8], b: &'static [u8]| -> Vec<u8> {
+        Raw(a).and(Raw(b)).extract(&req()).unwrap().into()
+    };
+    assert_eq!(pair(b"a:b", b"c"), b"and:3:a:b:c");
+    assert_eq!(pair(b"a", b"b:c"), b"and:1:a:b:c");
+    assert_ne!(pair(b"a:b", b"c"), pair(b"a", b"b:c"));
+
+    let atoms: [&'static [u8]; 10] = [
+        b"", b":", b"\\", b"a", b"1", b"1:", b":1", b"and:", b"\xff", b"\x00",
     ];
-    let keys: HashSet<String> = tricky.iter().map(|(a, b)| pair(a, b)).collect();
-    assert_eq!(keys.len(), tricky.len(), "{keys:?}");
+    let mut parts: Vec<&'static [u8]> = Vec::new();
+    for x in atoms {
+        for y in atoms {
+            parts.push(Box::leak([x, y].concat().into_boxed_slice()));
+        }
+    }
+    let mut keys = HashSet::new();
+    for &a in &parts {
+        for &b in &parts {
+            keys.insert((pair(a, b), (a, b)));
+        }
+    }
+    let distinct: HashSet<_> = keys.iter().map(|(key, _)| key.clone()).collect();
+    let pairs: HashSet<_> = keys.iter().map(|(_, pair)| *pair).collect();
+    assert_eq!(distinct.len(), pairs.len(), "two pairs joined to one key");
+    // Nested: `(a and b) and c` is never `a and (b and c)`.
+    let left = Raw(b"a").and(Raw(b"b")).and(Raw(b"c"));
+    let right = Raw(b"a").and(Raw(b"b").and(Raw(b"c")));
+    assert_ne!(left.extract(&req()), right.extract(&req()));
+}
+
+#[test]
+fn or_branches_never_share_a_key() {
+    // The quickstart's key: a client whose API key spells an address.
+    let k = HeaderKey::from_static("x-api-key").or(PeerIp::new());
+    let by_ip = key(&k, &with_peer("127.0.0.1:1")).unwrap();
+    let spoof = with_peer_and_headers("10.9.9.9:1", &[("x-api-key", "127.0.0.1")]);
+    assert_ne!(key(&k, &spoof).unwrap(), by_ip);
+    assert_eq!(by_ip, "ip:127.0.0.1");
+    // Whatever a client sends, a header key never equals a key of another extractor.
+    let others = [
+        key(&PeerIp::new(), &with_peer("127.0.0.1:1")),
+        key(&PathKey, &req()),
+        key(&GlobalKey, &req()),
+        key(&|_: &Request<()>| Some("x"), &req()),
+        key(&ExtensionKey::<u32>::new(), &{
+            let mut r = req();
+            r.extensions_mut().insert(7_u32);
+            r
+        }),
+    ];
+    for other in others {
+        let other = other.unwrap();
+        for value in [other.as_str(), other.split_once(':').map_or("", |(_, v)| v)] {
+            if value.is_empty() {
+                continue;
+            }
+            let r = with_peer_and_headers("1.1.1.1:1", &[("x-api-key", value)]);
+            assert_ne!(key(&k, &r).unwrap(), other, "x-api-key: {value}");
+        }
+    }
 }
 
 #[test]
@@ -304,26 +406,29 @@ fn nested_combinators() {
         .or(HeaderKey::from_static("x-b"))
         .and(PeerIp::new())
         .or(GlobalKey);
-    assert_eq!(key(&k, &r).as_deref(), Some("b:1.2.3.4"));
+    assert_eq!(key(&k, &r).as_deref(), Some("and:9:hdr:x-b:b:ip:1.2.3.4"));
     assert_eq!(key(&k, &req()).as_deref(), Some("global"));
     // Explicit trait syntax works as well.
     let k = KeyExtractorExt::<()>::or(PathKey, GlobalKey);
-    assert_eq!(key(&k, &r).as_deref(), Some("/"));
+    assert_eq!(key(&k, &r).as_deref(), Some("path:/"));
 }
 
 // ---------------------------------------------------------------- peer ip
 
 #[test]
 fn peer_ip_none_without_connection_info() {
-    assert_eq!(key(&PeerIp::new(), &req()), None);
+    assert_eq!(ip(&PeerIp::new(), &req()), None);
 }
 
 #[test]
 fn peer_ip_from_socket_addr() {
     let r = with_peer("192.0.2.10:5555");
-    assert_eq!(key(&PeerIp::new(), &r).as_deref(), Some("192.0.2.10"));
+    assert_eq!(ip(&PeerIp::new(), &r).as_deref(), Some("192.0.2.10"));
     let r = with_peer("[2001:db8::1]:5555");
-    assert_eq!(key(&PeerIp::default(), &r).as_deref(), Some("2001:db8::1"));
+    // IPv6 clients by their /64 by default.
+    assert_eq!(ip(&PeerIp::default(), &r).as_deref(), Some("2001:db8::/64"));
+    let full = PeerIp::new().ipv6_prefix(128);
+    assert_eq!(ip(&full, &r).as_deref(), Some("2001:db8::1"));
 }
 
 #[cfg(feature = "axum")]
@@ -333,54 +438,59 @@ fn peer_ip_prefers_connect_info() {
     let mut r = with_peer("192.0.2.1:1");
     r.extensions_mut()
         .insert(ConnectInfo("198.51.100.2:2".parse::<SocketAddr>().unwrap()));
-    assert_eq!(key(&PeerIp::new(), &r).as_deref(), Some("198.51.100.2"));
+    assert_eq!(ip(&PeerIp::new(), &r).as_deref(), Some("198.51.100.2"));
 
     let mut r = req();
     r.extensions_mut().insert(ConnectInfo(
         "[::ffff:198.51.100.3]:2".parse::<SocketAddr>().unwrap(),
     ));
-    assert_eq!(key(&PeerIp::new(), &r).as_deref(), Some("198.51.100.3"));
+    assert_eq!(ip(&PeerIp::new(), &r).as_deref(), Some("198.51.100.3"));
 }
 
 #[test]
 fn peer_ip_normalizes_ipv4_mapped() {
     let r = with_peer("[::ffff:1.2.3.4]:80");
-    assert_eq!(key(&PeerIp::new(), &r).as_deref(), Some("1.2.3.4"));
+    assert_eq!(ip(&PeerIp::new(), &r).as_deref(), Some("1.2.3.4"));
     // Mapping is not applied to the deprecated IPv4-compatible form.
     let r = with_peer("[::1.2.3.4]:80");
-    assert_eq!(key(&PeerIp::new(), &r).as_deref(), Some("::102:304"));
+    let full = PeerIp::new().ipv6_prefix(128);
+    assert_eq!(ip(&full, &r).as_deref(), Some("::102:304"));
 }
 
 #[test]
 fn peer_ip_ipv6_prefix_grouping() {
-    let k = PeerIp::new().ipv6_prefix(64);
+    assert_eq!(PeerIp::new(), PeerIp::new().ipv6_prefix(64), "the default");
+    let k = PeerIp::new();
     let a = with_peer("[2001:db8:1:2:aaaa::1]:1");
     let b = with_peer("[2001:db8:1:2:bbbb::2]:1");
     let c = with_peer("[2001:db8:1:3::1]:1");
-    assert_eq!(key(&k, &a).as_deref(), Some("2001:db8:1:2::/64"));
-    assert_eq!(key(&k, &a), key(&k, &b));
-    assert_eq!(key(&k, &c).as_deref(), Some("2001:db8:1:3::/64"));
+    assert_eq!(ip(&k, &a).as_deref(), Some("2001:db8:1:2::/64"));
+    assert_eq!(ip(&k, &a), ip(&k, &b));
+    assert_eq!(ip(&k, &c).as_deref(), Some("2001:db8:1:3::/64"));
     // IPv4 (also mapped) is unaffected.
     assert_eq!(
-        key(&k, &with_peer("10.1.2.3:1")).as_deref(),
+        ip(&k, &with_peer("10.1.2.3:1")).as_deref(),
         Some("10.1.2.3")
     );
     assert_eq!(
-        key(&k, &with_peer("[::ffff:10.1.2.3]:1")).as_deref(),
+        ip(&k, &with_peer("[::ffff:10.1.2.3]:1")).as_deref(),
         Some("10.1.2.3")
     );
     // Odd prefixes, zero and clamping.
     assert_eq!(
-        key(&PeerIp::new().ipv6_prefix(56), &a).as_deref(),
+        ip(&PeerIp::new().ipv6_prefix(56), &a).as_deref(),
         Some("2001:db8:1::/56")
     );
     assert_eq!(
-        key(&PeerIp::new().ipv6_prefix(0), &a).as_deref(),
+        ip(&PeerIp::new().ipv6_prefix(0), &a).as_deref(),
         Some("::/0")
     );
-    assert_eq!(PeerIp::new().ipv6_prefix(200), PeerIp::new());
     assert_eq!(
-        key(&PeerIp::new().ipv6_prefix(200), &a).as_deref(),
+        PeerIp::new().ipv6_prefix(200),
+        PeerIp::new().ipv6_prefix(128)
+    );
+    assert_eq!(
+        ip(&PeerIp::new().ipv6_prefix(200), &a).as_deref(),
         Some("2001:db8:1:2:aaaa::1")
     );
 }
@@ -396,7 +506,7 @@ fn forwarded_ip_none_without_peer() {
     let mut r = req();
     r.headers_mut()
         .insert("x-forwarded-for", HeaderValue::from_static("1.2.3.4"));
-    assert_eq!(key(&proxies(), &r), None);
+    assert_eq!(ip(&proxies(), &r), None);
 }
 
 #[test]
@@ -405,20 +515,20 @@ fn forwarded_ip_ignores_headers_from_untrusted_peer() {
         "198.51.100.1:1",
         &[("x-forwarded-for", "1.1.1.1"), ("forwarded", "for=2.2.2.2")],
     );
-    assert_eq!(key(&proxies(), &r).as_deref(), Some("198.51.100.1"));
+    assert_eq!(ip(&proxies(), &r).as_deref(), Some("198.51.100.1"));
 }
 
 #[test]
 fn forwarded_ip_without_header_uses_peer() {
     let r = with_peer("10.0.0.1:1");
-    assert_eq!(key(&proxies(), &r).as_deref(), Some("10.0.0.1"));
+    assert_eq!(ip(&proxies(), &r).as_deref(), Some("10.0.0.1"));
 }
 
 #[test]
 fn forwarded_ip_no_trusted_networks_is_peer_ip() {
     let k = ForwardedIp::new([]);
     let r = with_peer_and_headers("10.0.0.1:1", &[("x-forwarded-for", "1.1.1.1")]);
-    assert_eq!(key(&k, &r).as_deref(), Some("10.0.0.1"));
+    assert_eq!(ip(&k, &r).as_deref(), Some("10.0.0.1"));
     assert!(k.trusted().is_empty());
 }
 
@@ -428,13 +538,13 @@ fn xff_skips_trusted_proxies() {
         "10.0.0.1:1",
         &[("x-forwarded-for", "6.6.6.6, 203.0.113.9, 10.2.2.2,10.3.3.3")],
     );
-    assert_eq!(key(&proxies(), &r).as_deref(), Some("203.0.113.9"));
+    assert_eq!(ip(&proxies(), &r).as_deref(), Some("203.0.113.9"));
 }
 
 #[test]
 fn xff_all_trusted_uses_leftmost() {
     let r = with_peer_and_headers("10.0.0.1:1", &[("x-forwarded-for", "10.9.9.9, 10.2.2.2")]);
-    assert_eq!(key(&proxies(), &r).as_deref(), Some("10.9.9.9"));
+    assert_eq!(ip(&proxies(), &r).as_deref(), Some("10.9.9.9"));
 }
 
 #[test]
@@ -445,13 +555,13 @@ fn xff_garbage_ends_the_walk() {
         "10.0.0.1:1",
         &[("x-forwarded-for", "1.1.1.1, not-an-ip, 10.5.5.5")],
     );
-    assert_eq!(key(&k, &r).as_deref(), Some("10.5.5.5"));
+    assert_eq!(ip(&k, &r).as_deref(), Some("10.5.5.5"));
     // Garbage as the nearest entry: the peer.
     let r = with_peer_and_headers("10.0.0.1:1", &[("x-forwarded-for", "1.1.1.1, unknown")]);
-    assert_eq!(key(&k, &r).as_deref(), Some("10.0.0.1"));
+    assert_eq!(ip(&k, &r).as_deref(), Some("10.0.0.1"));
     // Garbage left of the client is never reached.
     let r = with_peer_and_headers("10.0.0.1:1", &[("x-forwarded-for", "garbage, 2.2.2.2")]);
-    assert_eq!(key(&k, &r).as_deref(), Some("2.2.2.2"));
+    assert_eq!(ip(&k, &r).as_deref(), Some("2.2.2.2"));
     // Bad port, zone ids, host names.
     for bad in [
         "1.2.3.4:99999",
@@ -461,13 +571,13 @@ fn xff_garbage_ends_the_walk() {
         "_hidden",
     ] {
         let r = with_peer_and_headers("10.0.0.1:1", &[("x-forwarded-for", bad)]);
-        assert_eq!(key(&k, &r).as_deref(), Some("10.0.0.1"), "{bad}");
+        assert_eq!(ip(&k, &r).as_deref(), Some("10.0.0.1"), "{bad}");
     }
 }
 
 #[test]
 fn xff_ports_and_ipv6() {
-    let k = proxies();
+    let k = proxies().ipv6_prefix(128);
     for (value, expected) in [
         ("203.0.113.9:4711", "203.0.113.9"),
         ("[2001:db8::7]:4711", "2001:db8::7"),
@@ -477,7 +587,7 @@ fn xff_ports_and_ipv6() {
         ("  203.0.113.9\t", "203.0.113.9"),
     ] {
         let r = with_peer_and_headers("10.0.0.1:1", &[("x-forwarded-for", value)]);
-        assert_eq!(key(&k, &r).as_deref(), Some(expected), "{value}");
+        assert_eq!(ip(&k, &r).as_deref(), Some(expected), "{value}");
     }
 }
 
@@ -491,7 +601,7 @@ fn xff_multiple_lines_and_empty_elements() {
             ("x-forwarded-for", "10.2.2.2"),
         ],
     );
-    assert_eq!(key(&proxies(), &r).as_deref(), Some("2.2.2.2"));
+    assert_eq!(ip(&proxies(), &r).as_deref(), Some("2.2.2.2"));
 }
 
 #[test]
@@ -503,7 +613,7 @@ fn xff_non_ascii_line_is_garbage() {
     );
     r.headers_mut()
         .append("x-forwarded-for", HeaderValue::from_static("10.7.7.7"));
-    assert_eq!(key(&proxies(), &r).as_deref(), Some("10.7.7.7"));
+    assert_eq!(ip(&proxies(), &r).as_deref(), Some("10.7.7.7"));
 }
 
 #[test]
@@ -513,7 +623,7 @@ fn oversized_header_is_ignored() {
     long.push_str("1.2.3.4");
     assert!(long.len() > 8 * 1024);
     let r = with_peer_and_headers("10.0.0.1:1", &[("x-forwarded-for", &long)]);
-    assert_eq!(key(&k, &r).as_deref(), Some("10.0.0.1"));
+    assert_eq!(ip(&k, &r).as_deref(), Some("10.0.0.1"));
 
     // The limit applies to all lines together.
     let line = format!("{}1.2.3.4", "9.9.9.9, ".repeat(500));
@@ -521,9 +631,9 @@ fn oversized_header_is_ignored() {
         "10.0.0.1:1",
         &[("x-forwarded-for", &line), ("x-forwarded-for", &line)],
     );
-    assert_eq!(key(&k, &r).as_deref(), Some("10.0.0.1"));
+    assert_eq!(ip(&k, &r).as_deref(), Some("10.0.0.1"));
     let r = with_peer_and_headers("10.0.0.1:1", &[("x-forwarded-for", &line)]);
-    assert_eq!(key(&k, &r).as_deref(), Some("1.2.3.4"));
+    assert_eq!(ip(&k, &r).as_deref(), Some("1.2.3.4"));
 
     // An oversized `Forwarded` header does not fall back to (possibly
     // client-controlled) `X-Forwarded-For`.
@@ -533,12 +643,14 @@ fn oversized_header_is_ignored() {
         "10.0.0.1:1",
         &[("forwarded", &long), ("x-forwarded-for", "5.5.5.5")],
     );
-    assert_eq!(key(&k, &r).as_deref(), Some("10.0.0.1"));
+    assert_eq!(ip(&k, &r).as_deref(), Some("10.0.0.1"));
 }
 
 #[test]
 fn forwarded_header_basic() {
-    let k = proxies().header(ForwardedHeader::Forwarded);
+    let k = proxies()
+        .header(ForwardedHeader::Forwarded)
+        .ipv6_prefix(128);
     for (value, expected) in [
         ("for=192.0.2.60;proto=http;by=203.0.113.43", "192.0.2.60"),
         ("For=\"192.0.2.60\"", "192.0.2.60"),
@@ -562,13 +674,15 @@ fn forwarded_header_basic() {
         ("for=\"[::ffff:192.0.2.1]\"", "192.0.2.1"),
     ] {
         let r = with_peer_and_headers("10.0.0.1:1", &[("forwarded", value)]);
-        assert_eq!(key(&k, &r).as_deref(), Some(expected), "{value}");
+        assert_eq!(ip(&k, &r).as_deref(), Some(expected), "{value}");
     }
 }
 
 #[test]
 fn forwarded_header_unusable_elements() {
-    let k = proxies().header(ForwardedHeader::Forwarded);
+    let k = proxies()
+        .header(ForwardedHeader::Forwarded)
+        .ipv6_prefix(128);
     for (value, expected) in [
         // Obfuscated / unknown identifiers end the walk.
         ("for=1.1.1.1, for=unknown", "10.0.0.1"),
@@ -592,7 +706,7 @@ fn forwarded_header_unusable_elements() {
         ("for=\"\"", "10.0.0.1"),
     ] {
         let r = with_peer_and_headers("10.0.0.1:1", &[("forwarded", value)]);
-        assert_eq!(key(&k, &r).as_deref(), Some(expected), "{value}");
+        assert_eq!(ip(&k, &r).as_deref(), Some(expected), "{value}");
     }
 }
 
@@ -607,7 +721,7 @@ fn forwarded_header_multiple_lines() {
         ],
     );
     let forwarded = proxies().header(ForwardedHeader::Forwarded);
-    assert_eq!(key(&forwarded, &r).as_deref(), Some("203.0.113.5"));
+    assert_eq!(ip(&forwarded, &r).as_deref(), Some("203.0.113.5"));
 
     // The garbage line is reached only when every hop right of it is trusted.
     let r = with_peer_and_headers(
@@ -617,7 +731,7 @@ fn forwarded_header_multiple_lines() {
             ("forwarded", "for=10.1.1.1"),
         ],
     );
-    assert_eq!(key(&forwarded, &r).as_deref(), Some("10.1.1.1"));
+    assert_eq!(ip(&forwarded, &r).as_deref(), Some("10.1.1.1"));
 }
 
 #[test]
@@ -625,43 +739,45 @@ fn forwarded_header_selection() {
     let headers = [("forwarded", "for=1.1.1.1"), ("x-forwarded-for", "2.2.2.2")];
     let r = with_peer_and_headers("10.0.0.1:1", &headers);
     // By default only `X-Forwarded-For` counts: a client's own `Forwarded` is ignored.
-    assert_eq!(key(&proxies(), &r).as_deref(), Some("2.2.2.2"));
+    assert_eq!(ip(&proxies(), &r).as_deref(), Some("2.2.2.2"));
     let auto = proxies().header(ForwardedHeader::Auto);
-    assert_eq!(key(&auto, &r).as_deref(), Some("1.1.1.1"));
+    assert_eq!(ip(&auto, &r).as_deref(), Some("1.1.1.1"));
     let k = proxies().header(ForwardedHeader::Forwarded);
-    assert_eq!(key(&k, &r).as_deref(), Some("1.1.1.1"));
+    assert_eq!(ip(&k, &r).as_deref(), Some("1.1.1.1"));
     let k = proxies().header(ForwardedHeader::XForwardedFor);
-    assert_eq!(key(&k, &r).as_deref(), Some("2.2.2.2"));
+    assert_eq!(ip(&k, &r).as_deref(), Some("2.2.2.2"));
 
     let only_xff = with_peer_and_headers("10.0.0.1:1", &headers[1..]);
-    assert_eq!(key(&proxies(), &only_xff).as_deref(), Some("2.2.2.2"));
+    assert_eq!(ip(&proxies(), &only_xff).as_deref(), Some("2.2.2.2"));
     let k = proxies().header(ForwardedHeader::Forwarded);
-    assert_eq!(key(&k, &only_xff).as_deref(), Some("10.0.0.1"));
+    assert_eq!(ip(&k, &only_xff).as_deref(), Some("10.0.0.1"));
 }
 
 #[test]
 fn forwarded_ip_ipv6_and_mapped_addresses() {
-    let k = proxies().ipv6_prefix(64);
+    // IPv6 clients by their /64 by default.
+    let k = proxies();
+    assert!(format!("{k:?}").contains("ipv6_prefix: 64"));
     // Trusted IPv6 proxy, IPv6 client grouped by /64.
     let r = with_peer_and_headers(
         "[2001:db8:ffff::1]:1",
         &[("x-forwarded-for", "2001:db8:1:2::99, 2001:db8:ffff::2")],
     );
-    assert_eq!(key(&k, &r).as_deref(), Some("2001:db8:1:2::/64"));
+    assert_eq!(ip(&k, &r).as_deref(), Some("2001:db8:1:2::/64"));
     // Untrusted IPv6 peer grouped as well.
     let r = with_peer_and_headers("[2001:db8:1:2::5]:1", &[("x-forwarded-for", "1.1.1.1")]);
-    assert_eq!(key(&k, &r).as_deref(), Some("2001:db8:1:2::/64"));
+    assert_eq!(ip(&k, &r).as_deref(), Some("2001:db8:1:2::/64"));
     // A mapped peer matches IPv4 trusted networks.
     let r = with_peer_and_headers(
         "[::ffff:10.0.0.1]:1",
         &[("x-forwarded-for", "::ffff:10.8.8.8, ::ffff:203.0.113.1")],
     );
-    assert_eq!(key(&proxies(), &r).as_deref(), Some("203.0.113.1"));
+    assert_eq!(ip(&proxies(), &r).as_deref(), Some("203.0.113.1"));
     // Trusted networks written in mapped form are normalized too.
     let k = ForwardedIp::from_strs(["::ffff:10.0.0.0/104"]).unwrap();
     assert_eq!(k.trusted(), ["10.0.0.0/8".parse::<IpNet>().unwrap()]);
     let r = with_peer_and_headers("10.0.0.1:1", &[("x-forwarded-for", "1.2.3.4")]);
-    assert_eq!(key(&k, &r).as_deref(), Some("1.2.3.4"));
+    assert_eq!(ip(&k, &r).as_deref(), Some("1.2.3.4"));
 }
 
 #[cfg(feature = "axum")]
@@ -673,7 +789,7 @@ fn forwarded_ip_uses_connect_info() {
         .insert(ConnectInfo("10.0.0.1:1".parse::<SocketAddr>().unwrap()));
     r.headers_mut()
         .insert("x-forwarded-for", HeaderValue::from_static("203.0.113.1"));
-    assert_eq!(key(&proxies(), &r).as_deref(), Some("203.0.113.1"));
+    assert_eq!(ip(&proxies(), &r).as_deref(), Some("203.0.113.1"));
 }
 
 #[test]
@@ -738,14 +854,17 @@ async fn matched_path_key_from_router() {
 
     async fn handler(req: Request<Body>) -> String {
         let key = MatchedPathKey::new().or(PathKey).extract(&req);
-        assert!(is_borrowed(&key));
-        key.unwrap().into_owned()
+        assert!(no_heap(&key));
+        String::from_utf8(key.unwrap().into()).unwrap()
     }
 
     let app = axum::Router::new()
         .route("/users/{id}", get(handler))
         .route("/static", get(handler));
-    for (uri, expected) in [("/users/42", "/users/{id}"), ("/static", "/static")] {
+    for (uri, expected) in [
+        ("/users/42", "route:/users/{id}"),
+        ("/static", "route:/static"),
+    ] {
         let res = app
             .clone()
             .oneshot(Request::builder().uri(uri).body(Body::empty()).unwrap())

@@ -47,7 +47,7 @@ pub(crate) struct Hit {
 
 #[derive(Debug)]
 pub(crate) struct Windows {
-    map: Arc<DashMap<Box<str>, Window>>,
+    map: Arc<DashMap<Box<[u8]>, Window>>,
     sweep: Sweep,
 }
 
@@ -63,7 +63,7 @@ impl Windows {
     /// counted, as in the Redis script).
     pub(crate) fn hit(
         &self,
-        key: &str,
+        key: &[u8],
         cost: u64,
         quota: u64,
         schedule: Schedule,
@@ -133,21 +133,21 @@ mod tests {
         };
         let t0 = 10 * SEC;
         for i in 1..=3 {
-            let hit = windows.hit("k", 1, 3, schedule, t0);
+            let hit = windows.hit(b"k", 1, 3, schedule, t0);
             assert!(hit.admitted);
             assert_eq!(hit.count, i);
         }
-        let over = windows.hit("k", 1, 3, schedule, t0 + 10);
+        let over = windows.hit(b"k", 1, 3, schedule, t0 + 10);
         assert!(!over.admitted);
         assert_eq!(over.count, 3, "rejected hits are not counted");
-        let next = windows.hit("k", 1, 3, schedule, t0 + SEC);
+        let next = windows.hit(b"k", 1, 3, schedule, t0 + SEC);
         assert!(next.admitted);
         assert_eq!(next.count, 1);
         assert_eq!(next.ends_at_us, t0 + 2 * SEC);
-        windows.hit("other", 1, 3, schedule, t0 + SEC);
+        windows.hit(b"other", 1, 3, schedule, t0 + SEC);
         assert_eq!(windows.len(), 2);
         // Long after both windows ended, the next hit sweeps them away.
-        windows.hit("third", 1, 3, schedule, t0 + 100 * SEC);
+        windows.hit(b"third", 1, 3, schedule, t0 + 100 * SEC);
         assert_eq!(windows.len(), 1);
     }
 }

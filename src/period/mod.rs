@@ -182,7 +182,7 @@ impl Limiter for PeriodLimiter {
         &self.store.policy
     }
 
-    fn check(&self, key: &str, cost: NonZeroU32) -> Check {
+    fn check(&self, key: &[u8], cost: NonZeroU32) -> Check {
         backend::check(&self.store, key, cost)
     }
 }
@@ -253,7 +253,7 @@ impl Store for PeriodStore {
         ))
     }
 
-    fn local(&self, key: &str, cost: NonZeroU32, source: Source) -> Decision {
+    fn local(&self, key: &[u8], cost: NonZeroU32, source: Source) -> Decision {
         let now_us = self.remote.backend().clock().now_us();
         let schedule = Schedule {
             period_us: self.period_ms * 1_000,
@@ -339,28 +339,28 @@ mod tests {
         let one = NonZeroU32::MIN;
         let mut states = Vec::new();
         for _ in 0..7 {
-            states.push(limiter.check("k", one).await.state);
+            states.push(limiter.check(b"k", one).await.state);
         }
         use State::*;
         assert_eq!(
             states,
             [Allowed, Allowed, Allowed, Allowed, HitQuota, OverQuota, OverQuota]
         );
-        let over = limiter.check("k", one).await;
+        let over = limiter.check(b"k", one).await;
         assert_eq!(over.remaining, 0);
         assert_eq!(over.retry_after, Some(Duration::from_secs(1)));
         assert_eq!(over.source, Source::InProcess);
         tokio::time::advance(Duration::from_secs(1)).await;
-        assert_eq!(limiter.check("k", one).await.state, Allowed);
+        assert_eq!(limiter.check(b"k", one).await.state, Allowed);
     }
 
     #[tokio::test(start_paused = true)]
     async fn cost_above_quota_can_never_pass() {
         let limiter = build(PeriodConfig::new(3, Duration::from_secs(1))).unwrap();
-        let d = limiter.check("k", NonZeroU32::new(4).unwrap()).await;
+        let d = limiter.check(b"k", NonZeroU32::new(4).unwrap()).await;
         assert_eq!(d.state, State::ExceedsCapacity);
         assert_eq!(d.retry_after, None);
-        let d = limiter.check("k", NonZeroU32::new(3).unwrap()).await;
+        let d = limiter.check(b"k", NonZeroU32::new(3).unwrap()).await;
         assert_eq!(d.state, State::HitQuota);
     }
 }

@@ -94,7 +94,7 @@ pub(crate) struct Hit {
 
 #[derive(Debug)]
 pub(crate) struct Rings {
-    map: Arc<DashMap<Box<str>, Ring>>,
+    map: Arc<DashMap<Box<[u8]>, Ring>>,
     grid: Grid,
     sweep: Sweep,
 }
@@ -111,7 +111,7 @@ impl Rings {
 
     /// Counts `cost` against `key` unless the live buckets plus `cost` would exceed
     /// `limit` (rejected hits are not counted, as in the Redis script).
-    pub(crate) fn hit(&self, key: &str, cost: u64, limit: u64, now_us: u64) -> Hit {
+    pub(crate) fn hit(&self, key: &[u8], cost: u64, limit: u64, now_us: u64) -> Hit {
         let grid = self.grid;
         local::sweep(&self.sweep, &self.map, now_us, move |_, ring| {
             ring.sum > 0 && grid.end_of_life_us(ring.newest) > now_us
@@ -181,26 +181,26 @@ mod tests {
     fn counts_within_the_window_and_frees_buckets_as_they_expire() {
         let rings = Rings::new(GRID);
         // 3 units in bucket 0, 2 in bucket 5.
-        assert!(rings.hit("k", 3, 5, T0).admitted);
-        let hit = rings.hit("k", 2, 5, T0 + 550 * MS);
+        assert!(rings.hit(b"k", 3, 5, T0).admitted);
+        let hit = rings.hit(b"k", 2, 5, T0 + 550 * MS);
         assert!(hit.admitted);
         assert_eq!(hit.sum, 5);
         assert_eq!(hit.reset_us, (1_500 - 550) * MS);
         // Full: a cost of 1 waits for bucket 0 (ends at 1 s), a cost of 4 for bucket 5.
-        let over = rings.hit("k", 1, 5, T0 + 600 * MS);
+        let over = rings.hit(b"k", 1, 5, T0 + 600 * MS);
         assert!(!over.admitted);
         assert_eq!(over.sum, 5, "rejected hits are not counted");
         assert_eq!(over.retry_us, 400 * MS);
         assert_eq!(over.reset_us, 900 * MS);
-        let over = rings.hit("k", 4, 5, T0 + 600 * MS);
+        let over = rings.hit(b"k", 4, 5, T0 + 600 * MS);
         assert_eq!(over.retry_us, 900 * MS);
         // Bucket 0 has expired at 1 s: its 3 units are free again.
-        assert!(!rings.hit("k", 1, 5, T0 + 999 * MS).admitted);
-        let hit = rings.hit("k", 3, 5, T0 + 1_000 * MS);
+        assert!(!rings.hit(b"k", 1, 5, T0 + 999 * MS).admitted);
+        let hit = rings.hit(b"k", 3, 5, T0 + 1_000 * MS);
         assert!(hit.admitted);
         assert_eq!(hit.sum, 5);
         // Long after, everything has expired.
-        let hit = rings.hit("k", 5, 5, T0 + 60_000 * MS);
+        let hit = rings.hit(b"k", 5, 5, T0 + 60_000 * MS);
         assert!(hit.admitted);
         assert_eq!(hit.sum, 5);
     }
@@ -233,14 +233,14 @@ mod tests {
     #[test]
     fn sweeps_keys_whose_buckets_all_expired() {
         let rings = Rings::new(GRID);
-        rings.hit("a", 1, 5, T0);
-        rings.hit("b", 1, 5, T0 + 500 * MS);
+        rings.hit(b"a", 1, 5, T0);
+        rings.hit(b"b", 1, 5, T0 + 500 * MS);
         assert_eq!(rings.len(), 2);
         // At 1.2 s "a" has expired (its bucket ended at 1 s), "b" has not; the first
         // sweep ran at T0, the next is due one second later.
-        rings.hit("c", 1, 5, T0 + 1_200 * MS);
+        rings.hit(b"c", 1, 5, T0 + 1_200 * MS);
         assert_eq!(rings.len(), 2);
-        rings.hit("c", 1, 5, T0 + 3_000 * MS);
+        rings.hit(b"c", 1, 5, T0 + 3_000 * MS);
         assert_eq!(rings.len(), 1);
     }
 }

@@ -178,7 +178,7 @@ impl Limiter for RollingWindowLimiter {
         &self.store.policy
     }
 
-    fn check(&self, key: &str, cost: NonZeroU32) -> Check {
+    fn check(&self, key: &[u8], cost: NonZeroU32) -> Check {
         backend::check(&self.store, key, cost)
     }
 }
@@ -254,7 +254,7 @@ impl Store for RollingStore {
         ))
     }
 
-    fn local(&self, key: &str, cost: NonZeroU32, source: Source) -> Decision {
+    fn local(&self, key: &[u8], cost: NonZeroU32, source: Source) -> Decision {
         let now_us = self.remote.backend().clock().now_us();
         let limit = self.local_limit;
         let hit = self.rings.hit(key, u64::from(cost.get()), limit, now_us);
@@ -417,8 +417,8 @@ mod tests {
         // Sub-millisecond parts of the interval are ignored: 4 × 250 ms.
         assert_eq!(policy.window(), Duration::from_secs(1));
         assert_eq!(
-            layer.limiter().store.remote.namespace(),
-            "ratelimit:rolling:api:"
+            layer.limiter().store.remote.redis_key(b"k"),
+            b"ratelimit:{v1:k}:rolling:api"
         );
         let missing = RollingWindowLayer::builder(&Backend::in_process())
             .name("api")
@@ -434,7 +434,7 @@ mod tests {
         let limiter = limiter(5);
         let mut states = Vec::new();
         for _ in 0..7 {
-            states.push(limiter.check("k", ONE).await.state);
+            states.push(limiter.check(b"k", ONE).await.state);
             tokio::time::advance(10 * MS).await;
         }
         use State::*;
@@ -442,13 +442,13 @@ mod tests {
             states,
             [Allowed, Allowed, Allowed, Allowed, HitQuota, OverQuota, OverQuota]
         );
-        let over = limiter.check("k", ONE).await;
+        let over = limiter.check(b"k", ONE).await;
         assert_eq!(over.source, Source::InProcess);
         assert_eq!(over.limit, 5);
         assert_eq!(over.remaining, 0);
         assert!(over.retry_after.unwrap() <= Duration::from_secs(1));
         // Another key is unaffected.
-        assert_eq!(limiter.check("other", ONE).await.remaining, 4);
+        assert_eq!(limiter.check(b"other", ONE).await.remaining, 4);
     }
 
     #[tokio::test(start_paused = true)]
@@ -456,9 +456,9 @@ mod tests {
         let limiter = limiter(4);
         let t0 = align(&limiter, 100_000).await;
         // Two units in bucket 0, two in bucket 3.
-        limiter.check("k", cost(2)).await;
+        limiter.check(b"k", cost(2)).await;
         tokio::time::advance(300 * MS).await;
-        let d = limiter.check("k", cost(2)).await;
+        let d = limiter.check(b"k", cost(2)).await;
         assert_eq!(d.state, State::HitQuota);
         // Every unit expires when bucket 3 does, 1.3 s after t0.
         assert_eq!(d.reset, Duration::from_millis(1_000));
@@ -467,38 +467,38 @@ mod tests {
             1_000_000 - 1 - (now_us(&limiter) - t0),
         ))
         .await;
-        let over = limiter.check("k", ONE).await;
+        let over = limiter.check(b"k", ONE).await;
         assert_eq!(over.state, State::OverQuota);
         assert_eq!(over.retry_after, Some(Duration::from_micros(1)));
         assert_eq!(over.reset, Duration::from_micros(300_001));
         // Then bucket 0's two units are free, but not bucket 3's.
         tokio::time::advance(Duration::from_micros(1)).await;
-        assert_eq!(limiter.check("k", ONE).await.state, State::Allowed);
-        assert_eq!(limiter.check("k", ONE).await.state, State::HitQuota);
-        assert_eq!(limiter.check("k", ONE).await.state, State::OverQuota);
+        assert_eq!(limiter.check(b"k", ONE).await.state, State::Allowed);
+        assert_eq!(limiter.check(b"k", ONE).await.state, State::HitQuota);
+        assert_eq!(limiter.check(b"k", ONE).await.state, State::OverQuota);
         // A whole window after the last admission, everything is free again.
         tokio::time::advance(Duration::from_secs(1)).await;
-        let d = limiter.check("k", cost(4)).await;
+        let d = limiter.check(b"k", cost(4)).await;
         assert_eq!(d.state, State::HitQuota);
     }
 
     #[tokio::test(start_paused = true)]
     async fn weighted_costs() {
         let limiter = limiter(10);
-        let d = limiter.check("k", cost(6)).await;
+        let d = limiter.check(b"k", cost(6)).await;
         assert_eq!((d.state, d.remaining), (State::Allowed, 4));
         // Too much for what is left: rejected, and not counted.
-        let over = limiter.check("k", cost(5)).await;
+        let over = limiter.check(b"k", cost(5)).await;
         assert_eq!((over.state, over.remaining), (State::OverQuota, 4));
-        let d = limiter.check("k", cost(4)).await;
+        let d = limiter.check(b"k", cost(4)).await;
         assert_eq!((d.state, d.remaining), (State::HitQuota, 0));
         // More than the whole limit can never pass, and says so without a retry-after.
-        let never = limiter.check("fresh", cost(11)).await;
+        let never = limiter.check(b"fresh", cost(11)).await;
         assert_eq!(never.state, State::ExceedsCapacity);
         assert_eq!(never.retry_after, None);
         assert_eq!(never.reset, Duration::from_secs(1));
         assert_eq!(
-            limiter.check("fresh", cost(10)).await.state,
+            limiter.check(b"fresh", cost(10)).await.state,
             State::HitQuota
         );
     }
@@ -512,20 +512,20 @@ mod tests {
             // Units spread over several buckets, at odd times within them.
             for (wait_ms, u) in [(0, 3), (130, 2), (170, 4), (260, 1)] {
                 tokio::time::advance(wait_ms * MS).await;
-                assert!(limiter.check(&key, cost(u)).await.is_admitted());
+                assert!(limiter.check(key.as_bytes(), cost(u)).await.is_admitted());
             }
             tokio::time::advance(20 * MS).await;
-            let over = limiter.check(&key, cost(units)).await;
+            let over = limiter.check(key.as_bytes(), cost(units)).await;
             assert_eq!(over.state, State::OverQuota, "cost {units}");
             let retry = over.retry_after.unwrap();
             assert!(retry > Duration::ZERO && retry <= Duration::from_secs(1));
             assert!(retry <= over.reset);
             tokio::time::advance(retry - Duration::from_micros(1)).await;
-            let early = limiter.check(&key, cost(units)).await;
+            let early = limiter.check(key.as_bytes(), cost(units)).await;
             assert_eq!(early.state, State::OverQuota, "cost {units}, just before");
             assert_eq!(early.retry_after, Some(Duration::from_micros(1)));
             tokio::time::advance(Duration::from_micros(1)).await;
-            let d = limiter.check(&key, cost(units)).await;
+            let d = limiter.check(key.as_bytes(), cost(units)).await;
             assert!(d.is_admitted(), "cost {units}, after retry-after: {d:?}");
         }
     }
@@ -553,7 +553,7 @@ mod tests {
         let mut admitted = Vec::new();
         for (i, at) in burst.chain(probes).enumerate() {
             tokio::time::advance(Duration::from_micros(t0 + at - now_us(limiter))).await;
-            let d = limiter.check(key, ONE).await;
+            let d = limiter.check(key.as_bytes(), ONE).await;
             if (i as u64) < limit {
                 assert!(d.is_admitted(), "the burst fits");
             }
@@ -643,7 +643,7 @@ mod tests {
                 if (step + k) % (k % 5 + 1) == 0 {
                     let c = (k % 3 + 1) as u32;
                     if limiter
-                        .check(&format!("key{k}"), cost(c))
+                        .check(format!("key{k}").as_bytes(), cost(c))
                         .await
                         .is_admitted()
                     {
@@ -662,7 +662,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn fallback_source_is_reported() {
         let limiter = limiter(1);
-        let d = limiter.store.local("k", ONE, Source::Fallback);
+        let d = limiter.store.local(b"k", ONE, Source::Fallback);
         assert_eq!(d.source, Source::Fallback);
         assert_eq!(d.state, State::HitQuota);
     }
@@ -681,22 +681,22 @@ mod tests {
             RollingWindowLimiter::new(&backend, "t", RollingConfig::new(10, 10, 100 * MS)).unwrap();
         assert_eq!(limiter.policy().quota(), 10);
         let store = &limiter.store;
-        let first = store.local("k", ONE, Source::Fallback);
+        let first = store.local(b"k", ONE, Source::Fallback);
         assert_eq!(
             (first.state, first.limit, first.remaining),
             (State::Allowed, 2, 1)
         );
         assert_eq!(
-            store.local("k", ONE, Source::Fallback).state,
+            store.local(b"k", ONE, Source::Fallback).state,
             State::HitQuota
         );
-        let over = store.local("k", ONE, Source::Fallback);
+        let over = store.local(b"k", ONE, Source::Fallback);
         assert_eq!(
             (over.state, over.source),
             (State::OverQuota, Source::Fallback)
         );
         // A cost within the limit but above the fallback's share waits for a window.
-        let big = store.local("other", cost(3), Source::Fallback);
+        let big = store.local(b"other", cost(3), Source::Fallback);
         assert_eq!(big.state, State::OverQuota);
         assert_eq!(big.retry_after, Some(Duration::from_secs(1)));
     }

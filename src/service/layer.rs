@@ -233,8 +233,9 @@ impl<A, K, C, R> LayerBuilder<A, K, C, R> {
         self
     }
 
-    /// The longest key accepted, in bytes (default: 256). A longer key, such as an
-    /// oversized header, is treated as a missing key instead of being stored.
+    /// The longest key accepted, in bytes, its [tag](crate::key#tags) included (default:
+    /// 256). A longer key, such as an oversized header, is treated as a missing key
+    /// instead of being stored.
     pub fn max_key_len(mut self, max_key_len: usize) -> Self {
         self.options.max_key_len = max_key_len;
         self

@@ -46,7 +46,10 @@ pub enum MissingKey {
     Reject(StatusCode),
     /// Let the request through without limiting it.
     Allow,
-    /// Limit the request under this key instead (all such requests share it).
+    /// Limit the request under this key instead (all such requests share it). The key
+    /// is used as it is, untagged: a constant without `:` (`anonymous`) never equals a
+    /// key of a built-in extractor, which all start with a tag (see
+    /// [`key`](crate::key#tags)).
     Key(Cow<'static, str>),
 }
 

@@ -251,7 +251,7 @@ where
     }
 
     /// Checks under the default (first) plan.
-    fn check(&self, key: &str, cost: NonZeroU32) -> Check {
+    fn check(&self, key: &[u8], cost: NonZeroU32) -> Check {
         self.plans[0].1.check(key, cost)
     }
 
@@ -266,7 +266,7 @@ where
             .unwrap_or(0)
     }
 
-    fn check_policy(&self, index: usize, key: &str, cost: NonZeroU32) -> Check {
+    fn check_policy(&self, index: usize, key: &[u8], cost: NonZeroU32) -> Check {
         self.plans
             .get(index)
             .unwrap_or(&self.plans[0])
@@ -318,18 +318,18 @@ mod tests {
         assert_eq!(limiter.select(&parts(Some(Plan::Gold))), 0);
         let one = NonZeroU32::MIN;
         assert_eq!(
-            limiter.check_policy(0, "u", one).await.state,
+            limiter.check_policy(0, b"u", one).await.state,
             State::Allowed
         );
         assert_eq!(
-            limiter.check_policy(0, "u", one).await.state,
+            limiter.check_policy(0, b"u", one).await.state,
             State::HitQuota
         );
         assert_eq!(
-            limiter.check_policy(0, "u", one).await.state,
+            limiter.check_policy(0, b"u", one).await.state,
             State::OverQuota
         );
-        let paid = limiter.check_policy(1, "u", one).await;
+        let paid = limiter.check_policy(1, b"u", one).await;
         assert_eq!(
             (paid.state, paid.limit, paid.remaining),
             (State::Allowed, 5, 4)

@@ -118,7 +118,9 @@ where
                             shared.clone(),
                         );
                     }
-                    MissingKey::Key(key) => shared.limiter.check_policy(policy, key, cost),
+                    MissingKey::Key(key) => {
+                        shared.limiter.check_policy(policy, key.as_bytes(), cost)
+                    }
                 }
             }
         };

@@ -228,7 +228,7 @@ impl Limiter for TokenBucketLimiter {
         &self.store.policy
     }
 
-    fn check(&self, key: &str, cost: NonZeroU32) -> Check {
+    fn check(&self, key: &[u8], cost: NonZeroU32) -> Check {
         backend::check(&self.store, key, cost)
     }
 }
@@ -240,7 +240,7 @@ impl BucketStore {
 
     /// A 128-bit key for governor: hashing with two random seeds avoids allocating an
     /// owned key per check, and collisions are out of reach of attackers.
-    fn local_key(&self, key: &str) -> u128 {
+    fn local_key(&self, key: &[u8]) -> u128 {
         self.hasher.hash(key)
     }
 
@@ -316,7 +316,7 @@ impl Store for BucketStore {
         })
     }
 
-    fn local(&self, key: &str, cost: NonZeroU32, source: Source) -> Decision {
+    fn local(&self, key: &[u8], cost: NonZeroU32, source: Source) -> Decision {
         self.maybe_sweep();
         let key = self.local_key(key);
         match self.buckets.check_key_n(&key, cost) {

@@ -55,23 +55,25 @@ fn policy_advertises_burst_and_refill_time() {
 #[test]
 fn local_keys_do_not_collide_for_similar_keys() {
     let limiter = build(1, Duration::from_secs(1), 1).unwrap();
-    let a = limiter.store.local_key("user:1");
-    let b = limiter.store.local_key("user:2");
+    let a = limiter.store.local_key(b"user:1");
+    let b = limiter.store.local_key(b"user:2");
     assert_ne!(a, b);
-    assert_eq!(a, limiter.store.local_key("user:1"));
+    assert_eq!(a, limiter.store.local_key(b"user:1"));
 }
 
 #[tokio::test(start_paused = true)]
 async fn idle_buckets_are_dropped() {
     let limiter = build(10, Duration::from_secs(1), 5).unwrap();
     for i in 0..100 {
-        let _ = limiter.check(&format!("k{i}"), NonZeroU32::MIN).await;
+        let _ = limiter
+            .check(format!("k{i}").as_bytes(), NonZeroU32::MIN)
+            .await;
     }
     assert_eq!(limiter.store.buckets.len(), 100);
     tokio::time::advance(SWEEP_EVERY + Duration::from_secs(1)).await;
     // The clock is sampled once per SWEEP_SAMPLE checks.
     for _ in 0..SWEEP_SAMPLE {
-        let _ = limiter.check("fresh", NonZeroU32::MIN).await;
+        let _ = limiter.check(b"fresh", NonZeroU32::MIN).await;
     }
     // The sweep runs on tokio's blocking pool, off the request path: wait for it.
     let deadline = std::time::Instant::now() + Duration::from_secs(5);

@@ -46,6 +46,24 @@ impl Served {
             .unwrap();
         read(response).await
     }
+
+    /// GETs `path` with header values given as raw bytes (which need not be UTF-8).
+    pub(crate) async fn get_bytes(
+        &self,
+        path: &str,
+        headers: &[(&str, &[u8])],
+    ) -> (Response<()>, String) {
+        let mut req = Request::get(format!("http://{}{path}", self.addr));
+        for (name, value) in headers {
+            req = req.header(*name, http::HeaderValue::from_bytes(value).unwrap());
+        }
+        let response = self
+            .client
+            .request(req.body(Empty::new()).unwrap())
+            .await
+            .unwrap();
+        read(response).await
+    }
 }
 
 /// A response's head, and its body as text.
