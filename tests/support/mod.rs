@@ -14,6 +14,7 @@
 #![allow(dead_code)]
 
 pub(crate) mod http;
+pub(crate) mod proxy;
 
 use std::fmt;
 use std::fs::{self, File, OpenOptions};
