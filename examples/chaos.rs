@@ -545,7 +545,7 @@ fn log_run(what: &str, samples: &Samples, switches: &Switches) {
 async fn held_replies(settings: &Settings) -> Vec<Row> {
     const SCENARIO: &str = "0.2% of replies held 150 ms";
     const QUOTA: u64 = 100;
-    const KEYS: usize = 4;
+    const KEYS: usize = 8;
     // Each instance offers 2x the quota of every key, 4x together.
     const RATE: f64 = (QUOTA * KEYS as u64 * 2) as f64;
     let period = Duration::from_secs(1);
@@ -567,6 +567,7 @@ async fn held_replies(settings: &Settings) -> Vec<Row> {
     proxy.hold_replies(0.002, Duration::from_millis(150));
     let samples = load.await.expect("the load");
     proxy.clear();
+    eprintln!("  proxy: {:?}", proxy.stats());
     let switches: Vec<Switches> = watches.into_iter().map(SwitchWatch::finish).collect();
 
     let window = between(WARM_UP, WARM_UP + measure);
