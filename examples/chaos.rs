@@ -35,7 +35,11 @@
 //!   Redis gave moments ago); `Fallback` is the in-process state.
 //! - A *switch* is `Backend::redis_healthy()` going from `Some(true)` to `Some(false)`,
 //!   sampled every millisecond ([`watch_switches`], the one place that counts them).
-//! - *Warn lines* are `WARN` events seen by a tracing layer ([`CountWarnings`]).
+//! - *Transitions both ways* count the switches back to Redis too (the issue's "238
+//!   switches a minute" for one instance with a 500 ms probe reads like this count).
+//! - *Warn lines* are `WARN` events seen by a tracing layer ([`CountWarnings`]), which
+//!   also counts every line at `INFO` or above (the switch back is an `info`).
+//! - Held and lost replies are picked per RESP reply by the proxy, not per TCP read.
 //! - Per-minute figures are measured over the scenario's window (15 s by default) and
 //!   scaled to a minute.
 //!
@@ -195,20 +199,30 @@ fn took(d: Option<Duration>, limit: Duration) -> String {
 // ---------------------------------------------------------------------------
 
 static WARNS: AtomicU64 = AtomicU64::new(0);
+static INFO_AND_UP: AtomicU64 = AtomicU64::new(0);
 
-/// A tracing layer that counts `WARN` events.
+/// A tracing layer that counts `WARN` events, and all events at `INFO` or above (what a
+/// default log filter shows).
 struct CountWarnings;
 
 impl<S: tracing::Subscriber> Layer<S> for CountWarnings {
     fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
-        if *event.metadata().level() == tracing::Level::WARN {
+        let level = *event.metadata().level();
+        if level == tracing::Level::WARN {
             WARNS.fetch_add(1, Ordering::Relaxed);
+        }
+        if level <= tracing::Level::INFO {
+            INFO_AND_UP.fetch_add(1, Ordering::Relaxed);
         }
     }
 }
 
-fn warn_lines() -> u64 {
-    WARNS.load(Ordering::Relaxed)
+/// `(warn lines, lines at info or above)` logged so far.
+fn log_lines() -> (u64, u64) {
+    (
+        WARNS.load(Ordering::Relaxed),
+        INFO_AND_UP.load(Ordering::Relaxed),
+    )
 }
 
 /// When the backend switched to the fallback and back, since the scenario's clock.
@@ -228,6 +242,16 @@ impl Switches {
             .iter()
             .filter(|t| (from..to).contains(t))
             .count()
+    }
+
+    /// Switches both ways (to the fallback and back to Redis) within `from..to`.
+    fn transitions_between(&self, from: Duration, to: Duration) -> usize {
+        self.count_between(from, to)
+            + self
+                .to_redis
+                .iter()
+                .filter(|t| (from..to).contains(t))
+                .count()
     }
 }
 
@@ -658,6 +682,14 @@ async fn wrong_type(settings: &Settings) -> Vec<Row> {
             switches.count().to_string(),
             "0",
         ),
+        row(
+            SCENARIO,
+            &format!("transitions both ways in {:.0} s", measure.as_secs_f64()),
+            switches
+                .transitions_between(Duration::ZERO, Duration::MAX)
+                .to_string(),
+            "0",
+        ),
     ]
 }
 
@@ -721,10 +753,11 @@ async fn refused_writes_run(
     let watch = watch_switches(&one.backend, clock);
     let load = open_loop(vec![one], keys(5), 200.0, WARM_UP + measure + after, clock);
     tokio::time::sleep(WARM_UP).await;
-    let warns_before = warn_lines();
+    let logs_before = log_lines();
     let extra = blocking(|| fault(&redis));
     tokio::time::sleep_until(clock + WARM_UP + measure).await;
-    let warns = warn_lines() - warns_before;
+    let logs = log_lines();
+    let (warns, lines) = (logs.0 - logs_before.0, logs.1 - logs_before.1);
     let cleared = clock.elapsed();
     blocking(|| clear(&redis, extra));
     let samples = load.await.expect("the load");
@@ -746,6 +779,22 @@ async fn refused_writes_run(
                 cleared - WARM_UP,
             ),
             "≤ 10",
+        ),
+        row(
+            scenario,
+            "transitions both ways / log lines at info+ per minute",
+            format!(
+                "{} / {}",
+                per_minute(
+                    switches.transitions_between(WARM_UP, cleared),
+                    cleared - WARM_UP
+                ),
+                per_minute(
+                    usize::try_from(lines).unwrap_or(usize::MAX),
+                    cleared - WARM_UP
+                )
+            ),
+            "",
         ),
         row(
             scenario,

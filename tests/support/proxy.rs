@@ -453,7 +453,7 @@ where
             stats.chunks_down.fetch_add(1, Ordering::Relaxed);
             // Bytes from `from` on are not handed to the writer yet.
             let mut from = 0;
-            for (start, _end) in replies.split(&buf) {
+            for start in replies.split(&buf) {
                 stats.replies.fetch_add(1, Ordering::Relaxed);
                 let lose = shared.chance(faults.lose_fraction);
                 let hold = !lose && shared.chance(faults.hold_fraction);
@@ -517,11 +517,11 @@ struct ReplySplitter {
 }
 
 impl ReplySplitter {
-    /// The `(start, end)` offsets in `chunk` of every reply that ends in it; a reply
-    /// that began in an earlier chunk starts at 0.
-    fn split(&mut self, chunk: &[u8]) -> Vec<(usize, usize)> {
+    /// Where in `chunk` each reply that ends in it starts (0 for a reply that began in
+    /// an earlier chunk).
+    fn split(&mut self, chunk: &[u8]) -> Vec<usize> {
         if self.lost_track {
-            return vec![(0, chunk.len())];
+            return vec![0];
         }
         let carried = self.carry.len();
         self.carry.extend_from_slice(chunk);
@@ -530,15 +530,14 @@ impl ReplySplitter {
         loop {
             match resp_len(&self.carry[pos..]) {
                 Ok(Some(len)) => {
-                    let start = pos.saturating_sub(carried);
+                    replies.push(pos.saturating_sub(carried));
                     pos += len;
-                    replies.push((start, pos - carried));
                 }
                 Ok(None) => break,
                 Err(()) => {
                     self.lost_track = true;
                     self.carry.clear();
-                    return vec![(0, chunk.len())];
+                    return vec![0];
                 }
             }
         }
