@@ -22,7 +22,7 @@
 //! | `held` | 0.2% of replies held 150 ms (past the 100 ms call timeout); two instances share a quota |
 //! | `wrongtype` | one key holds a value of the wrong type |
 //! | `writes` | Redis answers `PING` but refuses writes: `OOM` (`maxmemory` 1, `noeviction`), then `READONLY` (a replica) |
-//! | `rtt` | round trip 70 ms with the defaults, 160 ms with `call_timeout(250 ms)`; then a 2 s partition |
+//! | `rtt` | round trip 70 ms with the defaults, 160 ms with `call_timeout(250 ms)`, and 10 ms with the defaults for reference; each followed by a 2 s partition (blackhole) |
 //! | `restart` | Redis down for 3 s under 400 req/s at 10 and 30 ms RTT; a cold start with 32 in flight at 10 ms RTT |
 //! | `latency` | 32 in flight at 10 ms RTT: decision latency with the default pool, and with `TCP_NODELAY` forced on |
 //!
@@ -551,12 +551,11 @@ fn blocking<T>(f: impl FnOnce() -> T) -> T {
     tokio::task::block_in_place(f)
 }
 
-fn log_run(what: &str, samples: &Samples, switches: &Switches) {
+fn log_run(what: &str, samples: &Samples, switches: usize) {
     eprintln!(
-        "  [{what}] {} decisions ({}); {} switches to the fallback",
+        "  [{what}] {} decisions ({}); {switches} switches to the fallback",
         samples.0.len(),
         samples.sources(),
-        switches.count()
     );
 }
 
@@ -603,7 +602,11 @@ async fn held_replies(settings: &Settings) -> Vec<Row> {
     let windows = measure.as_secs_f64() / period.as_secs_f64();
     let ratio = samples.admitted(&window) as f64 / (QUOTA as f64 * KEYS as f64 * windows);
     let scale = 10.0 / measure.as_secs_f64();
-    log_run(SCENARIO, &samples, &switches[0]);
+    log_run(
+        SCENARIO,
+        &samples,
+        switches.iter().map(Switches::count).sum(),
+    );
     vec![
         row(
             SCENARIO,
@@ -662,7 +665,7 @@ async fn wrong_type(settings: &Settings) -> Vec<Row> {
         "list",
         "the bad key was replaced"
     );
-    log_run(SCENARIO, &samples, &switches);
+    log_run(SCENARIO, &samples, switches.count());
     vec![
         row(
             SCENARIO,
@@ -762,7 +765,7 @@ async fn refused_writes_run(
     blocking(|| clear(&redis, extra));
     let samples = load.await.expect("the load");
     let switches = watch.finish();
-    log_run(scenario, &samples, &switches);
+    log_run(scenario, &samples, switches.count());
     let during = switches.count_between(WARM_UP, cleared);
     vec![
         row(
@@ -889,7 +892,7 @@ async fn slow_round_trip_run(
     let healed = clock.elapsed();
     let samples = load.await.expect("the load");
     let switches = watch.finish();
-    log_run(scenario, &samples, &switches);
+    log_run(scenario, &samples, switches.count());
     vec![
         row(
             scenario,
@@ -962,7 +965,7 @@ async fn restart_run(rtt_ms: u64) -> Vec<Row> {
     let back = clock.elapsed();
     let samples = load.await.expect("the load");
     let switches = watch.finish();
-    log_run(scenario, &samples, &switches);
+    log_run(scenario, &samples, switches.count());
     vec![
         row(
             scenario,
@@ -1003,7 +1006,7 @@ async fn cold_start(settings: &Settings) -> Vec<Row> {
         .await
         .expect("the load");
     let switches = watch.finish();
-    log_run(SCENARIO, &samples, &switches);
+    log_run(SCENARIO, &samples, switches.count());
     let last = run.saturating_sub(Duration::from_secs(2));
     vec![
         row(
@@ -1059,7 +1062,7 @@ async fn latency(settings: &Settings) -> Vec<Row> {
             .await
             .expect("the load");
         let switches = watch.finish();
-        log_run(scenario, &samples, &switches);
+        log_run(scenario, &samples, switches.count());
         let measured = |s: &Sample| s.at >= WARM_UP && s.on_redis();
         let ms = |d: Option<Duration>| {
             d.map_or_else(
