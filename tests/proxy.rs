@@ -258,3 +258,85 @@ fn drop_closes_every_connection() {
     }
     assert!(std::net::TcpStream::connect(("127.0.0.1", port)).is_err());
 }
+
+fn encode(args: &[&str]) -> Vec<u8> {
+    let mut out = format!("*{}\r\n", args.len()).into_bytes();
+    for arg in args {
+        out.extend_from_slice(format!("${}\r\n{arg}\r\n", arg.len()).as_bytes());
+    }
+    out
+}
+
+#[test]
+fn faults_pick_replies_not_chunks() {
+    let redis = RedisServer::start();
+    let proxy = FaultProxy::start(redis.port());
+    let big = "x".repeat(100_000);
+    // RESP3 (maps, sets, nulls, doubles), nested arrays, errors, and a reply larger
+    // than one read: all sent at once, so many replies share a chunk.
+    let commands: Vec<Vec<&str>> = vec![
+        vec!["HELLO", "3"],
+        vec!["PING"],
+        vec!["SET", "big", &big],
+        vec!["GET", "big"],
+        vec!["GET", "missing"],
+        vec!["HSET", "h", "a", "1", "b", "2"],
+        vec!["HGETALL", "h"],
+        vec!["SADD", "s", "x", "y"],
+        vec!["SMEMBERS", "s"],
+        vec!["ZADD", "z", "1.5", "m"],
+        vec!["ZSCORE", "z", "m"],
+        vec!["EVAL", "return {1, {2, 3}, 'x'}", "0"],
+        vec!["EVAL", "return redis.error_reply('no')", "0"],
+        vec!["NOSUCHCOMMAND"],
+    ];
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", proxy.port())).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_millis(50)))
+        .unwrap();
+    let mut request = Vec::new();
+    for args in &commands {
+        request.extend(encode(args));
+    }
+    proxy.hold_replies(1.0, Duration::from_millis(1));
+    std::io::Write::write_all(&mut stream, &request).unwrap();
+    let start = Instant::now();
+    let mut sink = vec![0u8; 64 * 1024];
+    while proxy.stats().replies < commands.len() as u64 {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            proxy.stats()
+        );
+        let _ = stream.read(&mut sink);
+    }
+    // Drain what is left, then count.
+    while stream.read(&mut sink).is_ok_and(|n| n > 0) {}
+    let stats = proxy.stats();
+    assert_eq!(stats.replies, commands.len() as u64, "{stats:?}");
+    assert_eq!(stats.held, stats.replies, "{stats:?}");
+    assert!(
+        stats.chunks_down >= 2,
+        "the big reply spans reads: {stats:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_fraction_of_pipelined_replies_is_held() {
+    let redis = RedisServer::start();
+    let proxy = FaultProxy::start(redis.port());
+    let mut conn = connection(&proxy).await;
+    let before = proxy.stats();
+    proxy.hold_replies(0.5, Duration::from_millis(1));
+    let replies: Vec<String> = (0..200)
+        .fold(&mut redis::pipe(), |pipe, _| pipe.cmd("PING"))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(replies.len(), 200);
+    let stats = proxy.stats();
+    assert_eq!(stats.replies - before.replies, 200, "{stats:?}");
+    // Per reply, not per chunk: far more than the few chunks 200 PONGs arrive in.
+    let held = stats.held - before.held;
+    assert!((40..=160).contains(&held), "{stats:?}");
+}

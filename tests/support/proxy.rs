@@ -7,11 +7,17 @@
 //! a blackhole (a partition: connections stay open, nothing moves) and refused
 //! connections. The names follow Toxiproxy's toxics; the code is ours.
 //!
+//! Held and lost replies are picked per RESP reply, not per chunk: the server-to-client
+//! stream is split at reply boundaries (RESP2 and RESP3), so "0.2% of replies" means
+//! that also when a multiplexed connection gets many replies in one read. A held reply
+//! and everything after it on its connection wait; the replies before it in the same
+//! chunk are delivered on time.
+//!
 //! The proxy runs on its own thread with its own tokio runtime, so it keeps real time
 //! whatever the test does: it works from `#[tokio::test]` of any flavour (a paused
 //! clock included) and from plain threads. Every setting applies at once, to existing
-//! connections too. Which chunks are held or lost is decided by a small seeded PRNG, so
-//! a run is reproducible for a given order of chunks ([`FaultProxy::set_seed`]).
+//! connections too. Which replies are held or lost is decided by a small seeded PRNG, so
+//! a run is reproducible for a given order of replies ([`FaultProxy::set_seed`]).
 //!
 //! Dropping the proxy stops its thread and closes every connection.
 //!
@@ -83,6 +89,32 @@ struct Shared {
     rng: AtomicU64,
     accepted: AtomicU64,
     open: AtomicUsize,
+    stats: Counters,
+}
+
+/// What the proxy forwarded and injected so far.
+#[derive(Debug, Default)]
+struct Counters {
+    chunks_up: AtomicU64,
+    chunks_down: AtomicU64,
+    replies: AtomicU64,
+    held: AtomicU64,
+    lost: AtomicU64,
+}
+
+/// A snapshot of [`FaultProxy::stats`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct ProxyStats {
+    /// Chunks read from clients (requests; one chunk may hold several).
+    pub(crate) chunks_up: u64,
+    /// Chunks read from the server (one chunk may hold several replies).
+    pub(crate) chunks_down: u64,
+    /// Complete replies read from the server, lost ones included.
+    pub(crate) replies: u64,
+    /// Replies held by [`FaultProxy::hold_replies`].
+    pub(crate) held: u64,
+    /// Replies lost by [`FaultProxy::lose_replies`].
+    pub(crate) lost: u64,
 }
 
 impl Shared {
@@ -136,6 +168,7 @@ impl FaultProxy {
             rng: AtomicU64::new(DEFAULT_SEED),
             accepted: AtomicU64::new(0),
             open: AtomicUsize::new(0),
+            stats: Counters::default(),
         });
         let (shutdown_tx, shutdown_rx) = tokio::sync::oneshot::channel();
         let (port_tx, port_rx) = std_mpsc::channel();
@@ -197,9 +230,9 @@ impl FaultProxy {
         self.shared.update(|f| f.latency = one_way);
     }
 
-    /// Holds that `fraction` of server-to-client chunks an extra `hold` (on top of the
-    /// latency); later chunks on the same connection wait behind a held one
-    /// (head-of-line blocking, as after a TCP retransmission).
+    /// Holds that `fraction` of replies an extra `hold` (on top of the latency); later
+    /// replies on the same connection wait behind a held one (head-of-line blocking, as
+    /// after a TCP retransmission).
     pub(crate) fn hold_replies(&self, fraction: f64, hold: Duration) {
         self.shared.update(|f| {
             f.hold_fraction = fraction;
@@ -207,9 +240,9 @@ impl FaultProxy {
         });
     }
 
-    /// Swallows that `fraction` of server-to-client chunks; the connection of a
-    /// swallowed chunk is then reset (chunks before it are still delivered), so the
-    /// client sees the reply lost together with its connection.
+    /// Swallows that `fraction` of replies; the connection of a swallowed reply is then
+    /// reset (replies before it are still delivered, nothing after it is), so the client
+    /// sees the reply lost together with its connection.
     pub(crate) fn lose_replies(&self, fraction: f64) {
         self.shared.update(|f| f.lose_fraction = fraction);
     }
@@ -241,7 +274,7 @@ impl FaultProxy {
         self.shared.update(|f| *f = Faults::default());
     }
 
-    /// Restarts the PRNG that picks held and lost chunks from `seed`.
+    /// Restarts the PRNG that picks held and lost replies from `seed`.
     pub(crate) fn set_seed(&self, seed: u64) {
         self.shared.rng.store(seed, Ordering::Relaxed);
     }
@@ -249,6 +282,18 @@ impl FaultProxy {
     /// Connections accepted so far (refused ones included).
     pub(crate) fn connections(&self) -> u64 {
         self.shared.accepted.load(Ordering::Relaxed)
+    }
+
+    /// Chunks and replies forwarded, held and lost so far (on every connection).
+    pub(crate) fn stats(&self) -> ProxyStats {
+        let c = &self.shared.stats;
+        ProxyStats {
+            chunks_up: c.chunks_up.load(Ordering::Relaxed),
+            chunks_down: c.chunks_down.load(Ordering::Relaxed),
+            replies: c.replies.load(Ordering::Relaxed),
+            held: c.held.load(Ordering::Relaxed),
+            lost: c.lost.load(Ordering::Relaxed),
+        }
     }
 
     /// Connections open right now (client side accepted and not yet closed).
@@ -381,6 +426,7 @@ where
     let (tx, mut rx) = mpsc::unbounded_channel::<Item>();
     let read = async move {
         let mut last = Instant::now();
+        let mut replies = ReplySplitter::default();
         loop {
             let mut buf = vec![0u8; CHUNK];
             let n = match src.read(&mut buf).await {
@@ -393,20 +439,43 @@ where
             };
             buf.truncate(n);
             let faults = shared.faults();
-            let now = Instant::now();
-            if direction == Direction::Down && shared.chance(faults.lose_fraction) {
-                let _ = tx.send(Item::Lose);
-                // The writer resets the connection; nothing more is read.
-                std::future::pending::<()>().await;
+            let stats = &shared.stats;
+            // Never overtake an earlier chunk (head-of-line, order kept).
+            let mut at = (Instant::now() + faults.latency).max(last);
+            if direction == Direction::Up {
+                stats.chunks_up.fetch_add(1, Ordering::Relaxed);
+                last = at;
+                if tx.send(Item::Data(at, buf)).is_err() {
+                    return Ok(());
+                }
+                continue;
             }
-            let mut at = now + faults.latency;
-            if direction == Direction::Down && shared.chance(faults.hold_fraction) {
+            stats.chunks_down.fetch_add(1, Ordering::Relaxed);
+            // Bytes from `from` on are not handed to the writer yet.
+            let mut from = 0;
+            for start in replies.split(&buf) {
+                stats.replies.fetch_add(1, Ordering::Relaxed);
+                let lose = shared.chance(faults.lose_fraction);
+                let hold = !lose && shared.chance(faults.hold_fraction);
+                if !lose && !hold {
+                    continue;
+                }
+                if start > from {
+                    let _ = tx.send(Item::Data(at, buf[from..start].to_vec()));
+                    from = start;
+                }
+                if lose {
+                    stats.lost.fetch_add(1, Ordering::Relaxed);
+                    let _ = tx.send(Item::Lose);
+                    // The writer resets the connection; nothing more is read.
+                    std::future::pending::<()>().await;
+                }
+                stats.held.fetch_add(1, Ordering::Relaxed);
                 at += faults.hold;
             }
-            // Never overtake an earlier chunk (head-of-line, order kept).
-            at = at.max(last);
             last = at;
-            if tx.send(Item::Data(at, buf)).is_err() {
+            buf.drain(..from);
+            if !buf.is_empty() && tx.send(Item::Data(at, buf)).is_err() {
                 return Ok(());
             }
         }
@@ -434,4 +503,99 @@ where
         Ok(())
     };
     tokio::try_join!(read, write).map(|_| ())
+}
+
+/// Finds where RESP replies (RESP2 and RESP3) start and end in a server-to-client byte
+/// stream read in arbitrary chunks.
+#[derive(Debug, Default)]
+struct ReplySplitter {
+    /// The bytes of a reply not complete yet, from earlier chunks.
+    carry: Vec<u8>,
+    /// Set once something that is not RESP was seen: every chunk then counts as one
+    /// reply.
+    lost_track: bool,
+}
+
+impl ReplySplitter {
+    /// Where in `chunk` each reply that ends in it starts (0 for a reply that began in
+    /// an earlier chunk).
+    fn split(&mut self, chunk: &[u8]) -> Vec<usize> {
+        if self.lost_track {
+            return vec![0];
+        }
+        let carried = self.carry.len();
+        self.carry.extend_from_slice(chunk);
+        let mut replies = Vec::new();
+        let mut pos = 0;
+        loop {
+            match resp_len(&self.carry[pos..]) {
+                Ok(Some(len)) => {
+                    replies.push(pos.saturating_sub(carried));
+                    pos += len;
+                }
+                Ok(None) => break,
+                Err(()) => {
+                    self.lost_track = true;
+                    self.carry.clear();
+                    return vec![0];
+                }
+            }
+        }
+        self.carry.drain(..pos);
+        replies
+    }
+}
+
+/// The length of the first complete RESP value in `buf`: `Ok(None)` if it is not
+/// complete yet, `Err` if `buf` does not start with RESP.
+fn resp_len(buf: &[u8]) -> Result<Option<usize>, ()> {
+    let Some(&kind) = buf.first() else {
+        return Ok(None);
+    };
+    let Some(eol) = buf.windows(2).position(|w| w == b"\r\n") else {
+        return Ok(None);
+    };
+    let header = eol + 2;
+    let number = || -> Result<i64, ()> {
+        std::str::from_utf8(&buf[1..eol])
+            .map_err(|_| ())?
+            .parse()
+            .map_err(|_| ())
+    };
+    match kind {
+        // Simple string, error, integer, null, double, boolean, big number.
+        b'+' | b'-' | b':' | b'_' | b',' | b'#' | b'(' => Ok(Some(header)),
+        // Bulk string, bulk error, verbatim string.
+        b'$' | b'!' | b'=' => {
+            let Ok(len) = usize::try_from(number()?) else {
+                return Ok(Some(header)); // $-1: null
+            };
+            let total = header + len + 2;
+            Ok((buf.len() >= total).then_some(total))
+        }
+        // Array, set, push; map and attribute (pairs).
+        b'*' | b'~' | b'>' | b'%' | b'|' => {
+            let Ok(count) = usize::try_from(number()?) else {
+                return Ok(Some(header)); // *-1: null
+            };
+            let mut elements = if matches!(kind, b'%' | b'|') {
+                count * 2
+            } else {
+                count
+            };
+            // An attribute is followed by the value it describes.
+            if kind == b'|' {
+                elements += 1;
+            }
+            let mut pos = header;
+            for _ in 0..elements {
+                match resp_len(&buf[pos..])? {
+                    Some(len) => pos += len,
+                    None => return Ok(None),
+                }
+            }
+            Ok(Some(pos))
+        }
+        _ => Err(()),
+    }
 }
