@@ -51,6 +51,8 @@
 //! `<prefix>:token:*` and `<prefix>:rolling:*` (with `SCAN`, on every master of a
 //! cluster).
 
+mod builder;
+mod connect;
 mod deny;
 mod health;
 mod layout;
@@ -65,19 +67,19 @@ use deadpool_redis::redis::{Script, ScriptInvocation};
 
 use crate::clock::Clock;
 use crate::decision::{Decision, Source, State};
-use crate::error::{check_name, ConfigError};
+use crate::error::ConfigError;
 use crate::limiter::Check;
 use crate::metrics::RedisMetrics;
 
+pub use self::builder::BackendBuilder;
 use self::deny::{Denied, DenyCache};
 pub(crate) use self::deny::{KeyHasher, PreHashed};
-use self::health::BreakerConfig;
 pub use self::health::{
     RedisState, DEFAULT_BREAKER_FAILURE_RATIO, DEFAULT_BREAKER_MIN_CALLS, DEFAULT_BREAKER_WINDOW,
     DEFAULT_RECOVERY,
 };
 use self::layout::Layout;
-use self::redis::{Fault, RedisBackend, RedisPool, ScriptError};
+use self::redis::{Fault, RedisBackend, ScriptError};
 
 /// The default key prefix.
 pub const DEFAULT_PREFIX: &str = "ratelimit";
@@ -256,6 +258,37 @@ impl Backend {
         self.inner.redis.as_ref().map(|r| r.switches())
     }
 
+    /// Connects to Redis now and runs the health probe (a script that writes one small
+    /// key): `Ok` when checks can go to Redis. Meant for start-up, to fail or warn early
+    /// on a wrong address, password or certificate, or a user without the rights the
+    /// scripts need; a backend that is not checked connects on its first check, and its
+    /// failure policies answer while it cannot. `Ok` for an in-process backend.
+    ///
+    /// # Errors
+    ///
+    /// [`RedisUnavailable`] with what Redis (or the way to it) said; it never holds the
+    /// URL or a password.
+    ///
+    /// ```no_run
+    /// use tower_redis_ratelimit::Backend;
+    ///
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// let backend = Backend::builder().redis_url("redis://127.0.0.1:6379").build()?;
+    /// if let Err(error) = backend.check_redis().await {
+    ///     tracing::warn!(%error, "starting on the fallback");
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn check_redis(&self) -> Result<(), RedisUnavailable> {
+        match &self.inner.redis {
+            None => Ok(()),
+            Some(redis) => redis.verify().await.map_err(|error| RedisUnavailable {
+                server: error.fault() != Fault::Transport,
+                message: error.to_string(),
+            }),
+        }
+    }
+
     /// The prefix of every Redis key.
     #[must_use]
     pub fn prefix(&self) -> &str {
@@ -304,6 +337,24 @@ impl fmt::Debug for Backend {
             .field("redis", &self.inner.redis)
             .field("failover", &self.failover)
             .finish_non_exhaustive()
+    }
+}
+
+/// Why [`Backend::check_redis`] found that checks cannot go to Redis.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("redis cannot answer checks: {message}")]
+pub struct RedisUnavailable {
+    server: bool,
+    message: String,
+}
+
+impl RedisUnavailable {
+    /// Whether Redis was reached and refused (a wrong password, missing rights,
+    /// `READONLY`, `OOM`, ...), rather than not reached at all (refused, timed out, a TLS
+    /// handshake that failed).
+    #[must_use]
+    pub fn is_refusal(&self) -> bool {
+        self.server
     }
 }
 
@@ -467,284 +518,6 @@ fn unavailable<T: Store>(store: &T, key: &[u8], cost: NonZeroU32) -> Decision {
             )
             .with_retry_after(retry)
         }
-    }
-}
-
-/// Configures a [`Backend`].
-#[derive(Debug)]
-#[must_use = "a builder does nothing until `build` is called"]
-pub struct BackendBuilder {
-    pool: Option<RedisPool>,
-    url: Option<String>,
-    #[cfg(feature = "cluster")]
-    cluster_urls: Option<Vec<String>>,
-    prefix: String,
-    call_timeout: Duration,
-    probe_interval: Duration,
-    breaker: BreakerConfig,
-    deny_cache: usize,
-    failover: Failover,
-}
-
-impl Default for BackendBuilder {
-    fn default() -> Self {
-        Self {
-            pool: None,
-            url: None,
-            #[cfg(feature = "cluster")]
-            cluster_urls: None,
-            prefix: DEFAULT_PREFIX.to_owned(),
-            call_timeout: DEFAULT_CALL_TIMEOUT,
-            probe_interval: DEFAULT_PROBE_INTERVAL,
-            breaker: BreakerConfig::default(),
-            deny_cache: DEFAULT_DENY_CACHE_CAPACITY,
-            failover: Failover::default(),
-        }
-    }
-}
-
-impl BackendBuilder {
-    /// Keeps limits in the Redis at `url` (`redis://[user:password@]host:port/db`). The
-    /// backend connects itself, with `TCP_NODELAY` on its socket (a pool built with
-    /// `deadpool_redis::Config` leaves it off, which costs about a round trip per request
-    /// under concurrency); this is the recommended way to reach a single Redis. Nothing
-    /// connects until the first check.
-    ///
-    /// ```
-    /// use tower_redis_ratelimit::Backend;
-    ///
-    /// # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
-    /// let backend = Backend::builder()
-    ///     .redis_url("redis://127.0.0.1:6379")
-    ///     .prefix("myapp")
-    ///     .build()?;
-    /// assert!(backend.is_redis());
-    /// # Ok(()) }
-    /// ```
-    pub fn redis_url(mut self, url: impl Into<String>) -> Self {
-        self.url = Some(url.into());
-        self
-    }
-
-    /// Keeps limits in Redis through this pool (without it, limits stay in-process).
-    ///
-    /// The backend takes one connection out of the pool and keeps it (every check is
-    /// pipelined on it), replacing it when it fails. Its socket has the pool's settings:
-    /// a pool built with `deadpool_redis::Config` leaves `TCP_NODELAY` off, which costs
-    /// latency under concurrency; [`redis_url`](Self::redis_url) turns it on.
-    pub fn redis(mut self, pool: deadpool_redis::Pool) -> Self {
-        self.pool = Some(RedisPool::Single(pool));
-        self
-    }
-
-    /// Keeps limits in the Redis Cluster whose nodes (some or all of them) are at `urls`.
-    /// The backend connects itself, with `TCP_NODELAY` on every socket; this is the
-    /// recommended way to reach a cluster. Every script touches one key, so each check
-    /// runs on the node that owns the key's slot. Nothing connects until the first check.
-    ///
-    /// ```
-    /// use tower_redis_ratelimit::Backend;
-    ///
-    /// # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
-    /// let backend = Backend::builder()
-    ///     .redis_cluster_urls(["redis://10.0.0.1:7000", "redis://10.0.0.2:7000"])
-    ///     .build()?;
-    /// assert!(backend.is_redis());
-    /// # Ok(()) }
-    /// ```
-    #[cfg(feature = "cluster")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "cluster")))]
-    pub fn redis_cluster_urls<I, U>(mut self, urls: I) -> Self
-    where
-        I: IntoIterator<Item = U>,
-        U: Into<String>,
-    {
-        self.cluster_urls = Some(urls.into_iter().map(Into::into).collect());
-        self
-    }
-
-    /// Keeps limits in a Redis Cluster through this pool. Every script touches one key,
-    /// so each check runs on the node that owns the key's slot. The pool's connections
-    /// keep deadpool's socket settings (`TCP_NODELAY` off);
-    /// [`redis_cluster_urls`](Self::redis_cluster_urls) turns it on.
-    #[cfg(feature = "cluster")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "cluster")))]
-    pub fn redis_cluster(mut self, pool: deadpool_redis::cluster::Pool) -> Self {
-        self.pool = Some(RedisPool::Cluster(pool));
-        self
-    }
-
-    /// How many refused keys the local deny cache remembers (default 10 000; `0` turns
-    /// it off). While Redis refuses a key until a known time, further requests on that
-    /// key are refused locally until then without a round trip.
-    pub fn deny_cache(mut self, capacity: usize) -> Self {
-        self.deny_cache = capacity;
-        self
-    }
-
-    /// The default [`FailurePolicy`] of layers on this backend (default: fallback).
-    /// Layers can override it with
-    /// [`LayerBuilder::on_redis_failure`](crate::LayerBuilder::on_redis_failure).
-    pub fn failure_policy(mut self, policy: FailurePolicy) -> Self {
-        self.failover.policy = policy;
-        self
-    }
-
-    /// The fraction of every limit that the in-process fallback applies while Redis is
-    /// unreachable (default 1.0), e.g. `1.0 / 4.0` when four instances share the limit,
-    /// so that together they admit about the limit, not four times it. Limits are
-    /// rounded down, never below one. Layers can override it with
-    /// [`LayerBuilder::fallback_share`](crate::LayerBuilder::fallback_share).
-    pub fn fallback_share(mut self, share: f64) -> Self {
-        self.failover.share = share;
-        self
-    }
-
-    /// The prefix of every Redis key (default `ratelimit`), e.g. to share one Redis
-    /// between applications; see [Redis keys](self#redis-keys) for the whole layout.
-    /// At most 128 bytes, without `{`, `}`, control characters, quotes or backslashes.
-    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
-        self.prefix = prefix.into();
-        self
-    }
-
-    /// The deadline of one Redis check, waiting for a connection included (default
-    /// 100 ms). A check that takes longer is answered by its layer's failure policy, and
-    /// counts as a failure for the [breaker](Self::breaker_failure_ratio).
-    pub fn call_timeout(mut self, timeout: Duration) -> Self {
-        self.call_timeout = timeout;
-        self
-    }
-
-    /// How often the probe tries Redis while the breaker holds the backend on its failure
-    /// policies (default 500 ms). A probe is one round trip: a script that writes one
-    /// small key (`<prefix>:probe`), so a Redis that answers but refuses writes (`OOM`,
-    /// `READONLY`, `LOADING`) is not taken for healthy.
-    pub fn probe_interval(mut self, interval: Duration) -> Self {
-        self.probe_interval = interval;
-        self
-    }
-
-    /// The span of recent calls the breaker judges (default 2 s, in 20 buckets).
-    ///
-    /// The breaker moves the backend to its failure policies when, within this span, at
-    /// least [`breaker_min_calls`](Self::breaker_min_calls) calls were made and at least
-    /// [`breaker_failure_ratio`](Self::breaker_failure_ratio) of them failed for a reason
-    /// that concerns the whole server (a transport failure or timeout, or a server-wide
-    /// error such as `OOM` or `READONLY`), or when three calls or more in a row failed over
-    /// twice the [call timeout](Self::call_timeout) (so a quiet service does not need
-    /// [`breaker_min_calls`](Self::breaker_min_calls) failures first). Errors that concern
-    /// one key (`WRONGTYPE`, a script error caused by a stored value) never count: only
-    /// that request is answered by its failure policy.
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use tower_redis_ratelimit::Backend;
-    ///
-    /// # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
-    /// let backend = Backend::builder()
-    ///     .redis_url("redis://127.0.0.1:6379")
-    ///     .breaker_window(Duration::from_secs(5))
-    ///     .breaker_min_calls(50)
-    ///     .breaker_failure_ratio(0.25)
-    ///     .recovery(Duration::from_secs(2))
-    ///     .build()?;
-    /// # Ok(()) }
-    /// ```
-    pub fn breaker_window(mut self, window: Duration) -> Self {
-        self.breaker.window = window;
-        self
-    }
-
-    /// How many calls the [breaker window](Self::breaker_window) must hold before their
-    /// failure ratio is judged (default 20).
-    pub fn breaker_min_calls(mut self, calls: u32) -> Self {
-        self.breaker.min_calls = calls;
-        self
-    }
-
-    /// The share of failed calls within the [breaker window](Self::breaker_window) that
-    /// moves the backend to its failure policies, in `(0, 1]` (default 0.5).
-    pub fn breaker_failure_ratio(mut self, ratio: f64) -> Self {
-        self.breaker.failure_ratio = ratio;
-        self
-    }
-
-    /// How long traffic takes to return to Redis once a probe succeeds (default 1 s): a
-    /// tenth of the checks at first, all of them at the end, the rest answered by the
-    /// failure policies meanwhile, so a recovering Redis is not hit by every instance's
-    /// whole traffic at once. A failure ratio over the threshold meanwhile moves the
-    /// backend back to its failure policies.
-    pub fn recovery(mut self, recovery: Duration) -> Self {
-        self.breaker.recovery = recovery;
-        self
-    }
-
-    /// Checks the settings and builds the backend.
-    ///
-    /// # Errors
-    ///
-    /// A [`ConfigError`] for an invalid prefix, a zero timeout or probe interval, a
-    /// fallback share or failure ratio outside `(0, 1]`, zero minimum calls, a breaker
-    /// window under 20 ms, a Redis URL that cannot be parsed, or both a URL and a pool.
-    pub fn build(mut self) -> Result<Backend, ConfigError> {
-        check_name("prefix", &self.prefix)?;
-        self.failover.check()?;
-        self.breaker.check()?;
-        if self.call_timeout < Duration::from_millis(1) {
-            return Err(ConfigError::ZeroDuration {
-                setting: "call_timeout",
-            });
-        }
-        if self.probe_interval < Duration::from_millis(1) {
-            return Err(ConfigError::ZeroDuration {
-                setting: "probe_interval",
-            });
-        }
-        if let Some(url) = self.url.take() {
-            if self.pool.is_some() {
-                return Err(ConfigError::Conflict {
-                    reason: "both a Redis URL and a pool were given",
-                });
-            }
-            let pool = RedisPool::from_url(&url).map_err(|error| ConfigError::InvalidRedisUrl {
-                reason: error.to_string(),
-            })?;
-            self.pool = Some(pool);
-        }
-        #[cfg(feature = "cluster")]
-        if let Some(urls) = self.cluster_urls.take() {
-            if self.pool.is_some() {
-                return Err(ConfigError::Conflict {
-                    reason: "more than one of a Redis URL, cluster URLs and a pool were given",
-                });
-            }
-            let pool = RedisPool::from_cluster_urls(&urls).map_err(|error| {
-                ConfigError::InvalidRedisUrl {
-                    reason: error.to_string(),
-                }
-            })?;
-            self.pool = Some(pool);
-        }
-        let redis = self.pool.map(|pool| {
-            crate::metrics::fallback_active(&self.prefix, false);
-            Arc::new(RedisBackend::new(
-                pool,
-                self.prefix.clone(),
-                self.call_timeout,
-                self.probe_interval,
-                self.breaker,
-            ))
-        });
-        Ok(Backend {
-            inner: Arc::new(Inner {
-                prefix: self.prefix,
-                clock: Clock::new(),
-                redis,
-                deny: DenyCache::new(self.deny_cache),
-            }),
-            failover: self.failover,
-        })
     }
 }
 

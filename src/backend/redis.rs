@@ -12,112 +12,8 @@ use arc_swap::{ArcSwap, ArcSwapOption};
 use deadpool_redis::redis::{self, ErrorKind, Script, ScriptInvocation, ServerErrorKind};
 use tokio::sync::watch;
 
+use super::connect::{Conn, Connector};
 use super::health::{Breaker, BreakerConfig, Outcome, RedisState};
-
-/// Where connections come from: a user's pool (single node or cluster), or a client the
-/// backend built from a URL itself (with `TCP_NODELAY`).
-#[derive(Clone)]
-pub(crate) enum RedisPool {
-    Single(deadpool_redis::Pool),
-    Client(redis::Client),
-    #[cfg(feature = "cluster")]
-    Cluster(deadpool_redis::cluster::Pool),
-    #[cfg(feature = "cluster")]
-    ClusterClient(Box<redis::cluster::ClusterClient>),
-}
-
-impl fmt::Debug for RedisPool {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        // Never the URL: it may hold a password.
-        let kind = match self {
-            Self::Single(_) => "single",
-            Self::Client(_) => "url",
-            #[cfg(feature = "cluster")]
-            Self::Cluster(_) => "cluster",
-            #[cfg(feature = "cluster")]
-            Self::ClusterClient(_) => "cluster urls",
-        };
-        f.debug_struct("RedisPool").field("kind", &kind).finish()
-    }
-}
-
-impl RedisPool {
-    /// A client for `url` whose connections set `TCP_NODELAY`.
-    pub(crate) fn from_url(url: &str) -> Result<Self, redis::RedisError> {
-        let info = redis::IntoConnectionInfo::into_connection_info(url)?;
-        let tcp = info.tcp_settings().clone().set_nodelay(true);
-        Ok(Self::Client(redis::Client::open(
-            info.set_tcp_settings(tcp),
-        )?))
-    }
-
-    /// A cluster client for the nodes at `urls` whose connections set `TCP_NODELAY`.
-    #[cfg(feature = "cluster")]
-    pub(crate) fn from_cluster_urls(urls: &[String]) -> Result<Self, redis::RedisError> {
-        let tcp = redis::io::tcp::TcpSettings::default().set_nodelay(true);
-        let client = redis::cluster::ClusterClientBuilder::new(urls.iter().map(String::as_str))
-            .tcp_settings(tcp)
-            .build()?;
-        Ok(Self::ClusterClient(Box::new(client)))
-    }
-
-    /// A new multiplexed connection, owned by the backend (taken out of a pool, so the
-    /// pool never recycles it with a `PING`): clones share one socket and pipeline
-    /// requests, so one of them serves every concurrent check.
-    async fn connect(&self, timeout: Duration) -> Result<Conn, ScriptError> {
-        Ok(match self {
-            Self::Single(pool) => Conn::Single(deadpool_redis::Connection::take(
-                pool.get().await.map_err(ScriptError::from_pool)?,
-            )),
-            Self::Client(client) => {
-                let config = redis::AsyncConnectionConfig::new()
-                    .set_connection_timeout(Some(timeout))
-                    // Every call has its own deadline.
-                    .set_response_timeout(None);
-                Conn::Single(
-                    client
-                        .get_multiplexed_async_connection_with_config(&config)
-                        .await?,
-                )
-            }
-            #[cfg(feature = "cluster")]
-            Self::Cluster(pool) => Conn::Cluster(deadpool_redis::cluster::Connection::take(
-                pool.get().await.map_err(ScriptError::from_pool)?,
-            )),
-            #[cfg(feature = "cluster")]
-            Self::ClusterClient(client) => Conn::Cluster(client.get_async_connection().await?),
-        })
-    }
-}
-
-/// A multiplexed connection (single node or cluster); cloning it is cheap.
-#[derive(Clone)]
-enum Conn {
-    Single(redis::aio::MultiplexedConnection),
-    #[cfg(feature = "cluster")]
-    Cluster(redis::cluster_async::ClusterConnection),
-}
-
-impl Conn {
-    async fn script(
-        &mut self,
-        invocation: &ScriptInvocation<'_>,
-    ) -> Result<Vec<i64>, redis::RedisError> {
-        match self {
-            Self::Single(conn) => invocation.invoke_async(conn).await,
-            #[cfg(feature = "cluster")]
-            Self::Cluster(conn) => invocation.invoke_async(conn).await,
-        }
-    }
-
-    async fn load(&mut self, script: &Script) -> Result<String, redis::RedisError> {
-        match self {
-            Self::Single(conn) => script.load_async(conn).await,
-            #[cfg(feature = "cluster")]
-            Self::Cluster(conn) => script.load_async(conn).await,
-        }
-    }
-}
 
 /// What a failed call says about Redis.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -157,12 +53,14 @@ pub(crate) enum ScriptError {
     Timeout(Duration),
     #[error("redis could not be connected to: {0}")]
     Connect(Box<ScriptError>),
+    #[error("no connection to redis within {0:?}: still connecting")]
+    Connecting(Duration),
     #[error("unexpected script reply: {0:?}")]
     Reply(Vec<i64>),
 }
 
 impl ScriptError {
-    fn from_pool(error: deadpool_redis::PoolError) -> Self {
+    pub(crate) fn from_pool(error: deadpool_redis::PoolError) -> Self {
         match error {
             deadpool_redis::PoolError::Backend(error) => Self::Redis(error),
             other => Self::Pool(other.to_string()),
@@ -172,7 +70,7 @@ impl ScriptError {
     /// What this error says about Redis.
     pub(crate) fn fault(&self) -> Fault {
         match self {
-            Self::Pool(_) | Self::Timeout(_) => Fault::Transport,
+            Self::Pool(_) | Self::Timeout(_) | Self::Connecting(_) => Fault::Transport,
             Self::Connect(error) => match error.fault() {
                 // A failed login or a loading server when connecting concerns everyone.
                 Fault::Server | Fault::Key => Fault::Server,
@@ -245,7 +143,7 @@ const KEY_ERRORS_LOGGED: usize = 1024;
 const SUMMARY_INTERVAL: Duration = Duration::from_secs(10);
 
 pub(crate) struct RedisBackend {
-    pool: RedisPool,
+    connector: Connector,
     /// The connection checks run on, kept until it fails: checking a connection out per
     /// check would cost deadpool's `PING` round trip.
     conn: ArcSwapOption<Conn>,
@@ -258,8 +156,6 @@ pub(crate) struct RedisBackend {
     probe_interval: Duration,
     breaker: Breaker,
     probing: AtomicBool,
-    /// Whether a script is being loaded in the background.
-    loading: AtomicBool,
     /// The scripts checks have run, loaded on every new connection.
     scripts: ArcSwap<Vec<&'static Script>>,
     log: ErrorLog,
@@ -270,7 +166,7 @@ pub(crate) struct RedisBackend {
 impl fmt::Debug for RedisBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Redis")
-            .field("pool", &self.pool)
+            .field("connector", &self.connector)
             .field("call_timeout", &self.call_timeout)
             .field("probe_interval", &self.probe_interval)
             .field("state", &self.state())
@@ -280,14 +176,14 @@ impl fmt::Debug for RedisBackend {
 
 impl RedisBackend {
     pub(crate) fn new(
-        pool: RedisPool,
+        connector: Connector,
         prefix: String,
         call_timeout: Duration,
         probe_interval: Duration,
         breaker: BreakerConfig,
     ) -> Self {
         Self {
-            pool,
+            connector,
             conn: ArcSwapOption::empty(),
             connecting: Mutex::new(None),
             probe_key: format!("{prefix}:probe"),
@@ -295,7 +191,6 @@ impl RedisBackend {
             probe_interval,
             breaker: Breaker::new(breaker, call_timeout, prefix.clone()),
             probing: AtomicBool::new(false),
-            loading: AtomicBool::new(false),
             scripts: ArcSwap::default(),
             log: ErrorLog::default(),
             key_errors: Mutex::default(),
@@ -331,7 +226,7 @@ impl RedisBackend {
         invocation: &ScriptInvocation<'_>,
     ) -> Result<Vec<i64>, ScriptError> {
         self.register(script);
-        let result = self.call(script, invocation).await;
+        let result = self.call(invocation).await;
         match &result {
             Ok(_) => {
                 self.breaker.record(Outcome::Success);
@@ -343,10 +238,10 @@ impl RedisBackend {
 
     async fn call(
         self: &Arc<Self>,
-        script: &'static Script,
         invocation: &ScriptInvocation<'_>,
     ) -> Result<Vec<i64>, ScriptError> {
         let used = self.conn.load_full();
+        let waiting = AtomicBool::new(false);
         let call = async {
             if let Some(conn) = &used {
                 match Conn::clone(conn).script(invocation).await {
@@ -360,20 +255,28 @@ impl RedisBackend {
                     Err(error) => return Err(error.into()),
                 }
             }
+            waiting.store(true, Ordering::Relaxed);
             let mut conn = self.connection().await?;
+            waiting.store(false, Ordering::Relaxed);
             Ok(conn.script(invocation).await?)
         };
         match tokio::time::timeout(self.call_timeout, call).await {
             Ok(result) => result,
-            // The connection is kept: a reply held up on it (a slow command, a
-            // retransmission) delays the replies behind it, but a new connection would not
-            // bring them sooner, and near the deadline it would cost two round trips. A
-            // connection that stays silent fails every call, and the breaker, opening,
-            // drops it. The call may have been cut between a `NOSCRIPT` and the script's
-            // loading: load it apart from any deadline, or a Redis more than half a
-            // deadline away would never get it.
+            // Still waiting for a connection attempt that has not failed (a far Redis
+            // takes more than a deadline to connect to): the attempt judges Redis when it
+            // ends, this call does not.
+            Err(_) if waiting.load(Ordering::Relaxed) => {
+                Err(ScriptError::Connecting(self.call_timeout))
+            }
+            // A reply held up on the connection (a slow command, a retransmission) holds
+            // up every reply behind it: a new connection is made in the background, with
+            // the scripts loaded (the call may have been cut between a `NOSCRIPT` and the
+            // script's loading), and takes over when it is ready; meanwhile checks stay
+            // on this one.
             Err(_) => {
-                self.load_in_background(script);
+                if used.is_some() {
+                    drop(self.connect());
+                }
                 Err(ScriptError::Timeout(self.call_timeout))
             }
         }
@@ -390,28 +293,6 @@ impl RedisBackend {
                 scripts.push(script);
             }
             scripts
-        });
-    }
-
-    /// Loads `script` on the kept connection (or the next one) in the background, unless
-    /// a load is under way already.
-    fn load_in_background(self: &Arc<Self>, script: &'static Script) {
-        if self.loading.swap(true, Ordering::AcqRel) {
-            return;
-        }
-        let this = Arc::clone(self);
-        let timeout = self.connect_timeout();
-        tokio::spawn(async move {
-            let load = async {
-                let mut conn = this.connection().await?;
-                conn.load(script).await.map_err(ScriptError::from)
-            };
-            match tokio::time::timeout(timeout, load).await {
-                Ok(Ok(_)) => {}
-                Ok(Err(error)) => tracing::debug!(%error, "loading a script failed"),
-                Err(_) => tracing::debug!(?timeout, "loading a script timed out"),
-            }
-            this.loading.store(false, Ordering::Release);
         });
     }
 
@@ -455,7 +336,7 @@ impl RedisBackend {
         let timeout = self.connect_timeout();
         tokio::spawn(async move {
             let connect = async {
-                let mut conn = this.pool.connect(timeout).await?;
+                let mut conn = this.connector.connect(timeout).await?;
                 // A new connection may reach a new server (a restart, a failover): load
                 // the scripts in use before any check needs them, so that concurrent
                 // checks do not each meet `NOSCRIPT` and load them again.
@@ -471,11 +352,16 @@ impl RedisBackend {
             let result = match tokio::time::timeout(timeout, connect).await {
                 Ok(Ok(conn)) => {
                     this.conn.store(Some(Arc::new(conn)));
+                    this.breaker.record(Outcome::Success);
                     Ok(())
                 }
                 Ok(Err(error)) => Err(error),
                 Err(_) => Err(ScriptError::Timeout(timeout)),
             };
+            if let Err(error) = &result {
+                // One failure per attempt, whatever number of checks waited for it.
+                this.judge(error.fault(), error);
+            }
             done.send_replace(Some(result));
         });
         attempt
@@ -486,9 +372,16 @@ impl RedisBackend {
     fn failed(self: &Arc<Self>, error: &ScriptError) {
         let fault = error.fault();
         self.log.error(fault, error);
-        if fault == Fault::Key {
-            return;
+        // The connection attempt judges for the checks that waited for it.
+        let attempt = matches!(error, ScriptError::Connect(_) | ScriptError::Connecting(_));
+        if fault != Fault::Key && !attempt {
+            self.judge(fault, error);
         }
+    }
+
+    /// Counts a failure toward the breaker; opens it and starts the probe when the
+    /// failures say Redis is unusable.
+    fn judge(self: &Arc<Self>, fault: Fault, error: &ScriptError) {
         if let Some(trip) = self.breaker.record(Outcome::Failure) {
             tracing::warn!(
                 fault = fault.label(),
@@ -548,14 +441,38 @@ impl RedisBackend {
     /// One probe: the write script on the kept connection, one round trip.
     async fn probe_once(self: &Arc<Self>) -> Result<(), ScriptError> {
         self.register(&PROBE);
+        let invocation = self.probe_invocation();
+        probed(self.call(&invocation).await?)
+    }
+
+    fn probe_invocation(&self) -> ScriptInvocation<'static> {
         let mut invocation = PROBE.key(&self.probe_key);
         invocation.arg(self.probe_interval.as_millis().max(1000) as u64);
-        let reply = self.call(&PROBE, &invocation).await?;
-        if reply.first() == Some(&1) {
-            Ok(())
-        } else {
-            Err(ScriptError::Reply(reply))
-        }
+        invocation
+    }
+
+    /// Connects now (if no connection is kept) and runs the probe, with the connection
+    /// attempt's deadline rather than a check's: whether checks can go to Redis, for a
+    /// start-up check. The breaker is left as it is.
+    pub(crate) async fn verify(self: &Arc<Self>) -> Result<(), ScriptError> {
+        self.register(&PROBE);
+        let invocation = self.probe_invocation();
+        let verify = async {
+            let mut conn = self.connection().await?;
+            probed(conn.script(&invocation).await?)
+        };
+        tokio::time::timeout(self.connect_timeout(), verify)
+            .await
+            .unwrap_or(Err(ScriptError::Timeout(self.connect_timeout())))
+    }
+}
+
+/// Reads the probe's reply.
+fn probed(reply: Vec<i64>) -> Result<(), ScriptError> {
+    if reply.first() == Some(&1) {
+        Ok(())
+    } else {
+        Err(ScriptError::Reply(reply))
     }
 }
 
@@ -635,15 +552,6 @@ impl ErrorLog {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn backends_built_from_urls_set_tcp_nodelay() {
-        let RedisPool::Client(client) = RedisPool::from_url("redis://127.0.0.1:6379").unwrap()
-        else {
-            panic!("a URL makes a client");
-        };
-        assert!(client.get_connection_info().tcp_settings().nodelay());
-    }
 
     #[test]
     fn errors_are_sorted_by_kind_and_code() {

@@ -1,0 +1,428 @@
+//! [`BackendBuilder`]: where Redis is (a URL, cluster URLs, sentinels or a pool of your
+//! own), how it is judged (call timeout, breaker, probe, recovery) and what answers
+//! meanwhile (failure policy, fallback share), checked when the backend is built.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::connect::{Connector, Tls};
+use super::deny::DenyCache;
+use super::health::BreakerConfig;
+use super::redis::RedisBackend;
+use super::{
+    Backend, Failover, FailurePolicy, Inner, DEFAULT_CALL_TIMEOUT, DEFAULT_DENY_CACHE_CAPACITY,
+    DEFAULT_PREFIX, DEFAULT_PROBE_INTERVAL,
+};
+use crate::clock::Clock;
+use crate::error::{check_name, ConfigError};
+
+/// Where Redis is, as given to the builder.
+enum Target {
+    Pool(Connector),
+    Url(String),
+    #[cfg(feature = "cluster")]
+    ClusterUrls(Vec<String>),
+    #[cfg(feature = "sentinel")]
+    Sentinel {
+        master: String,
+        urls: Vec<String>,
+    },
+}
+
+impl Target {
+    fn kind(&self) -> &'static str {
+        match self {
+            Self::Pool(_) => "pool",
+            Self::Url(_) => "url",
+            #[cfg(feature = "cluster")]
+            Self::ClusterUrls(_) => "cluster urls",
+            #[cfg(feature = "sentinel")]
+            Self::Sentinel { .. } => "sentinel",
+        }
+    }
+}
+
+/// Configures a [`Backend`].
+///
+/// Its `Debug` output never shows URLs (they may hold passwords) or certificates.
+#[must_use = "a builder does nothing until `build` is called"]
+pub struct BackendBuilder {
+    target: Option<Target>,
+    /// More than one place for Redis was given.
+    targets: usize,
+    tls: Tls,
+    #[cfg(feature = "sentinel")]
+    master_auth: Option<(String, String)>,
+    prefix: String,
+    call_timeout: Duration,
+    probe_interval: Duration,
+    breaker: BreakerConfig,
+    deny_cache: usize,
+    failover: Failover,
+}
+
+impl Default for BackendBuilder {
+    fn default() -> Self {
+        Self {
+            target: None,
+            targets: 0,
+            tls: Tls::default(),
+            #[cfg(feature = "sentinel")]
+            master_auth: None,
+            prefix: DEFAULT_PREFIX.to_owned(),
+            call_timeout: DEFAULT_CALL_TIMEOUT,
+            probe_interval: DEFAULT_PROBE_INTERVAL,
+            breaker: BreakerConfig::default(),
+            deny_cache: DEFAULT_DENY_CACHE_CAPACITY,
+            failover: Failover::default(),
+        }
+    }
+}
+
+impl fmt::Debug for BackendBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BackendBuilder")
+            .field("redis", &self.target.as_ref().map(Target::kind))
+            .field("tls", &self.tls)
+            .field("prefix", &self.prefix)
+            .field("call_timeout", &self.call_timeout)
+            .field("probe_interval", &self.probe_interval)
+            .field("breaker", &self.breaker)
+            .field("deny_cache", &self.deny_cache)
+            .field("failover", &self.failover)
+            .finish_non_exhaustive()
+    }
+}
+
+impl BackendBuilder {
+    fn target(mut self, target: Target) -> Self {
+        self.target = Some(target);
+        self.targets += 1;
+        self
+    }
+
+    /// Keeps limits in the Redis at `url`: `redis://[user:password@]host:port/db`, or
+    /// with the `tls` feature `rediss://` (the system's certificate authorities, or the
+    /// ones given to [`tls_ca_pem`](Self::tls_ca_pem)). The backend connects itself, with
+    /// `TCP_NODELAY` on its socket (a pool built with `deadpool_redis::Config` leaves it
+    /// off, which costs about a round trip per request under concurrency); this is the
+    /// recommended way to reach a single Redis. Nothing connects until the first check:
+    /// [`Backend::check_redis`](crate::Backend::check_redis) tells at start-up whether
+    /// Redis accepts the credentials.
+    ///
+    /// ```
+    /// use tower_redis_ratelimit::Backend;
+    ///
+    /// # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
+    /// let backend = Backend::builder()
+    ///     .redis_url("redis://127.0.0.1:6379")
+    ///     .prefix("myapp")
+    ///     .build()?;
+    /// assert!(backend.is_redis());
+    /// # Ok(()) }
+    /// ```
+    pub fn redis_url(self, url: impl Into<String>) -> Self {
+        self.target(Target::Url(url.into()))
+    }
+
+    /// Keeps limits in Redis through this pool (without it, limits stay in-process).
+    ///
+    /// The backend takes one connection out of the pool and keeps it (every check is
+    /// pipelined on it), replacing it when it fails. Its socket has the pool's settings:
+    /// a pool built with `deadpool_redis::Config` leaves `TCP_NODELAY` off, which costs
+    /// latency under concurrency; [`redis_url`](Self::redis_url) turns it on.
+    pub fn redis(self, pool: deadpool_redis::Pool) -> Self {
+        self.target(Target::Pool(Connector::Pool(pool)))
+    }
+
+    /// Keeps limits in the Redis Cluster whose nodes (some or all of them) are at `urls`.
+    /// The backend connects itself, with `TCP_NODELAY` on every socket; this is the
+    /// recommended way to reach a cluster. Every script touches one key, so each check
+    /// runs on the node that owns the key's slot. Nothing connects until the first check.
+    ///
+    /// ```
+    /// use tower_redis_ratelimit::Backend;
+    ///
+    /// # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
+    /// let backend = Backend::builder()
+    ///     .redis_cluster_urls(["redis://10.0.0.1:7000", "redis://10.0.0.2:7000"])
+    ///     .build()?;
+    /// assert!(backend.is_redis());
+    /// # Ok(()) }
+    /// ```
+    #[cfg(feature = "cluster")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "cluster")))]
+    pub fn redis_cluster_urls<I, U>(self, urls: I) -> Self
+    where
+        I: IntoIterator<Item = U>,
+        U: Into<String>,
+    {
+        self.target(Target::ClusterUrls(
+            urls.into_iter().map(Into::into).collect(),
+        ))
+    }
+
+    /// Keeps limits in the master that the Redis Sentinels at `sentinel_urls` name
+    /// `master` (`redis://[user:password@]host:port` of each sentinel; `rediss://` with
+    /// the `tls` feature, for the sentinels and the master alike). Every new connection
+    /// asks the sentinels for the current master, so after a failover the backend
+    /// follows the new one (its connection to the old one fails, and the failure policies
+    /// answer until then). The master's own credentials are
+    /// [`sentinel_master_auth`](Self::sentinel_master_auth).
+    ///
+    /// Counts that the old master had not yet replicated when it failed are lost with
+    /// it: those keys may admit up to that many requests again.
+    ///
+    /// ```
+    /// use tower_redis_ratelimit::Backend;
+    ///
+    /// # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
+    /// let backend = Backend::builder()
+    ///     .redis_sentinel("mymaster", ["redis://10.0.0.1:26379", "redis://10.0.0.2:26379"])
+    ///     .sentinel_master_auth("limiter", "secret")
+    ///     .build()?;
+    /// assert!(backend.is_redis());
+    /// # Ok(()) }
+    /// ```
+    #[cfg(feature = "sentinel")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "sentinel")))]
+    pub fn redis_sentinel<I, U>(self, master: impl Into<String>, sentinel_urls: I) -> Self
+    where
+        I: IntoIterator<Item = U>,
+        U: Into<String>,
+    {
+        self.target(Target::Sentinel {
+            master: master.into(),
+            urls: sentinel_urls.into_iter().map(Into::into).collect(),
+        })
+    }
+
+    /// The ACL user and password of the master found through
+    /// [`redis_sentinel`](Self::redis_sentinel) (`default` as the user for a
+    /// `requirepass` password).
+    #[cfg(feature = "sentinel")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "sentinel")))]
+    pub fn sentinel_master_auth(
+        mut self,
+        username: impl Into<String>,
+        password: impl Into<String>,
+    ) -> Self {
+        self.master_auth = Some((username.into(), password.into()));
+        self
+    }
+
+    /// Trusts the certificate authorities in `pem` (one or more PEM certificates) for
+    /// `rediss://` connections, instead of the system's.
+    ///
+    /// ```no_run
+    /// use tower_redis_ratelimit::Backend;
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let backend = Backend::builder()
+    ///     .redis_url("rediss://limiter:secret@redis.internal:6380")
+    ///     .tls_ca_pem(std::fs::read("ca.pem")?)
+    ///     .build()?;
+    /// # Ok(()) }
+    /// ```
+    #[cfg(feature = "tls")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
+    pub fn tls_ca_pem(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.tls.ca = Some(pem.into());
+        self
+    }
+
+    /// Presents this client certificate and key (PEM) on `rediss://` connections, for
+    /// servers that require mutual TLS (`tls-auth-clients yes`).
+    #[cfg(feature = "tls")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
+    pub fn tls_client_auth_pem(
+        mut self,
+        certificate: impl Into<Vec<u8>>,
+        key: impl Into<Vec<u8>>,
+    ) -> Self {
+        self.tls.client = Some((certificate.into(), key.into()));
+        self
+    }
+
+    /// Keeps limits in a Redis Cluster through this pool. Every script touches one key,
+    /// so each check runs on the node that owns the key's slot. The pool's connections
+    /// keep deadpool's socket settings (`TCP_NODELAY` off);
+    /// [`redis_cluster_urls`](Self::redis_cluster_urls) turns it on.
+    #[cfg(feature = "cluster")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "cluster")))]
+    pub fn redis_cluster(self, pool: deadpool_redis::cluster::Pool) -> Self {
+        self.target(Target::Pool(Connector::ClusterPool(pool)))
+    }
+
+    /// How many refused keys the local deny cache remembers (default 10 000; `0` turns
+    /// it off). While Redis refuses a key until a known time, further requests on that
+    /// key are refused locally until then without a round trip.
+    pub fn deny_cache(mut self, capacity: usize) -> Self {
+        self.deny_cache = capacity;
+        self
+    }
+
+    /// The default [`FailurePolicy`] of layers on this backend (default: fallback).
+    /// Layers can override it with
+    /// [`LayerBuilder::on_redis_failure`](crate::LayerBuilder::on_redis_failure).
+    pub fn failure_policy(mut self, policy: FailurePolicy) -> Self {
+        self.failover.policy = policy;
+        self
+    }
+
+    /// The fraction of every limit that the in-process fallback applies while Redis is
+    /// unreachable (default 1.0), e.g. `1.0 / 4.0` when four instances share the limit,
+    /// so that together they admit about the limit, not four times it. Limits are
+    /// rounded down, never below one. Layers can override it with
+    /// [`LayerBuilder::fallback_share`](crate::LayerBuilder::fallback_share).
+    pub fn fallback_share(mut self, share: f64) -> Self {
+        self.failover.share = share;
+        self
+    }
+
+    /// The prefix of every Redis key (default `ratelimit`), e.g. to share one Redis
+    /// between applications; see [Redis keys](self#redis-keys) for the whole layout.
+    /// At most 128 bytes, without `{`, `}`, control characters, quotes or backslashes.
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// The deadline of one Redis check, waiting for a connection included (default
+    /// 100 ms). A check that takes longer is answered by its layer's failure policy, and
+    /// counts as a failure for the [breaker](Self::breaker_failure_ratio).
+    pub fn call_timeout(mut self, timeout: Duration) -> Self {
+        self.call_timeout = timeout;
+        self
+    }
+
+    /// How often the probe tries Redis while the breaker holds the backend on its failure
+    /// policies (default 500 ms). A probe is one round trip: a script that writes one
+    /// small key (`<prefix>:probe`), so a Redis that answers but refuses writes (`OOM`,
+    /// `READONLY`, `LOADING`) is not taken for healthy.
+    pub fn probe_interval(mut self, interval: Duration) -> Self {
+        self.probe_interval = interval;
+        self
+    }
+
+    /// The span of recent calls the breaker judges (default 2 s, in 20 buckets).
+    ///
+    /// The breaker moves the backend to its failure policies when, within this span, at
+    /// least [`breaker_min_calls`](Self::breaker_min_calls) calls were made and at least
+    /// [`breaker_failure_ratio`](Self::breaker_failure_ratio) of them failed for a reason
+    /// that concerns the whole server (a transport failure or timeout, or a server-wide
+    /// error such as `OOM` or `READONLY`), or when three calls or more in a row failed over
+    /// twice the [call timeout](Self::call_timeout) (so a quiet service does not need
+    /// [`breaker_min_calls`](Self::breaker_min_calls) failures first). Errors that concern
+    /// one key (`WRONGTYPE`, a script error caused by a stored value) never count: only
+    /// that request is answered by its failure policy.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_redis_ratelimit::Backend;
+    ///
+    /// # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
+    /// let backend = Backend::builder()
+    ///     .redis_url("redis://127.0.0.1:6379")
+    ///     .breaker_window(Duration::from_secs(5))
+    ///     .breaker_min_calls(50)
+    ///     .breaker_failure_ratio(0.25)
+    ///     .recovery(Duration::from_secs(2))
+    ///     .build()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn breaker_window(mut self, window: Duration) -> Self {
+        self.breaker.window = window;
+        self
+    }
+
+    /// How many calls the [breaker window](Self::breaker_window) must hold before their
+    /// failure ratio is judged (default 20).
+    pub fn breaker_min_calls(mut self, calls: u32) -> Self {
+        self.breaker.min_calls = calls;
+        self
+    }
+
+    /// The share of failed calls within the [breaker window](Self::breaker_window) that
+    /// moves the backend to its failure policies, in `(0, 1]` (default 0.5).
+    pub fn breaker_failure_ratio(mut self, ratio: f64) -> Self {
+        self.breaker.failure_ratio = ratio;
+        self
+    }
+
+    /// How long traffic takes to return to Redis once a probe succeeds (default 1 s): a
+    /// tenth of the checks at first, all of them at the end, the rest answered by the
+    /// failure policies meanwhile, so a recovering Redis is not hit by every instance's
+    /// whole traffic at once. A failure ratio over the threshold meanwhile moves the
+    /// backend back to its failure policies.
+    pub fn recovery(mut self, recovery: Duration) -> Self {
+        self.breaker.recovery = recovery;
+        self
+    }
+
+    /// Checks the settings and builds the backend.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] for an invalid prefix, a zero timeout or probe interval, a
+    /// fallback share or failure ratio outside `(0, 1]`, zero minimum calls, a breaker
+    /// window under 20 ms, a Redis URL that cannot be parsed, or both a URL and a pool.
+    pub fn build(mut self) -> Result<Backend, ConfigError> {
+        check_name("prefix", &self.prefix)?;
+        self.failover.check()?;
+        self.breaker.check()?;
+        if self.call_timeout < Duration::from_millis(1) {
+            return Err(ConfigError::ZeroDuration {
+                setting: "call_timeout",
+            });
+        }
+        if self.probe_interval < Duration::from_millis(1) {
+            return Err(ConfigError::ZeroDuration {
+                setting: "probe_interval",
+            });
+        }
+        if self.targets > 1 {
+            return Err(ConfigError::Conflict {
+                reason:
+                    "more than one of a Redis URL, cluster URLs, sentinels and a pool were given",
+            });
+        }
+        let invalid = |error: deadpool_redis::redis::RedisError| ConfigError::InvalidRedisUrl {
+            reason: error.to_string(),
+        };
+        let connector = match self.target.take() {
+            None => None,
+            Some(Target::Pool(connector)) => Some(connector),
+            Some(Target::Url(url)) => Some(Connector::from_url(&url, &self.tls).map_err(invalid)?),
+            #[cfg(feature = "cluster")]
+            Some(Target::ClusterUrls(urls)) => {
+                Some(Connector::from_cluster_urls(&urls, &self.tls).map_err(invalid)?)
+            }
+            #[cfg(feature = "sentinel")]
+            Some(Target::Sentinel { master, urls }) => Some(
+                Connector::from_sentinels(&master, &urls, self.master_auth.as_ref(), &self.tls)
+                    .map_err(invalid)?,
+            ),
+        };
+        let redis = connector.map(|connector| {
+            crate::metrics::fallback_active(&self.prefix, false);
+            Arc::new(RedisBackend::new(
+                connector,
+                self.prefix.clone(),
+                self.call_timeout,
+                self.probe_interval,
+                self.breaker,
+            ))
+        });
+        Ok(Backend {
+            inner: Arc::new(Inner {
+                prefix: self.prefix,
+                clock: Clock::new(),
+                redis,
+                deny: DenyCache::new(self.deny_cache),
+            }),
+            failover: self.failover,
+        })
+    }
+}

@@ -1,0 +1,291 @@
+//! Where the backend's connection comes from: a user's `deadpool-redis` pool, or a client
+//! the backend builds itself from URLs (one node, a cluster, or the master a group of
+//! Redis Sentinels names), with `TCP_NODELAY` and, with the `tls` feature, a custom CA and
+//! client certificates.
+
+use std::fmt;
+#[cfg(feature = "sentinel")]
+use std::sync::Arc;
+use std::time::Duration;
+
+use deadpool_redis::redis::{self, Script, ScriptInvocation};
+
+use super::redis::ScriptError;
+
+/// Certificates for TLS connections (`rediss://`); never shown by `Debug`.
+#[derive(Clone, Default)]
+pub(crate) struct Tls {
+    /// PEM certificates of the authorities to trust instead of the system's.
+    pub(crate) ca: Option<Vec<u8>>,
+    /// PEM certificate and key of this client, for mutual TLS.
+    pub(crate) client: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+impl fmt::Debug for Tls {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Tls")
+            .field("ca", &self.ca.is_some())
+            .field("client_certificate", &self.client.is_some())
+            .finish()
+    }
+}
+
+impl Tls {
+    fn is_empty(&self) -> bool {
+        self.ca.is_none() && self.client.is_none()
+    }
+
+    #[cfg(feature = "tls")]
+    fn certificates(&self) -> redis::TlsCertificates {
+        redis::TlsCertificates {
+            client_tls: self
+                .client
+                .as_ref()
+                .map(|(cert, key)| redis::ClientTlsConfig {
+                    client_cert: cert.clone(),
+                    client_key: key.clone(),
+                }),
+            root_cert: self.ca.clone(),
+        }
+    }
+}
+
+/// Refuses certificates when the crate was built without TLS.
+#[cfg(not(feature = "tls"))]
+fn without_tls(tls: &Tls) -> Result<(), redis::RedisError> {
+    if tls.is_empty() {
+        Ok(())
+    } else {
+        Err(redis::RedisError::from((
+            redis::ErrorKind::InvalidClientConfig,
+            "TLS certificates need the `tls` feature",
+        )))
+    }
+}
+
+/// Where connections come from.
+#[derive(Clone)]
+pub(crate) enum Connector {
+    /// A user's pool; the backend takes one connection out of it and keeps it.
+    Pool(deadpool_redis::Pool),
+    /// A client the backend built from a URL.
+    Client(Box<redis::Client>),
+    /// A user's cluster pool.
+    #[cfg(feature = "cluster")]
+    ClusterPool(deadpool_redis::cluster::Pool),
+    /// A cluster client the backend built from URLs.
+    #[cfg(feature = "cluster")]
+    Cluster(Box<redis::cluster::ClusterClient>),
+    /// The master a group of sentinels names, asked again for every new connection.
+    #[cfg(feature = "sentinel")]
+    Sentinel(Arc<tokio::sync::Mutex<redis::sentinel::SentinelClient>>),
+}
+
+impl fmt::Debug for Connector {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Never the URLs: they may hold passwords.
+        let kind = match self {
+            Self::Pool(_) => "pool",
+            Self::Client(_) => "url",
+            #[cfg(feature = "cluster")]
+            Self::ClusterPool(_) => "cluster pool",
+            #[cfg(feature = "cluster")]
+            Self::Cluster(_) => "cluster urls",
+            #[cfg(feature = "sentinel")]
+            Self::Sentinel(_) => "sentinel",
+        };
+        f.debug_struct("Connector").field("kind", &kind).finish()
+    }
+}
+
+/// `TCP_NODELAY` on: a check is one small request, which Nagle's algorithm would hold
+/// back while an earlier one is unacknowledged.
+fn nodelay() -> redis::io::tcp::TcpSettings {
+    redis::io::tcp::TcpSettings::default().set_nodelay(true)
+}
+
+impl Connector {
+    /// A client for `url` (`redis://` or, with the `tls` feature, `rediss://`).
+    pub(crate) fn from_url(url: &str, tls: &Tls) -> Result<Self, redis::RedisError> {
+        let info =
+            redis::IntoConnectionInfo::into_connection_info(url)?.set_tcp_settings(nodelay());
+        #[cfg(feature = "tls")]
+        let client = if tls.is_empty() {
+            redis::Client::open(info)?
+        } else {
+            redis::Client::build_with_tls(info, tls.certificates())?
+        };
+        #[cfg(not(feature = "tls"))]
+        let client = {
+            without_tls(tls)?;
+            redis::Client::open(info)?
+        };
+        Ok(Self::Client(Box::new(client)))
+    }
+
+    /// A cluster client for the nodes at `urls`.
+    #[cfg(feature = "cluster")]
+    pub(crate) fn from_cluster_urls(urls: &[String], tls: &Tls) -> Result<Self, redis::RedisError> {
+        let builder = redis::cluster::ClusterClientBuilder::new(urls.iter().map(String::as_str))
+            .tcp_settings(nodelay());
+        #[cfg(feature = "tls")]
+        let builder = if tls.is_empty() {
+            builder
+        } else {
+            builder.certs(tls.certificates())
+        };
+        #[cfg(not(feature = "tls"))]
+        without_tls(tls)?;
+        Ok(Self::Cluster(Box::new(builder.build()?)))
+    }
+
+    /// A client for the master named `master` by the sentinels at `urls`. The sentinels'
+    /// credentials come from their URLs, the master's from `master_auth`; TLS to the
+    /// master when the sentinels are reached with `rediss://`.
+    #[cfg(feature = "sentinel")]
+    pub(crate) fn from_sentinels(
+        master: &str,
+        urls: &[String],
+        master_auth: Option<&(String, String)>,
+        tls: &Tls,
+    ) -> Result<Self, redis::RedisError> {
+        use redis::sentinel::{SentinelClientBuilder, SentinelServerType};
+        let infos = urls
+            .iter()
+            .map(|url| redis::IntoConnectionInfo::into_connection_info(url.as_str()))
+            .collect::<Result<Vec<_>, _>>()?;
+        let secure = infos
+            .iter()
+            .any(|info| matches!(info.addr(), redis::ConnectionAddr::TcpTls { .. }));
+        let first = infos.first().map(|info| info.redis_settings().clone());
+        let mut builder = SentinelClientBuilder::new(
+            infos.iter().map(|info| info.addr().clone()),
+            master,
+            SentinelServerType::Master,
+        )?
+        .set_client_to_sentinel_tcp_settings(nodelay())
+        .set_client_to_redis_tcp_settings(nodelay());
+        if let Some(settings) = &first {
+            if let Some(username) = settings.username() {
+                builder = builder.set_client_to_sentinel_username(username);
+            }
+            if let Some(password) = settings.password() {
+                builder = builder.set_client_to_sentinel_password(password);
+            }
+        }
+        if let Some((username, password)) = master_auth {
+            builder = builder
+                .set_client_to_redis_username(username)
+                .set_client_to_redis_password(password);
+        }
+        if secure {
+            builder = builder
+                .set_client_to_sentinel_tls_mode(redis::TlsMode::Secure)
+                .set_client_to_redis_tls_mode(redis::TlsMode::Secure);
+        }
+        #[cfg(feature = "tls")]
+        if !tls.is_empty() {
+            builder = builder
+                .set_client_to_sentinel_certificates(tls.certificates())
+                .set_client_to_redis_certificates(tls.certificates());
+        }
+        #[cfg(not(feature = "tls"))]
+        without_tls(tls)?;
+        Ok(Self::Sentinel(Arc::new(tokio::sync::Mutex::new(
+            builder.build()?,
+        ))))
+    }
+
+    /// A new multiplexed connection, owned by the backend (taken out of a pool, so the
+    /// pool never recycles it with a `PING`): clones share one socket and pipeline
+    /// requests, so one of them serves every concurrent check.
+    pub(crate) async fn connect(&self, timeout: Duration) -> Result<Conn, ScriptError> {
+        let config = redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(timeout))
+            // Every call has its own deadline.
+            .set_response_timeout(None);
+        Ok(match self {
+            Self::Pool(pool) => Conn::Single(deadpool_redis::Connection::take(
+                pool.get().await.map_err(ScriptError::from_pool)?,
+            )),
+            Self::Client(client) => Conn::Single(
+                client
+                    .get_multiplexed_async_connection_with_config(&config)
+                    .await?,
+            ),
+            #[cfg(feature = "cluster")]
+            Self::ClusterPool(pool) => Conn::Cluster(deadpool_redis::cluster::Connection::take(
+                pool.get().await.map_err(ScriptError::from_pool)?,
+            )),
+            #[cfg(feature = "cluster")]
+            Self::Cluster(client) => Conn::Cluster(client.get_async_connection().await?),
+            #[cfg(feature = "sentinel")]
+            Self::Sentinel(client) => Conn::Single(
+                client
+                    .lock()
+                    .await
+                    .get_async_connection_with_config(&config)
+                    .await?,
+            ),
+        })
+    }
+}
+
+/// A multiplexed connection (single node or cluster); cloning it is cheap.
+#[derive(Clone)]
+pub(crate) enum Conn {
+    Single(redis::aio::MultiplexedConnection),
+    #[cfg(feature = "cluster")]
+    Cluster(redis::cluster_async::ClusterConnection),
+}
+
+impl Conn {
+    /// Runs a script by SHA, loading it on `NOSCRIPT`.
+    pub(crate) async fn script(
+        &mut self,
+        invocation: &ScriptInvocation<'_>,
+    ) -> Result<Vec<i64>, redis::RedisError> {
+        match self {
+            Self::Single(conn) => invocation.invoke_async(conn).await,
+            #[cfg(feature = "cluster")]
+            Self::Cluster(conn) => invocation.invoke_async(conn).await,
+        }
+    }
+
+    /// `SCRIPT LOAD`.
+    pub(crate) async fn load(&mut self, script: &Script) -> Result<String, redis::RedisError> {
+        match self {
+            Self::Single(conn) => script.load_async(conn).await,
+            #[cfg(feature = "cluster")]
+            Self::Cluster(conn) => script.load_async(conn).await,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn clients_built_from_urls_set_tcp_nodelay() {
+        let Connector::Client(client) =
+            Connector::from_url("redis://127.0.0.1:6379", &Tls::default()).unwrap()
+        else {
+            panic!("a URL makes a client");
+        };
+        assert!(client.get_connection_info().tcp_settings().nodelay());
+    }
+
+    #[test]
+    fn certificates_never_show_in_debug() {
+        let tls = Tls {
+            ca: Some(b"-----BEGIN CERTIFICATE----- secret".to_vec()),
+            client: Some((b"cert".to_vec(), b"private key".to_vec())),
+        };
+        let shown = format!("{tls:?}");
+        assert!(
+            !shown.contains("secret") && !shown.contains("private"),
+            "{shown}"
+        );
+    }
+}
