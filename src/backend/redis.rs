@@ -84,6 +84,10 @@ impl ScriptError {
 
 /// Sorts a Redis error by its kind and code, never by its message.
 fn classify(error: &redis::RedisError) -> Fault {
+    // A refused login may also close the connection: it concerns everyone.
+    if error.kind() == ErrorKind::AuthenticationFailed {
+        return Fault::Server;
+    }
     if breaks_connection(error) {
         return Fault::Transport;
     }

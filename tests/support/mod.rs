@@ -103,7 +103,7 @@ fn sweep_stale_temp_dirs() {
 }
 
 /// Creates a fresh, unique directory under the system temp dir.
-fn make_temp_dir(kind: &str) -> PathBuf {
+pub(crate) fn make_temp_dir(kind: &str) -> PathBuf {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     sweep_stale_temp_dirs();
     let nanos = SystemTime::now()
@@ -589,9 +589,15 @@ impl RedisServer {
     ///
     /// Panics (with the server log) if it does not come up within ~10 s.
     pub(crate) fn start() -> RedisServer {
+        Self::start_with(Vec::new())
+    }
+
+    /// Like [`start`](RedisServer::start), with more arguments for `redis-server`
+    /// (e.g. `--tls-port`, `--user`, `--replicaof`), appended after the harness's own.
+    pub(crate) fn start_with(extra_args: Vec<String>) -> RedisServer {
         let dir = make_temp_dir("redis");
         match start_node(&dir, free_port, |port, dir| {
-            Node::new(port, dir, "redis", Vec::new())
+            Node::new(port, dir, "redis", extra_args.clone())
         }) {
             Ok(node) => RedisServer { node },
             Err(msg) => {

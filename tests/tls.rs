@@ -1,0 +1,196 @@
+//! TLS and ACL users: a real `redis-server` with a TLS port, certificates the test makes
+//! (a CA, the server's, a client's), and an ACL user with a password.
+#![cfg(feature = "tls")]
+
+mod support;
+
+use std::num::NonZeroU32;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
+use support::RedisServer;
+use tower_redis_ratelimit::period::{PeriodConfig, PeriodLimiter};
+use tower_redis_ratelimit::{Backend, FailurePolicy, Limiter, Source};
+
+const ONE: NonZeroU32 = NonZeroU32::MIN;
+const PASSWORD: &str = "wonderland-7f3a";
+
+/// A CA, a server certificate for 127.0.0.1 and a client certificate, as PEM files.
+struct Pki {
+    dir: PathBuf,
+    ca: String,
+    client_cert: String,
+    client_key: String,
+}
+
+fn pki() -> Pki {
+    let dir = support::make_temp_dir("pki");
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(DnType::CommonName, "tower-redis-ratelimit test CA");
+    let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate().unwrap()).unwrap();
+    // Each certificate has a subject of its own (OpenSSL takes a certificate whose
+    // subject is its issuer's for a self-signed one).
+    let leaf = |names: Vec<String>| {
+        let key = KeyPair::generate().unwrap();
+        let mut params = CertificateParams::new(names.clone()).unwrap();
+        params
+            .distinguished_name
+            .push(DnType::CommonName, names[0].as_str());
+        let cert = params.signed_by(&key, &ca).unwrap();
+        (cert.pem(), key.serialize_pem())
+    };
+    let (server_cert, server_key) = leaf(vec!["127.0.0.1".into(), "localhost".into()]);
+    let (client_cert, client_key) = leaf(vec!["client".into()]);
+    std::fs::write(dir.join("ca.crt"), ca.pem()).unwrap();
+    std::fs::write(dir.join("server.crt"), server_cert).unwrap();
+    std::fs::write(dir.join("server.key"), server_key).unwrap();
+    Pki {
+        dir,
+        ca: ca.pem(),
+        client_cert,
+        client_key,
+    }
+}
+
+/// A server with a plain port (for the harness) and a TLS port (returned), and the ACL
+/// user `alice`.
+fn tls_server(pki: &Pki, client_certificates: bool) -> (RedisServer, u16) {
+    let tls_port = support::free_port();
+    let path = |name: &str| pki.dir.join(name).to_string_lossy().into_owned();
+    let args = [
+        "--tls-port",
+        &tls_port.to_string(),
+        "--tls-cert-file",
+        &path("server.crt"),
+        "--tls-key-file",
+        &path("server.key"),
+        "--tls-ca-cert-file",
+        &path("ca.crt"),
+        "--tls-auth-clients",
+        if client_certificates { "yes" } else { "no" },
+        "--user",
+        "alice",
+        "on",
+        &format!(">{PASSWORD}"),
+        "~*",
+        "&*",
+        "+@all",
+    ];
+    let server = RedisServer::start_with(args.iter().map(|s| (*s).to_owned()).collect());
+    (server, tls_port)
+}
+
+fn limiter(backend: &Backend) -> PeriodLimiter {
+    PeriodLimiter::new(
+        backend,
+        "tls",
+        PeriodConfig::new(3, Duration::from_secs(60)),
+    )
+    .unwrap()
+}
+
+async fn admitted(limiter: &PeriodLimiter, n: usize) -> (usize, Vec<Source>) {
+    let mut admitted = 0;
+    let mut sources = Vec::new();
+    for _ in 0..n {
+        let d = limiter.check(b"k", ONE).await;
+        admitted += usize::from(d.is_admitted());
+        sources.push(d.source);
+    }
+    (admitted, sources)
+}
+
+#[tokio::test]
+async fn rediss_with_an_acl_user_and_a_custom_ca_limits_on_redis() {
+    let pki = pki();
+    let (redis, port) = tls_server(&pki, false);
+    let backend = Backend::builder()
+        .redis_url(format!("rediss://alice:{PASSWORD}@127.0.0.1:{port}"))
+        .tls_ca_pem(pki.ca.clone())
+        .build()
+        .unwrap();
+    backend.check_redis().await.unwrap();
+    let (admitted, sources) = admitted(&limiter(&backend), 5).await;
+    assert_eq!(admitted, 3);
+    assert!(
+        sources
+            .iter()
+            .all(|s| matches!(s, Source::Redis | Source::DenyCache)),
+        "{sources:?}"
+    );
+    assert_eq!(
+        redis.cmd(&["DBSIZE"]),
+        "2",
+        "the limit's key and the probe's"
+    );
+}
+
+#[tokio::test]
+async fn mutual_tls_needs_the_client_certificate() {
+    let pki = pki();
+    let (_redis, port) = tls_server(&pki, true);
+    let url = format!("rediss://alice:{PASSWORD}@127.0.0.1:{port}");
+    let without = Backend::builder()
+        .redis_url(&url)
+        .tls_ca_pem(pki.ca.clone())
+        .build()
+        .unwrap();
+    let error = without.check_redis().await.unwrap_err();
+    assert!(!error.is_refusal(), "the handshake fails: {error}");
+    let with = Backend::builder()
+        .redis_url(&url)
+        .tls_ca_pem(pki.ca.clone())
+        .tls_client_auth_pem(pki.client_cert.clone(), pki.client_key.clone())
+        .build()
+        .unwrap();
+    with.check_redis().await.unwrap();
+    assert_eq!(admitted(&limiter(&with), 4).await.0, 3);
+}
+
+#[tokio::test]
+async fn a_server_signed_by_an_unknown_authority_is_refused() {
+    let pki = pki();
+    let (_redis, port) = tls_server(&pki, false);
+    let backend = Backend::builder()
+        .redis_url(format!("rediss://alice:{PASSWORD}@127.0.0.1:{port}"))
+        .build()
+        .unwrap();
+    assert!(backend.check_redis().await.is_err());
+    // The failure policy answers; nothing fails open by surprise.
+    assert_eq!(
+        limiter(&backend).check(b"k", ONE).await.source,
+        Source::Fallback
+    );
+}
+
+#[tokio::test]
+async fn a_wrong_password_is_a_clear_error_and_never_shown() {
+    let pki = pki();
+    let (_redis, port) = tls_server(&pki, false);
+    let wrong = "not-the-password-91c2";
+    let builder = Backend::builder()
+        .redis_url(format!("rediss://alice:{wrong}@127.0.0.1:{port}"))
+        .tls_ca_pem(pki.ca.clone())
+        .tls_client_auth_pem(pki.client_cert.clone(), pki.client_key.clone())
+        .failure_policy(FailurePolicy::FailClosed);
+    let shown = format!("{builder:?}");
+    let backend = builder.build().unwrap();
+    let shown = format!("{shown} {backend:?}");
+    assert!(
+        !shown.contains(wrong) && !shown.contains("PRIVATE KEY"),
+        "{shown}"
+    );
+    let error = backend.check_redis().await.unwrap_err();
+    assert!(error.is_refusal(), "redis refused the login: {error}");
+    assert!(!error.to_string().contains(wrong), "{error}");
+    let limiter = limiter(&backend);
+    for _ in 0..3 {
+        let d = limiter.check(b"k", ONE).await;
+        assert_eq!(d.source, Source::FailClosed);
+        assert!(!d.is_admitted());
+    }
+}
