@@ -15,6 +15,7 @@
 
 pub(crate) mod http;
 pub(crate) mod proxy;
+pub(crate) mod sentinel;
 
 use std::fmt;
 use std::fs::{self, File, OpenOptions};
@@ -121,7 +122,7 @@ pub(crate) fn make_temp_dir(kind: &str) -> PathBuf {
     dir
 }
 
-fn redis_server_bin() -> String {
+pub(crate) fn redis_server_bin() -> String {
     std::env::var("REDIS_SERVER").unwrap_or_else(|_| "redis-server".to_owned())
 }
 

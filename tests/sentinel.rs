@@ -1,0 +1,66 @@
+//! Redis Sentinel: a master, a replica and three sentinels started by the harness; the
+//! test kills the master under traffic and the backend follows the new one.
+#![cfg(feature = "sentinel")]
+
+mod support;
+
+use std::num::NonZeroU32;
+use std::time::Duration;
+
+use support::sentinel::{SentinelGroup, MASTER_NAME};
+use tokio::time::Instant;
+use tower_redis_ratelimit::backend::RedisState;
+use tower_redis_ratelimit::period::{PeriodConfig, PeriodLimiter};
+use tower_redis_ratelimit::{Backend, Limiter, Source};
+
+const ONE: NonZeroU32 = NonZeroU32::MIN;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_backend_follows_a_failover_with_the_replicated_counts() {
+    let mut group = SentinelGroup::start();
+    let backend = Backend::builder()
+        .redis_sentinel(MASTER_NAME, group.urls())
+        .probe_interval(Duration::from_millis(100))
+        .recovery(Duration::from_millis(200))
+        .build()
+        .unwrap();
+    backend.check_redis().await.unwrap();
+    let limiter = PeriodLimiter::new(
+        &backend,
+        "s",
+        PeriodConfig::new(100, Duration::from_secs(60)),
+    )
+    .unwrap();
+    for _ in 0..10 {
+        assert_eq!(limiter.check(b"k", ONE).await.source, Source::Redis);
+    }
+    // Replicated before the master dies: the new master has these counts.
+    assert_eq!(group.master.cmd(&["WAIT", "1", "2000"]), "1");
+    let old = group.master.port();
+    group.master.kill();
+    // Under traffic: never a panic, the failure policy answers until the new master does.
+    let start = Instant::now();
+    let mut during = Vec::new();
+    let decision = loop {
+        let d = limiter.check(b"k", ONE).await;
+        if d.source == Source::Redis {
+            break d;
+        }
+        during.push(d.source);
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "never back on redis: {during:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert!(during.iter().all(|s| *s == Source::Fallback), "{during:?}");
+    let new = group.master_port();
+    assert_ne!(new, old, "the sentinels promoted the replica");
+    assert_eq!(new, group.replica.port());
+    // The count went on from the replicated state: ten before, this one now.
+    assert_eq!(decision.remaining, 100 - 11, "{decision:?}");
+    // Then every check goes to the new master again.
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    assert_eq!(backend.redis_state(), Some(RedisState::Healthy));
+    assert_eq!(limiter.check(b"k", ONE).await.remaining, 100 - 12);
+}
