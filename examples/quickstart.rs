@@ -8,6 +8,15 @@
 //!
 //! Each route is limited per `x-api-key` header, or per client IP when the header is
 //! absent. `PORT` overrides the port (3000).
+//!
+//! Other deployments, from the environment:
+//! - TLS and ACL users (`--features tls`): `REDIS_URL=rediss://user:password@host:port`,
+//!   with `REDIS_CA_FILE` (a PEM file of CA certificates) when the server's certificate
+//!   is not signed by a system authority;
+//! - Redis Sentinel (`--features sentinel`): `REDIS_SENTINELS=host:port,host:port` and
+//!   `REDIS_MASTER_NAME`, with `REDIS_PASSWORD` (and `REDIS_USERNAME`) for the master.
+//!
+//! Credentials never reach the output: URLs are printed without them.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -33,6 +42,94 @@ pub(crate) const ROLLING_BUCKETS: u32 = 10;
 /// The bucket length of `/rolling`.
 pub(crate) const ROLLING_INTERVAL: Duration = Duration::from_secs(2);
 
+/// The backend the environment asks for (see the module docs).
+fn backend() -> Result<Backend, Box<dyn std::error::Error>> {
+    let builder = Backend::builder().prefix("quickstart");
+    if let Ok(sentinels) = std::env::var("REDIS_SENTINELS") {
+        let master = std::env::var("REDIS_MASTER_NAME").unwrap_or_else(|_| "mymaster".into());
+        println!(
+            "limits are kept in the Redis master {master:?} named by the sentinels at {sentinels}"
+        );
+        return sentinel(builder, &master, &sentinels);
+    }
+    let Ok(url) = std::env::var("REDIS_URL") else {
+        println!("REDIS_URL is not set: limits are kept in this process");
+        return Ok(Backend::in_process());
+    };
+    println!("limits are kept in Redis at {}", without_credentials(&url));
+    let builder = builder.redis_url(url);
+    match std::env::var("REDIS_CA_FILE") {
+        Ok(file) => with_ca(builder, &file),
+        Err(_) => Ok(builder.build()?),
+    }
+}
+
+#[cfg(feature = "sentinel")]
+fn sentinel(
+    builder: tower_redis_ratelimit::BackendBuilder,
+    master: &str,
+    sentinels: &str,
+) -> Result<Backend, Box<dyn std::error::Error>> {
+    let scheme = if std::env::var("REDIS_CA_FILE").is_ok() {
+        "rediss"
+    } else {
+        "redis"
+    };
+    let urls: Vec<String> = sentinels
+        .split(',')
+        .map(|addr| format!("{scheme}://{}", addr.trim()))
+        .collect();
+    let mut builder = builder.redis_sentinel(master, urls);
+    if let Ok(password) = std::env::var("REDIS_PASSWORD") {
+        let user = std::env::var("REDIS_USERNAME").unwrap_or_else(|_| "default".into());
+        builder = builder.sentinel_master_auth(user, password);
+    }
+    match std::env::var("REDIS_CA_FILE") {
+        Ok(file) => with_ca(builder, &file),
+        Err(_) => Ok(builder.build()?),
+    }
+}
+
+#[cfg(not(feature = "sentinel"))]
+fn sentinel(
+    _: tower_redis_ratelimit::BackendBuilder,
+    _: &str,
+    _: &str,
+) -> Result<Backend, Box<dyn std::error::Error>> {
+    Err("REDIS_SENTINELS needs the `sentinel` feature: cargo run --example quickstart --features sentinel".into())
+}
+
+#[cfg(feature = "tls")]
+fn with_ca(
+    builder: tower_redis_ratelimit::BackendBuilder,
+    file: &str,
+) -> Result<Backend, Box<dyn std::error::Error>> {
+    let pem = std::fs::read(file).map_err(|error| format!("REDIS_CA_FILE {file}: {error}"))?;
+    Ok(builder.tls_ca_pem(pem).build()?)
+}
+
+#[cfg(not(feature = "tls"))]
+fn with_ca(
+    _: tower_redis_ratelimit::BackendBuilder,
+    _: &str,
+) -> Result<Backend, Box<dyn std::error::Error>> {
+    Err(
+        "REDIS_CA_FILE needs the `tls` feature: cargo run --example quickstart --features tls"
+            .into(),
+    )
+}
+
+/// `url` without its user and password: `rediss://alice:secret@host` becomes
+/// `rediss://***@host`.
+fn without_credentials(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            format!("{}://***{}", &url[..scheme], &url[at..])
+        }
+        _ => url.to_owned(),
+    }
+}
+
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     tracing_subscriber::fmt()
@@ -42,19 +139,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         )
         .init();
 
-    let backend = match std::env::var("REDIS_URL") {
-        Ok(url) => {
-            println!("limits are kept in Redis at {url}");
-            Backend::builder()
-                .redis_url(url)
-                .prefix("quickstart")
-                .build()?
-        }
-        Err(_) => {
-            println!("REDIS_URL is not set: limits are kept in this process");
-            Backend::in_process()
-        }
-    };
+    let backend = backend()?;
+    if let Err(error) = backend.check_redis().await {
+        tracing::warn!(%error, "starting with redis unreachable: limits are kept in this process until it answers");
+    }
 
     let app = app(&backend)?;
 
