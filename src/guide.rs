@@ -152,7 +152,9 @@
 //!
 //! # Redis Cluster
 //!
-//! With the `cluster` feature, give the backend a `deadpool_redis::cluster` pool with
+//! With the `cluster` feature, give the backend the nodes' URLs with
+//! `BackendBuilder::redis_cluster_urls` (the backend connects itself, with
+//! `TCP_NODELAY`), or a `deadpool_redis::cluster` pool with
 //! `BackendBuilder::redis_cluster`. Every check is one script on one Redis key,
 //! `<prefix>:{v1:<escaped key>}:<algorithm>:<name>` (the [layout](crate::backend#redis-keys)),
 //! so it runs on the node that owns that key's slot; there are no cross-slot operations
@@ -182,6 +184,26 @@
 //! # #[cfg(not(feature = "cluster"))]
 //! # fn main() {}
 //! ```
+//!
+//! # TLS, ACL users and Sentinel
+//!
+//! | deployment | how | tested here |
+//! |---|---|---|
+//! | TLS, custom CA, mutual TLS (feature `tls`, rustls: no system OpenSSL) | `redis_url("rediss://user:password@host:port")`, [`tls_ca_pem`](crate::BackendBuilder::tls_ca_pem), [`tls_client_auth_pem`](crate::BackendBuilder::tls_client_auth_pem) | single node, on a `redis-server` with a TLS port and certificates the test makes; TLS to a cluster is configured the same way but not tested |
+//! | ACL user and password | in the URL | yes, with TLS |
+//! | Redis Sentinel (feature `sentinel`) | [`redis_sentinel(master, sentinel_urls)`](crate::BackendBuilder::redis_sentinel), [`sentinel_master_auth`](crate::BackendBuilder::sentinel_master_auth) | a master, a replica and three sentinels; the master is killed under traffic |
+//! | Valkey, Dragonfly, managed Redis | the same URLs | not tested: every script uses `TIME` and touches only the key it is given; servers that refuse `TIME` in scripts (Dragonfly returns 0, some serverless offerings refuse it) do not work yet |
+//!
+//! Credentials never reach logs or `Debug` output: the builder and the backend show the
+//! kind of connection, not its URL; errors are what Redis said. Call
+//! [`Backend::check_redis`](crate::Backend::check_redis) at start-up to fail or warn early
+//! on a wrong password or certificate; otherwise a refused login is a server-wide fault:
+//! the breaker opens, one `warn` says why, and the failure policies answer.
+//!
+//! After a Sentinel failover, the counts the old master had not replicated yet are lost
+//! with it: those keys may admit that many requests again. The backend notices the
+//! failover when its connection to the old master fails, and asks the sentinels again on
+//! the next connection; meanwhile the failure policies answer.
 //!
 //! # Failure modes
 //!
