@@ -24,10 +24,10 @@ use crate::clock::Clock;
 use crate::decision::{Decision, Source, State};
 use crate::error::{check_name, ConfigError};
 use crate::limiter::Check;
+use crate::local::LocalStore;
 use crate::metrics::RedisMetrics;
 
 use self::deny::{Denied, DenyCache};
-pub(crate) use self::deny::{KeyHasher, PreHashed};
 use self::redis::{RedisBackend, RedisPool, ScriptError};
 
 /// The default key prefix.
@@ -38,6 +38,9 @@ pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_millis(100);
 pub const DEFAULT_PROBE_INTERVAL: Duration = Duration::from_millis(500);
 /// The default number of refused keys the local deny cache remembers.
 pub const DEFAULT_DENY_CACHE_CAPACITY: usize = 10_000;
+/// The default of [`BackendBuilder::max_local_keys`]: one million keys, under 256 MB
+/// with any algorithm (see the [`local`](BackendBuilder::max_local_keys) figures).
+pub const DEFAULT_MAX_LOCAL_KEYS: u64 = crate::local::DEFAULT_MAX_KEYS;
 
 /// A `deadpool-redis` configuration for a limiter backend: the pool's wait, create and
 /// recycle timeouts are set to `timeout` (use the backend's call timeout), so a hung
@@ -143,6 +146,7 @@ struct Inner {
     clock: Clock,
     redis: Option<Arc<RedisBackend>>,
     deny: DenyCache,
+    local: Arc<LocalStore>,
 }
 
 impl Backend {
@@ -189,6 +193,11 @@ impl Backend {
 
     pub(crate) fn clock(&self) -> Clock {
         self.inner.clock
+    }
+
+    /// The bounded in-process state shared by every limiter on this backend.
+    pub(crate) fn local_store(&self) -> Arc<LocalStore> {
+        Arc::clone(&self.inner.local)
     }
 
     pub(crate) fn redis_handle(&self) -> Option<&Arc<RedisBackend>> {
@@ -411,6 +420,7 @@ pub struct BackendBuilder {
     call_timeout: Duration,
     probe_interval: Duration,
     deny_cache: usize,
+    max_local_keys: u64,
     failover: Failover,
 }
 
@@ -423,6 +433,7 @@ impl Default for BackendBuilder {
             call_timeout: DEFAULT_CALL_TIMEOUT,
             probe_interval: DEFAULT_PROBE_INTERVAL,
             deny_cache: DEFAULT_DENY_CACHE_CAPACITY,
+            max_local_keys: DEFAULT_MAX_LOCAL_KEYS,
             failover: Failover::default(),
         }
     }
@@ -474,6 +485,38 @@ impl BackendBuilder {
         self
     }
 
+    /// The most keys the in-process state of this backend holds, all layers together
+    /// (default [`DEFAULT_MAX_LOCAL_KEYS`], one million). This state answers every check
+    /// of an in-process backend and a Redis backend's checks while Redis is unreachable.
+    ///
+    /// A fixed-window or token-bucket key counts as one key, a rolling-window key as
+    /// `1 + buckets / 16`. When the state is full, a new key makes room by dropping
+    /// another: keys seen only once go first (they wait in a small probation queue), then
+    /// the keys hit least recently; a dropped key starts again with its full limit, and
+    /// each drop is counted in the
+    /// [`ratelimit_local_evictions_total`](crate::metrics::LOCAL_EVICTIONS_TOTAL) metric.
+    /// Expired state is never swept: it is reset when its key is hit again, and is the
+    /// first to go when room is needed, so no request ever waits on a sweep.
+    ///
+    /// Measured bytes per key (one million keys, `VmRSS`, glibc; see `BENCHMARKS.md`):
+    /// about 100 for the fixed window and the token bucket, about 200 for a rolling
+    /// window of 10 buckets, so the default stays under 256 MB whatever the number of
+    /// keys. Size it to the keys active within one window (or refill time) of your
+    /// longest limit.
+    ///
+    /// ```
+    /// use tower_redis_ratelimit::Backend;
+    ///
+    /// # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
+    /// // A small service: 100 000 keys, about 10 to 20 MB at most.
+    /// let backend = Backend::builder().max_local_keys(100_000).build()?;
+    /// # let _ = backend; Ok(()) }
+    /// ```
+    pub fn max_local_keys(mut self, keys: u64) -> Self {
+        self.max_local_keys = keys;
+        self
+    }
+
     /// The default [`FailurePolicy`] of layers on this backend (default: fallback).
     /// Layers can override it with
     /// [`LayerBuilder::on_redis_failure`](crate::LayerBuilder::on_redis_failure).
@@ -518,10 +561,15 @@ impl BackendBuilder {
     /// # Errors
     ///
     /// A [`ConfigError`] for an invalid prefix, a zero timeout or probe interval, a
-    /// fallback share outside `(0, 1]`, a Redis URL that cannot be parsed, or both a URL
-    /// and a pool.
+    /// fallback share outside `(0, 1]`, zero [`max_local_keys`](Self::max_local_keys),
+    /// a Redis URL that cannot be parsed, or both a URL and a pool.
     pub fn build(mut self) -> Result<Backend, ConfigError> {
         check_name("prefix", &self.prefix)?;
+        if self.max_local_keys == 0 {
+            return Err(ConfigError::Zero {
+                setting: "max_local_keys",
+            });
+        }
         self.failover.check()?;
         if self.call_timeout < Duration::from_millis(1) {
             return Err(ConfigError::ZeroDuration {
@@ -555,8 +603,10 @@ impl BackendBuilder {
                 self.probe_interval,
             ))
         });
+        let local = Arc::new(LocalStore::new(self.max_local_keys, &self.prefix));
         Ok(Backend {
             inner: Arc::new(Inner {
+                local,
                 prefix: self.prefix,
                 clock: Clock::new(),
                 redis,
@@ -593,6 +643,12 @@ mod tests {
                 setting: "call_timeout"
             })
         ));
+        assert_eq!(
+            Backend::builder().max_local_keys(0).build().unwrap_err(),
+            ConfigError::Zero {
+                setting: "max_local_keys"
+            }
+        );
         assert!(matches!(
             Backend::builder().probe_interval(Duration::ZERO).build(),
             Err(ConfigError::ZeroDuration {

@@ -26,7 +26,7 @@
 //! # let _ = layer; Ok(()) }
 //! ```
 
-mod memory;
+pub(crate) mod memory;
 
 use std::num::NonZeroU32;
 use std::sync::{Arc, LazyLock};
@@ -171,7 +171,7 @@ impl PeriodLimiter {
                 local_quota: backend.local_limit(config.quota),
                 period_ms,
                 offset_ms,
-                windows: Windows::new(period_ms * 1_000),
+                windows: Windows::new(backend.local_store()),
             }),
         })
     }
@@ -260,9 +260,13 @@ impl Store for PeriodStore {
             offset_us: self.offset_ms.map(|ms| ms * 1_000),
         };
         let quota = self.local_quota;
-        let hit = self
-            .windows
-            .hit(key, u64::from(cost.get()), quota, schedule, now_us);
+        let hit = self.windows.hit(
+            key.as_bytes(),
+            u64::from(cost.get()),
+            quota,
+            schedule,
+            now_us,
+        );
         let reset = Duration::from_micros(hit.ends_at_us.saturating_sub(now_us));
         Self::decision(quota, hit.count, reset, hit.admitted, source)
     }

@@ -51,7 +51,7 @@
 //! # let _ = layer; Ok(()) }
 //! ```
 
-mod memory;
+pub(crate) mod memory;
 
 use std::num::NonZeroU32;
 use std::sync::{Arc, LazyLock};
@@ -156,6 +156,12 @@ impl RollingWindowLimiter {
             .ok_or(ConfigError::TooLong {
                 setting: "interval",
             })?;
+        let store = backend.local_store();
+        if !store.fits(crate::local::ring_weight(config.buckets as usize)) {
+            return Err(ConfigError::Conflict {
+                reason: "the backend's max_local_keys is too small for this many buckets",
+            });
+        }
         Ok(Self {
             store: Arc::new(RollingStore {
                 remote: Remote::new(backend, "rolling", name),
@@ -164,10 +170,13 @@ impl RollingWindowLimiter {
                 local_limit: backend.local_limit(config.limit),
                 buckets: config.buckets,
                 interval_ms,
-                rings: Rings::new(Grid {
-                    buckets: u64::from(config.buckets),
-                    interval_us: interval_ms * 1_000,
-                }),
+                rings: Rings::new(
+                    store,
+                    Grid {
+                        buckets: u64::from(config.buckets),
+                        interval_us: interval_ms * 1_000,
+                    },
+                ),
             }),
         })
     }
@@ -257,7 +266,9 @@ impl Store for RollingStore {
     fn local(&self, key: &str, cost: NonZeroU32, source: Source) -> Decision {
         let now_us = self.remote.backend().clock().now_us();
         let limit = self.local_limit;
-        let hit = self.rings.hit(key, u64::from(cost.get()), limit, now_us);
+        let hit = self
+            .rings
+            .hit(key.as_bytes(), u64::from(cost.get()), limit, now_us);
         Self::decision(
             limit,
             hit.admitted,
