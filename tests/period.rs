@@ -358,3 +358,64 @@ async fn one_redis_command_per_decision() {
     assert_eq!(calls("ping"), pings_before);
     assert_eq!(calls("unwatch"), 0);
 }
+
+// ---------------------------------------------------------------------------
+// Clock steps
+// ---------------------------------------------------------------------------
+
+const HOUR_US: i64 = 3_600_000_000;
+
+/// The Redis server's clock steps back an hour: the count is kept (nothing more is
+/// admitted) and the window ends within one period, not an hour and a period later; a
+/// step forward at most ends the window early.
+#[tokio::test]
+async fn a_step_of_the_redis_clock_keeps_the_count_and_bounds_the_window() {
+    let (redis, clock) = RedisServer::start_with_clock();
+    let backend = Backend::builder()
+        .redis(redis.pool())
+        .deny_cache(0)
+        .build()
+        .unwrap();
+    let limiter = limiter(&backend, PeriodConfig::new(5, Duration::from_secs(10)));
+    assert_eq!(
+        states(&limiter, "k", 6).await.last(),
+        Some(&State::OverQuota)
+    );
+    clock.step_us(-HOUR_US);
+    for _ in 0..3 {
+        let over = limiter.check("k", ONE).await;
+        assert_eq!(over.state, State::OverQuota);
+        assert!(
+            over.reset <= Duration::from_secs(10),
+            "reset {:?}",
+            over.reset
+        );
+    }
+    clock.step_us(2 * HOUR_US);
+    let after = states(&limiter, "k", 6).await;
+    assert_eq!(
+        after.iter().filter(|s| s.is_admitted()).count(),
+        5,
+        "{after:?}"
+    );
+}
+
+/// In-process, time is tokio's monotonic clock: a jump forward ends the window.
+#[tokio::test(start_paused = true)]
+async fn in_process_a_jump_forward_at_most_ends_the_window_early() {
+    let limiter = limiter(
+        &Backend::in_process(),
+        PeriodConfig::new(5, Duration::from_secs(10)),
+    );
+    assert_eq!(
+        states(&limiter, "k", 6).await.last(),
+        Some(&State::OverQuota)
+    );
+    tokio::time::advance(Duration::from_secs(3_600)).await;
+    let after = states(&limiter, "k", 6).await;
+    assert_eq!(
+        after.iter().filter(|s| s.is_admitted()).count(),
+        5,
+        "{after:?}"
+    );
+}
