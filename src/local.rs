@@ -7,7 +7,7 @@
 //! The backend holds at most [`max_local_keys`](crate::BackendBuilder::max_local_keys)
 //! keys in all, whatever the number of layers built on it: the bound is on the memory of
 //! the process, not on one limiter. A fixed-window or token-bucket key counts as one key,
-//! a rolling-window key as `1 + buckets / 16` (its counters take that much room).
+//! a rolling-window key as `ceil(buckets / 8)` keys (its counters take that much room).
 //!
 //! # When full
 //!
@@ -58,8 +58,8 @@ pub(crate) const DEFAULT_MAX_KEYS: u64 = 1_000_000;
 /// Shards of the cache: each has its own lock and its share of the bound.
 const SHARDS: usize = 64;
 
-/// A rolling-window key weighs one key more per this many buckets.
-const BUCKETS_PER_KEY: usize = 16;
+/// A rolling-window key weighs one key per this many buckets (or part of it).
+const BUCKETS_PER_KEY: usize = 8;
 
 /// One key's state, of whichever algorithm the key belongs to.
 #[derive(Debug, Clone)]
@@ -80,7 +80,7 @@ impl Slot {
 
 /// What a rolling-window key with `buckets` buckets counts for against the bound.
 pub(crate) fn ring_weight(buckets: usize) -> u64 {
-    1 + (buckets / BUCKETS_PER_KEY) as u64
+    buckets.div_ceil(BUCKETS_PER_KEY).max(1) as u64
 }
 
 /// An algorithm's state, kept in a [`Slot`].

@@ -419,3 +419,67 @@ async fn in_process_a_jump_forward_at_most_ends_the_window_early() {
         "{after:?}"
     );
 }
+
+// ---------------------------------------------------------------------------
+// Bounded in-process state
+// ---------------------------------------------------------------------------
+
+/// A flood of new keys through a full in-process state neither grows it past the bound
+/// nor resets a key that is being limited (it is hit again and again, so it stays).
+#[tokio::test(start_paused = true)]
+async fn a_flood_of_new_keys_does_not_reset_a_limited_key() {
+    let backend = Backend::builder().max_local_keys(1_000).build().unwrap();
+    let limiter = limiter(&backend, PeriodConfig::new(5, Duration::from_secs(60)));
+    assert_eq!(
+        states(&limiter, "k", 6).await.last(),
+        Some(&State::OverQuota)
+    );
+    for i in 0..20_000 {
+        assert!(limiter
+            .check(&format!("flood-{i}"), ONE)
+            .await
+            .is_admitted());
+        if i % 50 == 0 {
+            assert_eq!(limiter.check("k", ONE).await.state, State::OverQuota, "{i}");
+        }
+    }
+}
+
+/// Every key dropped to make room is counted, by backend prefix.
+#[cfg(feature = "metrics")]
+#[tokio::test(start_paused = true)]
+async fn evictions_are_counted() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    use tower_redis_ratelimit::metrics::LOCAL_EVICTIONS_TOTAL;
+
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _guard = metrics::set_default_local_recorder(&recorder);
+    let backend = Backend::builder()
+        .prefix("flooded")
+        .max_local_keys(100)
+        .build()
+        .unwrap();
+    let limiter = limiter(&backend, PeriodConfig::new(5, Duration::from_secs(60)));
+    for i in 0..1_000 {
+        let _ = limiter.check(&format!("k{i}"), ONE).await;
+    }
+    let evictions: Vec<_> = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter(|(key, ..)| key.key().name() == LOCAL_EVICTIONS_TOTAL)
+        .collect();
+    assert_eq!(evictions.len(), 1, "{evictions:?}");
+    let (key, _, _, value) = &evictions[0];
+    let labels: Vec<String> = key
+        .key()
+        .labels()
+        .map(|l| format!("{}={}", l.key(), l.value()))
+        .collect();
+    assert_eq!(labels, ["prefix=flooded"]);
+    let DebugValue::Counter(count) = value else {
+        panic!("{value:?}");
+    };
+    assert!((900..=1_000).contains(count), "{count}");
+}

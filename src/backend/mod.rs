@@ -490,13 +490,15 @@ impl BackendBuilder {
     /// of an in-process backend and a Redis backend's checks while Redis is unreachable.
     ///
     /// A fixed-window or token-bucket key counts as one key, a rolling-window key as
-    /// `1 + buckets / 16`. When the state is full, a new key makes room by dropping
+    /// `ceil(buckets / 8)` keys (a window of 10 buckets counts as 2). When the state is full, a new key makes room by dropping
     /// another: keys seen only once go first (they wait in a small probation queue), then
     /// the keys hit least recently; a dropped key starts again with its full limit, and
     /// each drop is counted in the
     /// [`ratelimit_local_evictions_total`](crate::metrics::LOCAL_EVICTIONS_TOTAL) metric.
     /// Expired state is never swept: it is reset when its key is hit again, and is the
-    /// first to go when room is needed, so no request ever waits on a sweep.
+    /// first to go when room is needed, so no request ever waits on a sweep. The bound
+    /// is split evenly over up to 64 shards, each with its own lock (so it is rounded
+    /// down to a multiple of their number).
     ///
     /// Measured bytes per key (one million keys, `VmRSS`, glibc; see `BENCHMARKS.md`):
     /// about 100 for the fixed window and the token bucket, about 200 for a rolling

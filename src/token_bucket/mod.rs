@@ -9,10 +9,20 @@
 //! In Redis a bucket is one key holding its theoretical arrival time (the GCRA form of a
 //! token bucket), updated by a Lua script that reads the Redis server's clock with
 //! microsecond precision; the key expires once the bucket would be full again (never
-//! with a zero expiry, whatever the rate and burst). In-process, buckets are kept by
-//! [`governor`](https://docs.rs/governor) with the same algorithm; there the emission
-//! interval is rounded down to whole nanoseconds, and idle buckets are dropped on a
-//! schedule.
+//! with a zero expiry, whatever the rate and burst). In-process, each bucket is its
+//! arrival time (8 bytes of state, about 80 bytes in all) in the backend's bounded state
+//! ([`max_local_keys`](crate::BackendBuilder::max_local_keys)), run by the same
+//! algorithm in whole nanoseconds of the monotonic clock (the emission interval rounded
+//! to whole nanoseconds).
+//!
+//! # Clock steps
+//!
+//! The arrival time only ever moves forward, so no clock step refills a bucket beyond
+//! what the elapsed time allows. When the Redis server's clock steps back, the bucket is
+//! at most empty: an arrival time more than a full refill ahead of the new time is read
+//! as an empty bucket, which refills at the rate from then on (a step back of an hour
+//! does not refuse a key for an hour). A step forward at most refills the bucket early.
+//! In-process, time is the monotonic clock, which never steps back.
 //!
 //! `RateLimit-Policy` advertises `q` = burst and `w` = the time to refill a full bucket.
 //!
