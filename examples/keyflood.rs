@@ -12,6 +12,7 @@
 //! cargo run --release --example keyflood                     # all, 15 s at 45 000 keys/s
 //! cargo run --release --example keyflood -- rolling 60       # one algorithm, 60 s
 //! cargo run --release --example keyflood -- all 15 45000 65  # seconds, keys/s, expiry s
+//! cargo run --release --example keyflood -- rolling 30 45000 0 8  # rolling: 8 buckets
 //! ```
 //!
 //! Each algorithm runs in a fresh child process (this program started again), so one
@@ -22,7 +23,7 @@
 //! |---|---|
 //! | `token_bucket` | 10 per second, burst 10 (a bucket is full again 1 s after its request) |
 //! | `period` | 100 per minute |
-//! | `rolling` | 100 per minute, in 60 buckets of 1 s |
+//! | `rolling` | 100 per minute, in 60 buckets of 1 s (or the fifth argument's count) |
 //!
 //! With minute windows no key expires during a 15 s flood, so the flood's state is all
 //! there at its end; the expiry phase (default 65 s) outlasts every window.
@@ -56,7 +57,7 @@ fn mib(kib: u64) -> String {
     format!("{:.1}", kib as f64 / 1024.0)
 }
 
-fn limiter(algorithm: &str, backend: &Backend) -> Box<dyn Limiter> {
+fn limiter(algorithm: &str, backend: &Backend, buckets: u32) -> Box<dyn Limiter> {
     let sec = Duration::from_secs(1);
     match algorithm {
         "token_bucket" => Box::new(
@@ -68,7 +69,7 @@ fn limiter(algorithm: &str, backend: &Backend) -> Box<dyn Limiter> {
                 .expect("valid period"),
         ),
         "rolling" => Box::new(
-            RollingWindowLimiter::new(backend, "flood", RollingConfig::new(100, 60, sec))
+            RollingWindowLimiter::new(backend, "flood", RollingConfig::new(100, buckets, sec))
                 .expect("valid rolling window"),
         ),
         other => panic!("unknown algorithm {other:?}; one of {ALGORITHMS:?}"),
@@ -81,6 +82,8 @@ struct Run {
     flood: Duration,
     rate: u64,
     expiry: Duration,
+    /// The rolling window's buckets (of 1 s).
+    buckets: u32,
 }
 
 /// Nanoseconds this thread has run, and waited for a CPU while runnable
@@ -140,7 +143,7 @@ fn run(algorithm: &str, run: Run) {
         .expect("tokio runtime");
     rt.block_on(async {
         let backend = Backend::in_process();
-        let limiter = limiter(algorithm, &backend);
+        let limiter = limiter(algorithm, &backend, run.buckets);
         let before = status_kib("VmRSS");
         let mut slowest = Slowest::default();
         let mut key = String::with_capacity(32);
@@ -215,6 +218,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         flood: Duration::from_secs(number(1, 15)?),
         rate: number(2, 45_000)?,
         expiry: Duration::from_secs(number(3, 65)?),
+        buckets: u32::try_from(number(4, 60)?)?,
     };
     if let Some(child) = which.strip_prefix("--child=") {
         run(child, run_settings);

@@ -48,6 +48,7 @@ use std::sync::Arc;
 
 use quick_cache::sync::{Cache, EntryAction, EntryResult};
 use quick_cache::{Lifecycle, OptionsBuilder, Weighter};
+use siphasher::sip128::{Hasher128, SipHasher13};
 
 use crate::period::memory::Window;
 use crate::rolling::memory::Ring;
@@ -214,7 +215,8 @@ impl Lifecycle<Key, Slot> for Evictions {
 /// The bounded in-process state of one backend.
 pub(crate) struct LocalStore {
     cache: Cache<Key, Slot, Weigh, KeyBits, Evictions>,
-    seeds: (RandomState, RandomState),
+    /// SipHash-1-3 keys, random per store.
+    seeds: (u64, u64),
     evictions: Evictions,
     next_limiter: AtomicU64,
     max_keys: u64,
@@ -260,7 +262,11 @@ impl LocalStore {
         let shard_capacity = cache.shard_capacity();
         Self {
             cache,
-            seeds: (RandomState::new(), RandomState::new()),
+            seeds: {
+                // Random keys, from the standard library's per-process random state.
+                let random = RandomState::new();
+                (random.hash_one(0u8), random.hash_one(1u8))
+            },
             evictions,
             next_limiter: AtomicU64::new(0),
             max_keys,
@@ -278,15 +284,14 @@ impl LocalStore {
         weight <= self.shard_capacity
     }
 
-    /// The cache key of `key` for limiter `limiter`.
+    /// The cache key of `key` for limiter `limiter`: SipHash-1-3 with 128-bit output and
+    /// random keys, in one pass.
     pub(crate) fn key(&self, limiter: u64, key: &[u8]) -> Key {
-        let hash = |seed: &RandomState| {
-            let mut h = seed.build_hasher();
-            h.write_u64(limiter);
-            h.write(key);
-            h.finish()
-        };
-        Key(hash(&self.seeds.0), hash(&self.seeds.1))
+        let mut h = SipHasher13::new_with_keys(self.seeds.0, self.seeds.1);
+        h.write_u64(limiter);
+        h.write(key);
+        let hash = h.finish128();
+        Key(hash.h1, hash.h2)
     }
 
     /// Runs `f` on `key`'s state, creating it with `init` first if the key is new (or was
@@ -332,5 +337,29 @@ impl LocalStore {
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.cache.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_state_is_three_words() {
+        assert_eq!(std::mem::size_of::<Slot>(), 24);
+        assert_eq!(std::mem::size_of::<Key>(), 16);
+    }
+
+    #[test]
+    fn the_bound_is_never_exceeded() {
+        for max in [1, 10, 100, 1_000, 5_000, 100_001] {
+            let store = LocalStore::new(max, "t");
+            let limiter = store.limiter_id();
+            for i in 0..(max * 3) {
+                store.update(store.key(limiter, &i.to_le_bytes()), Tat::default, |_| ());
+            }
+            assert!(store.len() as u64 <= max, "{} of {max}", store.len());
+            assert!(store.len() as u64 >= max / 2, "{} of {max}", store.len());
+        }
     }
 }

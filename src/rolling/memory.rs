@@ -34,22 +34,22 @@ impl Grid {
 /// One key's buckets.
 #[derive(Debug, Clone)]
 pub(crate) struct Ring {
-    /// Bucket `i` lives in slot `i % buckets`.
-    counts: Box<[u64]>,
-    /// The absolute index of the newest bucket; the live ones are
-    /// `newest - buckets + 1 ..= newest`.
-    newest: u64,
-    /// The sum of `counts`.
-    sum: u64,
+    /// One allocation: `[newest, sum, counts...]`, so that a ring is a (fat) pointer in
+    /// the store. `newest` is the absolute index of the newest bucket (the live ones are
+    /// `newest - buckets + 1 ..= newest`), `sum` the sum of the counts, and bucket `i`'s
+    /// count lives in slot `i % buckets` of the counts.
+    data: Box<[u64]>,
 }
+
+const NEWEST: usize = 0;
+const SUM: usize = 1;
+const COUNTS: usize = 2;
 
 impl Ring {
     pub(crate) fn new(buckets: u64) -> Self {
         let len = usize::try_from(buckets).expect("at most 1000 buckets");
         Self {
-            counts: vec![0; len].into_boxed_slice(),
-            newest: 0,
-            sum: 0,
+            data: vec![0; COUNTS + len].into_boxed_slice(),
         }
     }
 
@@ -60,7 +60,7 @@ impl Ring {
 
     /// How many buckets the ring holds.
     pub(crate) fn len(&self) -> usize {
-        self.counts.len()
+        self.data.len() - COUNTS
     }
 
     /// Moves the newest bucket to `current`, clearing the buckets that expired in
@@ -70,29 +70,30 @@ impl Ring {
     /// moved back with it, keeping their counts and their age: the step counts as no
     /// time at all, so it never frees a unit early (as in `rolling.lua`).
     fn advance(&mut self, grid: Grid, current: u64) {
-        if current < self.newest {
-            let shift = (self.newest - current) % grid.buckets;
+        if current < self.data[NEWEST] {
+            let shift = (self.data[NEWEST] - current) % grid.buckets;
             // Bucket `i` becomes `i - shift`, which lives in slot `(i - shift) % buckets`.
-            self.counts.rotate_left(shift as usize);
-            self.newest = current;
+            self.data[COUNTS..].rotate_left(shift as usize);
+            self.data[NEWEST] = current;
             return;
         }
-        if current == self.newest {
+        if current == self.data[NEWEST] {
             return;
         }
-        let expired = (current - self.newest).min(grid.buckets);
+        let expired = (current - self.data[NEWEST]).min(grid.buckets);
         for step in 1..=expired {
-            let slot = self.slot(grid, self.newest + step);
-            self.sum -= self.counts[slot];
-            self.counts[slot] = 0;
+            let slot = self.slot(grid, self.data[NEWEST] + step);
+            self.data[SUM] -= self.data[COUNTS + slot];
+            self.data[COUNTS + slot] = 0;
         }
-        self.newest = current;
+        self.data[NEWEST] = current;
     }
 
     /// The live buckets, oldest first, as (index, count).
     fn live(&self, grid: Grid) -> impl Iterator<Item = (u64, u64)> + '_ {
-        let oldest = self.newest.saturating_sub(grid.buckets - 1);
-        (oldest..=self.newest).map(move |index| (index, self.counts[self.slot(grid, index)]))
+        let oldest = self.data[NEWEST].saturating_sub(grid.buckets - 1);
+        (oldest..=self.data[NEWEST])
+            .map(move |index| (index, self.data[COUNTS + self.slot(grid, index)]))
     }
 }
 
@@ -114,19 +115,24 @@ impl Ring {
     pub(crate) fn hit(&mut self, grid: Grid, cost: u64, limit: u64, now_us: u64) -> Hit {
         let current = grid.index(now_us);
         self.advance(grid, current);
-        if self.sum.checked_add(cost).is_some_and(|sum| sum <= limit) {
-            let slot = self.slot(grid, self.newest);
-            self.counts[slot] += cost;
-            self.sum += cost;
+        if self.data[SUM]
+            .checked_add(cost)
+            .is_some_and(|sum| sum <= limit)
+        {
+            let slot = self.slot(grid, self.data[NEWEST]);
+            self.data[COUNTS + slot] += cost;
+            self.data[SUM] += cost;
             return Hit {
                 admitted: true,
-                sum: self.sum,
+                sum: self.data[SUM],
                 retry_us: 0,
-                reset_us: grid.end_of_life_us(self.newest).saturating_sub(now_us),
+                reset_us: grid
+                    .end_of_life_us(self.data[NEWEST])
+                    .saturating_sub(now_us),
             };
         }
         // The oldest buckets expire first: find the one whose expiry frees enough.
-        let need = self.sum.saturating_add(cost) - limit;
+        let need = self.data[SUM].saturating_add(cost) - limit;
         let mut freed = 0u64;
         let mut frees_enough = None;
         let mut newest_used = None;
@@ -143,7 +149,7 @@ impl Ring {
         let from_now = |index: u64| grid.end_of_life_us(index).saturating_sub(now_us);
         Hit {
             admitted: false,
-            sum: self.sum,
+            sum: self.data[SUM],
             // A cost above the limit (only possible for the fallback's share of the
             // limit) cannot pass here: try again in a window, Redis may be back.
             retry_us: frees_enough.map_or(grid.buckets * grid.interval_us, from_now),
@@ -242,18 +248,18 @@ mod tests {
         for i in 100..104 {
             ring.advance(grid, i);
             let slot = ring.slot(grid, i);
-            ring.counts[slot] += i;
-            ring.sum += i;
+            ring.data[COUNTS + slot] += i;
+            ring.data[SUM] += i;
         }
-        assert_eq!(ring.sum, 100 + 101 + 102 + 103);
+        assert_eq!(ring.data[SUM], 100 + 101 + 102 + 103);
         ring.advance(grid, 105);
-        assert_eq!(ring.sum, 102 + 103);
+        assert_eq!(ring.data[SUM], 102 + 103);
         assert_eq!(
             ring.live(grid).collect::<Vec<_>>(),
             [(102, 102), (103, 103), (104, 0), (105, 0)]
         );
         ring.advance(grid, 1_000);
-        assert_eq!(ring.sum, 0);
+        assert_eq!(ring.data[SUM], 0);
     }
 
     #[test]
@@ -308,6 +314,6 @@ mod tests {
             [(91, 1), (92, 2), (93, 3), (94, 4)]
         );
         ring.advance(grid, 95);
-        assert_eq!(ring.sum, 2 + 3 + 4);
+        assert_eq!(ring.data[SUM], 2 + 3 + 4);
     }
 }
