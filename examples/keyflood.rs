@@ -1,30 +1,36 @@
-//! Memory under a key flood: pushes one million distinct keys through the in-process
-//! state of each algorithm and reports the resident memory of the process (`VmRSS` from
-//! `/proc/self/status`) before the flood, at its peak, after the idle sweep has dropped
-//! the expired state, and at the peak of a second flood of as many new keys (which shows
-//! whether the freed memory is reused).
+//! Memory and latency under a key flood: sends new keys at a steady rate (default 45 000
+//! new keys per second for 15 s) through the in-process state of each algorithm, with the
+//! backend's DEFAULT settings, then keeps a trickle of requests going while the flood's
+//! state expires. Reports, per algorithm: the peak resident memory of the process
+//! (`VmHWM`), the resident memory after the expiry phase (`VmRSS`), and the slowest single
+//! check over the whole run (the flood and the expiry phase), also less the time the
+//! thread spent waiting for a CPU meanwhile (`/proc/thread-self/schedstat`, read around
+//! each millisecond's batch of checks), which separates the limiter's own pauses from
+//! the machine's other processes.
 //!
 //! ```text
-//! cargo run --release --example keyflood                   # all algorithms, 1 000 000 keys
-//! cargo run --release --example keyflood -- period 200000  # one algorithm, fewer keys
+//! cargo run --release --example keyflood                     # all, 15 s at 45 000 keys/s
+//! cargo run --release --example keyflood -- rolling 60       # one algorithm, 60 s
+//! cargo run --release --example keyflood -- all 15 45000 65  # seconds, keys/s, expiry s
+//! cargo run --release --example keyflood -- rolling 30 45000 0 8  # rolling: 8 buckets
 //! ```
 //!
 //! Each algorithm runs in a fresh child process (this program started again), so one
-//! algorithm's freed memory does not hide another's. Time is tokio's paused clock: the
-//! flood takes no tokio time, then the clock is advanced past the expiry of every key
-//! and past the sweep interval, and one more check starts the sweep (on the blocking pool)
-//! (its duration is reported too).
+//! algorithm's memory does not hide another's. Real time, in-process only (no network):
+//! the run is bounded by its arguments (flood + expiry seconds per algorithm).
 //!
-//! | algorithm | configuration | sweep |
-//! |---|---|---|
-//! | `token_bucket` | 10 per second, burst 10 | idle (full) buckets every 10 s |
-//! | `period` | 10 per second | expired windows every min(period, 60 s), at least 1 s |
-//! | `rolling` | 10 per 10 × 100 ms | expired keys every min(window, 60 s), at least 1 s |
+//! | algorithm | configuration |
+//! |---|---|
+//! | `token_bucket` | 10 per second, burst 10 (a bucket is full again 1 s after its request) |
+//! | `period` | 100 per minute |
+//! | `rolling` | 100 per minute, in 60 buckets of 1 s (or the fifth argument's count) |
 //!
-//! Linux only (`/proc`). The figures include the allocator's behaviour: memory freed by
-//! the sweep goes back to the allocator, which need not return it to the system.
+//! With minute windows no key expires during a 15 s flood, so the flood's state is all
+//! there at its end; the expiry phase (default 65 s) outlasts every window.
+//!
+//! Linux only (`/proc`). The figures include the allocator's behaviour: memory freed
+//! goes back to the allocator, which need not return it to the system.
 
-use std::fmt::Write as _;
 use std::num::NonZeroU32;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -32,10 +38,9 @@ use std::time::{Duration, Instant};
 use tower_redis_ratelimit::period::{PeriodConfig, PeriodLimiter};
 use tower_redis_ratelimit::rolling::{RollingConfig, RollingWindowLimiter};
 use tower_redis_ratelimit::token_bucket::{TokenBucketConfig, TokenBucketLimiter};
-use tower_redis_ratelimit::{Backend, Limiter, State};
+use tower_redis_ratelimit::{Backend, Limiter};
 
 const ALGORITHMS: [&str; 3] = ["token_bucket", "period", "rolling"];
-const DEFAULT_KEYS: usize = 1_000_000;
 const ONE: NonZeroU32 = NonZeroU32::MIN;
 
 /// `VmRSS` or `VmHWM` of this process, in KiB.
@@ -52,124 +57,174 @@ fn mib(kib: u64) -> String {
     format!("{:.1}", kib as f64 / 1024.0)
 }
 
-/// The limiter under test, and how far to advance the clock so that every key has
-/// expired and the next check sweeps.
-fn limiter(algorithm: &str, backend: &Backend) -> (Box<dyn Limiter>, Duration) {
+fn limiter(algorithm: &str, backend: &Backend, buckets: u32) -> Box<dyn Limiter> {
     let sec = Duration::from_secs(1);
     match algorithm {
-        // Full again 100 ms after one request; the sweep runs every 10 s.
-        "token_bucket" => (
-            Box::new(
-                TokenBucketLimiter::new(backend, "flood", TokenBucketConfig::new(10, sec, 10))
-                    .expect("valid token bucket"),
-            ),
-            Duration::from_secs(11),
+        "token_bucket" => Box::new(
+            TokenBucketLimiter::new(backend, "flood", TokenBucketConfig::new(10, sec, 10))
+                .expect("valid token bucket"),
         ),
-        // Windows end 1 s after their first request; the sweep runs every second.
-        "period" => (
-            Box::new(
-                PeriodLimiter::new(backend, "flood", PeriodConfig::new(10, sec))
-                    .expect("valid period"),
-            ),
-            Duration::from_secs(3),
+        "period" => Box::new(
+            PeriodLimiter::new(backend, "flood", PeriodConfig::new(100, 60 * sec))
+                .expect("valid period"),
         ),
-        // A 1 s window; the sweep runs every second.
-        "rolling" => (
-            Box::new(
-                RollingWindowLimiter::new(
-                    backend,
-                    "flood",
-                    RollingConfig::new(10, 10, Duration::from_millis(100)),
-                )
+        "rolling" => Box::new(
+            RollingWindowLimiter::new(backend, "flood", RollingConfig::new(100, buckets, sec))
                 .expect("valid rolling window"),
-            ),
-            Duration::from_secs(3),
         ),
         other => panic!("unknown algorithm {other:?}; one of {ALGORITHMS:?}"),
     }
 }
 
-/// Checks `count` distinct keys named `<prefix><i>`; all must be admitted.
-async fn flood(limiter: &dyn Limiter, prefix: &str, count: usize) -> Duration {
-    let mut key = String::with_capacity(prefix.len() + 20);
-    let start = Instant::now();
-    for i in 0..count {
-        key.clear();
-        key.push_str(prefix);
-        write!(key, "{i}").expect("write to a String");
-        let decision = limiter.check(key.as_bytes(), ONE).await;
-        assert!(
-            matches!(decision.state, State::Allowed | State::HitQuota),
-            "{key} was refused: {decision:?}"
-        );
+/// The settings of one run.
+#[derive(Debug, Clone, Copy)]
+struct Run {
+    flood: Duration,
+    rate: u64,
+    expiry: Duration,
+    /// The rolling window's buckets (of 1 s).
+    buckets: u32,
+}
+
+/// Nanoseconds this thread has run, and waited for a CPU while runnable
+/// (`/proc/thread-self/schedstat`).
+fn schedstat() -> (u64, u64) {
+    let stat = std::fs::read_to_string("/proc/thread-self/schedstat").unwrap_or_default();
+    let mut fields = stat.split_whitespace().map(|f| f.parse().unwrap_or(0));
+    (fields.next().unwrap_or(0), fields.next().unwrap_or(0))
+}
+
+/// The slowest checks seen.
+#[derive(Debug, Default)]
+struct Slowest {
+    max: Duration,
+    /// The slowest check of a batch, less the time the thread waited for a CPU during
+    /// the batch: what is left when the machine's other processes are taken out.
+    max_not_waiting: Duration,
+    /// The slowest check of the current batch, and the wait counter at its start.
+    batch_max: Duration,
+    batch_wait: u64,
+    /// Checks that took more than 1 ms, and more than 20 ms.
+    over_1ms: u64,
+    over_20ms: u64,
+}
+
+impl Slowest {
+    /// Checks `key`, recording how long the check took.
+    async fn check(&mut self, limiter: &dyn Limiter, key: &str) {
+        let start = Instant::now();
+        let _ = limiter.check(key.as_bytes(), ONE).await;
+        let took = start.elapsed();
+        self.max = self.max.max(took);
+        self.over_1ms += u64::from(took > Duration::from_millis(1));
+        self.over_20ms += u64::from(took > Duration::from_millis(20));
+        self.batch_max = self.batch_max.max(took);
     }
-    start.elapsed()
+
+    fn start_batch(&mut self) {
+        self.batch_max = Duration::ZERO;
+        self.batch_wait = schedstat().1;
+    }
+
+    fn end_batch(&mut self) {
+        let waited = Duration::from_nanos(schedstat().1.saturating_sub(self.batch_wait));
+        self.max_not_waiting = self
+            .max_not_waiting
+            .max(self.batch_max.saturating_sub(waited));
+    }
 }
 
 /// Runs one algorithm in this process and prints one table row.
-fn run(algorithm: &str, keys: usize) {
-    // One blocking thread: the sweeps run there, and a no-op task queued behind a sweep
-    // tells when it is done.
-    let rt = tokio::runtime::Builder::new_current_thread()
+fn run(algorithm: &str, run: Run) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
         .enable_time()
-        .start_paused(true)
-        .max_blocking_threads(1)
         .build()
         .expect("tokio runtime");
     rt.block_on(async {
         let backend = Backend::in_process();
-        let (limiter, idle) = limiter(algorithm, &backend);
+        let limiter = limiter(algorithm, &backend, run.buckets);
         let before = status_kib("VmRSS");
-        let took = flood(&*limiter, "flood-", keys).await;
-        let peak = status_kib("VmRSS");
-        tokio::time::advance(idle).await;
-        // The first check after the sweep interval starts a sweep on the blocking pool.
-        let sweep_start = Instant::now();
-        let _ = limiter.check(b"after-the-sweep", ONE).await;
-        let request = sweep_start.elapsed();
-        tokio::task::spawn_blocking(|| ())
-            .await
-            .expect("the blocking pool runs");
-        let sweep = sweep_start.elapsed();
+        let mut slowest = Slowest::default();
+        let mut key = String::with_capacity(32);
+        // The flood: new keys at `rate` per second, paced every millisecond.
+        let start = Instant::now();
+        let mut sent = 0u64;
+        while start.elapsed() < run.flood {
+            let due = (start.elapsed().as_secs_f64() * run.rate as f64) as u64;
+            slowest.start_batch();
+            while sent < due {
+                key.clear();
+                key.push_str("flood-");
+                key.push_str(itoa::Buffer::new().format(sent));
+                slowest.check(&*limiter, &key).await;
+                sent += 1;
+            }
+            slowest.end_batch();
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let took = start.elapsed();
+        let at_end = status_kib("VmRSS");
+        // Expiry: a trickle of 100 checks per second on a few keys.
+        let idle = Instant::now();
+        let mut i = 0u64;
+        while idle.elapsed() < run.expiry {
+            key.clear();
+            key.push_str("trickle-");
+            key.push_str(itoa::Buffer::new().format(i % 10));
+            slowest.start_batch();
+            slowest.check(&*limiter, &key).await;
+            slowest.end_batch();
+            i += 1;
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
         let after = status_kib("VmRSS");
-        let again = flood(&*limiter, "second-flood-", keys).await;
-        let second_peak = status_kib("VmRSS");
-        let per_key = (peak.saturating_sub(before) as f64 * 1024.0) / keys as f64;
+        let peak = status_kib("VmHWM");
         println!(
-            "| {algorithm} | {keys} | {} | {} | {per_key:.0} | {:.0} | {:.3} | {:.1} | {} | {} | {:.0} |",
+            "| {algorithm} | {:.0} | {sent} | {:.0} | {} | {} | {} | {} | {:.2} | {:.2} | {} | {} |",
+            took.as_secs_f64(),
+            sent as f64 / took.as_secs_f64(),
             mib(before),
             mib(peak),
-            keys as f64 / took.as_secs_f64(),
-            request.as_secs_f64() * 1e3,
-            sweep.as_secs_f64() * 1e3,
+            mib(at_end),
             mib(after),
-            mib(second_peak),
-            keys as f64 / again.as_secs_f64(),
+            slowest.max.as_secs_f64() * 1e3,
+            slowest.max_not_waiting.as_secs_f64() * 1e3,
+            slowest.over_1ms,
+            slowest.over_20ms,
         );
     });
 }
 
 fn header() {
     println!(
-        "| algorithm | keys | RSS before (MiB) | RSS at peak (MiB) | bytes/key | new keys/s \
-         | request that starts the sweep (ms) | sweep, off the request path (ms) \
-         | RSS after sweep (MiB) | RSS at 2nd flood peak (MiB) | 2nd flood keys/s |"
+        "| algorithm | flood (s) | new keys | keys/s | RSS before (MiB) | peak RSS (MiB) \
+         | RSS at the flood's end (MiB) | RSS after expiry (MiB) | slowest check (ms) \
+         | slowest, less CPU wait (ms) | checks > 1 ms | checks > 20 ms |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let which = args.first().map_or("all", String::as_str);
-    let keys = match args.get(1) {
-        Some(n) => n.parse()?,
-        None => DEFAULT_KEYS,
+    let which = args.first().map_or("all", String::as_str).to_owned();
+    let number = |i: usize, default: u64| -> Result<u64, Box<dyn std::error::Error>> {
+        Ok(match args.get(i) {
+            Some(n) => n.parse()?,
+            None => default,
+        })
+    };
+    let run_settings = Run {
+        flood: Duration::from_secs(number(1, 15)?),
+        rate: number(2, 45_000)?,
+        expiry: Duration::from_secs(number(3, 65)?),
+        buckets: u32::try_from(number(4, 60)?)?,
     };
     if let Some(child) = which.strip_prefix("--child=") {
-        run(child, keys);
+        run(child, run_settings);
         return Ok(());
     }
-    let algorithms: Vec<&str> = match which {
+    let algorithms: Vec<&str> = match which.as_str() {
         "all" => ALGORITHMS.to_vec(),
         one if ALGORITHMS.contains(&one) => vec![one],
         other => return Err(format!("unknown algorithm {other:?}; one of {ALGORITHMS:?}").into()),
@@ -179,7 +234,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for algorithm in algorithms {
         let status = Command::new(&exe)
             .arg(format!("--child={algorithm}"))
-            .arg(keys.to_string())
+            .args(&args[1.min(args.len())..])
             .status()?;
         if !status.success() {
             return Err(format!("{algorithm}: the child process failed ({status})").into());

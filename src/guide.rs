@@ -276,6 +276,32 @@
 //! remembers keys Redis refused until their retry time, so a client hammering an
 //! exhausted limit costs Redis nothing until then.
 //!
+//! # Memory and key floods
+//!
+//! The in-process state (all of an in-process backend's limits, a Redis backend's
+//! fallback) is bounded: at most
+//! [`max_local_keys`](crate::BackendBuilder::max_local_keys) keys per backend, all
+//! layers together (one million by default: under 256 MB whatever the flood; about
+//! 80 bytes per fixed-window or token-bucket key, about 180 for a rolling window of
+//! 10 buckets). A client that sends ever new keys (random API keys, say) cannot grow
+//! it further: when full, keys seen only once are dropped first, so the keys being
+//! limited keep their counts; each drop is counted in
+//! [`ratelimit_local_evictions_total`](crate::metrics::LOCAL_EVICTIONS_TOTAL). Nothing
+//! is swept: expired state is reset when its key comes back, so no request waits on a
+//! sweep. Lower the bound on a small service, raise it if more keys than that are
+//! active within your longest window; `BENCHMARKS.md` has the key-flood figures.
+//!
+//! # Clock steps
+//!
+//! On Redis every instance uses the Redis server's clock (`TIME`), which an NTP step or
+//! a failover to a replica with another clock can move. No algorithm admits more than
+//! its limit when that clock steps back, and a step forward at most ends a window (or
+//! refills a bucket) early: the rolling window moves its buckets back with the clock,
+//! the token bucket never moves its arrival time back and bounds the wait by one
+//! refill, the fixed window keeps its count and ends within one period. In-process,
+//! time is the monotonic clock, which never steps back. Each algorithm's module says
+//! exactly what a step does.
+//!
 //! # gRPC
 //!
 //! The same layers wrap a tonic server: `Server::builder().layer(limit)`. With the

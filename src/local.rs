@@ -1,87 +1,342 @@
-//! Helpers shared by the in-process stores: keyed entries updated in place, and a
-//! sweep schedule that lets exactly one caller at a time drop stale keys.
+//! The in-process state of every limiter on a backend: one bounded concurrent cache
+//! ([`quick_cache`](https://docs.rs/quick_cache)) shared by all limiters, holding a few
+//! words per limited key.
+//!
+//! # The bound
+//!
+//! The backend holds at most [`max_local_keys`](crate::BackendBuilder::max_local_keys)
+//! keys in all, whatever the number of layers built on it: the bound is on the memory of
+//! the process, not on one limiter. A fixed-window or token-bucket key counts as one key,
+//! a rolling-window key as `ceil(buckets / 8)` keys (its counters take that much room).
+//!
+//! # When full
+//!
+//! A new key makes room by dropping another one, chosen by the cache's CLOCK-PRO policy
+//! (an S3-FIFO-like scheme): a key seen once waits in a small probation queue and is the
+//! first to go; a key hit again is kept in the main queue, from which the least recently
+//! hit keys go first. A flood of new keys therefore only churns the probation queue, and
+//! cannot push out the state of the keys that are actually being limited (a throttled
+//! client retrying is hit again and again). A dropped key starts again with its full
+//! limit; every drop is counted ([`LOCAL_EVICTIONS_TOTAL`](crate::metrics::LOCAL_EVICTIONS_TOTAL)).
+//!
+//! # Expiry
+//!
+//! Nothing is swept: a key whose window or bucket has expired is reset when it is next
+//! hit, and is a first candidate for eviction since nothing hits it. Every operation is
+//! O(1) on one shard (one of 64) under its lock, so no request waits on a sweep; memory
+//! grows with the number of keys up to the bound and stays there (it is reused, not
+//! returned to the system).
+//!
+//! # Why `quick_cache`
+//!
+//! Compared with hand-written eviction over `DashMap`: the same sharded-lock hot path,
+//! but a maintained, fuzzed eviction policy with scan resistance, weights, and an eviction
+//! hook. Compared with `moka`: `moka` keeps per-entry expiry, but each entry carries
+//! reference-counted nodes in several queues and a timer wheel (several times the bytes
+//! per key of this crate's 16-byte states), values are cloned out, so an in-place update
+//! needs `and_compute_with` or a `Mutex` per key, and its TinyLFU admission may refuse a
+//! new key outright (its count then vanishes at once). `quick_cache`'s
+//! [`entry`](quick_cache::sync::Cache::entry) updates a state in place under the shard
+//! lock, and a key inserted by two requests at once is inserted once (the second waits
+//! for the first).
 
-use std::hash::Hash;
+use std::collections::hash_map::RandomState;
+use std::fmt;
+use std::hash::{BuildHasher, Hash, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use dashmap::DashMap;
+use quick_cache::sync::{Cache, EntryAction, EntryResult};
+use quick_cache::{Lifecycle, OptionsBuilder, Weighter};
+use siphasher::sip128::{Hasher128, SipHasher13};
 
-/// Runs `f` on `key`'s entry, inserting `init()` first if the key is new. Existing keys
-/// are found without allocating an owned key.
-pub(crate) fn update<V, R>(
-    map: &DashMap<Box<[u8]>, V>,
-    key: &[u8],
-    init: impl FnOnce() -> V,
-    f: impl FnOnce(&mut V) -> R,
-) -> R {
-    if let Some(mut entry) = map.get_mut(key) {
-        return f(&mut entry);
+use crate::period::memory::Window;
+use crate::rolling::memory::Ring;
+
+/// The default of [`BackendBuilder::max_local_keys`](crate::BackendBuilder::max_local_keys).
+pub(crate) const DEFAULT_MAX_KEYS: u64 = 1_000_000;
+
+/// Shards of the cache: each has its own lock and its share of the bound.
+const SHARDS: usize = 64;
+
+/// A rolling-window key weighs one key per this many buckets (or part of it).
+const BUCKETS_PER_KEY: usize = 8;
+
+/// One key's state, of whichever algorithm the key belongs to.
+#[derive(Debug, Clone)]
+pub(crate) enum Slot {
+    Window(Window),
+    Ring(Ring),
+    Tat(Tat),
+}
+
+impl Slot {
+    fn weight(&self) -> u64 {
+        match self {
+            Self::Ring(ring) => ring_weight(ring.len()),
+            Self::Window(_) | Self::Tat(_) => 1,
+        }
     }
-    let mut entry = map.entry(Box::from(key)).or_insert_with(init);
-    f(&mut entry)
 }
 
-/// When stale keys are swept next; `due` says yes to exactly one caller per interval.
-#[derive(Debug)]
-pub(crate) struct Sweep {
-    next: AtomicU64,
-    every: u64,
+/// What a rolling-window key with `buckets` buckets counts for against the bound.
+pub(crate) fn ring_weight(buckets: usize) -> u64 {
+    buckets.div_ceil(BUCKETS_PER_KEY).max(1) as u64
 }
 
-impl Sweep {
-    /// A sweep every `every` units of the caller's clock (the first call is due).
-    pub(crate) fn every(every: u64) -> Self {
-        Self {
-            next: AtomicU64::new(0),
-            every,
+/// An algorithm's state, kept in a [`Slot`].
+pub(crate) trait State: Sized {
+    /// The state in `slot`, if it holds this algorithm's.
+    fn get(slot: &mut Slot) -> Option<&mut Self>;
+    fn into_slot(self) -> Slot;
+}
+
+impl State for Window {
+    fn get(slot: &mut Slot) -> Option<&mut Self> {
+        match slot {
+            Slot::Window(w) => Some(w),
+            _ => None,
         }
     }
 
-    /// Whether the caller should sweep now; at most one caller per interval gets `true`.
-    pub(crate) fn due(&self, now: u64) -> bool {
-        let due = self.next.load(Ordering::Relaxed);
-        now >= due
-            && self
-                .next
-                .compare_exchange(
-                    due,
-                    now.saturating_add(self.every),
-                    Ordering::Relaxed,
-                    Ordering::Relaxed,
-                )
-                .is_ok()
+    fn into_slot(self) -> Slot {
+        Slot::Window(self)
     }
 }
 
-/// Drops the entries `keep` says no to, if a sweep is due, and gives the memory back
-/// when most of the map is gone (after a flood of keys, say). The sweep walks the whole
-/// map, so it runs [off the request path](off_the_request_path).
-pub(crate) fn sweep<K, V, F>(sweep: &Sweep, map: &Arc<DashMap<K, V>>, now: u64, keep: F)
-where
-    K: Hash + Eq + Send + Sync + 'static,
-    V: Send + Sync + 'static,
-    F: FnMut(&K, &mut V) -> bool + Send + 'static,
-{
-    if sweep.due(now) {
-        let map = Arc::clone(map);
-        off_the_request_path(move || {
-            let before = map.len();
-            map.retain(keep);
-            if map.len() < map.capacity() / 4 {
-                map.shrink_to_fit();
+impl State for Ring {
+    fn get(slot: &mut Slot) -> Option<&mut Self> {
+        match slot {
+            Slot::Ring(r) => Some(r),
+            _ => None,
+        }
+    }
+
+    fn into_slot(self) -> Slot {
+        Slot::Ring(self)
+    }
+}
+
+/// A token bucket's theoretical arrival time (nanoseconds of the crate clock).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Tat(pub(crate) u64);
+
+impl State for Tat {
+    fn get(slot: &mut Slot) -> Option<&mut Self> {
+        match slot {
+            Slot::Tat(t) => Some(t),
+            _ => None,
+        }
+    }
+
+    fn into_slot(self) -> Slot {
+        Slot::Tat(self)
+    }
+}
+
+/// A 128-bit key: a hash of (limiter, key bytes) with per-process random seeds, so that
+/// no owned key is stored or allocated and attackers cannot aim for collisions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Key(u64, u64);
+
+impl Hash for Key {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        state.write_u64(self.0);
+    }
+}
+
+/// A hasher for [`Key`]s, whose bits are random already.
+#[derive(Debug, Clone, Copy, Default)]
+struct KeyBits;
+
+impl BuildHasher for KeyBits {
+    type Hasher = KeyBitsHasher;
+
+    fn build_hasher(&self) -> KeyBitsHasher {
+        KeyBitsHasher(0)
+    }
+}
+
+#[derive(Debug, Default)]
+struct KeyBitsHasher(u64);
+
+impl Hasher for KeyBitsHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        // Only `write_u64` is reached for a `Key`; fold anything else in anyway.
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+
+    fn write_u64(&mut self, value: u64) {
+        self.0 = value;
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Weigh;
+
+impl Weighter<Key, Slot> for Weigh {
+    fn weight(&self, _key: &Key, slot: &Slot) -> u64 {
+        slot.weight()
+    }
+}
+
+/// Counts evictions (and records them as a metric).
+#[derive(Clone)]
+struct Evictions(Arc<EvictionCount>);
+
+struct EvictionCount {
+    count: AtomicU64,
+    prefix: String,
+    #[cfg(feature = "metrics")]
+    counter: std::sync::OnceLock<metrics::Counter>,
+}
+
+impl Lifecycle<Key, Slot> for Evictions {
+    /// Evicted states are dropped in place: they are a few words (a rolling window's
+    /// counters are one small allocation).
+    type RequestState = ();
+
+    fn on_evict(&self, _: &mut (), _key: Key, _slot: Slot) {
+        self.0.count.fetch_add(1, Ordering::Relaxed);
+        crate::metrics::local_eviction(
+            #[cfg(feature = "metrics")]
+            &self.0.counter,
+            &self.0.prefix,
+        );
+    }
+}
+
+/// The bounded in-process state of one backend.
+pub(crate) struct LocalStore {
+    cache: Cache<Key, Slot, Weigh, KeyBits, Evictions>,
+    /// SipHash-1-3 keys, random per store.
+    seeds: (u64, u64),
+    evictions: Evictions,
+    next_limiter: AtomicU64,
+    max_keys: u64,
+    /// The bound of one shard: no single key may weigh more.
+    shard_capacity: u64,
+}
+
+impl fmt::Debug for LocalStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LocalStore")
+            .field("max_keys", &self.max_keys)
+            .field("keys", &self.cache.len())
+            .field("evictions", &self.evictions())
+            .finish_non_exhaustive()
+    }
+}
+
+impl LocalStore {
+    /// A store of at most `max_keys` keys (at least 1); `prefix` labels its metric.
+    pub(crate) fn new(max_keys: u64, prefix: &str) -> Self {
+        let max_keys = max_keys.max(1);
+        let evictions = Evictions(Arc::new(EvictionCount {
+            count: AtomicU64::new(0),
+            prefix: prefix.to_owned(),
+            #[cfg(feature = "metrics")]
+            counter: std::sync::OnceLock::new(),
+        }));
+        let items = usize::try_from(max_keys).unwrap_or(usize::MAX);
+        // quick_cache gives each shard at least 32 items, halving the shard count until
+        // it does, and rounds each shard's share up: round the bound down to a multiple
+        // of the shard count instead, so the store never holds more than `max_keys`.
+        let mut shards = SHARDS as u64;
+        while shards > 1 && max_keys.div_ceil(shards) < 32 {
+            shards /= 2;
+        }
+        let options = OptionsBuilder::new()
+            .shards(SHARDS)
+            .estimated_items_capacity(items)
+            .weight_capacity(max_keys / shards * shards)
+            .build()
+            .expect("every option is set");
+        let cache = Cache::with_options(options, Weigh, KeyBits, evictions.clone());
+        let shard_capacity = cache.shard_capacity();
+        Self {
+            cache,
+            seeds: {
+                // Random keys, from the standard library's per-process random state.
+                let random = RandomState::new();
+                (random.hash_one(0u8), random.hash_one(1u8))
+            },
+            evictions,
+            next_limiter: AtomicU64::new(0),
+            max_keys,
+            shard_capacity,
+        }
+    }
+
+    /// A fresh limiter id, to keep each limiter's keys apart.
+    pub(crate) fn limiter_id(&self) -> u64 {
+        self.next_limiter.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Whether a key of `weight` fits in the store at all.
+    pub(crate) fn fits(&self, weight: u64) -> bool {
+        weight <= self.shard_capacity
+    }
+
+    /// The cache key of `key` for limiter `limiter`: SipHash-1-3 with 128-bit output and
+    /// random keys, in one pass.
+    pub(crate) fn key(&self, limiter: u64, key: &[u8]) -> Key {
+        let mut h = SipHasher13::new_with_keys(self.seeds.0, self.seeds.1);
+        h.write_u64(limiter);
+        h.write(key);
+        let hash = h.finish128();
+        Key(hash.h1, hash.h2)
+    }
+
+    /// Runs `f` on `key`'s state, creating it with `init` first if the key is new (or was
+    /// evicted). Two requests on a new key at once create it once.
+    pub(crate) fn update<S: State, R>(
+        &self,
+        key: Key,
+        init: impl FnOnce() -> S,
+        f: impl FnOnce(&mut S) -> R,
+    ) -> R {
+        let mut f = Some(f);
+        let mut init = Some(init);
+        let result = self.cache.entry(&key, None, |_, slot| {
+            let f = f.take().expect("called once");
+            if S::get(slot).is_none() {
+                // Another algorithm's state under the same 128-bit hash: never in practice.
+                *slot = (init.take().expect("called once"))().into_slot();
             }
-            tracing::debug!(before, after = map.len(), "swept expired rate-limit keys");
+            let state = S::get(slot).expect("just set");
+            EntryAction::Retain(f(state))
         });
+        match result {
+            EntryResult::Retained(r) => r,
+            EntryResult::Vacant(guard) | EntryResult::Replaced(guard, _) => {
+                let mut state = (init.take().expect("not called yet"))();
+                let r = (f.take().expect("not called yet"))(&mut state);
+                // Err only if the placeholder was removed meanwhile: nothing to keep then.
+                let _ = guard.insert(state.into_slot());
+                r
+            }
+            EntryResult::Removed(..) | EntryResult::Timeout => {
+                unreachable!("the callback always retains, and there is no timeout")
+            }
+        }
     }
-}
 
-/// Runs `job` on tokio's blocking pool when there is a runtime (a sweep of a million
-/// keys takes up to ~100 ms, which must not stall an async worker), at once otherwise.
-pub(crate) fn off_the_request_path(job: impl FnOnce() + Send + 'static) {
-    match tokio::runtime::Handle::try_current() {
-        Ok(runtime) => drop(runtime.spawn_blocking(job)),
-        Err(_) => job(),
+    /// Keys dropped to make room so far.
+    pub(crate) fn evictions(&self) -> u64 {
+        self.evictions.0.count.load(Ordering::Relaxed)
+    }
+
+    /// Keys held now.
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.cache.len()
     }
 }
 
@@ -90,57 +345,21 @@ mod tests {
     use super::*;
 
     #[test]
-    fn one_sweep_per_interval() {
-        let sweep = Sweep::every(10);
-        assert!(sweep.due(0));
-        assert!(!sweep.due(5));
-        assert!(sweep.due(10));
-        assert!(!sweep.due(19));
-        assert!(sweep.due(100));
+    fn a_state_is_three_words() {
+        assert_eq!(std::mem::size_of::<Slot>(), 24);
+        assert_eq!(std::mem::size_of::<Key>(), 16);
     }
 
     #[test]
-    fn a_sweep_gives_memory_back() {
-        let map = Arc::new(DashMap::new());
-        for i in 0..10_000u64 {
-            map.insert(i, i);
+    fn the_bound_is_never_exceeded() {
+        for max in [1, 10, 100, 1_000, 5_000, 100_001] {
+            let store = LocalStore::new(max, "t");
+            let limiter = store.limiter_id();
+            for i in 0..(max * 3) {
+                store.update(store.key(limiter, &i.to_le_bytes()), Tat::default, |_| ());
+            }
+            assert!(store.len() as u64 <= max, "{} of {max}", store.len());
+            assert!(store.len() as u64 >= max / 2, "{} of {max}", store.len());
         }
-        let before = map.capacity();
-        sweep(&Sweep::every(1), &map, 0, |k, _| *k < 10);
-        assert_eq!(map.len(), 10);
-        assert!(
-            map.capacity() < before / 4,
-            "{} of {before}",
-            map.capacity()
-        );
-    }
-
-    #[tokio::test]
-    async fn with_a_runtime_sweeps_run_on_the_blocking_pool() {
-        let map = Arc::new(DashMap::new());
-        for i in 0..100u64 {
-            map.insert(i, i);
-        }
-        let swept_on = Arc::new(std::sync::Mutex::new(None));
-        let record = Arc::clone(&swept_on);
-        sweep(&Sweep::every(1), &map, 0, move |k, _| {
-            *record.lock().unwrap() = Some(std::thread::current().id());
-            *k < 10
-        });
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-        while map.len() > 10 {
-            assert!(std::time::Instant::now() < deadline, "never swept");
-            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
-        }
-        let thread = swept_on.lock().unwrap().expect("the sweep ran");
-        assert_ne!(thread, std::thread::current().id());
-    }
-
-    #[test]
-    fn update_inserts_then_finds() {
-        let map = DashMap::new();
-        assert_eq!(update(&map, b"k", || 1, |v| *v), 1);
-        update(&map, b"k", || 1, |v| *v += 1);
-        assert_eq!(update(&map, b"k", || 0, |v| *v), 2);
     }
 }

@@ -16,6 +16,7 @@
 //! | `ratelimit_redis_switches_total` | counter | `prefix`, `to` | breaker transitions of a Redis backend: `to` is `fallback` (judged unusable), `recovering` (a probe succeeded) or `redis` (recovered) |
 //! | `ratelimit_redis_fallback_milliseconds_total` | counter | `prefix` | time a Redis backend spent away from Redis (fallback and recovery), in milliseconds, added when it has recovered |
 //! | `ratelimit_redis_duration_seconds` | histogram | `policy` | the time of each Redis check, pool wait included |
+//! | `ratelimit_local_evictions_total` | counter | `prefix` | keys dropped from a backend's (by key prefix) full in-process state to make room for new ones (see [`max_local_keys`](crate::BackendBuilder::max_local_keys)) |
 //!
 //! The outcomes of `ratelimit_requests_total` exclude each other, so their sum is the
 //! number of requests the layer saw (free requests, of cost zero, are not counted):
@@ -63,6 +64,9 @@ pub const REDIS_SWITCHES_TOTAL: &str = "ratelimit_redis_switches_total";
 pub const REDIS_FALLBACK_MILLISECONDS_TOTAL: &str = "ratelimit_redis_fallback_milliseconds_total";
 /// The time of each Redis check in seconds, by `policy` (histogram).
 pub const REDIS_DURATION_SECONDS: &str = "ratelimit_redis_duration_seconds";
+
+/// Keys dropped from a backend's full in-process state, by `prefix` (counter).
+pub const LOCAL_EVICTIONS_TOTAL: &str = "ratelimit_local_evictions_total";
 
 /// Whether an admitted decision left at most 10 % of its limit.
 fn near_limit(decision: &Decision) -> bool {
@@ -141,6 +145,21 @@ pub(crate) fn fallback_active(prefix: &str, active: bool) {
         .set(f64::from(u8::from(active)));
     #[cfg(not(feature = "metrics"))]
     let _ = (prefix, active);
+}
+
+/// Records one key dropped from the in-process state of the backend with key prefix
+/// `prefix` (the counter is registered on the first eviction and kept in `counter`).
+#[inline]
+pub(crate) fn local_eviction(
+    #[cfg(feature = "metrics")] counter: &std::sync::OnceLock<metrics::Counter>,
+    prefix: &str,
+) {
+    #[cfg(feature = "metrics")]
+    counter
+        .get_or_init(|| metrics::counter!(LOCAL_EVICTIONS_TOTAL, "prefix" => prefix.to_owned()))
+        .increment(1);
+    #[cfg(not(feature = "metrics"))]
+    let _ = prefix;
 }
 
 /// The Redis metrics of one limiter: the duration histogram is registered on first use

@@ -161,3 +161,27 @@ fn servers_are_isolated() {
     drop(a);
     assert!(!dir.exists(), "temp dir not removed");
 }
+
+/// `TIME`, inside a script too, and key expiry follow the clock the test sets.
+#[test]
+fn a_server_clock_steps_when_the_test_says() {
+    let (server, clock) = RedisServer::start_with_clock();
+    let now = || -> i64 {
+        let time = server.cmd(&["EVAL", "return redis.call('TIME')[1]", "0"]);
+        time.parse().unwrap()
+    };
+    let real = now();
+    clock.set_offset_us(-3_600_000_000);
+    let back = now();
+    assert!((real - 3_600 - back).abs() <= 2, "{real} then {back}");
+    let time = server.cmd(&["TIME"]);
+    let secs: i64 = time.lines().next().unwrap().parse().unwrap();
+    assert!((secs - back).abs() <= 2);
+    server.cmd(&["SET", "k", "v", "PX", "60000"]);
+    clock.step_us(3_600_000_000);
+    assert_eq!(
+        server.cmd(&["EXISTS", "k"]),
+        "0",
+        "expired by the step forward"
+    );
+}

@@ -359,3 +359,132 @@ async fn one_redis_command_per_decision() {
     assert_eq!(calls("ping"), pings_before);
     assert_eq!(calls("unwatch"), 0);
 }
+
+// ---------------------------------------------------------------------------
+// Clock steps
+// ---------------------------------------------------------------------------
+
+const HOUR_US: i64 = 3_600_000_000;
+
+/// The Redis server's clock steps back an hour: the count is kept (nothing more is
+/// admitted) and the window ends within one period, not an hour and a period later; a
+/// step forward at most ends the window early.
+#[tokio::test]
+async fn a_step_of_the_redis_clock_keeps_the_count_and_bounds_the_window() {
+    let (redis, clock) = RedisServer::start_with_clock();
+    let backend = Backend::builder()
+        .redis(redis.pool())
+        .deny_cache(0)
+        .build()
+        .unwrap();
+    let limiter = limiter(&backend, PeriodConfig::new(5, Duration::from_secs(10)));
+    assert_eq!(
+        states(&limiter, "k", 6).await.last(),
+        Some(&State::OverQuota)
+    );
+    clock.step_us(-HOUR_US);
+    for _ in 0..3 {
+        let over = limiter.check(b"k", ONE).await;
+        assert_eq!(over.state, State::OverQuota);
+        assert!(
+            over.reset <= Duration::from_secs(10),
+            "reset {:?}",
+            over.reset
+        );
+    }
+    clock.step_us(2 * HOUR_US);
+    let after = states(&limiter, "k", 6).await;
+    assert_eq!(
+        after.iter().filter(|s| s.is_admitted()).count(),
+        5,
+        "{after:?}"
+    );
+}
+
+/// In-process, time is tokio's monotonic clock: a jump forward ends the window.
+#[tokio::test(start_paused = true)]
+async fn in_process_a_jump_forward_at_most_ends_the_window_early() {
+    let limiter = limiter(
+        &Backend::in_process(),
+        PeriodConfig::new(5, Duration::from_secs(10)),
+    );
+    assert_eq!(
+        states(&limiter, "k", 6).await.last(),
+        Some(&State::OverQuota)
+    );
+    tokio::time::advance(Duration::from_secs(3_600)).await;
+    let after = states(&limiter, "k", 6).await;
+    assert_eq!(
+        after.iter().filter(|s| s.is_admitted()).count(),
+        5,
+        "{after:?}"
+    );
+}
+
+// ---------------------------------------------------------------------------
+// Bounded in-process state
+// ---------------------------------------------------------------------------
+
+/// A flood of new keys through a full in-process state neither grows it past the bound
+/// nor resets a key that is being limited (it is hit again and again, so it stays).
+#[tokio::test(start_paused = true)]
+async fn a_flood_of_new_keys_does_not_reset_a_limited_key() {
+    let backend = Backend::builder().max_local_keys(1_000).build().unwrap();
+    let limiter = limiter(&backend, PeriodConfig::new(5, Duration::from_secs(60)));
+    assert_eq!(
+        states(&limiter, "k", 6).await.last(),
+        Some(&State::OverQuota)
+    );
+    for i in 0..20_000 {
+        assert!(limiter
+            .check(format!("flood-{i}").as_bytes(), ONE)
+            .await
+            .is_admitted());
+        if i % 50 == 0 {
+            assert_eq!(
+                limiter.check(b"k", ONE).await.state,
+                State::OverQuota,
+                "{i}"
+            );
+        }
+    }
+}
+
+/// Every key dropped to make room is counted, by backend prefix.
+#[cfg(feature = "metrics")]
+#[tokio::test(start_paused = true)]
+async fn evictions_are_counted() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    use tower_redis_ratelimit::metrics::LOCAL_EVICTIONS_TOTAL;
+
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _guard = metrics::set_default_local_recorder(&recorder);
+    let backend = Backend::builder()
+        .prefix("flooded")
+        .max_local_keys(100)
+        .build()
+        .unwrap();
+    let limiter = limiter(&backend, PeriodConfig::new(5, Duration::from_secs(60)));
+    for i in 0..1_000 {
+        let _ = limiter.check(format!("k{i}").as_bytes(), ONE).await;
+    }
+    let evictions: Vec<_> = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter(|(key, ..)| key.key().name() == LOCAL_EVICTIONS_TOTAL)
+        .collect();
+    assert_eq!(evictions.len(), 1, "{evictions:?}");
+    let (key, _, _, value) = &evictions[0];
+    let labels: Vec<String> = key
+        .key()
+        .labels()
+        .map(|l| format!("{}={}", l.key(), l.value()))
+        .collect();
+    assert_eq!(labels, ["prefix=flooded"]);
+    let DebugValue::Counter(count) = value else {
+        panic!("{value:?}");
+    };
+    assert!((900..=1_000).contains(count), "{count}");
+}

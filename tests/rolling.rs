@@ -384,8 +384,9 @@ async fn expired_and_foreign_fields_are_dropped() {
         RollingConfig::new(3, 10, Duration::from_secs(6)),
     );
     let key = "ratelimit:{v1:k}:rolling:test";
-    // An ancient bucket, garbage, and a bucket far in the future, without an expiry.
-    redis.cmd(&["HSET", key, "1", "99", "junk", "x", "99999999999999", "99"]);
+    // An ancient bucket and garbage, without an expiry. (A bucket in the future is not
+    // garbage: the server clock stepped back, see `a_step_back_of_the_redis_clock_*`.)
+    redis.cmd(&["HSET", key, "1", "99", "junk", "x", "0", "5", "7", "-1"]);
     let d = limiter.check(b"k", ONE).await;
     assert_eq!((d.state, d.remaining), (State::Allowed, 2));
     let buckets = buckets_of(&redis, "k");
@@ -442,4 +443,88 @@ async fn unreachable_redis_is_answered_by_the_fallback() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(limiter.check(b"k", ONE).await.source, Source::Redis);
+}
+
+// ---------------------------------------------------------------------------
+// Clock steps
+// ---------------------------------------------------------------------------
+
+const HOUR_US: i64 = 3_600_000_000;
+
+/// The Redis server's clock steps back an hour, twice, then by less than a window: a key
+/// limited to 5 is admitted 5 times in all (before the fix, 15: the script dropped the
+/// buckets "from the future"), and a refusal waits at most one window.
+#[tokio::test]
+async fn a_step_back_of_the_redis_clock_never_admits_more_than_the_limit() {
+    let (redis, clock) = RedisServer::start_with_clock();
+    // A 10 s window, so the test's own run time never expires a bucket.
+    let limiter = limiter(
+        &uncached(&redis),
+        RollingConfig::new(5, 10, Duration::from_secs(1)),
+    );
+    let mut admitted = 0;
+    for step_us in [0, -HOUR_US, -HOUR_US, -3_000_000] {
+        clock.step_us(step_us);
+        for _ in 0..5 {
+            admitted += u32::from(limiter.check(b"k", ONE).await.is_admitted());
+        }
+    }
+    assert_eq!(admitted, 5);
+    let over = limiter.check(b"k", ONE).await;
+    assert_eq!(over.state, State::OverQuota);
+    assert_eq!(over.remaining, 0);
+    let retry = over.retry_after.unwrap();
+    assert!(retry <= Duration::from_secs(10), "{retry:?}");
+    // The buckets moved back with the clock and still expire.
+    let buckets = buckets_of(&redis, "k");
+    assert_eq!(buckets.iter().map(|b| b.1).sum::<u64>(), 5, "{buckets:?}");
+    let ttl = pttl(&redis, "k");
+    assert!(ttl > 0 && ttl <= 11_000, "pttl {ttl}");
+}
+
+/// A step forward at most expires the window early.
+#[tokio::test]
+async fn a_step_forward_of_the_redis_clock_at_most_expires_the_window_early() {
+    let (redis, clock) = RedisServer::start_with_clock();
+    let limiter = limiter(
+        &uncached(&redis),
+        RollingConfig::new(5, 10, Duration::from_secs(1)),
+    );
+    assert_eq!(
+        states(&limiter, "k", 6).await.last(),
+        Some(&State::OverQuota)
+    );
+    clock.step_us(HOUR_US);
+    let after = states(&limiter, "k", 6).await;
+    assert_eq!(
+        after.iter().filter(|s| s.is_admitted()).count(),
+        5,
+        "{after:?}"
+    );
+    // And back again: nothing admitted beyond the limit.
+    clock.step_us(-HOUR_US);
+    assert_eq!(states(&limiter, "k", 3).await, [State::OverQuota; 3]);
+}
+
+/// In-process, time is tokio's monotonic clock: it only ever moves forward, and a jump
+/// forward (tokio's paused clock) at most expires the window early.
+#[tokio::test(start_paused = true)]
+async fn in_process_a_jump_forward_at_most_expires_the_window_early() {
+    let limiter = limiter(
+        &Backend::in_process(),
+        RollingConfig::new(5, 10, Duration::from_secs(1)),
+    );
+    assert_eq!(
+        states(&limiter, "k", 6).await.last(),
+        Some(&State::OverQuota)
+    );
+    tokio::time::advance(Duration::from_secs(3)).await;
+    assert_eq!(states(&limiter, "k", 1).await, [State::OverQuota]);
+    tokio::time::advance(Duration::from_secs(3_600)).await;
+    let after = states(&limiter, "k", 6).await;
+    assert_eq!(
+        after.iter().filter(|s| s.is_admitted()).count(),
+        5,
+        "{after:?}"
+    );
 }

@@ -260,3 +260,58 @@ async fn script_flush_is_invisible() {
     assert_eq!(d.source, Source::Redis);
     assert_eq!(d.remaining, 1);
 }
+
+// ---------------------------------------------------------------------------
+// Clock steps
+// ---------------------------------------------------------------------------
+
+const HOUR_US: i64 = 3_600_000_000;
+
+/// The Redis server's clock steps back an hour: the bucket stays empty (nothing more is
+/// admitted), and refills at the rate from there, instead of staying empty for the hour.
+/// Then it steps forward: the bucket is at most full again early.
+#[tokio::test]
+async fn a_step_of_the_redis_clock_never_admits_more_and_never_blocks_for_the_step() {
+    let (redis, clock) = RedisServer::start_with_clock();
+    let backend = Backend::builder()
+        .redis(redis.pool())
+        .deny_cache(0)
+        .build()
+        .unwrap();
+    let limiter = bucket(&backend, 1, Duration::from_secs(60), 5);
+    for _ in 0..5 {
+        assert!(limiter.check(b"k", ONE).await.is_admitted());
+    }
+    clock.step_us(-HOUR_US);
+    for _ in 0..5 {
+        let over = limiter.check(b"k", ONE).await;
+        assert_eq!(over.state, State::OverQuota);
+        let retry = over.retry_after.unwrap();
+        assert!(retry <= Duration::from_secs(60), "retry after {retry:?}");
+        assert!(
+            over.reset <= Duration::from_secs(300),
+            "reset {:?}",
+            over.reset
+        );
+    }
+    clock.step_us(2 * HOUR_US);
+    for _ in 0..5 {
+        assert!(limiter.check(b"k", ONE).await.is_admitted());
+    }
+    assert_eq!(limiter.check(b"k", ONE).await.state, State::OverQuota);
+}
+
+/// In-process, time is tokio's monotonic clock: a jump forward refills, never beyond the
+/// burst.
+#[tokio::test(start_paused = true)]
+async fn in_process_a_jump_forward_refills_at_most_the_burst() {
+    let limiter = bucket(&Backend::in_process(), 1, Duration::from_secs(60), 5);
+    for _ in 0..5 {
+        assert!(limiter.check(b"k", ONE).await.is_admitted());
+    }
+    tokio::time::advance(Duration::from_secs(3_600)).await;
+    for _ in 0..5 {
+        assert!(limiter.check(b"k", ONE).await.is_admitted());
+    }
+    assert_eq!(limiter.check(b"k", ONE).await.state, State::OverQuota);
+}

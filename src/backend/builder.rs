@@ -12,10 +12,11 @@ use super::health::BreakerConfig;
 use super::redis::RedisBackend;
 use super::{
     Backend, Failover, FailurePolicy, Inner, DEFAULT_CALL_TIMEOUT, DEFAULT_DENY_CACHE_CAPACITY,
-    DEFAULT_PREFIX, DEFAULT_PROBE_INTERVAL,
+    DEFAULT_MAX_LOCAL_KEYS, DEFAULT_PREFIX, DEFAULT_PROBE_INTERVAL,
 };
 use crate::clock::Clock;
 use crate::error::{check_name, ConfigError};
+use crate::local::LocalStore;
 
 /// Where Redis is, as given to the builder.
 enum Target {
@@ -59,6 +60,7 @@ pub struct BackendBuilder {
     probe_interval: Duration,
     breaker: BreakerConfig,
     deny_cache: usize,
+    max_local_keys: u64,
     failover: Failover,
 }
 
@@ -75,6 +77,7 @@ impl Default for BackendBuilder {
             probe_interval: DEFAULT_PROBE_INTERVAL,
             breaker: BreakerConfig::default(),
             deny_cache: DEFAULT_DENY_CACHE_CAPACITY,
+            max_local_keys: DEFAULT_MAX_LOCAL_KEYS,
             failover: Failover::default(),
         }
     }
@@ -90,6 +93,7 @@ impl fmt::Debug for BackendBuilder {
             .field("probe_interval", &self.probe_interval)
             .field("breaker", &self.breaker)
             .field("deny_cache", &self.deny_cache)
+            .field("max_local_keys", &self.max_local_keys)
             .field("failover", &self.failover)
             .finish_non_exhaustive()
     }
@@ -263,6 +267,40 @@ impl BackendBuilder {
         self
     }
 
+    /// The most keys the in-process state of this backend holds, all layers together
+    /// (default [`DEFAULT_MAX_LOCAL_KEYS`], one million). This state answers every check
+    /// of an in-process backend and a Redis backend's checks while Redis is unreachable.
+    ///
+    /// A fixed-window or token-bucket key counts as one key, a rolling-window key as
+    /// `ceil(buckets / 8)` keys (a window of 10 buckets counts as 2). When the state is
+    /// full, a new key makes room by dropping another: keys seen only once go first (they
+    /// wait in a small probation queue), then the keys hit least recently; a dropped key
+    /// starts again with its full limit, and each drop is counted in the
+    /// [`ratelimit_local_evictions_total`](crate::metrics::LOCAL_EVICTIONS_TOTAL) metric.
+    /// Expired state is never swept: it is reset when its key is hit again, and is the
+    /// first to go when room is needed, so no request ever waits on a sweep. The bound
+    /// is split evenly over up to 64 shards, each with its own lock (so it is rounded
+    /// down to a multiple of their number).
+    ///
+    /// Measured bytes per key (one million keys, `VmRSS`, glibc; see `BENCHMARKS.md`):
+    /// about 100 for the fixed window and the token bucket, about 200 for a rolling
+    /// window of 10 buckets, so the default stays under 256 MB whatever the number of
+    /// keys. Size it to the keys active within one window (or refill time) of your
+    /// longest limit.
+    ///
+    /// ```
+    /// use tower_redis_ratelimit::Backend;
+    ///
+    /// # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
+    /// // A small service: 100 000 keys, about 10 to 20 MB at most.
+    /// let backend = Backend::builder().max_local_keys(100_000).build()?;
+    /// # let _ = backend; Ok(()) }
+    /// ```
+    pub fn max_local_keys(mut self, keys: u64) -> Self {
+        self.max_local_keys = keys;
+        self
+    }
+
     /// The default [`FailurePolicy`] of layers on this backend (default: fallback).
     /// Layers can override it with
     /// [`LayerBuilder::on_redis_failure`](crate::LayerBuilder::on_redis_failure).
@@ -367,9 +405,15 @@ impl BackendBuilder {
     ///
     /// A [`ConfigError`] for an invalid prefix, a zero timeout or probe interval, a
     /// fallback share or failure ratio outside `(0, 1]`, zero minimum calls, a breaker
-    /// window under 20 ms, a Redis URL that cannot be parsed, or both a URL and a pool.
+    /// window under 20 ms, zero [`max_local_keys`](Self::max_local_keys), a Redis URL that
+    /// cannot be parsed, or more than one place for Redis.
     pub fn build(mut self) -> Result<Backend, ConfigError> {
         check_name("prefix", &self.prefix)?;
+        if self.max_local_keys == 0 {
+            return Err(ConfigError::Zero {
+                setting: "max_local_keys",
+            });
+        }
         self.failover.check()?;
         self.breaker.check()?;
         if self.call_timeout < Duration::from_millis(1) {
@@ -415,8 +459,10 @@ impl BackendBuilder {
                 self.breaker,
             ))
         });
+        let local = Arc::new(LocalStore::new(self.max_local_keys, &self.prefix));
         Ok(Backend {
             inner: Arc::new(Inner {
+                local,
                 prefix: self.prefix,
                 clock: Clock::new(),
                 redis,

@@ -69,11 +69,11 @@ use crate::clock::Clock;
 use crate::decision::{Decision, Source, State};
 use crate::error::ConfigError;
 use crate::limiter::Check;
+use crate::local::LocalStore;
 use crate::metrics::RedisMetrics;
 
 pub use self::builder::BackendBuilder;
 use self::deny::{Denied, DenyCache};
-pub(crate) use self::deny::{KeyHasher, PreHashed};
 pub use self::health::{
     RedisState, DEFAULT_BREAKER_FAILURE_RATIO, DEFAULT_BREAKER_MIN_CALLS, DEFAULT_BREAKER_WINDOW,
     DEFAULT_RECOVERY,
@@ -89,6 +89,9 @@ pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_millis(100);
 pub const DEFAULT_PROBE_INTERVAL: Duration = Duration::from_millis(500);
 /// The default number of refused keys the local deny cache remembers.
 pub const DEFAULT_DENY_CACHE_CAPACITY: usize = 10_000;
+/// The default of [`BackendBuilder::max_local_keys`]: one million keys, under 256 MB
+/// with any algorithm (see the [`local`](BackendBuilder::max_local_keys) figures).
+pub const DEFAULT_MAX_LOCAL_KEYS: u64 = crate::local::DEFAULT_MAX_KEYS;
 
 /// A `deadpool-redis` configuration for a limiter backend: the pool's wait, create and
 /// recycle timeouts are set to `timeout` (use the backend's call timeout), so a hung
@@ -196,6 +199,7 @@ struct Inner {
     clock: Clock,
     redis: Option<Arc<RedisBackend>>,
     deny: DenyCache,
+    local: Arc<LocalStore>,
 }
 
 impl Backend {
@@ -297,6 +301,11 @@ impl Backend {
 
     pub(crate) fn clock(&self) -> Clock {
         self.inner.clock
+    }
+
+    /// The bounded in-process state shared by every limiter on this backend.
+    pub(crate) fn local_store(&self) -> Arc<LocalStore> {
+        Arc::clone(&self.inner.local)
     }
 
     pub(crate) fn redis_handle(&self) -> Option<&Arc<RedisBackend>> {
@@ -547,6 +556,12 @@ mod tests {
                 setting: "call_timeout"
             })
         ));
+        assert_eq!(
+            Backend::builder().max_local_keys(0).build().unwrap_err(),
+            ConfigError::Zero {
+                setting: "max_local_keys"
+            }
+        );
         assert!(matches!(
             Backend::builder().probe_interval(Duration::ZERO).build(),
             Err(ConfigError::ZeroDuration {

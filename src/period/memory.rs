@@ -1,11 +1,10 @@
-//! The in-process fixed windows: one counter and deadline per key, expired windows swept
-//! on a schedule so memory follows the keys active within one period.
+//! The in-process fixed windows: one counter and deadline per key, 16 bytes of state in
+//! the backend's bounded [local store](crate::local).
+//!
+//! [`Window::hit`] is the whole algorithm, a pure step: (state, now, cost, settings) ->
+//! (state, outcome).
 
-use std::sync::Arc;
-
-use dashmap::DashMap;
-
-use crate::local::{self, Sweep};
+use crate::local::{Key, LocalStore};
 
 /// How a window's deadline is chosen.
 #[derive(Debug, Clone, Copy)]
@@ -31,8 +30,9 @@ impl Schedule {
     }
 }
 
-#[derive(Debug)]
-struct Window {
+/// One key's window.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Window {
     count: u64,
     ends_at_us: u64,
 }
@@ -45,22 +45,50 @@ pub(crate) struct Hit {
     pub(crate) admitted: bool,
 }
 
+impl Window {
+    /// Counts `cost` unless it would exceed `quota` (rejected hits are not counted, as in
+    /// the Redis script). A window that has ended starts a new one.
+    ///
+    /// Clock steps: a window never lasts more than one period from `now_us`, so when the
+    /// clock steps back the count is kept (never admitting more than the quota) for at
+    /// most one period; a step forward ends the window early.
+    pub(crate) fn hit(&mut self, cost: u64, quota: u64, schedule: Schedule, now_us: u64) -> Hit {
+        if self.ends_at_us <= now_us {
+            self.count = 0;
+            self.ends_at_us = schedule.window_end(now_us);
+        } else if self.ends_at_us - now_us > schedule.period_us {
+            self.ends_at_us = now_us.saturating_add(schedule.period_us);
+        }
+        let admitted = self.count.saturating_add(cost) <= quota;
+        if admitted {
+            self.count += cost;
+        }
+        Hit {
+            count: self.count,
+            ends_at_us: self.ends_at_us,
+            admitted,
+        }
+    }
+}
+
+/// One limiter's windows in the backend's local store.
 #[derive(Debug)]
 pub(crate) struct Windows {
-    map: Arc<DashMap<Box<[u8]>, Window>>,
-    sweep: Sweep,
+    store: std::sync::Arc<LocalStore>,
+    limiter: u64,
 }
 
 impl Windows {
-    pub(crate) fn new(period_us: u64) -> Self {
-        Self {
-            map: Arc::default(),
-            sweep: Sweep::every(period_us.clamp(1_000_000, 60_000_000)),
-        }
+    pub(crate) fn new(store: std::sync::Arc<LocalStore>) -> Self {
+        let limiter = store.limiter_id();
+        Self { store, limiter }
     }
 
-    /// Counts `cost` against `key` unless it would exceed `quota` (rejected hits are not
-    /// counted, as in the Redis script).
+    fn key(&self, key: &[u8]) -> Key {
+        self.store.key(self.limiter, key)
+    }
+
+    /// Counts `cost` against `key` unless it would exceed `quota`.
     pub(crate) fn hit(
         &self,
         key: &[u8],
@@ -69,34 +97,10 @@ impl Windows {
         schedule: Schedule,
         now_us: u64,
     ) -> Hit {
-        local::sweep(&self.sweep, &self.map, now_us, move |_, w| {
-            w.ends_at_us > now_us
-        });
-        let apply = |w: &mut Window| {
-            if w.ends_at_us <= now_us {
-                w.count = 0;
-                w.ends_at_us = schedule.window_end(now_us);
-            }
-            let admitted = w.count + cost <= quota;
-            if admitted {
-                w.count += cost;
-            }
-            Hit {
-                count: w.count,
-                ends_at_us: w.ends_at_us,
-                admitted,
-            }
-        };
-        let new = || Window {
-            count: 0,
-            ends_at_us: 0,
-        };
-        local::update(&self.map, key, new, apply)
-    }
-
-    #[cfg(test)]
-    pub(crate) fn len(&self) -> usize {
-        self.map.len()
+        self.store
+            .update(self.key(key), Window::default, |w: &mut Window| {
+                w.hit(cost, quota, schedule, now_us)
+            })
     }
 }
 
@@ -124,30 +128,71 @@ mod tests {
         assert_eq!(west.window_end(now), now + 48_600 * SEC);
     }
 
+    fn windows() -> Windows {
+        Windows::new(std::sync::Arc::new(LocalStore::new(1_000, "t")))
+    }
+
+    const SCHEDULE: Schedule = Schedule {
+        period_us: SEC,
+        offset_us: None,
+    };
+
     #[test]
-    fn counts_resets_and_sweeps() {
-        let windows = Windows::new(SEC);
-        let schedule = Schedule {
-            period_us: SEC,
-            offset_us: None,
-        };
+    fn counts_and_resets() {
+        let windows = windows();
         let t0 = 10 * SEC;
         for i in 1..=3 {
-            let hit = windows.hit(b"k", 1, 3, schedule, t0);
+            let hit = windows.hit(b"k", 1, 3, SCHEDULE, t0);
             assert!(hit.admitted);
             assert_eq!(hit.count, i);
         }
-        let over = windows.hit(b"k", 1, 3, schedule, t0 + 10);
+        let over = windows.hit(b"k", 1, 3, SCHEDULE, t0 + 10);
         assert!(!over.admitted);
         assert_eq!(over.count, 3, "rejected hits are not counted");
-        let next = windows.hit(b"k", 1, 3, schedule, t0 + SEC);
+        let next = windows.hit(b"k", 1, 3, SCHEDULE, t0 + SEC);
         assert!(next.admitted);
         assert_eq!(next.count, 1);
         assert_eq!(next.ends_at_us, t0 + 2 * SEC);
-        windows.hit(b"other", 1, 3, schedule, t0 + SEC);
-        assert_eq!(windows.len(), 2);
-        // Long after both windows ended, the next hit sweeps them away.
-        windows.hit(b"third", 1, 3, schedule, t0 + 100 * SEC);
-        assert_eq!(windows.len(), 1);
+        assert_eq!(windows.hit(b"other", 1, 3, SCHEDULE, t0 + SEC).count, 1);
+        assert_eq!(windows.store.len(), 2);
+    }
+
+    #[test]
+    fn a_step_back_keeps_the_count_for_at_most_a_period() {
+        let mut w = Window::default();
+        let t0 = 1_000_000 * SEC;
+        for _ in 0..3 {
+            assert!(w.hit(1, 3, SCHEDULE, t0).admitted);
+        }
+        // The clock steps back an hour: still full, and the window now ends one period
+        // from the new time, not an hour and a period later.
+        let back = t0 - 3_600 * SEC;
+        let hit = w.hit(1, 3, SCHEDULE, back);
+        assert!(!hit.admitted);
+        assert_eq!(hit.ends_at_us, back + SEC);
+        assert!(!w.hit(1, 3, SCHEDULE, back + SEC - 1).admitted);
+        assert!(w.hit(1, 3, SCHEDULE, back + SEC).admitted);
+    }
+
+    #[test]
+    fn a_step_forward_at_most_ends_the_window_early() {
+        let mut w = Window::default();
+        let t0 = 1_000_000 * SEC;
+        for _ in 0..3 {
+            assert!(w.hit(1, 3, SCHEDULE, t0).admitted);
+        }
+        let hit = w.hit(1, 3, SCHEDULE, t0 + 3_600 * SEC);
+        assert!(hit.admitted);
+        assert_eq!(hit.count, 1);
+    }
+
+    #[test]
+    fn limiters_on_one_store_keep_their_keys_apart() {
+        let store = std::sync::Arc::new(LocalStore::new(1_000, "t"));
+        let (a, b) = (Windows::new(store.clone()), Windows::new(store.clone()));
+        assert!(a.hit(b"k", 1, 1, SCHEDULE, SEC).admitted);
+        assert!(!a.hit(b"k", 1, 1, SCHEDULE, SEC).admitted);
+        assert!(b.hit(b"k", 1, 1, SCHEDULE, SEC).admitted);
+        assert_eq!(store.len(), 2);
     }
 }

@@ -7,6 +7,19 @@
 //! units a cost-1 request could still have. One Redis key per limited key holds the
 //! count, with the window's end as its expiry.
 //!
+//! In process, windows live in the backend's bounded state
+//! ([`max_local_keys`](crate::BackendBuilder::max_local_keys)): 16 bytes of state per
+//! key, about 80 bytes in all.
+//!
+//! # Clock steps
+//!
+//! On Redis, a window's end is the key's expiry, a Unix time of the Redis server's
+//! clock. When that clock steps back, the count is kept (nothing more is admitted) and
+//! the window is cut to end within one period from the new time (so a step back of an
+//! hour does not refuse a key for an hour). When it steps forward past the window's end,
+//! the window ends early. In-process, time is the monotonic clock: it never steps back,
+//! and the same rule applies if it did.
+//!
 //! A fixed window admits up to twice the quota across a window edge; use
 //! [`TokenBucketLayer`](crate::TokenBucketLayer) or
 //! [`RollingWindowLayer`](crate::RollingWindowLayer) when that matters.
@@ -26,7 +39,7 @@
 //! # let _ = layer; Ok(()) }
 //! ```
 
-mod memory;
+pub(crate) mod memory;
 
 use std::num::NonZeroU32;
 use std::sync::{Arc, LazyLock};
@@ -171,7 +184,7 @@ impl PeriodLimiter {
                 local_quota: backend.local_limit(config.quota),
                 period_ms,
                 offset_ms,
-                windows: Windows::new(period_ms * 1_000),
+                windows: Windows::new(backend.local_store()),
             }),
         })
     }

@@ -4,13 +4,21 @@
 -- first request. Large numbers go to Redis through string.format('%d') so that they are
 -- never written in exponent notation.
 -- Returns {count, ms until the window ends, admitted (1/0)}. A rejected request is not
--- counted. Time is the Redis server's, so every instance agrees on window edges.
+-- counted. Time is the Redis server's, so every instance agrees on window edges; a step
+-- of its clock forward ends a window early, a step back keeps the count (a window never
+-- lasts more than one period from now).
 local quota = tonumber(ARGV[1])
 local period = tonumber(ARGV[2])
 local cost = tonumber(ARGV[3])
 local count = tonumber(redis.call('GET', KEYS[1]) or '0')
 local ttl = redis.call('PTTL', KEYS[1])
 local fresh = count == 0 or ttl < 0
+if not fresh and ttl > period then
+  -- The server clock stepped back (Redis expiries are Unix times): keep the count, but
+  -- end the window within one period, not one period plus the step.
+  redis.call('PEXPIRE', KEYS[1], string.format('%d', period))
+  ttl = period
+end
 local deadline = nil
 if fresh then
   -- A new window, or a counter that lost its expiry (it must not live forever).

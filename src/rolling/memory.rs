@@ -1,13 +1,13 @@
 //! The in-process rolling windows: per key, a ring of `buckets` counters and the absolute
-//! index of the newest bucket, with the same semantics as `rolling.lua`. Keys whose
-//! buckets have all expired are swept on a schedule, so memory follows the keys active
-//! within one window.
+//! index of the newest bucket, with the same semantics as `rolling.lua`, kept in the
+//! backend's bounded [local store](crate::local).
+//!
+//! [`Ring::hit`] is the whole algorithm, a pure step: (state, now, cost, settings) ->
+//! (state, outcome).
 
 use std::sync::Arc;
 
-use dashmap::DashMap;
-
-use crate::local::{self, Sweep};
+use crate::local::{Key, LocalStore};
 
 /// The bucket grid: `buckets` buckets of `interval_us`, bucket `i` covering
 /// `[i * interval_us, (i + 1) * interval_us)` in Unix microseconds (the same edges as the
@@ -32,24 +32,24 @@ impl Grid {
 }
 
 /// One key's buckets.
-#[derive(Debug)]
-struct Ring {
-    /// Bucket `i` lives in slot `i % buckets`.
-    counts: Box<[u64]>,
-    /// The absolute index of the newest bucket; the live ones are
-    /// `newest - buckets + 1 ..= newest`.
-    newest: u64,
-    /// The sum of `counts`.
-    sum: u64,
+#[derive(Debug, Clone)]
+pub(crate) struct Ring {
+    /// One allocation: `[newest, sum, counts...]`, so that a ring is a (fat) pointer in
+    /// the store. `newest` is the absolute index of the newest bucket (the live ones are
+    /// `newest - buckets + 1 ..= newest`), `sum` the sum of the counts, and bucket `i`'s
+    /// count lives in slot `i % buckets` of the counts.
+    data: Box<[u64]>,
 }
 
+const NEWEST: usize = 0;
+const SUM: usize = 1;
+const COUNTS: usize = 2;
+
 impl Ring {
-    fn new(buckets: u64) -> Self {
+    pub(crate) fn new(buckets: u64) -> Self {
         let len = usize::try_from(buckets).expect("at most 1000 buckets");
         Self {
-            counts: vec![0; len].into_boxed_slice(),
-            newest: 0,
-            sum: 0,
+            data: vec![0; COUNTS + len].into_boxed_slice(),
         }
     }
 
@@ -58,25 +58,42 @@ impl Ring {
         (index % grid.buckets) as usize
     }
 
+    /// How many buckets the ring holds.
+    pub(crate) fn len(&self) -> usize {
+        self.data.len() - COUNTS
+    }
+
     /// Moves the newest bucket to `current`, clearing the buckets that expired in
     /// between (at most `buckets` of them).
+    ///
+    /// When the clock stepped back (`current` below the newest bucket), the buckets are
+    /// moved back with it, keeping their counts and their age: the step counts as no
+    /// time at all, so it never frees a unit early (as in `rolling.lua`).
     fn advance(&mut self, grid: Grid, current: u64) {
-        if current <= self.newest {
+        if current < self.data[NEWEST] {
+            let shift = (self.data[NEWEST] - current) % grid.buckets;
+            // Bucket `i` becomes `i - shift`, which lives in slot `(i - shift) % buckets`.
+            self.data[COUNTS..].rotate_left(shift as usize);
+            self.data[NEWEST] = current;
             return;
         }
-        let expired = (current - self.newest).min(grid.buckets);
-        for step in 1..=expired {
-            let slot = self.slot(grid, self.newest + step);
-            self.sum -= self.counts[slot];
-            self.counts[slot] = 0;
+        if current == self.data[NEWEST] {
+            return;
         }
-        self.newest = current;
+        let expired = (current - self.data[NEWEST]).min(grid.buckets);
+        for step in 1..=expired {
+            let slot = self.slot(grid, self.data[NEWEST] + step);
+            self.data[SUM] -= self.data[COUNTS + slot];
+            self.data[COUNTS + slot] = 0;
+        }
+        self.data[NEWEST] = current;
     }
 
     /// The live buckets, oldest first, as (index, count).
     fn live(&self, grid: Grid) -> impl Iterator<Item = (u64, u64)> + '_ {
-        let oldest = self.newest.saturating_sub(grid.buckets - 1);
-        (oldest..=self.newest).map(move |index| (index, self.counts[self.slot(grid, index)]))
+        let oldest = self.data[NEWEST].saturating_sub(grid.buckets - 1);
+        (oldest..=self.data[NEWEST])
+            .map(move |index| (index, self.data[COUNTS + self.slot(grid, index)]))
     }
 }
 
@@ -92,81 +109,96 @@ pub(crate) struct Hit {
     pub(crate) reset_us: u64,
 }
 
+impl Ring {
+    /// Counts `cost` unless the live buckets plus `cost` would exceed `limit` (rejected
+    /// hits are not counted, as in the Redis script).
+    pub(crate) fn hit(&mut self, grid: Grid, cost: u64, limit: u64, now_us: u64) -> Hit {
+        let current = grid.index(now_us);
+        self.advance(grid, current);
+        if self.data[SUM]
+            .checked_add(cost)
+            .is_some_and(|sum| sum <= limit)
+        {
+            let slot = self.slot(grid, self.data[NEWEST]);
+            self.data[COUNTS + slot] += cost;
+            self.data[SUM] += cost;
+            return Hit {
+                admitted: true,
+                sum: self.data[SUM],
+                retry_us: 0,
+                reset_us: grid
+                    .end_of_life_us(self.data[NEWEST])
+                    .saturating_sub(now_us),
+            };
+        }
+        // The oldest buckets expire first: find the one whose expiry frees enough.
+        let need = self.data[SUM].saturating_add(cost) - limit;
+        let mut freed = 0u64;
+        let mut frees_enough = None;
+        let mut newest_used = None;
+        for (index, count) in self.live(grid) {
+            if count == 0 {
+                continue;
+            }
+            freed = freed.saturating_add(count);
+            if frees_enough.is_none() && freed >= need {
+                frees_enough = Some(index);
+            }
+            newest_used = Some(index);
+        }
+        let from_now = |index: u64| grid.end_of_life_us(index).saturating_sub(now_us);
+        Hit {
+            admitted: false,
+            sum: self.data[SUM],
+            // A cost above the limit (only possible for the fallback's share of the
+            // limit) cannot pass here: try again in a window, Redis may be back.
+            retry_us: frees_enough.map_or(grid.buckets * grid.interval_us, from_now),
+            reset_us: newest_used.map_or(0, from_now),
+        }
+    }
+}
+
+/// One limiter's rings in the backend's local store.
 #[derive(Debug)]
 pub(crate) struct Rings {
-    map: Arc<DashMap<Box<[u8]>, Ring>>,
+    store: Arc<LocalStore>,
+    limiter: u64,
     grid: Grid,
-    sweep: Sweep,
 }
 
 impl Rings {
-    pub(crate) fn new(grid: Grid) -> Self {
-        let window_us = grid.buckets.saturating_mul(grid.interval_us);
+    pub(crate) fn new(store: Arc<LocalStore>, grid: Grid) -> Self {
+        let limiter = store.limiter_id();
         Self {
-            map: Arc::default(),
+            store,
+            limiter,
             grid,
-            sweep: Sweep::every(window_us.clamp(1_000_000, 60_000_000)),
         }
     }
 
-    /// Counts `cost` against `key` unless the live buckets plus `cost` would exceed
-    /// `limit` (rejected hits are not counted, as in the Redis script).
-    pub(crate) fn hit(&self, key: &[u8], cost: u64, limit: u64, now_us: u64) -> Hit {
-        let grid = self.grid;
-        local::sweep(&self.sweep, &self.map, now_us, move |_, ring| {
-            ring.sum > 0 && grid.end_of_life_us(ring.newest) > now_us
-        });
-        let current = grid.index(now_us);
-        let apply = |ring: &mut Ring| {
-            ring.advance(grid, current);
-            if ring.sum.checked_add(cost).is_some_and(|sum| sum <= limit) {
-                let slot = ring.slot(grid, ring.newest);
-                ring.counts[slot] += cost;
-                ring.sum += cost;
-                return Hit {
-                    admitted: true,
-                    sum: ring.sum,
-                    retry_us: 0,
-                    reset_us: grid.end_of_life_us(ring.newest).saturating_sub(now_us),
-                };
-            }
-            // The oldest buckets expire first: find the one whose expiry frees enough.
-            let need = ring.sum.saturating_add(cost) - limit;
-            let mut freed = 0u64;
-            let mut frees_enough = None;
-            let mut newest_used = None;
-            for (index, count) in ring.live(grid) {
-                if count == 0 {
-                    continue;
-                }
-                freed = freed.saturating_add(count);
-                if frees_enough.is_none() && freed >= need {
-                    frees_enough = Some(index);
-                }
-                newest_used = Some(index);
-            }
-            let from_now = |index: u64| grid.end_of_life_us(index).saturating_sub(now_us);
-            Hit {
-                admitted: false,
-                sum: ring.sum,
-                // A cost above the limit (only possible for the fallback's share of the
-                // limit) cannot pass here: try again in a window, Redis may be back.
-                retry_us: frees_enough.map_or(grid.buckets * grid.interval_us, from_now),
-                reset_us: newest_used.map_or(0, from_now),
-            }
-        };
-        local::update(&self.map, key, || Ring::new(grid.buckets), apply)
+    fn key(&self, key: &[u8]) -> Key {
+        self.store.key(self.limiter, key)
     }
 
-    #[cfg(test)]
-    pub(crate) fn len(&self) -> usize {
-        self.map.len()
+    /// Counts `cost` against `key` unless the live buckets plus `cost` would exceed
+    /// `limit`.
+    pub(crate) fn hit(&self, key: &[u8], cost: u64, limit: u64, now_us: u64) -> Hit {
+        let grid = self.grid;
+        self.store.update(
+            self.key(key),
+            || Ring::new(grid.buckets),
+            |ring: &mut Ring| ring.hit(grid, cost, limit, now_us),
+        )
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn rings() -> Rings {
+        Rings::new(Arc::new(LocalStore::new(1_000, "t")), GRID)
+    }
 
     const MS: u64 = 1_000;
     /// Ten buckets of 100 ms.
@@ -179,7 +211,7 @@ mod tests {
 
     #[test]
     fn counts_within_the_window_and_frees_buckets_as_they_expire() {
-        let rings = Rings::new(GRID);
+        let rings = rings();
         // 3 units in bucket 0, 2 in bucket 5.
         assert!(rings.hit(b"k", 3, 5, T0).admitted);
         let hit = rings.hit(b"k", 2, 5, T0 + 550 * MS);
@@ -216,31 +248,72 @@ mod tests {
         for i in 100..104 {
             ring.advance(grid, i);
             let slot = ring.slot(grid, i);
-            ring.counts[slot] += i;
-            ring.sum += i;
+            ring.data[COUNTS + slot] += i;
+            ring.data[SUM] += i;
         }
-        assert_eq!(ring.sum, 100 + 101 + 102 + 103);
+        assert_eq!(ring.data[SUM], 100 + 101 + 102 + 103);
         ring.advance(grid, 105);
-        assert_eq!(ring.sum, 102 + 103);
+        assert_eq!(ring.data[SUM], 102 + 103);
         assert_eq!(
             ring.live(grid).collect::<Vec<_>>(),
             [(102, 102), (103, 103), (104, 0), (105, 0)]
         );
         ring.advance(grid, 1_000);
-        assert_eq!(ring.sum, 0);
+        assert_eq!(ring.data[SUM], 0);
     }
 
     #[test]
-    fn sweeps_keys_whose_buckets_all_expired() {
-        let rings = Rings::new(GRID);
-        rings.hit(b"a", 1, 5, T0);
-        rings.hit(b"b", 1, 5, T0 + 500 * MS);
-        assert_eq!(rings.len(), 2);
-        // At 1.2 s "a" has expired (its bucket ended at 1 s), "b" has not; the first
-        // sweep ran at T0, the next is due one second later.
-        rings.hit(b"c", 1, 5, T0 + 1_200 * MS);
-        assert_eq!(rings.len(), 2);
-        rings.hit(b"c", 1, 5, T0 + 3_000 * MS);
-        assert_eq!(rings.len(), 1);
+    fn a_step_back_keeps_every_count() {
+        let mut ring = Ring::new(GRID.buckets);
+        // 5 units spread over the window, then the clock steps back an hour.
+        for i in 0..5 {
+            assert!(ring.hit(GRID, 1, 5, T0 + i * 200 * MS).admitted);
+        }
+        let back = T0 + 800 * MS - 3_600_000 * MS;
+        let over = ring.hit(GRID, 1, 5, back);
+        assert!(!over.admitted, "a step back must not free anything");
+        assert_eq!(over.sum, 5);
+        // The step counted as no time: the oldest unit (800 ms old) frees 200 ms later.
+        assert_eq!(over.retry_us, 200 * MS);
+        assert!(!ring.hit(GRID, 1, 5, back + 199 * MS).admitted);
+        assert!(ring.hit(GRID, 1, 5, back + 200 * MS).admitted);
+        // A step back by less than the window, and by a whole number of windows.
+        let mut ring = Ring::new(GRID.buckets);
+        assert!(ring.hit(GRID, 5, 5, T0).admitted);
+        for step in [300 * MS, 1_000 * MS, 20_000 * MS] {
+            let hit = ring.hit(GRID, 1, 5, T0 - step);
+            assert!(!hit.admitted, "{step}");
+            assert_eq!(hit.sum, 5);
+        }
+    }
+
+    #[test]
+    fn a_step_forward_at_most_expires_the_window_early() {
+        let mut ring = Ring::new(GRID.buckets);
+        assert!(ring.hit(GRID, 5, 5, T0).admitted);
+        assert!(!ring.hit(GRID, 1, 5, T0 + 500 * MS).admitted);
+        let hit = ring.hit(GRID, 5, 5, T0 + 3_600_000 * MS);
+        assert!(hit.admitted);
+        assert_eq!(hit.sum, 5);
+    }
+
+    #[test]
+    fn rotating_keeps_each_count_in_its_bucket() {
+        let grid = Grid {
+            buckets: 4,
+            interval_us: 1,
+        };
+        let mut ring = Ring::new(4);
+        for i in 100..104 {
+            ring.hit(grid, i - 99, 100, i);
+        }
+        // Back by 9 buckets: bucket 103 becomes 94, 100 becomes 91.
+        ring.advance(grid, 94);
+        assert_eq!(
+            ring.live(grid).collect::<Vec<_>>(),
+            [(91, 1), (92, 2), (93, 3), (94, 4)]
+        );
+        ring.advance(grid, 95);
+        assert_eq!(ring.data[SUM], 2 + 3 + 4);
     }
 }

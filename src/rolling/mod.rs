@@ -33,7 +33,20 @@
 //! holding that bucket's count. One atomic script sums the live buckets, deletes the
 //! expired ones and counts the request; the hash expires one window plus one interval
 //! after the last admitted request. In process, each key holds a ring of `buckets`
-//! counters, and keys whose buckets have all expired are swept away.
+//! counters in the backend's bounded state
+//! ([`max_local_keys`](crate::BackendBuilder::max_local_keys), where a key counts as
+//! `ceil(buckets / 8)` keys): about 180 bytes per key for 10 buckets.
+//!
+//! # Clock steps
+//!
+//! Bucket indices come from the Redis server's clock. When it steps back (an NTP step, a
+//! failover to a replica whose clock is behind), a key's buckets are "in the future":
+//! they are moved back with the clock, keeping their counts and their order, as if no
+//! time had passed between the last request and the step. So a step back of any size
+//! never admits more than the limit, and never refuses a key for longer than one window.
+//! A step forward expires buckets early (at most a window's worth of counts). The
+//! in-process state does the same; its clock is monotonic, so it only ever sees steps
+//! forward (a paused tokio clock that is advanced).
 //!
 //! ```
 //! use std::time::Duration;
@@ -51,7 +64,7 @@
 //! # let _ = layer; Ok(()) }
 //! ```
 
-mod memory;
+pub(crate) mod memory;
 
 use std::num::NonZeroU32;
 use std::sync::{Arc, LazyLock};
@@ -132,7 +145,8 @@ impl RollingWindowLimiter {
     ///
     /// A [`ConfigError`] for a zero limit, zero or more than [`MAX_BUCKETS`] buckets, an
     /// interval under one millisecond, a window (`buckets` × `interval`) over ten years,
-    /// or an invalid name.
+    /// more buckets than the backend's in-process state holds for one key (with a tiny
+    /// [`max_local_keys`](crate::BackendBuilder::max_local_keys)), or an invalid name.
     pub fn new(backend: &Backend, name: &str, config: RollingConfig) -> Result<Self, ConfigError> {
         crate::error::check_name("name", name)?;
         if config.limit == 0 {
@@ -156,6 +170,12 @@ impl RollingWindowLimiter {
             .ok_or(ConfigError::TooLong {
                 setting: "interval",
             })?;
+        let store = backend.local_store();
+        if !store.fits(crate::local::ring_weight(config.buckets as usize)) {
+            return Err(ConfigError::Conflict {
+                reason: "the backend's max_local_keys is too small for this many buckets",
+            });
+        }
         Ok(Self {
             store: Arc::new(RollingStore {
                 remote: Remote::new(backend, "rolling", name),
@@ -164,10 +184,13 @@ impl RollingWindowLimiter {
                 local_limit: backend.local_limit(config.limit),
                 buckets: config.buckets,
                 interval_ms,
-                rings: Rings::new(Grid {
-                    buckets: u64::from(config.buckets),
-                    interval_us: interval_ms * 1_000,
-                }),
+                rings: Rings::new(
+                    store,
+                    Grid {
+                        buckets: u64::from(config.buckets),
+                        interval_us: interval_ms * 1_000,
+                    },
+                ),
             }),
         })
     }
@@ -397,6 +420,13 @@ mod tests {
             RollingWindowLimiter::new(&Backend::in_process(), "{x}", RollingConfig::new(1, 1, ms)),
             Err(ConfigError::InvalidName { .. })
         ));
+        // A key must fit in the in-process state.
+        let small = Backend::builder().max_local_keys(10).build().unwrap();
+        assert!(matches!(
+            RollingWindowLimiter::new(&small, "t", RollingConfig::new(1, MAX_BUCKETS, ms)),
+            Err(ConfigError::Conflict { .. })
+        ));
+        assert!(RollingWindowLimiter::new(&small, "t", RollingConfig::new(1, 80, ms)).is_ok());
         // The edges that are accepted.
         assert!(build(RollingConfig::new(1, MAX_BUCKETS, ms)).is_ok());
         assert!(build(RollingConfig::new(1, 10, Duration::from_secs(365 * 86_400))).is_ok());

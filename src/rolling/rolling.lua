@@ -16,12 +16,26 @@ local cost = tonumber(ARGV[4])
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local current = math.floor(now / interval)
-local oldest = current - buckets + 1
--- Buckets slightly ahead of `current` (the server clock stepped back) still count, so
--- such a step never admits more than the limit; anything further ahead is garbage.
-local newest_allowed = current + buckets - 1
-
+-- Clock steps: the key's own time never goes back. When the server clock has stepped
+-- back (a field newer than `current`), every bucket is moved back by the step, keeping
+-- its count and its age, as if no time had passed: a step back never frees a unit, and
+-- never blocks the key longer than the window. A step forward expires buckets early.
+local newest = nil
 local fields = redis.call('HGETALL', KEYS[1])
+for i = 1, #fields, 2 do
+  local index = tonumber(fields[i])
+  local count = tonumber(fields[i + 1])
+  if index and count and count > 0 and count == math.floor(count)
+      and index == math.floor(index) and (newest == nil or index > newest) then
+    newest = index
+  end
+end
+local shift = 0
+if newest and newest > current then
+  shift = newest - current
+end
+local oldest = current - buckets + 1
+
 local live = {}
 local indices = {}
 local dead = {}
@@ -30,7 +44,8 @@ for i = 1, #fields, 2 do
   local index = tonumber(fields[i])
   local count = tonumber(fields[i + 1])
   if index and count and count > 0 and count == math.floor(count)
-      and index == math.floor(index) and index >= oldest and index <= newest_allowed then
+      and index == math.floor(index) and index - shift >= oldest then
+    index = index - shift
     sum = sum + count
     if not live[index] then
       live[index] = 0
@@ -41,9 +56,20 @@ for i = 1, #fields, 2 do
     dead[#dead + 1] = fields[i]
   end
 end
--- Delete in chunks: unpack() has a bounded stack.
-for i = 1, #dead, 500 do
-  redis.call('HDEL', KEYS[1], unpack(dead, i, math.min(i + 499, #dead)))
+if shift > 0 then
+  -- Rewrite the moved buckets (whatever the request's outcome).
+  redis.call('DEL', KEYS[1])
+  for _, index in ipairs(indices) do
+    redis.call('HSET', KEYS[1], string.format('%d', index), string.format('%d', live[index]))
+  end
+  if #indices > 0 then
+    redis.call('PEXPIRE', KEYS[1], string.format('%d', (buckets + 1) * interval))
+  end
+else
+  -- Delete in chunks: unpack() has a bounded stack.
+  for i = 1, #dead, 500 do
+    redis.call('HDEL', KEYS[1], unpack(dead, i, math.min(i + 499, #dead)))
+  end
 end
 table.sort(indices)
 
@@ -51,11 +77,7 @@ if sum + cost <= limit then
   redis.call('HINCRBY', KEYS[1], string.format('%d', current), cost)
   redis.call('PEXPIRE', KEYS[1], string.format('%d', (buckets + 1) * interval))
   sum = sum + cost
-  local newest = current
-  if #indices > 0 and indices[#indices] > newest then
-    newest = indices[#indices]
-  end
-  return {1, sum, 0, (newest + buckets) * interval - now}
+  return {1, sum, 0, (current + buckets) * interval - now}
 end
 
 -- Rejected: the oldest buckets expire first; find the one whose expiry frees enough.

@@ -9,10 +9,20 @@
 //! In Redis a bucket is one key holding its theoretical arrival time (the GCRA form of a
 //! token bucket), updated by a Lua script that reads the Redis server's clock with
 //! microsecond precision; the key expires once the bucket would be full again (never
-//! with a zero expiry, whatever the rate and burst). In-process, buckets are kept by
-//! [`governor`](https://docs.rs/governor) with the same algorithm; there the emission
-//! interval is rounded down to whole nanoseconds, and idle buckets are dropped on a
-//! schedule.
+//! with a zero expiry, whatever the rate and burst). In-process, each bucket is its
+//! arrival time (8 bytes of state, about 80 bytes in all) in the backend's bounded state
+//! ([`max_local_keys`](crate::BackendBuilder::max_local_keys)), run by the same
+//! algorithm in whole nanoseconds of the monotonic clock (the emission interval rounded
+//! to whole nanoseconds).
+//!
+//! # Clock steps
+//!
+//! The arrival time only ever moves forward, so no clock step refills a bucket beyond
+//! what the elapsed time allows. When the Redis server's clock steps back, the bucket is
+//! at most empty: an arrival time more than a full refill ahead of the new time is read
+//! as an empty bucket, which refills at the rate from then on (a step back of an hour
+//! does not refuse a key for an hour). A step forward at most refills the bucket early.
+//! In-process, time is the monotonic clock, which never steps back.
 //!
 //! `RateLimit-Policy` advertises `q` = burst and `w` = the time to refill a full bucket.
 //!
@@ -31,25 +41,19 @@
 //! # let _ = layer; Ok(()) }
 //! ```
 
-use std::fmt;
+pub(crate) mod memory;
+
 use std::num::NonZeroU32;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use deadpool_redis::redis::{Script, ScriptInvocation};
-use governor::clock::Clock as GovernorClock;
-use governor::middleware::StateInformationMiddleware;
-use governor::nanos::Nanos;
-use governor::state::keyed::DashMapStateStore;
-use governor::{Quota, RateLimiter};
 
-use crate::backend::{self, Backend, KeyHasher, PreHashed, Remote, Store};
-use crate::clock::Clock;
+use self::memory::{Bucket, Buckets, Outcome};
+use crate::backend::{self, Backend, Remote, Store};
 use crate::decision::{Decision, Policy, Source, State};
 use crate::error::{check_name, ConfigError};
 use crate::limiter::{Check, Limiter};
-use crate::local::{self, Sweep};
 use crate::service::{Algorithm, LayerBuilder, RateLimitLayer};
 
 static SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("token_bucket.lua")));
@@ -57,11 +61,6 @@ static SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("tok
 /// Arrival times in Redis count microseconds from this Unix time (2026-01-01T00:00:00Z),
 /// so that the script's doubles keep sub-microsecond precision for decades.
 const TAT_EPOCH_SECS: i64 = 1_767_225_600;
-
-/// How often idle in-process buckets are dropped.
-const SWEEP_EVERY: Duration = Duration::from_secs(10);
-/// One check in this many looks at the clock to see whether a sweep is due.
-const SWEEP_SAMPLE: u32 = 64;
 
 /// The settings of a token bucket.
 #[derive(Debug, Clone, Copy)]
@@ -108,46 +107,16 @@ pub struct TokenBucketLimiter {
     store: Arc<BucketStore>,
 }
 
-type Buckets =
-    RateLimiter<u128, DashMapStateStore<u128, PreHashed>, TokioClock, StateInformationMiddleware>;
-
+#[derive(Debug)]
 struct BucketStore {
     remote: Remote,
     policy: Policy,
     burst: u64,
     /// Microseconds per token, for the script.
     interval_us: f64,
-    /// The in-process bucket's capacity (the fallback share of `burst` on Redis).
-    local_burst: u64,
-    /// Nanoseconds per token in-process (the fallback share of the rate on Redis).
-    local_interval_ns: u64,
-    buckets: Arc<Buckets>,
-    hasher: KeyHasher,
-    sweep: Sweep,
-    /// Checks so far, to sample the sweep's clock reads.
-    checks: AtomicU32,
-}
-
-impl fmt::Debug for BucketStore {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("TokenBucket")
-            .field("policy", &self.policy)
-            .field("interval_us", &self.interval_us)
-            .field("local_buckets", &self.buckets.len())
-            .finish_non_exhaustive()
-    }
-}
-
-/// governor's clock, driven by the crate's clock (so tokio's paused clock drives it).
-#[derive(Debug, Clone)]
-struct TokioClock(Clock);
-
-impl GovernorClock for TokioClock {
-    type Instant = Nanos;
-
-    fn now(&self) -> Nanos {
-        Nanos::new(self.0.elapsed_ns())
-    }
+    /// The in-process bucket: the fallback share of `burst` and of the rate on Redis.
+    local: Bucket,
+    buckets: Buckets,
 }
 
 impl TokenBucketLimiter {
@@ -189,35 +158,25 @@ impl TokenBucketLimiter {
         if refill_ns > 10 * 366 * 86_400 * 1_000_000_000 {
             return Err(ConfigError::TooLong { setting: "period" });
         }
+        let refill = Duration::from_nanos(u64::try_from(refill_ns).unwrap_or(u64::MAX));
         // The in-process state applies the fallback share of both rate and burst.
-        let local_burst = backend.local_limit(config.burst);
+        let local_burst = backend
+            .local_limit(config.burst)
+            .min(u64::from(burst.get()));
         let share = local_burst as f64 / config.burst as f64;
         let local_interval_ns = (interval_ns as f64 / share).ceil() as u64;
-        let quota = Quota::with_period(Duration::from_nanos(local_interval_ns))
-            .expect("interval is at least one nanosecond")
-            .allow_burst(
-                NonZeroU32::new(u32::try_from(local_burst).unwrap_or(burst.get())).unwrap_or(burst),
-            );
-        let buckets = RateLimiter::dashmap_with_clock_and_hasher(
-            quota,
-            TokioClock(backend.clock()),
-            PreHashed,
-        )
-        .with_middleware::<StateInformationMiddleware>();
-        let refill = Duration::from_nanos(u64::try_from(refill_ns).unwrap_or(u64::MAX));
         Ok(Self {
             store: Arc::new(BucketStore {
                 remote: Remote::new(backend, "token", name),
                 policy: Policy::new(name, config.burst, refill),
                 burst: config.burst,
-                local_burst,
-                local_interval_ns,
+                local: Bucket {
+                    interval_ns: local_interval_ns.max(1),
+                    burst: local_burst,
+                },
                 // Exact, not rounded to nanoseconds: 3 per second is 333333.33 µs.
                 interval_us: config.period.as_secs_f64() * 1e6 / config.rate as f64,
-                buckets: Arc::new(buckets),
-                hasher: KeyHasher::default(),
-                checks: AtomicU32::new(0),
-                sweep: Sweep::every(u64::try_from(SWEEP_EVERY.as_nanos()).unwrap_or(u64::MAX)),
+                buckets: Buckets::new(backend.local_store()),
             }),
         })
     }
@@ -230,33 +189,6 @@ impl Limiter for TokenBucketLimiter {
 
     fn check(&self, key: &[u8], cost: NonZeroU32) -> Check {
         backend::check(&self.store, key, cost)
-    }
-}
-
-impl BucketStore {
-    fn tokens_duration(&self, tokens: u64) -> Duration {
-        Duration::from_nanos(self.local_interval_ns.saturating_mul(tokens))
-    }
-
-    /// A 128-bit key for governor: hashing with two random seeds avoids allocating an
-    /// owned key per check, and collisions are out of reach of attackers.
-    fn local_key(&self, key: &[u8]) -> u128 {
-        self.hasher.hash(key)
-    }
-
-    /// Drops idle buckets when a sweep is due; the clock is read on one check in
-    /// [`SWEEP_SAMPLE`] only, so the common check reads it once (in governor).
-    fn maybe_sweep(&self) {
-        if self.checks.fetch_add(1, Ordering::Relaxed) % SWEEP_SAMPLE != 0 {
-            return;
-        }
-        if self.sweep.due(self.remote.backend().clock().elapsed_ns()) {
-            let buckets = Arc::clone(&self.buckets);
-            local::off_the_request_path(move || {
-                buckets.retain_recent();
-                buckets.shrink_to_fit();
-            });
-        }
     }
 }
 
@@ -317,38 +249,31 @@ impl Store for BucketStore {
     }
 
     fn local(&self, key: &[u8], cost: NonZeroU32, source: Source) -> Decision {
-        self.maybe_sweep();
-        let key = self.local_key(key);
-        match self.buckets.check_key_n(&key, cost) {
-            Ok(Ok(snapshot)) => {
-                let burst = self.local_burst;
-                let left = u64::from(snapshot.remaining_burst_capacity());
+        let now_ns = self.remote.backend().clock().elapsed_ns();
+        let burst = self.local.burst;
+        let ns = Duration::from_nanos;
+        match self
+            .buckets
+            .hit(key, self.local, u64::from(cost.get()), now_ns)
+        {
+            Outcome::Admitted { left, full_in_ns } => {
                 let state = if left == 0 {
                     State::HitQuota
                 } else {
                     State::Allowed
                 };
-                let reset = self.tokens_duration(burst - left.min(burst));
-                Decision::new(state, burst, left, reset, source)
+                Decision::new(state, burst, left, ns(full_in_ns), source)
             }
-            Ok(Err(not_until)) => {
-                let now = self.buckets.clock().now();
-                let wait = not_until.wait_time_from(now);
-                let cost = u64::from(cost.get());
-                let burst = self.local_burst;
-                let missing = wait.as_nanos().div_ceil(u128::from(self.local_interval_ns));
-                let left = cost.saturating_sub(u64::try_from(missing).unwrap_or(u64::MAX));
-                let reset = wait + self.tokens_duration(burst - cost.min(burst));
-                Decision::new(State::OverQuota, burst, left, reset, source).with_retry_after(wait)
-            }
+            Outcome::Refused {
+                left,
+                wait_ns,
+                full_in_ns,
+            } => Decision::new(State::OverQuota, burst, left, ns(full_in_ns), source)
+                .with_retry_after(ns(wait_ns)),
             // Above the burst, or above the fallback share of it.
-            Err(_) => Decision::new(
-                State::ExceedsCapacity,
-                self.local_burst,
-                0,
-                Duration::ZERO,
-                source,
-            ),
+            Outcome::ExceedsCapacity => {
+                Decision::new(State::ExceedsCapacity, burst, 0, Duration::ZERO, source)
+            }
         }
     }
 }

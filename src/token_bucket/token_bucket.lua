@@ -6,7 +6,10 @@
 -- ARGV[2]: burst, ARGV[3]: cost, ARGV[4]: epoch (whole seconds since the Unix epoch).
 -- Returns {admitted (1/0), tokens left, µs until admissible (0 when admitted),
 -- µs until the bucket is full}. Time is the Redis server's clock, so every instance
--- agrees; TAT only ever moves forward.
+-- agrees; TAT only ever moves forward, so no clock step refills a bucket beyond the time
+-- elapsed. A TAT more than tau ahead only happens after the server clock stepped back:
+-- it is read as now + tau (an empty bucket), so such a step blocks a key for at most
+-- the time an empty bucket takes to refill, never for the length of the step.
 local t = redis.call('TIME')
 local now = (tonumber(t[1]) - tonumber(ARGV[4])) * 1000000 + tonumber(t[2])
 local interval = tonumber(ARGV[1])
@@ -16,6 +19,8 @@ local tau = interval * burst
 local tat = tonumber(redis.call('GET', KEYS[1]) or '')
 if tat == nil or tat < now then
   tat = now
+elseif tat > now + tau then
+  tat = now + tau
 end
 local new_tat = tat + cost * interval
 local wait = new_tat - tau - now

@@ -361,6 +361,8 @@ struct Node {
     stdio_path: PathBuf,
     /// Extra arguments (cluster mode), appended after the common ones.
     extra_args: Vec<String>,
+    /// Extra environment of the process (the clock shim).
+    env: Vec<(String, String)>,
     child: Option<Child>,
     paused: bool,
 }
@@ -373,6 +375,7 @@ impl Node {
             log_path: dir.join(format!("{name}.log")),
             stdio_path: dir.join(format!("{name}.stdio")),
             extra_args,
+            env: Vec::new(),
             child: None,
             paused: false,
         }
@@ -418,6 +421,7 @@ impl Node {
         let bin = redis_server_bin();
         let child = Command::new(&bin)
             .args(self.args())
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(stdio)
             .stderr(stdio_err)
@@ -915,5 +919,97 @@ impl Drop for RedisCluster {
             node.kill();
         }
         let _ = fs::remove_dir_all(&self.dir);
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Redis under a clock the test controls
+// ---------------------------------------------------------------------------
+
+/// The wall-clock offset of one `redis-server`, set at run time by the test.
+///
+/// The server runs with `clock_shim.c` (built here with `cc` once per test process) in
+/// `LD_PRELOAD`: its `gettimeofday`, `clock_gettime(CLOCK_REALTIME)` and `time` (which
+/// Redis's `TIME`, key expiry and scripts use) add the offset held in a file the shim maps
+/// shared; monotonic clocks are untouched. No system-wide clock change. (libfaketime
+/// cannot be used: it recurses into Debian's jemalloc-built redis-server at startup.)
+#[derive(Debug)]
+pub(crate) struct ServerClock {
+    path: PathBuf,
+}
+
+impl ServerClock {
+    /// Sets the server's wall clock to real time plus `offset_us` (negative: behind).
+    pub(crate) fn set_offset_us(&self, offset_us: i64) {
+        use std::os::unix::fs::FileExt;
+        let file = OpenOptions::new()
+            .write(true)
+            .open(&self.path)
+            .expect("clock file");
+        file.write_all_at(&offset_us.to_ne_bytes(), 0)
+            .expect("write the clock offset");
+    }
+
+    /// Steps the server's clock by `by_us` from its current offset.
+    pub(crate) fn step_us(&self, by_us: i64) {
+        let bytes = fs::read(&self.path).expect("clock file");
+        let now = i64::from_ne_bytes(bytes[..8].try_into().expect("8 bytes"));
+        self.set_offset_us(now + by_us);
+    }
+}
+
+/// Builds the clock shim once per test process; the path of the shared library.
+fn clock_shim() -> PathBuf {
+    static SHIM: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    SHIM.get_or_init(|| {
+        let dir = make_temp_dir("clockshim");
+        let source = dir.join("clock_shim.c");
+        fs::write(&source, include_str!("clock_shim.c")).expect("write clock_shim.c");
+        let lib = dir.join("clock_shim.so");
+        let cc = std::env::var("CC").unwrap_or_else(|_| "cc".to_owned());
+        let output = Command::new(&cc)
+            .args(["-shared", "-fPIC", "-O2", "-o"])
+            .arg(&lib)
+            .arg(&source)
+            .output()
+            .unwrap_or_else(|e| panic!("could not run `{cc}` to build the clock shim: {e}"));
+        assert!(
+            output.status.success(),
+            "building the clock shim failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        lib
+    })
+    .clone()
+}
+
+impl RedisServer {
+    /// Like [`start`](Self::start), with a wall clock the test steps through the returned
+    /// [`ServerClock`] (offset zero at first).
+    pub(crate) fn start_with_clock() -> (RedisServer, ServerClock) {
+        let shim = clock_shim();
+        let dir = make_temp_dir("redis");
+        let clock = ServerClock {
+            path: dir.join("clock-offset"),
+        };
+        fs::write(&clock.path, 0i64.to_ne_bytes()).expect("write the clock file");
+        let env = vec![
+            ("LD_PRELOAD".to_owned(), shim.to_string_lossy().into_owned()),
+            (
+                "CLOCK_SHIM_FILE".to_owned(),
+                clock.path.to_string_lossy().into_owned(),
+            ),
+        ];
+        match start_node(&dir, free_port, |port, dir| {
+            let mut node = Node::new(port, dir, "redis", Vec::new());
+            node.env = env.clone();
+            node
+        }) {
+            Ok(node) => (RedisServer { node }, clock),
+            Err(msg) => {
+                let _ = fs::remove_dir_all(&dir);
+                panic!("{msg}");
+            }
+        }
     }
 }

@@ -1,0 +1,196 @@
+//! The in-process token buckets: GCRA, one theoretical arrival time (TAT) per key, 8 bytes
+//! of state in the backend's bounded [local store](crate::local), the same algorithm as
+//! `token_bucket.lua` in integer nanoseconds of the crate's monotonic clock.
+//!
+//! [`Tat::hit`] is the whole algorithm, a pure step: (state, now, cost, settings) ->
+//! (state, outcome).
+
+use std::sync::Arc;
+
+use crate::local::{Key, LocalStore, Tat};
+
+/// A bucket's settings in nanoseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Bucket {
+    /// Nanoseconds per token (at least 1).
+    pub(crate) interval_ns: u64,
+    /// The bucket's capacity in tokens (at least 1).
+    pub(crate) burst: u64,
+}
+
+/// The outcome of one hit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    /// Taken: `left` whole tokens remain; the bucket is full again in `full_in_ns`.
+    Admitted { left: u64, full_in_ns: u64 },
+    /// Refused, nothing taken: `left` whole tokens are there, the cost fits in
+    /// `wait_ns`, and the bucket is full in `full_in_ns`.
+    Refused {
+        left: u64,
+        wait_ns: u64,
+        full_in_ns: u64,
+    },
+    /// The cost is above the burst: it can never pass.
+    ExceedsCapacity,
+}
+
+impl Tat {
+    /// Takes `cost` tokens at `now_ns` if the bucket holds them.
+    ///
+    /// A full bucket has TAT <= now; each token moves TAT one interval later; a cost fits
+    /// while TAT stays within `burst` intervals of now. TAT only moves forward, so no
+    /// clock step can refill the bucket beyond what the time elapsed allows; and since
+    /// a TAT more than `burst` intervals ahead means the clock stepped back, it is
+    /// brought back to `now + burst intervals` (an empty bucket), so a step back never
+    /// blocks a key longer than refilling an empty bucket takes. A step forward at most
+    /// refills the bucket early.
+    pub(crate) fn hit(&mut self, bucket: Bucket, cost: u64, now_ns: u64) -> Outcome {
+        if cost > bucket.burst {
+            return Outcome::ExceedsCapacity;
+        }
+        let interval = bucket.interval_ns.max(1);
+        let horizon = now_ns.saturating_add(interval.saturating_mul(bucket.burst));
+        let tat = self.0.clamp(now_ns, horizon);
+        let new_tat = tat.saturating_add(cost.saturating_mul(interval));
+        if new_tat > horizon {
+            self.0 = tat;
+            return Outcome::Refused {
+                left: (horizon - tat) / interval,
+                wait_ns: new_tat - horizon,
+                full_in_ns: tat - now_ns,
+            };
+        }
+        self.0 = new_tat;
+        Outcome::Admitted {
+            left: (horizon - new_tat) / interval,
+            full_in_ns: new_tat - now_ns,
+        }
+    }
+}
+
+/// One limiter's buckets in the backend's local store.
+#[derive(Debug)]
+pub(crate) struct Buckets {
+    store: Arc<LocalStore>,
+    limiter: u64,
+}
+
+impl Buckets {
+    pub(crate) fn new(store: Arc<LocalStore>) -> Self {
+        let limiter = store.limiter_id();
+        Self { store, limiter }
+    }
+
+    pub(crate) fn key(&self, key: &[u8]) -> Key {
+        self.store.key(self.limiter, key)
+    }
+
+    /// Takes `cost` tokens from `key`'s bucket at `now_ns` if it holds them.
+    pub(crate) fn hit(&self, key: &[u8], bucket: Bucket, cost: u64, now_ns: u64) -> Outcome {
+        if cost > bucket.burst {
+            return Outcome::ExceedsCapacity;
+        }
+        self.store
+            .update(self.key(key), Tat::default, |tat: &mut Tat| {
+                tat.hit(bucket, cost, now_ns)
+            })
+    }
+
+    #[cfg(test)]
+    pub(crate) fn store(&self) -> &LocalStore {
+        &self.store
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: u64 = 1_000_000;
+    /// 10 per second, burst 5.
+    const BUCKET: Bucket = Bucket {
+        interval_ns: 100 * MS,
+        burst: 5,
+    };
+    const T0: u64 = 100_000_000 * MS;
+
+    #[test]
+    fn a_full_bucket_then_the_refill_rate() {
+        let mut tat = Tat::default();
+        for left in (0..5).rev() {
+            assert_eq!(
+                tat.hit(BUCKET, 1, T0),
+                Outcome::Admitted {
+                    left,
+                    full_in_ns: (5 - left) * 100 * MS
+                }
+            );
+        }
+        assert_eq!(
+            tat.hit(BUCKET, 1, T0 + 30 * MS),
+            Outcome::Refused {
+                left: 0,
+                wait_ns: 70 * MS,
+                full_in_ns: 470 * MS
+            }
+        );
+        assert!(matches!(
+            tat.hit(BUCKET, 1, T0 + 100 * MS),
+            Outcome::Admitted { left: 0, .. }
+        ));
+        // Weighted: 3 tokens are there 300 ms later, not 4.
+        assert!(matches!(
+            tat.hit(BUCKET, 4, T0 + 400 * MS),
+            Outcome::Refused { left: 3, .. }
+        ));
+        assert_eq!(tat.hit(BUCKET, 6, T0), Outcome::ExceedsCapacity);
+        // Idle for long: full again, never more.
+        assert!(matches!(
+            tat.hit(BUCKET, 5, T0 + 3_600_000 * MS),
+            Outcome::Admitted { left: 0, .. }
+        ));
+    }
+
+    #[test]
+    fn a_step_back_never_refills_and_blocks_at_most_a_refill() {
+        let mut tat = Tat::default();
+        assert!(matches!(
+            tat.hit(BUCKET, 5, T0),
+            Outcome::Admitted { left: 0, .. }
+        ));
+        // An hour back: the bucket is empty, and fills at the rate from there.
+        let back = T0 - 3_600_000 * MS;
+        assert_eq!(
+            tat.hit(BUCKET, 1, back),
+            Outcome::Refused {
+                left: 0,
+                wait_ns: 100 * MS,
+                full_in_ns: 500 * MS
+            }
+        );
+        assert!(matches!(
+            tat.hit(BUCKET, 1, back + 100 * MS),
+            Outcome::Admitted { left: 0, .. }
+        ));
+        // A step back of less than a refill keeps the TAT as it is.
+        let mut tat = Tat::default();
+        tat.hit(BUCKET, 2, T0);
+        assert!(matches!(
+            tat.hit(BUCKET, 4, T0 - 100 * MS),
+            Outcome::Refused { left: 2, .. }
+        ));
+    }
+
+    #[test]
+    fn a_step_forward_at_most_refills_early() {
+        let mut tat = Tat::default();
+        tat.hit(BUCKET, 5, T0);
+        assert_eq!(
+            tat.hit(BUCKET, 5, T0 + 3_600_000 * MS),
+            Outcome::Admitted {
+                left: 0,
+                full_in_ns: 500 * MS
+            }
+        );
+    }
+}

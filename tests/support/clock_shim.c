@@ -1,0 +1,79 @@
+/* A wall-clock offset for one process, for tests: LD_PRELOAD this library and set
+ * CLOCK_SHIM_FILE to a file holding a native-endian int64 offset in microseconds (at
+ * least 8 bytes). The file is mapped shared, so a test changes the process's wall clock
+ * at run time by rewriting those 8 bytes. Only CLOCK_REALTIME (and its coarse variant),
+ * gettimeofday and time are shifted; monotonic clocks are left alone. The real time is
+ * read with the raw system call, so nothing here can recurse into an allocator.
+ * Built by tests/support/mod.rs with `cc -shared -fPIC`. */
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <sys/time.h>
+#include <time.h>
+#include <unistd.h>
+
+static int64_t *volatile shared_offset;
+static volatile int mapped;
+
+static int64_t offset_us(void) {
+    if (!__atomic_load_n(&mapped, __ATOMIC_ACQUIRE)) {
+        const char *path = getenv("CLOCK_SHIM_FILE");
+        int64_t *p = NULL;
+        if (path) {
+            int fd = open(path, O_RDONLY | O_CLOEXEC);
+            if (fd >= 0) {
+                void *m = mmap(NULL, sizeof(int64_t), PROT_READ, MAP_SHARED, fd, 0);
+                close(fd);
+                if (m != MAP_FAILED) p = m;
+            }
+        }
+        __atomic_store_n(&shared_offset, p, __ATOMIC_RELEASE);
+        __atomic_store_n(&mapped, 1, __ATOMIC_RELEASE);
+    }
+    int64_t *p = __atomic_load_n(&shared_offset, __ATOMIC_ACQUIRE);
+    return p ? __atomic_load_n(p, __ATOMIC_RELAXED) : 0;
+}
+
+static int real_clock_gettime(clockid_t clock, struct timespec *ts) {
+    return (int)syscall(SYS_clock_gettime, clock, ts);
+}
+
+static void shift(struct timespec *ts) {
+    int64_t ns = (int64_t)ts->tv_sec * 1000000000LL + ts->tv_nsec + offset_us() * 1000LL;
+    ts->tv_sec = ns / 1000000000LL;
+    ts->tv_nsec = ns % 1000000000LL;
+    if (ts->tv_nsec < 0) {
+        ts->tv_nsec += 1000000000LL;
+        ts->tv_sec -= 1;
+    }
+}
+
+int clock_gettime(clockid_t clock, struct timespec *ts) {
+    int r = real_clock_gettime(clock, ts);
+    if (r == 0 && (clock == CLOCK_REALTIME || clock == CLOCK_REALTIME_COARSE)) shift(ts);
+    return r;
+}
+
+int gettimeofday(struct timeval *restrict tv, void *restrict tz) {
+    (void)tz;
+    struct timespec ts;
+    int r = real_clock_gettime(CLOCK_REALTIME, &ts);
+    if (r != 0) return r;
+    shift(&ts);
+    if (tv) {
+        tv->tv_sec = ts.tv_sec;
+        tv->tv_usec = ts.tv_nsec / 1000;
+    }
+    return 0;
+}
+
+time_t time(time_t *out) {
+    struct timespec ts;
+    if (real_clock_gettime(CLOCK_REALTIME, &ts) != 0) return (time_t)-1;
+    shift(&ts);
+    if (out) *out = ts.tv_sec;
+    return ts.tv_sec;
+}
