@@ -282,8 +282,8 @@
 //! fallback) is bounded: at most
 //! [`max_local_keys`](crate::BackendBuilder::max_local_keys) keys per backend, all
 //! layers together (one million by default: under 256 MB whatever the flood; about
-//! 80 bytes per fixed-window or token-bucket key, about 180 for a rolling window of
-//! 10 buckets). A client that sends ever new keys (random API keys, say) cannot grow
+//! 100 bytes per fixed-window or token-bucket key, about 250 for a rolling window of
+//! 10 buckets, which counts as two keys). A client that sends ever new keys (random API keys, say) cannot grow
 //! it further: when full, keys seen only once are dropped first, so the keys being
 //! limited keep their counts; each drop is counted in
 //! [`ratelimit_local_evictions_total`](crate::metrics::LOCAL_EVICTIONS_TOTAL). Nothing

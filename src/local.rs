@@ -39,6 +39,22 @@
 //! [`entry`](quick_cache::sync::Cache::entry) updates a state in place under the shard
 //! lock, and a key inserted by two requests at once is inserted once (the second waits
 //! for the first).
+//!
+//! The price, measured (`BENCHMARKS.md`): a check on a hot key costs what it did on
+//! `DashMap` (~90 ns), but with 100 000 keys cycling it costs ~100 to ~150 ns more for
+//! the token bucket and the fixed window (an index table, then the slab: one more cache
+//! miss than a map holding the state inline). In exchange the store is bounded, never
+//! swept, and a flood of new keys neither grows it nor resets the keys being limited.
+//!
+//! # Keys and bytes
+//!
+//! A key is stored as a 128-bit SipHash-1-3 of (limiter id, key bytes) with random keys
+//! ([`siphasher`](https://docs.rs/siphasher), one pass), never as a copy of the key: no
+//! allocation for a known key, fixed-size entries, and collisions out of reach of anyone
+//! choosing keys. A state is three words ([`Slot`]); measured in all, about 70 bytes per
+//! fixed-window or token-bucket key while the bound is not reached, ~100 with it reached
+//! (the cache then also remembers the hashes of recently evicted keys, to recognise keys
+//! that come back), and for a rolling window that plus its counters (8 bytes a bucket).
 
 use std::collections::hash_map::RandomState;
 use std::fmt;

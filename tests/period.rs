@@ -488,3 +488,35 @@ async fn evictions_are_counted() {
     };
     assert!((900..=1_000).contains(count), "{count}");
 }
+
+/// Concurrent checks on one new key in-process (the first insert races) admit exactly
+/// the quota.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn in_process_concurrent_checks_on_a_new_key_admit_exactly_the_quota() {
+    for round in 0..20 {
+        let limiter = Arc::new(limiter(
+            &Backend::in_process(),
+            PeriodConfig::new(50, Duration::from_secs(60)),
+        ));
+        let key = format!("new-{round}");
+        let tasks: Vec<_> = (0..4)
+            .map(|_| {
+                let limiter = Arc::clone(&limiter);
+                let key = key.clone();
+                tokio::spawn(async move {
+                    let mut admitted = 0u32;
+                    for _ in 0..40 {
+                        admitted +=
+                            u32::from(limiter.check(key.as_bytes(), ONE).await.is_admitted());
+                    }
+                    admitted
+                })
+            })
+            .collect();
+        let mut admitted = 0;
+        for task in tasks {
+            admitted += task.await.unwrap();
+        }
+        assert_eq!(admitted, 50, "round {round}");
+    }
+}

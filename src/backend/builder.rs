@@ -282,11 +282,12 @@ impl BackendBuilder {
     /// is split evenly over up to 64 shards, each with its own lock (so it is rounded
     /// down to a multiple of their number).
     ///
-    /// Measured bytes per key (one million keys, `VmRSS`, glibc; see `BENCHMARKS.md`):
-    /// about 100 for the fixed window and the token bucket, about 200 for a rolling
-    /// window of 10 buckets, so the default stays under 256 MB whatever the number of
-    /// keys. Size it to the keys active within one window (or refill time) of your
-    /// longest limit.
+    /// Measured resident bytes per key with the bound reached (`VmRSS`, glibc; see
+    /// `BENCHMARKS.md`): about 100 for the fixed window and the token bucket, about 250
+    /// for a rolling window of 10 buckets (two keys' worth), at most about 190 per key's
+    /// worth for any rolling window: the default stays under 256 MB (under 100 MiB for
+    /// the fixed window and the token bucket) whatever the number of keys. Size it to
+    /// the keys active within one window (or refill time) of your longest limit.
     ///
     /// ```
     /// use tower_redis_ratelimit::Backend;

@@ -90,7 +90,7 @@ pub const DEFAULT_PROBE_INTERVAL: Duration = Duration::from_millis(500);
 /// The default number of refused keys the local deny cache remembers.
 pub const DEFAULT_DENY_CACHE_CAPACITY: usize = 10_000;
 /// The default of [`BackendBuilder::max_local_keys`]: one million keys, under 256 MB
-/// with any algorithm (see the [`local`](BackendBuilder::max_local_keys) figures).
+/// of in-process state with any algorithm (measured figures there).
 pub const DEFAULT_MAX_LOCAL_KEYS: u64 = crate::local::DEFAULT_MAX_KEYS;
 
 /// A `deadpool-redis` configuration for a limiter backend: the pool's wait, create and

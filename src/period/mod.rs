@@ -9,7 +9,7 @@
 //!
 //! In process, windows live in the backend's bounded state
 //! ([`max_local_keys`](crate::BackendBuilder::max_local_keys)): 16 bytes of state per
-//! key, about 80 bytes in all.
+//! key, about 70 to 100 bytes in all.
 //!
 //! # Clock steps
 //!

@@ -35,7 +35,7 @@
 //! after the last admitted request. In process, each key holds a ring of `buckets`
 //! counters in the backend's bounded state
 //! ([`max_local_keys`](crate::BackendBuilder::max_local_keys), where a key counts as
-//! `ceil(buckets / 8)` keys): about 180 bytes per key for 10 buckets.
+//! `ceil(buckets / 8)` keys): about 250 bytes per key for 10 buckets.
 //!
 //! # Clock steps
 //!

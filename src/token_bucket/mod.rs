@@ -10,7 +10,7 @@
 //! token bucket), updated by a Lua script that reads the Redis server's clock with
 //! microsecond precision; the key expires once the bucket would be full again (never
 //! with a zero expiry, whatever the rate and burst). In-process, each bucket is its
-//! arrival time (8 bytes of state, about 80 bytes in all) in the backend's bounded state
+//! arrival time (8 bytes of state, about 70 to 100 bytes in all) in the backend's bounded state
 //! ([`max_local_keys`](crate::BackendBuilder::max_local_keys)), run by the same
 //! algorithm in whole nanoseconds of the monotonic clock (the emission interval rounded
 //! to whole nanoseconds).
