@@ -50,10 +50,18 @@ pub struct BackendConfig {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prefix: Option<String>,
     /// [`BackendBuilder::call_timeout`].
-    #[serde(default, with = "humantime_serde", skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        with = "humantime_serde",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub call_timeout: Option<Duration>,
     /// [`BackendBuilder::probe_interval`].
-    #[serde(default, with = "humantime_serde", skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        with = "humantime_serde",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub probe_interval: Option<Duration>,
     /// The breaker's settings.
     #[serde(default)]
@@ -79,7 +87,11 @@ pub struct BackendConfig {
 #[non_exhaustive]
 pub struct BreakerSettings {
     /// [`BackendBuilder::breaker_window`].
-    #[serde(default, with = "humantime_serde", skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        with = "humantime_serde",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub window: Option<Duration>,
     /// [`BackendBuilder::breaker_min_calls`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -88,7 +100,11 @@ pub struct BreakerSettings {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failure_ratio: Option<f64>,
     /// [`BackendBuilder::recovery`].
-    #[serde(default, with = "humantime_serde", skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        with = "humantime_serde",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub recovery: Option<Duration>,
 }
 

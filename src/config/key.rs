@@ -137,8 +137,12 @@ impl<'de> Deserialize<'de> for KeyConfig {
                     return Err(de::Error::invalid_length(0, &"one key extractor"));
                 };
                 let key = match tag {
-                    Tag::Global => map.next_value::<de::IgnoredAny>().map(|_| KeyConfig::Global)?,
-                    Tag::Path => map.next_value::<de::IgnoredAny>().map(|_| KeyConfig::Path)?,
+                    Tag::Global => map
+                        .next_value::<de::IgnoredAny>()
+                        .map(|_| KeyConfig::Global)?,
+                    Tag::Path => map
+                        .next_value::<de::IgnoredAny>()
+                        .map(|_| KeyConfig::Path)?,
                     Tag::MatchedPath => map
                         .next_value::<de::IgnoredAny>()
                         .map(|_| KeyConfig::MatchedPath)?,
@@ -191,9 +195,10 @@ impl KeyConfig {
             }),
             Self::ForwardedIp(config) => {
                 let mut key = ForwardedIp::from_strs(&config.trusted).map_err(|_| {
-                    let bad = config.trusted.iter().find(|s| {
-                        ForwardedIp::from_strs([s]).is_err()
-                    });
+                    let bad = config
+                        .trusted
+                        .iter()
+                        .find(|s| ForwardedIp::from_strs([s]).is_err());
                     invalid(format_args!(
                         "trusted proxy {:?} is neither a network nor an address",
                         bad.map_or("", String::as_str)
@@ -226,7 +231,10 @@ impl KeyConfig {
                         "`{word}` combines at least two extractors"
                     )));
                 }
-                let keys = keys.iter().map(Self::build).collect::<Result<Box<[_]>, _>>()?;
+                let keys = keys
+                    .iter()
+                    .map(Self::build)
+                    .collect::<Result<Box<[_]>, _>>()?;
                 if is_or {
                     Inner::Or(keys)
                 } else {

@@ -291,7 +291,9 @@ fn parse_offset(text: &str) -> Result<UtcOffset, ConfigError> {
     if minutes >= 60 {
         return Err(invalid());
     }
-    Ok(UtcOffset::from_seconds(sign * (hours * 3_600 + minutes * 60)))
+    Ok(UtcOffset::from_seconds(
+        sign * (hours * 3_600 + minutes * 60),
+    ))
 }
 
 /// What a rule does with a request that has no key: `"allow"`, `{ reject = 400 }` or
