@@ -28,11 +28,12 @@ use crate::key::{
 ///
 /// The keys are the same bytes as those of the extractors built in code, so a rule from
 /// a file and a layer built in code with the same name share their counters.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum KeyConfig {
-    /// One key for all requests.
+    /// One key for all requests (the default).
+    #[default]
     Global,
     /// The TCP peer address.
     PeerIp(PeerIpConfig),
@@ -48,12 +49,6 @@ pub enum KeyConfig {
     Or(Vec<KeyConfig>),
     /// All keys joined (none when any is missing).
     And(Vec<KeyConfig>),
-}
-
-impl Default for KeyConfig {
-    fn default() -> Self {
-        Self::Global
-    }
 }
 
 /// The settings of [`KeyConfig::PeerIp`].
