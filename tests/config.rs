@@ -536,3 +536,52 @@ async fn redis_backend_from_config() {
     let error = wrong.build().unwrap().check_redis().await.unwrap_err();
     assert!(!error.to_string().contains("wrong-pw"), "{error}");
 }
+
+/// Every backend setting reaches the builder: the builder set up from a file equals,
+/// setting for setting, the one written in code (TLS files included).
+#[test]
+fn every_backend_field_reaches_the_builder() {
+    let dir = support::make_temp_dir("config-tls");
+    for file in ["ca.pem", "c.pem", "c.key"] {
+        std::fs::write(dir.join(file), b"not checked until a connection").unwrap();
+    }
+    let config = parse(&format!(
+        r#"
+        [backend]
+        url = "rediss://u:p@127.0.0.1:6380/0"
+        prefix = "p"
+        call_timeout = "150ms"
+        probe_interval = "1s"
+        failure_policy = "fail_closed"
+        fallback_share = 0.5
+        max_local_keys = 1000
+        deny_cache = 0
+        breaker = {{ window = "3s", min_calls = 5, failure_ratio = 0.25, recovery = "2s" }}
+        tls = {{ ca_file = "{0}/ca.pem", client_cert_file = "{0}/c.pem", client_key_file = "{0}/c.key" }}
+        "#,
+        dir.display()
+    ));
+    let from_file = config.backend.builder().unwrap();
+    let in_code = Backend::builder()
+        .redis_url("rediss://u:p@127.0.0.1:6380/0")
+        .prefix("p")
+        .call_timeout(Duration::from_millis(150))
+        .probe_interval(Duration::from_secs(1))
+        .failure_policy(FailurePolicy::FailClosed)
+        .fallback_share(0.5)
+        .max_local_keys(1000)
+        .deny_cache(0)
+        .breaker_window(Duration::from_secs(3))
+        .breaker_min_calls(5)
+        .breaker_failure_ratio(0.25)
+        .recovery(Duration::from_secs(2))
+        .tls_ca_pem(b"x".to_vec())
+        .tls_client_auth_pem(b"x".to_vec(), b"x".to_vec());
+    assert_eq!(format!("{from_file:?}"), format!("{in_code:?}"));
+    assert_ne!(
+        format!("{from_file:?}"),
+        format!("{:?}", Backend::builder()),
+        "not the defaults"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
