@@ -173,6 +173,17 @@ fn invalid_values_are_the_builders_errors() {
             ..
         }
     ));
+    let free = build_error(&format!("{}cost = 0\n", rule(period)));
+    assert!(
+        matches!(
+            free,
+            ConfigError::Zero {
+                setting: "cost",
+                ..
+            }
+        ),
+        "{free:?}"
+    );
     let twice = build_error(&format!("{}{}", rule(period), rule(period)));
     assert!(matches!(twice, ConfigError::Conflict { .. }), "{twice:?}");
     let no_file = build_error(

@@ -47,7 +47,8 @@ pub struct RuleConfig {
     /// How requests are told apart (default `"global"`).
     #[serde(default)]
     pub key: KeyConfig,
-    /// The units every request costs (default 1; [`FixedCost`]).
+    /// The units every request costs (default 1; [`FixedCost`]). Zero is refused: a rule
+    /// whose requests are all free would never limit anything.
     #[serde(default = "one")]
     pub cost: u32,
     /// [`LayerBuilder::on_redis_failure`] (default: the backend's).
@@ -101,12 +102,15 @@ impl RuleConfig {
     ///
     /// # Errors
     ///
-    /// A [`ConfigError`] for a key or missing-key setting that cannot work; the others
-    /// are checked by [`LayerBuilder::build`].
+    /// A [`ConfigError`] for a zero cost, or a key or missing-key setting that cannot
+    /// work; the others are checked by [`LayerBuilder::build`].
     pub fn builder(
         &self,
         backend: &Backend,
     ) -> Result<LayerBuilder<LimitConfig, RuleKey, FixedCost>, ConfigError> {
+        if self.cost == 0 {
+            return Err(ConfigError::Zero { setting: "cost" });
+        }
         let mut builder = LayerBuilder::new(backend, self.limit.clone())
             .name(self.name.clone())
             .key(self.key.build()?)
