@@ -205,6 +205,51 @@
 //! failover when its connection to the old master fails, and asks the sentinels again on
 //! the next connection; meanwhile the failure policies answer.
 //!
+//! # Configuration as data
+//!
+//! With the `serde` feature, the backend and the rules can come from a file or the
+//! environment instead of code: the `config` module's `RulesConfig` (a `[backend]`
+//! table and a list of `[[rules]]`) is a plain `serde` type, read by the loader of your
+//! choice (`toml`, `serde_yaml`, `serde_json`, `figment`...). Unknown fields are errors,
+//! durations are human strings (`"100ms"`, `"1day"`), and building goes through the
+//! builders above, so a setting that cannot work is the same [`ConfigError`](crate::ConfigError)
+//! at start-up. Every rule builds a layer of one type, whatever its algorithm and key;
+//! `Rules::apply` stacks them on an axum router, the first rule outermost (see
+//! [Stacked limits](#stacked-limits) for the order). `examples/rules.rs` serves an app
+//! from `examples/rules.toml`.
+//!
+//! ```
+//! # #[cfg(feature = "serde")]
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use axum::{routing::get, Router};
+//! use tower_redis_ratelimit::config::RulesConfig;
+//!
+//! let mut config: RulesConfig = toml::from_str(r#"
+//!     [backend]
+//!     prefix = "myapp"
+//!     fallback_share = 0.25
+//!
+//!     [[rules]]
+//!     name = "burst"
+//!     key = { header = "x-api-key" }
+//!     limit = { algorithm = "token_bucket", rate = 5, per = "1s", burst = 10 }
+//!
+//!     [[rules]]
+//!     name = "daily"
+//!     key = { header = "x-api-key" }
+//!     limit = { algorithm = "period", quota = 10000, period = "1day", align = "UTC" }
+//! "#)?;
+//! // The environment overrides the file where you say so.
+//! if let Ok(url) = std::env::var("REDIS_URL") {
+//!     config.backend.url = Some(url);
+//! }
+//! let rules = config.build()?;
+//! let app: Router = rules.apply(Router::new().route("/search", get(|| async { "results" })));
+//! # let _ = app; Ok(()) }
+//! # #[cfg(not(feature = "serde"))]
+//! # fn main() {}
+//! ```
+//!
 //! # Failure modes
 //!
 //! Redis fails partially more often than it fails cleanly: a slow reply, one key of the

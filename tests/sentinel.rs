@@ -102,3 +102,33 @@ async fn the_backend_follows_a_failover_with_the_replicated_counts() {
     assert_eq!(backend.redis_state(), Some(RedisState::Healthy));
     assert_eq!(limiter.check(b"k", ONE).await.remaining, 100 - 12);
 }
+
+/// A Sentinel backend from configuration (feature `serde`): the master's name and the
+/// sentinels' URLs from the file; checks go to the master.
+#[cfg(feature = "serde")]
+#[tokio::test]
+async fn a_sentinel_backend_from_configuration() {
+    let group = SentinelGroup::start();
+    let urls: Vec<String> = group.urls().iter().map(|u| format!("{u:?}")).collect();
+    let text = format!(
+        "prefix = \"from-config\"\n\
+         sentinel = {{ master_name = \"{MASTER_NAME}\", urls = [{}] }}\n",
+        urls.join(", ")
+    );
+    let config: tower_redis_ratelimit::config::BackendConfig = toml::from_str(&text).unwrap();
+    let backend = config.build().unwrap();
+    backend.check_redis().await.unwrap();
+    let limiter =
+        PeriodLimiter::new(&backend, "s", PeriodConfig::new(2, Duration::from_secs(60))).unwrap();
+    let decisions = [
+        limiter.check(b"k", ONE).await,
+        limiter.check(b"k", ONE).await,
+        limiter.check(b"k", ONE).await,
+    ];
+    assert!(decisions[..2]
+        .iter()
+        .all(|d| d.is_admitted() && d.source == Source::Redis));
+    assert!(!decisions[2].is_admitted());
+    let keys = group.master.cmd(&["KEYS", "from-config:*"]);
+    assert!(keys.contains(":period:s"), "{keys}");
+}

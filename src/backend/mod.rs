@@ -127,6 +127,11 @@ pub fn pool_config(url: impl Into<String>, timeout: Duration) -> deadpool_redis:
 /// own call failed (a timeout, or an error that concerns only its key, such as
 /// `WRONGTYPE`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Deserialize, serde::Serialize),
+    serde(rename_all = "snake_case")
+)]
 #[non_exhaustive]
 pub enum FailurePolicy {
     /// Answer from the in-process state, which has the same semantics (the default).
