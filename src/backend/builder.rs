@@ -11,7 +11,7 @@ use super::deny::DenyCache;
 use super::health::BreakerConfig;
 use super::redis::RedisBackend;
 use super::{
-    Backend, Failover, FailurePolicy, Inner, DEFAULT_CALL_TIMEOUT, DEFAULT_DENY_CACHE_CAPACITY,
+    Backend, Failover, FailurePolicy, Inner, TimeSource, DEFAULT_CALL_TIMEOUT, DEFAULT_DENY_CACHE_CAPACITY,
     DEFAULT_MAX_LOCAL_KEYS, DEFAULT_PREFIX, DEFAULT_PROBE_INTERVAL,
 };
 use crate::clock::Clock;
@@ -62,6 +62,8 @@ pub struct BackendBuilder {
     deny_cache: usize,
     max_local_keys: u64,
     failover: Failover,
+    time: TimeSource,
+    caller_offset_us: i64,
 }
 
 impl Default for BackendBuilder {
@@ -79,6 +81,8 @@ impl Default for BackendBuilder {
             deny_cache: DEFAULT_DENY_CACHE_CAPACITY,
             max_local_keys: DEFAULT_MAX_LOCAL_KEYS,
             failover: Failover::default(),
+            time: TimeSource::default(),
+            caller_offset_us: 0,
         }
     }
 }
@@ -95,6 +99,7 @@ impl fmt::Debug for BackendBuilder {
             .field("deny_cache", &self.deny_cache)
             .field("max_local_keys", &self.max_local_keys)
             .field("failover", &self.failover)
+            .field("time_source", &self.time)
             .finish_non_exhaustive()
     }
 }
@@ -320,6 +325,38 @@ impl BackendBuilder {
         self
     }
 
+    /// Where the Redis scripts take the current time from (default
+    /// [`TimeSource::Server`], the Redis server's `TIME`). [`TimeSource::Caller`] sends
+    /// this backend's clock to every script as one more argument instead, and no script
+    /// calls `TIME`: for servers that refuse `TIME` in scripts or answer it uselessly
+    /// (ElastiCache Serverless; Dragonfly returns 0). Instances whose clocks differ then
+    /// keep each algorithm's guarantees within a documented bound (see [`TimeSource`]);
+    /// every instance on one Redis must use the same setting.
+    ///
+    /// ```
+    /// use tower_redis_ratelimit::{backend::TimeSource, Backend};
+    ///
+    /// # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
+    /// let backend = Backend::builder()
+    ///     .redis_url("redis://dragonfly.internal:6379")
+    ///     .time_source(TimeSource::Caller)
+    ///     .build()?;
+    /// # let _ = backend; Ok(()) }
+    /// ```
+    pub fn time_source(mut self, time: TimeSource) -> Self {
+        self.time = time;
+        self
+    }
+
+    /// Not part of the API: moves the clock that [`TimeSource::Caller`] sends to the
+    /// scripts by `offset_us` microseconds (negative: behind), so that tests can run
+    /// instances whose clocks differ.
+    #[doc(hidden)]
+    pub fn caller_clock_offset_us(mut self, offset_us: i64) -> Self {
+        self.caller_offset_us = offset_us;
+        self
+    }
+
     /// The prefix of every Redis key (default `ratelimit`), e.g. to share one Redis
     /// between applications; see [Redis keys](crate::backend#redis-keys) for the whole layout.
     /// At most 128 bytes, without `{`, `}`, control characters, quotes or backslashes.
@@ -466,6 +503,8 @@ impl BackendBuilder {
                 local,
                 prefix: self.prefix,
                 clock: Clock::new(),
+                time: self.time,
+                caller_offset_us: self.caller_offset_us,
                 redis,
                 deny: DenyCache::new(self.deny_cache),
             }),

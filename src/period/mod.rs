@@ -45,16 +45,16 @@ use std::num::NonZeroU32;
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
-use deadpool_redis::redis::{Script, ScriptInvocation};
+use deadpool_redis::redis::ScriptInvocation;
 
 use self::memory::{Schedule, Windows};
-use crate::backend::{self, Backend, Remote, Store};
+use crate::backend::{self, Backend, Remote, Scripts, Store};
 use crate::decision::{Decision, Policy, Source, State};
 use crate::error::ConfigError;
 use crate::limiter::{Check, Limiter};
 use crate::service::{Algorithm, LayerBuilder, RateLimitLayer};
 
-static SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("period.lua")));
+static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts::new(include_str!("period.lua")));
 
 /// The largest UTC offset accepted (±18 hours, as in RFC 3339 and most time libraries).
 const MAX_OFFSET_SECS: i32 = 18 * 3_600;
@@ -237,8 +237,8 @@ impl Store for PeriodStore {
         )
     }
 
-    fn script(&self) -> &'static Script {
-        &SCRIPT
+    fn scripts(&self) -> &'static Scripts {
+        &SCRIPTS
     }
 
     fn args(&self, invocation: &mut ScriptInvocation<'static>, cost: NonZeroU32) {

@@ -47,16 +47,16 @@ use std::num::NonZeroU32;
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
-use deadpool_redis::redis::{Script, ScriptInvocation};
+use deadpool_redis::redis::ScriptInvocation;
 
 use self::memory::{Bucket, Buckets, Outcome};
-use crate::backend::{self, Backend, Remote, Store};
+use crate::backend::{self, Backend, Remote, Scripts, Store};
 use crate::decision::{Decision, Policy, Source, State};
 use crate::error::{check_name, ConfigError};
 use crate::limiter::{Check, Limiter};
 use crate::service::{Algorithm, LayerBuilder, RateLimitLayer};
 
-static SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("token_bucket.lua")));
+static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts::new(include_str!("token_bucket.lua")));
 
 /// Arrival times in Redis count microseconds from this Unix time (2026-01-01T00:00:00Z),
 /// so that the script's doubles keep sub-microsecond precision for decades.
@@ -211,8 +211,8 @@ impl Store for BucketStore {
         )
     }
 
-    fn script(&self) -> &'static Script {
-        &SCRIPT
+    fn scripts(&self) -> &'static Scripts {
+        &SCRIPTS
     }
 
     fn args(&self, invocation: &mut ScriptInvocation<'static>, cost: NonZeroU32) {
