@@ -110,7 +110,7 @@ fn skewed(skew_us: i64) -> (RedisServer, Backend, Backend) {
     (redis, a, b)
 }
 
-/// Calls `a` then `b` on one key every `tick` for `span`; the admission times (since
+/// Calls `b` (the caller behind) then `a` on one key every `tick` for `span`; the admission times (since
 /// the start) and the decisions.
 async fn alternate(
     a: &dyn Limiter,
@@ -124,7 +124,7 @@ async fn alternate(
     let mut decisions = Vec::new();
     while next - start < span {
         tokio::time::sleep_until(next).await;
-        for limiter in [a, b] {
+        for limiter in [b, a] {
             let d = check(limiter, "k").await;
             if d.is_admitted() {
                 admitted.push(start.elapsed());
