@@ -46,12 +46,8 @@ fn limiters(backend: &Backend) -> Vec<Box<dyn Limiter>> {
             .unwrap(),
         ),
         Box::new(
-            TokenBucketLimiter::new(
-                backend,
-                "token",
-                TokenBucketConfig::new(1, 3_600 * sec, 5),
-            )
-            .unwrap(),
+            TokenBucketLimiter::new(backend, "token", TokenBucketConfig::new(1, 3_600 * sec, 5))
+                .unwrap(),
         ),
         Box::new(
             RollingWindowLimiter::new(backend, "rolling", RollingConfig::new(5, 10, 6 * sec))
@@ -140,7 +136,12 @@ async fn alternate(
 fn most_within(admitted: &[Duration], len: Duration) -> usize {
     admitted
         .iter()
-        .map(|&from| admitted.iter().filter(|&&t| t >= from && t <= from + len).count())
+        .map(|&from| {
+            admitted
+                .iter()
+                .filter(|&&t| t >= from && t <= from + len)
+                .count()
+        })
         .max()
         .unwrap_or(0)
 }
@@ -170,7 +171,10 @@ async fn token_bucket_skewed_callers_stay_within_rate_times_skew() {
     assert!(admitted.len() >= 15, "{admitted:?}");
     // A refusal waits at most one token plus the skew.
     for d in decisions.iter().filter(|d| !d.is_admitted()) {
-        assert!(d.retry_after.unwrap() <= Duration::from_millis(100) + skew, "{d:?}");
+        assert!(
+            d.retry_after.unwrap() <= Duration::from_millis(100) + skew,
+            "{d:?}"
+        );
     }
 }
 
@@ -212,7 +216,10 @@ async fn period_skewed_callers_stay_within_one_extra_window_per_clock() {
     let (admitted, decisions) =
         alternate(&pa, &pb, Duration::from_millis(20), Duration::from_secs(3)).await;
     let most = most_within(&admitted, period);
-    assert!(most <= 3 * 3, "{most} admitted within {period:?}: {admitted:?}");
+    assert!(
+        most <= 3 * 3,
+        "{most} admitted within {period:?}: {admitted:?}"
+    );
     assert!(admitted.len() >= 3 * 3, "{admitted:?}");
     for d in &decisions {
         assert!(d.reset <= period, "{d:?}");

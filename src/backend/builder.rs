@@ -11,8 +11,8 @@ use super::deny::DenyCache;
 use super::health::BreakerConfig;
 use super::redis::RedisBackend;
 use super::{
-    Backend, Failover, FailurePolicy, Inner, TimeSource, DEFAULT_CALL_TIMEOUT, DEFAULT_DENY_CACHE_CAPACITY,
-    DEFAULT_MAX_LOCAL_KEYS, DEFAULT_PREFIX, DEFAULT_PROBE_INTERVAL,
+    Backend, Failover, FailurePolicy, Inner, TimeSource, DEFAULT_CALL_TIMEOUT,
+    DEFAULT_DENY_CACHE_CAPACITY, DEFAULT_MAX_LOCAL_KEYS, DEFAULT_PREFIX, DEFAULT_PROBE_INTERVAL,
 };
 use crate::clock::Clock;
 use crate::error::{check_name, ConfigError};

@@ -42,6 +42,12 @@
 //! checks several limits of one request at once needs). The tag is never empty, not even
 //! for the empty key.
 //!
+//! Every script declares every key it touches in `KEYS`, as Redis Cluster, Dragonfly
+//! and managed servers require: the fixed window, the token bucket and the rolling
+//! window each touch only the limited key (`KEYS[1]`), the health probe only
+//! `<prefix>:probe`. Which clock the scripts read (the server's `TIME`, or the caller's
+//! clock passed as an argument) is [`BackendBuilder::time_source`].
+//!
 //! # Migrating from the unversioned layout
 //!
 //! Earlier releases wrote `<prefix>:<algorithm>:<name>:<key>`, with untagged keys. The
