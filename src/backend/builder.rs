@@ -62,8 +62,9 @@ pub struct BackendBuilder {
     deny_cache: usize,
     max_local_keys: u64,
     failover: Failover,
-    time: TimeSource,
-    caller_offset_us: i64,
+    /// See [`time_source`](Self::time_source) (in `time.rs`).
+    pub(super) time: TimeSource,
+    pub(super) caller_offset_us: i64,
 }
 
 impl Default for BackendBuilder {
@@ -322,38 +323,6 @@ impl BackendBuilder {
     /// [`LayerBuilder::fallback_share`](crate::LayerBuilder::fallback_share).
     pub fn fallback_share(mut self, share: f64) -> Self {
         self.failover.share = share;
-        self
-    }
-
-    /// Where the Redis scripts take the current time from (default
-    /// [`TimeSource::Server`], the Redis server's `TIME`). [`TimeSource::Caller`] sends
-    /// this backend's clock to every script as one more argument instead, and no script
-    /// calls `TIME`: for servers that refuse `TIME` in scripts or answer it uselessly
-    /// (ElastiCache Serverless; Dragonfly returns 0). Instances whose clocks differ then
-    /// keep each algorithm's guarantees within a documented bound (see [`TimeSource`]);
-    /// every instance on one Redis must use the same setting.
-    ///
-    /// ```
-    /// use tower_redis_ratelimit::{backend::TimeSource, Backend};
-    ///
-    /// # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
-    /// let backend = Backend::builder()
-    ///     .redis_url("redis://dragonfly.internal:6379")
-    ///     .time_source(TimeSource::Caller)
-    ///     .build()?;
-    /// # let _ = backend; Ok(()) }
-    /// ```
-    pub fn time_source(mut self, time: TimeSource) -> Self {
-        self.time = time;
-        self
-    }
-
-    /// Not part of the API: moves the clock that [`TimeSource::Caller`] sends to the
-    /// scripts by `offset_us` microseconds (negative: behind), so that tests can run
-    /// instances whose clocks differ.
-    #[doc(hidden)]
-    pub fn caller_clock_offset_us(mut self, offset_us: i64) -> Self {
-        self.caller_offset_us = offset_us;
         self
     }
 

@@ -311,13 +311,6 @@ impl Backend {
         &self.inner.prefix
     }
 
-    /// Where the Redis scripts take the time from (see
-    /// [`BackendBuilder::time_source`]).
-    #[must_use]
-    pub fn time_source(&self) -> TimeSource {
-        self.inner.time
-    }
-
     pub(crate) fn clock(&self) -> Clock {
         self.inner.clock
     }
@@ -482,8 +475,7 @@ pub(crate) fn check<T: Store>(store: &Arc<T>, key: &[u8], cost: NonZeroU32) -> C
     let mut invocation = script.key(&redis_key);
     store.args(&mut invocation, cost);
     if time == TimeSource::Caller {
-        let now_us = backend.clock().now_us();
-        invocation.arg(now_us.saturating_add_signed(backend.inner.caller_offset_us));
+        invocation.arg(backend.caller_now_us());
     }
     let store = Arc::clone(store);
     let redis = Arc::clone(redis);

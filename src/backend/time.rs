@@ -16,6 +16,8 @@
 
 use deadpool_redis::redis::Script;
 
+use super::{Backend, BackendBuilder};
+
 /// Where the Redis scripts take the current time from; see
 /// [`BackendBuilder::time_source`](crate::BackendBuilder::time_source).
 ///
@@ -53,6 +55,55 @@ pub enum TimeSource {
     /// [fixed window](crate::period#clocks), [token bucket](crate::token_bucket#clocks)
     /// and [rolling window](crate::rolling#clocks) docs. Keep hosts on NTP.
     Caller,
+}
+
+impl BackendBuilder {
+    /// Where the Redis scripts take the current time from (default
+    /// [`TimeSource::Server`], the Redis server's `TIME`). [`TimeSource::Caller`] sends
+    /// this backend's clock to every script as one more argument instead, and no script
+    /// calls `TIME`: for servers that refuse `TIME` in scripts or answer it uselessly
+    /// (ElastiCache Serverless; Dragonfly returns 0). Instances whose clocks differ then
+    /// keep each algorithm's guarantees within a documented bound (see [`TimeSource`]);
+    /// every instance on one Redis must use the same setting.
+    ///
+    /// ```
+    /// use tower_redis_ratelimit::{backend::TimeSource, Backend};
+    ///
+    /// # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
+    /// let backend = Backend::builder()
+    ///     .redis_url("redis://dragonfly.internal:6379")
+    ///     .time_source(TimeSource::Caller)
+    ///     .build()?;
+    /// # let _ = backend; Ok(()) }
+    /// ```
+    pub fn time_source(mut self, time: TimeSource) -> Self {
+        self.time = time;
+        self
+    }
+
+    /// Not part of the API: moves the clock that [`TimeSource::Caller`] sends to the
+    /// scripts by `offset_us` microseconds (negative: behind), so that tests can run
+    /// instances whose clocks differ.
+    #[doc(hidden)]
+    pub fn caller_clock_offset_us(mut self, offset_us: i64) -> Self {
+        self.caller_offset_us = offset_us;
+        self
+    }
+}
+
+impl Backend {
+    /// Where the Redis scripts take the time from (see
+    /// [`BackendBuilder::time_source`]).
+    #[must_use]
+    pub fn time_source(&self) -> TimeSource {
+        self.inner.time
+    }
+
+    /// The time sent to the scripts with [`TimeSource::Caller`]: Unix microseconds.
+    pub(super) fn caller_now_us(&self) -> u64 {
+        let now_us = self.clock().now_us();
+        now_us.saturating_add_signed(self.inner.caller_offset_us)
+    }
 }
 
 /// Sets `unix_us()`, `nargs` and `caller_time` for a script body, from `TIME`.
