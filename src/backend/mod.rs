@@ -60,6 +60,7 @@
 mod builder;
 mod connect;
 mod deny;
+mod fault;
 mod health;
 mod layout;
 mod redis;
