@@ -12,7 +12,7 @@
 //!   scans scripts for it, never meets it.
 //!
 //! `caller_time` tells the body which one it runs in, for the few rules that differ
-//! (see each algorithm's "Clock" docs).
+//! (see each algorithm's "Clocks" docs).
 
 use deadpool_redis::redis::Script;
 
@@ -38,13 +38,14 @@ use super::{Backend, BackendBuilder};
 pub enum TimeSource {
     /// The Redis server's clock, read with `TIME` inside each script (the default): one
     /// clock for every instance, so skewed application hosts change nothing. Needs a
-    /// server whose scripts may call `TIME` and get the real time (Redis 5 and later,
-    /// Valkey).
+    /// server whose scripts may call `TIME` and get the real time (Redis 5 and later;
+    /// Valkey, a fork of Redis 7.2, should behave alike but is not tested here).
     #[default]
     Server,
-    /// The caller's clock, sent to each script as one more argument; no script ever calls
-    /// `TIME`. For servers that refuse `TIME` in scripts or answer it uselessly
-    /// (ElastiCache Serverless; Dragonfly returns 0).
+    /// The caller's clock, sent to each script as one more argument (its only cost: one
+    /// more short argument per check); no script ever calls `TIME`. For servers that
+    /// refuse `TIME` in scripts or answer it uselessly (ElastiCache Serverless; Dragonfly
+    /// returns 0).
     ///
     /// The clock is the backend's own: the host's Unix time when the backend was built,
     /// advanced by the monotonic clock (tokio's, so a paused tokio clock drives it in
