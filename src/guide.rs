@@ -192,13 +192,25 @@
 //! | TLS, custom CA, mutual TLS (feature `tls`, rustls: no system OpenSSL) | `redis_url("rediss://user:password@host:port")`, [`tls_ca_pem`](crate::BackendBuilder::tls_ca_pem), [`tls_client_auth_pem`](crate::BackendBuilder::tls_client_auth_pem) | single node, on a `redis-server` with a TLS port and certificates the test makes; TLS to a cluster is configured the same way but not tested |
 //! | ACL user and password | in the URL | yes, with TLS |
 //! | Redis Sentinel (feature `sentinel`) | [`redis_sentinel(master, sentinel_urls)`](crate::BackendBuilder::redis_sentinel), [`sentinel_master_auth`](crate::BackendBuilder::sentinel_master_auth) | a master, a replica and three sentinels; the master is killed under traffic |
-//! | Valkey, Dragonfly, managed Redis | the same URLs | not tested: every script uses `TIME` and touches only the key it is given; servers that refuse `TIME` in scripts (Dragonfly returns 0, some serverless offerings refuse it) do not work yet |
+//! | Valkey, Dragonfly, managed Redis | the same URLs; for servers that refuse `TIME` in scripts or answer it uselessly (Dragonfly returns 0, ElastiCache Serverless), [`time_source(TimeSource::Caller)`](crate::BackendBuilder::time_source) | not tested against Valkey, Dragonfly or any managed service (none is installed here). What is tested, on `redis-server`: in caller mode no script calls `TIME` (`INFO commandstats`), two instances share a limit exactly, the bounds below hold with two instances whose clocks differ, and a server clock an hour off changes nothing. Every script declares every key it touches in `KEYS` (checked by a unit test) |
 //!
 //! Credentials never reach logs or `Debug` output: the builder and the backend show the
 //! kind of connection, not its URL; errors are what Redis said. Call
 //! [`Backend::check_redis`](crate::Backend::check_redis) at start-up to fail or warn early
 //! on a wrong password or certificate; otherwise a refused login is a server-wide fault:
 //! the breaker opens, one `warn` says why, and the failure policies answer.
+//!
+//! With [`TimeSource::Caller`](crate::backend::TimeSource), every instance sends its own
+//! clock, so instances whose clocks differ by up to `s` (their hosts' difference, plus
+//! the time a check takes to reach Redis) bend each limit by at most `s`; every
+//! instance on one Redis must use the same time source:
+//!
+//! | algorithm | a caller ahead by `s` | a caller behind by `s` |
+//! |---|---|---|
+//! | [fixed window](crate::period#clocks), not aligned | no effect: a window is the key's expiry, counted by the server | no effect |
+//! | fixed window, [aligned](crate::period::PeriodConfig::align) | ends the windows it opens up to `s` early | opens one more window of at most `s` before its view of the edge: at most `(n + 1) × quota` across an edge with `n` distinct clocks; refused up to `s` past its view of the edge |
+//! | [token bucket](crate::token_bucket#clocks) | takes up to `rate × s` tokens early: at most `burst + rate × (L + s)` over any span `L` (for `s` up to `max(refill time, 1 s)`) | sees up to `rate × s` fewer tokens: refused, and told to retry, up to `s` longer; the arrival time never moves back |
+//! | [rolling window](crate::rolling#clocks) | forgets units up to `s` early: at most `limit` in any span of `(buckets - 1) × interval - s` | counts from the newest bucket (buckets never move back): a unit counts up to one window plus `s` |
 //!
 //! After a Sentinel failover, the counts the old master had not replicated yet are lost
 //! with it: those keys may admit that many requests again. The backend notices the
