@@ -15,6 +15,7 @@ use std::time::Duration;
 use http::StatusCode;
 use support::http::Served;
 use support::RedisServer;
+use tower_redis_ratelimit::backend::TimeSource;
 use tower_redis_ratelimit::config::{BackendConfig, KeyConfig, RulesConfig};
 use tower_redis_ratelimit::key::{ForwardedIp, HeaderKey, KeyExtractor, PathKey, PeerIp};
 use tower_redis_ratelimit::{
@@ -190,6 +191,7 @@ fn round_trip_and_no_secrets_in_debug() {
         fallback_share = 0.5
         max_local_keys = 1000
         deny_cache = 0
+        time_source = "caller"
         breaker = { window = "3s", min_calls = 5, failure_ratio = 0.25, recovery = "2s" }
         sentinel = { master_name = "m", urls = ["redis://:hunter2@10.0.0.1:26379"], username = "u", password = "hunter2" }
         tls = { ca_file = "ca.pem", client_cert_file = "c.pem", client_key_file = "c.key" }
@@ -356,6 +358,7 @@ fn every_backend_field_reaches_the_builder() {
         fallback_share = 0.5
         max_local_keys = 1000
         deny_cache = 0
+        time_source = "caller"
         breaker = {{ window = "3s", min_calls = 5, failure_ratio = 0.25, recovery = "2s" }}
         tls = {{ ca_file = "{0}/ca.pem", client_cert_file = "{0}/c.pem", client_key_file = "{0}/c.key" }}
         "#,
@@ -371,6 +374,7 @@ fn every_backend_field_reaches_the_builder() {
         .fallback_share(0.5)
         .max_local_keys(1000)
         .deny_cache(0)
+        .time_source(TimeSource::Caller)
         .breaker_window(Duration::from_secs(3))
         .breaker_min_calls(5)
         .breaker_failure_ratio(0.25)

@@ -34,6 +34,11 @@ use super::{Backend, BackendBuilder};
 /// # Ok(()) }
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Deserialize, serde::Serialize),
+    serde(rename_all = "snake_case")
+)]
 #[non_exhaustive]
 pub enum TimeSource {
     /// The Redis server's clock, read with `TIME` inside each script (the default): one

@@ -26,6 +26,7 @@ use crate::error::ConfigError;
 /// fallback_share = 0.25
 /// max_local_keys = 100000
 /// deny_cache = 10000
+/// time_source = "server"
 /// breaker = { window = "2s", min_calls = 20, failure_ratio = 0.5, recovery = "1s" }
 /// tls = { ca_file = "ca.pem", client_cert_file = "client.pem", client_key_file = "client.key" }
 /// ```
@@ -78,6 +79,9 @@ pub struct BackendConfig {
     /// [`BackendBuilder::deny_cache`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deny_cache: Option<usize>,
+    /// [`BackendBuilder::time_source`]: `"server"` (the default) or `"caller"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_source: Option<crate::backend::TimeSource>,
 }
 
 /// The breaker of a [`BackendConfig`]: `window`, `min_calls`, `failure_ratio`,
@@ -180,6 +184,7 @@ impl fmt::Debug for BackendConfig {
             .field("fallback_share", &self.fallback_share)
             .field("max_local_keys", &self.max_local_keys)
             .field("deny_cache", &self.deny_cache)
+            .field("time_source", &self.time_source)
             .finish()
     }
 }
@@ -316,6 +321,9 @@ impl BackendConfig {
         }
         if let Some(capacity) = self.deny_cache {
             builder = builder.deny_cache(capacity);
+        }
+        if let Some(source) = self.time_source {
+            builder = builder.time_source(source);
         }
         Ok(builder)
     }
