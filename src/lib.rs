@@ -74,6 +74,7 @@ mod error;
 #[cfg(feature = "grpc")]
 #[cfg_attr(docsrs, doc(cfg(feature = "grpc")))]
 pub mod grpc;
+pub mod dynamic;
 pub mod guide;
 pub mod key;
 mod limiter;
