@@ -70,11 +70,11 @@ pub mod backend;
 mod clock;
 mod cost;
 mod decision;
+pub mod dynamic;
 mod error;
 #[cfg(feature = "grpc")]
 #[cfg_attr(docsrs, doc(cfg(feature = "grpc")))]
 pub mod grpc;
-pub mod dynamic;
 pub mod guide;
 pub mod key;
 mod limiter;

@@ -77,7 +77,9 @@ where
         if self.ttl.is_zero() {
             return Err(ConfigError::ZeroDuration { setting: "ttl" });
         }
-        let error_ttl = self.error_ttl.unwrap_or(Duration::from_secs(1).min(self.ttl));
+        let error_ttl = self
+            .error_ttl
+            .unwrap_or(Duration::from_secs(1).min(self.ttl));
         if error_ttl.is_zero() {
             return Err(ConfigError::ZeroDuration {
                 setting: "error_ttl",
