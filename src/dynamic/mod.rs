@@ -86,6 +86,8 @@
 
 mod cache;
 mod limiter;
+#[cfg(test)]
+mod tests;
 
 use std::future::Future;
 use std::pin::Pin;
