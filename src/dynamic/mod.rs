@@ -47,7 +47,9 @@
 //!
 //! `RateLimit-Policy` shows the limit that applied (`"api";q=500;w=60` for a merchant
 //! whose source limit is 500); the policy name, metrics label and Redis key stay the
-//! layer's, so on Redis a key's count carries over when its limit changes (a lowered
+//! layer's (a request refused by [`OnSourceError::Refuse`] shows the default policy, as
+//! does a custom rejection's [`Rejection::policy`](crate::response::Rejection::policy)), so on
+//! Redis a key's count carries over when its limit changes (a lowered
 //! quota refuses at once if the count is already above it). In process (and in the
 //! Redis fallback), each distinct limit keeps its own state, so a key's count starts
 //! afresh when its limit changes. With the backend's deny cache on (the default), a
