@@ -113,3 +113,28 @@ async fn a_new_limit_applies_after_the_ttl() {
     tokio::task::yield_now().await;
     assert_eq!(limiter.check(b"k", ONE).await.limit, 7);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_panicking_source_follows_the_failure_policy() {
+    let backend = Backend::in_process();
+    let panicking = |_: &[u8]| async {
+        if true {
+            panic!("the source panicked (expected by this test)");
+        }
+        Ok::<_, BoxError>(Some(1))
+    };
+    let minute = Duration::from_secs(60);
+    let last_known = DynamicLimits::new(PeriodConfig::new(5, minute), panicking)
+        .build(&backend, "a")
+        .unwrap();
+    let d = last_known.check(b"k", ONE).await;
+    assert_eq!((d.state, d.limit), (State::Allowed, 5));
+    let refuse = DynamicLimits::new(PeriodConfig::new(5, minute), panicking)
+        .on_error(OnSourceError::Refuse)
+        .error_ttl(Duration::from_millis(300))
+        .build(&backend, "b")
+        .unwrap();
+    let d = refuse.check(b"k", ONE).await;
+    assert_eq!((d.state, d.source), (State::OverQuota, Source::FailClosed));
+    assert_eq!(d.retry_after, Some(Duration::from_millis(300)));
+}
