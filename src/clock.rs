@@ -3,7 +3,8 @@
 //! Unix time is read once, when the backend is created, and advanced by
 //! [`tokio::time::Instant`] from then on. The in-process stores therefore never see time
 //! go backwards, calendar alignment still works, and tests can drive them with tokio's
-//! paused clock. Redis-backed checks use the Redis server's `TIME` instead.
+//! paused clock. Redis-backed checks use the Redis server's `TIME` instead, unless the
+//! backend's time source is the caller's: then this clock is sent to the scripts.
 
 use std::time::{SystemTime, UNIX_EPOCH};
 use tokio::time::Instant;

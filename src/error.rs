@@ -70,6 +70,15 @@ pub enum ConfigError {
         /// What contradicts what.
         reason: &'static str,
     },
+    /// A value given as text (a network, a header name, a file, a UTC offset) cannot be
+    /// used, or needs a cargo feature that is off.
+    #[non_exhaustive]
+    InvalidValue {
+        /// The setting whose value is invalid.
+        setting: &'static str,
+        /// Why, with the offending value when it is no secret.
+        reason: String,
+    },
 }
 
 impl fmt::Display for ConfigError {
@@ -86,6 +95,7 @@ impl fmt::Display for ConfigError {
             Self::InvalidName { setting, reason } => write!(f, "invalid `{setting}`: {reason}"),
             Self::OutOfRange { setting, reason } => write!(f, "`{setting}` {reason}"),
             Self::Conflict { reason } => write!(f, "conflicting settings: {reason}"),
+            Self::InvalidValue { setting, reason } => write!(f, "invalid `{setting}`: {reason}"),
         }
     }
 }

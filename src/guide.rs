@@ -223,7 +223,7 @@
 //! | TLS, custom CA, mutual TLS (feature `tls`, rustls: no system OpenSSL) | `redis_url("rediss://user:password@host:port")`, [`tls_ca_pem`](crate::BackendBuilder::tls_ca_pem), [`tls_client_auth_pem`](crate::BackendBuilder::tls_client_auth_pem) | single node, on a `redis-server` with a TLS port and certificates the test makes; TLS to a cluster is configured the same way but not tested |
 //! | ACL user and password | in the URL | yes, with TLS |
 //! | Redis Sentinel (feature `sentinel`) | [`redis_sentinel(master, sentinel_urls)`](crate::BackendBuilder::redis_sentinel), [`sentinel_master_auth`](crate::BackendBuilder::sentinel_master_auth) | a master, a replica and three sentinels; the master is killed under traffic |
-//! | Valkey, Dragonfly, managed Redis | the same URLs | not tested: every script uses `TIME` and touches only the key it is given; servers that refuse `TIME` in scripts (Dragonfly returns 0, some serverless offerings refuse it) do not work yet |
+//! | Valkey, Dragonfly, managed Redis | the same URLs; for servers that refuse `TIME` in scripts or answer it uselessly (Dragonfly returns 0, ElastiCache Serverless), [`time_source(TimeSource::Caller)`](crate::BackendBuilder::time_source) | not tested against Valkey, Dragonfly or any managed service (none is installed here). What is tested, on `redis-server`: in caller mode no script calls `TIME` (`INFO commandstats`), two instances share a limit exactly, the bounds below hold with two instances whose clocks differ, and a server clock an hour off changes nothing. Every script declares every key it touches in `KEYS` (checked by a unit test) |
 //!
 //! Credentials never reach logs or `Debug` output: the builder and the backend show the
 //! kind of connection, not its URL; errors are what Redis said. Call
@@ -231,10 +231,67 @@
 //! on a wrong password or certificate; otherwise a refused login is a server-wide fault:
 //! the breaker opens, one `warn` says why, and the failure policies answer.
 //!
+//! With [`TimeSource::Caller`](crate::backend::TimeSource), every instance sends its own
+//! clock, so instances whose clocks differ by up to `s` (their hosts' difference, plus
+//! the time a check takes to reach Redis) bend each limit by at most `s`; every
+//! instance on one Redis must use the same time source:
+//!
+//! | algorithm | a caller ahead by `s` | a caller behind by `s` |
+//! |---|---|---|
+//! | [fixed window](crate::period#clocks), not aligned | no effect: a window is the key's expiry, counted by the server | no effect |
+//! | fixed window, [aligned](crate::period::PeriodConfig::align) | ends the windows it opens up to `s` early | opens one more window of at most `s` before its view of the edge: at most `(n + 1) × quota` across an edge with `n` distinct clocks; refused up to `s` past its view of the edge |
+//! | [token bucket](crate::token_bucket#clocks) | takes up to `rate × s` tokens early: at most `burst + rate × (L + s)` over any span `L` (for `s` up to `max(refill time, 1 s)`) | sees up to `rate × s` fewer tokens: refused, and told to retry, up to `s` longer; the arrival time never moves back |
+//! | [rolling window](crate::rolling#clocks) | forgets units up to `s` early: at most `limit` in any span of `(buckets - 1) × interval - s` | counts from the newest bucket (buckets never move back): a unit counts up to one window plus `s` |
+//!
 //! After a Sentinel failover, the counts the old master had not replicated yet are lost
 //! with it: those keys may admit that many requests again. The backend notices the
 //! failover when its connection to the old master fails, and asks the sentinels again on
 //! the next connection; meanwhile the failure policies answer.
+//!
+//! # Configuration as data
+//!
+//! With the `serde` feature, the backend and the rules can come from a file or the
+//! environment instead of code: the `config` module's `RulesConfig` (a `[backend]`
+//! table and a list of `[[rules]]`) is a plain `serde` type, read by the loader of your
+//! choice (`toml`, `serde_yaml`, `serde_json`, `figment`...). Unknown fields are errors,
+//! durations are human strings (`"100ms"`, `"1day"`), and building goes through the
+//! builders above, so a setting that cannot work is the same [`ConfigError`](crate::ConfigError)
+//! at start-up. Every rule builds a layer of one type, whatever its algorithm and key;
+//! `Rules::apply` stacks them on an axum router, the first rule outermost (see
+//! [Stacked limits](#stacked-limits) for the order). `examples/rules.rs` serves an app
+//! from `examples/rules.toml`.
+//!
+//! ```
+//! # #[cfg(feature = "serde")]
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use axum::{routing::get, Router};
+//! use tower_redis_ratelimit::config::RulesConfig;
+//!
+//! let mut config: RulesConfig = toml::from_str(r#"
+//!     [backend]
+//!     prefix = "myapp"
+//!     fallback_share = 0.25
+//!
+//!     [[rules]]
+//!     name = "burst"
+//!     key = { header = "x-api-key" }
+//!     limit = { algorithm = "token_bucket", rate = 5, per = "1s", burst = 10 }
+//!
+//!     [[rules]]
+//!     name = "daily"
+//!     key = { header = "x-api-key" }
+//!     limit = { algorithm = "period", quota = 10000, period = "1day", align = "UTC" }
+//! "#)?;
+//! // The environment overrides the file where you say so.
+//! if let Ok(url) = std::env::var("REDIS_URL") {
+//!     config.backend.url = Some(url);
+//! }
+//! let rules = config.build()?;
+//! let app: Router = rules.apply(Router::new().route("/search", get(|| async { "results" })));
+//! # let _ = app; Ok(()) }
+//! # #[cfg(not(feature = "serde"))]
+//! # fn main() {}
+//! ```
 //!
 //! # Failure modes
 //!

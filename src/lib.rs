@@ -60,6 +60,7 @@
 //! | `axum` | yes | key extractors that read axum's `ConnectInfo` and `MatchedPath` |
 //! | `cluster` | no | Redis Cluster pools ([`BackendBuilder::redis_cluster`](crate::BackendBuilder)) |
 //! | `grpc` | no | gRPC rejections for tonic: trailers-only `RESOURCE_EXHAUSTED` with `RetryInfo` and `QuotaFailure` (the `grpc` module) |
+//! | `serde` | no | configuration as data: the backend and rules from a TOML/YAML/JSON file or the environment (the `config` module) |
 //! | `metrics` | no | counters and histograms with the [`metrics`](https://docs.rs/metrics) crate (listed in [`metrics`]) |
 //!
 //! [tower]: https://docs.rs/tower
@@ -68,6 +69,9 @@
 
 pub mod backend;
 mod clock;
+#[cfg(feature = "serde")]
+#[cfg_attr(docsrs, doc(cfg(feature = "serde")))]
+pub mod config;
 mod cost;
 mod decision;
 pub mod dynamic;

@@ -299,19 +299,10 @@ async fn a_flood_on_a_refused_key_is_answered_by_the_deny_cache() {
     assert_eq!(limiter.check(b"cold", ONE).await.source, Source::Redis);
 }
 
-/// A Redis backend whose every check goes to Redis.
-fn without_deny_cache(redis: &RedisServer) -> Backend {
-    Backend::builder()
-        .redis(redis.pool())
-        .deny_cache(0)
-        .build()
-        .unwrap()
-}
-
 #[tokio::test]
 async fn without_the_deny_cache_every_check_asks_redis() {
     let redis = RedisServer::start();
-    let backend = without_deny_cache(&redis);
+    let backend = redis.uncached_backend();
     let limiter = limiter(&backend, PeriodConfig::new(1, Duration::from_secs(60)));
     for _ in 0..10 {
         assert_eq!(limiter.check(b"hot", ONE).await.source, Source::Redis);
@@ -345,7 +336,7 @@ async fn refusals_of_larger_costs_are_not_cached() {
 #[tokio::test]
 async fn one_redis_command_per_decision() {
     let redis = RedisServer::start();
-    let backend = without_deny_cache(&redis);
+    let backend = redis.uncached_backend();
     let limiter = limiter(&backend, PeriodConfig::new(1_000, Duration::from_secs(60)));
     let calls = |name: &str| redis.command_calls(name);
     let pings_before = calls("ping");
@@ -372,11 +363,7 @@ const HOUR_US: i64 = 3_600_000_000;
 #[tokio::test]
 async fn a_step_of_the_redis_clock_keeps_the_count_and_bounds_the_window() {
     let (redis, clock) = RedisServer::start_with_clock();
-    let backend = Backend::builder()
-        .redis(redis.pool())
-        .deny_cache(0)
-        .build()
-        .unwrap();
+    let backend = redis.uncached_backend();
     let limiter = limiter(&backend, PeriodConfig::new(5, Duration::from_secs(10)));
     assert_eq!(
         states(&limiter, "k", 6).await.last(),

@@ -30,15 +30,6 @@ async fn states(limiter: &RollingWindowLimiter, key: &str, n: usize) -> Vec<Stat
     out
 }
 
-/// A Redis backend without the deny cache, so that every check runs the script.
-fn uncached(redis: &RedisServer) -> Backend {
-    Backend::builder()
-        .redis(redis.pool())
-        .deny_cache(0)
-        .build()
-        .unwrap()
-}
-
 fn redis_now_ms(redis: &RedisServer) -> u64 {
     let time = redis.cmd(&["TIME"]);
     let mut parts = time.lines();
@@ -139,7 +130,10 @@ async fn the_key_is_one_hash_of_live_buckets_with_an_expiry() {
 #[tokio::test]
 async fn buckets_expire_and_admit_again() {
     let redis = RedisServer::start();
-    let limiter = limiter(&uncached(&redis), RollingConfig::new(3, 10, 50 * MS));
+    let limiter = limiter(
+        &redis.uncached_backend(),
+        RollingConfig::new(3, 10, 50 * MS),
+    );
     assert_eq!(
         states(&limiter, "k", 4).await,
         [
@@ -180,7 +174,7 @@ async fn straddling_a_window_edge_does_not_double_the_limit() {
     const INTERVAL_MS: u64 = 50;
     let redis = RedisServer::start();
     let limiter = limiter(
-        &uncached(&redis),
+        &redis.uncached_backend(),
         RollingConfig::new(LIMIT as u64, 10, Duration::from_millis(INTERVAL_MS)),
     );
     // Warm up the connection and the script cache.
@@ -459,7 +453,7 @@ async fn a_step_back_of_the_redis_clock_never_admits_more_than_the_limit() {
     let (redis, clock) = RedisServer::start_with_clock();
     // A 10 s window, so the test's own run time never expires a bucket.
     let limiter = limiter(
-        &uncached(&redis),
+        &redis.uncached_backend(),
         RollingConfig::new(5, 10, Duration::from_secs(1)),
     );
     let mut admitted = 0;
@@ -487,7 +481,7 @@ async fn a_step_back_of_the_redis_clock_never_admits_more_than_the_limit() {
 async fn a_step_forward_of_the_redis_clock_at_most_expires_the_window_early() {
     let (redis, clock) = RedisServer::start_with_clock();
     let limiter = limiter(
-        &uncached(&redis),
+        &redis.uncached_backend(),
         RollingConfig::new(5, 10, Duration::from_secs(1)),
     );
     assert_eq!(

@@ -4,23 +4,29 @@
 
 mod support;
 
+use std::convert::Infallible;
 use std::num::NonZeroU32;
 use std::time::Duration;
+
+use http::{Request, Response, StatusCode};
+use tower::{service_fn, ServiceBuilder, ServiceExt};
 
 use support::sentinel::{SentinelGroup, MASTER_NAME};
 use tokio::time::Instant;
 use tower_redis_ratelimit::backend::RedisState;
+use tower_redis_ratelimit::key::GlobalKey;
 use tower_redis_ratelimit::period::{PeriodConfig, PeriodLimiter};
-use tower_redis_ratelimit::{Backend, Limiter, Source};
+use tower_redis_ratelimit::{Backend, Limiter, PeriodLimitLayer, Source};
 
 const ONE: NonZeroU32 = NonZeroU32::MIN;
+const PROBE: Duration = Duration::from_millis(100);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_backend_follows_a_failover_with_the_replicated_counts() {
     let mut group = SentinelGroup::start();
     let backend = Backend::builder()
         .redis_sentinel(MASTER_NAME, group.urls())
-        .probe_interval(Duration::from_millis(100))
+        .probe_interval(PROBE)
         .recovery(Duration::from_millis(200))
         .build()
         .unwrap();
@@ -31,6 +37,19 @@ async fn the_backend_follows_a_failover_with_the_replicated_counts() {
         PeriodConfig::new(100, Duration::from_secs(60)),
     )
     .unwrap();
+    // A layer on the same backend, to see what HTTP clients get meanwhile.
+    let layer = PeriodLimitLayer::builder(&backend)
+        .name("http")
+        .quota(1_000_000)
+        .period(Duration::from_secs(60))
+        .key(GlobalKey)
+        .build()
+        .unwrap();
+    let service = ServiceBuilder::new()
+        .layer(layer)
+        .service(service_fn(|_: Request<()>| async {
+            Ok::<_, Infallible>(Response::new(()))
+        }));
     for _ in 0..10 {
         assert_eq!(limiter.check(b"k", ONE).await.source, Source::Redis);
     }
@@ -38,10 +57,21 @@ async fn the_backend_follows_a_failover_with_the_replicated_counts() {
     assert_eq!(group.master.cmd(&["WAIT", "1", "2000"]), "1");
     let old = group.master.port();
     group.master.kill();
-    // Under traffic: never a panic, the failure policy answers until the new master does.
+    // Under traffic: the failure policy answers until the new master does; no 5xx.
     let start = Instant::now();
     let mut during = Vec::new();
+    let mut failed_over = None;
     let decision = loop {
+        let status = service
+            .clone()
+            .oneshot(Request::new(()))
+            .await
+            .unwrap()
+            .status();
+        assert_eq!(status, StatusCode::OK);
+        if failed_over.is_none() && group.master_port() != old {
+            failed_over = Some(start.elapsed());
+        }
         let d = limiter.check(b"k", ONE).await;
         if d.source == Source::Redis {
             break d;
@@ -53,14 +83,52 @@ async fn the_backend_follows_a_failover_with_the_replicated_counts() {
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     };
+    let back = start.elapsed();
     assert!(during.iter().all(|s| *s == Source::Fallback), "{during:?}");
     let new = group.master_port();
     assert_ne!(new, old, "the sentinels promoted the replica");
     assert_eq!(new, group.replica.port());
+    // Back on Redis within a probe interval (plus the recovery's first share) of the
+    // sentinels naming the new master.
+    let failed_over = failed_over.unwrap_or(back);
+    assert!(
+        back <= failed_over + PROBE + Duration::from_millis(500),
+        "failover seen after {failed_over:?}, back on redis after {back:?}"
+    );
     // The count went on from the replicated state: ten before, this one now.
     assert_eq!(decision.remaining, 100 - 11, "{decision:?}");
     // Then every check goes to the new master again.
     tokio::time::sleep(Duration::from_millis(250)).await;
     assert_eq!(backend.redis_state(), Some(RedisState::Healthy));
     assert_eq!(limiter.check(b"k", ONE).await.remaining, 100 - 12);
+}
+
+/// A Sentinel backend from configuration (feature `serde`): the master's name and the
+/// sentinels' URLs from the file; checks go to the master.
+#[cfg(feature = "serde")]
+#[tokio::test]
+async fn a_sentinel_backend_from_configuration() {
+    let group = SentinelGroup::start();
+    let urls: Vec<String> = group.urls().iter().map(|u| format!("{u:?}")).collect();
+    let text = format!(
+        "prefix = \"from-config\"\n\
+         sentinel = {{ master_name = \"{MASTER_NAME}\", urls = [{}] }}\n",
+        urls.join(", ")
+    );
+    let config: tower_redis_ratelimit::config::BackendConfig = toml::from_str(&text).unwrap();
+    let backend = config.build().unwrap();
+    backend.check_redis().await.unwrap();
+    let limiter =
+        PeriodLimiter::new(&backend, "s", PeriodConfig::new(2, Duration::from_secs(60))).unwrap();
+    let decisions = [
+        limiter.check(b"k", ONE).await,
+        limiter.check(b"k", ONE).await,
+        limiter.check(b"k", ONE).await,
+    ];
+    assert!(decisions[..2]
+        .iter()
+        .all(|d| d.is_admitted() && d.source == Source::Redis));
+    assert!(!decisions[2].is_admitted());
+    let keys = group.master.cmd(&["KEYS", "from-config:*"]);
+    assert!(keys.contains(":period:s"), "{keys}");
 }

@@ -194,3 +194,26 @@ async fn a_wrong_password_is_a_clear_error_and_never_shown() {
         assert!(!d.is_admitted());
     }
 }
+
+/// A backend from configuration (feature `serde`): the CA, the client certificate and
+/// its key are file paths read when the backend is built, and mutual TLS works.
+#[cfg(feature = "serde")]
+#[tokio::test]
+async fn mutual_tls_from_configuration_files() {
+    let pki = pki();
+    let (_redis, port) = tls_server(&pki, true);
+    std::fs::write(pki.dir.join("client.crt"), &pki.client_cert).unwrap();
+    std::fs::write(pki.dir.join("client.key"), &pki.client_key).unwrap();
+    let text = format!(
+        "url = \"rediss://alice:{PASSWORD}@127.0.0.1:{port}\"\n\
+         tls = {{ ca_file = {:?}, client_cert_file = {:?}, client_key_file = {:?} }}\n",
+        pki.dir.join("ca.crt"),
+        pki.dir.join("client.crt"),
+        pki.dir.join("client.key"),
+    );
+    let config: tower_redis_ratelimit::config::BackendConfig = toml::from_str(&text).unwrap();
+    assert!(!format!("{config:?}").contains(PASSWORD));
+    let backend = config.build().unwrap();
+    backend.check_redis().await.unwrap();
+    assert_eq!(admitted(&limiter(&backend), 4).await.0, 3);
+}

@@ -273,11 +273,7 @@ const HOUR_US: i64 = 3_600_000_000;
 #[tokio::test]
 async fn a_step_of_the_redis_clock_never_admits_more_and_never_blocks_for_the_step() {
     let (redis, clock) = RedisServer::start_with_clock();
-    let backend = Backend::builder()
-        .redis(redis.pool())
-        .deny_cache(0)
-        .build()
-        .unwrap();
+    let backend = redis.uncached_backend();
     let limiter = bucket(&backend, 1, Duration::from_secs(60), 5);
     for _ in 0..5 {
         assert!(limiter.check(b"k", ONE).await.is_admitted());

@@ -11,8 +11,8 @@ use super::deny::DenyCache;
 use super::health::BreakerConfig;
 use super::redis::RedisBackend;
 use super::{
-    Backend, Failover, FailurePolicy, Inner, DEFAULT_CALL_TIMEOUT, DEFAULT_DENY_CACHE_CAPACITY,
-    DEFAULT_MAX_LOCAL_KEYS, DEFAULT_PREFIX, DEFAULT_PROBE_INTERVAL,
+    Backend, Failover, FailurePolicy, Inner, TimeSource, DEFAULT_CALL_TIMEOUT,
+    DEFAULT_DENY_CACHE_CAPACITY, DEFAULT_MAX_LOCAL_KEYS, DEFAULT_PREFIX, DEFAULT_PROBE_INTERVAL,
 };
 use crate::clock::Clock;
 use crate::error::{check_name, ConfigError};
@@ -62,6 +62,9 @@ pub struct BackendBuilder {
     deny_cache: usize,
     max_local_keys: u64,
     failover: Failover,
+    /// See [`time_source`](Self::time_source) (in `time.rs`).
+    pub(super) time: TimeSource,
+    pub(super) caller_offset_us: i64,
 }
 
 impl Default for BackendBuilder {
@@ -79,6 +82,8 @@ impl Default for BackendBuilder {
             deny_cache: DEFAULT_DENY_CACHE_CAPACITY,
             max_local_keys: DEFAULT_MAX_LOCAL_KEYS,
             failover: Failover::default(),
+            time: TimeSource::default(),
+            caller_offset_us: 0,
         }
     }
 }
@@ -95,6 +100,7 @@ impl fmt::Debug for BackendBuilder {
             .field("deny_cache", &self.deny_cache)
             .field("max_local_keys", &self.max_local_keys)
             .field("failover", &self.failover)
+            .field("time_source", &self.time)
             .finish_non_exhaustive()
     }
 }
@@ -466,6 +472,8 @@ impl BackendBuilder {
                 local,
                 prefix: self.prefix,
                 clock: Clock::new(),
+                time: self.time,
+                caller_offset_us: self.caller_offset_us,
                 redis,
                 deny: DenyCache::new(self.deny_cache),
             }),

@@ -42,6 +42,12 @@
 //! checks several limits of one request at once needs). The tag is never empty, not even
 //! for the empty key.
 //!
+//! Every script declares every key it touches in `KEYS`, as Redis Cluster, Dragonfly
+//! and managed servers require: the fixed window, the token bucket and the rolling
+//! window each touch only the limited key (`KEYS[1]`), the health probe only
+//! `<prefix>:probe`. Which clock the scripts read (the server's `TIME`, or the caller's
+//! clock passed as an argument) is [`BackendBuilder::time_source`].
+//!
 //! # Migrating from the unversioned layout
 //!
 //! Earlier releases wrote `<prefix>:<algorithm>:<name>:<key>`, with untagged keys. The
@@ -54,16 +60,18 @@
 mod builder;
 mod connect;
 mod deny;
+mod fault;
 mod health;
 mod layout;
 mod redis;
+mod time;
 
 use std::fmt;
 use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::Duration;
 
-use deadpool_redis::redis::{Script, ScriptInvocation};
+use deadpool_redis::redis::ScriptInvocation;
 
 use crate::clock::Clock;
 use crate::decision::{Decision, Source, State};
@@ -80,6 +88,8 @@ pub use self::health::{
 };
 use self::layout::Layout;
 use self::redis::{Fault, RedisBackend, ScriptError};
+pub(crate) use self::time::Scripts;
+pub use self::time::TimeSource;
 
 /// The default key prefix.
 pub const DEFAULT_PREFIX: &str = "ratelimit";
@@ -126,6 +136,11 @@ pub fn pool_config(url: impl Into<String>, timeout: Duration) -> deadpool_redis:
 /// own call failed (a timeout, or an error that concerns only its key, such as
 /// `WRONGTYPE`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Deserialize, serde::Serialize),
+    serde(rename_all = "snake_case")
+)]
 #[non_exhaustive]
 pub enum FailurePolicy {
     /// Answer from the in-process state, which has the same semantics (the default).
@@ -197,6 +212,9 @@ pub struct Backend {
 struct Inner {
     prefix: String,
     clock: Clock,
+    time: TimeSource,
+    /// Added to the caller's clock sent to the scripts (tests only).
+    caller_offset_us: i64,
     redis: Option<Arc<RedisBackend>>,
     deny: DenyCache,
     local: Arc<LocalStore>,
@@ -345,6 +363,7 @@ impl fmt::Debug for Backend {
             .field("prefix", &self.inner.prefix)
             .field("redis", &self.inner.redis)
             .field("failover", &self.failover)
+            .field("time_source", &self.inner.time)
             .finish_non_exhaustive()
     }
 }
@@ -407,9 +426,10 @@ pub(crate) trait Store: Send + Sync + 'static {
     fn capacity(&self) -> u64;
     /// The decision for a cost above [`capacity`](Self::capacity).
     fn exceeds_capacity(&self, source: Source) -> Decision;
-    /// The script, run with `KEYS[1]` = the limited key.
-    fn script(&self) -> &'static Script;
-    /// Appends the script's `ARGV`.
+    /// The script in both versions (see [`TimeSource`]), run with `KEYS[1]` = the
+    /// limited key.
+    fn scripts(&self) -> &'static Scripts;
+    /// Appends the script's `ARGV` (the caller's time, when used, goes after them).
     fn args(&self, invocation: &mut ScriptInvocation<'static>, cost: NonZeroU32);
     /// Reads the script's reply; `None` when it is not of the expected shape.
     fn decide(&self, reply: &[i64], cost: NonZeroU32) -> Option<Decision>;
@@ -456,14 +476,19 @@ pub(crate) fn check<T: Store>(store: &Arc<T>, key: &[u8], cost: NonZeroU32) -> C
             return Check::ready(decision.with_retry_after(us(denied.until_us)));
         }
     }
-    let mut invocation = store.script().key(&redis_key);
+    let time = backend.inner.time;
+    let script = store.scripts().get(time);
+    let mut invocation = script.key(&redis_key);
     store.args(&mut invocation, cost);
+    if time == TimeSource::Caller {
+        invocation.arg(backend.caller_now_us());
+    }
     let store = Arc::clone(store);
     let redis = Arc::clone(redis);
     Check::pending(async move {
         let remote = store.remote();
         let started = std::time::Instant::now();
-        let result = redis.eval(store.script(), &invocation).await;
+        let result = redis.eval(script, &invocation).await;
         remote.metrics.duration(&remote.name, started.elapsed());
         let error = match result {
             Ok(reply) => match store.decide(&reply, cost) {

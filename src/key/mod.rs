@@ -262,7 +262,7 @@ where
 
 /// `and:<len(first)>:<first>:<second>`: unambiguous for any bytes, since the length
 /// says where `first` ends.
-fn join(first: &[u8], second: &[u8]) -> Key<'static> {
+pub(crate) fn join(first: &[u8], second: &[u8]) -> Key<'static> {
     let mut len = itoa::Buffer::new();
     let len = len.format(first.len()).as_bytes();
     Key::concat(&[b"and:", len, b":", first, b":", second])
@@ -359,6 +359,11 @@ impl<B> KeyExtractor<B> for PeerIp {
 
 /// Which forwarding header [`ForwardedIp`] reads.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Deserialize, serde::Serialize),
+    serde(rename_all = "snake_case")
+)]
 #[non_exhaustive]
 pub enum ForwardedHeader {
     /// `Forwarded` (RFC 7239) when the request has that header, otherwise

@@ -11,7 +11,7 @@
 //! ([`max_local_keys`](crate::BackendBuilder::max_local_keys)): 16 bytes of state per
 //! key, about 70 to 100 bytes in all.
 //!
-//! # Clock steps
+//! # Clocks
 //!
 //! On Redis, a window's end is the key's expiry, a Unix time of the Redis server's
 //! clock. When that clock steps back, the count is kept (nothing more is admitted) and
@@ -19,6 +19,20 @@
 //! hour does not refuse a key for an hour). When it steps forward past the window's end,
 //! the window ends early. In-process, time is the monotonic clock: it never steps back,
 //! and the same rule applies if it did.
+//!
+//! With the callers' clocks ([`TimeSource::Caller`](crate::backend::TimeSource)), say
+//! within `s` of each other:
+//!
+//! - windows that start at a key's first request never read a clock: a window lasts
+//!   one period of the server's expiry, exactly as with server time, whatever `s`;
+//! - [aligned](PeriodConfig::align) windows end on the edge as the caller that opened
+//!   the window sees it: up to `s` early or late, never longer than one period. A caller
+//!   whose clock is behind the one that opened the previous window can open one more
+//!   window, of at most `s`, just before its own view of the edge: a span of one period
+//!   across an edge admits at most `(n + 1) × quota` with `n` distinct clocks (three
+//!   quotas with two), instead of twice the quota. A refusal lasts until the window's
+//!   key expires: at most `s` past the refused caller's own view of the edge, and never
+//!   more than one period.
 //!
 //! A fixed window admits up to twice the quota across a window edge; use
 //! [`TokenBucketLayer`](crate::TokenBucketLayer) or
@@ -45,16 +59,16 @@ use std::num::NonZeroU32;
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
-use deadpool_redis::redis::{Script, ScriptInvocation};
+use deadpool_redis::redis::ScriptInvocation;
 
 use self::memory::{Schedule, Windows};
-use crate::backend::{self, Backend, Remote, Store};
+use crate::backend::{self, Backend, Remote, Scripts, Store};
 use crate::decision::{Decision, Policy, Source, State};
 use crate::error::ConfigError;
 use crate::limiter::{Check, Limiter};
 use crate::service::{Algorithm, LayerBuilder, RateLimitLayer};
 
-static SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("period.lua")));
+static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts::new(include_str!("period.lua")));
 
 /// The largest UTC offset accepted (±18 hours, as in RFC 3339 and most time libraries).
 const MAX_OFFSET_SECS: i32 = 18 * 3_600;
@@ -247,8 +261,8 @@ impl Store for PeriodStore {
         )
     }
 
-    fn script(&self) -> &'static Script {
-        &SCRIPT
+    fn scripts(&self) -> &'static Scripts {
+        &SCRIPTS
     }
 
     fn args(&self, invocation: &mut ScriptInvocation<'static>, cost: NonZeroU32) {

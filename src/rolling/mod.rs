@@ -23,7 +23,8 @@
 //! smoother at the cost of one counter per bucket per active key.
 //!
 //! Bucket edges are multiples of the interval in Unix time, the same for every key and,
-//! on Redis, for every instance (the Redis server's clock decides). Intervals are whole
+//! on Redis, for every instance (the Redis server's clock decides, unless the backend
+//! uses the callers' clocks: see [Clocks](#clocks)). Intervals are whole
 //! milliseconds: a sub-millisecond part is ignored.
 //!
 //! # Storage
@@ -37,7 +38,7 @@
 //! ([`max_local_keys`](crate::BackendBuilder::max_local_keys), where a key counts as
 //! `ceil(buckets / 8)` keys): about 250 bytes per key for 10 buckets.
 //!
-//! # Clock steps
+//! # Clocks
 //!
 //! Bucket indices come from the Redis server's clock. When it steps back (an NTP step, a
 //! failover to a replica whose clock is behind), a key's buckets are "in the future":
@@ -47,6 +48,18 @@
 //! A step forward expires buckets early (at most a window's worth of counts). The
 //! in-process state does the same; its clock is monotonic, so it only ever sees steps
 //! forward (a paused tokio clock that is advanced).
+//!
+//! With the callers' clocks ([`TimeSource::Caller`](crate::backend::TimeSource)), say
+//! within `s` of each other, buckets are never moved back: a caller whose clock is
+//! behind the newest bucket counts from that bucket instead (moving them back would age
+//! them once per call of that caller, without bound). So a unit is forgotten when the
+//! clock furthest ahead says so, and:
+//!
+//! - any span of `(buckets - 1) × interval - s` holds at most `limit` admitted units (a
+//!   caller ahead by `s` makes the window up to `s` shorter, never the limit larger);
+//! - a unit counts for at most one window plus `s` (a caller behind waits up to `s`
+//!   longer), and a key whose clock was pushed far ahead by one caller is freed at the
+//!   latest one window plus one interval after its last admission, when its hash expires.
 //!
 //! ```
 //! use std::time::Duration;
@@ -70,16 +83,16 @@ use std::num::NonZeroU32;
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
-use deadpool_redis::redis::{Script, ScriptInvocation};
+use deadpool_redis::redis::ScriptInvocation;
 
 use self::memory::{Grid, Rings};
-use crate::backend::{self, Backend, Remote, Store};
+use crate::backend::{self, Backend, Remote, Scripts, Store};
 use crate::decision::{Decision, Policy, Source, State};
 use crate::error::ConfigError;
 use crate::limiter::{Check, Limiter};
 use crate::service::{Algorithm, LayerBuilder, RateLimitLayer};
 
-static SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("rolling.lua")));
+static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts::new(include_str!("rolling.lua")));
 
 /// The most buckets a window may have (each check of the Redis script visits them all).
 pub const MAX_BUCKETS: u32 = 1_000;
@@ -254,8 +267,8 @@ impl Store for RollingStore {
         )
     }
 
-    fn script(&self) -> &'static Script {
-        &SCRIPT
+    fn scripts(&self) -> &'static Scripts {
+        &SCRIPTS
     }
 
     fn args(&self, invocation: &mut ScriptInvocation<'static>, cost: NonZeroU32) {

@@ -1,25 +1,31 @@
--- Rolling window of time buckets. KEYS[1]: the key's hash, one field per bucket: the
--- absolute bucket index floor(now_ms / interval) in decimal, holding that bucket's count.
--- ARGV[1]: limit, ARGV[2]: buckets, ARGV[3]: interval (ms), ARGV[4]: cost.
+-- Rolling window of time buckets. KEYS[1]: the key's hash, the only key this script
+-- touches, one field per bucket: the absolute bucket index floor(now_ms / interval) in
+-- decimal, holding that bucket's count.
+-- ARGV[1]: limit, ARGV[2]: buckets, ARGV[3]: interval (ms), ARGV[4]: cost. The prelude
+-- (src/backend/time.rs) defines unix_us() (the time: the server's TIME, or the
+-- caller's, appended as the last ARGV) and caller_time.
 -- A bucket is live while its index is above current - buckets; bucket i stops counting at
 -- (i + buckets) * interval ms. Dead fields are deleted on every call, so the hash holds at
 -- most `buckets` fields. Large numbers go to Redis through string.format('%d') so that
 -- they are never written in exponent notation.
 -- Returns {admitted (1/0), sum of the live buckets after the call, ms until this cost
 -- could be admitted (0 when admitted), ms until every counted unit has expired}.
--- A rejected request is not counted. Time is the Redis server's, so every instance
--- agrees on bucket edges.
+-- A rejected request is not counted. With the server's time, every instance agrees on
+-- bucket edges.
 local limit = tonumber(ARGV[1])
 local buckets = tonumber(ARGV[2])
 local interval = tonumber(ARGV[3])
 local cost = tonumber(ARGV[4])
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = math.floor(unix_us() / 1000)
 local current = math.floor(now / interval)
 -- Clock steps: the key's own time never goes back. When the server clock has stepped
 -- back (a field newer than `current`), every bucket is moved back by the step, keeping
 -- its count and its age, as if no time had passed: a step back never frees a unit, and
 -- never blocks the key longer than the window. A step forward expires buckets early.
+-- With the callers' clocks, a field newer than `current` is written by a caller whose
+-- clock is ahead: this caller counts from that bucket instead (moving the buckets back
+-- would age them once per such caller, without bound), so no unit ever expires before
+-- the clock furthest ahead says so.
 local newest = nil
 local fields = redis.call('HGETALL', KEYS[1])
 for i = 1, #fields, 2 do
@@ -32,7 +38,11 @@ for i = 1, #fields, 2 do
 end
 local shift = 0
 if newest and newest > current then
-  shift = newest - current
+  if caller_time then
+    current = newest
+  else
+    shift = newest - current
+  end
 end
 local oldest = current - buckets + 1
 

@@ -7,15 +7,15 @@
 //! [`State::ExceedsCapacity`] without a `Retry-After`.
 //!
 //! In Redis a bucket is one key holding its theoretical arrival time (the GCRA form of a
-//! token bucket), updated by a Lua script that reads the Redis server's clock with
-//! microsecond precision; the key expires once the bucket would be full again (never
+//! token bucket), updated by a Lua script that reads the Redis server's clock (or the
+//! caller's, see [Clocks](#clocks)) with microsecond precision; the key expires once the bucket would be full again (never
 //! with a zero expiry, whatever the rate and burst). In-process, each bucket is its
 //! arrival time (8 bytes of state, about 70 to 100 bytes in all) in the backend's bounded state
 //! ([`max_local_keys`](crate::BackendBuilder::max_local_keys)), run by the same
 //! algorithm in whole nanoseconds of the monotonic clock (the emission interval rounded
 //! to whole nanoseconds).
 //!
-//! # Clock steps
+//! # Clocks
 //!
 //! The arrival time only ever moves forward, so no clock step refills a bucket beyond
 //! what the elapsed time allows. When the Redis server's clock steps back, the bucket is
@@ -23,6 +23,20 @@
 //! as an empty bucket, which refills at the rate from then on (a step back of an hour
 //! does not refuse a key for an hour). A step forward at most refills the bucket early.
 //! In-process, time is the monotonic clock, which never steps back.
+//!
+//! With the callers' clocks ([`TimeSource::Caller`](crate::backend::TimeSource)), say
+//! within `s` of each other, the stored arrival time still never moves back (a caller
+//! behind it reads it as at most an empty bucket, and writes nothing then), so:
+//!
+//! - over any span `L`, at most `burst + rate × (L + s)` tokens are taken: a caller
+//!   ahead by `s` may take up to `rate × s` tokens early, never more;
+//! - a caller behind by `s` sees up to `rate × s` fewer tokens: it may be refused for up
+//!   to `s` longer, and its `retry_after` is up to `s` longer.
+//!
+//! For this, a bucket's key is kept `max(full refill time, 1 s)` longer than its writer
+//! needs (so that its expiry never hands a caller behind a full bucket early): the bound
+//! holds for `s` up to that margin; beyond it, each expiry of an idle bucket's key can
+//! give a caller behind up to `s` minus the margin of refill.
 //!
 //! `RateLimit-Policy` advertises `q` = burst and `w` = the time to refill a full bucket.
 //!
@@ -47,16 +61,17 @@ use std::num::NonZeroU32;
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
-use deadpool_redis::redis::{Script, ScriptInvocation};
+use deadpool_redis::redis::ScriptInvocation;
 
 use self::memory::{Bucket, Buckets, Outcome};
-use crate::backend::{self, Backend, Remote, Store};
+use crate::backend::{self, Backend, Remote, Scripts, Store};
 use crate::decision::{Decision, Policy, Source, State};
 use crate::error::{check_name, ConfigError};
 use crate::limiter::{Check, Limiter};
 use crate::service::{Algorithm, LayerBuilder, RateLimitLayer};
 
-static SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("token_bucket.lua")));
+static SCRIPTS: LazyLock<Scripts> =
+    LazyLock::new(|| Scripts::new(include_str!("token_bucket.lua")));
 
 /// Arrival times in Redis count microseconds from this Unix time (2026-01-01T00:00:00Z),
 /// so that the script's doubles keep sub-microsecond precision for decades.
@@ -227,8 +242,8 @@ impl Store for BucketStore {
         )
     }
 
-    fn script(&self) -> &'static Script {
-        &SCRIPT
+    fn scripts(&self) -> &'static Scripts {
+        &SCRIPTS
     }
 
     fn args(&self, invocation: &mut ScriptInvocation<'static>, cost: NonZeroU32) {

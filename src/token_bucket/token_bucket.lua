@@ -2,16 +2,19 @@
 -- microseconds since ARGV[4] (an epoch close to now, so that doubles keep sub-microsecond
 -- precision). A full bucket has TAT <= now; each token moves TAT one emission interval
 -- into the future; a request fits while TAT stays within burst intervals of now.
--- KEYS[1]: the bucket. ARGV[1]: emission interval (µs per token, fractional allowed),
--- ARGV[2]: burst, ARGV[3]: cost, ARGV[4]: epoch (whole seconds since the Unix epoch).
+-- KEYS[1]: the bucket, the only key this script touches. ARGV[1]: emission interval (µs
+-- per token, fractional allowed), ARGV[2]: burst, ARGV[3]: cost, ARGV[4]: epoch (whole
+-- seconds since the Unix epoch). The prelude (src/backend/time.rs) defines unix_us()
+-- (the time: the server's TIME, or the caller's, appended as the last ARGV) and
+-- caller_time.
 -- Returns {admitted (1/0), tokens left, µs until admissible (0 when admitted),
--- µs until the bucket is full}. Time is the Redis server's clock, so every instance
--- agrees; TAT only ever moves forward, so no clock step refills a bucket beyond the time
--- elapsed. A TAT more than tau ahead only happens after the server clock stepped back:
--- it is read as now + tau (an empty bucket), so such a step blocks a key for at most
--- the time an empty bucket takes to refill, never for the length of the step.
-local t = redis.call('TIME')
-local now = (tonumber(t[1]) - tonumber(ARGV[4])) * 1000000 + tonumber(t[2])
+-- µs until the bucket is full}. TAT only ever moves forward (a clamped TAT below is
+-- never written), so no clock step and no caller's clock refills a bucket beyond the
+-- time elapsed. A TAT more than tau ahead only happens after the server clock stepped
+-- back, or for a caller whose clock is behind: it is read as now + tau (an empty
+-- bucket), so such a step blocks a key for at most the time an empty bucket takes to
+-- refill, never for the length of the step.
+local now = unix_us() - tonumber(ARGV[4]) * 1000000
 local interval = tonumber(ARGV[1])
 local burst = tonumber(ARGV[2])
 local cost = tonumber(ARGV[3])
@@ -30,6 +33,12 @@ if wait > 0.001 then
   return {0, available, math.ceil(wait), math.ceil(tat - now)}
 end
 local full_in = new_tat - now
-redis.call('SET', KEYS[1], string.format('%.4f', new_tat),
-  'PX', string.format('%d', math.max(1, math.ceil(full_in / 1000))))
+local ttl = math.max(1, math.ceil(full_in / 1000))
+if caller_time then
+  -- Callers' clocks differ: keep the bucket until a caller up to max(a full refill,
+  -- 1 s) behind the writer also sees it full, so that the key's expiry never hands
+  -- such a caller a full bucket early.
+  ttl = ttl + math.max(math.ceil(tau / 1000), 1000)
+end
+redis.call('SET', KEYS[1], string.format('%.4f', new_tat), 'PX', string.format('%d', ttl))
 return {1, math.floor((tau - full_in) / interval + 1e-9), 0, math.ceil(full_in)}

@@ -643,6 +643,16 @@ impl RedisServer {
             .expect("could not create a deadpool-redis pool")
     }
 
+    /// A Redis backend on this server without the deny cache, so that every check runs
+    /// its script.
+    pub(crate) fn uncached_backend(&self) -> tower_redis_ratelimit::Backend {
+        tower_redis_ratelimit::Backend::builder()
+            .redis(self.pool())
+            .deny_cache(0)
+            .build()
+            .expect("a valid backend")
+    }
+
     /// The server log so far (across restarts), plus anything it printed on
     /// stdout/stderr.
     pub(crate) fn log(&self) -> String {

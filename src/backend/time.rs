@@ -1,0 +1,237 @@
+//! Which clock the Redis scripts read: [`TimeSource`], and the two versions of each
+//! algorithm's script that it picks between ([`Scripts`]).
+//!
+//! Each algorithm's `.lua` file is a body that reads time only through `unix_us()` and
+//! finds its own arguments through `nargs`; a short prelude, one per time source, defines
+//! them:
+//!
+//! - server time: `unix_us()` calls `TIME`; `nargs` is `#ARGV`;
+//! - caller time: `unix_us()` reads the last `ARGV` (microseconds since the Unix epoch,
+//!   appended by [`check`](super::check)); `nargs` is `#ARGV - 1`. The text of this
+//!   version holds no `TIME` call at all, so a server that refuses `TIME` in scripts, or
+//!   scans scripts for it, never meets it.
+//!
+//! `caller_time` tells the body which one it runs in, for the few rules that differ
+//! (see each algorithm's "Clocks" docs).
+
+use deadpool_redis::redis::Script;
+
+use super::{Backend, BackendBuilder};
+
+/// Where the Redis scripts take the current time from; see
+/// [`BackendBuilder::time_source`](crate::BackendBuilder::time_source).
+///
+/// ```
+/// use tower_redis_ratelimit::{backend::TimeSource, Backend};
+///
+/// # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
+/// // Dragonfly, ElastiCache Serverless: no `TIME` in scripts.
+/// let backend = Backend::builder()
+///     .redis_url("redis://127.0.0.1:6379")
+///     .time_source(TimeSource::Caller)
+///     .build()?;
+/// assert_eq!(backend.time_source(), TimeSource::Caller);
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub enum TimeSource {
+    /// The Redis server's clock, read with `TIME` inside each script (the default): one
+    /// clock for every instance, so skewed application hosts change nothing. Needs a
+    /// server whose scripts may call `TIME` and get the real time (Redis 5 and later;
+    /// Valkey, a fork of Redis 7.2, should behave alike but is not tested here).
+    #[default]
+    Server,
+    /// The caller's clock, sent to each script as one more argument (its only cost: one
+    /// more short argument per check); no script ever calls `TIME`. For servers that
+    /// refuse `TIME` in scripts or answer it uselessly (ElastiCache Serverless; Dragonfly
+    /// returns 0).
+    ///
+    /// The clock is the backend's own: the host's Unix time when the backend was built,
+    /// advanced by the monotonic clock (tokio's, so a paused tokio clock drives it in
+    /// tests), so it never steps back. Instances whose clocks differ by up to `s` (their
+    /// hosts' wall-clock difference when their backends were built, plus the time a check
+    /// takes to reach Redis, below the [call timeout](crate::BackendBuilder::call_timeout))
+    /// keep each algorithm's guarantees within a bound of `s`: see "Clocks" in the
+    /// [fixed window](crate::period#clocks), [token bucket](crate::token_bucket#clocks)
+    /// and [rolling window](crate::rolling#clocks) docs. Keep hosts on NTP.
+    Caller,
+}
+
+impl BackendBuilder {
+    /// Where the Redis scripts take the current time from (default
+    /// [`TimeSource::Server`], the Redis server's `TIME`). [`TimeSource::Caller`] sends
+    /// this backend's clock to every script as one more argument instead, and no script
+    /// calls `TIME`: for servers that refuse `TIME` in scripts or answer it uselessly
+    /// (ElastiCache Serverless; Dragonfly returns 0). Instances whose clocks differ then
+    /// keep each algorithm's guarantees within a documented bound (see [`TimeSource`]);
+    /// every instance on one Redis must use the same setting.
+    ///
+    /// ```
+    /// use tower_redis_ratelimit::{backend::TimeSource, Backend};
+    ///
+    /// # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
+    /// let backend = Backend::builder()
+    ///     .redis_url("redis://dragonfly.internal:6379")
+    ///     .time_source(TimeSource::Caller)
+    ///     .build()?;
+    /// # let _ = backend; Ok(()) }
+    /// ```
+    pub fn time_source(mut self, time: TimeSource) -> Self {
+        self.time = time;
+        self
+    }
+
+    /// Not part of the API: moves the clock that [`TimeSource::Caller`] sends to the
+    /// scripts by `offset_us` microseconds (negative: behind), so that tests can run
+    /// instances whose clocks differ.
+    #[doc(hidden)]
+    pub fn caller_clock_offset_us(mut self, offset_us: i64) -> Self {
+        self.caller_offset_us = offset_us;
+        self
+    }
+}
+
+impl Backend {
+    /// Where the Redis scripts take the time from (see
+    /// [`BackendBuilder::time_source`]).
+    #[must_use]
+    pub fn time_source(&self) -> TimeSource {
+        self.inner.time
+    }
+
+    /// The time sent to the scripts with [`TimeSource::Caller`]: Unix microseconds.
+    pub(super) fn caller_now_us(&self) -> u64 {
+        let now_us = self.clock().now_us();
+        now_us.saturating_add_signed(self.inner.caller_offset_us)
+    }
+}
+
+/// Sets `unix_us()`, `nargs` and `caller_time` for a script body, from `TIME`.
+const SERVER_PRELUDE: &str = "\
+-- Time: the Redis server's clock.
+local caller_time = false
+local nargs = #ARGV
+local function unix_us()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+";
+
+/// Sets `unix_us()`, `nargs` and `caller_time` for a script body, from the last `ARGV`.
+const CALLER_PRELUDE: &str = "\
+-- Time: the caller's clock, the last ARGV (microseconds since the Unix epoch).
+local caller_time = true
+local nargs = #ARGV - 1
+local function unix_us()
+  return tonumber(ARGV[#ARGV])
+end
+";
+
+/// An algorithm's script in both versions: reading `TIME`, or the caller's time.
+#[derive(Debug)]
+pub(crate) struct Scripts {
+    server: Script,
+    caller: Script,
+}
+
+impl Scripts {
+    /// Both versions of `body` (an algorithm's `.lua` file).
+    pub(crate) fn new(body: &str) -> Self {
+        Self {
+            server: Script::new(&source(TimeSource::Server, body)),
+            caller: Script::new(&source(TimeSource::Caller, body)),
+        }
+    }
+
+    /// The version for `time`.
+    pub(crate) fn get(&self, time: TimeSource) -> &Script {
+        match time {
+            TimeSource::Server => &self.server,
+            TimeSource::Caller => &self.caller,
+        }
+    }
+}
+
+/// The text of `body`'s version for `time`.
+fn source(time: TimeSource, body: &str) -> String {
+    let prelude = match time {
+        TimeSource::Server => SERVER_PRELUDE,
+        TimeSource::Caller => CALLER_PRELUDE,
+    };
+    [prelude, body].concat()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every script body, with the keys it may touch.
+    const BODIES: [(&str, &str); 4] = [
+        ("period", include_str!("../period/period.lua")),
+        ("token", include_str!("../token_bucket/token_bucket.lua")),
+        ("rolling", include_str!("../rolling/rolling.lua")),
+        ("probe", include_str!("probe.lua")),
+    ];
+
+    /// The arguments of every `redis.call(...)` and `redis.pcall(...)` in `lua`, as written.
+    fn calls(lua: &str) -> Vec<Vec<String>> {
+        ["redis.call(", "redis.pcall("]
+            .iter()
+            .flat_map(|pattern| lua.match_indices(pattern))
+            .map(|(at, open)| {
+                let rest = &lua[at + open.len()..];
+                let end = rest.find(')').expect("a closing parenthesis");
+                rest[..end]
+                    .split(',')
+                    .map(|arg| arg.trim().to_owned())
+                    .collect()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_caller_version_never_calls_time() {
+        for (name, body) in BODIES {
+            let caller = source(TimeSource::Caller, body);
+            assert!(
+                !caller.to_ascii_uppercase().contains("'TIME'"),
+                "{name} calls TIME in caller mode"
+            );
+            assert!(!calls(&caller).is_empty(), "{name}");
+        }
+        // The server version of the time-reading bodies does.
+        assert!(source(TimeSource::Server, BODIES[1].1).contains("redis.call('TIME')"));
+    }
+
+    /// Redis Cluster, Dragonfly and managed servers need every key a script touches in
+    /// `KEYS`: each call's key argument is `KEYS[n]`.
+    #[test]
+    fn every_key_a_script_touches_is_declared() {
+        for (name, body) in BODIES {
+            for time in [TimeSource::Server, TimeSource::Caller] {
+                for call in calls(&source(time, body)) {
+                    let command = call[0].trim_matches('\'').to_ascii_uppercase();
+                    if command == "TIME" {
+                        assert_eq!(call.len(), 1, "{name}: {call:?}");
+                        continue;
+                    }
+                    assert!(
+                        call.get(1).is_some_and(|key| key.starts_with("KEYS[")),
+                        "{name}: {call:?} touches a key not taken from KEYS"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_preludes_count_the_arguments() {
+        let scripts = Scripts::new("return nargs");
+        assert_ne!(
+            scripts.get(TimeSource::Server).get_hash(),
+            scripts.get(TimeSource::Caller).get_hash()
+        );
+        assert_eq!(TimeSource::default(), TimeSource::Server);
+    }
+}

@@ -1,0 +1,345 @@
+//! The backend as data: [`BackendConfig`].
+
+use std::fmt;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::backend::{Backend, BackendBuilder, FailurePolicy};
+use crate::error::ConfigError;
+
+/// Where limits are kept and how Redis trouble is handled; every setting left out keeps
+/// the default of [`BackendBuilder`]. Without `url`, `cluster_urls` or `sentinel`, limits
+/// stay in this process.
+///
+/// Durations are [`humantime`](https://docs.rs/humantime) strings (`"100ms"`, `"2s"`).
+/// `Debug` shows URLs without their user and password, and never the sentinel master's
+/// password; `Serialize` writes them as they are (it is your own file).
+///
+/// ```toml
+/// url = "redis://limiter:secret@127.0.0.1:6379/0"  # or cluster_urls = [...], or [backend.sentinel]
+/// prefix = "myapp"
+/// call_timeout = "100ms"
+/// probe_interval = "500ms"
+/// failure_policy = "fallback"
+/// fallback_share = 0.25
+/// max_local_keys = 100000
+/// deny_cache = 10000
+/// breaker = { window = "2s", min_calls = 20, failure_ratio = 0.5, recovery = "1s" }
+/// tls = { ca_file = "ca.pem", client_cert_file = "client.pem", client_key_file = "client.key" }
+/// ```
+#[derive(Clone, Default, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+#[non_exhaustive]
+pub struct BackendConfig {
+    /// [`BackendBuilder::redis_url`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+    /// `BackendBuilder::redis_cluster_urls` (feature `cluster`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cluster_urls: Vec<String>,
+    /// `BackendBuilder::redis_sentinel` (feature `sentinel`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sentinel: Option<SentinelConfig>,
+    /// Certificates for `rediss://` (feature `tls`), read from files when the backend
+    /// is built.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<TlsConfig>,
+    /// [`BackendBuilder::prefix`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix: Option<String>,
+    /// [`BackendBuilder::call_timeout`].
+    #[serde(
+        default,
+        with = "humantime_serde",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub call_timeout: Option<Duration>,
+    /// [`BackendBuilder::probe_interval`].
+    #[serde(
+        default,
+        with = "humantime_serde",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub probe_interval: Option<Duration>,
+    /// The breaker's settings.
+    #[serde(default)]
+    pub breaker: BreakerSettings,
+    /// [`BackendBuilder::failure_policy`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure_policy: Option<FailurePolicy>,
+    /// [`BackendBuilder::fallback_share`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fallback_share: Option<f64>,
+    /// [`BackendBuilder::max_local_keys`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_local_keys: Option<u64>,
+    /// [`BackendBuilder::deny_cache`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deny_cache: Option<usize>,
+}
+
+/// The breaker of a [`BackendConfig`]: `window`, `min_calls`, `failure_ratio`,
+/// `recovery` ([`BackendBuilder::breaker_window`] and the next ones).
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+#[non_exhaustive]
+pub struct BreakerSettings {
+    /// [`BackendBuilder::breaker_window`].
+    #[serde(
+        default,
+        with = "humantime_serde",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub window: Option<Duration>,
+    /// [`BackendBuilder::breaker_min_calls`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_calls: Option<u32>,
+    /// [`BackendBuilder::breaker_failure_ratio`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure_ratio: Option<f64>,
+    /// [`BackendBuilder::recovery`].
+    #[serde(
+        default,
+        with = "humantime_serde",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub recovery: Option<Duration>,
+}
+
+/// Redis Sentinel: the master's name, the sentinels' URLs (`redis://host:26379`) and the
+/// master's ACL user and password.
+#[derive(Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+#[non_exhaustive]
+pub struct SentinelConfig {
+    /// The name the sentinels know the master by.
+    pub master_name: String,
+    /// The sentinels.
+    pub urls: Vec<String>,
+    /// The master's ACL user (default `default` when a password is given).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub username: Option<String>,
+    /// The master's password.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub password: Option<String>,
+}
+
+/// PEM files for `rediss://`: a CA bundle to trust instead of the system's, and a client
+/// certificate and key for mutual TLS.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+#[non_exhaustive]
+pub struct TlsConfig {
+    /// [`BackendBuilder::tls_ca_pem`](crate::BackendBuilder), read from this file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_file: Option<PathBuf>,
+    /// The client certificate (with `client_key_file`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_cert_file: Option<PathBuf>,
+    /// The client certificate's private key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_key_file: Option<PathBuf>,
+}
+
+/// A URL without its user and password: `redis://***@host:6379/0`.
+pub(crate) fn redact(url: &str) -> String {
+    let rest_at = url.find("://").map_or(0, |i| i + 3);
+    let authority_end = url[rest_at..]
+        .find(['/', '?', '#'])
+        .map_or(url.len(), |i| rest_at + i);
+    match url[rest_at..authority_end].rfind('@') {
+        Some(at) => format!("{}***{}", &url[..rest_at], &url[rest_at + at..]),
+        None => url.to_owned(),
+    }
+}
+
+struct Redacted<'a>(&'a [String]);
+
+impl fmt::Debug for Redacted<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list()
+            .entries(self.0.iter().map(|url| redact(url)))
+            .finish()
+    }
+}
+
+impl fmt::Debug for BackendConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BackendConfig")
+            .field("url", &self.url.as_deref().map(redact))
+            .field("cluster_urls", &Redacted(&self.cluster_urls))
+            .field("sentinel", &self.sentinel)
+            .field("tls", &self.tls)
+            .field("prefix", &self.prefix)
+            .field("call_timeout", &self.call_timeout)
+            .field("probe_interval", &self.probe_interval)
+            .field("breaker", &self.breaker)
+            .field("failure_policy", &self.failure_policy)
+            .field("fallback_share", &self.fallback_share)
+            .field("max_local_keys", &self.max_local_keys)
+            .field("deny_cache", &self.deny_cache)
+            .finish()
+    }
+}
+
+impl fmt::Debug for SentinelConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SentinelConfig")
+            .field("master_name", &self.master_name)
+            .field("urls", &Redacted(&self.urls))
+            .field("username", &self.username.as_ref().map(|_| "***"))
+            .field("password", &self.password.as_ref().map(|_| "***"))
+            .finish()
+    }
+}
+
+#[cfg(not(all(feature = "cluster", feature = "sentinel", feature = "tls")))]
+fn needs(setting: &'static str, feature: &str) -> ConfigError {
+    ConfigError::InvalidValue {
+        setting,
+        reason: format!("needs the `{feature}` cargo feature"),
+    }
+}
+
+#[cfg(feature = "tls")]
+fn read(setting: &'static str, path: &std::path::Path) -> Result<Vec<u8>, ConfigError> {
+    std::fs::read(path).map_err(|error| ConfigError::InvalidValue {
+        setting,
+        reason: format!("cannot read {}: {error}", path.display()),
+    })
+}
+
+impl BackendConfig {
+    /// The [`BackendBuilder`] this configuration sets up (TLS files are read here), for
+    /// settings a file cannot hold (a pool of your own).
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::InvalidValue`] for a TLS file that cannot be read, a client
+    /// certificate without its key (or the reverse), or a setting whose cargo feature
+    /// (`cluster`, `sentinel`, `tls`) is off.
+    pub fn builder(&self) -> Result<BackendBuilder, ConfigError> {
+        let mut builder = Backend::builder();
+        if let Some(url) = &self.url {
+            builder = builder.redis_url(url.clone());
+        }
+        if !self.cluster_urls.is_empty() {
+            #[cfg(feature = "cluster")]
+            {
+                builder = builder.redis_cluster_urls(self.cluster_urls.iter().cloned());
+            }
+            #[cfg(not(feature = "cluster"))]
+            return Err(needs("cluster_urls", "cluster"));
+        }
+        if let Some(sentinel) = &self.sentinel {
+            #[cfg(feature = "sentinel")]
+            {
+                builder = builder.redis_sentinel(&sentinel.master_name, sentinel.urls.iter());
+                match (&sentinel.username, &sentinel.password) {
+                    (user, Some(password)) => {
+                        let user = user.as_deref().unwrap_or("default");
+                        builder = builder.sentinel_master_auth(user, password.clone());
+                    }
+                    (Some(_), None) => {
+                        return Err(ConfigError::Missing {
+                            setting: "sentinel.password",
+                        })
+                    }
+                    (None, None) => {}
+                }
+            }
+            #[cfg(not(feature = "sentinel"))]
+            {
+                let _ = sentinel;
+                return Err(needs("sentinel", "sentinel"));
+            }
+        }
+        if let Some(tls) = &self.tls {
+            #[cfg(feature = "tls")]
+            {
+                if let Some(path) = &tls.ca_file {
+                    builder = builder.tls_ca_pem(read("tls.ca_file", path)?);
+                }
+                match (&tls.client_cert_file, &tls.client_key_file) {
+                    (Some(cert), Some(key)) => {
+                        builder = builder.tls_client_auth_pem(
+                            read("tls.client_cert_file", cert)?,
+                            read("tls.client_key_file", key)?,
+                        );
+                    }
+                    (None, None) => {}
+                    _ => {
+                        return Err(ConfigError::Conflict {
+                            reason: "a TLS client certificate needs both `client_cert_file` and `client_key_file`",
+                        })
+                    }
+                }
+            }
+            #[cfg(not(feature = "tls"))]
+            {
+                let _ = tls;
+                return Err(needs("tls", "tls"));
+            }
+        }
+        if let Some(prefix) = &self.prefix {
+            builder = builder.prefix(prefix.clone());
+        }
+        if let Some(timeout) = self.call_timeout {
+            builder = builder.call_timeout(timeout);
+        }
+        if let Some(interval) = self.probe_interval {
+            builder = builder.probe_interval(interval);
+        }
+        let breaker = &self.breaker;
+        if let Some(window) = breaker.window {
+            builder = builder.breaker_window(window);
+        }
+        if let Some(calls) = breaker.min_calls {
+            builder = builder.breaker_min_calls(calls);
+        }
+        if let Some(ratio) = breaker.failure_ratio {
+            builder = builder.breaker_failure_ratio(ratio);
+        }
+        if let Some(recovery) = breaker.recovery {
+            builder = builder.recovery(recovery);
+        }
+        if let Some(policy) = self.failure_policy {
+            builder = builder.failure_policy(policy);
+        }
+        if let Some(share) = self.fallback_share {
+            builder = builder.fallback_share(share);
+        }
+        if let Some(keys) = self.max_local_keys {
+            builder = builder.max_local_keys(keys);
+        }
+        if let Some(capacity) = self.deny_cache {
+            builder = builder.deny_cache(capacity);
+        }
+        Ok(builder)
+    }
+
+    /// Checks every setting with [`BackendBuilder::build`]'s own checks and builds the
+    /// backend.
+    ///
+    /// # Errors
+    ///
+    /// See [`builder`](Self::builder) and [`BackendBuilder::build`].
+    pub fn build(&self) -> Result<Backend, ConfigError> {
+        self.builder()?.build()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redact;
+
+    #[test]
+    fn urls_lose_their_credentials() {
+        assert_eq!(redact("redis://u:p@h:1/0"), "redis://***@h:1/0");
+        assert_eq!(redact("rediss://:p@h"), "rediss://***@h");
+        assert_eq!(redact("redis://h:1/0?x=a@b"), "redis://h:1/0?x=a@b");
+        assert_eq!(redact("redis://u:p@ss@h"), "redis://***@h");
+    }
+}

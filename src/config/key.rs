@@ -1,0 +1,284 @@
+//! Key extractors as data: [`KeyConfig`] and the [`RuleKey`] it builds.
+
+use std::fmt;
+
+use http::HeaderName;
+use serde::de::{self, MapAccess, Visitor};
+use serde::{Deserialize, Deserializer, Serialize};
+
+use crate::error::ConfigError;
+use crate::key::{
+    ForwardedHeader, ForwardedIp, GlobalKey, HeaderKey, Key, KeyExtractor, PathKey, PeerIp,
+};
+
+/// Which key extractor a rule uses, as data.
+///
+/// A bare name for the extractors without settings, or a one-entry table:
+///
+/// | TOML | extractor |
+/// |---|---|
+/// | `"global"` | [`GlobalKey`] |
+/// | `"peer_ip"` or `{ peer_ip = { ipv6_prefix = 56 } }` | [`PeerIp`] |
+/// | `{ forwarded_ip = { trusted = ["10.0.0.0/8"], header = "forwarded", ipv6_prefix = 64 } }` | [`ForwardedIp`] (`header`: `x_forwarded_for`, the default, `forwarded` or `auto`) |
+/// | `{ header = "x-api-key" }` | [`HeaderKey`] |
+/// | `"path"` | [`PathKey`] |
+/// | `"matched_path"` | `MatchedPathKey` (feature `axum`) |
+/// | `{ or = [a, b, ...] }` | `a.or(b).or(...)` |
+/// | `{ and = [a, b, ...] }` | `a.and(b).and(...)` |
+///
+/// The keys are the same bytes as those of the extractors built in code, so a rule from
+/// a file and a layer built in code with the same name share their counters.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum KeyConfig {
+    /// One key for all requests (the default).
+    #[default]
+    Global,
+    /// The TCP peer address.
+    PeerIp(PeerIpConfig),
+    /// The client address behind trusted proxies.
+    ForwardedIp(ForwardedIpConfig),
+    /// The value of a request header.
+    Header(String),
+    /// The request path.
+    Path,
+    /// axum's matched route template (feature `axum`).
+    MatchedPath,
+    /// The first extractor that has a key.
+    Or(Vec<KeyConfig>),
+    /// All keys joined (none when any is missing).
+    And(Vec<KeyConfig>),
+}
+
+/// The settings of [`KeyConfig::PeerIp`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+#[non_exhaustive]
+pub struct PeerIpConfig {
+    /// The IPv6 prefix length clients are grouped by (default 64).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ipv6_prefix: Option<u8>,
+}
+
+/// The settings of [`KeyConfig::ForwardedIp`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+#[non_exhaustive]
+pub struct ForwardedIpConfig {
+    /// The trusted proxies: networks (`10.0.0.0/8`) or single addresses.
+    #[serde(default)]
+    pub trusted: Vec<String>,
+    /// The forwarding header to read (default `x_forwarded_for`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub header: Option<ForwardedHeader>,
+    /// The IPv6 prefix length clients are grouped by (default 64).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ipv6_prefix: Option<u8>,
+}
+
+const VARIANTS: &[&str] = &[
+    "global",
+    "peer_ip",
+    "forwarded_ip",
+    "header",
+    "path",
+    "matched_path",
+    "or",
+    "and",
+];
+
+#[derive(Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum Tag {
+    Global,
+    PeerIp,
+    ForwardedIp,
+    Header,
+    Path,
+    MatchedPath,
+    Or,
+    And,
+}
+
+/// Reads a bare name (`"peer_ip"`) or a one-entry table (`{ header = "x-api-key" }`),
+/// with serde's own errors for unknown names and fields.
+impl<'de> Deserialize<'de> for KeyConfig {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct KeyVisitor;
+
+        impl<'de> Visitor<'de> for KeyVisitor {
+            type Value = KeyConfig;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a key extractor: a name such as \"peer_ip\" or a table such as { header = \"x-api-key\" }")
+            }
+
+            fn visit_str<E: de::Error>(self, name: &str) -> Result<KeyConfig, E> {
+                match name {
+                    "global" => Ok(KeyConfig::Global),
+                    "peer_ip" => Ok(KeyConfig::PeerIp(PeerIpConfig::default())),
+                    "path" => Ok(KeyConfig::Path),
+                    "matched_path" => Ok(KeyConfig::MatchedPath),
+                    "forwarded_ip" | "header" | "or" | "and" => Err(E::custom(format_args!(
+                        "key extractor `{name}` needs settings: write {{ {name} = ... }}"
+                    ))),
+                    _ => Err(E::unknown_variant(name, VARIANTS)),
+                }
+            }
+
+            fn visit_map<M: MapAccess<'de>>(self, mut map: M) -> Result<KeyConfig, M::Error> {
+                let Some(tag) = map.next_key::<Tag>()? else {
+                    return Err(de::Error::invalid_length(0, &"one key extractor"));
+                };
+                let key = match tag {
+                    Tag::Global => map
+                        .next_value::<de::IgnoredAny>()
+                        .map(|_| KeyConfig::Global)?,
+                    Tag::Path => map
+                        .next_value::<de::IgnoredAny>()
+                        .map(|_| KeyConfig::Path)?,
+                    Tag::MatchedPath => map
+                        .next_value::<de::IgnoredAny>()
+                        .map(|_| KeyConfig::MatchedPath)?,
+                    Tag::PeerIp => KeyConfig::PeerIp(map.next_value()?),
+                    Tag::ForwardedIp => KeyConfig::ForwardedIp(map.next_value()?),
+                    Tag::Header => KeyConfig::Header(map.next_value()?),
+                    Tag::Or => KeyConfig::Or(map.next_value()?),
+                    Tag::And => KeyConfig::And(map.next_value()?),
+                };
+                if map.next_key::<de::IgnoredAny>()?.is_some() {
+                    return Err(de::Error::custom(
+                        "a key table names one extractor: combine several with `or` or `and`",
+                    ));
+                }
+                Ok(key)
+            }
+        }
+
+        deserializer.deserialize_any(KeyVisitor)
+    }
+}
+
+fn invalid(reason: impl fmt::Display) -> ConfigError {
+    ConfigError::InvalidValue {
+        setting: "key",
+        reason: reason.to_string(),
+    }
+}
+
+impl KeyConfig {
+    /// Checks the settings and builds the extractor.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::InvalidValue`] for a trusted network or header name that cannot be
+    /// parsed, an IPv6 prefix over 128, an `or`/`and` of fewer than two extractors, or
+    /// `matched_path` without the `axum` feature.
+    pub fn build(&self) -> Result<RuleKey, ConfigError> {
+        let prefix = |prefix: Option<u8>| match prefix {
+            Some(p) if p > 128 => Err(invalid(format_args!(
+                "`ipv6_prefix` is {p}, at most 128 is accepted"
+            ))),
+            _ => Ok(prefix),
+        };
+        let key = match self {
+            Self::Global => Inner::Global(GlobalKey),
+            Self::PeerIp(config) => Inner::PeerIp(match prefix(config.ipv6_prefix)? {
+                Some(p) => PeerIp::new().ipv6_prefix(p),
+                None => PeerIp::new(),
+            }),
+            Self::ForwardedIp(config) => {
+                let mut key = ForwardedIp::from_strs(&config.trusted).map_err(|_| {
+                    let bad = config
+                        .trusted
+                        .iter()
+                        .find(|s| ForwardedIp::from_strs([s]).is_err());
+                    invalid(format_args!(
+                        "trusted proxy {:?} is neither a network nor an address",
+                        bad.map_or("", String::as_str)
+                    ))
+                })?;
+                if let Some(header) = config.header {
+                    key = key.header(header);
+                }
+                if let Some(p) = prefix(config.ipv6_prefix)? {
+                    key = key.ipv6_prefix(p);
+                }
+                Inner::ForwardedIp(key)
+            }
+            Self::Header(name) => Inner::Header(HeaderKey::new(
+                HeaderName::from_bytes(name.as_bytes())
+                    .map_err(|_| invalid(format_args!("{name:?} is not a header name")))?,
+            )),
+            Self::Path => Inner::Path(PathKey),
+            #[cfg(feature = "axum")]
+            Self::MatchedPath => Inner::MatchedPath(crate::key::MatchedPathKey),
+            #[cfg(not(feature = "axum"))]
+            Self::MatchedPath => return Err(invalid("`matched_path` needs the `axum` feature")),
+            Self::Or(keys) | Self::And(keys) => {
+                let (word, is_or) = match self {
+                    Self::Or(_) => ("or", true),
+                    _ => ("and", false),
+                };
+                if keys.len() < 2 {
+                    return Err(invalid(format_args!(
+                        "`{word}` combines at least two extractors"
+                    )));
+                }
+                let keys = keys
+                    .iter()
+                    .map(Self::build)
+                    .collect::<Result<Box<[_]>, _>>()?;
+                if is_or {
+                    Inner::Or(keys)
+                } else {
+                    Inner::And(keys)
+                }
+            }
+        };
+        Ok(RuleKey(key))
+    }
+}
+
+/// The key extractor a [`KeyConfig`] builds: one type for every extractor, so rules
+/// with different keys are layers of one type.
+#[derive(Debug, Clone)]
+pub struct RuleKey(Inner);
+
+#[derive(Debug, Clone)]
+enum Inner {
+    Global(GlobalKey),
+    PeerIp(PeerIp),
+    ForwardedIp(ForwardedIp),
+    Header(HeaderKey),
+    Path(PathKey),
+    #[cfg(feature = "axum")]
+    MatchedPath(crate::key::MatchedPathKey),
+    Or(Box<[RuleKey]>),
+    And(Box<[RuleKey]>),
+}
+
+impl<B> KeyExtractor<B> for RuleKey {
+    fn extract<'r>(&self, req: &'r http::Request<B>) -> Option<Key<'r>> {
+        match &self.0 {
+            Inner::Global(key) => key.extract(req),
+            Inner::PeerIp(key) => key.extract(req),
+            Inner::ForwardedIp(key) => key.extract(req),
+            Inner::Header(key) => key.extract(req),
+            Inner::Path(key) => key.extract(req),
+            #[cfg(feature = "axum")]
+            Inner::MatchedPath(key) => key.extract(req),
+            Inner::Or(keys) => keys.iter().find_map(|key| key.extract(req)),
+            Inner::And(keys) => {
+                // Left to right, as `a.and(b).and(c)`: and(and(a, b), c).
+                let mut keys = keys.iter();
+                let first = keys.next()?.extract(req)?;
+                keys.try_fold(first, |joined, key| {
+                    let next = key.extract(req)?;
+                    Some(crate::key::join(&joined, &next))
+                })
+            }
+        }
+    }
+}

@@ -1,0 +1,238 @@
+//! `TimeSource::Caller` against a real `redis-server`: no `TIME` call in any script, one
+//! limit shared exactly by instances, and each algorithm's documented bound with two
+//! instances whose clocks differ by `s` (moved with the hidden
+//! `BackendBuilder::caller_clock_offset_us`). The server's own clock is set an hour off in
+//! the skew tests: in caller mode it must not matter.
+
+mod support;
+
+use std::num::NonZeroU32;
+use std::time::Duration;
+
+use support::RedisServer;
+use tokio::time::Instant;
+use tower_redis_ratelimit::backend::TimeSource;
+use tower_redis_ratelimit::period::{PeriodConfig, PeriodLimiter, UtcOffset};
+use tower_redis_ratelimit::rolling::{RollingConfig, RollingWindowLimiter};
+use tower_redis_ratelimit::token_bucket::{TokenBucketConfig, TokenBucketLimiter};
+use tower_redis_ratelimit::{Backend, Decision, Limiter, Source};
+
+const ONE: NonZeroU32 = NonZeroU32::MIN;
+const HOUR_US: i64 = 3_600_000_000;
+
+/// A backend on `redis` with `time`, the caller's clock moved by `offset_us`, no deny
+/// cache (every check runs the script).
+fn backend(redis: &RedisServer, time: TimeSource, offset_us: i64) -> Backend {
+    Backend::builder()
+        .redis(redis.pool())
+        .time_source(time)
+        .caller_clock_offset_us(offset_us)
+        .deny_cache(0)
+        .build()
+        .unwrap()
+}
+
+/// One limiter of each algorithm on `backend` (named alike on every backend, so
+/// limiters on two backends share their keys).
+fn limiters(backend: &Backend) -> Vec<Box<dyn Limiter>> {
+    let sec = Duration::from_secs(1);
+    vec![
+        Box::new(
+            PeriodLimiter::new(
+                backend,
+                "period",
+                PeriodConfig::new(5, 60 * sec).align(UtcOffset::UTC),
+            )
+            .unwrap(),
+        ),
+        Box::new(
+            TokenBucketLimiter::new(backend, "token", TokenBucketConfig::new(1, 3_600 * sec, 5))
+                .unwrap(),
+        ),
+        Box::new(
+            RollingWindowLimiter::new(backend, "rolling", RollingConfig::new(5, 10, 6 * sec))
+                .unwrap(),
+        ),
+    ]
+}
+
+async fn check(limiter: &dyn Limiter, key: &str) -> Decision {
+    let decision = limiter.check(key.as_bytes(), ONE).await;
+    assert_eq!(decision.source, Source::Redis, "{decision:?}");
+    decision
+}
+
+#[tokio::test]
+async fn caller_time_never_calls_time_server_time_does() {
+    for (time, expect_time_calls) in [(TimeSource::Caller, false), (TimeSource::Server, true)] {
+        let redis = RedisServer::start();
+        let backend = backend(&redis, time, 0);
+        assert_eq!(backend.time_source(), time);
+        backend.check_redis().await.unwrap();
+        for limiter in limiters(&backend) {
+            for _ in 0..3 {
+                check(&*limiter, "k").await;
+            }
+        }
+        backend.check_redis().await.unwrap();
+        assert!(redis.command_calls("evalsha") >= 9, "{time:?}");
+        let calls = redis.command_calls("time");
+        assert_eq!(calls > 0, expect_time_calls, "{time:?}: {calls} TIME calls");
+    }
+}
+
+#[tokio::test]
+async fn two_caller_backends_share_one_limit_exactly() {
+    let redis = RedisServer::start();
+    let a = limiters(&backend(&redis, TimeSource::Caller, 0));
+    let b = limiters(&backend(&redis, TimeSource::Caller, 0));
+    for (a, b) in a.iter().zip(&b) {
+        let mut admitted = 0;
+        for _ in 0..8 {
+            admitted += u32::from(check(&**a, "shared").await.is_admitted());
+            admitted += u32::from(check(&**b, "shared").await.is_admitted());
+        }
+        assert_eq!(admitted, 5, "{:?}", a.policy());
+    }
+}
+
+/// Two backends in caller mode on one server whose own clock is an hour behind: `a`'s
+/// clock `skew_us` ahead of `b`'s.
+fn skewed(skew_us: i64) -> (RedisServer, Backend, Backend) {
+    let (redis, clock) = RedisServer::start_with_clock();
+    clock.set_offset_us(-HOUR_US);
+    let a = backend(&redis, TimeSource::Caller, skew_us);
+    let b = backend(&redis, TimeSource::Caller, 0);
+    (redis, a, b)
+}
+
+/// Calls `b` (the caller behind) then `a` on one key every `tick` for `span`; the admission times (since
+/// the start) and the decisions.
+async fn alternate(
+    a: &dyn Limiter,
+    b: &dyn Limiter,
+    tick: Duration,
+    span: Duration,
+) -> (Vec<Duration>, Vec<Decision>) {
+    let start = Instant::now();
+    let mut next = start;
+    let mut admitted = Vec::new();
+    let mut decisions = Vec::new();
+    while next - start < span {
+        tokio::time::sleep_until(next).await;
+        for limiter in [b, a] {
+            let d = check(limiter, "k").await;
+            if d.is_admitted() {
+                admitted.push(start.elapsed());
+            }
+            decisions.push(d);
+        }
+        next += tick;
+    }
+    (admitted, decisions)
+}
+
+/// The most admissions within any closed span of `len`.
+fn most_within(admitted: &[Duration], len: Duration) -> usize {
+    admitted
+        .iter()
+        .map(|&from| {
+            admitted
+                .iter()
+                .filter(|&&t| t >= from && t <= from + len)
+                .count()
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+/// Token bucket: over any span `L`, at most `burst + rate × (L + s)`. A caller behind
+/// the last writer must not get a full bucket from the key's expiry: with the key kept
+/// only until its writer sees the bucket full, the caller behind would be admitted once
+/// more per tick (about twice the rate here).
+#[tokio::test]
+async fn token_bucket_skewed_callers_stay_within_rate_times_skew() {
+    let skew = Duration::from_millis(100);
+    let (_redis, a, b) = skewed(skew.as_micros() as i64);
+    // 10 per second (100 ms per token), burst 1.
+    let config = TokenBucketConfig::new(10, Duration::from_secs(1), 1);
+    let a = TokenBucketLimiter::new(&a, "t", config).unwrap();
+    let b = TokenBucketLimiter::new(&b, "t", config).unwrap();
+    let (admitted, decisions) =
+        alternate(&a, &b, Duration::from_millis(150), Duration::from_secs(3)).await;
+    let span = admitted.last().unwrap().saturating_sub(admitted[0]);
+    let bound = 1 + ((span + skew).as_secs_f64() * 10.0).floor() as usize;
+    assert!(
+        admitted.len() <= bound,
+        "{} admitted over {span:?}, bound {bound}: {admitted:?}",
+        admitted.len()
+    );
+    // The one ahead alone gets the rate (one per 150 ms tick, fewer on a loaded machine).
+    assert!(admitted.len() >= 5, "{admitted:?}");
+    // A refusal waits at most one token plus the skew.
+    for d in decisions.iter().filter(|d| !d.is_admitted()) {
+        assert!(
+            d.retry_after.unwrap() <= Duration::from_millis(100) + skew,
+            "{d:?}"
+        );
+    }
+}
+
+/// Rolling window (10 buckets of 100 ms, limit 5): any span of `9 × 100 ms - s` holds at
+/// most the limit, and a refusal waits at most a window plus `s`. Moving the buckets back
+/// for the caller behind (what the server-time script does on a step of the server's
+/// clock) would age them once per call of that caller: many times the limit.
+#[tokio::test]
+async fn rolling_skewed_callers_stay_within_the_window_minus_skew() {
+    let skew = Duration::from_millis(400);
+    let (_redis, a, b) = skewed(skew.as_micros() as i64);
+    let config = RollingConfig::new(5, 10, Duration::from_millis(100));
+    let a = RollingWindowLimiter::new(&a, "r", config).unwrap();
+    let b = RollingWindowLimiter::new(&b, "r", config).unwrap();
+    let (admitted, decisions) =
+        alternate(&a, &b, Duration::from_millis(20), Duration::from_secs(3)).await;
+    // Times are taken at the replies, not when the script ran: a few ms of slack.
+    let short = Duration::from_millis(900) - skew - Duration::from_millis(5);
+    let most = most_within(&admitted, short);
+    assert!(most <= 5, "{most} admitted within {short:?}: {admitted:?}");
+    assert!(admitted.len() >= 6, "{admitted:?}");
+    for d in decisions.iter().filter(|d| !d.is_admitted()) {
+        let retry = d.retry_after.unwrap();
+        assert!(retry <= Duration::from_secs(1) + skew, "{d:?}");
+    }
+}
+
+/// Fixed window aligned to the clock (1 s, quota 3): each window lasts at most one
+/// period, and a span of one period holds at most three quotas with two clocks (the
+/// extra window is the one the caller behind opens just before its own view of the
+/// edge). Unaligned windows do not read the clock at all: exactly the quota per window.
+#[tokio::test]
+async fn period_skewed_callers_stay_within_one_extra_window_per_clock() {
+    let skew = Duration::from_millis(300);
+    let (_redis, a, b) = skewed(skew.as_micros() as i64);
+    let period = Duration::from_secs(1);
+    let aligned = PeriodConfig::new(3, period).align(UtcOffset::UTC);
+    let pa = PeriodLimiter::new(&a, "aligned", aligned).unwrap();
+    let pb = PeriodLimiter::new(&b, "aligned", aligned).unwrap();
+    let (admitted, decisions) =
+        alternate(&pa, &pb, Duration::from_millis(20), Duration::from_secs(3)).await;
+    let most = most_within(&admitted, period);
+    assert!(
+        most <= 3 * 3,
+        "{most} admitted within {period:?}: {admitted:?}"
+    );
+    assert!(admitted.len() >= 6, "{admitted:?}");
+    for d in &decisions {
+        assert!(d.reset <= period, "{d:?}");
+    }
+    // Unaligned: the window is the key's time to live, counted by the server.
+    let config = PeriodConfig::new(3, Duration::from_secs(60));
+    let pa = PeriodLimiter::new(&a, "free", config).unwrap();
+    let pb = PeriodLimiter::new(&b, "free", config).unwrap();
+    let mut admitted = 0;
+    for _ in 0..5 {
+        admitted += u32::from(check(&pa, "k").await.is_admitted());
+        admitted += u32::from(check(&pb, "k").await.is_admitted());
+    }
+    assert_eq!(admitted, 3);
+}

@@ -1,0 +1,387 @@
+//! Configuration as data: rule files build the same layers, with the same checks and
+//! errors, as the builders; the example's rule file works over HTTP, in-process and on a
+//! real `redis-server`.
+
+mod support;
+
+#[path = "../examples/rules.rs"]
+#[allow(dead_code)]
+mod rules_example;
+
+use std::net::SocketAddr;
+use std::num::NonZeroU32;
+use std::time::Duration;
+
+use http::StatusCode;
+use support::http::Served;
+use support::RedisServer;
+use tower_redis_ratelimit::config::{BackendConfig, KeyConfig, RulesConfig};
+use tower_redis_ratelimit::key::{ForwardedIp, HeaderKey, KeyExtractor, PathKey, PeerIp};
+use tower_redis_ratelimit::{
+    Backend, FailurePolicy, Limiter, PeriodLimitLayer, RollingWindowLayer, Source, TokenBucketLayer,
+};
+
+const ONE: NonZeroU32 = NonZeroU32::MIN;
+
+fn parse(text: &str) -> RulesConfig {
+    toml::from_str(text).unwrap_or_else(|error| panic!("{error}"))
+}
+
+/// Admissions of `n` checks of `key` in a row.
+async fn admitted(limiter: &dyn Limiter, key: &[u8], n: usize) -> Vec<bool> {
+    let mut out = Vec::new();
+    for _ in 0..n {
+        out.push(limiter.check(key, ONE).await.is_admitted());
+    }
+    out
+}
+
+/// Every algorithm with every parameter: the policies say what the file says, and the
+/// checks admit exactly the limit.
+#[tokio::test]
+async fn every_algorithm_builds_its_limit() {
+    let rules = parse(
+        r#"
+        [[rules]]
+        name = "fixed"
+        limit = { algorithm = "period", quota = 2, period = "1day", align = "+05:30" }
+        [[rules]]
+        name = "bucket"
+        limit = { algorithm = "token_bucket", rate = 1, per = "1h", burst = 3 }
+        [[rules]]
+        name = "rolling"
+        limit = { algorithm = "rolling_window", limit = 4, buckets = 10, interval = "100ms" }
+        "#,
+    )
+    .build()
+    .unwrap();
+    let expected = [
+        ("fixed", 2, Duration::from_secs(86_400)),
+        ("bucket", 3, Duration::from_secs(3 * 3_600)),
+        ("rolling", 4, Duration::from_secs(1)),
+    ];
+    assert_eq!(rules.layers.len(), 3);
+    for (layer, (name, quota, window)) in rules.layers.iter().zip(expected) {
+        let limiter = layer.limiter();
+        let policy = limiter.policy();
+        assert_eq!(policy.name(), name);
+        assert_eq!(policy.quota(), quota, "{name}");
+        // The same policy as the builder's.
+        let built = match name {
+            "fixed" => PeriodLimitLayer::builder(&rules.backend)
+                .name("x")
+                .quota(2)
+                .period(window)
+                .build()
+                .unwrap()
+                .limiter()
+                .policy()
+                .window(),
+            "bucket" => TokenBucketLayer::builder(&rules.backend)
+                .name("x")
+                .rate(1, Duration::from_secs(3_600))
+                .burst(3)
+                .build()
+                .unwrap()
+                .limiter()
+                .policy()
+                .window(),
+            _ => RollingWindowLayer::builder(&rules.backend)
+                .name("x")
+                .limit(4)
+                .buckets(10)
+                .interval(Duration::from_millis(100))
+                .build()
+                .unwrap()
+                .limiter()
+                .policy()
+                .window(),
+        };
+        assert_eq!(policy.window(), built, "{name}");
+        let mut want = vec![true; quota as usize];
+        want.push(false);
+        assert_eq!(
+            admitted(&**limiter, b"k", quota as usize + 1).await,
+            want,
+            "{name}"
+        );
+        assert_eq!(admitted(&**limiter, b"other", 1).await, [true], "{name}");
+    }
+}
+
+fn request(peer: &str, headers: &[(&str, &str)], path: &str) -> http::Request<()> {
+    let mut req = http::Request::builder().uri(path);
+    for (name, value) in headers {
+        req = req.header(*name, *value);
+    }
+    let mut req = req.body(()).unwrap();
+    req.extensions_mut()
+        .insert(peer.parse::<SocketAddr>().unwrap());
+    req
+}
+
+fn key_of(text: &str) -> KeyConfig {
+    #[derive(serde::Deserialize)]
+    struct Wrap {
+        key: KeyConfig,
+    }
+    toml::from_str::<Wrap>(&format!("key = {text}"))
+        .unwrap_or_else(|error| panic!("{text}: {error}"))
+        .key
+}
+
+/// Every extractor of a file gives the very keys of the extractor built in code.
+#[test]
+fn keys_are_those_of_the_extractors() {
+    let requests = [
+        request("10.0.0.2:1", &[("x-forwarded-for", "203.0.113.7")], "/a"),
+        request("[2001:db8:1:2::9]:1", &[("x-api-key", "k1")], "/b"),
+        request(
+            "198.51.100.1:1",
+            &[("x-api-key", "k2"), ("x-forwarded-for", "2001:db8::1")],
+            "/",
+        ),
+    ];
+    let forwarded = ForwardedIp::from_strs(["10.0.0.0/8"]).unwrap();
+    let cases: Vec<(&str, Box<dyn KeyExtractor<()>>)> = vec![
+        ("\"global\"", Box::new(tower_redis_ratelimit::key::GlobalKey)),
+        ("\"peer_ip\"", Box::new(PeerIp::new())),
+        ("{ peer_ip = { ipv6_prefix = 48 } }", Box::new(PeerIp::new().ipv6_prefix(48))),
+        ("\"path\"", Box::new(PathKey)),
+        ("{ header = \"X-Api-Key\" }", Box::new(HeaderKey::from_static("x-api-key"))),
+        (
+            "{ forwarded_ip = { trusted = [\"10.0.0.0/8\"], header = \"x_forwarded_for\", ipv6_prefix = 128 } }",
+            Box::new(forwarded.clone().ipv6_prefix(128)),
+        ),
+        (
+            "{ or = [{ header = \"x-api-key\" }, { forwarded_ip = { trusted = [\"10.0.0.0/8\"] } }] }",
+            Box::new(HeaderKey::from_static("x-api-key").or(forwarded.clone())),
+        ),
+        (
+            "{ and = [{ header = \"x-api-key\" }, \"path\", \"peer_ip\"] }",
+            Box::new(HeaderKey::from_static("x-api-key").and(PathKey).and(PeerIp::new())),
+        ),
+        (
+            "{ or = [{ and = [{ header = \"x-api-key\" }, \"path\"] }, \"peer_ip\"] }",
+            Box::new(HeaderKey::from_static("x-api-key").and(PathKey).or(PeerIp::new())),
+        ),
+    ];
+    for (text, code) in cases {
+        let from_file = key_of(text).build().unwrap();
+        for req in &requests {
+            let want = code.extract(req).map(|k| k.as_bytes().to_vec());
+            let got = from_file.extract(req).map(|k| k.as_bytes().to_vec());
+            assert_eq!(got, want, "{text}");
+        }
+    }
+}
+
+/// Every field of the backend and of a rule survives `Serialize` then `Deserialize`,
+/// and `Debug` shows no password.
+#[test]
+fn round_trip_and_no_secrets_in_debug() {
+    let text = r#"
+        [backend]
+        url = "redis://limiter:hunter2@127.0.0.1:6379/0"
+        prefix = "p"
+        call_timeout = "150ms"
+        probe_interval = "1s"
+        failure_policy = "fail_closed"
+        fallback_share = 0.5
+        max_local_keys = 1000
+        deny_cache = 0
+        breaker = { window = "3s", min_calls = 5, failure_ratio = 0.25, recovery = "2s" }
+        sentinel = { master_name = "m", urls = ["redis://:hunter2@10.0.0.1:26379"], username = "u", password = "hunter2" }
+        tls = { ca_file = "ca.pem", client_cert_file = "c.pem", client_key_file = "c.key" }
+
+        [[rules]]
+        name = "r"
+        limit = { algorithm = "token_bucket", rate = 5, per = "1m", burst = 2 }
+        key = { or = [{ header = "x-api-key" }, { forwarded_ip = { trusted = ["10.0.0.0/8"], header = "forwarded", ipv6_prefix = 56 } }] }
+        cost = 2
+        failure_policy = "fail_open"
+        fallback_share = 0.25
+        shadow = true
+        headers = false
+        decision_extension = false
+        missing_key = { key = "anonymous" }
+        max_key_len = 64
+    "#;
+    let config = parse(text);
+    let again: RulesConfig = toml::from_str(&toml::to_string(&config).unwrap()).unwrap();
+    assert_eq!(again, config);
+    assert_eq!(
+        config.backend.failure_policy,
+        Some(FailurePolicy::FailClosed)
+    );
+    let debug = format!("{config:?}");
+    assert!(!debug.contains("hunter2"), "{debug}");
+    assert!(!debug.contains("limiter"), "{debug}");
+    assert!(debug.contains("127.0.0.1:6379"), "{debug}");
+}
+
+/// The rule settings beyond the limit act as the builder's: cost, shadow, headers,
+/// missing key.
+#[tokio::test]
+async fn rule_settings_act_over_http() {
+    let rules = parse(
+        r#"
+        [[rules]]
+        name = "shadow"
+        key = "global"
+        shadow = true
+        limit = { algorithm = "period", quota = 1, period = "1m" }
+
+        [[rules]]
+        name = "per-key"
+        key = { header = "x-api-key" }
+        missing_key = { key = "anonymous" }
+        cost = 2
+        headers = false
+        limit = { algorithm = "period", quota = 4, period = "1m" }
+        "#,
+    )
+    .build()
+    .unwrap();
+    let app = rules.apply(axum::Router::new().route("/", axum::routing::get(|| async { "ok" })));
+    let served = Served::start(app).await;
+    // Cost 2 of 4: two requests, then 429, although the shadow rule is over its quota.
+    for _ in 0..2 {
+        let (response, _) = served.get("/", &[("x-api-key", "a")]).await;
+        assert_eq!(response.status(), StatusCode::OK);
+        assert!(
+            !response.headers().contains_key("ratelimit"),
+            "headers = false"
+        );
+    }
+    let (response, _) = served.get("/", &[("x-api-key", "a")]).await;
+    assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+    // Without a key: the shared `anonymous` key, not a 400.
+    for want in [
+        StatusCode::OK,
+        StatusCode::OK,
+        StatusCode::TOO_MANY_REQUESTS,
+    ] {
+        assert_eq!(served.get("/", &[]).await.0.status(), want);
+    }
+}
+
+/// The example's own rule file, served as the example serves it.
+#[tokio::test]
+async fn example_rule_file_in_process() {
+    let config = rules_example::load(&rules_example::rules_file()).unwrap();
+    let mut config = config;
+    config.backend.url = None; // whatever the environment says
+    example_limits(config).await;
+}
+
+async fn example_limits(config: RulesConfig) {
+    let rules = config.build().unwrap();
+    assert_eq!(rules.layers.len(), 3);
+    let served = Served::start(rules_example::app(&rules)).await;
+    // per-client: a burst of 5 per API key.
+    for path in ["/", "/search", "/", "/search", "/"] {
+        let (response, body) = served.get(path, &[("x-api-key", "me")]).await;
+        assert_eq!(response.status(), StatusCode::OK, "{path}: {body}");
+        assert!(response.headers().contains_key("ratelimit"));
+    }
+    let (response, _) = served.get("/", &[("x-api-key", "me")]).await;
+    assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert!(response.headers().contains_key(http::header::RETRY_AFTER));
+    // Another key, and a client without one (keyed by its address), are unaffected.
+    assert_eq!(
+        served.get("/", &[("x-api-key", "you")]).await.0.status(),
+        StatusCode::OK
+    );
+    assert_eq!(served.get("/", &[]).await.0.status(), StatusCode::OK);
+}
+
+/// A Redis backend from the file, with a password in its URL: decisions come from
+/// Redis, the keys carry the file's prefix, and `Debug` hides the password.
+#[tokio::test]
+async fn redis_backend_from_config() {
+    let server = RedisServer::start();
+    let acl = [
+        "ACL",
+        "SETUSER",
+        "limiter",
+        "on",
+        ">s3cret-pw",
+        "~*",
+        "+@all",
+    ];
+    assert_eq!(server.cmd(&acl), "OK");
+    let url = format!("redis://limiter:s3cret-pw@127.0.0.1:{}", server.port());
+    let mut config = rules_example::load(&rules_example::rules_file()).unwrap();
+    config.backend.url = Some(url.clone());
+    assert!(!format!("{config:?}").contains("s3cret-pw"));
+    let backend: Backend = config.backend.build().unwrap();
+    assert!(backend.is_redis());
+    backend.check_redis().await.unwrap();
+    let rules = config.build_on(&backend).unwrap();
+    let limiter = rules.layers[0].limiter();
+    let decision = limiter.check(b"hdr:x-api-key:direct", ONE).await;
+    assert!(decision.is_admitted());
+    assert_eq!(decision.source, Source::Redis);
+    let keys = server.cmd(&["KEYS", "rules-example:*"]);
+    assert!(keys.contains("per-client"), "{keys}");
+    example_limits(config).await;
+
+    // A wrong password is a clear error at start-up.
+    let mut wrong = BackendConfig::default();
+    wrong.url = Some(format!(
+        "redis://limiter:wrong-pw@127.0.0.1:{}",
+        server.port()
+    ));
+    let error = wrong.build().unwrap().check_redis().await.unwrap_err();
+    assert!(!error.to_string().contains("wrong-pw"), "{error}");
+}
+
+/// Every backend setting reaches the builder: the builder set up from a file equals,
+/// setting for setting, the one written in code (TLS files included).
+#[test]
+fn every_backend_field_reaches_the_builder() {
+    let dir = support::make_temp_dir("config-tls");
+    for file in ["ca.pem", "c.pem", "c.key"] {
+        std::fs::write(dir.join(file), b"not checked until a connection").unwrap();
+    }
+    let config = parse(&format!(
+        r#"
+        [backend]
+        url = "rediss://u:p@127.0.0.1:6380/0"
+        prefix = "p"
+        call_timeout = "150ms"
+        probe_interval = "1s"
+        failure_policy = "fail_closed"
+        fallback_share = 0.5
+        max_local_keys = 1000
+        deny_cache = 0
+        breaker = {{ window = "3s", min_calls = 5, failure_ratio = 0.25, recovery = "2s" }}
+        tls = {{ ca_file = "{0}/ca.pem", client_cert_file = "{0}/c.pem", client_key_file = "{0}/c.key" }}
+        "#,
+        dir.display()
+    ));
+    let from_file = config.backend.builder().unwrap();
+    let in_code = Backend::builder()
+        .redis_url("rediss://u:p@127.0.0.1:6380/0")
+        .prefix("p")
+        .call_timeout(Duration::from_millis(150))
+        .probe_interval(Duration::from_secs(1))
+        .failure_policy(FailurePolicy::FailClosed)
+        .fallback_share(0.5)
+        .max_local_keys(1000)
+        .deny_cache(0)
+        .breaker_window(Duration::from_secs(3))
+        .breaker_min_calls(5)
+        .breaker_failure_ratio(0.25)
+        .recovery(Duration::from_secs(2))
+        .tls_ca_pem(b"x".to_vec())
+        .tls_client_auth_pem(b"x".to_vec(), b"x".to_vec());
+    assert_eq!(format!("{from_file:?}"), format!("{in_code:?}"));
+    assert_ne!(
+        format!("{from_file:?}"),
+        format!("{:?}", Backend::builder()),
+        "not the defaults"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}

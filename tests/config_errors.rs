@@ -1,0 +1,223 @@
+//! Configuration as data: values the builders refuse are the builders' own errors, and
+//! typos fail when the file is read.
+
+use std::time::Duration;
+
+use tower_redis_ratelimit::config::RulesConfig;
+use tower_redis_ratelimit::{
+    Backend, ConfigError, PeriodLimitLayer, RollingWindowLayer, TokenBucketLayer,
+};
+
+fn parse(text: &str) -> RulesConfig {
+    toml::from_str(text).unwrap_or_else(|error| panic!("{error}"))
+}
+
+fn build_error(text: &str) -> ConfigError {
+    parse(text)
+        .build()
+        .expect_err("the configuration must not build")
+}
+
+/// Values the builders refuse are refused with the builders' own errors; values that
+/// only a file can get wrong are `InvalidValue`s naming their setting.
+#[test]
+fn invalid_values_are_the_builders_errors() {
+    let backend = Backend::in_process();
+    let rule = |limit: &str| format!("[[rules]]\nname = \"r\"\nlimit = {limit}\n");
+    let zero_quota = build_error(&rule(
+        r#"{ algorithm = "period", quota = 0, period = "1s" }"#,
+    ));
+    let builder = PeriodLimitLayer::builder(&backend)
+        .name("r")
+        .quota(0)
+        .period(Duration::from_secs(1))
+        .build()
+        .unwrap_err();
+    assert_eq!(zero_quota, builder);
+    assert!(matches!(
+        zero_quota,
+        ConfigError::Zero {
+            setting: "quota",
+            ..
+        }
+    ));
+
+    let zero_burst = build_error(&rule(
+        r#"{ algorithm = "token_bucket", rate = 1, burst = 0 }"#,
+    ));
+    let builder = TokenBucketLayer::builder(&backend)
+        .name("r")
+        .rate(1, Duration::from_secs(1))
+        .burst(0)
+        .build()
+        .unwrap_err();
+    assert_eq!(zero_burst, builder);
+
+    let buckets = build_error(&rule(
+        r#"{ algorithm = "rolling_window", limit = 1, buckets = 100000, interval = "1s" }"#,
+    ));
+    let builder = RollingWindowLayer::builder(&backend)
+        .name("r")
+        .limit(1)
+        .buckets(100_000)
+        .interval(Duration::from_secs(1))
+        .build()
+        .unwrap_err();
+    assert_eq!(buckets, builder);
+
+    let offset = build_error(&rule(
+        r#"{ algorithm = "period", quota = 1, period = "1day", align = "+19:00" }"#,
+    ));
+    let builder = PeriodLimitLayer::builder(&backend)
+        .name("r")
+        .quota(1)
+        .period(Duration::from_secs(86_400))
+        .align(tower_redis_ratelimit::period::UtcOffset::from_hours(19))
+        .build()
+        .unwrap_err();
+    assert_eq!(offset, builder);
+
+    let period = r#"{ algorithm = "period", quota = 1, period = "1s" }"#;
+    let name = build_error(&rule(period).replace("\"r\"", "\"a{b}\""));
+    let builder = PeriodLimitLayer::builder(&backend)
+        .name("a{b}")
+        .quota(1)
+        .period(Duration::from_secs(1))
+        .build()
+        .unwrap_err();
+    assert_eq!(name, builder);
+
+    let share = build_error(&format!("{}fallback_share = 1.5\n", rule(period)));
+    let builder = PeriodLimitLayer::builder(&backend)
+        .name("r")
+        .quota(1)
+        .period(Duration::from_secs(1))
+        .fallback_share(1.5)
+        .build()
+        .unwrap_err();
+    assert_eq!(share, builder);
+
+    // The backend's checks.
+    let cases: [(&str, ConfigError); 5] = [
+        (
+            "prefix = \"\"",
+            Backend::builder().prefix("").build().unwrap_err(),
+        ),
+        (
+            "max_local_keys = 0",
+            Backend::builder().max_local_keys(0).build().unwrap_err(),
+        ),
+        (
+            "call_timeout = \"0s\"",
+            Backend::builder()
+                .call_timeout(Duration::ZERO)
+                .build()
+                .unwrap_err(),
+        ),
+        (
+            "breaker = { failure_ratio = 0.0 }",
+            Backend::builder()
+                .breaker_failure_ratio(0.0)
+                .build()
+                .unwrap_err(),
+        ),
+        (
+            "url = \"nonsense://\"",
+            Backend::builder()
+                .redis_url("nonsense://")
+                .build()
+                .unwrap_err(),
+        ),
+    ];
+    for (text, builder) in cases {
+        assert_eq!(
+            build_error(&format!("[backend]\n{text}\n")),
+            builder,
+            "{text}"
+        );
+    }
+
+    // What only text can get wrong.
+    let key = |key: &str| build_error(&format!("{}key = {key}\n", rule(period)));
+    for bad in [
+        r#"{ forwarded_ip = { trusted = ["10.0.0.0/33"] } }"#,
+        r#"{ forwarded_ip = { trusted = ["proxy.internal"] } }"#,
+        r#"{ header = "x api key" }"#,
+        r#"{ or = ["peer_ip"] }"#,
+        r#"{ peer_ip = { ipv6_prefix = 129 } }"#,
+    ] {
+        assert!(
+            matches!(key(bad), ConfigError::InvalidValue { setting: "key", .. }),
+            "{bad}: {:?}",
+            key(bad)
+        );
+    }
+    let align = build_error(&rule(
+        r#"{ algorithm = "period", quota = 1, period = "1s", align = "noon" }"#,
+    ));
+    assert!(matches!(
+        align,
+        ConfigError::InvalidValue {
+            setting: "align",
+            ..
+        }
+    ));
+    let missing = build_error(&format!(
+        "{}missing_key = {{ reject = 200 }}\n",
+        rule(period)
+    ));
+    assert!(matches!(
+        missing,
+        ConfigError::InvalidValue {
+            setting: "missing_key",
+            ..
+        }
+    ));
+    let free = build_error(&format!("{}cost = 0\n", rule(period)));
+    assert!(
+        matches!(
+            free,
+            ConfigError::Zero {
+                setting: "cost",
+                ..
+            }
+        ),
+        "{free:?}"
+    );
+    let twice = build_error(&format!("{}{}", rule(period), rule(period)));
+    assert!(matches!(twice, ConfigError::Conflict { .. }), "{twice:?}");
+    let no_file = build_error(
+        "[backend]\nurl = \"rediss://h\"\ntls = { ca_file = \"/nonexistent/ca.pem\" }\n",
+    );
+    assert!(
+        matches!(no_file, ConfigError::InvalidValue { .. }),
+        "{no_file:?}"
+    );
+}
+
+/// Typos fail when the file is read: unknown fields, algorithms, extractors, policies
+/// and durations, with serde's message naming them.
+#[test]
+fn typos_fail_loudly() {
+    let cases = [
+        ("[backend]\nprefx = \"a\"", "unknown field `prefx`"),
+        ("[backend]\nbreaker = { windw = \"1s\" }", "unknown field `windw`"),
+        ("[backend]\nfailure_policy = \"fail_opn\"", "unknown variant `fail_opn`"),
+        ("[backend]\ncall_timeout = \"10 parsecs\"", "expected a duration"),
+        ("[[rule]]\nname = \"r\"", "unknown field `rule`"),
+        ("[[rules]]\nname = \"r\"\nlimit = { algorithm = \"leaky_bucket\", rate = 1 }", "unknown variant `leaky_bucket`"),
+        ("[[rules]]\nname = \"r\"\nlimit = { algorithm = \"period\", quota = 1, period = \"1s\", burst = 3 }", "unknown field `burst`"),
+        ("[[rules]]\nname = \"r\"\nlimit = { algorithm = \"period\", period = \"1s\" }", "missing field `quota`"),
+        ("[[rules]]\nname = \"r\"\nlimit = { algorithm = \"period\", quota = 1, period = \"1s\" }\nshadw = true", "unknown field `shadw`"),
+        ("[[rules]]\nname = \"r\"\nlimit = { algorithm = \"period\", quota = 1, period = \"1s\" }\nkey = \"peer_iq\"", "unknown variant `peer_iq`"),
+        ("[[rules]]\nname = \"r\"\nlimit = { algorithm = \"period\", quota = 1, period = \"1s\" }\nkey = { heder = \"x\" }", "unknown variant `heder`"),
+        ("[[rules]]\nname = \"r\"\nlimit = { algorithm = \"period\", quota = 1, period = \"1s\" }\nkey = { forwarded_ip = { trustd = [] } }", "unknown field `trustd`"),
+        ("[[rules]]\nname = \"r\"\nlimit = { algorithm = \"period\", quota = 1, period = \"1s\" }\nkey = { header = \"a\", path = {} }", "names one extractor"),
+    ];
+    for (text, message) in cases {
+        let error = toml::from_str::<RulesConfig>(text)
+            .expect_err(text)
+            .to_string();
+        assert!(error.contains(message), "{text}\n---\n{error}");
+    }
+}
