@@ -82,6 +82,9 @@ pub struct Decision {
     pub retry_after: Option<Duration>,
     /// Which store answered.
     pub source: Source,
+    /// The `RateLimit-Policy` value when the limit was chosen for this request
+    /// ([`dynamic`](crate::dynamic) limits) rather than the layer's policy.
+    pub(crate) policy_header: Option<http::HeaderValue>,
 }
 
 impl Decision {
@@ -95,6 +98,7 @@ impl Decision {
             reset,
             retry_after: None,
             source,
+            policy_header: None,
         }
     }
 

@@ -1,5 +1,5 @@
-//! Guides: choosing an algorithm and a key, stacking limits, trying a limit in shadow
-//! mode, running behind a proxy, on Redis Cluster, when Redis fails, on gRPC, and
+//! Guides: choosing an algorithm and a key, stacking limits, limits from your own
+//! store, trying a limit in shadow mode, running behind a proxy, on Redis Cluster, when Redis fails, on gRPC, and
 //! watching it all. This module has no items, only documentation.
 //!
 //! # Choosing an algorithm
@@ -104,6 +104,37 @@
 //! RateLimit-Policy: "burst";q=10;w=2, "daily";q=10000;w=86400
 //! RateLimit: "burst";r=9;t=1, "daily";r=9999;t=86400
 //! ```
+//!
+//! # Limits from your own store
+//!
+//! When each merchant or user has a quota of their own, kept in your database or a
+//! config service, wrap the algorithm's configuration in
+//! [`DynamicLimits`](crate::dynamic::DynamicLimits) with a
+//! [`LimitSource`](crate::dynamic::LimitSource): an async lookup from the layer's key to
+//! a limit, or `None` for the configured default. A few keys with fixed limits are
+//! better served by [`Plans`](crate::Plans); a limit per key that changes without a
+//! deploy is this.
+//!
+//! - **Cost**: answers are cached in process for the [TTL](crate::dynamic::DynamicLimits::ttl)
+//!   (30 s) in a bounded cache ([`max_keys`](crate::dynamic::DynamicLimits::max_keys),
+//!   100 000), so a request pays no lookup except a key's very first. An answer older
+//!   than the TTL keeps serving while one background lookup refreshes it; there is never
+//!   more than one lookup per key in flight.
+//! - **Freshness**: a changed quota applies within one TTL plus one lookup, without a
+//!   restart. On Redis, the key's count carries over (a lowered quota refuses at once if
+//!   the key already used more).
+//! - **Failure**: a lookup that errs or outlasts the
+//!   [`lookup_timeout`](crate::dynamic::DynamicLimits::lookup_timeout) (250 ms) follows
+//!   [`OnSourceError`](crate::dynamic::OnSourceError): the last known limit (default),
+//!   a fixed limit, or refusing with `429` and a `Retry-After`. The key is asked again
+//!   after the [`error_ttl`](crate::dynamic::DynamicLimits::error_ttl), so a store that is
+//!   down is not hammered. Choose `LastKnown` when being briefly generous is harmless,
+//!   `Limit` for a conservative floor, `Refuse` when a quota must never be exceeded.
+//! - **Headers**: `RateLimit-Policy` shows the limit that applied, under the layer's
+//!   name; metrics stay under that one name.
+//!
+//! The `merchants` example serves payments limited per merchant from an in-memory
+//! "database" a background task changes.
 //!
 //! # Shadow mode
 //!

@@ -51,7 +51,7 @@
 //! ```
 //!
 //! The [`guide`] covers choosing an algorithm and a key, per-plan and stacked limits,
-//! shadow mode, running behind a proxy, Redis Cluster, failure modes, gRPC and metrics.
+//! limits from your own store ([`dynamic`]), shadow mode, running behind a proxy, Redis Cluster, failure modes, gRPC and metrics.
 //!
 //! # Feature flags
 //!
@@ -74,6 +74,7 @@ mod clock;
 pub mod config;
 mod cost;
 mod decision;
+pub mod dynamic;
 mod error;
 #[cfg(feature = "grpc")]
 #[cfg_attr(docsrs, doc(cfg(feature = "grpc")))]

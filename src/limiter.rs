@@ -83,6 +83,8 @@ impl<L: Limiter + ?Sized> Limiter for std::sync::Arc<L> {
 #[must_use = "a check does nothing unless awaited"]
 pub struct Check {
     inner: Inner,
+    /// Set on the decision: the policy that applied, when chosen per request.
+    policy_header: Option<http::HeaderValue>,
 }
 
 enum Inner {
@@ -95,6 +97,7 @@ impl Check {
     pub fn ready(decision: Decision) -> Self {
         Self {
             inner: Inner::Ready(Some(decision)),
+            policy_header: None,
         }
     }
 
@@ -102,15 +105,23 @@ impl Check {
     pub fn pending(future: impl Future<Output = Decision> + Send + 'static) -> Self {
         Self {
             inner: Inner::Pending(Box::pin(future)),
+            policy_header: None,
         }
+    }
+
+    /// Marks the decision with the `RateLimit-Policy` value of the limit that applied.
+    pub(crate) fn with_policy_header(mut self, header: http::HeaderValue) -> Self {
+        self.policy_header = Some(header);
+        self
     }
 
     /// Takes the decision out if it was known at once.
     pub(crate) fn take_ready(&mut self) -> Option<Decision> {
-        match &mut self.inner {
+        let decision = match &mut self.inner {
             Inner::Ready(decision) => decision.take(),
             Inner::Pending(_) => None,
-        }
+        };
+        decision.map(|d| mark(d, &mut self.policy_header))
     }
 }
 
@@ -118,13 +129,20 @@ impl Future for Check {
     type Output = Decision;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Decision> {
-        match &mut self.get_mut().inner {
-            Inner::Ready(decision) => {
-                Poll::Ready(decision.take().expect("`Check` polled after completion"))
-            }
-            Inner::Pending(future) => future.as_mut().poll(cx),
-        }
+        let this = self.get_mut();
+        let decision = match &mut this.inner {
+            Inner::Ready(decision) => decision.take().expect("`Check` polled after completion"),
+            Inner::Pending(future) => std::task::ready!(future.as_mut().poll(cx)),
+        };
+        Poll::Ready(mark(decision, &mut this.policy_header))
     }
+}
+
+fn mark(mut decision: Decision, header: &mut Option<http::HeaderValue>) -> Decision {
+    if let Some(header) = header.take() {
+        decision.policy_header = Some(header);
+    }
+    decision
 }
 
 impl fmt::Debug for Check {

@@ -224,7 +224,8 @@ impl HeaderParts {
         v.put_slice(num.format(decision.remaining).as_bytes());
         v.put_slice(b";t=");
         v.put_slice(num.format(ceil_secs(decision.reset)).as_bytes());
-        prepend(headers, RATELIMIT_POLICY, self.policy.clone());
+        let policy = decision.policy_header.as_ref().unwrap_or(&self.policy);
+        prepend(headers, RATELIMIT_POLICY, policy.clone());
         if let Ok(value) = HeaderValue::from_maybe_shared(v.freeze()) {
             prepend(headers, RATELIMIT, value);
         }

@@ -137,6 +137,16 @@ impl PeriodConfig {
     fn period_ms(&self) -> u64 {
         u64::try_from(self.period.as_millis()).unwrap_or(u64::MAX)
     }
+
+    /// The quota, for [`dynamic`](crate::dynamic) limits.
+    pub(crate) fn quota_value(&self) -> u64 {
+        self.quota
+    }
+
+    /// The same settings with another quota, for [`dynamic`](crate::dynamic) limits.
+    pub(crate) fn with_quota(&self, quota: u64) -> Self {
+        Self { quota, ..*self }
+    }
 }
 
 impl Algorithm for PeriodConfig {

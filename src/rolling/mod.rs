@@ -123,6 +123,16 @@ impl RollingConfig {
     fn interval_ms(&self) -> u64 {
         u64::try_from(self.interval.as_millis()).unwrap_or(u64::MAX)
     }
+
+    /// The limit, for [`dynamic`](crate::dynamic) limits.
+    pub(crate) fn limit_value(&self) -> u64 {
+        self.limit
+    }
+
+    /// The same settings with another limit, for [`dynamic`](crate::dynamic) limits.
+    pub(crate) fn with_limit_value(&self, limit: u64) -> Self {
+        Self { limit, ..*self }
+    }
 }
 
 impl Algorithm for RollingConfig {

@@ -106,6 +106,22 @@ impl TokenBucketConfig {
             burst,
         }
     }
+
+    /// The burst, for [`dynamic`](crate::dynamic) limits.
+    pub(crate) fn burst_value(&self) -> u64 {
+        self.burst
+    }
+
+    /// The same settings with burst `burst` and the rate scaled by the same factor (at
+    /// least one token per period), for [`dynamic`](crate::dynamic) limits.
+    pub(crate) fn with_burst_scaled(&self, burst: u64) -> Self {
+        let scaled = u128::from(self.rate) * u128::from(burst) / u128::from(self.burst.max(1));
+        Self {
+            rate: u64::try_from(scaled).unwrap_or(u64::MAX).max(1),
+            period: self.period,
+            burst,
+        }
+    }
 }
 
 impl Algorithm for TokenBucketConfig {
