@@ -88,11 +88,11 @@ async fn the_backend_follows_a_failover_with_the_replicated_counts() {
     let new = group.master_port();
     assert_ne!(new, old, "the sentinels promoted the replica");
     assert_eq!(new, group.replica.port());
-    // Back on Redis within a probe interval (plus the recovery's first share) of the
-    // sentinels naming the new master.
+    // Back on Redis within a probe interval of the sentinels naming the new master (plus
+    // the recovery's first share of checks, and a margin for a loaded machine).
     let failed_over = failed_over.unwrap_or(back);
     assert!(
-        back <= failed_over + PROBE + Duration::from_millis(500),
+        back <= failed_over + PROBE + Duration::from_secs(2),
         "failover seen after {failed_over:?}, back on redis after {back:?}"
     );
     // The count went on from the replicated state: ten before, this one now.
