@@ -76,9 +76,6 @@ mod cost;
 mod decision;
 pub mod dynamic;
 mod error;
-#[cfg(feature = "grpc")]
-#[cfg_attr(docsrs, doc(cfg(feature = "grpc")))]
-pub mod grpc;
 pub mod guide;
 pub mod key;
 mod limiter;
@@ -99,6 +96,9 @@ pub use crate::decision::{Decision, Decisions, Policy, Source, State};
 pub use crate::error::ConfigError;
 pub use crate::limiter::{Check, Limiter};
 pub use crate::period::PeriodLimitLayer;
+#[cfg(feature = "grpc")]
+#[cfg_attr(docsrs, doc(cfg(feature = "grpc")))]
+pub use crate::response::grpc;
 pub use crate::response::{DefaultRejection, OnRejection, ProblemJson};
 pub use crate::rolling::RollingWindowLayer;
 pub use crate::service::{

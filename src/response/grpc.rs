@@ -64,8 +64,8 @@ use http::{HeaderMap, Response, StatusCode};
 use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, StatusExt};
 
+use super::rejection::{ceil_secs, OnRejection, Rejection};
 use crate::decision::State;
-use crate::response::{ceil_secs, OnRejection, Rejection};
 
 /// Whether a request is a gRPC call: its `content-type` starts with `application/grpc`
 /// (`application/grpc`, `application/grpc+proto`, `application/grpc-web`, ...).

@@ -1,0 +1,167 @@
+//! The IETF `RateLimit` and `RateLimit-Policy` headers (and `Retry-After`), added to
+//! every answer, one list item per stacked policy.
+
+use bytes::{BufMut, Bytes, BytesMut};
+use http::header::{self, HeaderName, HeaderValue};
+use http::HeaderMap;
+
+use super::rejection::ceil_secs;
+use crate::decision::{Decision, Policy};
+
+/// The `RateLimit` header (IETF draft-ietf-httpapi-ratelimit-headers-10).
+pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+/// The `RateLimit-Policy` header (IETF draft-ietf-httpapi-ratelimit-headers-10).
+pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+
+/// The `RateLimit-Policy` value of a policy; built once per layer.
+pub(crate) fn policy_header(policy: &Policy) -> HeaderValue {
+    let mut buf = itoa::Buffer::new();
+    let mut v = String::with_capacity(policy.name().len() + 24);
+    v.push('"');
+    v.push_str(policy.name());
+    v.push_str("\";q=");
+    v.push_str(buf.format(policy.quota()));
+    v.push_str(";w=");
+    v.push_str(buf.format(ceil_secs(policy.window()).max(1)));
+    HeaderValue::try_from(v).expect("policy names are checked when the layer is built")
+}
+
+/// Pre-built pieces of the per-response headers of one policy.
+#[derive(Debug, Clone)]
+pub(crate) struct HeaderParts {
+    policy: HeaderValue,
+    /// `"name";r=`
+    ratelimit_prefix: Bytes,
+}
+
+impl HeaderParts {
+    pub(crate) fn new(policy: &Policy) -> Self {
+        let mut prefix = BytesMut::with_capacity(policy.name().len() + 5);
+        prefix.put_u8(b'"');
+        prefix.put_slice(policy.name().as_bytes());
+        prefix.put_slice(b"\";r=");
+        Self {
+            policy: policy_header(policy),
+            ratelimit_prefix: prefix.freeze(),
+        }
+    }
+
+    /// Adds this policy to `RateLimit-Policy` and `RateLimit` (and `Retry-After` for a
+    /// rejection that can be retried). Values already there (from inner layers, a
+    /// handler, or a custom rejection) are kept: this policy goes first in the list, so
+    /// stacked layers read outermost first.
+    pub(crate) fn apply(&self, headers: &mut HeaderMap, decision: &Decision) {
+        let mut num = itoa::Buffer::new();
+        let mut v = BytesMut::with_capacity(self.ratelimit_prefix.len() + 24);
+        v.put_slice(&self.ratelimit_prefix);
+        v.put_slice(num.format(decision.remaining).as_bytes());
+        v.put_slice(b";t=");
+        v.put_slice(num.format(ceil_secs(decision.reset)).as_bytes());
+        let policy = decision.policy_header.as_ref().unwrap_or(&self.policy);
+        prepend(headers, RATELIMIT_POLICY, policy.clone());
+        if let Ok(value) = HeaderValue::from_maybe_shared(v.freeze()) {
+            prepend(headers, RATELIMIT, value);
+        }
+        if let Some(retry) = decision.retry_after {
+            if !decision.is_admitted() {
+                let secs = ceil_secs(retry).max(1);
+                let new = HeaderValue::from(secs);
+                // Stacked limits: the longest wait wins.
+                let keep = headers
+                    .get(header::RETRY_AFTER)
+                    .and_then(|old| old.to_str().ok()?.parse::<u64>().ok())
+                    .is_some_and(|old| old >= secs);
+                if !keep {
+                    headers.insert(header::RETRY_AFTER, new);
+                }
+            }
+        }
+    }
+}
+
+/// Puts `value` first in the list header `name`: one field line holding `value` and
+/// then every value already there, comma-separated (one list, as RFC 9110 reads several
+/// lines of a list header, but one line for clients that read only the first).
+fn prepend(headers: &mut HeaderMap, name: HeaderName, value: HeaderValue) {
+    match headers.entry(name) {
+        header::Entry::Vacant(entry) => {
+            entry.insert(value);
+        }
+        header::Entry::Occupied(mut entry) => {
+            let len = entry.iter().map(|v| v.len() + 2).sum::<usize>();
+            let mut joined = BytesMut::with_capacity(value.len() + len);
+            joined.put_slice(value.as_bytes());
+            for old in entry.iter() {
+                joined.put_slice(b", ");
+                joined.put_slice(old.as_bytes());
+            }
+            if let Ok(joined) = HeaderValue::from_maybe_shared(joined.freeze()) {
+                entry.insert(joined);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::decision::{Source, State};
+
+    fn decision(state: State, remaining: u64, reset_ms: u64) -> Decision {
+        Decision::new(
+            state,
+            5,
+            remaining,
+            Duration::from_millis(reset_ms),
+            Source::InProcess,
+        )
+    }
+
+    #[test]
+    fn draft_ten_header_format() {
+        let policy = Policy::new("sms", 5, Duration::from_secs(86_400));
+        let parts = HeaderParts::new(&policy);
+        let mut headers = HeaderMap::new();
+        parts.apply(&mut headers, &decision(State::Allowed, 3, 1_500));
+        assert_eq!(headers[RATELIMIT_POLICY], "\"sms\";q=5;w=86400");
+        assert_eq!(headers[RATELIMIT], "\"sms\";r=3;t=2");
+        assert!(headers.get(header::RETRY_AFTER).is_none());
+    }
+
+    #[test]
+    fn retry_after_rounds_up_and_keeps_the_longest() {
+        let policy = Policy::new("p", 5, Duration::from_millis(300));
+        let parts = HeaderParts::new(&policy);
+        assert_eq!(policy_header(&policy), "\"p\";q=5;w=1");
+        let mut headers = HeaderMap::new();
+        headers.insert(header::RETRY_AFTER, HeaderValue::from(7u64));
+        let d = decision(State::OverQuota, 0, 200).with_retry_after(Duration::from_millis(200));
+        parts.apply(&mut headers, &d);
+        assert_eq!(headers[header::RETRY_AFTER], "7");
+        let mut headers = HeaderMap::new();
+        parts.apply(&mut headers, &d);
+        assert_eq!(headers[header::RETRY_AFTER], "1");
+        assert_eq!(headers[RATELIMIT], "\"p\";r=0;t=1");
+    }
+
+    #[test]
+    fn stacked_policies_share_one_list_outermost_first() {
+        let burst = HeaderParts::new(&Policy::new("burst", 10, Duration::from_secs(1)));
+        let daily = HeaderParts::new(&Policy::new("daily", 1_000, Duration::from_secs(86_400)));
+        let mut headers = HeaderMap::new();
+        // The inner layer (daily) decorates first, then the outer one (burst).
+        daily.apply(&mut headers, &decision(State::Allowed, 998, 51_840_000));
+        burst.apply(&mut headers, &decision(State::Allowed, 9, 1_000));
+        assert_eq!(headers.get_all(RATELIMIT_POLICY).iter().count(), 1);
+        assert_eq!(
+            headers[RATELIMIT_POLICY],
+            "\"burst\";q=10;w=1, \"daily\";q=1000;w=86400"
+        );
+        assert_eq!(
+            headers[RATELIMIT],
+            "\"burst\";r=5;t=1, \"daily\";r=5;t=51840"
+        );
+    }
+}
