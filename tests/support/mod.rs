@@ -19,14 +19,16 @@ pub(crate) mod sentinel;
 
 use std::fmt;
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::io::{self, Read};
+use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Once;
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use deadpool_redis::redis;
 
 /// How long a freshly spawned server may take to answer `PING`.
 const READY_TIMEOUT: Duration = Duration::from_secs(10);
@@ -196,10 +198,10 @@ fn tail(text: &str, lines: usize) -> String {
 }
 
 // ---------------------------------------------------------------------------
-// Raw RESP client
+// Commands (the `redis` crate's blocking client)
 // ---------------------------------------------------------------------------
 
-/// A decoded RESP2 reply.
+/// A decoded reply.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Reply {
     /// `+OK`
@@ -250,93 +252,69 @@ impl fmt::Display for Reply {
     }
 }
 
-fn encode_command(args: &[&str]) -> Vec<u8> {
-    let mut out = format!("*{}\r\n", args.len()).into_bytes();
-    for arg in args {
-        out.extend_from_slice(format!("${}\r\n", arg.len()).as_bytes());
-        out.extend_from_slice(arg.as_bytes());
-        out.extend_from_slice(b"\r\n");
-    }
-    out
-}
-
-fn invalid(msg: String) -> io::Error {
-    io::Error::new(io::ErrorKind::InvalidData, msg)
-}
-
-fn read_line(reader: &mut impl BufRead) -> io::Result<String> {
-    let mut line = Vec::new();
-    reader.read_until(b'\n', &mut line)?;
-    if !line.ends_with(b"\r\n") {
-        return Err(io::Error::new(
-            io::ErrorKind::UnexpectedEof,
-            "connection closed in the middle of a reply",
-        ));
-    }
-    line.truncate(line.len() - 2);
-    Ok(String::from_utf8_lossy(&line).into_owned())
-}
-
-fn parse_len(text: &str) -> io::Result<i64> {
-    text.parse()
-        .map_err(|_| invalid(format!("bad length in reply: {text:?}")))
-}
-
-fn read_reply(reader: &mut impl BufRead) -> io::Result<Reply> {
-    let line = read_line(reader)?;
-    let (kind, rest) = line.split_at(line.chars().next().map_or(0, char::len_utf8));
-    match kind {
-        "+" => Ok(Reply::Simple(rest.to_owned())),
-        "-" => Ok(Reply::Error(rest.to_owned())),
-        ":" => Ok(Reply::Int(parse_len(rest)?)),
-        "$" => {
-            let Ok(len) = usize::try_from(parse_len(rest)?) else {
-                return Ok(Reply::Nil);
-            };
-            let mut data = vec![0; len + 2];
-            reader.read_exact(&mut data)?;
-            data.truncate(len);
-            Ok(Reply::Bulk(String::from_utf8_lossy(&data).into_owned()))
+impl From<redis::Value> for Reply {
+    fn from(value: redis::Value) -> Self {
+        match value {
+            redis::Value::Nil => Reply::Nil,
+            redis::Value::Int(i) => Reply::Int(i),
+            redis::Value::Okay => Reply::Simple("OK".to_owned()),
+            redis::Value::SimpleString(s) => Reply::Simple(s),
+            redis::Value::BulkString(bytes) => {
+                Reply::Bulk(String::from_utf8_lossy(&bytes).into_owned())
+            }
+            redis::Value::Array(items) | redis::Value::Set(items) => {
+                Reply::Array(items.into_iter().map(Reply::from).collect())
+            }
+            redis::Value::ServerError(error) => Reply::Error(format!(
+                "{} {}",
+                error.code(),
+                error.details().unwrap_or_default()
+            )),
+            other => Reply::Bulk(format!("{other:?}")),
         }
-        "*" => {
-            let Ok(len) = usize::try_from(parse_len(rest)?) else {
-                return Ok(Reply::Nil);
-            };
-            (0..len)
-                .map(|_| read_reply(reader))
-                .collect::<io::Result<_>>()
-                .map(Reply::Array)
-        }
-        _ => Err(invalid(format!("unsupported reply: {line:?}"))),
     }
 }
 
-/// Sends one command on a fresh connection to `127.0.0.1:port` and reads the
-/// reply (blocking, with a 5 s timeout).
+/// Sends one command on a fresh connection to `127.0.0.1:port` (the `redis` crate's
+/// blocking client, without its `CLIENT SETINFO`, so a command is one request) and
+/// returns the reply; an error reply is `Ok(Reply::Error(..))`, a failure to reach the
+/// server an `io::Error`.
+fn command(port: u16, args: &[&str], timeout: Duration) -> io::Result<Reply> {
+    let info = redis::IntoConnectionInfo::into_connection_info(format!("redis://127.0.0.1:{port}"))
+        .map_err(io::Error::other)?;
+    let settings = info.redis_settings().clone().set_skip_set_lib_name();
+    let client =
+        redis::Client::open(info.set_redis_settings(settings)).map_err(io::Error::other)?;
+    let mut conn = client
+        .get_connection_with_timeout(timeout)
+        .map_err(io::Error::other)?;
+    conn.set_read_timeout(Some(timeout))
+        .map_err(io::Error::other)?;
+    conn.set_write_timeout(Some(timeout))
+        .map_err(io::Error::other)?;
+    let (name, rest) = args.split_first().expect("a command");
+    match redis::cmd(name).arg(rest).query::<redis::Value>(&mut conn) {
+        Ok(value) => Ok(Reply::from(value)),
+        Err(error) if error.code().is_some() => Ok(Reply::Error(format!(
+            "{} {}",
+            error.code().unwrap_or_default(),
+            error.detail().unwrap_or_default()
+        ))),
+        Err(error) => Err(io::Error::other(error)),
+    }
+}
+
+/// Sends one command to `127.0.0.1:port` and returns the reply (5 s timeouts).
 pub(crate) fn raw_cmd(port: u16, args: &[&str]) -> io::Result<Reply> {
-    let addr = SocketAddr::from(([127, 0, 0, 1], port));
-    let mut stream = TcpStream::connect_timeout(&addr, CMD_TIMEOUT)?;
-    stream.set_read_timeout(Some(CMD_TIMEOUT))?;
-    stream.set_write_timeout(Some(CMD_TIMEOUT))?;
-    stream.write_all(&encode_command(args))?;
-    read_reply(&mut BufReader::new(stream))
+    command(port, args, CMD_TIMEOUT)
 }
 
-/// `PING` with short timeouts; true only on `+PONG`.
+/// `PING` with short timeouts; true only on `PONG`.
 fn ping(port: u16) -> bool {
-    let addr = SocketAddr::from(([127, 0, 0, 1], port));
-    let Ok(mut stream) = TcpStream::connect_timeout(&addr, Duration::from_millis(250)) else {
-        return false;
-    };
-    let timeout = Some(Duration::from_millis(500));
-    if stream.set_read_timeout(timeout).is_err() || stream.set_write_timeout(timeout).is_err() {
-        return false;
-    }
-    if stream.write_all(b"*1\r\n$4\r\nPING\r\n").is_err() {
-        return false;
-    }
-    let mut reader = BufReader::new(stream);
-    matches!(read_line(&mut reader), Ok(line) if line == "+PONG")
+    matches!(
+        command(port, &["PING"], Duration::from_millis(500)),
+        Ok(Reply::Simple(pong)) if pong == "PONG"
+    )
 }
 
 // ---------------------------------------------------------------------------
