@@ -1,0 +1,258 @@
+//! Keys from the request itself: [`GlobalKey`], [`HeaderKey`], [`ExtensionKey`],
+//! [`PathKey`] and `MatchedPathKey` (feature `axum`).
+
+use super::*;
+
+/// One key for all requests: a single limit shared by everybody.
+///
+/// The key is the constant `global`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GlobalKey;
+
+impl GlobalKey {
+    /// The key every request gets.
+    pub const KEY: &'static str = "global";
+
+    /// Creates the extractor.
+    pub const fn new() -> Self {
+        Self
+    }
+}
+
+combinators!(GlobalKey);
+
+impl<B> KeyExtractor<B> for GlobalKey {
+    fn extract<'r>(&self, _req: &'r http::Request<B>) -> Option<Key<'r>> {
+        Some(Key::borrowed(Self::KEY.as_bytes()))
+    }
+}
+
+/// The value of a request header, e.g. an API key; the key is `hdr:`, the
+/// header name, `:`, and the value.
+///
+/// Only the first line of the header is used. `None` when the header is
+/// missing or empty. The value's bytes are used as they are, whether UTF-8
+/// or not: different values are always different keys.
+///
+/// The key holds the raw header value: for secrets such as API keys, consider
+/// hashing keys before they reach shared storage.
+///
+/// ```
+/// use tower_redis_ratelimit::key::{HeaderKey, KeyExtractor};
+///
+/// let key = HeaderKey::from_static("x-api-key");
+/// let req = http::Request::builder()
+///     .header("x-api-key", http::HeaderValue::from_bytes(b"k\xff")?)
+///     .body(())?;
+/// assert_eq!(key.extract(&req).unwrap(), b"hdr:x-api-key:k\xff");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HeaderKey {
+    name: HeaderName,
+}
+
+impl HeaderKey {
+    /// Creates the extractor for the header `name`.
+    pub fn new(name: HeaderName) -> Self {
+        Self { name }
+    }
+
+    /// Creates the extractor for a header name known at compile time.
+    ///
+    /// # Panics
+    ///
+    /// When `name` is not a valid, lowercase header name (see
+    /// [`HeaderName::from_static`]).
+    pub const fn from_static(name: &'static str) -> Self {
+        Self {
+            name: HeaderName::from_static(name),
+        }
+    }
+
+    /// The header this extractor reads.
+    pub fn name(&self) -> &HeaderName {
+        &self.name
+    }
+}
+
+combinators!(HeaderKey);
+
+impl<B> KeyExtractor<B> for HeaderKey {
+    fn extract<'r>(&self, req: &'r http::Request<B>) -> Option<Key<'r>> {
+        let value = req.headers().get(&self.name)?;
+        if value.is_empty() {
+            return None;
+        }
+        Some(Key::concat(&[
+            b"hdr:",
+            self.name.as_str().as_bytes(),
+            b":",
+            value.as_bytes(),
+        ]))
+    }
+}
+
+/// A value an earlier layer (e.g. authentication) put into the request
+/// extensions, such as a user or tenant id.
+///
+/// The key is `ext:`, the extractor's [tag](Self::tag) (empty by default),
+/// `:`, and the value's [`Display`](fmt::Display) output. `None` when the
+/// extension is missing or displays as an empty string. The layer that
+/// inserts the value must run before the rate limiter. When you combine
+/// extractors of several extension types, give each a tag of its own, so that
+/// user `42` and tenant `42` never share a key.
+///
+/// # Example
+///
+/// ```
+/// use tower_redis_ratelimit::key::{ExtensionKey, KeyExtractor};
+///
+/// #[derive(Clone)]
+/// struct UserId(u64);
+///
+/// impl std::fmt::Display for UserId {
+///     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+///         write!(f, "user-{}", self.0)
+///     }
+/// }
+///
+/// let key = ExtensionKey::<UserId>::new();
+/// let mut req = http::Request::new(());
+/// assert_eq!(key.extract(&req), None);
+/// req.extensions_mut().insert(UserId(42));
+/// assert_eq!(key.extract(&req).unwrap(), "ext::user-42");
+/// assert_eq!(key.tag("user").extract(&req).unwrap(), "ext:user:user-42");
+/// ```
+pub struct ExtensionKey<T> {
+    tag: &'static str,
+    _marker: PhantomData<fn() -> T>,
+}
+
+impl<T> ExtensionKey<T> {
+    /// Creates the extractor, with an empty tag.
+    pub const fn new() -> Self {
+        Self {
+            tag: "",
+            _marker: PhantomData,
+        }
+    }
+
+    /// Tags the keys: `ext:<tag>:<value>`, to keep extractors of several
+    /// extension types apart.
+    ///
+    /// # Panics
+    ///
+    /// When `tag` contains a `:` (which would make keys ambiguous).
+    #[must_use]
+    pub const fn tag(mut self, tag: &'static str) -> Self {
+        let bytes = tag.as_bytes();
+        let mut i = 0;
+        while i < bytes.len() {
+            assert!(
+                bytes[i] != b':',
+                "an `ExtensionKey` tag must not contain `:`"
+            );
+            i += 1;
+        }
+        self.tag = tag;
+        self
+    }
+}
+
+combinators!(ExtensionKey<T>);
+
+impl<T> Default for ExtensionKey<T> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<T> Clone for ExtensionKey<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T> Copy for ExtensionKey<T> {}
+
+impl<T> fmt::Debug for ExtensionKey<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "ExtensionKey<{}>({:?})",
+            std::any::type_name::<T>(),
+            self.tag
+        )
+    }
+}
+
+impl<B, T> KeyExtractor<B> for ExtensionKey<T>
+where
+    T: fmt::Display + Send + Sync + 'static,
+{
+    fn extract<'r>(&self, req: &'r http::Request<B>) -> Option<Key<'r>> {
+        let value = req.extensions().get::<T>()?;
+        let mut key = Key::concat(&[b"ext:", self.tag.as_bytes(), b":"]);
+        let tagged = key.len();
+        write!(Writer(&mut key), "{value}").ok()?;
+        (key.len() > tagged).then_some(key)
+    }
+}
+
+/// The request path (without the query string), e.g. `/users/42`; the key is
+/// `path:` and the path.
+///
+/// `None` for requests without a path (such as
+/// `CONNECT host:port`). Every distinct path gets its own limit; to limit per
+/// route rather than per concrete path, use `MatchedPathKey` (feature
+/// `axum`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PathKey;
+
+impl PathKey {
+    /// Creates the extractor.
+    pub const fn new() -> Self {
+        Self
+    }
+}
+
+combinators!(PathKey);
+
+impl<B> KeyExtractor<B> for PathKey {
+    fn extract<'r>(&self, req: &'r http::Request<B>) -> Option<Key<'r>> {
+        let path = req.uri().path();
+        (!path.is_empty()).then(|| Key::concat(&[b"path:", path.as_bytes()]))
+    }
+}
+
+/// axum's matched route template, e.g. `/users/{id}`: one limit per route;
+/// the key is `route:` and the template.
+///
+/// Read from axum's `MatchedPath` request extension, which the router
+/// inserts before running route layers and handlers; `None` when it is
+/// absent (e.g. when the rate limiter wraps the whole router rather than
+/// being added with `route_layer`, or for unmatched requests).
+#[cfg(feature = "axum")]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MatchedPathKey;
+
+#[cfg(feature = "axum")]
+impl MatchedPathKey {
+    /// Creates the extractor.
+    pub const fn new() -> Self {
+        Self
+    }
+}
+
+#[cfg(feature = "axum")]
+combinators!(MatchedPathKey);
+
+#[cfg(feature = "axum")]
+impl<B> KeyExtractor<B> for MatchedPathKey {
+    fn extract<'r>(&self, req: &'r http::Request<B>) -> Option<Key<'r>> {
+        req.extensions()
+            .get::<axum::extract::MatchedPath>()
+            .map(|path| Key::concat(&[b"route:", path.as_str().as_bytes()]))
+    }
+}
