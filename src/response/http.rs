@@ -106,20 +106,12 @@ mod tests {
     use super::*;
     use crate::decision::{Decision, Policy, Source};
 
-    fn decision(state: State, remaining: u64, reset_ms: u64) -> Decision {
-        Decision::new(
-            state,
-            5,
-            remaining,
-            Duration::from_millis(reset_ms),
-            Source::InProcess,
-        )
-    }
-
     #[test]
     fn problem_json_body() {
         let policy = Policy::new("api", 5, Duration::from_secs(1));
-        let d = decision(State::OverQuota, 0, 900).with_retry_after(Duration::from_millis(900));
+        let wait = Duration::from_millis(900);
+        let d =
+            Decision::new(State::OverQuota, 5, 0, wait, Source::InProcess).with_retry_after(wait);
         let headers = HeaderMap::new();
         let r = Rejection {
             decision: &d,
