@@ -21,7 +21,7 @@
 //! a flood on one refused key away from Redis.
 //!
 //! The services' own statistics (error rates, load) can use the public in-process
-//! [`RollingWindow`](rolling_window::RollingWindow).
+//! [`RollingWindow`](rolling::RollingWindow).
 //!
 //! A request's key comes from a [`KeyExtractor`](key::KeyExtractor) (peer IP, the client
 //! IP behind trusted proxies, a header, an authenticated user, or any closure); its cost
@@ -84,7 +84,6 @@ pub mod metrics;
 pub mod period;
 pub mod response;
 pub mod rolling;
-pub mod rolling_window;
 pub mod service;
 pub mod token_bucket;
 

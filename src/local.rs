@@ -67,7 +67,7 @@ use quick_cache::{Lifecycle, OptionsBuilder, Weighter};
 use siphasher::sip128::{Hasher128, SipHasher13};
 
 use crate::period::memory::Window;
-use crate::rolling::memory::Ring;
+use crate::rolling::memory::Counts;
 
 /// The default of [`BackendBuilder::max_local_keys`](crate::BackendBuilder::max_local_keys).
 pub(crate) const DEFAULT_MAX_KEYS: u64 = 1_000_000;
@@ -82,7 +82,7 @@ const BUCKETS_PER_KEY: usize = 8;
 #[derive(Debug, Clone)]
 pub(crate) enum Slot {
     Window(Window),
-    Ring(Ring),
+    Ring(Counts),
     Tat(Tat),
 }
 
@@ -120,7 +120,7 @@ impl State for Window {
     }
 }
 
-impl State for Ring {
+impl State for Counts {
     fn get(slot: &mut Slot) -> Option<&mut Self> {
         match slot {
             Slot::Ring(r) => Some(r),

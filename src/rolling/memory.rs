@@ -1,12 +1,12 @@
-//! The in-process rolling windows: per key, a ring of `buckets` counters and the absolute
-//! index of the newest bucket, with the same semantics as `rolling.lua`, kept in the
-//! backend's bounded [local store](crate::local).
+//! The rolling-window limiter's in-process host: per key, a [`Ring`] of `buckets` counts
+//! on a Unix-time grid plus their sum, in the backend's bounded [local store](crate::local).
 //!
-//! [`Ring::hit`] is the whole algorithm, a pure step: (state, now, cost, settings) ->
-//! (state, outcome).
+//! [`Counts::hit`] is the whole algorithm, a pure step with the same semantics as
+//! `rolling.lua`: (state, now, cost, settings) -> (state, outcome).
 
 use std::sync::Arc;
 
+use super::ring::{Ring, StepBack};
 use crate::local::{Key, LocalStore};
 
 /// The bucket grid: `buckets` buckets of `interval_us`, bucket `i` covering
@@ -16,6 +16,9 @@ use crate::local::{Key, LocalStore};
 pub(crate) struct Grid {
     pub(crate) buckets: u64,
     pub(crate) interval_us: u64,
+    /// [`StepBack::Follow`] for one clock (the in-process clock, the Redis server's),
+    /// [`StepBack::Hold`] for the callers' clocks.
+    pub(crate) step_back: StepBack,
 }
 
 impl Grid {
@@ -31,13 +34,12 @@ impl Grid {
     }
 }
 
-/// One key's buckets.
+/// One key's counts: a [`Ring`] of `buckets` counts and their sum.
 #[derive(Debug, Clone)]
-pub(crate) struct Ring {
-    /// One allocation: `[newest, sum, counts...]`, so that a ring is a (fat) pointer in
-    /// the store. `newest` is the absolute index of the newest bucket (the live ones are
-    /// `newest - buckets + 1 ..= newest`), `sum` the sum of the counts, and bucket `i`'s
-    /// count lives in slot `i % buckets` of the counts.
+pub(crate) struct Counts {
+    /// One allocation: `[newest, sum, counts...]`, so that a key's state is a (fat)
+    /// pointer in the store. `newest` and `counts` are the ring's
+    /// [parts](Ring::from_parts), `sum` the sum of the counts.
     data: Box<[u64]>,
 }
 
@@ -45,7 +47,7 @@ const NEWEST: usize = 0;
 const SUM: usize = 1;
 const COUNTS: usize = 2;
 
-impl Ring {
+impl Counts {
     pub(crate) fn new(buckets: u64) -> Self {
         let len = usize::try_from(buckets).expect("at most 1000 buckets");
         Self {
@@ -53,47 +55,45 @@ impl Ring {
         }
     }
 
-    fn slot(&self, grid: Grid, index: u64) -> usize {
-        // The remainder is below `buckets`, which fits in a usize.
-        (index % grid.buckets) as usize
-    }
-
     /// How many buckets the ring holds.
     pub(crate) fn len(&self) -> usize {
         self.data.len() - COUNTS
     }
 
-    /// Moves the newest bucket to `current`, clearing the buckets that expired in
-    /// between (at most `buckets` of them).
+    /// Runs `f` on the ring and the sum, then stores the ring's newest index back.
+    fn with_ring<R>(&mut self, f: impl FnOnce(&mut Ring<&mut [u64]>, &mut u64) -> R) -> R {
+        let (head, counts) = self.data.split_at_mut(COUNTS);
+        let mut ring =
+            Ring::from_parts(head[NEWEST], counts).expect("a limiter has at least one bucket");
+        let result = f(&mut ring, &mut head[SUM]);
+        head[NEWEST] = ring.newest();
+        result
+    }
+
+    /// Moves the ring to bucket `current` (see [`Ring::advance`]), taking the counts that
+    /// expired off the sum.
     ///
     /// When the clock stepped back (`current` below the newest bucket), the buckets are
     /// moved back with it, keeping their counts and their age: the step counts as no
-    /// time at all, so it never frees a unit early (as in `rolling.lua`).
+    /// time at all, so it never frees a unit early (as in `rolling.lua`). With
+    /// [`StepBack::Hold`] they stay, and the hit counts in the newest bucket.
+    #[cfg(test)]
     fn advance(&mut self, grid: Grid, current: u64) {
-        if current < self.data[NEWEST] {
-            let shift = (self.data[NEWEST] - current) % grid.buckets;
-            // Bucket `i` becomes `i - shift`, which lives in slot `(i - shift) % buckets`.
-            self.data[COUNTS..].rotate_left(shift as usize);
-            self.data[NEWEST] = current;
-            return;
-        }
-        if current == self.data[NEWEST] {
-            return;
-        }
-        let expired = (current - self.data[NEWEST]).min(grid.buckets);
-        for step in 1..=expired {
-            let slot = self.slot(grid, self.data[NEWEST] + step);
-            self.data[SUM] -= self.data[COUNTS + slot];
-            self.data[COUNTS + slot] = 0;
-        }
-        self.data[NEWEST] = current;
+        self.with_ring(|ring, sum| {
+            ring.advance(current, grid.step_back, |count| *sum -= count);
+        });
     }
 
-    /// The live buckets, oldest first, as (index, count).
-    fn live(&self, grid: Grid) -> impl Iterator<Item = (u64, u64)> + '_ {
-        let oldest = self.data[NEWEST].saturating_sub(grid.buckets - 1);
-        (oldest..=self.data[NEWEST])
-            .map(move |index| (index, self.data[COUNTS + self.slot(grid, index)]))
+    /// The buckets, oldest first, as (index, count).
+    #[cfg(test)]
+    fn live(&self) -> Vec<(u64, u64)> {
+        let newest = self.data[NEWEST];
+        let len = self.len() as u64;
+        let ring = Ring::from_parts(newest, &self.data[COUNTS..]).expect("not empty");
+        ring.iter()
+            .zip(0..)
+            .map(|(&count, k)| ((newest + k + 1).wrapping_sub(len), count))
+            .collect()
     }
 }
 
@@ -109,52 +109,54 @@ pub(crate) struct Hit {
     pub(crate) reset_us: u64,
 }
 
-impl Ring {
+impl Counts {
     /// Counts `cost` unless the live buckets plus `cost` would exceed `limit` (rejected
     /// hits are not counted, as in the Redis script).
     pub(crate) fn hit(&mut self, grid: Grid, cost: u64, limit: u64, now_us: u64) -> Hit {
         let current = grid.index(now_us);
-        self.advance(grid, current);
-        if self.data[SUM]
-            .checked_add(cost)
-            .is_some_and(|sum| sum <= limit)
-        {
-            let slot = self.slot(grid, self.data[NEWEST]);
-            self.data[COUNTS + slot] += cost;
-            self.data[SUM] += cost;
-            return Hit {
-                admitted: true,
-                sum: self.data[SUM],
-                retry_us: 0,
-                reset_us: grid
-                    .end_of_life_us(self.data[NEWEST])
-                    .saturating_sub(now_us),
+        self.with_ring(|ring, sum| {
+            let newest = ring.advance(current, grid.step_back, |count| *sum -= count);
+            if sum.checked_add(cost).is_some_and(|after| after <= limit) {
+                *newest += cost;
+                *sum += cost;
+                return Hit {
+                    admitted: true,
+                    sum: *sum,
+                    retry_us: 0,
+                    reset_us: grid.end_of_life_us(ring.newest()).saturating_sub(now_us),
+                };
+            }
+            // The oldest buckets expire first: find the one whose expiry frees enough.
+            // The k-th bucket (oldest first) stops counting at `newest + k + 1` intervals.
+            let need = sum.saturating_add(cost) - limit;
+            let mut freed = 0u64;
+            let mut frees_enough = None;
+            let mut newest_used = None;
+            for (k, &count) in (0u64..).zip(ring.iter()) {
+                if count == 0 {
+                    continue;
+                }
+                freed = freed.saturating_add(count);
+                if frees_enough.is_none() && freed >= need {
+                    frees_enough = Some(k);
+                }
+                newest_used = Some(k);
+            }
+            let from_now = |k: u64| {
+                ring.newest()
+                    .saturating_add(k + 1)
+                    .saturating_mul(grid.interval_us)
+                    .saturating_sub(now_us)
             };
-        }
-        // The oldest buckets expire first: find the one whose expiry frees enough.
-        let need = self.data[SUM].saturating_add(cost) - limit;
-        let mut freed = 0u64;
-        let mut frees_enough = None;
-        let mut newest_used = None;
-        for (index, count) in self.live(grid) {
-            if count == 0 {
-                continue;
+            Hit {
+                admitted: false,
+                sum: *sum,
+                // A cost above the limit (only possible for the fallback's share of the
+                // limit) cannot pass here: try again in a window, Redis may be back.
+                retry_us: frees_enough.map_or(grid.buckets * grid.interval_us, from_now),
+                reset_us: newest_used.map_or(0, from_now),
             }
-            freed = freed.saturating_add(count);
-            if frees_enough.is_none() && freed >= need {
-                frees_enough = Some(index);
-            }
-            newest_used = Some(index);
-        }
-        let from_now = |index: u64| grid.end_of_life_us(index).saturating_sub(now_us);
-        Hit {
-            admitted: false,
-            sum: self.data[SUM],
-            // A cost above the limit (only possible for the fallback's share of the
-            // limit) cannot pass here: try again in a window, Redis may be back.
-            retry_us: frees_enough.map_or(grid.buckets * grid.interval_us, from_now),
-            reset_us: newest_used.map_or(0, from_now),
-        }
+        })
     }
 }
 
@@ -186,8 +188,8 @@ impl Rings {
         let grid = self.grid;
         self.store.update(
             self.key(key),
-            || Ring::new(grid.buckets),
-            |ring: &mut Ring| ring.hit(grid, cost, limit, now_us),
+            || Counts::new(grid.buckets),
+            |counts: &mut Counts| counts.hit(grid, cost, limit, now_us),
         )
     }
 }
@@ -205,6 +207,7 @@ mod tests {
     const GRID: Grid = Grid {
         buckets: 10,
         interval_us: 100 * MS,
+        step_back: StepBack::Follow,
     };
     /// A bucket edge far from zero, like a real Unix time.
     const T0: u64 = 1_700_000_000_000 * MS;
@@ -239,32 +242,30 @@ mod tests {
 
     #[test]
     fn advancing_clears_only_expired_slots() {
-        let mut ring = Ring::new(4);
+        let mut ring = Counts::new(4);
         let grid = Grid {
             buckets: 4,
             interval_us: 1,
+            step_back: StepBack::Follow,
         };
         ring.advance(grid, 100);
         for i in 100..104 {
-            ring.advance(grid, i);
-            let slot = ring.slot(grid, i);
-            ring.data[COUNTS + slot] += i;
-            ring.data[SUM] += i;
+            ring.with_ring(|r, sum| {
+                *r.advance(i, grid.step_back, drop) += i;
+                *sum += i;
+            });
         }
         assert_eq!(ring.data[SUM], 100 + 101 + 102 + 103);
         ring.advance(grid, 105);
         assert_eq!(ring.data[SUM], 102 + 103);
-        assert_eq!(
-            ring.live(grid).collect::<Vec<_>>(),
-            [(102, 102), (103, 103), (104, 0), (105, 0)]
-        );
+        assert_eq!(ring.live(), [(102, 102), (103, 103), (104, 0), (105, 0)]);
         ring.advance(grid, 1_000);
         assert_eq!(ring.data[SUM], 0);
     }
 
     #[test]
     fn a_step_back_keeps_every_count() {
-        let mut ring = Ring::new(GRID.buckets);
+        let mut ring = Counts::new(GRID.buckets);
         // 5 units spread over the window, then the clock steps back an hour.
         for i in 0..5 {
             assert!(ring.hit(GRID, 1, 5, T0 + i * 200 * MS).admitted);
@@ -278,7 +279,7 @@ mod tests {
         assert!(!ring.hit(GRID, 1, 5, back + 199 * MS).admitted);
         assert!(ring.hit(GRID, 1, 5, back + 200 * MS).admitted);
         // A step back by less than the window, and by a whole number of windows.
-        let mut ring = Ring::new(GRID.buckets);
+        let mut ring = Counts::new(GRID.buckets);
         assert!(ring.hit(GRID, 5, 5, T0).admitted);
         for step in [300 * MS, 1_000 * MS, 20_000 * MS] {
             let hit = ring.hit(GRID, 1, 5, T0 - step);
@@ -288,8 +289,30 @@ mod tests {
     }
 
     #[test]
+    fn callers_clocks_hold_the_newest_bucket() {
+        // As `rolling.lua` with the callers' clocks: a caller behind the newest bucket
+        // counts in it, and nothing moves back.
+        let grid = Grid {
+            step_back: StepBack::Hold,
+            ..GRID
+        };
+        let mut ring = Counts::new(GRID.buckets);
+        assert!(ring.hit(grid, 3, 5, T0 + 500 * MS).admitted);
+        let hit = ring.hit(grid, 2, 5, T0 + 200 * MS);
+        assert!(hit.admitted);
+        assert_eq!(hit.sum, 5);
+        // The newest bucket ends at 1.5 s, 1.3 s after this caller's time.
+        assert_eq!(hit.reset_us, 1_300 * MS);
+        let over = ring.hit(grid, 1, 5, T0 + 200 * MS);
+        assert!(!over.admitted);
+        assert_eq!(over.retry_us, 1_300 * MS);
+        assert!(!ring.hit(grid, 1, 5, T0 + 1_499 * MS).admitted);
+        assert!(ring.hit(grid, 5, 5, T0 + 1_500 * MS).admitted);
+    }
+
+    #[test]
     fn a_step_forward_at_most_expires_the_window_early() {
-        let mut ring = Ring::new(GRID.buckets);
+        let mut ring = Counts::new(GRID.buckets);
         assert!(ring.hit(GRID, 5, 5, T0).admitted);
         assert!(!ring.hit(GRID, 1, 5, T0 + 500 * MS).admitted);
         let hit = ring.hit(GRID, 5, 5, T0 + 3_600_000 * MS);
@@ -302,17 +325,15 @@ mod tests {
         let grid = Grid {
             buckets: 4,
             interval_us: 1,
+            step_back: StepBack::Follow,
         };
-        let mut ring = Ring::new(4);
+        let mut ring = Counts::new(4);
         for i in 100..104 {
             ring.hit(grid, i - 99, 100, i);
         }
         // Back by 9 buckets: bucket 103 becomes 94, 100 becomes 91.
         ring.advance(grid, 94);
-        assert_eq!(
-            ring.live(grid).collect::<Vec<_>>(),
-            [(91, 1), (92, 2), (93, 3), (94, 4)]
-        );
+        assert_eq!(ring.live(), [(91, 1), (92, 2), (93, 3), (94, 4)]);
         ring.advance(grid, 95);
         assert_eq!(ring.data[SUM], 2 + 3 + 4);
     }

@@ -1,0 +1,288 @@
+//! The rolling-window limiter: a [`RollingConfig`] checked into a
+//! [`RollingWindowLimiter`] on a [`Backend`], which asks `rolling.lua` on Redis or the
+//! in-process counts (`memory.rs`) and turns either answer into a [`Decision`].
+//!
+//! [`RollingWindowLayer`] is the layer built on it; the semantics are described in the
+//! [module documentation](super).
+
+use std::num::NonZeroU32;
+use std::sync::{Arc, LazyLock};
+use std::time::Duration;
+
+use deadpool_redis::redis::ScriptInvocation;
+
+use super::memory::{Grid, Rings};
+use super::ring::StepBack;
+use crate::backend::{self, Backend, Remote, Scripts, Store};
+use crate::decision::{Decision, Policy, Source, State};
+use crate::error::ConfigError;
+use crate::limiter::{Check, Limiter};
+use crate::service::{Algorithm, LayerBuilder, RateLimitLayer};
+
+static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts::new(include_str!("rolling.lua")));
+
+/// The most buckets a window may have (each check of the Redis script visits them all).
+pub const MAX_BUCKETS: u32 = 1_000;
+
+/// The longest window accepted (ten years, as for the fixed window's period).
+const MAX_WINDOW_MS: u64 = 10 * 366 * 86_400_000;
+
+/// The settings of a rolling-window limit.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RollingConfig {
+    limit: u64,
+    buckets: u32,
+    interval: Duration,
+}
+
+impl RollingConfig {
+    /// At most `limit` units within any `buckets` consecutive buckets of `interval`
+    /// (whole milliseconds); checked when the limiter is built.
+    #[must_use]
+    pub fn new(limit: u64, buckets: u32, interval: Duration) -> Self {
+        Self {
+            limit,
+            buckets,
+            interval,
+        }
+    }
+
+    fn interval_ms(&self) -> u64 {
+        u64::try_from(self.interval.as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// The limit, for [`dynamic`](crate::dynamic) limits.
+    pub(crate) fn limit_value(&self) -> u64 {
+        self.limit
+    }
+
+    /// The same settings with another limit, for [`dynamic`](crate::dynamic) limits.
+    pub(crate) fn with_limit_value(&self, limit: u64) -> Self {
+        Self { limit, ..*self }
+    }
+}
+
+impl Algorithm for RollingConfig {
+    type Limiter = RollingWindowLimiter;
+
+    fn build(self, backend: &Backend, name: &str) -> Result<RollingWindowLimiter, ConfigError> {
+        RollingWindowLimiter::new(backend, name, self)
+    }
+}
+
+/// A rolling-window [`Limiter`] on a [`Backend`].
+#[derive(Debug, Clone)]
+pub struct RollingWindowLimiter {
+    store: Arc<RollingStore>,
+}
+
+#[derive(Debug)]
+struct RollingStore {
+    remote: Remote,
+    policy: Policy,
+    limit: u64,
+    /// The limit of the in-process state (the fallback share of `limit` on Redis).
+    local_limit: u64,
+    buckets: u32,
+    interval_ms: u64,
+    rings: Rings,
+}
+
+impl RollingWindowLimiter {
+    /// Checks `config` and builds the limiter named `name` on `backend`.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] for a zero limit, zero or more than [`MAX_BUCKETS`] buckets, an
+    /// interval under one millisecond, a window (`buckets` × `interval`) over ten years,
+    /// more buckets than the backend's in-process state holds for one key (with a tiny
+    /// [`max_local_keys`](crate::BackendBuilder::max_local_keys)), or an invalid name.
+    pub fn new(backend: &Backend, name: &str, config: RollingConfig) -> Result<Self, ConfigError> {
+        crate::error::check_name("name", name)?;
+        if config.limit == 0 {
+            return Err(ConfigError::Zero { setting: "limit" });
+        }
+        if config.buckets == 0 {
+            return Err(ConfigError::Zero { setting: "buckets" });
+        }
+        if config.buckets > MAX_BUCKETS {
+            return Err(ConfigError::TooLong { setting: "buckets" });
+        }
+        let interval_ms = config.interval_ms();
+        if interval_ms == 0 {
+            return Err(ConfigError::ZeroDuration {
+                setting: "interval",
+            });
+        }
+        let window_ms = interval_ms
+            .checked_mul(u64::from(config.buckets))
+            .filter(|&ms| ms <= MAX_WINDOW_MS)
+            .ok_or(ConfigError::TooLong {
+                setting: "interval",
+            })?;
+        let store = backend.local_store();
+        if !store.fits(crate::local::ring_weight(config.buckets as usize)) {
+            return Err(ConfigError::Conflict {
+                reason: "the backend's max_local_keys is too small for this many buckets",
+            });
+        }
+        Ok(Self {
+            store: Arc::new(RollingStore {
+                remote: Remote::new(backend, "rolling", name),
+                policy: Policy::new(name, config.limit, Duration::from_millis(window_ms)),
+                limit: config.limit,
+                local_limit: backend.local_limit(config.limit),
+                buckets: config.buckets,
+                interval_ms,
+                rings: Rings::new(
+                    store,
+                    Grid {
+                        buckets: u64::from(config.buckets),
+                        interval_us: interval_ms * 1_000,
+                        // As the script on the server's clock (the in-process clock
+                        // itself never steps back).
+                        step_back: StepBack::Follow,
+                    },
+                ),
+            }),
+        })
+    }
+}
+
+impl Limiter for RollingWindowLimiter {
+    fn policy(&self) -> &Policy {
+        &self.store.policy
+    }
+
+    fn check(&self, key: &[u8], cost: NonZeroU32) -> Check {
+        backend::check(&self.store, key, cost)
+    }
+}
+
+impl RollingStore {
+    fn decision(
+        limit: u64,
+        admitted: bool,
+        sum: u64,
+        retry_after: Duration,
+        reset: Duration,
+        source: Source,
+    ) -> Decision {
+        let remaining = limit.saturating_sub(sum);
+        match (admitted, remaining) {
+            (true, 0) => Decision::new(State::HitQuota, limit, 0, reset, source),
+            (true, _) => Decision::new(State::Allowed, limit, remaining, reset, source),
+            (false, _) => Decision::new(State::OverQuota, limit, remaining, reset, source)
+                .with_retry_after(retry_after),
+        }
+    }
+}
+
+impl Store for RollingStore {
+    fn remote(&self) -> &Remote {
+        &self.remote
+    }
+
+    fn capacity(&self) -> u64 {
+        self.limit
+    }
+
+    fn exceeds_capacity(&self, source: Source) -> Decision {
+        Decision::new(
+            State::ExceedsCapacity,
+            self.limit,
+            0,
+            self.policy.window(),
+            source,
+        )
+    }
+
+    fn scripts(&self) -> &'static Scripts {
+        &SCRIPTS
+    }
+
+    fn args(&self, invocation: &mut ScriptInvocation<'static>, cost: NonZeroU32) {
+        invocation
+            .arg(self.limit)
+            .arg(self.buckets)
+            .arg(self.interval_ms)
+            .arg(cost.get());
+    }
+
+    fn decide(&self, reply: &[i64], _cost: NonZeroU32) -> Option<Decision> {
+        let &[admitted, sum, retry_ms, reset_ms] = reply else {
+            return None;
+        };
+        let admitted = match admitted {
+            1 => true,
+            0 => false,
+            _ => return None,
+        };
+        let sum = u64::try_from(sum).ok()?;
+        let ms = |value: i64| Duration::from_millis(u64::try_from(value).unwrap_or(0));
+        Some(Self::decision(
+            self.limit,
+            admitted,
+            sum,
+            ms(retry_ms),
+            ms(reset_ms),
+            Source::Redis,
+        ))
+    }
+
+    fn local(&self, key: &[u8], cost: NonZeroU32, source: Source) -> Decision {
+        let now_us = self.remote.backend().clock().now_us();
+        let limit = self.local_limit;
+        let hit = self.rings.hit(key, u64::from(cost.get()), limit, now_us);
+        Self::decision(
+            limit,
+            hit.admitted,
+            hit.sum,
+            Duration::from_micros(hit.retry_us),
+            Duration::from_micros(hit.reset_us),
+            source,
+        )
+    }
+}
+
+/// Rolling-window settings on the layer builder.
+impl<K, C, R> LayerBuilder<RollingConfig, K, C, R> {
+    /// Units admitted within any window (required, at least 1).
+    pub fn limit(mut self, limit: u64) -> Self {
+        self.algorithm.limit = limit;
+        self
+    }
+
+    /// How many buckets make up the window (required, 1 to [`MAX_BUCKETS`]). More
+    /// buckets track the window more closely.
+    pub fn buckets(mut self, buckets: u32) -> Self {
+        self.algorithm.buckets = buckets;
+        self
+    }
+
+    /// The time one bucket covers (required; whole milliseconds, at least 1 ms). The
+    /// window is `buckets` × `interval`.
+    pub fn interval(mut self, interval: Duration) -> Self {
+        self.algorithm.interval = interval;
+        self
+    }
+}
+
+/// A layer that applies a rolling-window limit; see the [`rolling`](crate::rolling)
+/// module.
+pub type RollingWindowLayer<
+    K = crate::key::GlobalKey,
+    C = crate::UnitCost,
+    R = crate::DefaultRejection,
+> = RateLimitLayer<RollingWindowLimiter, K, C, R>;
+
+impl RollingWindowLayer {
+    /// Starts building a rolling-window layer on `backend`.
+    pub fn builder(backend: &Backend) -> LayerBuilder<RollingConfig> {
+        LayerBuilder::new(backend, RollingConfig::default())
+    }
+}
+
+#[cfg(test)]
+#[path = "limiter_tests.rs"]
+mod tests;
