@@ -16,8 +16,8 @@
 //! every 100 ms).
 //!
 //! A request is admitted when the units counted in the live buckets plus its cost stay
-//! within the limit; the request that uses the last unit is [`State::HitQuota`], later
-//! ones [`State::OverQuota`] until enough old buckets expire. Rejected requests are not
+//! within the limit; the request that uses the last unit is [`State::HitQuota`](crate::State::HitQuota), later
+//! ones [`State::OverQuota`](crate::State::OverQuota) until enough old buckets expire. Rejected requests are not
 //! counted. A rejection's `retry_after` is the time until the oldest buckets holding
 //! enough units to admit its cost have expired, and `reset` the time until every counted
 //! unit has.
@@ -46,8 +46,8 @@
 //! field per non-empty live bucket, its absolute index `floor(unix_ms / interval)`,
 //! holding that bucket's count. One atomic script sums the live buckets, deletes the
 //! expired ones and counts the request; the hash expires one window plus one interval
-//! after the last admitted request. In process, each key holds a ring of `buckets`
-//! counters in the backend's bounded state
+//! after the last admitted request. In process, each key holds a [`Ring`] of `buckets`
+//! counters and their sum, in one allocation, in the backend's bounded state
 //! ([`max_local_keys`](crate::BackendBuilder::max_local_keys), where a key counts as
 //! `ceil(buckets / 8)` keys): about 250 bytes per key for 10 buckets.
 //!
@@ -59,12 +59,12 @@
 //! time had passed between the last request and the step. So a step back of any size
 //! never admits more than the limit, and never refuses a key for longer than one window.
 //! A step forward expires buckets early (at most a window's worth of counts). The
-//! in-process state does the same; its clock is monotonic, so it only ever sees steps
-//! forward (a paused tokio clock that is advanced).
+//! in-process state does the same ([`StepBack::Follow`]); its clock is monotonic, so it
+//! only ever sees steps forward (a paused tokio clock that is advanced).
 //!
 //! With the callers' clocks ([`TimeSource::Caller`](crate::backend::TimeSource)), say
-//! within `s` of each other, buckets are never moved back: a caller whose clock is
-//! behind the newest bucket counts from that bucket instead (moving them back would age
+//! within `s` of each other, buckets are never moved back ([`StepBack::Hold`]): a caller
+//! whose clock is behind the newest bucket counts from that bucket instead (moving them back would age
 //! them once per call of that caller, without bound). So a unit is forgotten when the
 //! clock furthest ahead says so, and:
 //!
@@ -104,5 +104,5 @@ mod ring;
 mod window;
 
 pub use self::limiter::{RollingConfig, RollingWindowLayer, RollingWindowLimiter, MAX_BUCKETS};
-pub use self::ring::{Iter, Ring, StepBack};
+pub use self::ring::{Ring, StepBack};
 pub use self::window::{Bucket, RollingWindow, RollingWindowError};

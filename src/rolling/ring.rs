@@ -6,9 +6,7 @@
 //! [`Bucket`](super::Bucket)s behind a lock and a clock. A ring reads no clock, takes no
 //! lock and does no I/O, so the same steps give the same buckets wherever it lives.
 
-use std::iter::Chain;
 use std::ops::{Deref, DerefMut};
-use std::slice;
 
 /// What a [`Ring`] does when it is advanced to a bucket older than its newest one (the
 /// clock stepped back, or callers' clocks disagree).
@@ -70,9 +68,6 @@ pub struct Ring<B> {
     buckets: B,
 }
 
-/// The buckets of a [`Ring`], oldest first.
-pub type Iter<'a, V> = Chain<slice::Iter<'a, V>, slice::Iter<'a, V>>;
-
 impl<V: Default> Ring<Box<[V]>> {
     /// A ring of `size` default buckets, the newest at index 0.
     pub fn new(size: std::num::NonZeroUsize) -> Self {
@@ -127,7 +122,10 @@ where
 
     /// Every bucket, oldest first: the last one is the newest bucket, the first one
     /// `size - 1` buckets older. Never-written buckets hold `V::default()`.
-    pub fn iter(&self) -> Iter<'_, V> {
+    pub fn iter<'a>(&'a self) -> impl DoubleEndedIterator<Item = &'a V> + Clone + 'a
+    where
+        V: 'a,
+    {
         let oldest = (self.slot(self.newest) + 1) % self.buckets.len();
         let (newer, older) = self.buckets.split_at(oldest);
         older.iter().chain(newer)
@@ -143,7 +141,10 @@ where
     /// The buckets still live at bucket `current`, oldest first: [`iter`](Self::iter)
     /// without the ones that [`advance`](Self::advance) to `current` would clear. The
     /// ring is not changed.
-    pub fn live(&self, current: u64) -> std::iter::Skip<Iter<'_, V>> {
+    pub fn live<'a>(&'a self, current: u64) -> impl Iterator<Item = &'a V> + Clone + 'a
+    where
+        V: 'a,
+    {
         self.iter().skip(self.expired_at(current))
     }
 }
