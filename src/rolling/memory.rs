@@ -72,11 +72,6 @@ impl Counts {
 
     /// Moves the ring to bucket `current` (see [`Ring::advance`]), taking the counts that
     /// expired off the sum.
-    ///
-    /// When the clock stepped back (`current` below the newest bucket), the buckets are
-    /// moved back with it, keeping their counts and their age: the step counts as no
-    /// time at all, so it never frees a unit early (as in `rolling.lua`). With
-    /// [`StepBack::Hold`] they stay, and the hit counts in the newest bucket.
     #[cfg(test)]
     fn advance(&mut self, grid: Grid, current: u64) {
         self.with_ring(|ring, sum| {
@@ -112,6 +107,12 @@ pub(crate) struct Hit {
 impl Counts {
     /// Counts `cost` unless the live buckets plus `cost` would exceed `limit` (rejected
     /// hits are not counted, as in the Redis script).
+    ///
+    /// When the clock stepped back (`now_us` before the newest bucket), the buckets are
+    /// moved back with it, keeping their counts and their age: the step counts as no
+    /// time at all, so it never frees a unit early (as in `rolling.lua`). With
+    /// [`StepBack::Hold`] (the script with the callers' clocks) they stay, and the hit
+    /// counts in the newest bucket.
     pub(crate) fn hit(&mut self, grid: Grid, cost: u64, limit: u64, now_us: u64) -> Hit {
         let current = grid.index(now_us);
         self.with_ring(|ring, sum| {
