@@ -65,6 +65,7 @@ pub struct BackendBuilder {
     /// See [`time_source`](Self::time_source) (in `time.rs`).
     pub(super) time: TimeSource,
     pub(super) caller_offset_us: i64,
+    pub(super) manual_clock: Option<crate::clock::ManualClock>,
 }
 
 impl Default for BackendBuilder {
@@ -84,6 +85,7 @@ impl Default for BackendBuilder {
             failover: Failover::default(),
             time: TimeSource::default(),
             caller_offset_us: 0,
+            manual_clock: None,
         }
     }
 }
@@ -471,7 +473,7 @@ impl BackendBuilder {
             inner: Arc::new(Inner {
                 local,
                 prefix: self.prefix,
-                clock: Clock::new(),
+                clock: self.manual_clock.map_or_else(Clock::new, Clock::Manual),
                 time: self.time,
                 caller_offset_us: self.caller_offset_us,
                 redis,

@@ -90,6 +90,8 @@ use self::layout::Layout;
 use self::redis::{Fault, RedisBackend, ScriptError};
 pub(crate) use self::time::Scripts;
 pub use self::time::TimeSource;
+#[doc(hidden)]
+pub use crate::clock::ManualClock;
 
 /// The default key prefix.
 pub const DEFAULT_PREFIX: &str = "ratelimit";
@@ -317,8 +319,8 @@ impl Backend {
         &self.inner.prefix
     }
 
-    pub(crate) fn clock(&self) -> Clock {
-        self.inner.clock
+    pub(crate) fn clock(&self) -> &Clock {
+        &self.inner.clock
     }
 
     /// The bounded in-process state shared by every limiter on this backend.

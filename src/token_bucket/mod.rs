@@ -282,7 +282,8 @@ impl Store for BucketStore {
     fn local(&self, key: &[u8], cost: NonZeroU32, source: Source) -> Decision {
         let now_ns = self.remote.backend().clock().elapsed_ns();
         let burst = self.local.burst;
-        let ns = Duration::from_nanos;
+        // Rounded up to the microsecond, as the script's durations are.
+        let ns = |ns: u64| Duration::from_micros(ns.div_ceil(1_000));
         match self
             .buckets
             .hit(key, self.local, u64::from(cost.get()), now_ns)
