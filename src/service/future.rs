@@ -14,7 +14,7 @@ use crate::decision::Decision;
 use crate::limiter::Check;
 
 pin_project! {
-    /// The response future of [`RateLimit`](super::RateLimit): waits for the limiter when
+    /// The response future of [`LimitService`](super::LimitService): waits for the limiter when
     /// it needs a round trip, then runs the inner service or yields the rejection.
     pub struct ResponseFuture<S, B>
     where
