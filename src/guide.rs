@@ -227,7 +227,7 @@
 //!
 //! Credentials never reach logs or `Debug` output: the builder and the backend show the
 //! kind of connection, not its URL; errors are what Redis said. Call
-//! [`Backend::check_redis`](crate::Backend::check_redis) at start-up to fail or warn early
+//! [`Backend::probe_redis`](crate::Backend::probe_redis) at start-up to fail or warn early
 //! on a wrong password or certificate; otherwise a refused login is a server-wide fault:
 //! the breaker opens, one `warn` says why, and the failure policies answer.
 //!

@@ -170,7 +170,7 @@ impl Default for Failover {
 }
 
 impl Failover {
-    pub(crate) fn check(&self) -> Result<(), ConfigError> {
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
         if self.share.is_finite() && self.share > 0.0 && self.share <= 1.0 {
             Ok(())
         } else {
@@ -294,12 +294,12 @@ impl Backend {
     ///
     /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
     /// let backend = Backend::builder().redis_url("redis://127.0.0.1:6379").build()?;
-    /// if let Err(error) = backend.check_redis().await {
+    /// if let Err(error) = backend.probe_redis().await {
     ///     tracing::warn!(%error, "starting on the fallback");
     /// }
     /// # Ok(()) }
     /// ```
-    pub async fn check_redis(&self) -> Result<(), RedisUnavailable> {
+    pub async fn probe_redis(&self) -> Result<(), RedisUnavailable> {
         match &self.inner.redis {
             None => Ok(()),
             Some(redis) => redis.verify().await.map_err(|error| RedisUnavailable {
@@ -366,7 +366,7 @@ impl fmt::Debug for Backend {
     }
 }
 
-/// Why [`Backend::check_redis`] found that checks cannot go to Redis.
+/// Why [`Backend::probe_redis`] found that checks cannot go to Redis.
 #[derive(Debug, Clone, thiserror::Error)]
 #[error("redis cannot answer checks: {message}")]
 pub struct RedisUnavailable {

@@ -174,7 +174,7 @@ impl PeriodLimiter {
     /// A [`ConfigError`] for a zero quota, a period under one millisecond or over ten
     /// years, an offset beyond ±18 hours, or an invalid name.
     pub fn new(backend: &Backend, name: &str, config: PeriodConfig) -> Result<Self, ConfigError> {
-        crate::error::check_name("name", name)?;
+        crate::error::validate_name("name", name)?;
         if config.quota == 0 {
             return Err(ConfigError::Zero { setting: "quota" });
         }

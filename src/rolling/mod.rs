@@ -171,7 +171,7 @@ impl RollingWindowLimiter {
     /// more buckets than the backend's in-process state holds for one key (with a tiny
     /// [`max_local_keys`](crate::BackendBuilder::max_local_keys)), or an invalid name.
     pub fn new(backend: &Backend, name: &str, config: RollingConfig) -> Result<Self, ConfigError> {
-        crate::error::check_name("name", name)?;
+        crate::error::validate_name("name", name)?;
         if config.limit == 0 {
             return Err(ConfigError::Zero { setting: "limit" });
         }

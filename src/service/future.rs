@@ -1,3 +1,7 @@
+//! The response future of [`LimitService`](super::LimitService): it waits for the limiter's
+//! decision when the check needs a round trip, then calls the inner service or answers
+//! with the rejection, and adds the rate-limit headers to what comes back.
+
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;

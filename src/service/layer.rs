@@ -1,3 +1,7 @@
+//! [`LimitLayer`], the one layer every algorithm builds, and [`LayerBuilder`], which checks
+//! an algorithm's settings and the shared ones (key, cost, rejection, missing key) when
+//! the layer is built.
+
 use std::fmt;
 use std::sync::Arc;
 
@@ -6,7 +10,7 @@ use tower_layer::Layer;
 use super::{LimitService, MissingKey, Options, Shared};
 use crate::backend::{Backend, FailurePolicy};
 use crate::cost::UnitCost;
-use crate::error::{check_name, ConfigError};
+use crate::error::{validate_name, ConfigError};
 use crate::key::GlobalKey;
 use crate::limiter::Limiter;
 use crate::metrics::LayerMetrics;
@@ -273,8 +277,8 @@ impl<A, K, C, R> LayerBuilder<A, K, C, R> {
         R: OnRejection,
     {
         let name = self.name.ok_or(ConfigError::Missing { setting: "name" })?;
-        self.backend.failover().check()?;
-        check_name("name", &name)?;
+        self.backend.failover().validate()?;
+        validate_name("name", &name)?;
         if self.options.max_key_len == 0 {
             return Err(ConfigError::Zero {
                 setting: "max_key_len",
@@ -294,7 +298,7 @@ impl<A, K, C, R> LayerBuilder<A, K, C, R> {
         }
         // Custom limiters and plans name their own policies: they go into headers too.
         for policy in policies {
-            check_name("policy name", policy.name())?;
+            validate_name("policy name", policy.name())?;
         }
         let headers = policies.iter().map(HeaderParts::new).collect();
         let metrics = LayerMetrics::new(policies);

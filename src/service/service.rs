@@ -1,3 +1,7 @@
+//! [`LimitService`]: extracts the key and cost of a request and asks the limiter; an
+//! in-process decision is answered at once, one that needs Redis is awaited in the
+//! response future. `poll_ready` only delegates to the inner service.
+
 use std::fmt;
 use std::mem;
 use std::num::NonZeroU32;

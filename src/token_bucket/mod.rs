@@ -66,7 +66,7 @@ use deadpool_redis::redis::ScriptInvocation;
 use self::memory::{Bucket, Buckets, Outcome};
 use crate::backend::{self, Backend, Hosts, Remote, Scripts};
 use crate::decision::{Decision, Policy, Source, State};
-use crate::error::{check_name, ConfigError};
+use crate::error::{validate_name, ConfigError};
 use crate::limiter::{Check, Limiter};
 
 static SCRIPTS: LazyLock<Scripts> =
@@ -154,7 +154,7 @@ impl TokenBucketLimiter {
         name: &str,
         config: TokenBucketConfig,
     ) -> Result<Self, ConfigError> {
-        check_name("name", name)?;
+        validate_name("name", name)?;
         if config.rate == 0 {
             return Err(ConfigError::Zero { setting: "rate" });
         }
