@@ -13,11 +13,11 @@ use deadpool_redis::redis::ScriptInvocation;
 
 use super::memory::{Grid, Rings};
 use super::ring::StepBack;
-use crate::backend::{self, Backend, Remote, Scripts, Store};
+use crate::backend::{self, Backend, Hosts, Remote, Scripts};
 use crate::decision::{Decision, Policy, Source, State};
 use crate::error::ConfigError;
 use crate::limiter::{Check, Limiter};
-use crate::service::{Algorithm, LayerBuilder, RateLimitLayer};
+use crate::service::{Algorithm, LayerBuilder, LimitLayer};
 
 static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts::new(include_str!("rolling.lua")));
 
@@ -98,7 +98,7 @@ impl RollingWindowLimiter {
     /// more buckets than the backend's in-process state holds for one key (with a tiny
     /// [`max_local_keys`](crate::BackendBuilder::max_local_keys)), or an invalid name.
     pub fn new(backend: &Backend, name: &str, config: RollingConfig) -> Result<Self, ConfigError> {
-        crate::error::check_name("name", name)?;
+        crate::error::validate_name("name", name)?;
         if config.limit == 0 {
             return Err(ConfigError::Zero { setting: "limit" });
         }
@@ -178,7 +178,7 @@ impl RollingStore {
     }
 }
 
-impl Store for RollingStore {
+impl Hosts for RollingStore {
     fn remote(&self) -> &Remote {
         &self.remote
     }
@@ -274,7 +274,7 @@ pub type RollingWindowLayer<
     K = crate::key::GlobalKey,
     C = crate::UnitCost,
     R = crate::DefaultRejection,
-> = RateLimitLayer<RollingWindowLimiter, K, C, R>;
+> = LimitLayer<RollingWindowLimiter, K, C, R>;
 
 impl RollingWindowLayer {
     /// Starts building a rolling-window layer on `backend`.
