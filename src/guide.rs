@@ -423,6 +423,7 @@
 //! | the edges | [`response`](crate::response), [`key`](crate::key) | what clients see (HTTP `429`, gRPC `RESOURCE_EXHAUSTED`, the `RateLimit` headers) and which bucket a request counts against |
 //! | algorithms | [`period`](crate::period), [`token_bucket`](crate::token_bucket), [`rolling`](crate::rolling) | each a pure step (stored state, now, cost, settings) -> (state, decision), with two hosts: a Lua script and the in-process state |
 //! | the backend | [`backend`](crate::backend), `local.rs`, `clock.rs` | where state lives: the Redis host (connection, breaker, probe, deny cache, key layout, time source) and the bounded in-process host |
+//! | building blocks | [`ring`](crate::ring) | the pure ring of time buckets under the rolling-window limiter's in-process host and the breaker's [`RollingWindow`](crate::ring::RollingWindow); uses nothing else of the crate |
 //!
 //! Every algorithm implements [`Limiter`](crate::Limiter), the one thing the service
 //! asks. An algorithm's two hosts are proven to decide alike by one table of scenarios

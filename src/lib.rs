@@ -21,7 +21,7 @@
 //! a flood on one refused key away from Redis.
 //!
 //! The services' own statistics (error rates, load) can use the public in-process
-//! [`RollingWindow`](rolling::RollingWindow).
+//! [`RollingWindow`](ring::RollingWindow).
 //!
 //! A request's key comes from a [`KeyExtractor`](key::KeyExtractor) (peer IP, the client
 //! IP behind trusted proxies, a header, an authenticated user, or any closure); its cost
@@ -84,6 +84,7 @@ mod local;
 pub mod metrics;
 pub mod period;
 pub mod response;
+pub mod ring;
 pub mod rolling;
 pub mod service;
 pub mod token_bucket;

@@ -14,7 +14,7 @@ use arc_swap::ArcSwap;
 use tokio::time::Instant;
 
 use crate::error::ConfigError;
-use crate::rolling::RollingWindow;
+use crate::ring::RollingWindow;
 
 /// The default span of recent calls the breaker judges.
 pub const DEFAULT_BREAKER_WINDOW: Duration = Duration::from_secs(2);

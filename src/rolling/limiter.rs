@@ -12,11 +12,11 @@ use std::time::Duration;
 use deadpool_redis::redis::ScriptInvocation;
 
 use super::memory::{Grid, Rings};
-use super::ring::StepBack;
 use crate::backend::{self, Backend, Hosts, Remote, Scripts};
 use crate::decision::{Decision, Policy, Source, State};
 use crate::error::ConfigError;
 use crate::limiter::{Check, Limiter};
+use crate::ring::StepBack;
 use crate::service::{Algorithm, LayerBuilder, LimitLayer};
 
 static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts::new(include_str!("rolling.lua")));

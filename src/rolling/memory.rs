@@ -6,8 +6,8 @@
 
 use std::sync::Arc;
 
-use super::ring::{Ring, StepBack};
 use crate::local::{Key, LocalStore};
+use crate::ring::{Ring, StepBack};
 
 /// The bucket grid: `buckets` buckets of `interval_us`, bucket `i` covering
 /// `[i * interval_us, (i + 1) * interval_us)` in Unix microseconds (the same edges as the

@@ -1,28 +1,28 @@
-//! Rolling windows: time cut into buckets of one interval, of which only the last few
-//! count, moving forward one bucket at a time. The rolling-window limiter
-//! ([`RollingWindowLayer`]) and the statistics window ([`RollingWindow`]) are both built
-//! on one pure [`Ring`] of buckets.
+//! Rolling-window limits: at most `limit` units per key within any window of `buckets`
+//! consecutive time buckets of `interval` each (10 buckets of 100 ms: a one-second
+//! window that moves forward every 100 ms). Redis runs `rolling.lua`, the in-process
+//! host a [`Ring`](crate::ring::Ring) of counts per key, with the same semantics.
 //!
 //! | item | what | file |
 //! |---|---|---|
-//! | [`Ring`], [`StepBack`] | the last `size` buckets of a grid, moved by a bucket index (no clock, no lock) | `ring.rs` |
-//! | [`RollingWindowLayer`], [`RollingWindowLimiter`], [`RollingConfig`] | the limiter: on Redis (`rolling.lua`) or in process (a ring of counts per key) | `limiter.rs`, `memory.rs` |
-//! | [`RollingWindow`], [`Bucket`] | sums and counts over the last `size` intervals, for a service's own statistics | `window.rs` |
+//! | [`RollingWindowLimiter`], [`RollingConfig`], [`RollingWindowLayer`] | the settings, the limiter on a backend, its layer | `limiter.rs` |
+//! | in-process counts | per key a ring of counts and their sum: the pure step `(state, now, cost, settings) -> (state, outcome)` | `memory.rs` |
+//! | the Redis script | the same step on a hash of bucket counts | `rolling.lua` |
 //!
-//! # The rolling-window limiter
+//! For statistics of your own over a rolling window (error rates, load), see
+//! [`ring::RollingWindow`](crate::ring::RollingWindow).
 //!
-//! At most `limit` units per key within any window of `buckets` consecutive time buckets
-//! of `interval` each (10 buckets of 100 ms: a one-second window that moves forward
-//! every 100 ms).
+//! # Semantics
 //!
 //! A request is admitted when the units counted in the live buckets plus its cost stay
-//! within the limit; the request that uses the last unit is [`State::HitQuota`](crate::State::HitQuota), later
-//! ones [`State::OverQuota`](crate::State::OverQuota) until enough old buckets expire. Rejected requests are not
-//! counted. A rejection's `retry_after` is the time until the oldest buckets holding
+//! within the limit; the request that uses the last unit is
+//! [`State::HitQuota`](crate::State::HitQuota), later ones
+//! [`State::OverQuota`](crate::State::OverQuota) until enough old buckets expire.
+//! Rejected requests are not counted. A rejection's `retry_after` is the time until the oldest buckets holding
 //! enough units to admit its cost have expired, and `reset` the time until every counted
 //! unit has.
 //!
-//! ## Compared with the fixed window
+//! # Compared with the fixed window
 //!
 //! A [fixed window](crate::period) forgets everything at its edge, so a client can
 //! spend the whole quota just before the edge and again just after it: twice the limit
@@ -40,18 +40,18 @@
 //! uses the callers' clocks: see [Clocks](#clocks)). Intervals are whole
 //! milliseconds: a sub-millisecond part is ignored.
 //!
-//! ## Storage
+//! # Storage
 //!
 //! On Redis, each limited key is one hash (`<prefix>:rolling:<name>:<key>`) with one
 //! field per non-empty live bucket, its absolute index `floor(unix_ms / interval)`,
 //! holding that bucket's count. One atomic script sums the live buckets, deletes the
 //! expired ones and counts the request; the hash expires one window plus one interval
-//! after the last admitted request. In process, each key holds a [`Ring`] of `buckets`
+//! after the last admitted request. In process, each key holds a [`Ring`](crate::ring::Ring) of `buckets`
 //! counters and their sum, in one allocation, in the backend's bounded state
 //! ([`max_local_keys`](crate::BackendBuilder::max_local_keys), where a key counts as
 //! `ceil(buckets / 8)` keys): about 250 bytes per key for 10 buckets.
 //!
-//! ## Clocks
+//! # Clocks
 //!
 //! Bucket indices come from the Redis server's clock. When it steps back (an NTP step, a
 //! failover to a replica whose clock is behind), a key's buckets are "in the future":
@@ -59,11 +59,11 @@
 //! time had passed between the last request and the step. So a step back of any size
 //! never admits more than the limit, and never refuses a key for longer than one window.
 //! A step forward expires buckets early (at most a window's worth of counts). The
-//! in-process state does the same ([`StepBack::Follow`]); its clock is monotonic, so it
+//! in-process state does the same ([`StepBack::Follow`](crate::ring::StepBack::Follow)); its clock is monotonic, so it
 //! only ever sees steps forward (a paused tokio clock that is advanced).
 //!
 //! With the callers' clocks ([`TimeSource::Caller`](crate::backend::TimeSource)), say
-//! within `s` of each other, buckets are never moved back ([`StepBack::Hold`]): a caller
+//! within `s` of each other, buckets are never moved back ([`StepBack::Hold`](crate::ring::StepBack::Hold)): a caller
 //! whose clock is behind the newest bucket counts from that bucket instead (moving them back would age
 //! them once per call of that caller, without bound). So a unit is forgotten when the
 //! clock furthest ahead says so, and:
@@ -90,19 +90,7 @@
 //! # let _ = layer; Ok(()) }
 //! ```
 
-//!
-//! # The statistics window
-//!
-//! [`RollingWindow`] aggregates values (their sum and count per bucket) over the last
-//! `size` intervals, for error rates or load-shedding decisions of your own; see its
-//! [example](RollingWindow#example). The Redis backend's breaker uses one to judge
-//! Redis by its recent failures.
-
 mod limiter;
 pub(crate) mod memory;
-mod ring;
-mod window;
 
 pub use self::limiter::{RollingConfig, RollingWindowLayer, RollingWindowLimiter, MAX_BUCKETS};
-pub use self::ring::{Ring, StepBack};
-pub use self::window::{Bucket, RollingWindow, RollingWindowError};

@@ -1,12 +1,23 @@
-//! [`Ring`]: the last `size` buckets of a grid of time buckets, as a pure value that
-//! is moved forward (or back) by the bucket index its caller computed from its own clock.
+//! Rings of time buckets: a [`Ring`] keeps the last `size` buckets of a grid of equal
+//! intervals, moved forward (or back) by a bucket index its caller computes from its own
+//! clock. Both rolling windows of this crate are built on it: the
+//! [rolling-window limiter](crate::rolling) (a ring of counts per key, on Redis's or the
+//! process's clock) and [`RollingWindow`] (sums and counts for a service's own statistics).
 //!
-//! Both rolling windows of this crate are built on it: the rolling-window limiter keeps
-//! one ring of counts per key, [`RollingWindow`](super::RollingWindow) one ring of
-//! [`Bucket`](super::Bucket)s behind a lock and a clock. A ring reads no clock, takes no
-//! lock and does no I/O, so the same steps give the same buckets wherever it lives.
+//! | item | what | file |
+//! |---|---|---|
+//! | [`Ring`], [`StepBack`] | the buckets and the rules to advance them: no clock, no lock, no I/O | `mod.rs` |
+//! | [`RollingWindow`], [`Bucket`], [`RollingWindowError`] | a ring of sums and counts behind a lock, advanced by tokio's clock | `window.rs` |
+//!
+//! A ring is pure, so the same steps give the same buckets wherever it lives; this
+//! module depends on nothing else in the crate, and the algorithms and the backend (whose
+//! breaker judges Redis with a [`RollingWindow`]) build on it.
 
 use std::ops::{Deref, DerefMut};
+
+mod window;
+
+pub use self::window::{Bucket, RollingWindow, RollingWindowError};
 
 /// What a [`Ring`] does when it is advanced to a bucket older than its newest one (the
 /// clock stepped back, or callers' clocks disagree).
@@ -42,7 +53,7 @@ pub enum StepBack {
 ///
 /// ```
 /// use std::num::NonZeroUsize;
-/// use tower_redis_ratelimit::rolling::{Ring, StepBack};
+/// use tower_redis_ratelimit::ring::{Ring, StepBack};
 ///
 /// // Three buckets of counts; the index is, say, whole seconds.
 /// let mut ring = Ring::<Box<[u64]>>::new(NonZeroUsize::new(3).unwrap());

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::ring::{Ring, StepBack};
+use super::{Ring, StepBack};
 
 /// One bucket of a [`RollingWindow`]: the aggregate of the values added
 /// during one interval.
@@ -66,7 +66,7 @@ pub enum RollingWindowError {
 /// use std::num::NonZeroUsize;
 /// use std::time::Duration;
 ///
-/// use tower_redis_ratelimit::rolling::{RollingWindow, RollingWindowError};
+/// use tower_redis_ratelimit::ring::{RollingWindow, RollingWindowError};
 ///
 /// // Ten buckets of 100 ms each: statistics over the last second.
 /// let size = NonZeroUsize::new(10).expect("non-zero");
