@@ -10,6 +10,7 @@ use std::time::Duration;
 use crate::backend::Backend;
 use crate::error::ConfigError;
 use crate::period::{PeriodConfig, PeriodLimiter, UtcOffset};
+use crate::rolling::{RollingConfig, RollingWindowLimiter};
 use crate::service::{Algorithm, LayerBuilder, LimitLayer};
 use crate::token_bucket::{TokenBucketConfig, TokenBucketLimiter};
 
@@ -100,5 +101,56 @@ impl Algorithm for TokenBucketConfig {
 
     fn build(self, backend: &Backend, name: &str) -> Result<TokenBucketLimiter, ConfigError> {
         TokenBucketLimiter::new(backend, name, self)
+    }
+}
+
+// ---------------------------------------------------------------------------
+// rolling
+// ---------------------------------------------------------------------------
+
+/// A layer that applies a rolling-window limit; see the [`rolling`](crate::rolling)
+/// module.
+pub type RollingWindowLayer<
+    K = crate::key::GlobalKey,
+    C = crate::UnitCost,
+    R = crate::DefaultRejection,
+> = LimitLayer<RollingWindowLimiter, K, C, R>;
+
+impl RollingWindowLayer {
+    /// Starts building a rolling-window layer on `backend`.
+    pub fn builder(backend: &Backend) -> LayerBuilder<RollingConfig> {
+        LayerBuilder::new(backend, RollingConfig::default())
+    }
+}
+
+/// Rolling-window settings on the layer builder.
+impl<K, C, R> LayerBuilder<RollingConfig, K, C, R> {
+    /// Units admitted within any window (required, at least 1).
+    pub fn limit(mut self, limit: u64) -> Self {
+        self.algorithm.limit = limit;
+        self
+    }
+
+    /// How many buckets make up the window (required, 1 to
+    /// [`MAX_BUCKETS`](crate::rolling::MAX_BUCKETS)). More buckets track the window more
+    /// closely.
+    pub fn buckets(mut self, buckets: u32) -> Self {
+        self.algorithm.buckets = buckets;
+        self
+    }
+
+    /// The time one bucket covers (required; whole milliseconds, at least 1 ms). The
+    /// window is `buckets` × `interval`.
+    pub fn interval(mut self, interval: Duration) -> Self {
+        self.algorithm.interval = interval;
+        self
+    }
+}
+
+impl Algorithm for RollingConfig {
+    type Limiter = RollingWindowLimiter;
+
+    fn build(self, backend: &Backend, name: &str) -> Result<RollingWindowLimiter, ConfigError> {
+        RollingWindowLimiter::new(backend, name, self)
     }
 }

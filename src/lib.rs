@@ -95,13 +95,12 @@ pub use crate::backend::{Backend, BackendBuilder, FailurePolicy};
 pub use crate::cost::{Cost, FixedCost, UnitCost};
 pub use crate::decision::{Decision, Decisions, Policy, Source, State};
 pub use crate::error::ConfigError;
-pub use crate::layers::{PeriodLimitLayer, TokenBucketLayer};
+pub use crate::layers::{PeriodLimitLayer, RollingWindowLayer, TokenBucketLayer};
 pub use crate::limiter::{Check, Limiter};
 #[cfg(feature = "grpc")]
 #[cfg_attr(docsrs, doc(cfg(feature = "grpc")))]
 pub use crate::response::grpc;
 pub use crate::response::{DefaultRejection, OnRejection, ProblemJson};
-pub use crate::rolling::RollingWindowLayer;
 pub use crate::service::{
     ExtensionPlan, LayerBuilder, LimitLayer, LimitService, MissingKey, Plans,
 };

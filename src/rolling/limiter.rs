@@ -2,8 +2,8 @@
 //! [`RollingWindowLimiter`] on a [`Backend`], which asks `rolling.lua` on Redis or the
 //! in-process counts (`memory.rs`) and turns either answer into a [`Decision`].
 //!
-//! [`RollingWindowLayer`] is the layer built on it; the semantics are described in the
-//! [module documentation](super).
+//! The semantics are described in the [module documentation](super); the layer
+//! (`RollingWindowLayer`) is defined with the other layers, in `layers.rs`.
 
 use std::num::NonZeroU32;
 use std::sync::{Arc, LazyLock};
@@ -17,7 +17,6 @@ use crate::decision::{Decision, Policy, Source, State};
 use crate::error::ConfigError;
 use crate::limiter::{Check, Limiter};
 use crate::ring::StepBack;
-use crate::service::{Algorithm, LayerBuilder, LimitLayer};
 
 static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts::new(include_str!("rolling.lua")));
 
@@ -30,9 +29,9 @@ const MAX_WINDOW_MS: u64 = 10 * 366 * 86_400_000;
 /// The settings of a rolling-window limit.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct RollingConfig {
-    limit: u64,
-    buckets: u32,
-    interval: Duration,
+    pub(crate) limit: u64,
+    pub(crate) buckets: u32,
+    pub(crate) interval: Duration,
 }
 
 impl RollingConfig {
@@ -59,14 +58,6 @@ impl RollingConfig {
     /// The same settings with another limit, for [`dynamic`](crate::dynamic) limits.
     pub(crate) fn with_limit_value(&self, limit: u64) -> Self {
         Self { limit, ..*self }
-    }
-}
-
-impl Algorithm for RollingConfig {
-    type Limiter = RollingWindowLimiter;
-
-    fn build(self, backend: &Backend, name: &str) -> Result<RollingWindowLimiter, ConfigError> {
-        RollingWindowLimiter::new(backend, name, self)
     }
 }
 
@@ -242,44 +233,6 @@ impl Hosts for RollingStore {
             Duration::from_micros(hit.reset_us),
             source,
         )
-    }
-}
-
-/// Rolling-window settings on the layer builder.
-impl<K, C, R> LayerBuilder<RollingConfig, K, C, R> {
-    /// Units admitted within any window (required, at least 1).
-    pub fn limit(mut self, limit: u64) -> Self {
-        self.algorithm.limit = limit;
-        self
-    }
-
-    /// How many buckets make up the window (required, 1 to [`MAX_BUCKETS`]). More
-    /// buckets track the window more closely.
-    pub fn buckets(mut self, buckets: u32) -> Self {
-        self.algorithm.buckets = buckets;
-        self
-    }
-
-    /// The time one bucket covers (required; whole milliseconds, at least 1 ms). The
-    /// window is `buckets` × `interval`.
-    pub fn interval(mut self, interval: Duration) -> Self {
-        self.algorithm.interval = interval;
-        self
-    }
-}
-
-/// A layer that applies a rolling-window limit; see the [`rolling`](crate::rolling)
-/// module.
-pub type RollingWindowLayer<
-    K = crate::key::GlobalKey,
-    C = crate::UnitCost,
-    R = crate::DefaultRejection,
-> = LimitLayer<RollingWindowLimiter, K, C, R>;
-
-impl RollingWindowLayer {
-    /// Starts building a rolling-window layer on `backend`.
-    pub fn builder(backend: &Backend) -> LayerBuilder<RollingConfig> {
-        LayerBuilder::new(backend, RollingConfig::default())
     }
 }
 

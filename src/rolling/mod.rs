@@ -5,7 +5,7 @@
 //!
 //! | item | what | file |
 //! |---|---|---|
-//! | [`RollingWindowLimiter`], [`RollingConfig`], [`RollingWindowLayer`] | the settings, the limiter on a backend, its layer | `limiter.rs` |
+//! | [`RollingWindowLimiter`], [`RollingConfig`] | the settings, and the limiter on a backend (its layer is [`RollingWindowLayer`](crate::RollingWindowLayer)) | `limiter.rs` |
 //! | in-process counts | per key a ring of counts and their sum: the pure step `(state, now, cost, settings) -> (state, outcome)` | `memory.rs` |
 //! | the Redis script | the same step on a hash of bucket counts | `rolling.lua` |
 //!
@@ -76,7 +76,7 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use tower_redis_ratelimit::{key::HeaderKey, rolling::RollingWindowLayer, Backend};
+//! use tower_redis_ratelimit::{key::HeaderKey, Backend, RollingWindowLayer};
 //!
 //! # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
 //! // At most 100 requests per API key within any second, in 10 buckets of 100 ms.
@@ -93,4 +93,4 @@
 mod limiter;
 pub(crate) mod memory;
 
-pub use self::limiter::{RollingConfig, RollingWindowLayer, RollingWindowLimiter, MAX_BUCKETS};
+pub use self::limiter::{RollingConfig, RollingWindowLimiter, MAX_BUCKETS};
