@@ -165,7 +165,8 @@ where
     B: DerefMut<Target = [V]>,
     V: Default,
 {
-    /// Makes `current` the newest bucket and returns it.
+    /// Moves the ring to bucket `current` and returns the bucket a value at `current`
+    /// goes into: `current` itself, unless the ring [holds](StepBack::Hold) a newer one.
     ///
     /// Forward, the buckets that expired in between (at most `size`) are taken out,
     /// passed to `expired` oldest first, and left as `V::default()`. Back (`current`
