@@ -3,7 +3,7 @@
 //! when the breaker lets the check through, the layer's failure policy otherwise.
 
 use std::num::NonZeroU32;
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use deadpool_redis::redis::ScriptInvocation;
@@ -15,6 +15,24 @@ use super::{Backend, FailurePolicy, Scripts, TimeSource, DEFAULT_PROBE_INTERVAL}
 use crate::decision::{Decision, Source, State};
 use crate::limiter::Check;
 use crate::metrics::RedisMetrics;
+
+/// The engine: every algorithm as a function, and the code that runs one limit or a set
+/// of limits with them (`engine.lua`), in both time versions. One script for every
+/// check, loaded once per connection.
+pub(crate) static ENGINE: LazyLock<Scripts> = LazyLock::new(|| {
+    Scripts::new(
+        &[
+            include_str!("../period/period.lua"),
+            include_str!("../token_bucket/token_bucket.lua"),
+            include_str!("../rolling/rolling.lua"),
+            include_str!("engine.lua"),
+        ]
+        .concat(),
+    )
+});
+
+/// The engine's operation that spends when every limit admits.
+pub(crate) const CHECK: &str = "c";
 
 /// What one limiter needs of the backend: the handle, its Redis key layout, and its
 /// Redis metrics.
@@ -56,12 +74,13 @@ pub(crate) trait Hosts: Send + Sync + 'static {
     fn capacity(&self) -> u64;
     /// The decision for a cost above [`capacity`](Self::capacity).
     fn exceeds_capacity(&self, source: Source) -> Decision;
-    /// The script in both versions (see [`TimeSource`]), run with `KEYS[1]` = the
-    /// limited key.
-    fn scripts(&self) -> &'static Scripts;
-    /// Appends the script's `ARGV` (the caller's time, when used, goes after them).
-    fn args(&self, invocation: &mut ScriptInvocation<'static>, cost: NonZeroU32);
-    /// Reads the script's reply; `None` when it is not of the expected shape.
+    /// Appends this limit's part of the engine's `ARGV`: its algorithm's letter, the
+    /// count of its arguments and the arguments (see `engine.lua`).
+    fn limit_args(&self, invocation: &mut ScriptInvocation<'static>);
+    /// How many numbers this limit's reply holds (its admitted flag first).
+    fn reply_len(&self) -> usize;
+    /// Reads this limit's part of the engine's reply; `None` when it is not of the
+    /// expected shape.
     fn decide(&self, reply: &[i64], cost: NonZeroU32) -> Option<Decision>;
     /// Answers from the in-process state.
     fn local(&self, key: &[u8], cost: NonZeroU32, source: Source) -> Decision;
@@ -107,9 +126,10 @@ pub(crate) fn check<T: Hosts>(store: &Arc<T>, key: &[u8], cost: NonZeroU32) -> C
         }
     }
     let time = backend.inner.time;
-    let script = store.scripts().get(time);
+    let script = ENGINE.get(time);
     let mut invocation = script.key(&redis_key);
-    store.args(&mut invocation, cost);
+    invocation.arg(CHECK).arg(cost.get()).arg(1);
+    store.limit_args(&mut invocation);
     if time == TimeSource::Caller {
         invocation.arg(backend.caller_now_us());
     }
@@ -121,7 +141,7 @@ pub(crate) fn check<T: Hosts>(store: &Arc<T>, key: &[u8], cost: NonZeroU32) -> C
         let result = redis.eval(script, &invocation).await;
         remote.metrics.duration(&remote.name, started.elapsed());
         let error = match result {
-            Ok(reply) => match store.decide(&reply, cost) {
+            Ok(reply) => match reply.get(1..).and_then(|part| store.decide(part, cost)) {
                 Some(decision) => {
                     if let (Some(hash), Some(retry), 1) =
                         (deny_key, decision.retry_after, cost.get())

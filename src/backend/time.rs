@@ -1,15 +1,14 @@
 //! Which clock the Redis scripts read: [`TimeSource`], and the two versions of each
-//! algorithm's script that it picks between ([`Scripts`]).
+//! script that it picks between ([`Scripts`]).
 //!
-//! Each algorithm's `.lua` file is a body that reads time only through `unix_us()` and
-//! finds its own arguments through `nargs`; a short prelude, one per time source, defines
-//! them:
+//! A script body (the engine, the probe) reads time only through `unix_us()`; a short
+//! prelude, one per time source, defines it:
 //!
-//! - server time: `unix_us()` calls `TIME`; `nargs` is `#ARGV`;
+//! - server time: `unix_us()` calls `TIME`;
 //! - caller time: `unix_us()` reads the last `ARGV` (microseconds since the Unix epoch,
-//!   appended by [`check`](super::check)); `nargs` is `#ARGV - 1`. The text of this
-//!   version holds no `TIME` call at all, so a server that refuses `TIME` in scripts, or
-//!   scans scripts for it, never meets it.
+//!   appended by [`check`](super::check)). The text of this version holds no `TIME`
+//!   call at all, so a server that refuses `TIME` in scripts, or scans scripts for it,
+//!   never meets it.
 //!
 //! `caller_time` tells the body which one it runs in, for the few rules that differ
 //! (see each algorithm's "Clocks" docs).
@@ -120,22 +119,20 @@ impl Backend {
     }
 }
 
-/// Sets `unix_us()`, `nargs` and `caller_time` for a script body, from `TIME`.
+/// Sets `unix_us()` and `caller_time` for a script body, from `TIME`.
 const SERVER_PRELUDE: &str = "\
 -- Time: the Redis server's clock.
 local caller_time = false
-local nargs = #ARGV
 local function unix_us()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 ";
 
-/// Sets `unix_us()`, `nargs` and `caller_time` for a script body, from the last `ARGV`.
+/// Sets `unix_us()` and `caller_time` for a script body, from the last `ARGV`.
 const CALLER_PRELUDE: &str = "\
 -- Time: the caller's clock, the last ARGV (microseconds since the Unix epoch).
 local caller_time = true
-local nargs = #ARGV - 1
 local function unix_us()
   return tonumber(ARGV[#ARGV])
 end
@@ -179,13 +176,22 @@ fn source(time: TimeSource, body: &str) -> String {
 mod tests {
     use super::*;
 
-    /// Every script body, with the keys it may touch.
-    const BODIES: [(&str, &str); 4] = [
-        ("period", include_str!("../period/period.lua")),
-        ("token", include_str!("../token_bucket/token_bucket.lua")),
-        ("rolling", include_str!("../rolling/rolling.lua")),
-        ("probe", include_str!("probe.lua")),
-    ];
+    /// Every script: the engine (every algorithm) and the probe.
+    fn bodies() -> [(&'static str, String); 2] {
+        [
+            (
+                "engine",
+                [
+                    include_str!("../period/period.lua"),
+                    include_str!("../token_bucket/token_bucket.lua"),
+                    include_str!("../rolling/rolling.lua"),
+                    include_str!("engine.lua"),
+                ]
+                .concat(),
+            ),
+            ("probe", include_str!("probe.lua").to_owned()),
+        ]
+    }
 
     /// The arguments of every `redis.call(...)` and `redis.pcall(...)` in `lua`, as written.
     fn calls(lua: &str) -> Vec<Vec<String>> {
@@ -205,8 +211,8 @@ mod tests {
 
     #[test]
     fn the_caller_version_never_calls_time() {
-        for (name, body) in BODIES {
-            let caller = source(TimeSource::Caller, body);
+        for (name, body) in bodies() {
+            let caller = source(TimeSource::Caller, &body);
             assert!(
                 !caller.to_ascii_uppercase().contains("'TIME'"),
                 "{name} calls TIME in caller mode"
@@ -214,23 +220,28 @@ mod tests {
             assert!(!calls(&caller).is_empty(), "{name}");
         }
         // The server version of the time-reading bodies does.
-        assert!(source(TimeSource::Server, BODIES[1].1).contains("redis.call('TIME')"));
+        assert!(source(TimeSource::Server, &bodies()[0].1).contains("redis.call('TIME')"));
     }
 
     /// Redis Cluster, Dragonfly and managed servers need every key a script touches in
-    /// `KEYS`: each call's key argument is `KEYS[n]`.
+    /// `KEYS`: each call's key argument is `KEYS[n]`, or `key` in an algorithm's
+    /// function, which the engine only ever calls with `KEYS[i]`.
     #[test]
     fn every_key_a_script_touches_is_declared() {
-        for (name, body) in BODIES {
+        let engine = include_str!("engine.lua");
+        assert!(engine.contains("limits[i][1](KEYS[i], "));
+        assert_eq!(engine.matches("limits[i][1](").count(), 2);
+        for (name, body) in bodies() {
             for time in [TimeSource::Server, TimeSource::Caller] {
-                for call in calls(&source(time, body)) {
+                for call in calls(&source(time, &body)) {
                     let command = call[0].trim_matches('\'').to_ascii_uppercase();
                     if command == "TIME" {
                         assert_eq!(call.len(), 1, "{name}: {call:?}");
                         continue;
                     }
                     assert!(
-                        call.get(1).is_some_and(|key| key.starts_with("KEYS[")),
+                        call.get(1)
+                            .is_some_and(|key| key.starts_with("KEYS[") || key == "key"),
                         "{name}: {call:?} touches a key not taken from KEYS"
                     );
                 }
@@ -239,8 +250,8 @@ mod tests {
     }
 
     #[test]
-    fn the_preludes_count_the_arguments() {
-        let scripts = Scripts::new("return nargs");
+    fn the_preludes_differ() {
+        let scripts = Scripts::new("return caller_time");
         assert_ne!(
             scripts.get(TimeSource::Server).get_hash(),
             scripts.get(TimeSource::Caller).get_hash()

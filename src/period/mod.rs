@@ -56,18 +56,17 @@
 pub(crate) mod memory;
 
 use std::num::NonZeroU32;
-use std::sync::{Arc, LazyLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_redis::redis::ScriptInvocation;
 
 use self::memory::{Schedule, Windows};
-use crate::backend::{self, Backend, Hosts, Remote, Scripts};
+use crate::backend::{self, Backend, Hosts, Remote};
 use crate::decision::{Decision, Policy, Source, State};
 use crate::error::ConfigError;
 use crate::limiter::{Check, Limiter};
 
-static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts::new(include_str!("period.lua")));
 
 /// The largest UTC offset accepted (±18 hours, as in RFC 3339 and most time libraries).
 const MAX_OFFSET_SECS: i32 = 18 * 3_600;
@@ -252,22 +251,24 @@ impl Hosts for PeriodHosts {
         )
     }
 
-    fn scripts(&self) -> &'static Scripts {
-        &SCRIPTS
+    fn limit_args(&self, invocation: &mut ScriptInvocation<'static>) {
+        invocation.arg("w");
+        match self.offset_ms {
+            None => invocation.arg(2).arg(self.quota).arg(self.period_ms),
+            Some(offset) => invocation
+                .arg(3)
+                .arg(self.quota)
+                .arg(self.period_ms)
+                .arg(offset),
+        };
     }
 
-    fn args(&self, invocation: &mut ScriptInvocation<'static>, cost: NonZeroU32) {
-        invocation
-            .arg(self.quota)
-            .arg(self.period_ms)
-            .arg(cost.get());
-        if let Some(offset) = self.offset_ms {
-            invocation.arg(offset);
-        }
+    fn reply_len(&self) -> usize {
+        3
     }
 
     fn decide(&self, reply: &[i64], _cost: NonZeroU32) -> Option<Decision> {
-        let &[count, ttl_ms, admitted] = reply else {
+        let &[admitted, count, ttl_ms] = reply else {
             return None;
         };
         let count = u64::try_from(count).ok()?;

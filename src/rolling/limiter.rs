@@ -6,19 +6,17 @@
 //! (`RollingWindowLayer`) is defined with the other layers, in `layers.rs`.
 
 use std::num::NonZeroU32;
-use std::sync::{Arc, LazyLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_redis::redis::ScriptInvocation;
 
 use super::memory::{Grid, Rings};
-use crate::backend::{self, Backend, Hosts, Remote, Scripts};
+use crate::backend::{self, Backend, Hosts, Remote};
 use crate::decision::{Decision, Policy, Source, State};
 use crate::error::ConfigError;
 use crate::limiter::{Check, Limiter};
 use crate::ring::StepBack;
-
-static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts::new(include_str!("rolling.lua")));
 
 /// The most buckets a window may have (each check of the Redis script visits them all).
 pub const MAX_BUCKETS: u32 = 1_000;
@@ -188,16 +186,17 @@ impl Hosts for RollingStore {
         )
     }
 
-    fn scripts(&self) -> &'static Scripts {
-        &SCRIPTS
-    }
-
-    fn args(&self, invocation: &mut ScriptInvocation<'static>, cost: NonZeroU32) {
+    fn limit_args(&self, invocation: &mut ScriptInvocation<'static>) {
         invocation
+            .arg("r")
+            .arg(3)
             .arg(self.limit)
             .arg(self.buckets)
-            .arg(self.interval_ms)
-            .arg(cost.get());
+            .arg(self.interval_ms);
+    }
+
+    fn reply_len(&self) -> usize {
+        4
     }
 
     fn decide(&self, reply: &[i64], _cost: NonZeroU32) -> Option<Decision> {

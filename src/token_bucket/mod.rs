@@ -58,19 +58,17 @@
 pub(crate) mod memory;
 
 use std::num::NonZeroU32;
-use std::sync::{Arc, LazyLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_redis::redis::ScriptInvocation;
 
 use self::memory::{Bucket, Buckets, Outcome};
-use crate::backend::{self, Backend, Hosts, Remote, Scripts};
+use crate::backend::{self, Backend, Hosts, Remote};
 use crate::decision::{Decision, Policy, Source, State};
 use crate::error::{validate_name, ConfigError};
 use crate::limiter::{Check, Limiter};
 
-static SCRIPTS: LazyLock<Scripts> =
-    LazyLock::new(|| Scripts::new(include_str!("token_bucket.lua")));
 
 /// Arrival times in Redis count microseconds from this Unix time (2026-01-01T00:00:00Z),
 /// so that the script's doubles keep sub-microsecond precision for decades.
@@ -233,16 +231,17 @@ impl Hosts for TokenBucketHosts {
         )
     }
 
-    fn scripts(&self) -> &'static Scripts {
-        &SCRIPTS
-    }
-
-    fn args(&self, invocation: &mut ScriptInvocation<'static>, cost: NonZeroU32) {
+    fn limit_args(&self, invocation: &mut ScriptInvocation<'static>) {
         invocation
+            .arg("t")
+            .arg(3)
             .arg(self.interval_us)
             .arg(self.burst)
-            .arg(cost.get())
             .arg(TAT_EPOCH_SECS);
+    }
+
+    fn reply_len(&self) -> usize {
+        4
     }
 
     fn decide(&self, reply: &[i64], _cost: NonZeroU32) -> Option<Decision> {

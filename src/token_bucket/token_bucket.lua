@@ -1,52 +1,53 @@
--- Token bucket as GCRA: one key per bucket holds its theoretical arrival time (TAT), in
--- microseconds since ARGV[4] (an epoch close to now, so that doubles keep sub-microsecond
--- precision). A full bucket has TAT <= now; each token moves TAT one emission interval
--- into the future; a request fits while TAT stays within burst intervals of now.
--- KEYS[1]: the bucket, the only key this script touches. ARGV[1]: emission interval (µs
--- per token, fractional allowed), ARGV[2]: burst, ARGV[3]: cost, ARGV[4]: epoch (whole
--- seconds since the Unix epoch). The prelude (src/backend/time.rs) defines unix_us()
--- (the time: the server's TIME, or the caller's, appended as the last ARGV) and
--- caller_time.
--- Returns {admitted (1/0), tokens left, µs until admissible (0 when admitted),
--- µs until the bucket is full}. A TAT below now is never written, so no clock step and
--- no caller's clock refills a bucket beyond the time elapsed. A TAT more than tau ahead
+-- Token bucket as GCRA, as a function of the engine (src/backend/engine.lua):
+-- token_bucket(key, a, now_us, cost, write) with a = {emission interval (µs per token,
+-- fractional allowed), burst, epoch (whole seconds since the Unix epoch)}. `key` holds
+-- the bucket's theoretical arrival time (TAT), in microseconds since the epoch (close to
+-- now, so that doubles keep sub-microsecond precision). A full bucket has TAT <= now;
+-- each token moves TAT one interval into the future; a cost fits while TAT stays within
+-- burst intervals of now. `write` false decides without changing anything.
+-- Returns {admitted (1/0), tokens left, µs until admissible (0 when admitted), µs until
+-- the bucket is full}. A TAT below now is never written, so no clock step and no
+-- caller's clock refills a bucket beyond the time elapsed. A TAT more than tau ahead
 -- only happens after the server clock stepped back, or for a caller whose clock is
 -- behind: it is read as now + tau (an empty bucket), and after a step of the server's
 -- clock written back so, so such a step blocks a key for at most the time an empty
 -- bucket takes to refill, never for the length of the step.
-local now = unix_us() - tonumber(ARGV[4]) * 1000000
-local interval = tonumber(ARGV[1])
-local burst = tonumber(ARGV[2])
-local cost = tonumber(ARGV[3])
-local tau = interval * burst
-local tat = tonumber(redis.call('GET', KEYS[1]) or '')
-local stepped_back = false
-if tat == nil or tat < now then
-  tat = now
-elseif tat > now + tau then
-  tat = now + tau
-  stepped_back = true
-end
-local new_tat = tat + cost * interval
-local wait = new_tat - tau - now
--- Tolerate float noise well below a microsecond.
-if wait > 0.001 then
-  if stepped_back and not caller_time then
-    -- The server's clock stepped back: the bucket is empty from now on, and refills at
-    -- the rate from here (not after the length of the step). A caller's clock behind
-    -- the others' never writes its view.
-    redis.call('SET', KEYS[1], string.format('%.4f', tat), 'PX', string.format('%d', math.max(1, math.ceil(tau / 1000))))
+local function token_bucket(key, a, now_us, cost, write)
+  local interval, burst = a[1], a[2]
+  local now = now_us - a[3] * 1000000
+  local tau = interval * burst
+  local tat = tonumber(redis.call('GET', key) or '')
+  local stepped_back = false
+  if tat == nil or tat < now then
+    tat = now
+  elseif tat > now + tau then
+    tat = now + tau
+    stepped_back = true
   end
-  local available = math.floor((tau - (tat - now)) / interval + 1e-9)
-  return {0, available, math.ceil(wait), math.ceil(tat - now)}
+  local new_tat = tat + cost * interval
+  local wait = new_tat - tau - now
+  -- Tolerate float noise well below a microsecond.
+  if wait > 0.001 then
+    if write and stepped_back and not caller_time then
+      -- The server's clock stepped back: the bucket is empty from now on, and refills
+      -- at the rate from here (not after the length of the step). A caller's clock
+      -- behind the others' never writes its view.
+      redis.call('SET', key, string.format('%.4f', tat), 'PX',
+        string.format('%d', math.max(1, math.ceil(tau / 1000))))
+    end
+    local available = math.floor((tau - (tat - now)) / interval + 1e-9)
+    return {0, available, math.ceil(wait), math.ceil(tat - now)}
+  end
+  local full_in = new_tat - now
+  if write then
+    local ttl = math.max(1, math.ceil(full_in / 1000))
+    if caller_time then
+      -- Callers' clocks differ: keep the bucket until a caller up to max(a full refill,
+      -- 1 s) behind the writer also sees it full, so that the key's expiry never hands
+      -- such a caller a full bucket early.
+      ttl = ttl + math.max(math.ceil(tau / 1000), 1000)
+    end
+    redis.call('SET', key, string.format('%.4f', new_tat), 'PX', string.format('%d', ttl))
+  end
+  return {1, math.floor((tau - full_in) / interval + 1e-9), 0, math.ceil(full_in)}
 end
-local full_in = new_tat - now
-local ttl = math.max(1, math.ceil(full_in / 1000))
-if caller_time then
-  -- Callers' clocks differ: keep the bucket until a caller up to max(a full refill,
-  -- 1 s) behind the writer also sees it full, so that the key's expiry never hands
-  -- such a caller a full bucket early.
-  ttl = ttl + math.max(math.ceil(tau / 1000), 1000)
-end
-redis.call('SET', KEYS[1], string.format('%.4f', new_tat), 'PX', string.format('%d', ttl))
-return {1, math.floor((tau - full_in) / interval + 1e-9), 0, math.ceil(full_in)}

@@ -1,0 +1,49 @@
+-- The engine: decides a check against one limit or a set of limits in one round trip,
+-- all or nothing. The algorithms (src/period/period.lua, src/token_bucket/token_bucket.lua,
+-- src/rolling/rolling.lua) are functions placed before this text, after the prelude
+-- (src/backend/time.rs) that defines unix_us() and caller_time.
+-- KEYS: one key per limit, in order (on Redis Cluster, all in one slot).
+-- ARGV: op ('c' check: spend when every limit admits; 'p' peek: spend nothing), cost,
+-- the number of limits n, then per limit its algorithm ('w' fixed window, 't' token
+-- bucket, 'r' rolling window), the count of its arguments and the arguments; with the
+-- caller's time, that time last.
+-- Returns {admitted by every limit (1/0), then each limit's reply in order}. With more
+-- than one limit, every limit decides first without writing; only when all of them
+-- admit does each one write its own change, so a refusal by any limit spends nothing.
+local algorithms = { w = period, t = token_bucket, r = rolling }
+local op = ARGV[1]
+local cost = tonumber(ARGV[2])
+local n = tonumber(ARGV[3])
+local limits = {}
+local at = 4
+for i = 1, n do
+  local argc = tonumber(ARGV[at + 1])
+  local a = {}
+  for j = 1, argc do
+    a[j] = tonumber(ARGV[at + 1 + j])
+  end
+  limits[i] = { algorithms[ARGV[at]], a }
+  at = at + 2 + argc
+end
+local now_us = unix_us()
+local spend = op == 'c'
+local replies = {}
+local admitted = 1
+for i = 1, n do
+  replies[i] = limits[i][1](KEYS[i], limits[i][2], now_us, cost, spend and n == 1)
+  if replies[i][1] == 0 then
+    admitted = 0
+  end
+end
+if spend and n > 1 and admitted == 1 then
+  for i = 1, n do
+    replies[i] = limits[i][1](KEYS[i], limits[i][2], now_us, cost, true)
+  end
+end
+local out = { admitted }
+for i = 1, n do
+  for _, v in ipairs(replies[i]) do
+    out[#out + 1] = v
+  end
+end
+return out
