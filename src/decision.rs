@@ -85,6 +85,8 @@ pub struct Decision {
     /// The `RateLimit-Policy` value when the limit was chosen for this request
     /// ([`dynamic`](crate::dynamic) limits) rather than the layer's policy.
     pub(crate) policy_header: Option<http::HeaderValue>,
+    /// The `RateLimit` value when it lists more than one limit ([`set`](crate::set)s).
+    pub(crate) ratelimit_header: Option<http::HeaderValue>,
 }
 
 impl Decision {
@@ -99,6 +101,7 @@ impl Decision {
             retry_after: None,
             source,
             policy_header: None,
+            ratelimit_header: None,
         }
     }
 

@@ -12,6 +12,7 @@ use crate::error::ConfigError;
 use crate::period::{PeriodConfig, PeriodLimiter, UtcOffset};
 use crate::rolling::{RollingConfig, RollingWindowLimiter};
 use crate::service::{Algorithm, LayerBuilder, LimitLayer};
+use crate::set::{LimitSet, SetLimiter, SetMember};
 use crate::token_bucket::{TokenBucketConfig, TokenBucketLimiter};
 
 // ---------------------------------------------------------------------------
@@ -152,5 +153,42 @@ impl Algorithm for RollingConfig {
 
     fn build(self, backend: &Backend, name: &str) -> Result<RollingWindowLimiter, ConfigError> {
         RollingWindowLimiter::new(backend, name, self)
+    }
+}
+
+// ---------------------------------------------------------------------------
+// set
+// ---------------------------------------------------------------------------
+
+/// A layer that applies a set of limits all or nothing; see the [`set`](crate::set)
+/// module.
+pub type LimitSetLayer<
+    K = crate::key::GlobalKey,
+    C = crate::UnitCost,
+    R = crate::DefaultRejection,
+> = LimitLayer<SetLimiter, K, C, R>;
+
+impl LimitSetLayer {
+    /// Starts building a layer of a set of limits on `backend`.
+    pub fn builder(backend: &Backend) -> LayerBuilder<LimitSet> {
+        LayerBuilder::new(backend, LimitSet::new())
+    }
+}
+
+/// The limits of a set on the layer builder.
+impl<K, C, R> LayerBuilder<LimitSet, K, C, R> {
+    /// Adds the limit `name` with the settings of any algorithm (at least one is
+    /// required); see [`LimitSet::limit`].
+    pub fn limit(mut self, name: impl Into<String>, limit: impl Into<SetMember>) -> Self {
+        self.algorithm.limits.push((name.into(), limit.into()));
+        self
+    }
+}
+
+impl Algorithm for LimitSet {
+    type Limiter = SetLimiter;
+
+    fn build(self, backend: &Backend, name: &str) -> Result<SetLimiter, ConfigError> {
+        SetLimiter::new(backend, name, self)
     }
 }

@@ -87,6 +87,7 @@ pub mod response;
 pub mod ring;
 pub mod rolling;
 pub mod service;
+pub mod set;
 pub mod token_bucket;
 
 pub use deadpool_redis;
@@ -95,7 +96,7 @@ pub use crate::backend::{Backend, BackendBuilder, FailurePolicy};
 pub use crate::cost::{Cost, FixedCost, UnitCost};
 pub use crate::decision::{Decision, Decisions, Policy, Source, State};
 pub use crate::error::ConfigError;
-pub use crate::layers::{PeriodLimitLayer, RollingWindowLayer, TokenBucketLayer};
+pub use crate::layers::{LimitSetLayer, PeriodLimitLayer, RollingWindowLayer, TokenBucketLayer};
 pub use crate::limiter::{Check, Limiter};
 #[cfg(feature = "grpc")]
 #[cfg_attr(docsrs, doc(cfg(feature = "grpc")))]

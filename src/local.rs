@@ -310,6 +310,22 @@ impl LocalStore {
         Key(hash.h1, hash.h2)
     }
 
+    /// Runs `f` on a copy of `key`'s state (or on `init()` if the key is new), storing
+    /// nothing: what [`update`](Self::update) would answer, without its change.
+    pub(crate) fn peek<S: State + Clone, R>(
+        &self,
+        key: Key,
+        init: impl FnOnce() -> S,
+        f: impl FnOnce(&mut S) -> R,
+    ) -> R {
+        let mut state = self
+            .cache
+            .get(&key)
+            .and_then(|mut slot| S::get(&mut slot).cloned())
+            .unwrap_or_else(init);
+        f(&mut state)
+    }
+
     /// Runs `f` on `key`'s state, creating it with `init` first if the key is new (or was
     /// evicted). Two requests on a new key at once create it once.
     pub(crate) fn update<S: State, R>(

@@ -17,6 +17,7 @@ use support::{RedisServer, ServerClock};
 use tower_redis_ratelimit::backend::{ManualClock, TimeSource};
 use tower_redis_ratelimit::period::{PeriodConfig, PeriodLimiter, UtcOffset};
 use tower_redis_ratelimit::rolling::{RollingConfig, RollingWindowLimiter};
+use tower_redis_ratelimit::set::{LimitSet, SetLimiter};
 use tower_redis_ratelimit::token_bucket::{TokenBucketConfig, TokenBucketLimiter};
 use tower_redis_ratelimit::{Backend, Limiter, Source, State};
 
@@ -437,6 +438,70 @@ async fn rolling_window_hosts_agree() {
             steps: vec![
                 step(0, 5, HitQuota, 0, 1_000, None),
                 step(HOUR, 1, Allowed, 4, 1_000, None),
+            ],
+        },
+    ])
+    .await;
+}
+
+// ---------------------------------------------------------------------------
+// Sets of limits, all or nothing
+// ---------------------------------------------------------------------------
+
+/// 2 per second and 3 per day, both fixed windows.
+fn set_2_per_second_3_per_day(backend: &Backend, name: &str) -> Box<dyn Limiter> {
+    let set = LimitSet::new()
+        .limit("burst", PeriodConfig::new(2, SEC))
+        .limit("daily", PeriodConfig::new(3, 86_400 * SEC));
+    Box::new(SetLimiter::new(backend, name, set).expect("valid"))
+}
+
+/// A token bucket (10 per second, burst 2) and a rolling window (3 in 10 x 100 ms).
+fn set_bucket_and_rolling(backend: &Backend, name: &str) -> Box<dyn Limiter> {
+    let set = LimitSet::new()
+        .limit("bucket", TokenBucketConfig::new(10, SEC, 2))
+        .limit(
+            "rolling",
+            RollingConfig::new(3, 10, Duration::from_millis(100)),
+        );
+    Box::new(SetLimiter::new(backend, name, set).expect("valid"))
+}
+
+/// A set's decision is the admitting limit with the least left, or the refusing limit
+/// with the longest wait; a refusal by any limit spends none of them.
+#[tokio::test]
+async fn limit_set_hosts_agree() {
+    let r = Some;
+    const DAY: u64 = 86_400_000;
+    run_table(&[
+        Scenario {
+            name: "a refusal by one limit spends none",
+            limiter: set_2_per_second_3_per_day,
+            hosts: Hosts::All,
+            steps: vec![
+                step(0, 1, Allowed, 1, 1_000, None),
+                step(0, 1, HitQuota, 0, 1_000, None),
+                // The burst refuses: the daily quota is not spent...
+                step(0, 1, OverQuota, 0, 1_000, r(1_000)),
+                // ...so its third unit is still there a second later.
+                step(1_000, 1, HitQuota, 0, DAY - 1_000, None),
+                // The daily quota refuses: the burst is not spent either.
+                step(2_000, 1, OverQuota, 0, DAY - 2_000, r(DAY - 2_000)),
+                step(2_000, 3, ExceedsCapacity, 0, 1_000, None),
+            ],
+        },
+        Scenario {
+            name: "mixed algorithms",
+            limiter: set_bucket_and_rolling,
+            hosts: Hosts::All,
+            steps: vec![
+                step(0, 1, Allowed, 1, 100, None),
+                step(0, 1, HitQuota, 0, 200, None),
+                step(0, 1, OverQuota, 0, 200, r(100)),
+                step(100, 1, HitQuota, 0, 200, None),
+                // The rolling window is full until its first bucket ends (1000 ms).
+                step(300, 1, OverQuota, 0, 800, r(700)),
+                step(1_000, 2, HitQuota, 0, 200, None),
             ],
         },
     ])

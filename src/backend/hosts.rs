@@ -74,7 +74,17 @@ pub(crate) trait Hosts: Send + Sync + 'static {
     fn capacity(&self) -> u64;
     /// The decision for a cost above [`capacity`](Self::capacity).
     fn exceeds_capacity(&self, source: Source) -> Decision;
-    /// Appends this limit's part of the engine's `ARGV`: its algorithm's letter, the
+    /// How many limits the engine decides for one check: one, or a
+    /// [set](crate::set)'s members.
+    fn limit_count(&self) -> usize {
+        1
+    }
+    /// Appends the Redis keys of the limits after the first (whose key, `remote`'s, the
+    /// check adds): none for one limit.
+    fn extra_keys(&self, key: &[u8], invocation: &mut ScriptInvocation<'static>) {
+        let _ = (key, invocation);
+    }
+    /// Appends each limit's part of the engine's `ARGV`: its algorithm's letter, the
     /// count of its arguments and the arguments (see `engine.lua`).
     fn limit_args(&self, invocation: &mut ScriptInvocation<'static>);
     /// How many numbers this limit's reply holds (its admitted flag first).
@@ -82,15 +92,16 @@ pub(crate) trait Hosts: Send + Sync + 'static {
     /// Reads this limit's part of the engine's reply; `None` when it is not of the
     /// expected shape.
     fn decide(&self, reply: &[i64], cost: NonZeroU32) -> Option<Decision>;
-    /// Answers from the in-process state.
-    fn local(&self, key: &[u8], cost: NonZeroU32, source: Source) -> Decision;
+    /// Answers from the in-process state; with `spend` false, only says what spending
+    /// would answer, changing nothing.
+    fn local(&self, key: &[u8], cost: NonZeroU32, source: Source, spend: bool) -> Decision;
 }
 
 /// Answers a check from Redis when the breaker lets it through (one round trip, run by
 /// SHA), by the layer's [`FailurePolicy`] otherwise; a failed round trip is answered by
 /// the failure policy too, and counts toward the breaker unless it concerns only its key.
 /// A key Redis refused recently is refused from the deny cache without a round trip.
-pub(crate) fn check<T: Hosts>(store: &Arc<T>, key: &[u8], cost: NonZeroU32) -> Check {
+pub(crate) fn check<T: Hosts + ?Sized>(store: &Arc<T>, key: &[u8], cost: NonZeroU32) -> Check {
     let remote = store.remote();
     let backend = &remote.backend;
     let redis = backend.redis_handle();
@@ -103,7 +114,7 @@ pub(crate) fn check<T: Hosts>(store: &Arc<T>, key: &[u8], cost: NonZeroU32) -> C
         return Check::ready(store.exceeds_capacity(source));
     }
     let Some(redis) = redis else {
-        return Check::ready(store.local(key, cost, Source::InProcess));
+        return Check::ready(store.local(key, cost, Source::InProcess, true));
     };
     if !redis.admit() {
         return Check::ready(unavailable(&**store, key, cost));
@@ -128,7 +139,11 @@ pub(crate) fn check<T: Hosts>(store: &Arc<T>, key: &[u8], cost: NonZeroU32) -> C
     let time = backend.inner.time;
     let script = ENGINE.get(time);
     let mut invocation = script.key(&redis_key);
-    invocation.arg(CHECK).arg(cost.get()).arg(1);
+    store.extra_keys(key, &mut invocation);
+    invocation
+        .arg(CHECK)
+        .arg(cost.get())
+        .arg(store.limit_count());
     store.limit_args(&mut invocation);
     if time == TimeSource::Caller {
         invocation.arg(backend.caller_now_us());
@@ -175,10 +190,10 @@ pub(crate) fn check<T: Hosts>(store: &Arc<T>, key: &[u8], cost: NonZeroU32) -> C
 }
 
 /// The answer while Redis is unreachable, by the layer's failure policy.
-fn unavailable<T: Hosts>(store: &T, key: &[u8], cost: NonZeroU32) -> Decision {
+fn unavailable<T: Hosts + ?Sized>(store: &T, key: &[u8], cost: NonZeroU32) -> Decision {
     let backend = &store.remote().backend;
     match backend.failover.policy {
-        FailurePolicy::Fallback => store.local(key, cost, Source::Fallback),
+        FailurePolicy::Fallback => store.local(key, cost, Source::Fallback, true),
         FailurePolicy::FailOpen => {
             let limit = store.capacity();
             Decision::new(

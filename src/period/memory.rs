@@ -88,7 +88,8 @@ impl Windows {
         self.store.key(self.limiter, key)
     }
 
-    /// Counts `cost` against `key` unless it would exceed `quota`.
+    /// Counts `cost` against `key` unless it would exceed `quota`; with `spend` false,
+    /// only says what counting would answer.
     pub(crate) fn hit(
         &self,
         key: &[u8],
@@ -96,11 +97,14 @@ impl Windows {
         quota: u64,
         schedule: Schedule,
         now_us: u64,
+        spend: bool,
     ) -> Hit {
-        self.store
-            .update(self.key(key), Window::default, |w: &mut Window| {
-                w.hit(cost, quota, schedule, now_us)
-            })
+        let step = |w: &mut Window| w.hit(cost, quota, schedule, now_us);
+        if spend {
+            self.store.update(self.key(key), Window::default, step)
+        } else {
+            self.store.peek(self.key(key), Window::default, step)
+        }
     }
 }
 
@@ -142,18 +146,21 @@ mod tests {
         let windows = windows();
         let t0 = 10 * SEC;
         for i in 1..=3 {
-            let hit = windows.hit(b"k", 1, 3, SCHEDULE, t0);
+            let hit = windows.hit(b"k", 1, 3, SCHEDULE, t0, true);
             assert!(hit.admitted);
             assert_eq!(hit.count, i);
         }
-        let over = windows.hit(b"k", 1, 3, SCHEDULE, t0 + 10);
+        let over = windows.hit(b"k", 1, 3, SCHEDULE, t0 + 10, true);
         assert!(!over.admitted);
         assert_eq!(over.count, 3, "rejected hits are not counted");
-        let next = windows.hit(b"k", 1, 3, SCHEDULE, t0 + SEC);
+        let next = windows.hit(b"k", 1, 3, SCHEDULE, t0 + SEC, true);
         assert!(next.admitted);
         assert_eq!(next.count, 1);
         assert_eq!(next.ends_at_us, t0 + 2 * SEC);
-        assert_eq!(windows.hit(b"other", 1, 3, SCHEDULE, t0 + SEC).count, 1);
+        assert_eq!(
+            windows.hit(b"other", 1, 3, SCHEDULE, t0 + SEC, true).count,
+            1
+        );
         assert_eq!(windows.store.len(), 2);
     }
 
@@ -190,9 +197,9 @@ mod tests {
     fn limiters_on_one_store_keep_their_keys_apart() {
         let store = std::sync::Arc::new(LocalStore::new(1_000, "t"));
         let (a, b) = (Windows::new(store.clone()), Windows::new(store.clone()));
-        assert!(a.hit(b"k", 1, 1, SCHEDULE, SEC).admitted);
-        assert!(!a.hit(b"k", 1, 1, SCHEDULE, SEC).admitted);
-        assert!(b.hit(b"k", 1, 1, SCHEDULE, SEC).admitted);
+        assert!(a.hit(b"k", 1, 1, SCHEDULE, SEC, true).admitted);
+        assert!(!a.hit(b"k", 1, 1, SCHEDULE, SEC, true).admitted);
+        assert!(b.hit(b"k", 1, 1, SCHEDULE, SEC, true).admitted);
         assert_eq!(store.len(), 2);
     }
 }

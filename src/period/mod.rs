@@ -67,7 +67,6 @@ use crate::decision::{Decision, Policy, Source, State};
 use crate::error::ConfigError;
 use crate::limiter::{Check, Limiter};
 
-
 /// The largest UTC offset accepted (±18 hours, as in RFC 3339 and most time libraries).
 const MAX_OFFSET_SECS: i32 = 18 * 3_600;
 
@@ -204,6 +203,13 @@ impl PeriodLimiter {
     }
 }
 
+impl PeriodLimiter {
+    /// The limiter's two hosts, for a [set](crate::set) of limits.
+    pub(crate) fn hosts(&self) -> Arc<dyn Hosts> {
+        self.store.clone()
+    }
+}
+
 impl Limiter for PeriodLimiter {
     fn policy(&self) -> &Policy {
         &self.store.policy
@@ -282,7 +288,7 @@ impl Hosts for PeriodHosts {
         ))
     }
 
-    fn local(&self, key: &[u8], cost: NonZeroU32, source: Source) -> Decision {
+    fn local(&self, key: &[u8], cost: NonZeroU32, source: Source, spend: bool) -> Decision {
         let now_us = self.remote.backend().clock().now_us();
         let schedule = Schedule {
             period_us: self.period_ms * 1_000,
@@ -291,7 +297,7 @@ impl Hosts for PeriodHosts {
         let quota = self.local_quota;
         let hit = self
             .windows
-            .hit(key, u64::from(cost.get()), quota, schedule, now_us);
+            .hit(key, u64::from(cost.get()), quota, schedule, now_us, spend);
         let reset = Duration::from_micros(hit.ends_at_us.saturating_sub(now_us));
         Self::decision(quota, hit.count, reset, hit.admitted, source)
     }

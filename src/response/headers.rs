@@ -46,20 +46,32 @@ impl HeaderParts {
         }
     }
 
-    /// Adds this policy to `RateLimit-Policy` and `RateLimit` (and `Retry-After` for a
-    /// rejection that can be retried). Values already there (from inner layers, a
-    /// handler, or a custom rejection) are kept: this policy goes first in the list, so
-    /// stacked layers read outermost first.
-    pub(crate) fn apply(&self, headers: &mut HeaderMap, decision: &Decision) {
+    /// This policy's item of the `RateLimit` header: `"name";r=<remaining>;t=<reset>`.
+    pub(crate) fn ratelimit_value(&self, decision: &Decision) -> Bytes {
         let mut num = itoa::Buffer::new();
         let mut v = BytesMut::with_capacity(self.ratelimit_prefix.len() + 24);
         v.put_slice(&self.ratelimit_prefix);
         v.put_slice(num.format(decision.remaining).as_bytes());
         v.put_slice(b";t=");
         v.put_slice(num.format(ceil_secs(decision.reset)).as_bytes());
+        v.freeze()
+    }
+
+    /// This policy's `RateLimit-Policy` item.
+    pub(crate) fn policy_value(&self) -> &HeaderValue {
+        &self.policy
+    }
+
+    /// Adds this policy to `RateLimit-Policy` and `RateLimit` (and `Retry-After` for a
+    /// rejection that can be retried). Values already there (from inner layers, a
+    /// handler, or a custom rejection) are kept: this policy goes first in the list, so
+    /// stacked layers read outermost first.
+    pub(crate) fn apply(&self, headers: &mut HeaderMap, decision: &Decision) {
         let policy = decision.policy_header.as_ref().unwrap_or(&self.policy);
         prepend(headers, RATELIMIT_POLICY, policy.clone());
-        if let Ok(value) = HeaderValue::from_maybe_shared(v.freeze()) {
+        if let Some(value) = &decision.ratelimit_header {
+            prepend(headers, RATELIMIT, value.clone());
+        } else if let Ok(value) = HeaderValue::from_maybe_shared(self.ratelimit_value(decision)) {
             prepend(headers, RATELIMIT, value);
         }
         if let Some(retry) = decision.retry_after {

@@ -62,11 +62,11 @@ impl RollingConfig {
 /// A rolling-window [`Limiter`] on a [`Backend`].
 #[derive(Debug, Clone)]
 pub struct RollingWindowLimiter {
-    store: Arc<RollingStore>,
+    store: Arc<RollingHosts>,
 }
 
 #[derive(Debug)]
-struct RollingStore {
+struct RollingHosts {
     remote: Remote,
     policy: Policy,
     limit: u64,
@@ -116,7 +116,7 @@ impl RollingWindowLimiter {
             });
         }
         Ok(Self {
-            store: Arc::new(RollingStore {
+            store: Arc::new(RollingHosts {
                 remote: Remote::new(backend, "rolling", name),
                 policy: Policy::new(name, config.limit, Duration::from_millis(window_ms)),
                 limit: config.limit,
@@ -138,6 +138,13 @@ impl RollingWindowLimiter {
     }
 }
 
+impl RollingWindowLimiter {
+    /// The limiter's two hosts, for a [set](crate::set) of limits.
+    pub(crate) fn hosts(&self) -> Arc<dyn Hosts> {
+        self.store.clone()
+    }
+}
+
 impl Limiter for RollingWindowLimiter {
     fn policy(&self) -> &Policy {
         &self.store.policy
@@ -148,7 +155,7 @@ impl Limiter for RollingWindowLimiter {
     }
 }
 
-impl RollingStore {
+impl RollingHosts {
     fn decision(
         limit: u64,
         admitted: bool,
@@ -167,7 +174,7 @@ impl RollingStore {
     }
 }
 
-impl Hosts for RollingStore {
+impl Hosts for RollingHosts {
     fn remote(&self) -> &Remote {
         &self.remote
     }
@@ -220,10 +227,12 @@ impl Hosts for RollingStore {
         ))
     }
 
-    fn local(&self, key: &[u8], cost: NonZeroU32, source: Source) -> Decision {
+    fn local(&self, key: &[u8], cost: NonZeroU32, source: Source, spend: bool) -> Decision {
         let now_us = self.remote.backend().clock().now_us();
         let limit = self.local_limit;
-        let hit = self.rings.hit(key, u64::from(cost.get()), limit, now_us);
+        let hit = self
+            .rings
+            .hit(key, u64::from(cost.get()), limit, now_us, spend);
         Self::decision(
             limit,
             hit.admitted,

@@ -184,14 +184,16 @@ impl Rings {
     }
 
     /// Counts `cost` against `key` unless the live buckets plus `cost` would exceed
-    /// `limit`.
-    pub(crate) fn hit(&self, key: &[u8], cost: u64, limit: u64, now_us: u64) -> Hit {
+    /// `limit`; with `spend` false, only says what counting would answer.
+    pub(crate) fn hit(&self, key: &[u8], cost: u64, limit: u64, now_us: u64, spend: bool) -> Hit {
         let grid = self.grid;
-        self.store.update(
-            self.key(key),
-            || Counts::new(grid.buckets),
-            |counts: &mut Counts| counts.hit(grid, cost, limit, now_us),
-        )
+        let init = || Counts::new(grid.buckets);
+        let step = |counts: &mut Counts| counts.hit(grid, cost, limit, now_us);
+        if spend {
+            self.store.update(self.key(key), init, step)
+        } else {
+            self.store.peek(self.key(key), init, step)
+        }
     }
 }
 
@@ -217,26 +219,26 @@ mod tests {
     fn counts_within_the_window_and_frees_buckets_as_they_expire() {
         let rings = rings();
         // 3 units in bucket 0, 2 in bucket 5.
-        assert!(rings.hit(b"k", 3, 5, T0).admitted);
-        let hit = rings.hit(b"k", 2, 5, T0 + 550 * MS);
+        assert!(rings.hit(b"k", 3, 5, T0, true).admitted);
+        let hit = rings.hit(b"k", 2, 5, T0 + 550 * MS, true);
         assert!(hit.admitted);
         assert_eq!(hit.sum, 5);
         assert_eq!(hit.reset_us, (1_500 - 550) * MS);
         // Full: a cost of 1 waits for bucket 0 (ends at 1 s), a cost of 4 for bucket 5.
-        let over = rings.hit(b"k", 1, 5, T0 + 600 * MS);
+        let over = rings.hit(b"k", 1, 5, T0 + 600 * MS, true);
         assert!(!over.admitted);
         assert_eq!(over.sum, 5, "rejected hits are not counted");
         assert_eq!(over.retry_us, 400 * MS);
         assert_eq!(over.reset_us, 900 * MS);
-        let over = rings.hit(b"k", 4, 5, T0 + 600 * MS);
+        let over = rings.hit(b"k", 4, 5, T0 + 600 * MS, true);
         assert_eq!(over.retry_us, 900 * MS);
         // Bucket 0 has expired at 1 s: its 3 units are free again.
-        assert!(!rings.hit(b"k", 1, 5, T0 + 999 * MS).admitted);
-        let hit = rings.hit(b"k", 3, 5, T0 + 1_000 * MS);
+        assert!(!rings.hit(b"k", 1, 5, T0 + 999 * MS, true).admitted);
+        let hit = rings.hit(b"k", 3, 5, T0 + 1_000 * MS, true);
         assert!(hit.admitted);
         assert_eq!(hit.sum, 5);
         // Long after, everything has expired.
-        let hit = rings.hit(b"k", 5, 5, T0 + 60_000 * MS);
+        let hit = rings.hit(b"k", 5, 5, T0 + 60_000 * MS, true);
         assert!(hit.admitted);
         assert_eq!(hit.sum, 5);
     }

@@ -86,14 +86,24 @@ impl Buckets {
     }
 
     /// Takes `cost` tokens from `key`'s bucket at `now_ns` if it holds them.
-    pub(crate) fn hit(&self, key: &[u8], bucket: Bucket, cost: u64, now_ns: u64) -> Outcome {
+    /// With `spend` false, only says what taking them would answer.
+    pub(crate) fn hit(
+        &self,
+        key: &[u8],
+        bucket: Bucket,
+        cost: u64,
+        now_ns: u64,
+        spend: bool,
+    ) -> Outcome {
         if cost > bucket.burst {
             return Outcome::ExceedsCapacity;
         }
-        self.store
-            .update(self.key(key), Tat::default, |tat: &mut Tat| {
-                tat.hit(bucket, cost, now_ns)
-            })
+        let step = |tat: &mut Tat| tat.hit(bucket, cost, now_ns);
+        if spend {
+            self.store.update(self.key(key), Tat::default, step)
+        } else {
+            self.store.peek(self.key(key), Tat::default, step)
+        }
     }
 
     #[cfg(test)]

@@ -69,7 +69,6 @@ use crate::decision::{Decision, Policy, Source, State};
 use crate::error::{validate_name, ConfigError};
 use crate::limiter::{Check, Limiter};
 
-
 /// Arrival times in Redis count microseconds from this Unix time (2026-01-01T00:00:00Z),
 /// so that the script's doubles keep sub-microsecond precision for decades.
 const TAT_EPOCH_SECS: i64 = 1_767_225_600;
@@ -202,6 +201,13 @@ impl TokenBucketLimiter {
     }
 }
 
+impl TokenBucketLimiter {
+    /// The limiter's two hosts, for a [set](crate::set) of limits.
+    pub(crate) fn hosts(&self) -> Arc<dyn Hosts> {
+        self.store.clone()
+    }
+}
+
 impl Limiter for TokenBucketLimiter {
     fn policy(&self) -> &Policy {
         &self.store.policy
@@ -269,14 +275,14 @@ impl Hosts for TokenBucketHosts {
         })
     }
 
-    fn local(&self, key: &[u8], cost: NonZeroU32, source: Source) -> Decision {
+    fn local(&self, key: &[u8], cost: NonZeroU32, source: Source, spend: bool) -> Decision {
         let now_ns = self.remote.backend().clock().elapsed_ns();
         let burst = self.local.burst;
         // Rounded up to the microsecond, as the script's durations are.
         let ns = |ns: u64| Duration::from_micros(ns.div_ceil(1_000));
         match self
             .buckets
-            .hit(key, self.local, u64::from(cost.get()), now_ns)
+            .hit(key, self.local, u64::from(cost.get()), now_ns, spend)
         {
             Outcome::Admitted { left, full_in_ns } => {
                 let state = if left == 0 {

@@ -1,0 +1,355 @@
+//! Atomic sets of limits: several limits on one key (2 per second *and* 10 per day),
+//! decided all or nothing in one round trip, so that a refusal by any of them spends
+//! none of the others.
+//!
+//! Stacked layers check their limits one by one: when the inner one refuses, the outer
+//! ones have already counted the request. A [`LimitSet`] puts the limits in one layer
+//! instead. On Redis, one script call decides them all: every limit first decides
+//! without writing, and only when all of them admit does each one count the request.
+//! In process (and in the fallback while Redis is unreachable), the same two passes run
+//! under a lock per key, so concurrent checks of a set never admit more than any of its
+//! limits allows. Any mix of the three algorithms works.
+//!
+//! Each limit of a set named `reports` is the policy `reports.<limit>`, listed in the
+//! `RateLimit-Policy` and `RateLimit` headers in the set's order. A refusal's
+//! `Retry-After` is the longest wait among the limits that refused.
+//!
+//! On Redis Cluster, the keys of one request's limits share one hash slot: they are
+//! built around the same `{v1:<key>}` hash tag (see [Redis keys](crate::backend#redis-keys)),
+//! so a set needs nothing more. A set decides the limits of one key; limits on different
+//! keys (per user *and* per merchant) are separate layers.
+//!
+//! ```
+//! use std::time::Duration;
+//! use tower_redis_ratelimit::key::HeaderKey;
+//! use tower_redis_ratelimit::period::PeriodConfig;
+//! use tower_redis_ratelimit::token_bucket::TokenBucketConfig;
+//! use tower_redis_ratelimit::{Backend, LimitSetLayer};
+//!
+//! # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
+//! let layer = LimitSetLayer::builder(&Backend::in_process())
+//!     .name("reports")
+//!     .limit("burst", TokenBucketConfig::new(2, Duration::from_secs(1), 2))
+//!     .limit("daily", PeriodConfig::new(10, Duration::from_secs(86_400)))
+//!     .key(HeaderKey::from_static("x-merchant-id"))
+//!     .build()?;
+//! # let _ = layer; Ok(()) }
+//! ```
+
+use std::hash::BuildHasher;
+use std::num::NonZeroU32;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::{BufMut, BytesMut};
+use deadpool_redis::redis::ScriptInvocation;
+use http::HeaderValue;
+
+use crate::backend::{self, Backend, Hosts, Remote};
+use crate::decision::{Decision, Policy, Source, State};
+use crate::error::{validate_name, ConfigError};
+use crate::limiter::{Check, Limiter};
+use crate::period::{PeriodConfig, PeriodLimiter};
+use crate::response::HeaderParts;
+use crate::rolling::{RollingConfig, RollingWindowLimiter};
+use crate::token_bucket::{TokenBucketConfig, TokenBucketLimiter};
+
+/// The most limits in one set.
+pub const MAX_LIMITS: usize = 8;
+
+/// Locks of the in-process set checks: one is taken per check, by key.
+const LOCKS: usize = 64;
+
+/// One limit of a [`LimitSet`]: the settings of any algorithm.
+#[derive(Debug, Clone, Copy)]
+pub struct SetMember(Algorithm);
+
+#[derive(Debug, Clone, Copy)]
+enum Algorithm {
+    Period(PeriodConfig),
+    TokenBucket(TokenBucketConfig),
+    Rolling(RollingConfig),
+}
+
+impl From<PeriodConfig> for SetMember {
+    fn from(config: PeriodConfig) -> Self {
+        Self(Algorithm::Period(config))
+    }
+}
+
+impl From<TokenBucketConfig> for SetMember {
+    fn from(config: TokenBucketConfig) -> Self {
+        Self(Algorithm::TokenBucket(config))
+    }
+}
+
+impl From<RollingConfig> for SetMember {
+    fn from(config: RollingConfig) -> Self {
+        Self(Algorithm::Rolling(config))
+    }
+}
+
+/// The settings of a set of limits decided all or nothing; see the [module docs](self).
+#[derive(Debug, Clone, Default)]
+pub struct LimitSet {
+    pub(crate) limits: Vec<(String, SetMember)>,
+}
+
+impl LimitSet {
+    /// An empty set; add at least one limit with [`limit`](Self::limit).
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds the limit `name` (its policy is `<set>.<name>`) with the settings of any
+    /// algorithm. Limits are decided, and listed in the headers, in the order they are
+    /// added.
+    #[must_use]
+    pub fn limit(mut self, name: impl Into<String>, limit: impl Into<SetMember>) -> Self {
+        self.limits.push((name.into(), limit.into()));
+        self
+    }
+}
+
+/// A [`Limiter`] for a [`LimitSet`] on a [`Backend`].
+#[derive(Debug, Clone)]
+pub struct SetLimiter {
+    hosts: Arc<SetHosts>,
+}
+
+struct SetHosts {
+    members: Box<[Arc<dyn Hosts>]>,
+    /// Each member's header pieces, in order.
+    headers: Box<[HeaderParts]>,
+    /// The members' policies: the first one is the set's (for metrics, under the set's
+    /// name).
+    policy: Policy,
+    /// Every member's `RateLimit-Policy` item, in order.
+    policy_header: HeaderValue,
+    capacity: u64,
+    locks: Box<[Mutex<()>]>,
+    hasher: std::collections::hash_map::RandomState,
+}
+
+impl std::fmt::Debug for SetHosts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SetHosts")
+            .field("policy", &self.policy)
+            .field("members", &self.members.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl SetLimiter {
+    /// Checks `set` and builds the limiter named `name` on `backend`.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] for an empty set, more than [`MAX_LIMITS`] limits, two limits
+    /// of the same name, an invalid name, or a limit's own invalid settings.
+    pub fn new(backend: &Backend, name: &str, set: LimitSet) -> Result<Self, ConfigError> {
+        validate_name("name", name)?;
+        if set.limits.is_empty() {
+            return Err(ConfigError::Missing { setting: "limit" });
+        }
+        if set.limits.len() > MAX_LIMITS {
+            return Err(ConfigError::TooLarge {
+                setting: "limit",
+                max: MAX_LIMITS as u64,
+            });
+        }
+        let mut members: Vec<Arc<dyn Hosts>> = Vec::with_capacity(set.limits.len());
+        let mut policies = Vec::with_capacity(set.limits.len());
+        for (i, (limit, member)) in set.limits.iter().enumerate() {
+            validate_name("limit", limit)?;
+            if set.limits[..i].iter().any(|(other, _)| other == limit) {
+                return Err(ConfigError::Conflict {
+                    reason: "two limits of a set have the same name",
+                });
+            }
+            let full = format!("{name}.{limit}");
+            let (hosts, policy) = match member.0 {
+                Algorithm::Period(config) => {
+                    let limiter = PeriodLimiter::new(backend, &full, config)?;
+                    (limiter.hosts(), limiter.policy().clone())
+                }
+                Algorithm::TokenBucket(config) => {
+                    let limiter = TokenBucketLimiter::new(backend, &full, config)?;
+                    (limiter.hosts(), limiter.policy().clone())
+                }
+                Algorithm::Rolling(config) => {
+                    let limiter = RollingWindowLimiter::new(backend, &full, config)?;
+                    (limiter.hosts(), limiter.policy().clone())
+                }
+            };
+            members.push(hosts);
+            policies.push(policy);
+        }
+        let headers: Box<[HeaderParts]> = policies.iter().map(HeaderParts::new).collect();
+        let policy_header = join(headers.iter().map(|h| h.policy_value().as_bytes()));
+        let first = &policies[0];
+        let capacity = members
+            .iter()
+            .map(|m| m.capacity())
+            .min()
+            .unwrap_or_default();
+        Ok(Self {
+            hosts: Arc::new(SetHosts {
+                members: members.into(),
+                headers,
+                policy: Policy::new(name, first.quota(), first.window()),
+                policy_header,
+                capacity,
+                locks: (0..LOCKS).map(|_| Mutex::new(())).collect(),
+                hasher: std::collections::hash_map::RandomState::new(),
+            }),
+        })
+    }
+}
+
+/// `items` as one comma-separated header value.
+fn join<'a>(items: impl Iterator<Item = &'a [u8]>) -> HeaderValue {
+    let mut v = BytesMut::new();
+    for item in items {
+        if !v.is_empty() {
+            v.put_slice(b", ");
+        }
+        v.put_slice(item);
+    }
+    HeaderValue::from_maybe_shared(v.freeze()).expect("made of valid header values")
+}
+
+impl Limiter for SetLimiter {
+    fn policy(&self) -> &Policy {
+        &self.hosts.policy
+    }
+
+    fn check(&self, key: &[u8], cost: NonZeroU32) -> Check {
+        backend::check(&self.hosts, key, cost)
+    }
+}
+
+impl SetHosts {
+    /// One decision from the members': the admitting one with the least left when all
+    /// admit, else the refusing one with the longest wait; with every member in the
+    /// headers.
+    fn combine(&self, decisions: &[Decision]) -> Decision {
+        let chosen = if decisions.iter().all(Decision::is_admitted) {
+            decisions.iter().min_by_key(|d| d.remaining)
+        } else {
+            decisions
+                .iter()
+                .filter(|d| !d.is_admitted())
+                .max_by_key(|d| d.retry_after)
+        };
+        let mut decision = chosen.cloned().expect("a set has at least one limit");
+        let items: Vec<_> = self
+            .headers
+            .iter()
+            .zip(decisions)
+            .map(|(parts, d)| parts.ratelimit_value(d))
+            .collect();
+        decision.ratelimit_header = Some(join(items.iter().map(|b| &b[..])));
+        decision.policy_header = Some(self.policy_header.clone());
+        decision
+    }
+
+    fn lock(&self, key: &[u8]) -> std::sync::MutexGuard<'_, ()> {
+        let index = (self.hasher.hash_one(key) % LOCKS as u64) as usize;
+        // A panic while holding a set lock leaves no state half-written (each member's
+        // change is one step): carry on.
+        self.locks[index]
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+impl Hosts for SetHosts {
+    fn remote(&self) -> &Remote {
+        self.members[0].remote()
+    }
+
+    fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    fn exceeds_capacity(&self, source: Source) -> Decision {
+        let decisions: Vec<_> = self
+            .members
+            .iter()
+            .map(|m| {
+                if m.capacity() == self.capacity {
+                    m.exceeds_capacity(source)
+                } else {
+                    Decision::new(
+                        State::Allowed,
+                        m.capacity(),
+                        m.capacity(),
+                        Duration::ZERO,
+                        source,
+                    )
+                }
+            })
+            .collect();
+        let mut decision = self.combine(&decisions);
+        if let Some(refused) = decisions.iter().find(|d| !d.is_admitted()) {
+            let headers = (
+                decision.ratelimit_header.take(),
+                decision.policy_header.take(),
+            );
+            decision = refused.clone();
+            (decision.ratelimit_header, decision.policy_header) = headers;
+        }
+        decision
+    }
+
+    fn limit_count(&self) -> usize {
+        self.members.len()
+    }
+
+    fn extra_keys(&self, key: &[u8], invocation: &mut ScriptInvocation<'static>) {
+        for member in &self.members[1..] {
+            invocation.key(member.remote().redis_key(key));
+        }
+    }
+
+    fn limit_args(&self, invocation: &mut ScriptInvocation<'static>) {
+        for member in self.members.iter() {
+            member.limit_args(invocation);
+        }
+    }
+
+    fn reply_len(&self) -> usize {
+        self.members.iter().map(|m| m.reply_len()).sum()
+    }
+
+    fn decide(&self, reply: &[i64], cost: NonZeroU32) -> Option<Decision> {
+        if reply.len() != self.reply_len() {
+            return None;
+        }
+        let mut rest = reply;
+        let mut decisions = Vec::with_capacity(self.members.len());
+        for member in self.members.iter() {
+            let (part, tail) = rest.split_at(member.reply_len());
+            decisions.push(member.decide(part, cost)?);
+            rest = tail;
+        }
+        Some(self.combine(&decisions))
+    }
+
+    fn local(&self, key: &[u8], cost: NonZeroU32, source: Source, spend: bool) -> Decision {
+        let _guard = self.lock(key);
+        let mut decisions: Vec<_> = self
+            .members
+            .iter()
+            .map(|m| m.local(key, cost, source, false))
+            .collect();
+        if spend && decisions.iter().all(Decision::is_admitted) {
+            for (member, decision) in self.members.iter().zip(&mut decisions) {
+                *decision = member.local(key, cost, source, true);
+            }
+        }
+        self.combine(&decisions)
+    }
+}
