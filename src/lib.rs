@@ -81,6 +81,7 @@ pub mod key;
 mod limiter;
 mod local;
 pub mod metrics;
+pub mod outbound;
 pub mod period;
 pub mod response;
 pub mod rolling;
