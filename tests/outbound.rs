@@ -24,6 +24,18 @@ const SEC: Duration = Duration::from_secs(1);
 /// Room for a loaded machine in upper bounds of elapsed time.
 const MARGIN: Duration = Duration::from_secs(3);
 
+/// A Redis backend on `redis` without the deny cache (every check runs the script),
+/// with a call timeout long enough that a loaded machine does not hand checks to the
+/// fallback.
+fn backend(redis: &RedisServer) -> Backend {
+    Backend::builder()
+        .redis(redis.pool())
+        .deny_cache(0)
+        .call_timeout(2 * SEC)
+        .build()
+        .unwrap()
+}
+
 /// A token bucket named `name` on `backend`: `rate` per second, `burst`.
 fn bucket(backend: &Backend, name: &str, rate: u64, burst: u64) -> Waiter<TokenBucketLimiter> {
     let config = TokenBucketConfig::new(rate, SEC, burst);
@@ -53,8 +65,8 @@ async fn two_instances_never_exceed_one_shared_limit() {
     let redis = RedisServer::start();
     let (rate, burst) = (8, 1);
     let instances = [
-        bucket(&redis.uncached_backend(), "shared", rate, burst),
-        bucket(&redis.uncached_backend(), "shared", rate, burst),
+        bucket(&backend(&redis), "shared", rate, burst),
+        bucket(&backend(&redis), "shared", rate, burst),
     ];
     let start = Instant::now();
     let run = Duration::from_millis(2500);
@@ -105,7 +117,7 @@ async fn two_instances_never_exceed_one_shared_limit() {
 #[tokio::test]
 async fn the_maximum_wait_holds() {
     let redis = RedisServer::start();
-    let backend = redis.uncached_backend();
+    let backend = backend(&redis);
     // One token every two seconds.
     let waiter = Waiter::new(
         TokenBucketLimiter::new(&backend, "slow", TokenBucketConfig::new(1, 2 * SEC, 1)).unwrap(),
@@ -147,7 +159,7 @@ async fn the_maximum_wait_holds() {
 #[tokio::test]
 async fn a_dropped_waiter_spends_nothing_and_leaves_no_task() {
     let redis = RedisServer::start();
-    let backend = redis.uncached_backend();
+    let backend = backend(&redis);
     // Two tokens, one back per second.
     let waiter = bucket(&backend, "drop", 1, 2);
     let two = NonZeroU32::new(2).unwrap();
@@ -186,7 +198,7 @@ async fn a_dropped_waiter_spends_nothing_and_leaves_no_task() {
 #[tokio::test]
 async fn first_in_first_out_on_redis() {
     let redis = RedisServer::start();
-    let waiter = bucket(&redis.uncached_backend(), "fifo", 10, 3);
+    let waiter = bucket(&backend(&redis), "fifo", 10, 3);
     let three = NonZeroU32::new(3).unwrap();
     waiter.acquire(b"k", three, Duration::ZERO).await.unwrap();
     let order = Arc::new(Mutex::new(Vec::new()));
@@ -282,7 +294,7 @@ async fn example_upstream_and_two_clients() {
     };
     let clients: Vec<_> = (0..2)
         .map(|_| {
-            let backend = redis.uncached_backend();
+            let backend = backend(&redis);
             let settings = settings.clone();
             tokio::spawn(async move { example::client(&backend, &settings).await.unwrap() })
         })
@@ -309,4 +321,47 @@ fn waiter_is_send_sync_and_clone() {
     fn check<T: Send + Sync + Clone>() {}
     check::<Waiter<TokenBucketLimiter>>();
     check::<Waiter<Arc<dyn Limiter>>>();
+}
+
+/// The layer on a tonic channel: a generated gRPC client works through it, each call
+/// waiting its turn (the key is the gRPC method's path).
+#[tokio::test]
+async fn a_tonic_channel_waits_its_turn() {
+    use tonic::transport::server::TcpIncoming;
+    use tonic::transport::Endpoint;
+    use tonic_health::pb::health_client::HealthClient;
+    use tonic_health::pb::HealthCheckRequest;
+    use tower_redis_ratelimit::outbound::OutboundLayer;
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (_reporter, health) = tonic_health::server::health_reporter();
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(health)
+            .serve_with_incoming(TcpIncoming::from(listener)),
+    );
+    let channel = Endpoint::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    // Ten calls per second, one at a time.
+    let waiter = bucket(&Backend::in_process(), "grpc", 10, 1);
+    let layer = OutboundLayer::new(waiter.clone(), 5 * SEC)
+        .key(|req: &http::Request<tonic::body::Body>| req.uri().path().to_owned());
+    let mut client = HealthClient::new(tower::ServiceBuilder::new().layer(layer).service(channel));
+    let start = Instant::now();
+    for _ in 0..3 {
+        let request = HealthCheckRequest {
+            service: String::new(),
+        };
+        client.check(request).await.unwrap();
+    }
+    assert!(
+        start.elapsed() >= Duration::from_millis(190),
+        "{:?}",
+        start.elapsed()
+    );
+    assert_eq!(waiter.queued_keys(), 0);
 }
