@@ -149,7 +149,9 @@ impl<L: Limiter> Waiter<L> {
     /// # Cancel safety
     ///
     /// Dropping the future leaves the queue: nothing was counted against the limit (a
-    /// refused check counts nothing), and the waiter behind it becomes the head.
+    /// refused check counts nothing), and the waiter behind it becomes the head. The
+    /// one exception is a check already sent to Redis when the future is dropped: Redis
+    /// runs it anyway, and counts it if it admits.
     pub async fn acquire(
         &self,
         key: &[u8],
