@@ -236,12 +236,17 @@ async fn redis_down_follows_the_failure_policy() {
     let mut redis = RedisServer::start();
     let closed = bucket(
         &with_policy(&redis, FailurePolicy::FailClosed),
-        "down",
+        "closed",
         1,
         1,
     );
-    let open = bucket(&with_policy(&redis, FailurePolicy::FailOpen), "down", 1, 1);
-    let fallback = bucket(&with_policy(&redis, FailurePolicy::Fallback), "down", 2, 1);
+    let open = bucket(&with_policy(&redis, FailurePolicy::FailOpen), "open", 1, 1);
+    let fallback = bucket(
+        &with_policy(&redis, FailurePolicy::Fallback),
+        "fallback",
+        2,
+        1,
+    );
     for waiter in [&closed, &open] {
         let decision = waiter.acquire(b"warm", ONE, SEC).await.unwrap();
         assert_eq!(decision.source, Source::Redis);
