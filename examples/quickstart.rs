@@ -140,7 +140,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .init();
 
     let backend = backend()?;
-    if let Err(error) = backend.check_redis().await {
+    if let Err(error) = backend.probe_redis().await {
         tracing::warn!(%error, "starting with redis unreachable: limits are kept in this process until it answers");
     }
 

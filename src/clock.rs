@@ -6,13 +6,20 @@
 //! paused clock. Redis-backed checks use the Redis server's `TIME` instead, unless the
 //! backend's time source is the caller's: then this clock is sent to the scripts.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 use tokio::time::Instant;
 
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Clock {
-    base_instant: Instant,
-    base_unix_us: u64,
+#[derive(Debug, Clone)]
+pub(crate) enum Clock {
+    /// Unix time at creation, advanced by tokio's clock.
+    Tokio {
+        base_instant: Instant,
+        base_unix_us: u64,
+    },
+    /// A time the tests set (it may go back, as a stepped wall clock does).
+    Manual(ManualClock),
 }
 
 impl Clock {
@@ -21,7 +28,7 @@ impl Clock {
             .duration_since(UNIX_EPOCH)
             .map(|d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
             .unwrap_or(0);
-        Self {
+        Self::Tokio {
             base_instant: Instant::now(),
             base_unix_us,
         }
@@ -29,17 +36,54 @@ impl Clock {
 
     /// Microseconds since the Unix epoch.
     pub(crate) fn now_us(&self) -> u64 {
-        let elapsed = Instant::now().saturating_duration_since(self.base_instant);
-        self.base_unix_us
-            .saturating_add(u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX))
+        match self {
+            Self::Tokio {
+                base_instant,
+                base_unix_us,
+            } => {
+                let elapsed = Instant::now().saturating_duration_since(*base_instant);
+                base_unix_us.saturating_add(u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX))
+            }
+            Self::Manual(clock) => clock.now_us(),
+        }
+    }
+
+    /// Nanoseconds on a clock that starts at or after the Unix epoch (since the clock was
+    /// created, or since the epoch for a manual clock).
+    pub(crate) fn elapsed_ns(&self) -> u64 {
+        match self {
+            Self::Tokio { base_instant, .. } => {
+                let elapsed = Instant::now().saturating_duration_since(*base_instant);
+                u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX)
+            }
+            Self::Manual(clock) => clock.now_us().saturating_mul(1_000),
+        }
     }
 }
 
-impl Clock {
-    /// Nanoseconds since the clock was created.
-    pub(crate) fn elapsed_ns(&self) -> u64 {
-        let elapsed = Instant::now().saturating_duration_since(self.base_instant);
-        u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX)
+/// Not part of the API: a clock that tests set, for the in-process state of a backend
+/// built with [`BackendBuilder::manual_clock`](crate::BackendBuilder::manual_clock), so that
+/// scenarios run at times they choose, steps back included.
+#[doc(hidden)]
+#[derive(Debug, Clone, Default)]
+pub struct ManualClock(Arc<AtomicU64>);
+
+impl ManualClock {
+    /// A clock at `unix_us` microseconds since the Unix epoch.
+    #[must_use]
+    pub fn new(unix_us: u64) -> Self {
+        Self(Arc::new(AtomicU64::new(unix_us)))
+    }
+
+    /// Sets the time.
+    pub fn set_us(&self, unix_us: u64) {
+        self.0.store(unix_us, Ordering::Relaxed);
+    }
+
+    /// The time.
+    #[must_use]
+    pub fn now_us(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
     }
 }
 
@@ -54,5 +98,14 @@ mod tests {
         let t0 = clock.now_us();
         tokio::time::advance(Duration::from_millis(1500)).await;
         assert_eq!(clock.now_us() - t0, 1_500_000);
+    }
+
+    #[test]
+    fn a_manual_clock_reads_what_was_set() {
+        let manual = ManualClock::new(5_000);
+        let clock = Clock::Manual(manual.clone());
+        manual.set_us(2_000);
+        assert_eq!(clock.now_us(), 2_000);
+        assert_eq!(clock.elapsed_ns(), 2_000_000);
     }
 }

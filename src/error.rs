@@ -103,7 +103,7 @@ impl fmt::Display for ConfigError {
 impl std::error::Error for ConfigError {}
 
 /// Checks a key prefix or limiter name: non-empty, printable, no Redis hash-tag braces.
-pub(crate) fn check_name(setting: &'static str, value: &str) -> Result<(), ConfigError> {
+pub(crate) fn validate_name(setting: &'static str, value: &str) -> Result<(), ConfigError> {
     let reason = if value.is_empty() {
         "must not be empty"
     } else if value.len() > 128 {
@@ -129,9 +129,9 @@ mod tests {
     fn messages_name_the_setting() {
         let e = ConfigError::Zero { setting: "quota" };
         assert_eq!(e.to_string(), "`quota` must be greater than zero");
-        assert!(check_name("prefix", "").is_err());
-        assert!(check_name("prefix", "a{b").is_err());
-        assert!(check_name("name", "say \"hi\"").is_err());
-        assert!(check_name("prefix", "ratelimit").is_ok());
+        assert!(validate_name("prefix", "").is_err());
+        assert!(validate_name("prefix", "a{b").is_err());
+        assert!(validate_name("name", "say \"hi\"").is_err());
+        assert!(validate_name("prefix", "ratelimit").is_ok());
     }
 }

@@ -259,7 +259,7 @@
 //!
 //! Credentials never reach logs or `Debug` output: the builder and the backend show the
 //! kind of connection, not its URL; errors are what Redis said. Call
-//! [`Backend::check_redis`](crate::Backend::check_redis) at start-up to fail or warn early
+//! [`Backend::probe_redis`](crate::Backend::probe_redis) at start-up to fail or warn early
 //! on a wrong password or certificate; otherwise a refused login is a server-wide fault:
 //! the breaker opens, one `warn` says why, and the failure policies answer.
 //!
@@ -443,3 +443,21 @@
 //! wait and source, never the key. With the `metrics` feature, the layers count
 //! requests by policy and outcome, near-limit requests, decisions taken without Redis,
 //! Redis errors and latency; the [`metrics`](crate::metrics) module lists the names.
+//!
+//! # How the crate is built
+//!
+//! From the top down, each layer only uses the ones below it:
+//!
+//! | layer | modules | what it does |
+//! |---|---|---|
+//! | faces | `lib.rs`, `layers.rs`, [`config`](crate::config) | the layers users build (`PeriodLimitLayer`, ...), their settings, rules as data |
+//! | the service | [`service`](crate::service) | one generic [`LimitService`](crate::LimitService) and its future: key, cost, check, then the inner service or the rejection |
+//! | the client side | [`outbound`](crate::outbound) | a [`Waiter`](crate::outbound::Waiter) over any `Limiter` (one first-in, first-out queue per key, sleeping for the refusal's retry-after) and the layer that waits before calling a client |
+//! | the edges | [`response`](crate::response), [`key`](crate::key) | what clients see (HTTP `429`, gRPC `RESOURCE_EXHAUSTED`, the `RateLimit` headers) and which bucket a request counts against |
+//! | algorithms | [`period`](crate::period), [`token_bucket`](crate::token_bucket), [`rolling`](crate::rolling) | each a pure step (stored state, now, cost, settings) -> (state, decision), with two hosts: a Lua script and the in-process state |
+//! | the backend | [`backend`](crate::backend), `local.rs`, `clock.rs` | where state lives: the Redis host (connection, breaker, probe, deny cache, key layout, time source) and the bounded in-process host |
+//!
+//! Every algorithm implements [`Limiter`](crate::Limiter), the one thing the service
+//! asks. An algorithm's two hosts are proven to decide alike by one table of scenarios
+//! per algorithm (`tests/scenarios.rs`), run against the in-process host and against the
+//! script on a real `redis-server` whose clock the test sets at each step.

@@ -78,6 +78,7 @@ pub mod dynamic;
 mod error;
 pub mod guide;
 pub mod key;
+mod layers;
 mod limiter;
 mod local;
 pub mod metrics;
@@ -95,14 +96,13 @@ pub use crate::backend::{Backend, BackendBuilder, FailurePolicy};
 pub use crate::cost::{Cost, FixedCost, UnitCost};
 pub use crate::decision::{Decision, Decisions, Policy, Source, State};
 pub use crate::error::ConfigError;
+pub use crate::layers::{PeriodLimitLayer, TokenBucketLayer};
 pub use crate::limiter::{Check, Limiter};
-pub use crate::period::PeriodLimitLayer;
 #[cfg(feature = "grpc")]
 #[cfg_attr(docsrs, doc(cfg(feature = "grpc")))]
 pub use crate::response::grpc;
 pub use crate::response::{DefaultRejection, OnRejection, ProblemJson};
 pub use crate::rolling::RollingWindowLayer;
 pub use crate::service::{
-    ExtensionPlan, LayerBuilder, MissingKey, Plans, RateLimit, RateLimitLayer,
+    ExtensionPlan, LayerBuilder, LimitLayer, LimitService, MissingKey, Plans,
 };
-pub use crate::token_bucket::TokenBucketLayer;

@@ -9,7 +9,7 @@ use std::task::{Context, Poll};
 use crate::decision::{Decision, Policy};
 
 /// A rate-limit algorithm bound to a backend: the one thing the generic
-/// [`RateLimit`](crate::RateLimit) service asks.
+/// [`LimitService`](crate::LimitService) service asks.
 ///
 /// The three built-in limiters ([`PeriodLimiter`](crate::period::PeriodLimiter),
 /// [`TokenBucketLimiter`](crate::token_bucket::TokenBucketLimiter),

@@ -68,13 +68,13 @@ async fn caller_time_never_calls_time_server_time_does() {
         let redis = RedisServer::start();
         let backend = backend(&redis, time, 0);
         assert_eq!(backend.time_source(), time);
-        backend.check_redis().await.unwrap();
+        backend.probe_redis().await.unwrap();
         for limiter in limiters(&backend) {
             for _ in 0..3 {
                 check(&*limiter, "k").await;
             }
         }
-        backend.check_redis().await.unwrap();
+        backend.probe_redis().await.unwrap();
         assert!(redis.command_calls("evalsha") >= 9, "{time:?}");
         let calls = redis.command_calls("time");
         assert_eq!(calls > 0, expect_time_calls, "{time:?}: {calls} TIME calls");

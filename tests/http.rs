@@ -148,7 +148,7 @@ async fn spoofed_forwarded_header_from_untrusted_peer_is_ignored() {
 
 /// A tower stack around a service that counts its calls.
 fn counting_stack<L: tower_redis_ratelimit::Limiter>(
-    layer: tower_redis_ratelimit::RateLimitLayer<L, HeaderKey>,
+    layer: tower_redis_ratelimit::LimitLayer<L, HeaderKey>,
 ) -> (
     Arc<AtomicUsize>,
     impl tower::Service<

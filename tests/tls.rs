@@ -113,7 +113,7 @@ async fn rediss_with_an_acl_user_and_a_custom_ca_limits_on_redis() {
         .tls_ca_pem(pki.ca.clone())
         .build()
         .unwrap();
-    backend.check_redis().await.unwrap();
+    backend.probe_redis().await.unwrap();
     let (admitted, sources) = admitted(&limiter(&backend), 5).await;
     assert_eq!(admitted, 3);
     assert!(
@@ -139,7 +139,7 @@ async fn mutual_tls_needs_the_client_certificate() {
         .tls_ca_pem(pki.ca.clone())
         .build()
         .unwrap();
-    let error = without.check_redis().await.unwrap_err();
+    let error = without.probe_redis().await.unwrap_err();
     assert!(!error.is_refusal(), "the handshake fails: {error}");
     let with = Backend::builder()
         .redis_url(&url)
@@ -147,7 +147,7 @@ async fn mutual_tls_needs_the_client_certificate() {
         .tls_client_auth_pem(pki.client_cert.clone(), pki.client_key.clone())
         .build()
         .unwrap();
-    with.check_redis().await.unwrap();
+    with.probe_redis().await.unwrap();
     assert_eq!(admitted(&limiter(&with), 4).await.0, 3);
 }
 
@@ -159,7 +159,7 @@ async fn a_server_signed_by_an_unknown_authority_is_refused() {
         .redis_url(format!("rediss://alice:{PASSWORD}@127.0.0.1:{port}"))
         .build()
         .unwrap();
-    assert!(backend.check_redis().await.is_err());
+    assert!(backend.probe_redis().await.is_err());
     // The failure policy answers; nothing fails open by surprise.
     assert_eq!(
         limiter(&backend).check(b"k", ONE).await.source,
@@ -184,7 +184,7 @@ async fn a_wrong_password_is_a_clear_error_and_never_shown() {
         !shown.contains(wrong) && !shown.contains("PRIVATE KEY"),
         "{shown}"
     );
-    let error = backend.check_redis().await.unwrap_err();
+    let error = backend.probe_redis().await.unwrap_err();
     assert!(error.is_refusal(), "redis refused the login: {error}");
     assert!(!error.to_string().contains(wrong), "{error}");
     let limiter = limiter(&backend);
@@ -214,6 +214,6 @@ async fn mutual_tls_from_configuration_files() {
     let config: tower_redis_ratelimit::config::BackendConfig = toml::from_str(&text).unwrap();
     assert!(!format!("{config:?}").contains(PASSWORD));
     let backend = config.build().unwrap();
-    backend.check_redis().await.unwrap();
+    backend.probe_redis().await.unwrap();
     assert_eq!(admitted(&limiter(&backend), 4).await.0, 3);
 }

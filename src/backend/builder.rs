@@ -15,7 +15,7 @@ use super::{
     DEFAULT_DENY_CACHE_CAPACITY, DEFAULT_MAX_LOCAL_KEYS, DEFAULT_PREFIX, DEFAULT_PROBE_INTERVAL,
 };
 use crate::clock::Clock;
-use crate::error::{check_name, ConfigError};
+use crate::error::{validate_name, ConfigError};
 use crate::local::LocalStore;
 
 /// Where Redis is, as given to the builder.
@@ -65,6 +65,7 @@ pub struct BackendBuilder {
     /// See [`time_source`](Self::time_source) (in `time.rs`).
     pub(super) time: TimeSource,
     pub(super) caller_offset_us: i64,
+    pub(super) manual_clock: Option<crate::clock::ManualClock>,
 }
 
 impl Default for BackendBuilder {
@@ -84,6 +85,7 @@ impl Default for BackendBuilder {
             failover: Failover::default(),
             time: TimeSource::default(),
             caller_offset_us: 0,
+            manual_clock: None,
         }
     }
 }
@@ -118,7 +120,7 @@ impl BackendBuilder {
     /// `TCP_NODELAY` on its socket (a pool built with `deadpool_redis::Config` leaves it
     /// off, which costs about a round trip per request under concurrency); this is the
     /// recommended way to reach a single Redis. Nothing connects until the first check:
-    /// [`Backend::check_redis`](crate::Backend::check_redis) tells at start-up whether
+    /// [`Backend::probe_redis`](crate::Backend::probe_redis) tells at start-up whether
     /// Redis accepts the credentials.
     ///
     /// ```
@@ -415,14 +417,14 @@ impl BackendBuilder {
     /// window under 20 ms, zero [`max_local_keys`](Self::max_local_keys), a Redis URL that
     /// cannot be parsed, or more than one place for Redis.
     pub fn build(mut self) -> Result<Backend, ConfigError> {
-        check_name("prefix", &self.prefix)?;
+        validate_name("prefix", &self.prefix)?;
         if self.max_local_keys == 0 {
             return Err(ConfigError::Zero {
                 setting: "max_local_keys",
             });
         }
-        self.failover.check()?;
-        self.breaker.check()?;
+        self.failover.validate()?;
+        self.breaker.validate()?;
         if self.call_timeout < Duration::from_millis(1) {
             return Err(ConfigError::ZeroDuration {
                 setting: "call_timeout",
@@ -471,7 +473,7 @@ impl BackendBuilder {
             inner: Arc::new(Inner {
                 local,
                 prefix: self.prefix,
-                clock: Clock::new(),
+                clock: self.manual_clock.map_or_else(Clock::new, Clock::Manual),
                 time: self.time,
                 caller_offset_us: self.caller_offset_us,
                 redis,

@@ -53,7 +53,7 @@ impl Default for BreakerConfig {
 }
 
 impl BreakerConfig {
-    pub(crate) fn check(&self) -> Result<(), ConfigError> {
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
         if self.window < Duration::from_millis(BUCKETS as u64) {
             return Err(ConfigError::ZeroDuration {
                 setting: "breaker_window",
@@ -467,7 +467,7 @@ mod tests {
     #[test]
     fn invalid_settings_are_refused() {
         let ok = BreakerConfig::default();
-        assert!(ok.check().is_ok());
+        assert!(ok.validate().is_ok());
         for bad in [
             BreakerConfig { min_calls: 0, ..ok },
             BreakerConfig {
@@ -483,7 +483,7 @@ mod tests {
                 ..ok
             },
         ] {
-            assert!(bad.check().is_err(), "{bad:?}");
+            assert!(bad.validate().is_err(), "{bad:?}");
         }
     }
 }

@@ -25,7 +25,7 @@ impl Layout {
     /// The layout of the keys of limiter `name` of `algorithm` under `prefix`.
     ///
     /// `prefix` and `name` are checked names (no `{` or `}`, see
-    /// [`check_name`](crate::error::check_name)); `algorithm` is one of the crate's
+    /// [`validate_name`](crate::error::validate_name)); `algorithm` is one of the crate's
     /// constants (`period`, `token`, `rolling`), without `:`.
     pub(crate) fn new(prefix: &str, algorithm: &str, name: &str) -> Self {
         debug_assert!(!prefix.contains(['{', '}']) && !algorithm.contains([':', '{', '}']));
@@ -166,7 +166,7 @@ mod tests {
         let mut out = Vec::new();
         for prefix in prefixes {
             if prefix.contains(['{', '}']) {
-                continue; // rejected by `check_name`
+                continue; // rejected by `validate_name`
             }
             for algorithm in algorithms {
                 for name in names {

@@ -62,34 +62,32 @@ mod connect;
 mod deny;
 mod fault;
 mod health;
+mod hosts;
 mod layout;
 mod redis;
 mod time;
 
 use std::fmt;
-use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::Duration;
 
-use deadpool_redis::redis::ScriptInvocation;
-
 use crate::clock::Clock;
-use crate::decision::{Decision, Source, State};
 use crate::error::ConfigError;
-use crate::limiter::Check;
 use crate::local::LocalStore;
-use crate::metrics::RedisMetrics;
 
 pub use self::builder::BackendBuilder;
-use self::deny::{Denied, DenyCache};
+use self::deny::DenyCache;
 pub use self::health::{
     RedisState, DEFAULT_BREAKER_FAILURE_RATIO, DEFAULT_BREAKER_MIN_CALLS, DEFAULT_BREAKER_WINDOW,
     DEFAULT_RECOVERY,
 };
+pub(crate) use self::hosts::{check, Hosts, Remote};
 use self::layout::Layout;
-use self::redis::{Fault, RedisBackend, ScriptError};
+use self::redis::{Fault, RedisBackend};
 pub(crate) use self::time::Scripts;
 pub use self::time::TimeSource;
+#[doc(hidden)]
+pub use crate::clock::ManualClock;
 
 /// The default key prefix.
 pub const DEFAULT_PREFIX: &str = "ratelimit";
@@ -172,7 +170,7 @@ impl Default for Failover {
 }
 
 impl Failover {
-    pub(crate) fn check(&self) -> Result<(), ConfigError> {
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
         if self.share.is_finite() && self.share > 0.0 && self.share <= 1.0 {
             Ok(())
         } else {
@@ -296,12 +294,12 @@ impl Backend {
     ///
     /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
     /// let backend = Backend::builder().redis_url("redis://127.0.0.1:6379").build()?;
-    /// if let Err(error) = backend.check_redis().await {
+    /// if let Err(error) = backend.probe_redis().await {
     ///     tracing::warn!(%error, "starting on the fallback");
     /// }
     /// # Ok(()) }
     /// ```
-    pub async fn check_redis(&self) -> Result<(), RedisUnavailable> {
+    pub async fn probe_redis(&self) -> Result<(), RedisUnavailable> {
         match &self.inner.redis {
             None => Ok(()),
             Some(redis) => redis.verify().await.map_err(|error| RedisUnavailable {
@@ -317,8 +315,8 @@ impl Backend {
         &self.inner.prefix
     }
 
-    pub(crate) fn clock(&self) -> Clock {
-        self.inner.clock
+    pub(crate) fn clock(&self) -> &Clock {
+        &self.inner.clock
     }
 
     /// The bounded in-process state shared by every limiter on this backend.
@@ -368,7 +366,7 @@ impl fmt::Debug for Backend {
     }
 }
 
-/// Why [`Backend::check_redis`] found that checks cannot go to Redis.
+/// Why [`Backend::probe_redis`] found that checks cannot go to Redis.
 #[derive(Debug, Clone, thiserror::Error)]
 #[error("redis cannot answer checks: {message}")]
 pub struct RedisUnavailable {
@@ -383,175 +381,6 @@ impl RedisUnavailable {
     #[must_use]
     pub fn is_refusal(&self) -> bool {
         self.server
-    }
-}
-
-/// What one limiter needs of the backend: the handle, its Redis key layout, and its
-/// Redis metrics.
-#[derive(Debug)]
-pub(crate) struct Remote {
-    backend: Backend,
-    /// How this limiter's Redis keys are built.
-    layout: Layout,
-    /// The policy name, for metrics labels.
-    name: String,
-    metrics: RedisMetrics,
-}
-
-impl Remote {
-    pub(crate) fn new(backend: &Backend, kind: &str, name: &str) -> Self {
-        Self {
-            backend: backend.clone(),
-            layout: backend.layout(kind, name),
-            name: name.to_owned(),
-            metrics: RedisMetrics::default(),
-        }
-    }
-
-    pub(crate) fn backend(&self) -> &Backend {
-        &self.backend
-    }
-
-    /// The Redis key of `key` for this limiter.
-    pub(crate) fn redis_key(&self, key: &[u8]) -> Vec<u8> {
-        self.layout.redis_key(key)
-    }
-}
-
-/// One algorithm's two halves: its Redis script and its in-process state with the same
-/// semantics. [`check`] picks the half that answers.
-pub(crate) trait Store: Send + Sync + 'static {
-    fn remote(&self) -> &Remote;
-    /// The largest cost that can ever be admitted at once.
-    fn capacity(&self) -> u64;
-    /// The decision for a cost above [`capacity`](Self::capacity).
-    fn exceeds_capacity(&self, source: Source) -> Decision;
-    /// The script in both versions (see [`TimeSource`]), run with `KEYS[1]` = the
-    /// limited key.
-    fn scripts(&self) -> &'static Scripts;
-    /// Appends the script's `ARGV` (the caller's time, when used, goes after them).
-    fn args(&self, invocation: &mut ScriptInvocation<'static>, cost: NonZeroU32);
-    /// Reads the script's reply; `None` when it is not of the expected shape.
-    fn decide(&self, reply: &[i64], cost: NonZeroU32) -> Option<Decision>;
-    /// Answers from the in-process state.
-    fn local(&self, key: &[u8], cost: NonZeroU32, source: Source) -> Decision;
-}
-
-/// Answers a check from Redis when the breaker lets it through (one round trip, run by
-/// SHA), by the layer's [`FailurePolicy`] otherwise; a failed round trip is answered by
-/// the failure policy too, and counts toward the breaker unless it concerns only its key.
-/// A key Redis refused recently is refused from the deny cache without a round trip.
-pub(crate) fn check<T: Store>(store: &Arc<T>, key: &[u8], cost: NonZeroU32) -> Check {
-    let remote = store.remote();
-    let backend = &remote.backend;
-    let redis = backend.redis_handle();
-    if u64::from(cost.get()) > store.capacity() {
-        let source = match redis {
-            None => Source::InProcess,
-            Some(redis) if redis.is_healthy() => Source::Redis,
-            Some(_) => Source::Fallback,
-        };
-        return Check::ready(store.exceeds_capacity(source));
-    }
-    let Some(redis) = redis else {
-        return Check::ready(store.local(key, cost, Source::InProcess));
-    };
-    if !redis.admit() {
-        return Check::ready(unavailable(&**store, key, cost));
-    }
-    let redis_key = remote.redis_key(key);
-    let deny = &backend.inner.deny;
-    let deny_key = deny.is_enabled().then(|| deny.hash(&redis_key));
-    if let Some(hash) = deny_key {
-        let now_us = backend.clock().now_us();
-        if let Some(denied) = deny.get(hash, now_us) {
-            let us = |t: u64| Duration::from_micros(t.saturating_sub(now_us));
-            let decision = Decision::new(
-                State::OverQuota,
-                store.capacity(),
-                0,
-                us(denied.reset_us),
-                Source::DenyCache,
-            );
-            return Check::ready(decision.with_retry_after(us(denied.until_us)));
-        }
-    }
-    let time = backend.inner.time;
-    let script = store.scripts().get(time);
-    let mut invocation = script.key(&redis_key);
-    store.args(&mut invocation, cost);
-    if time == TimeSource::Caller {
-        invocation.arg(backend.caller_now_us());
-    }
-    let store = Arc::clone(store);
-    let redis = Arc::clone(redis);
-    Check::pending(async move {
-        let remote = store.remote();
-        let started = std::time::Instant::now();
-        let result = redis.eval(script, &invocation).await;
-        remote.metrics.duration(&remote.name, started.elapsed());
-        let error = match result {
-            Ok(reply) => match store.decide(&reply, cost) {
-                Some(decision) => {
-                    if let (Some(hash), Some(retry), 1) =
-                        (deny_key, decision.retry_after, cost.get())
-                    {
-                        let backend = &remote.backend;
-                        let now_us = backend.clock().now_us();
-                        let at = |d: Duration| {
-                            now_us.saturating_add(u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
-                        };
-                        let denied = Denied {
-                            until_us: at(retry),
-                            reset_us: at(decision.reset),
-                        };
-                        backend.inner.deny.insert(hash, denied, now_us);
-                    }
-                    return decision;
-                }
-                None => ScriptError::Reply(reply),
-            },
-            Err(error) => error,
-        };
-        let fault = error.fault();
-        crate::metrics::redis_error(&remote.name, fault.label());
-        if fault == Fault::Key {
-            redis.key_error(remote.backend.inner.deny.hash(&redis_key), &error);
-        }
-        // The key, read back from the Redis key (only on this failure path).
-        let key = remote.layout.key_of(&redis_key).unwrap_or_default();
-        unavailable(&*store, &key, cost)
-    })
-}
-
-/// The answer while Redis is unreachable, by the layer's failure policy.
-fn unavailable<T: Store>(store: &T, key: &[u8], cost: NonZeroU32) -> Decision {
-    let backend = &store.remote().backend;
-    match backend.failover.policy {
-        FailurePolicy::Fallback => store.local(key, cost, Source::Fallback),
-        FailurePolicy::FailOpen => {
-            let limit = store.capacity();
-            Decision::new(
-                State::Allowed,
-                limit,
-                limit,
-                Duration::ZERO,
-                Source::FailOpen,
-            )
-        }
-        FailurePolicy::FailClosed => {
-            let retry = backend
-                .redis_handle()
-                .map_or(DEFAULT_PROBE_INTERVAL, |r| r.probe_interval());
-            Decision::new(
-                State::OverQuota,
-                store.capacity(),
-                0,
-                retry,
-                Source::FailClosed,
-            )
-            .with_retry_after(retry)
-        }
     }
 }
 

@@ -95,6 +95,14 @@ impl BackendBuilder {
         self.caller_offset_us = offset_us;
         self
     }
+
+    /// Not part of the API: the in-process state (and the caller's time sent to the
+    /// scripts) reads `clock`, which the tests set, instead of tokio's clock.
+    #[doc(hidden)]
+    pub fn manual_clock(mut self, clock: crate::clock::ManualClock) -> Self {
+        self.manual_clock = Some(clock);
+        self
+    }
 }
 
 impl Backend {

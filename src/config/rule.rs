@@ -14,12 +14,12 @@ use crate::error::ConfigError;
 use crate::limiter::Limiter;
 use crate::period::{PeriodConfig, PeriodLimiter, UtcOffset};
 use crate::rolling::{RollingConfig, RollingWindowLimiter};
-use crate::service::{Algorithm, LayerBuilder, MissingKey, RateLimitLayer};
+use crate::service::{Algorithm, LayerBuilder, LimitLayer, MissingKey};
 use crate::token_bucket::{TokenBucketConfig, TokenBucketLimiter};
 
 /// The layer a [`RuleConfig`] builds: one type whatever the algorithm and the key, so a
 /// rule file's layers fit in one `Vec`.
-pub type RuleLayer = RateLimitLayer<Arc<dyn Limiter>, RuleKey, FixedCost>;
+pub type RuleLayer = LimitLayer<Arc<dyn Limiter>, RuleKey, FixedCost>;
 
 /// One rate-limit rule: a named limit, its key and how its layer behaves.
 ///

@@ -223,13 +223,13 @@ impl ForwardedIp {
             return Some(peer);
         }
         let source = match self.header {
-            ForwardedHeader::Forwarded => ip::Source::Forwarded,
-            ForwardedHeader::XForwardedFor => ip::Source::XForwardedFor,
+            ForwardedHeader::Forwarded => ip::ChainHeader::Forwarded,
+            ForwardedHeader::XForwardedFor => ip::ChainHeader::XForwardedFor,
             ForwardedHeader::Auto => {
                 if req.headers().contains_key(FORWARDED) {
-                    ip::Source::Forwarded
+                    ip::ChainHeader::Forwarded
                 } else {
-                    ip::Source::XForwardedFor
+                    ip::ChainHeader::XForwardedFor
                 }
             }
         };

@@ -112,7 +112,7 @@ pub(crate) fn is_trusted(trusted: &[IpNet], ip: IpAddr) -> bool {
 
 /// Which forwarding header [`resolve_client`] reads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Source {
+pub(crate) enum ChainHeader {
     /// RFC 7239 `Forwarded`.
     Forwarded,
     /// `X-Forwarded-For`.
@@ -153,7 +153,7 @@ impl Walk<'_> {
 /// [`ForwardedIp`](super::ForwardedIp) for the algorithm).
 pub(crate) fn resolve_client(
     headers: &HeaderMap,
-    source: Source,
+    source: ChainHeader,
     peer: IpAddr,
     trusted: &[IpNet],
 ) -> IpAddr {
@@ -162,8 +162,8 @@ pub(crate) fn resolve_client(
         current: peer,
     };
     let name = match source {
-        Source::Forwarded => &FORWARDED,
-        Source::XForwardedFor => &X_FORWARDED_FOR,
+        ChainHeader::Forwarded => &FORWARDED,
+        ChainHeader::XForwardedFor => &X_FORWARDED_FOR,
     };
     let lines = headers.get_all(name);
     let total: usize = lines.iter().map(|v| v.len()).sum();
@@ -176,8 +176,8 @@ pub(crate) fn resolve_client(
         return peer;
     }
     match source {
-        Source::Forwarded => walk_forwarded(headers, &mut walk),
-        Source::XForwardedFor => walk_x_forwarded_for(headers, &mut walk),
+        ChainHeader::Forwarded => walk_forwarded(headers, &mut walk),
+        ChainHeader::XForwardedFor => walk_x_forwarded_for(headers, &mut walk),
     }
     walk.current
 }

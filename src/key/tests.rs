@@ -1,3 +1,6 @@
+//! Unit tests of the key extractors: every extractor's key bytes, the forwarded-header
+//! walk, IP normalization and the extractor tags that keep keys from colliding.
+
 use std::collections::HashSet;
 use std::net::{IpAddr, SocketAddr};
 

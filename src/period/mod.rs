@@ -62,11 +62,10 @@ use std::time::Duration;
 use deadpool_redis::redis::ScriptInvocation;
 
 use self::memory::{Schedule, Windows};
-use crate::backend::{self, Backend, Remote, Scripts, Store};
+use crate::backend::{self, Backend, Hosts, Remote, Scripts};
 use crate::decision::{Decision, Policy, Source, State};
 use crate::error::ConfigError;
 use crate::limiter::{Check, Limiter};
-use crate::service::{Algorithm, LayerBuilder, RateLimitLayer};
 
 static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts::new(include_str!("period.lua")));
 
@@ -110,9 +109,9 @@ impl UtcOffset {
 /// The settings of a fixed-window limit.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct PeriodConfig {
-    quota: u64,
-    period: Duration,
-    align: Option<UtcOffset>,
+    pub(crate) quota: u64,
+    pub(crate) period: Duration,
+    pub(crate) align: Option<UtcOffset>,
 }
 
 impl PeriodConfig {
@@ -149,22 +148,14 @@ impl PeriodConfig {
     }
 }
 
-impl Algorithm for PeriodConfig {
-    type Limiter = PeriodLimiter;
-
-    fn build(self, backend: &Backend, name: &str) -> Result<PeriodLimiter, ConfigError> {
-        PeriodLimiter::new(backend, name, self)
-    }
-}
-
 /// A fixed-window [`Limiter`] on a [`Backend`].
 #[derive(Debug, Clone)]
 pub struct PeriodLimiter {
-    store: Arc<PeriodStore>,
+    store: Arc<PeriodHosts>,
 }
 
 #[derive(Debug)]
-struct PeriodStore {
+struct PeriodHosts {
     remote: Remote,
     policy: Policy,
     quota: u64,
@@ -183,7 +174,7 @@ impl PeriodLimiter {
     /// A [`ConfigError`] for a zero quota, a period under one millisecond or over ten
     /// years, an offset beyond ±18 hours, or an invalid name.
     pub fn new(backend: &Backend, name: &str, config: PeriodConfig) -> Result<Self, ConfigError> {
-        crate::error::check_name("name", name)?;
+        crate::error::validate_name("name", name)?;
         if config.quota == 0 {
             return Err(ConfigError::Zero { setting: "quota" });
         }
@@ -201,7 +192,7 @@ impl PeriodLimiter {
         }
         let offset_ms = config.align.map(|o| i64::from(o.seconds) * 1_000);
         Ok(Self {
-            store: Arc::new(PeriodStore {
+            store: Arc::new(PeriodHosts {
                 remote: Remote::new(backend, "period", name),
                 policy: Policy::new(name, config.quota, Duration::from_millis(period_ms)),
                 quota: config.quota,
@@ -224,7 +215,7 @@ impl Limiter for PeriodLimiter {
     }
 }
 
-impl PeriodStore {
+impl PeriodHosts {
     fn decision(
         quota: u64,
         count: u64,
@@ -242,7 +233,7 @@ impl PeriodStore {
     }
 }
 
-impl Store for PeriodStore {
+impl Hosts for PeriodHosts {
     fn remote(&self) -> &Remote {
         &self.remote
     }
@@ -302,41 +293,6 @@ impl Store for PeriodStore {
             .hit(key, u64::from(cost.get()), quota, schedule, now_us);
         let reset = Duration::from_micros(hit.ends_at_us.saturating_sub(now_us));
         Self::decision(quota, hit.count, reset, hit.admitted, source)
-    }
-}
-
-/// Fixed-window settings on the layer builder.
-impl<K, C, R> LayerBuilder<PeriodConfig, K, C, R> {
-    /// Units admitted per window (required, at least 1).
-    pub fn quota(mut self, quota: u64) -> Self {
-        self.algorithm.quota = quota;
-        self
-    }
-
-    /// The window length (required; whole milliseconds, at least 1 ms).
-    pub fn period(mut self, period: Duration) -> Self {
-        self.algorithm.period = period;
-        self
-    }
-
-    /// Aligns windows to the calendar in a fixed UTC offset; see [`PeriodConfig::align`].
-    pub fn align(mut self, offset: UtcOffset) -> Self {
-        self.algorithm.align = Some(offset);
-        self
-    }
-}
-
-/// A layer that applies a fixed-window limit; see the [`period`](crate::period) module.
-pub type PeriodLimitLayer<
-    K = crate::key::GlobalKey,
-    C = crate::UnitCost,
-    R = crate::DefaultRejection,
-> = RateLimitLayer<PeriodLimiter, K, C, R>;
-
-impl PeriodLimitLayer {
-    /// Starts building a fixed-window layer on `backend`.
-    pub fn builder(backend: &Backend) -> LayerBuilder<PeriodConfig> {
-        LayerBuilder::new(backend, PeriodConfig::default())
     }
 }
 

@@ -14,7 +14,9 @@ local period = tonumber(ARGV[2])
 local cost = tonumber(ARGV[3])
 local count = tonumber(redis.call('GET', KEYS[1]) or '0')
 local ttl = redis.call('PTTL', KEYS[1])
-local fresh = count == 0 or ttl < 0
+-- A window ends at its expiry: a PTTL of 0 is a key expiring this very millisecond
+-- (Redis still holds it), which is already the next window.
+local fresh = count == 0 or ttl <= 0
 if not fresh and ttl > period then
   -- The server clock stepped back (Redis expiries are Unix times): keep the count, but
   -- end the window within one period, not one period plus the step.

@@ -86,11 +86,11 @@ use std::time::Duration;
 use deadpool_redis::redis::ScriptInvocation;
 
 use self::memory::{Grid, Rings};
-use crate::backend::{self, Backend, Remote, Scripts, Store};
+use crate::backend::{self, Backend, Hosts, Remote, Scripts};
 use crate::decision::{Decision, Policy, Source, State};
 use crate::error::ConfigError;
 use crate::limiter::{Check, Limiter};
-use crate::service::{Algorithm, LayerBuilder, RateLimitLayer};
+use crate::service::{Algorithm, LayerBuilder, LimitLayer};
 
 static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts::new(include_str!("rolling.lua")));
 
@@ -171,7 +171,7 @@ impl RollingWindowLimiter {
     /// more buckets than the backend's in-process state holds for one key (with a tiny
     /// [`max_local_keys`](crate::BackendBuilder::max_local_keys)), or an invalid name.
     pub fn new(backend: &Backend, name: &str, config: RollingConfig) -> Result<Self, ConfigError> {
-        crate::error::check_name("name", name)?;
+        crate::error::validate_name("name", name)?;
         if config.limit == 0 {
             return Err(ConfigError::Zero { setting: "limit" });
         }
@@ -248,7 +248,7 @@ impl RollingStore {
     }
 }
 
-impl Store for RollingStore {
+impl Hosts for RollingStore {
     fn remote(&self) -> &Remote {
         &self.remote
     }
@@ -344,7 +344,7 @@ pub type RollingWindowLayer<
     K = crate::key::GlobalKey,
     C = crate::UnitCost,
     R = crate::DefaultRejection,
-> = RateLimitLayer<RollingWindowLimiter, K, C, R>;
+> = LimitLayer<RollingWindowLimiter, K, C, R>;
 
 impl RollingWindowLayer {
     /// Starts building a rolling-window layer on `backend`.

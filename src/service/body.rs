@@ -8,7 +8,7 @@ use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
 pin_project! {
-    /// The body of a response from [`RateLimit`](crate::RateLimit): the inner service's
+    /// The body of a response from [`LimitService`](crate::LimitService): the inner service's
     /// body when the request was admitted, the rejection's body otherwise.
     #[derive(Debug)]
     pub struct ResponseBody<B> {

@@ -1,3 +1,7 @@
+//! The response future of [`LimitService`](super::LimitService): it waits for the limiter's
+//! decision when the check needs a round trip, then calls the inner service or answers
+//! with the rejection, and adds the rate-limit headers to what comes back.
+
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
@@ -14,7 +18,7 @@ use crate::decision::Decision;
 use crate::limiter::Check;
 
 pin_project! {
-    /// The response future of [`RateLimit`](super::RateLimit): waits for the limiter when
+    /// The response future of [`LimitService`](super::LimitService): waits for the limiter when
     /// it needs a round trip, then runs the inner service or yields the rejection.
     pub struct ResponseFuture<S, B>
     where

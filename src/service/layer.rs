@@ -1,12 +1,16 @@
+//! [`LimitLayer`], the one layer every algorithm builds, and [`LayerBuilder`], which checks
+//! an algorithm's settings and the shared ones (key, cost, rejection, missing key) when
+//! the layer is built.
+
 use std::fmt;
 use std::sync::Arc;
 
 use tower_layer::Layer;
 
-use super::{MissingKey, Options, RateLimit, Shared};
+use super::{LimitService, MissingKey, Options, Shared};
 use crate::backend::{Backend, FailurePolicy};
 use crate::cost::UnitCost;
-use crate::error::{check_name, ConfigError};
+use crate::error::{validate_name, ConfigError};
 use crate::key::GlobalKey;
 use crate::limiter::Limiter;
 use crate::metrics::LayerMetrics;
@@ -22,18 +26,18 @@ pub(super) const DEFAULT_MAX_KEY_LEN: usize = 256;
 /// [`TokenBucketLayer::builder`](crate::TokenBucketLayer::builder) or
 /// [`RollingWindowLayer::builder`](crate::RollingWindowLayer::builder). Cloning is cheap:
 /// every clone, and every service it builds, shares one limiter.
-pub struct RateLimitLayer<L, K = GlobalKey, C = UnitCost, R = DefaultRejection> {
+pub struct LimitLayer<L, K = GlobalKey, C = UnitCost, R = DefaultRejection> {
     shared: Arc<Shared<L, K, C, R>>,
 }
 
-impl<L, K, C, R> RateLimitLayer<L, K, C, R> {
+impl<L, K, C, R> LimitLayer<L, K, C, R> {
     /// The limiter every service of this layer asks.
     pub fn limiter(&self) -> &L {
         &self.shared.limiter
     }
 }
 
-impl<L, K, C, R> Clone for RateLimitLayer<L, K, C, R> {
+impl<L, K, C, R> Clone for LimitLayer<L, K, C, R> {
     fn clone(&self) -> Self {
         Self {
             shared: Arc::clone(&self.shared),
@@ -41,9 +45,9 @@ impl<L, K, C, R> Clone for RateLimitLayer<L, K, C, R> {
     }
 }
 
-impl<L: Limiter, K, C, R> fmt::Debug for RateLimitLayer<L, K, C, R> {
+impl<L: Limiter, K, C, R> fmt::Debug for LimitLayer<L, K, C, R> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RateLimitLayer")
+        f.debug_struct("LimitLayer")
             .field("policies", &self.shared.limiter.policies())
             .field("shadow", &self.shared.options.shadow)
             .field("missing_key", &self.shared.options.missing_key)
@@ -51,11 +55,11 @@ impl<L: Limiter, K, C, R> fmt::Debug for RateLimitLayer<L, K, C, R> {
     }
 }
 
-impl<S, L, K, C, R> Layer<S> for RateLimitLayer<L, K, C, R> {
-    type Service = RateLimit<S, L, K, C, R>;
+impl<S, L, K, C, R> Layer<S> for LimitLayer<L, K, C, R> {
+    type Service = LimitService<S, L, K, C, R>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        RateLimit::from_shared(inner, Arc::clone(&self.shared))
+        LimitService::from_shared(inner, Arc::clone(&self.shared))
     }
 }
 
@@ -73,7 +77,7 @@ pub trait Algorithm {
     fn build(self, backend: &Backend, name: &str) -> Result<Self::Limiter, ConfigError>;
 }
 
-/// Builds a [`RateLimitLayer`]: the algorithm's settings, then the key, cost, rejection
+/// Builds a [`LimitLayer`]: the algorithm's settings, then the key, cost, rejection
 /// and missing-key handling shared by all algorithms.
 ///
 /// Nothing is checked until [`build`](Self::build), which reports the first setting
@@ -265,7 +269,7 @@ impl<A, K, C, R> LayerBuilder<A, K, C, R> {
     ///
     /// A [`ConfigError`] for a missing or invalid name, a zero maximum key length, or
     /// any setting of the algorithm that cannot work.
-    pub fn build(self) -> Result<RateLimitLayer<A::Limiter, K, C, R>, ConfigError>
+    pub fn build(self) -> Result<LimitLayer<A::Limiter, K, C, R>, ConfigError>
     where
         A: Algorithm,
         K: Send + Sync + 'static,
@@ -273,8 +277,8 @@ impl<A, K, C, R> LayerBuilder<A, K, C, R> {
         R: OnRejection,
     {
         let name = self.name.ok_or(ConfigError::Missing { setting: "name" })?;
-        self.backend.failover().check()?;
-        check_name("name", &name)?;
+        self.backend.failover().validate()?;
+        validate_name("name", &name)?;
         if self.options.max_key_len == 0 {
             return Err(ConfigError::Zero {
                 setting: "max_key_len",
@@ -294,11 +298,11 @@ impl<A, K, C, R> LayerBuilder<A, K, C, R> {
         }
         // Custom limiters and plans name their own policies: they go into headers too.
         for policy in policies {
-            check_name("policy name", policy.name())?;
+            validate_name("policy name", policy.name())?;
         }
         let headers = policies.iter().map(HeaderParts::new).collect();
         let metrics = LayerMetrics::new(policies);
-        Ok(RateLimitLayer {
+        Ok(LimitLayer {
             shared: Arc::new(Shared {
                 limiter,
                 key: self.key,

@@ -1,9 +1,9 @@
 //! The one generic rate-limit service every layer builds: extract a key, ask the
 //! limiter, then call the inner service or answer the rejection.
 //!
-//! [`RateLimitLayer`] is built by a [`LayerBuilder`] (`PeriodLimitLayer::builder`,
+//! [`LimitLayer`] is built by a [`LayerBuilder`] (`PeriodLimitLayer::builder`,
 //! `TokenBucketLayer::builder`, `RollingWindowLayer::builder`) and wraps services in
-//! [`RateLimit`], whose future is [`ResponseFuture`]. `poll_ready` only delegates: the
+//! [`LimitService`], whose future is [`ResponseFuture`]. `poll_ready` only delegates: the
 //! limit is decided per request, in the future, never by refusing readiness.
 //!
 //! [`Plans`] chooses one of several limits per request (a free and a paid plan) inside
@@ -28,9 +28,9 @@ use crate::response::{HeaderParts, OnRejection, Rejection};
 
 pub use self::body::ResponseBody;
 pub use self::future::ResponseFuture;
-pub use self::layer::{Algorithm, LayerBuilder, RateLimitLayer};
+pub use self::layer::{Algorithm, LayerBuilder, LimitLayer};
 pub use self::plan::{ExtensionPlan, PlanLimiter, Plans, SelectPlan};
-pub use self::service::RateLimit;
+pub use self::service::LimitService;
 
 /// What happens to a request whose key cannot be extracted (or is longer than
 /// [`LayerBuilder::max_key_len`]).

@@ -10,7 +10,7 @@ use http::request::Parts;
 use super::layer::Algorithm;
 use crate::backend::Backend;
 use crate::decision::Policy;
-use crate::error::{check_name, ConfigError};
+use crate::error::{validate_name, ConfigError};
 use crate::limiter::{Check, Limiter};
 
 /// Picks the plan of a request from its head (method, URI, headers, extensions).
@@ -187,7 +187,7 @@ where
             return Err(ConfigError::Missing { setting: "plan" });
         }
         for (i, (plan, plan_name, _)) in self.plans.iter().enumerate() {
-            check_name("plan", plan_name)?;
+            validate_name("plan", plan_name)?;
             let earlier = &self.plans[..i];
             if earlier.iter().any(|(_, n, _)| n == plan_name) {
                 return Err(ConfigError::Conflict {

@@ -1,3 +1,7 @@
+//! [`LimitService`]: extracts the key and cost of a request and asks the limiter; an
+//! in-process decision is answered at once, one that needs Redis is awaited in the
+//! response future. `poll_ready` only delegates to the inner service.
+
 use std::fmt;
 use std::mem;
 use std::num::NonZeroU32;
@@ -15,7 +19,7 @@ use crate::limiter::{Check, Limiter};
 use crate::response::{missing_key, OnRejection};
 
 /// Rate-limits requests to an inner service; built by
-/// [`RateLimitLayer`](super::RateLimitLayer).
+/// [`LimitLayer`](super::LimitLayer).
 ///
 /// Readiness is the inner service's: a limit is never enforced by refusing readiness.
 /// Each request's key and cost are read in `call`, the limiter is asked, and then either
@@ -23,12 +27,12 @@ use crate::response::{missing_key, OnRejection};
 /// rate-limit headers on its response) or the rejection is answered without touching it.
 /// A [shadow](super::LayerBuilder::shadow) layer always calls the inner service, and
 /// only records its decisions.
-pub struct RateLimit<S, L, K, C, R> {
+pub struct LimitService<S, L, K, C, R> {
     inner: S,
     shared: Arc<Shared<L, K, C, R>>,
 }
 
-impl<S, L, K, C, R> RateLimit<S, L, K, C, R> {
+impl<S, L, K, C, R> LimitService<S, L, K, C, R> {
     pub(crate) fn from_shared(inner: S, shared: Arc<Shared<L, K, C, R>>) -> Self {
         Self { inner, shared }
     }
@@ -54,7 +58,7 @@ impl<S, L, K, C, R> RateLimit<S, L, K, C, R> {
     }
 }
 
-impl<S: Clone, L, K, C, R> Clone for RateLimit<S, L, K, C, R> {
+impl<S: Clone, L, K, C, R> Clone for LimitService<S, L, K, C, R> {
     fn clone(&self) -> Self {
         Self {
             inner: self.inner.clone(),
@@ -63,16 +67,16 @@ impl<S: Clone, L, K, C, R> Clone for RateLimit<S, L, K, C, R> {
     }
 }
 
-impl<S: fmt::Debug, L: Limiter, K, C, R> fmt::Debug for RateLimit<S, L, K, C, R> {
+impl<S: fmt::Debug, L: Limiter, K, C, R> fmt::Debug for LimitService<S, L, K, C, R> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RateLimit")
+        f.debug_struct("LimitService")
             .field("inner", &self.inner)
             .field("policy", self.shared.limiter.policy())
             .finish_non_exhaustive()
     }
 }
 
-impl<S, L, K, C, R, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimit<S, L, K, C, R>
+impl<S, L, K, C, R, ReqBody, ResBody> Service<Request<ReqBody>> for LimitService<S, L, K, C, R>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
     L: Limiter,

@@ -64,11 +64,10 @@ use std::time::Duration;
 use deadpool_redis::redis::ScriptInvocation;
 
 use self::memory::{Bucket, Buckets, Outcome};
-use crate::backend::{self, Backend, Remote, Scripts, Store};
+use crate::backend::{self, Backend, Hosts, Remote, Scripts};
 use crate::decision::{Decision, Policy, Source, State};
-use crate::error::{check_name, ConfigError};
+use crate::error::{validate_name, ConfigError};
 use crate::limiter::{Check, Limiter};
-use crate::service::{Algorithm, LayerBuilder, RateLimitLayer};
 
 static SCRIPTS: LazyLock<Scripts> =
     LazyLock::new(|| Scripts::new(include_str!("token_bucket.lua")));
@@ -80,9 +79,9 @@ const TAT_EPOCH_SECS: i64 = 1_767_225_600;
 /// The settings of a token bucket.
 #[derive(Debug, Clone, Copy)]
 pub struct TokenBucketConfig {
-    rate: u64,
-    period: Duration,
-    burst: u64,
+    pub(crate) rate: u64,
+    pub(crate) period: Duration,
+    pub(crate) burst: u64,
 }
 
 impl Default for TokenBucketConfig {
@@ -124,22 +123,14 @@ impl TokenBucketConfig {
     }
 }
 
-impl Algorithm for TokenBucketConfig {
-    type Limiter = TokenBucketLimiter;
-
-    fn build(self, backend: &Backend, name: &str) -> Result<TokenBucketLimiter, ConfigError> {
-        TokenBucketLimiter::new(backend, name, self)
-    }
-}
-
 /// A token-bucket [`Limiter`] on a [`Backend`].
 #[derive(Debug, Clone)]
 pub struct TokenBucketLimiter {
-    store: Arc<BucketStore>,
+    store: Arc<TokenBucketHosts>,
 }
 
 #[derive(Debug)]
-struct BucketStore {
+struct TokenBucketHosts {
     remote: Remote,
     policy: Policy,
     burst: u64,
@@ -163,7 +154,7 @@ impl TokenBucketLimiter {
         name: &str,
         config: TokenBucketConfig,
     ) -> Result<Self, ConfigError> {
-        check_name("name", name)?;
+        validate_name("name", name)?;
         if config.rate == 0 {
             return Err(ConfigError::Zero { setting: "rate" });
         }
@@ -197,7 +188,7 @@ impl TokenBucketLimiter {
         let share = local_burst as f64 / config.burst as f64;
         let local_interval_ns = (interval_ns as f64 / share).ceil() as u64;
         Ok(Self {
-            store: Arc::new(BucketStore {
+            store: Arc::new(TokenBucketHosts {
                 remote: Remote::new(backend, "token", name),
                 policy: Policy::new(name, config.burst, refill),
                 burst: config.burst,
@@ -223,7 +214,7 @@ impl Limiter for TokenBucketLimiter {
     }
 }
 
-impl Store for BucketStore {
+impl Hosts for TokenBucketHosts {
     fn remote(&self) -> &Remote {
         &self.remote
     }
@@ -282,7 +273,8 @@ impl Store for BucketStore {
     fn local(&self, key: &[u8], cost: NonZeroU32, source: Source) -> Decision {
         let now_ns = self.remote.backend().clock().elapsed_ns();
         let burst = self.local.burst;
-        let ns = Duration::from_nanos;
+        // Rounded up to the microsecond, as the script's durations are.
+        let ns = |ns: u64| Duration::from_micros(ns.div_ceil(1_000));
         match self
             .buckets
             .hit(key, self.local, u64::from(cost.get()), now_ns)
@@ -306,37 +298,6 @@ impl Store for BucketStore {
                 Decision::new(State::ExceedsCapacity, burst, 0, Duration::ZERO, source)
             }
         }
-    }
-}
-
-/// Token-bucket settings on the layer builder.
-impl<K, C, R> LayerBuilder<TokenBucketConfig, K, C, R> {
-    /// `tokens` added per `period` (required; e.g. `rate(100, Duration::from_secs(1))`).
-    pub fn rate(mut self, tokens: u64, period: Duration) -> Self {
-        self.algorithm.rate = tokens;
-        self.algorithm.period = period;
-        self
-    }
-
-    /// The bucket's capacity: the largest burst, and the largest cost (required).
-    pub fn burst(mut self, burst: u64) -> Self {
-        self.algorithm.burst = burst;
-        self
-    }
-}
-
-/// A layer that applies a token bucket; see the [`token_bucket`](crate::token_bucket)
-/// module.
-pub type TokenBucketLayer<
-    K = crate::key::GlobalKey,
-    C = crate::UnitCost,
-    R = crate::DefaultRejection,
-> = RateLimitLayer<TokenBucketLimiter, K, C, R>;
-
-impl TokenBucketLayer {
-    /// Starts building a token-bucket layer on `backend`.
-    pub fn builder(backend: &Backend) -> LayerBuilder<TokenBucketConfig> {
-        LayerBuilder::new(backend, TokenBucketConfig::default())
     }
 }
 

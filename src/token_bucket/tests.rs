@@ -1,3 +1,6 @@
+//! Unit tests of the token bucket on the in-process host: configuration errors, GCRA
+//! arithmetic and weighted costs, on tokio's paused clock.
+
 use super::*;
 
 fn build(rate: u64, period: Duration, burst: u64) -> Result<TokenBucketLimiter, ConfigError> {

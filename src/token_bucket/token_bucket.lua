@@ -8,27 +8,35 @@
 -- (the time: the server's TIME, or the caller's, appended as the last ARGV) and
 -- caller_time.
 -- Returns {admitted (1/0), tokens left, µs until admissible (0 when admitted),
--- µs until the bucket is full}. TAT only ever moves forward (a clamped TAT below is
--- never written), so no clock step and no caller's clock refills a bucket beyond the
--- time elapsed. A TAT more than tau ahead only happens after the server clock stepped
--- back, or for a caller whose clock is behind: it is read as now + tau (an empty
--- bucket), so such a step blocks a key for at most the time an empty bucket takes to
--- refill, never for the length of the step.
+-- µs until the bucket is full}. A TAT below now is never written, so no clock step and
+-- no caller's clock refills a bucket beyond the time elapsed. A TAT more than tau ahead
+-- only happens after the server clock stepped back, or for a caller whose clock is
+-- behind: it is read as now + tau (an empty bucket), and after a step of the server's
+-- clock written back so, so such a step blocks a key for at most the time an empty
+-- bucket takes to refill, never for the length of the step.
 local now = unix_us() - tonumber(ARGV[4]) * 1000000
 local interval = tonumber(ARGV[1])
 local burst = tonumber(ARGV[2])
 local cost = tonumber(ARGV[3])
 local tau = interval * burst
 local tat = tonumber(redis.call('GET', KEYS[1]) or '')
+local stepped_back = false
 if tat == nil or tat < now then
   tat = now
 elseif tat > now + tau then
   tat = now + tau
+  stepped_back = true
 end
 local new_tat = tat + cost * interval
 local wait = new_tat - tau - now
 -- Tolerate float noise well below a microsecond.
 if wait > 0.001 then
+  if stepped_back and not caller_time then
+    -- The server's clock stepped back: the bucket is empty from now on, and refills at
+    -- the rate from here (not after the length of the step). A caller's clock behind
+    -- the others' never writes its view.
+    redis.call('SET', KEYS[1], string.format('%.4f', tat), 'PX', string.format('%d', math.max(1, math.ceil(tau / 1000))))
+  end
   local available = math.floor((tau - (tat - now)) / interval + 1e-9)
   return {0, available, math.ceil(wait), math.ceil(tat - now)}
 end

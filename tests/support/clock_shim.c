@@ -1,7 +1,8 @@
-/* A wall-clock offset for one process, for tests: LD_PRELOAD this library and set
- * CLOCK_SHIM_FILE to a file holding a native-endian int64 offset in microseconds (at
- * least 8 bytes). The file is mapped shared, so a test changes the process's wall clock
- * at run time by rewriting those 8 bytes. Only CLOCK_REALTIME (and its coarse variant),
+/* A wall clock for one process, for tests: LD_PRELOAD this library and set
+ * CLOCK_SHIM_FILE to a file of 16 bytes: two native-endian int64s, a time in
+ * microseconds and a mode. Mode 0: the time is an offset added to the real clock. Mode 1:
+ * the clock is frozen at that Unix time. The file is mapped shared, so a test changes the
+ * process's wall clock at run time by rewriting those bytes. Only CLOCK_REALTIME (and its coarse variant),
  * gettimeofday and time are shifted; monotonic clocks are left alone. The real time is
  * read with the raw system call, so nothing here can recurse into an allocator.
  * Built by tests/support/mod.rs with `cc -shared -fPIC`. */
@@ -15,26 +16,26 @@
 #include <time.h>
 #include <unistd.h>
 
-static int64_t *volatile shared_offset;
+static int64_t *volatile shared_clock;
 static volatile int mapped;
 
-static int64_t offset_us(void) {
+/* The mapped {time, mode} pair, or NULL when there is none. */
+static int64_t *clock_words(void) {
     if (!__atomic_load_n(&mapped, __ATOMIC_ACQUIRE)) {
         const char *path = getenv("CLOCK_SHIM_FILE");
         int64_t *p = NULL;
         if (path) {
             int fd = open(path, O_RDONLY | O_CLOEXEC);
             if (fd >= 0) {
-                void *m = mmap(NULL, sizeof(int64_t), PROT_READ, MAP_SHARED, fd, 0);
+                void *m = mmap(NULL, 2 * sizeof(int64_t), PROT_READ, MAP_SHARED, fd, 0);
                 close(fd);
                 if (m != MAP_FAILED) p = m;
             }
         }
-        __atomic_store_n(&shared_offset, p, __ATOMIC_RELEASE);
+        __atomic_store_n(&shared_clock, p, __ATOMIC_RELEASE);
         __atomic_store_n(&mapped, 1, __ATOMIC_RELEASE);
     }
-    int64_t *p = __atomic_load_n(&shared_offset, __ATOMIC_ACQUIRE);
-    return p ? __atomic_load_n(p, __ATOMIC_RELAXED) : 0;
+    return __atomic_load_n(&shared_clock, __ATOMIC_ACQUIRE);
 }
 
 static int real_clock_gettime(clockid_t clock, struct timespec *ts) {
@@ -42,7 +43,15 @@ static int real_clock_gettime(clockid_t clock, struct timespec *ts) {
 }
 
 static void shift(struct timespec *ts) {
-    int64_t ns = (int64_t)ts->tv_sec * 1000000000LL + ts->tv_nsec + offset_us() * 1000LL;
+    int64_t *words = clock_words();
+    if (!words) return;
+    int64_t us = __atomic_load_n(&words[0], __ATOMIC_ACQUIRE);
+    int64_t ns;
+    if (__atomic_load_n(&words[1], __ATOMIC_ACQUIRE) == 1) {
+        ns = us * 1000LL;
+    } else {
+        ns = (int64_t)ts->tv_sec * 1000000000LL + ts->tv_nsec + us * 1000LL;
+    }
     ts->tv_sec = ns / 1000000000LL;
     ts->tv_nsec = ns % 1000000000LL;
     if (ts->tv_nsec < 0) {

@@ -431,7 +431,8 @@ impl Drop for RedisServer {
 // Redis under a clock the test controls
 // ---------------------------------------------------------------------------
 
-/// The wall-clock offset of one `redis-server`, set at run time by the test.
+/// The wall clock of one `redis-server` (an offset from real time, or a frozen time), set
+/// at run time by the test.
 ///
 /// The server runs with `clock_shim.c` (built here with `cc` once per test process) in
 /// `LD_PRELOAD`: its `gettimeofday`, `clock_gettime(CLOCK_REALTIME)` and `time` (which
@@ -444,22 +445,42 @@ pub(crate) struct ServerClock {
 }
 
 impl ServerClock {
-    /// Sets the server's wall clock to real time plus `offset_us` (negative: behind).
-    pub(crate) fn set_offset_us(&self, offset_us: i64) {
+    fn write(&self, time_us: i64, mode: i64) {
         use std::os::unix::fs::FileExt;
         let file = OpenOptions::new()
             .write(true)
             .open(&self.path)
             .expect("clock file");
-        file.write_all_at(&offset_us.to_ne_bytes(), 0)
-            .expect("write the clock offset");
+        // The mode last: a shim that reads the new mode reads the new time too.
+        file.write_all_at(&time_us.to_ne_bytes(), 0)
+            .expect("write the clock time");
+        file.write_all_at(&mode.to_ne_bytes(), 8)
+            .expect("write the clock mode");
     }
 
-    /// Steps the server's clock by `by_us` from its current offset.
-    pub(crate) fn step_us(&self, by_us: i64) {
+    fn read(&self) -> (i64, i64) {
         let bytes = fs::read(&self.path).expect("clock file");
-        let now = i64::from_ne_bytes(bytes[..8].try_into().expect("8 bytes"));
-        self.set_offset_us(now + by_us);
+        let word =
+            |i: usize| i64::from_ne_bytes(bytes[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
+        (word(0), word(1))
+    }
+
+    /// Sets the server's wall clock to real time plus `offset_us` (negative: behind).
+    pub(crate) fn set_offset_us(&self, offset_us: i64) {
+        self.write(offset_us, 0);
+    }
+
+    /// Stops the server's wall clock at `unix_us` (microseconds since the Unix epoch): it
+    /// reads exactly that until the next call, so a script's `TIME` and its key expiries
+    /// are the test's to choose.
+    pub(crate) fn freeze_at(&self, unix_us: i64) {
+        self.write(unix_us, 1);
+    }
+
+    /// Steps the server's clock by `by_us` (an offset, or a frozen time).
+    pub(crate) fn step_us(&self, by_us: i64) {
+        let (time, mode) = self.read();
+        self.write(time + by_us, mode);
     }
 }
 
@@ -497,7 +518,7 @@ impl RedisServer {
         let clock = ServerClock {
             path: dir.join("clock-offset"),
         };
-        fs::write(&clock.path, 0i64.to_ne_bytes()).expect("write the clock file");
+        fs::write(&clock.path, [0u8; 16]).expect("write the clock file");
         let env = vec![
             ("LD_PRELOAD".to_owned(), shim.to_string_lossy().into_owned()),
             (

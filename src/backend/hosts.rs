@@ -1,0 +1,186 @@
+//! How a limiter's check is answered: [`Hosts`] is one algorithm's two hosts (its Redis
+//! script and its in-process state), and [`check`] picks the one that answers — Redis
+//! when the breaker lets the check through, the layer's failure policy otherwise.
+
+use std::num::NonZeroU32;
+use std::sync::Arc;
+use std::time::Duration;
+
+use deadpool_redis::redis::ScriptInvocation;
+
+use super::deny::Denied;
+use super::layout::Layout;
+use super::redis::{Fault, ScriptError};
+use super::{Backend, FailurePolicy, Scripts, TimeSource, DEFAULT_PROBE_INTERVAL};
+use crate::decision::{Decision, Source, State};
+use crate::limiter::Check;
+use crate::metrics::RedisMetrics;
+
+/// What one limiter needs of the backend: the handle, its Redis key layout, and its
+/// Redis metrics.
+#[derive(Debug)]
+pub(crate) struct Remote {
+    backend: Backend,
+    /// How this limiter's Redis keys are built.
+    layout: Layout,
+    /// The policy name, for metrics labels.
+    name: String,
+    metrics: RedisMetrics,
+}
+
+impl Remote {
+    pub(crate) fn new(backend: &Backend, kind: &str, name: &str) -> Self {
+        Self {
+            backend: backend.clone(),
+            layout: backend.layout(kind, name),
+            name: name.to_owned(),
+            metrics: RedisMetrics::default(),
+        }
+    }
+
+    pub(crate) fn backend(&self) -> &Backend {
+        &self.backend
+    }
+
+    /// The Redis key of `key` for this limiter.
+    pub(crate) fn redis_key(&self, key: &[u8]) -> Vec<u8> {
+        self.layout.redis_key(key)
+    }
+}
+
+/// One algorithm's two hosts on a backend: its Redis script (arguments in, reply out) and
+/// its in-process state, with the same semantics. [`check`] picks the host that answers.
+pub(crate) trait Hosts: Send + Sync + 'static {
+    fn remote(&self) -> &Remote;
+    /// The largest cost that can ever be admitted at once.
+    fn capacity(&self) -> u64;
+    /// The decision for a cost above [`capacity`](Self::capacity).
+    fn exceeds_capacity(&self, source: Source) -> Decision;
+    /// The script in both versions (see [`TimeSource`]), run with `KEYS[1]` = the
+    /// limited key.
+    fn scripts(&self) -> &'static Scripts;
+    /// Appends the script's `ARGV` (the caller's time, when used, goes after them).
+    fn args(&self, invocation: &mut ScriptInvocation<'static>, cost: NonZeroU32);
+    /// Reads the script's reply; `None` when it is not of the expected shape.
+    fn decide(&self, reply: &[i64], cost: NonZeroU32) -> Option<Decision>;
+    /// Answers from the in-process state.
+    fn local(&self, key: &[u8], cost: NonZeroU32, source: Source) -> Decision;
+}
+
+/// Answers a check from Redis when the breaker lets it through (one round trip, run by
+/// SHA), by the layer's [`FailurePolicy`] otherwise; a failed round trip is answered by
+/// the failure policy too, and counts toward the breaker unless it concerns only its key.
+/// A key Redis refused recently is refused from the deny cache without a round trip.
+pub(crate) fn check<T: Hosts>(store: &Arc<T>, key: &[u8], cost: NonZeroU32) -> Check {
+    let remote = store.remote();
+    let backend = &remote.backend;
+    let redis = backend.redis_handle();
+    if u64::from(cost.get()) > store.capacity() {
+        let source = match redis {
+            None => Source::InProcess,
+            Some(redis) if redis.is_healthy() => Source::Redis,
+            Some(_) => Source::Fallback,
+        };
+        return Check::ready(store.exceeds_capacity(source));
+    }
+    let Some(redis) = redis else {
+        return Check::ready(store.local(key, cost, Source::InProcess));
+    };
+    if !redis.admit() {
+        return Check::ready(unavailable(&**store, key, cost));
+    }
+    let redis_key = remote.redis_key(key);
+    let deny = &backend.inner.deny;
+    let deny_key = deny.is_enabled().then(|| deny.hash(&redis_key));
+    if let Some(hash) = deny_key {
+        let now_us = backend.clock().now_us();
+        if let Some(denied) = deny.get(hash, now_us) {
+            let us = |t: u64| Duration::from_micros(t.saturating_sub(now_us));
+            let decision = Decision::new(
+                State::OverQuota,
+                store.capacity(),
+                0,
+                us(denied.reset_us),
+                Source::DenyCache,
+            );
+            return Check::ready(decision.with_retry_after(us(denied.until_us)));
+        }
+    }
+    let time = backend.inner.time;
+    let script = store.scripts().get(time);
+    let mut invocation = script.key(&redis_key);
+    store.args(&mut invocation, cost);
+    if time == TimeSource::Caller {
+        invocation.arg(backend.caller_now_us());
+    }
+    let store = Arc::clone(store);
+    let redis = Arc::clone(redis);
+    Check::pending(async move {
+        let remote = store.remote();
+        let started = std::time::Instant::now();
+        let result = redis.eval(script, &invocation).await;
+        remote.metrics.duration(&remote.name, started.elapsed());
+        let error = match result {
+            Ok(reply) => match store.decide(&reply, cost) {
+                Some(decision) => {
+                    if let (Some(hash), Some(retry), 1) =
+                        (deny_key, decision.retry_after, cost.get())
+                    {
+                        let backend = &remote.backend;
+                        let now_us = backend.clock().now_us();
+                        let at = |d: Duration| {
+                            now_us.saturating_add(u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+                        };
+                        let denied = Denied {
+                            until_us: at(retry),
+                            reset_us: at(decision.reset),
+                        };
+                        backend.inner.deny.insert(hash, denied, now_us);
+                    }
+                    return decision;
+                }
+                None => ScriptError::Reply(reply),
+            },
+            Err(error) => error,
+        };
+        let fault = error.fault();
+        crate::metrics::redis_error(&remote.name, fault.label());
+        if fault == Fault::Key {
+            redis.key_error(remote.backend.inner.deny.hash(&redis_key), &error);
+        }
+        // The key, read back from the Redis key (only on this failure path).
+        let key = remote.layout.key_of(&redis_key).unwrap_or_default();
+        unavailable(&*store, &key, cost)
+    })
+}
+
+/// The answer while Redis is unreachable, by the layer's failure policy.
+fn unavailable<T: Hosts>(store: &T, key: &[u8], cost: NonZeroU32) -> Decision {
+    let backend = &store.remote().backend;
+    match backend.failover.policy {
+        FailurePolicy::Fallback => store.local(key, cost, Source::Fallback),
+        FailurePolicy::FailOpen => {
+            let limit = store.capacity();
+            Decision::new(
+                State::Allowed,
+                limit,
+                limit,
+                Duration::ZERO,
+                Source::FailOpen,
+            )
+        }
+        FailurePolicy::FailClosed => {
+            let retry = backend
+                .redis_handle()
+                .map_or(DEFAULT_PROBE_INTERVAL, |r| r.probe_interval());
+            Decision::new(
+                State::OverQuota,
+                store.capacity(),
+                0,
+                retry,
+                Source::FailClosed,
+            )
+            .with_retry_after(retry)
+        }
+    }
+}

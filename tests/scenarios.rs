@@ -1,0 +1,444 @@
+//! One table of scenarios per algorithm, run against both of its hosts: the in-process
+//! state machine (on a clock the test sets) and the Lua script on a real `redis-server`
+//! whose wall clock the test freezes at each step (with the server's time, and with the
+//! caller's time where the algorithm promises the same answers). Every host must give
+//! the decision the table states: state, remaining units, reset and retry-after, to the
+//! microsecond. A change to one host that the other lacks fails here.
+//!
+//! Times are milliseconds from [`T0`]; steps may go back in time (a stepped wall clock).
+
+mod support;
+
+use std::fmt::Write as _;
+use std::num::NonZeroU32;
+use std::time::Duration;
+
+use support::{RedisServer, ServerClock};
+use tower_redis_ratelimit::backend::{ManualClock, TimeSource};
+use tower_redis_ratelimit::period::{PeriodConfig, PeriodLimiter, UtcOffset};
+use tower_redis_ratelimit::rolling::{RollingConfig, RollingWindowLimiter};
+use tower_redis_ratelimit::token_bucket::{TokenBucketConfig, TokenBucketLimiter};
+use tower_redis_ratelimit::{Backend, Limiter, Source, State};
+
+use State::{Allowed, ExceedsCapacity, HitQuota, OverQuota};
+
+/// 2027-01-15T08:00:00Z (16:00 in UTC+8), in milliseconds: a whole second, so that bucket
+/// and window edges fall on the table's round numbers.
+const T0_MS: i64 = 1_800_000_000_000;
+const HOUR: i64 = 3_600_000;
+
+/// One check: at `at` ms from [`T0_MS`], `cost` units, and the answer every host gives.
+#[derive(Debug, Clone, Copy)]
+struct Step {
+    at: i64,
+    cost: u32,
+    state: State,
+    remaining: u64,
+    /// Reset, in microseconds.
+    reset_us: u64,
+    /// Retry-after, in microseconds.
+    retry_us: Option<u64>,
+}
+
+/// A step in the tables' shorthand, reset and retry-after in milliseconds.
+fn step(at: i64, cost: u32, state: State, remaining: u64, reset: u64, retry: Option<u64>) -> Step {
+    step_us(
+        at,
+        cost,
+        state,
+        remaining,
+        reset * 1_000,
+        retry.map(|ms| ms * 1_000),
+    )
+}
+
+/// A step whose reset and retry-after are in microseconds (rounded up by every host).
+fn step_us(
+    at: i64,
+    cost: u32,
+    state: State,
+    remaining: u64,
+    reset_us: u64,
+    retry_us: Option<u64>,
+) -> Step {
+    Step {
+        at,
+        cost,
+        state,
+        remaining,
+        reset_us,
+        retry_us,
+    }
+}
+
+/// The part of a decision the hosts must agree on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Answer {
+    state: State,
+    remaining: u64,
+    reset_us: u128,
+    retry_us: Option<u128>,
+}
+
+impl Step {
+    fn answer(&self) -> Answer {
+        Answer {
+            state: self.state,
+            remaining: self.remaining,
+            reset_us: u128::from(self.reset_us),
+            retry_us: self.retry_us.map(u128::from),
+        }
+    }
+}
+
+/// Which hosts a scenario runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Hosts {
+    /// In-process, Redis with the server's time, Redis with the caller's time.
+    All,
+    /// Not the caller's time: the scenario steps the clock back, which that mode
+    /// documents differently (a caller behind is not a step back of the shared clock).
+    NoCallerTime,
+}
+
+struct Scenario {
+    name: &'static str,
+    limiter: fn(&Backend, &str) -> Box<dyn Limiter>,
+    hosts: Hosts,
+    steps: Vec<Step>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Host {
+    InProcess,
+    RedisServerTime,
+    RedisCallerTime,
+}
+
+fn unix_us(at: i64) -> u64 {
+    u64::try_from((T0_MS + at) * 1_000).expect("a time after 1970")
+}
+
+/// Runs `scenario` on `host`: one fresh key per run, every step at its time.
+async fn run(
+    scenario: &Scenario,
+    host: Host,
+    redis: &RedisServer,
+    clock: &ServerClock,
+) -> Vec<Answer> {
+    let manual = ManualClock::new(unix_us(0));
+    let builder = Backend::builder()
+        .manual_clock(manual.clone())
+        .deny_cache(0);
+    let backend = match host {
+        Host::InProcess => builder.build(),
+        Host::RedisServerTime => builder.redis(redis.pool()).build(),
+        Host::RedisCallerTime => builder
+            .redis(redis.pool())
+            .time_source(TimeSource::Caller)
+            .build(),
+    }
+    .expect("backend");
+    let name = format!("{}-{host:?}", scenario.name);
+    let limiter = (scenario.limiter)(&backend, &name);
+    let mut answers = Vec::new();
+    for step in &scenario.steps {
+        manual.set_us(unix_us(step.at));
+        clock.freeze_at(i64::try_from(unix_us(step.at)).expect("fits"));
+        let cost = NonZeroU32::new(step.cost).expect("costs are at least 1");
+        let decision = limiter.check(b"k", cost).await;
+        let expected_source = match host {
+            Host::InProcess => Source::InProcess,
+            Host::RedisServerTime | Host::RedisCallerTime => Source::Redis,
+        };
+        assert_eq!(
+            decision.source, expected_source,
+            "{}: {host:?} at {} ms answered from {:?}",
+            scenario.name, step.at, decision.source
+        );
+        answers.push(Answer {
+            state: decision.state,
+            remaining: decision.remaining,
+            reset_us: decision.reset.as_micros(),
+            retry_us: decision.retry_after.map(|d: Duration| d.as_micros()),
+        });
+    }
+    answers
+}
+
+/// Runs every scenario on every host it names; fails with one report of every
+/// difference from the table.
+async fn run_table(scenarios: &[Scenario]) {
+    let (redis, clock) = RedisServer::start_with_clock();
+    let mut report = String::new();
+    for scenario in scenarios {
+        let hosts: &[Host] = match scenario.hosts {
+            Hosts::All => &[
+                Host::InProcess,
+                Host::RedisServerTime,
+                Host::RedisCallerTime,
+            ],
+            Hosts::NoCallerTime => &[Host::InProcess, Host::RedisServerTime],
+        };
+        for &host in hosts {
+            let answers = run(scenario, host, &redis, &clock).await;
+            for (step, answer) in scenario.steps.iter().zip(&answers) {
+                if *answer != step.answer() {
+                    let _ = writeln!(
+                        report,
+                        "{} on {host:?}, at {} ms, cost {}:\n    expected {:?}\n    got      {answer:?}",
+                        scenario.name,
+                        step.at,
+                        step.cost,
+                        step.answer()
+                    );
+                }
+            }
+        }
+    }
+    clock.set_offset_us(0);
+    assert!(report.is_empty(), "hosts differ from the table:\n{report}");
+}
+
+const SEC: Duration = Duration::from_secs(1);
+
+// ---------------------------------------------------------------------------
+// Fixed window
+// ---------------------------------------------------------------------------
+
+fn period(quota: u64, period: Duration) -> impl Fn(&Backend, &str) -> Box<dyn Limiter> {
+    move |backend, name| {
+        Box::new(
+            PeriodLimiter::new(backend, name, PeriodConfig::new(quota, period)).expect("valid"),
+        )
+    }
+}
+
+fn period_5_per_second(backend: &Backend, name: &str) -> Box<dyn Limiter> {
+    period(5, SEC)(backend, name)
+}
+
+fn period_2_per_second(backend: &Backend, name: &str) -> Box<dyn Limiter> {
+    period(2, SEC)(backend, name)
+}
+
+fn period_2_per_day_utc8(backend: &Backend, name: &str) -> Box<dyn Limiter> {
+    let config = PeriodConfig::new(2, 86_400 * SEC).align(UtcOffset::from_hours(8));
+    Box::new(PeriodLimiter::new(backend, name, config).expect("valid"))
+}
+
+#[tokio::test]
+async fn fixed_window_hosts_agree() {
+    let r = Some;
+    run_table(&[
+        Scenario {
+            name: "go-zero states, then the next window",
+            limiter: period_5_per_second,
+            hosts: Hosts::All,
+            steps: vec![
+                step(0, 1, Allowed, 4, 1_000, None),
+                step(0, 1, Allowed, 3, 1_000, None),
+                step(0, 1, Allowed, 2, 1_000, None),
+                step(0, 1, Allowed, 1, 1_000, None),
+                step(0, 1, HitQuota, 0, 1_000, None),
+                step(10, 1, OverQuota, 0, 990, r(990)),
+                step(999, 1, OverQuota, 0, 1, r(1)),
+                // The window ends exactly one period after it began.
+                step(1_000, 1, Allowed, 4, 1_000, None),
+            ],
+        },
+        Scenario {
+            name: "a window starts at its first request",
+            limiter: period_5_per_second,
+            hosts: Hosts::All,
+            steps: vec![
+                step(500, 1, Allowed, 4, 1_000, None),
+                step(1_400, 1, Allowed, 3, 100, None),
+                step(1_500, 1, Allowed, 4, 1_000, None),
+            ],
+        },
+        Scenario {
+            name: "refused costs are not counted",
+            limiter: period_5_per_second,
+            hosts: Hosts::All,
+            steps: vec![
+                step(0, 3, Allowed, 2, 1_000, None),
+                step(1, 3, OverQuota, 2, 999, r(999)),
+                step(2, 2, HitQuota, 0, 998, None),
+                step(3, 6, ExceedsCapacity, 0, 1_000, None),
+            ],
+        },
+        Scenario {
+            name: "aligned to local midnight in UTC+8",
+            limiter: period_2_per_day_utc8,
+            hosts: Hosts::All,
+            steps: vec![
+                // 23:59:59.000 local time.
+                step(8 * HOUR - 1_000, 1, Allowed, 1, 1_000, None),
+                step(8 * HOUR - 500, 1, HitQuota, 0, 500, None),
+                step(8 * HOUR - 1, 1, OverQuota, 0, 1, r(1)),
+                step(8 * HOUR, 1, Allowed, 1, 86_400_000, None),
+            ],
+        },
+        Scenario {
+            name: "a clock step back keeps the count for at most a period",
+            limiter: period_2_per_second,
+            hosts: Hosts::NoCallerTime,
+            steps: vec![
+                step(0, 1, Allowed, 1, 1_000, None),
+                step(0, 1, HitQuota, 0, 1_000, None),
+                step(-HOUR, 1, OverQuota, 0, 1_000, r(1_000)),
+                step(-HOUR + 999, 1, OverQuota, 0, 1, r(1)),
+                step(-HOUR + 1_000, 1, Allowed, 1, 1_000, None),
+            ],
+        },
+        Scenario {
+            name: "a clock step forward ends the window",
+            limiter: period_2_per_second,
+            hosts: Hosts::NoCallerTime,
+            steps: vec![
+                step(0, 2, HitQuota, 0, 1_000, None),
+                step(HOUR, 1, Allowed, 1, 1_000, None),
+            ],
+        },
+    ])
+    .await;
+}
+
+// ---------------------------------------------------------------------------
+// Token bucket
+// ---------------------------------------------------------------------------
+
+/// 10 tokens per second (one per 100 ms), burst 5.
+fn bucket_10_per_second_burst_5(backend: &Backend, name: &str) -> Box<dyn Limiter> {
+    let config = TokenBucketConfig::new(10, SEC, 5);
+    Box::new(TokenBucketLimiter::new(backend, name, config).expect("valid"))
+}
+
+/// 3 tokens per second (333.333 ms each), burst 2.
+fn bucket_3_per_second_burst_2(backend: &Backend, name: &str) -> Box<dyn Limiter> {
+    let config = TokenBucketConfig::new(3, SEC, 2);
+    Box::new(TokenBucketLimiter::new(backend, name, config).expect("valid"))
+}
+
+#[tokio::test]
+async fn token_bucket_hosts_agree() {
+    let r = Some;
+    run_table(&[
+        Scenario {
+            name: "a full bucket, then the refill rate",
+            limiter: bucket_10_per_second_burst_5,
+            hosts: Hosts::All,
+            steps: vec![
+                step(0, 1, Allowed, 4, 100, None),
+                step(0, 1, Allowed, 3, 200, None),
+                step(0, 1, Allowed, 2, 300, None),
+                step(0, 1, Allowed, 1, 400, None),
+                step(0, 1, HitQuota, 0, 500, None),
+                step(30, 1, OverQuota, 0, 470, r(70)),
+                step(100, 1, HitQuota, 0, 500, None),
+                // Weighted: 3 tokens are back 300 ms later, not 4.
+                step(400, 4, OverQuota, 3, 200, r(100)),
+                step(500, 4, HitQuota, 0, 500, None),
+                step(500, 6, ExceedsCapacity, 0, 0, None),
+                // Idle for long: full again, never more.
+                step(HOUR, 5, HitQuota, 0, 500, None),
+            ],
+        },
+        Scenario {
+            name: "fractional intervals",
+            limiter: bucket_3_per_second_burst_2,
+            hosts: Hosts::All,
+            steps: vec![
+                // Two tokens take 666_666.67 µs; durations are rounded up to the µs.
+                step_us(0, 2, HitQuota, 0, 666_667, None),
+                step_us(300, 1, OverQuota, 0, 366_667, r(33_334)),
+                step_us(334, 1, HitQuota, 0, 666_000, None),
+            ],
+        },
+        Scenario {
+            name: "a clock step back blocks a key for at most a refill",
+            limiter: bucket_10_per_second_burst_5,
+            hosts: Hosts::NoCallerTime,
+            steps: vec![
+                step(0, 5, HitQuota, 0, 500, None),
+                step(-HOUR, 1, OverQuota, 0, 500, r(100)),
+                step(-HOUR + 100, 1, HitQuota, 0, 500, None),
+            ],
+        },
+        Scenario {
+            name: "a clock step forward refills early, never beyond full",
+            limiter: bucket_10_per_second_burst_5,
+            hosts: Hosts::NoCallerTime,
+            steps: vec![
+                step(0, 5, HitQuota, 0, 500, None),
+                step(HOUR, 5, HitQuota, 0, 500, None),
+            ],
+        },
+    ])
+    .await;
+}
+
+// ---------------------------------------------------------------------------
+// Rolling window
+// ---------------------------------------------------------------------------
+
+/// At most 5 units in any 10 buckets of 100 ms.
+fn rolling_5_per_10x100ms(backend: &Backend, name: &str) -> Box<dyn Limiter> {
+    let config = RollingConfig::new(5, 10, Duration::from_millis(100));
+    Box::new(RollingWindowLimiter::new(backend, name, config).expect("valid"))
+}
+
+#[tokio::test]
+async fn rolling_window_hosts_agree() {
+    let r = Some;
+    run_table(&[
+        Scenario {
+            name: "buckets expire one at a time",
+            limiter: rolling_5_per_10x100ms,
+            hosts: Hosts::All,
+            steps: vec![
+                step(0, 1, Allowed, 4, 1_000, None),
+                step(50, 2, Allowed, 2, 950, None),
+                step(250, 2, HitQuota, 0, 950, None),
+                // The oldest bucket (3 units) goes at 1000 ms.
+                step(300, 1, OverQuota, 0, 900, r(700)),
+                step(1_000, 3, HitQuota, 0, 1_000, None),
+                // Two units in the bucket of 200 ms go at 1200 ms.
+                step(1_100, 1, OverQuota, 0, 900, r(100)),
+                step(1_200, 2, HitQuota, 0, 1_000, None),
+            ],
+        },
+        Scenario {
+            name: "refused costs are not counted",
+            limiter: rolling_5_per_10x100ms,
+            hosts: Hosts::All,
+            steps: vec![
+                step(0, 3, Allowed, 2, 1_000, None),
+                step(100, 3, OverQuota, 2, 900, r(900)),
+                step(100, 2, HitQuota, 0, 1_000, None),
+                step(100, 6, ExceedsCapacity, 0, 1_000, None),
+            ],
+        },
+        Scenario {
+            name: "a clock step back moves the buckets back with it",
+            limiter: rolling_5_per_10x100ms,
+            hosts: Hosts::NoCallerTime,
+            steps: vec![
+                step(0, 5, HitQuota, 0, 1_000, None),
+                step(-HOUR, 1, OverQuota, 0, 1_000, r(1_000)),
+                step(-HOUR + 1_000, 1, Allowed, 4, 1_000, None),
+            ],
+        },
+        Scenario {
+            name: "a clock step forward expires every bucket",
+            limiter: rolling_5_per_10x100ms,
+            hosts: Hosts::NoCallerTime,
+            steps: vec![
+                step(0, 5, HitQuota, 0, 1_000, None),
+                step(HOUR, 1, Allowed, 4, 1_000, None),
+            ],
+        },
+    ])
+    .await;
+}
