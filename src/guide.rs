@@ -1,5 +1,5 @@
 //! Guides: choosing an algorithm and a key, stacking limits, limits from your own
-//! store, trying a limit in shadow mode, running behind a proxy, on Redis Cluster, when Redis fails, on gRPC, and
+//! store, trying a limit in shadow mode, limits on outgoing requests, running behind a proxy, on Redis Cluster, when Redis fails, on gRPC, and
 //! watching it all. This module has no items, only documentation.
 //!
 //! # Choosing an algorithm
@@ -146,6 +146,38 @@
 //! handlers cannot tell it is there, and it never makes a request wait for Redis. Give
 //! it a name of its own: layers with the same name and algorithm share their counters.
 //! When the numbers look right, remove `shadow(true)`.
+//!
+//! # Outbound limits
+//!
+//! The layers above refuse what a service *receives*. For what it *sends* (an upstream
+//! API's quota shared by every replica: a payment provider's requests per second per
+//! account, an LLM API's tokens per minute), callers want to wait their turn, not fail:
+//! wrap the client in an [`OutboundLayer`](crate::outbound::OutboundLayer), or call
+//! [`Waiter::acquire`](crate::outbound::Waiter::acquire) from a queue consumer or a
+//! batch job.
+//!
+//! - **Limit**: build a limiter on the Redis backend, named and keyed alike in every
+//!   instance (the same prefix, name and key are the same Redis key). A token bucket
+//!   with a burst of 1 spreads calls evenly, as most upstream quotas expect; the key is
+//!   the unit the upstream limits (an account, a sender), the cost a closure on the
+//!   request (tokens of a completion).
+//! - **Maximum wait**: a call fails with
+//!   [`WaitError::TimedOut`](crate::outbound::WaitError) once it cannot be admitted in
+//!   time, at once when the shared state already says so. Set it below the caller's
+//!   own timeout; a queue consumer can take a long one, a request handler a short one.
+//! - **Cost**: waiters on one key queue in order in each process and only the head asks
+//!   Redis, at the time the last refusal named. With one instance sending, that is about
+//!   one Redis call per request; with several saturating one key, about one call per
+//!   instance per admission (the instances' heads wake together and one wins). See
+//!   `BENCHMARKS.md`.
+//! - **Redis down**: the backend's [`FailurePolicy`](crate::FailurePolicy): `Fallback`
+//!   waits on the in-process state (give it a [fallback
+//!   share](crate::BackendBuilder::fallback_share) of `1/N` for N instances),
+//!   `FailOpen` sends unlimited, `FailClosed` fails calls with
+//!   [`WaitError::Unavailable`](crate::outbound::WaitError).
+//!
+//! The `outbound` example runs an upstream that counts arrivals per second and clients
+//! that share one limit through Redis.
 //!
 //! # Running behind a proxy
 //!
@@ -420,6 +452,7 @@
 //! |---|---|---|
 //! | faces | `lib.rs`, `layers.rs`, [`config`](crate::config) | the layers users build (`PeriodLimitLayer`, ...), their settings, rules as data |
 //! | the service | [`service`](crate::service) | one generic [`LimitService`](crate::LimitService) and its future: key, cost, check, then the inner service or the rejection |
+//! | the client side | [`outbound`](crate::outbound) | a [`Waiter`](crate::outbound::Waiter) over any `Limiter` (one first-in, first-out queue per key, sleeping for the refusal's retry-after) and the layer that waits before calling a client |
 //! | the edges | [`response`](crate::response), [`key`](crate::key) | what clients see (HTTP `429`, gRPC `RESOURCE_EXHAUSTED`, the `RateLimit` headers) and which bucket a request counts against |
 //! | algorithms | [`period`](crate::period), [`token_bucket`](crate::token_bucket), [`rolling`](crate::rolling) | each a pure step (stored state, now, cost, settings) -> (state, decision), with two hosts: a Lua script and the in-process state |
 //! | the backend | [`backend`](crate::backend), `local.rs`, `clock.rs` | where state lives: the Redis host (connection, breaker, probe, deny cache, key layout, time source) and the bounded in-process host |

@@ -82,6 +82,7 @@ mod layers;
 mod limiter;
 mod local;
 pub mod metrics;
+pub mod outbound;
 pub mod period;
 pub mod response;
 pub mod ring;

@@ -1,0 +1,96 @@
+//! Limits on the requests a service *sends*: each call waits (up to a maximum) until a
+//! limit shared by every replica admits it, instead of being refused. For an upstream
+//! API's quota (a payment provider's 100 requests per second per account, an LLM API's
+//! tokens per minute, an SMS gateway's messages per sender), queue consumers and batch
+//! jobs.
+//!
+//! [`Waiter::acquire`] waits on any [`Limiter`](crate::Limiter) (the same algorithms and
+//! backends as the inbound layers: a token bucket in Redis, shared by every instance, or
+//! in-process); [`OutboundLayer`] puts the wait in front of any tower client (a
+//! `hyper-util` client, a `tonic` channel, a service wrapping `reqwest`), with the key
+//! and a weighted cost read from each request.
+//!
+//! # How the wait works
+//!
+//! - **No polling.** A refused check says when the request could pass (`retry_after`,
+//!   computed from the shared state: the bucket's arrival time in Redis); the waiter
+//!   sleeps until then and checks once more. It fails at once, without sleeping, when
+//!   that time lies beyond its maximum wait ([`WaitError::TimedOut`]), and never waits
+//!   for a cost the limit can never admit ([`WaitError::ExceedsCapacity`]).
+//! - **First in, first out per key, one caller at a time.** In one process, the waiters
+//!   on one key queue behind a fair lock; only the head checks the limiter. A thousand
+//!   queued requests make one Redis call per admission, not a thousand calls per
+//!   refill, and a costly request is not overtaken forever by cheap ones. After an
+//!   admission that used the last unit, the next head sleeps until the limiter's policy
+//!   says a unit is back before it asks. Across instances, each instance's head checks
+//!   when the shared state says; one of them wins, the others get the next time.
+//! - **Nothing reserved.** A refused check counts nothing, so a waiter that gives up or
+//!   is dropped has spent nothing and leaves no task: cancellation is free with every
+//!   algorithm. (Reserving ahead, as Bucket4j's blocking buckets do, would make one call
+//!   per request across instances too, but a dropped waiter's reservation would be
+//!   lost.)
+//! - **Redis down.** The limiter's [`FailurePolicy`](crate::FailurePolicy) applies as
+//!   for inbound layers: `Fallback` waits on the in-process state (with its fallback
+//!   share), `FailOpen` lets calls through, `FailClosed` fails them with
+//!   [`WaitError::Unavailable`]. Choose it on the backend
+//!   ([`BackendBuilder::failure_policy`](crate::BackendBuilder::failure_policy)).
+//!
+//! Compared with in-process waiting (governor's `until_ready`, rate-limiter-flexible's
+//! `RateLimiterQueue`), the limit and the time to wake up come from the store every
+//! instance shares.
+//!
+//! # Example
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use http::Request;
+//! use http_body_util::Empty;
+//! use hyper_util::client::legacy::Client;
+//! use hyper_util::rt::TokioExecutor;
+//! use tower::{ServiceBuilder, ServiceExt};
+//! use tower_redis_ratelimit::outbound::{OutboundError, OutboundLayer, WaitError, Waiter};
+//! use tower_redis_ratelimit::token_bucket::{TokenBucketConfig, TokenBucketLimiter};
+//! use tower_redis_ratelimit::Backend;
+//!
+//! # #[tokio::main]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! // Every replica shares the provider's 100 requests per second per account.
+//! let backend = Backend::builder().redis_url("redis://127.0.0.1:6379").build()?;
+//! let config = TokenBucketConfig::new(100, Duration::from_secs(1), 10);
+//! let limiter = TokenBucketLimiter::new(&backend, "payments", config)?;
+//! let layer = OutboundLayer::new(Waiter::new(limiter), Duration::from_secs(10))
+//!     .key(|req: &Request<Empty<bytes::Bytes>>| {
+//!         let account = req.headers().get("x-account").map(|v| v.as_bytes().to_vec());
+//!         account.unwrap_or_default()
+//!     });
+//! let client = Client::builder(TokioExecutor::new()).build_http::<Empty<bytes::Bytes>>();
+//! let client = ServiceBuilder::new().layer(layer).service(client);
+//!
+//! let request = Request::get("http://127.0.0.1:3001/charge")
+//!     .header("x-account", "m-42")
+//!     .body(Empty::new())?;
+//! match client.oneshot(request).await {
+//!     Ok(response) => println!("{}", response.status()),
+//!     Err(OutboundError::Wait(WaitError::TimedOut { .. })) => println!("busy: try later"),
+//!     Err(error) => return Err(error.into()),
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! The `outbound` example runs an upstream that counts arrivals per second and clients
+//! that share one limit through Redis.
+
+mod error;
+mod layer;
+mod request;
+mod service;
+mod waiter;
+
+pub use self::error::{OutboundError, WaitError};
+pub use self::layer::OutboundLayer;
+pub use self::request::{FixedKey, RequestCost, RequestKey};
+pub use self::service::{Outbound, ResponseFuture};
+pub use self::waiter::Waiter;
+
+#[cfg(test)]
+mod tests;
