@@ -15,7 +15,8 @@
 //! | `GET /profile` | free plan 10/min, paid plan 1000/min: one layer, the plan chosen per request | user |
 //! | `GET /search` | a burst of 3 (one more per second) and a daily quota of 100, stacked | user |
 //! | `POST /payments` | 20/min | `x-merchant-id` header |
-//! | all of the above | 30/min in shadow mode: logged and counted, never enforced | user |
+//! | `GET /reports` | 2 per second and 10 per day, one atomic pair: a request either counts against both or against neither (one script call on Redis) | `x-merchant-id` header |
+//! | all of the above but `/reports` | 30/min in shadow mode: logged and counted, never enforced | user |
 //!
 //! Try `curl -i -H 'authorization: Bearer free-token' http://127.0.0.1:3001/profile`.
 //! `PORT` overrides the port (3001).
@@ -33,9 +34,10 @@ use axum::{Extension, Router};
 use tower::ServiceBuilder;
 use tower_redis_ratelimit::key::{ExtensionKey, HeaderKey};
 use tower_redis_ratelimit::period::{PeriodConfig, UtcOffset};
+use tower_redis_ratelimit::token_bucket::TokenBucketConfig;
 use tower_redis_ratelimit::{
-    Backend, ConfigError, Decision, ExtensionPlan, LayerBuilder, PeriodLimitLayer, Plans,
-    TokenBucketLayer,
+    Backend, ConfigError, Decision, ExtensionPlan, LayerBuilder, LimitSetLayer, PeriodLimitLayer,
+    Plans, TokenBucketLayer,
 };
 
 /// The authenticated user, put into the request extensions by [`authenticate`].
@@ -126,7 +128,20 @@ pub fn app(backend: &Backend) -> Result<Router, ConfigError> {
         .shadow(true)
         .build()?;
 
-    Ok(Router::new()
+    // An atomic pair: both limits decided at once, all or nothing (a request refused by
+    // the burst does not use the daily quota, and the other way round), listed in the
+    // `RateLimit` headers burst first. The only limit of its route: one script call.
+    let reports = LimitSetLayer::builder(backend)
+        .name("reports")
+        .limit(
+            "burst",
+            TokenBucketConfig::new(2, Duration::from_secs(1), 2),
+        )
+        .limit("daily", PeriodConfig::new(10, Duration::from_secs(86_400)))
+        .key(HeaderKey::from_static("x-merchant-id"))
+        .build()?;
+
+    let per_user = Router::new()
         .route("/profile", get(report).layer(per_plan))
         // `ServiceBuilder` runs its layers top to bottom: `burst`, then `daily`.
         .route(
@@ -134,8 +149,19 @@ pub fn app(backend: &Backend) -> Result<Router, ConfigError> {
             get(report).layer(ServiceBuilder::new().layer(burst).layer(daily)),
         )
         .route("/payments", post(report).layer(per_merchant))
-        .layer(trial)
+        .layer(trial);
+    let per_merchant_pair = Router::new().route("/reports", get(merchant_report).layer(reports));
+    Ok(per_user
+        .merge(per_merchant_pair)
         .layer(middleware::from_fn(authenticate)))
+}
+
+/// Tells the merchant where it stands against the tighter of its two limits.
+async fn merchant_report(Extension(decision): Extension<Decision>) -> String {
+    format!(
+        "report: {:?}, {} of {} left\n",
+        decision.state, decision.remaining, decision.limit
+    )
 }
 
 /// Tells the client where it stands (the innermost enforcing layer's decision).

@@ -338,16 +338,20 @@ impl Hosts for SetHosts {
         Some(self.combine(&decisions))
     }
 
-    fn local(&self, key: &[u8], cost: NonZeroU32, source: Source, spend: bool) -> Decision {
+    fn local(&self, key: &[u8], cost: u32, source: Source, spend: bool) -> Decision {
         let _guard = self.lock(key);
         let mut decisions: Vec<_> = self
             .members
             .iter()
             .map(|m| m.local(key, cost, source, false))
             .collect();
-        if spend && decisions.iter().all(Decision::is_admitted) {
-            for (member, decision) in self.members.iter().zip(&mut decisions) {
+        let admitted = decisions.iter().all(Decision::is_admitted);
+        for (member, decision) in self.members.iter().zip(&mut decisions) {
+            if admitted && spend {
                 *decision = member.local(key, cost, source, true);
+            } else if !admitted && decision.is_admitted() {
+                // Refused by another limit: this one stands where it was.
+                *decision = member.local(key, 0, source, false);
             }
         }
         self.combine(&decisions)

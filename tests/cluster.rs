@@ -147,3 +147,26 @@ async fn a_cluster_reached_by_urls_limits_on_every_node() {
     }
     assert_eq!(backend.redis_switches(), Some(0));
 }
+
+/// A set of limits on one key is one script call on the key's master: its keys share
+/// the key's hash tag, whatever the key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_set_of_limits_decides_in_one_slot() {
+    use tower_redis_ratelimit::set::{LimitSet, SetLimiter};
+    let cluster = RedisCluster::start(3);
+    let pool = cluster::Config::from_urls(cluster.urls())
+        .create_pool(Some(Runtime::Tokio1))
+        .unwrap();
+    let backend = Backend::builder().redis_cluster(pool).build().unwrap();
+    let set = LimitSet::new()
+        .limit(
+            "burst",
+            TokenBucketConfig::new(1, Duration::from_secs(60), 3),
+        )
+        .limit("daily", PeriodConfig::new(2, Duration::from_secs(86_400)))
+        .limit("rolling", RollingConfig::new(4, 10, Duration::from_secs(6)));
+    let limiter = SetLimiter::new(&backend, "set", set).unwrap();
+    for key in keys() {
+        assert_eq!(admitted(&limiter, &key, 4).await, 2, "key {key:?}");
+    }
+}

@@ -135,6 +135,48 @@ async fn per_merchant_limits_key_on_the_merchant_header() {
     assert_eq!(response.status(), StatusCode::BAD_REQUEST, "no merchant id");
 }
 
+/// `GET /reports`: an atomic pair (2 per second, 10 per day) per merchant, the only limit
+/// of its route: one script call per request, both limits in the headers, burst first.
+#[tokio::test]
+async fn the_reports_pair_is_one_script_call_per_request() {
+    let redis = RedisServer::start();
+    let backend = redis.uncached_backend();
+    let app = tenants::app(&backend).unwrap();
+    let merchant = [FREE, ("x-merchant-id", "m-7")];
+    // The first request loads the script.
+    send(
+        &app,
+        Method::GET,
+        "/reports",
+        &[FREE, ("x-merchant-id", "warm")],
+    )
+    .await;
+    let before = redis.command_calls("evalsha");
+    let mut statuses = Vec::new();
+    for _ in 0..3 {
+        let (response, _) = send(&app, Method::GET, "/reports", &merchant).await;
+        statuses.push(response.status().as_u16());
+        assert_eq!(
+            value(response.headers(), &RATELIMIT_POLICY),
+            "\"reports.burst\";q=2;w=1, \"reports.daily\";q=10;w=86400"
+        );
+    }
+    assert_eq!(statuses, [200, 200, 429]);
+    assert_eq!(
+        redis.command_calls("evalsha") - before,
+        3,
+        "one call per request"
+    );
+    assert_eq!(
+        redis.cmd(&[
+            "GET",
+            "ratelimit:{v1:hdr:x-merchant-id:m-7}:period:reports.daily"
+        ]),
+        "2",
+        "the refused request did not use daily quota"
+    );
+}
+
 #[tokio::test]
 async fn stacked_burst_and_daily_in_the_example() {
     let redis = RedisServer::start();

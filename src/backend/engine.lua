@@ -9,7 +9,8 @@
 -- caller's time, that time last.
 -- Returns {admitted by every limit (1/0), then each limit's reply in order}. With more
 -- than one limit, every limit decides first without writing; only when all of them
--- admit does each one write its own change, so a refusal by any limit spends nothing.
+-- admit does each one write its own change, so a refusal by any limit spends nothing
+-- (and the limits that would have admitted reply with their untouched state).
 local algorithms = { w = period, t = token_bucket, r = rolling }
 local op = ARGV[1]
 local cost = tonumber(ARGV[2])
@@ -38,6 +39,14 @@ end
 if spend and n > 1 and admitted == 1 then
   for i = 1, n do
     replies[i] = limits[i][1](KEYS[i], limits[i][2], now_us, cost, true)
+  end
+elseif n > 1 and admitted == 0 then
+  -- Refused: a limit that would have admitted says where it stands, untouched (a cost
+  -- of 0 spends nothing).
+  for i = 1, n do
+    if replies[i][1] == 1 then
+      replies[i] = limits[i][1](KEYS[i], limits[i][2], now_us, 0, false)
+    end
   end
 end
 local out = { admitted }

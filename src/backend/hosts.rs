@@ -93,8 +93,8 @@ pub(crate) trait Hosts: Send + Sync + 'static {
     /// expected shape.
     fn decide(&self, reply: &[i64], cost: NonZeroU32) -> Option<Decision>;
     /// Answers from the in-process state; with `spend` false, only says what spending
-    /// would answer, changing nothing.
-    fn local(&self, key: &[u8], cost: NonZeroU32, source: Source, spend: bool) -> Decision;
+    /// would answer, changing nothing (a `cost` of 0: where the key stands).
+    fn local(&self, key: &[u8], cost: u32, source: Source, spend: bool) -> Decision;
 }
 
 /// Answers a check from Redis when the breaker lets it through (one round trip, run by
@@ -114,7 +114,7 @@ pub(crate) fn check<T: Hosts + ?Sized>(store: &Arc<T>, key: &[u8], cost: NonZero
         return Check::ready(store.exceeds_capacity(source));
     }
     let Some(redis) = redis else {
-        return Check::ready(store.local(key, cost, Source::InProcess, true));
+        return Check::ready(store.local(key, cost.get(), Source::InProcess, true));
     };
     if !redis.admit() {
         return Check::ready(unavailable(&**store, key, cost));
@@ -193,7 +193,7 @@ pub(crate) fn check<T: Hosts + ?Sized>(store: &Arc<T>, key: &[u8], cost: NonZero
 fn unavailable<T: Hosts + ?Sized>(store: &T, key: &[u8], cost: NonZeroU32) -> Decision {
     let backend = &store.remote().backend;
     match backend.failover.policy {
-        FailurePolicy::Fallback => store.local(key, cost, Source::Fallback, true),
+        FailurePolicy::Fallback => store.local(key, cost.get(), Source::Fallback, true),
         FailurePolicy::FailOpen => {
             let limit = store.capacity();
             Decision::new(

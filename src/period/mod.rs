@@ -288,7 +288,7 @@ impl Hosts for PeriodHosts {
         ))
     }
 
-    fn local(&self, key: &[u8], cost: NonZeroU32, source: Source, spend: bool) -> Decision {
+    fn local(&self, key: &[u8], cost: u32, source: Source, spend: bool) -> Decision {
         let now_us = self.remote.backend().clock().now_us();
         let schedule = Schedule {
             period_us: self.period_ms * 1_000,
@@ -297,7 +297,7 @@ impl Hosts for PeriodHosts {
         let quota = self.local_quota;
         let hit = self
             .windows
-            .hit(key, u64::from(cost.get()), quota, schedule, now_us, spend);
+            .hit(key, u64::from(cost), quota, schedule, now_us, spend);
         let reset = Duration::from_micros(hit.ends_at_us.saturating_sub(now_us));
         Self::decision(quota, hit.count, reset, hit.admitted, source)
     }

@@ -227,12 +227,10 @@ impl Hosts for RollingHosts {
         ))
     }
 
-    fn local(&self, key: &[u8], cost: NonZeroU32, source: Source, spend: bool) -> Decision {
+    fn local(&self, key: &[u8], cost: u32, source: Source, spend: bool) -> Decision {
         let now_us = self.remote.backend().clock().now_us();
         let limit = self.local_limit;
-        let hit = self
-            .rings
-            .hit(key, u64::from(cost.get()), limit, now_us, spend);
+        let hit = self.rings.hit(key, u64::from(cost), limit, now_us, spend);
         Self::decision(
             limit,
             hit.admitted,

@@ -360,7 +360,7 @@ async fn a_sweep_of_probes_never_beats_the_bounds() {
 #[tokio::test(start_paused = true)]
 async fn fallback_source_is_reported() {
     let limiter = limiter(1);
-    let d = limiter.store.local(b"k", ONE, Source::Fallback, true);
+    let d = limiter.store.local(b"k", 1, Source::Fallback, true);
     assert_eq!(d.source, Source::Fallback);
     assert_eq!(d.state, State::HitQuota);
 }
@@ -379,22 +379,22 @@ async fn the_fallback_applies_its_share_of_the_limit() {
         RollingWindowLimiter::new(&backend, "t", RollingConfig::new(10, 10, 100 * MS)).unwrap();
     assert_eq!(limiter.policy().quota(), 10);
     let store = &limiter.store;
-    let first = store.local(b"k", ONE, Source::Fallback, true);
+    let first = store.local(b"k", 1, Source::Fallback, true);
     assert_eq!(
         (first.state, first.limit, first.remaining),
         (State::Allowed, 2, 1)
     );
     assert_eq!(
-        store.local(b"k", ONE, Source::Fallback, true).state,
+        store.local(b"k", 1, Source::Fallback, true).state,
         State::HitQuota
     );
-    let over = store.local(b"k", ONE, Source::Fallback, true);
+    let over = store.local(b"k", 1, Source::Fallback, true);
     assert_eq!(
         (over.state, over.source),
         (State::OverQuota, Source::Fallback)
     );
     // A cost within the limit but above the fallback's share waits for a window.
-    let big = store.local(b"other", cost(3), Source::Fallback, true);
+    let big = store.local(b"other", 3, Source::Fallback, true);
     assert_eq!(big.state, State::OverQuota);
     assert_eq!(big.retry_after, Some(Duration::from_secs(1)));
 }

@@ -275,14 +275,14 @@ impl Hosts for TokenBucketHosts {
         })
     }
 
-    fn local(&self, key: &[u8], cost: NonZeroU32, source: Source, spend: bool) -> Decision {
+    fn local(&self, key: &[u8], cost: u32, source: Source, spend: bool) -> Decision {
         let now_ns = self.remote.backend().clock().elapsed_ns();
         let burst = self.local.burst;
         // Rounded up to the microsecond, as the script's durations are.
         let ns = |ns: u64| Duration::from_micros(ns.div_ceil(1_000));
         match self
             .buckets
-            .hit(key, self.local, u64::from(cost.get()), now_ns, spend)
+            .hit(key, self.local, u64::from(cost), now_ns, spend)
         {
             Outcome::Admitted { left, full_in_ns } => {
                 let state = if left == 0 {

@@ -1,0 +1,183 @@
+//! Sets of limits decided all or nothing, against a real `redis-server` (and a Redis
+//! Cluster): one script call per decision, a refusal by any limit leaves every limit's
+//! stored state untouched, concurrent checks never admit more than each limit allows,
+//! and every limit is listed in the headers.
+
+mod support;
+
+use std::num::NonZeroU32;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::routing::get;
+use axum::Router;
+use support::http::Served;
+use support::RedisServer;
+use tokio::task::JoinSet;
+use tower_redis_ratelimit::key::HeaderKey;
+use tower_redis_ratelimit::period::PeriodConfig;
+use tower_redis_ratelimit::rolling::RollingConfig;
+use tower_redis_ratelimit::set::{LimitSet, SetLimiter, MAX_LIMITS};
+use tower_redis_ratelimit::token_bucket::TokenBucketConfig;
+use tower_redis_ratelimit::{Backend, ConfigError, LimitSetLayer, Limiter, Source};
+
+const ONE: NonZeroU32 = NonZeroU32::MIN;
+const SEC: Duration = Duration::from_secs(1);
+const DAY: Duration = Duration::from_secs(86_400);
+
+/// 2 per second (token bucket, burst 2) and 3 per day (fixed window).
+fn burst_and_daily() -> LimitSet {
+    LimitSet::new()
+        .limit("burst", TokenBucketConfig::new(2, SEC, 2))
+        .limit("daily", PeriodConfig::new(3, DAY))
+}
+
+#[tokio::test]
+async fn one_script_call_per_decision_and_a_refusal_spends_nothing() {
+    let redis = RedisServer::start();
+    let backend = redis.uncached_backend();
+    backend.probe_redis().await.unwrap();
+    let set = LimitSet::new()
+        .limit("burst", PeriodConfig::new(2, 60 * SEC))
+        .limit("daily", PeriodConfig::new(3, DAY));
+    let limiter = SetLimiter::new(&backend, "reports", set).unwrap();
+    // The first call loads the script (`NOSCRIPT`, then `EVALSHA` again).
+    limiter.check(b"warm-up", ONE).await;
+    let before = redis.command_calls("evalsha");
+    let mut admitted = 0;
+    for _ in 0..5 {
+        let decision = limiter.check(b"m1", ONE).await;
+        assert_eq!(decision.source, Source::Redis, "{decision:?}");
+        admitted += usize::from(decision.is_admitted());
+    }
+    assert_eq!(admitted, 2, "the burst admits two a minute");
+    assert_eq!(
+        redis.command_calls("evalsha") - before,
+        5,
+        "one call per decision"
+    );
+    // The three refusals by the burst did not touch the daily count.
+    let burst = "ratelimit:{v1:m1}:period:reports.burst";
+    let daily = "ratelimit:{v1:m1}:period:reports.daily";
+    assert_eq!(redis.cmd(&["GET", burst]), "2");
+    assert_eq!(redis.cmd(&["GET", daily]), "2");
+    // A refusal by the daily limit leaves the burst as it was.
+    redis.cmd(&["SET", burst, "0", "PX", "60000"]);
+    redis.cmd(&["SET", daily, "3", "PX", "60000"]);
+    let refused = limiter.check(b"m1", ONE).await;
+    assert!(!refused.is_admitted(), "{refused:?}");
+    assert_eq!(redis.cmd(&["GET", burst]), "0");
+    assert_eq!(redis.cmd(&["GET", daily]), "3");
+}
+
+/// 50 concurrent checks of one key, twice, on Redis and in process: no limit of the set
+/// ever admits more than it allows, and only admitted requests are counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_checks_never_admit_more_than_each_limit() {
+    let redis = RedisServer::start();
+    for backend in [redis.uncached_backend(), Backend::in_process()] {
+        // First round: the rolling window (5 a second) is the tighter limit. Second
+        // round, a second later: the fixed window (7 a day) has 2 left, if and only if
+        // the first round's 45 refusals were not counted.
+        let set = LimitSet::new()
+            .limit("daily", PeriodConfig::new(7, DAY))
+            .limit(
+                "rolling",
+                RollingConfig::new(5, 10, Duration::from_millis(100)),
+            );
+        let limiter = Arc::new(SetLimiter::new(&backend, "c", set).unwrap());
+        let mut rounds = Vec::new();
+        for round in 0..2 {
+            if round == 1 {
+                tokio::time::sleep(Duration::from_millis(1_100)).await;
+            }
+            let mut tasks = JoinSet::new();
+            for _ in 0..50 {
+                let limiter = Arc::clone(&limiter);
+                tasks.spawn(async move { limiter.check(b"k", ONE).await });
+            }
+            let mut admitted = 0;
+            while let Some(decision) = tasks.join_next().await {
+                admitted += usize::from(decision.unwrap().is_admitted());
+            }
+            rounds.push(admitted);
+        }
+        assert_eq!(rounds, [5, 2], "{backend:?}");
+    }
+}
+
+/// Every limit of a set is in `RateLimit-Policy` and `RateLimit`, in order, on admitted
+/// and refused responses; `Retry-After` is the longest wait among the refusing limits.
+#[tokio::test]
+async fn every_limit_is_listed_in_the_headers() {
+    let redis = RedisServer::start();
+    for backend in [redis.uncached_backend(), Backend::in_process()] {
+        let layer = LimitSetLayer::builder(&backend)
+            .name("reports")
+            .limit("burst", TokenBucketConfig::new(2, SEC, 2))
+            .limit("daily", PeriodConfig::new(3, DAY))
+            .key(HeaderKey::from_static("x-merchant-id"))
+            .build()
+            .unwrap();
+        let app = Router::new().route("/reports", get(|| async { "report" }).layer(layer));
+        let server = Served::start(app).await;
+        let merchant = [("x-merchant-id", "m1")];
+        let (first, _) = server.get("/reports", &merchant).await;
+        assert_eq!(first.status(), 200);
+        assert_eq!(
+            first.headers()["ratelimit-policy"],
+            "\"reports.burst\";q=2;w=1, \"reports.daily\";q=3;w=86400"
+        );
+        assert_eq!(
+            first.headers()["ratelimit"],
+            "\"reports.burst\";r=1;t=1, \"reports.daily\";r=2;t=86400"
+        );
+        let (second, _) = server.get("/reports", &merchant).await;
+        assert_eq!(second.status(), 200);
+        let (refused, _) = server.get("/reports", &merchant).await;
+        assert_eq!(refused.status(), 429, "{backend:?}");
+        assert_eq!(refused.headers()["retry-after"], "1");
+        assert_eq!(
+            refused.headers()["ratelimit"],
+            "\"reports.burst\";r=0;t=1, \"reports.daily\";r=1;t=86400"
+        );
+    }
+}
+
+#[test]
+fn invalid_sets_fail_when_built() {
+    let backend = Backend::in_process();
+    let build = |set: LimitSet| SetLimiter::new(&backend, "s", set).map(|_| ());
+    assert!(matches!(
+        build(LimitSet::new()),
+        Err(ConfigError::Missing {
+            setting: "limit",
+            ..
+        })
+    ));
+    assert!(matches!(
+        build(
+            LimitSet::new()
+                .limit("a", PeriodConfig::new(1, SEC))
+                .limit("a", PeriodConfig::new(2, SEC))
+        ),
+        Err(ConfigError::Conflict { .. })
+    ));
+    let mut many = LimitSet::new();
+    for i in 0..=MAX_LIMITS {
+        many = many.limit(format!("l{i}"), PeriodConfig::new(1, SEC));
+    }
+    assert!(matches!(build(many), Err(ConfigError::TooLarge { .. })));
+    assert!(matches!(
+        build(LimitSet::new().limit("a", PeriodConfig::new(0, SEC))),
+        Err(ConfigError::Zero {
+            setting: "quota",
+            ..
+        })
+    ));
+    assert!(matches!(
+        build(LimitSet::new().limit("{a}", PeriodConfig::new(1, SEC))),
+        Err(ConfigError::InvalidName { .. })
+    ));
+    assert!(build(burst_and_daily()).is_ok());
+}
