@@ -54,6 +54,33 @@ pub trait Limiter: Send + Sync + 'static {
         let _ = index;
         self.check(key, cost)
     }
+
+    /// What [`check`](Self::check) of `cost` would answer now, spending nothing. `None`
+    /// when this limiter cannot tell (the default); the built-in limiters can, in one
+    /// round trip on Redis.
+    fn peek(&self, key: &[u8], cost: NonZeroU32) -> Option<Check> {
+        let _ = (key, cost);
+        None
+    }
+
+    /// Gives `cost` units back to `key` (a request that turned out not to count), and
+    /// says where the key stands then. `None` when this limiter cannot (the default).
+    ///
+    /// A fixed window gets the units back in its current window; a token bucket gets
+    /// the tokens back (never beyond full); a rolling window takes them off its newest
+    /// buckets. A refund never admits more than the limit: at most what was spent comes
+    /// back.
+    fn refund(&self, key: &[u8], cost: NonZeroU32) -> Option<Check> {
+        let _ = (key, cost);
+        None
+    }
+
+    /// Forgets `key` (an administrator lifting a limit), and says where it stands then.
+    /// `None` when this limiter cannot (the default).
+    fn reset(&self, key: &[u8]) -> Option<Check> {
+        let _ = key;
+        None
+    }
 }
 
 impl<L: Limiter + ?Sized> Limiter for std::sync::Arc<L> {
@@ -75,6 +102,18 @@ impl<L: Limiter + ?Sized> Limiter for std::sync::Arc<L> {
 
     fn check_policy(&self, index: usize, key: &[u8], cost: NonZeroU32) -> Check {
         (**self).check_policy(index, key, cost)
+    }
+
+    fn peek(&self, key: &[u8], cost: NonZeroU32) -> Option<Check> {
+        (**self).peek(key, cost)
+    }
+
+    fn refund(&self, key: &[u8], cost: NonZeroU32) -> Option<Check> {
+        (**self).refund(key, cost)
+    }
+
+    fn reset(&self, key: &[u8]) -> Option<Check> {
+        (**self).reset(key)
     }
 }
 

@@ -310,6 +310,25 @@ impl LocalStore {
         Key(hash.h1, hash.h2)
     }
 
+    /// Forgets `key`'s state.
+    pub(crate) fn remove(&self, key: Key) {
+        self.cache.remove(&key);
+    }
+
+    /// Runs `f` on `key`'s state if it has one, creating nothing.
+    pub(crate) fn modify<S: State>(&self, key: Key, f: impl FnOnce(&mut S)) {
+        if !self.cache.contains_key(&key) {
+            return;
+        }
+        // A key evicted meanwhile leaves a placeholder guard, dropped at once.
+        let _ = self.cache.entry(&key, None, |_, slot| {
+            if let Some(state) = S::get(slot) {
+                f(state);
+            }
+            EntryAction::<()>::Retain(())
+        });
+    }
+
     /// Runs `f` on a copy of `key`'s state (or on `init()` if the key is new), storing
     /// nothing: what [`update`](Self::update) would answer, without its change.
     pub(crate) fn peek<S: State + Clone, R>(
@@ -320,7 +339,7 @@ impl LocalStore {
     ) -> R {
         let mut state = self
             .cache
-            .get(&key)
+            .peek(&key)
             .and_then(|mut slot| S::get(&mut slot).cloned())
             .unwrap_or_else(init);
         f(&mut state)

@@ -45,7 +45,7 @@ use bytes::{BufMut, BytesMut};
 use deadpool_redis::redis::ScriptInvocation;
 use http::HeaderValue;
 
-use crate::backend::{self, Backend, Hosts, Remote};
+use crate::backend::{self, Backend, Hosts, Operation, Remote};
 use crate::decision::{Decision, Policy, Source, State};
 use crate::error::{validate_name, ConfigError};
 use crate::limiter::{Check, Limiter};
@@ -228,6 +228,28 @@ impl Limiter for SetLimiter {
     fn check(&self, key: &[u8], cost: NonZeroU32) -> Check {
         backend::check(&self.hosts, key, cost)
     }
+
+    fn peek(&self, key: &[u8], cost: NonZeroU32) -> Option<Check> {
+        Some(backend::operate(
+            &self.hosts,
+            Operation::Peek,
+            key,
+            cost.get(),
+        ))
+    }
+
+    fn refund(&self, key: &[u8], cost: NonZeroU32) -> Option<Check> {
+        Some(backend::operate(
+            &self.hosts,
+            Operation::Refund,
+            key,
+            cost.get(),
+        ))
+    }
+
+    fn reset(&self, key: &[u8]) -> Option<Check> {
+        Some(backend::operate(&self.hosts, Operation::Reset, key, 0))
+    }
 }
 
 impl SetHosts {
@@ -355,5 +377,19 @@ impl Hosts for SetHosts {
             }
         }
         self.combine(&decisions)
+    }
+
+    fn local_refund(&self, key: &[u8], cost: u32) {
+        let _guard = self.lock(key);
+        for member in self.members.iter() {
+            member.local_refund(key, cost);
+        }
+    }
+
+    fn local_reset(&self, key: &[u8]) {
+        let _guard = self.lock(key);
+        for member in self.members.iter() {
+            member.local_reset(key);
+        }
     }
 }

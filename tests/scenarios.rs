@@ -28,9 +28,20 @@ use State::{Allowed, ExceedsCapacity, HitQuota, OverQuota};
 const T0_MS: i64 = 1_800_000_000_000;
 const HOUR: i64 = 3_600_000;
 
-/// One check: at `at` ms from [`T0_MS`], `cost` units, and the answer every host gives.
+/// What a step does to its key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Op {
+    Check,
+    Peek,
+    Refund,
+    Reset,
+}
+
+/// One operation (a check unless said otherwise): at `at` ms from [`T0_MS`], `cost`
+/// units, and the answer every host gives.
 #[derive(Debug, Clone, Copy)]
 struct Step {
+    op: Op,
     at: i64,
     cost: u32,
     state: State,
@@ -63,6 +74,7 @@ fn step_us(
     retry_us: Option<u64>,
 ) -> Step {
     Step {
+        op: Op::Check,
         at,
         cost,
         state,
@@ -70,6 +82,11 @@ fn step_us(
         reset_us,
         retry_us,
     }
+}
+
+/// `step` as another operation than a check.
+fn with(op: Op, step: Step) -> Step {
+    Step { op, ..step }
 }
 
 /// The part of a decision the hosts must agree on.
@@ -146,8 +163,13 @@ async fn run(
     for step in &scenario.steps {
         manual.set_us(unix_us(step.at));
         clock.freeze_at(i64::try_from(unix_us(step.at)).expect("fits"));
-        let cost = NonZeroU32::new(step.cost).expect("costs are at least 1");
-        let decision = limiter.check(b"k", cost).await;
+        let cost = NonZeroU32::new(step.cost).unwrap_or(NonZeroU32::MIN);
+        let decision = match step.op {
+            Op::Check => limiter.check(b"k", cost).await,
+            Op::Peek => limiter.peek(b"k", cost).expect("built-in").await,
+            Op::Refund => limiter.refund(b"k", cost).expect("built-in").await,
+            Op::Reset => limiter.reset(b"k").expect("built-in").await,
+        };
         let expected_source = match host {
             Host::InProcess => Source::InProcess,
             Host::RedisServerTime | Host::RedisCallerTime => Source::Redis,
@@ -187,8 +209,9 @@ async fn run_table(scenarios: &[Scenario]) {
                 if *answer != step.answer() {
                     let _ = writeln!(
                         report,
-                        "{} on {host:?}, at {} ms, cost {}:\n    expected {:?}\n    got      {answer:?}",
+                        "{} on {host:?}, {:?} at {} ms, cost {}:\n    expected {:?}\n    got      {answer:?}",
                         scenario.name,
+                        step.op,
                         step.at,
                         step.cost,
                         step.answer()
@@ -246,6 +269,24 @@ async fn fixed_window_hosts_agree() {
                 step(999, 1, OverQuota, 0, 1, r(1)),
                 // The window ends exactly one period after it began.
                 step(1_000, 1, Allowed, 4, 1_000, None),
+            ],
+        },
+        Scenario {
+            name: "peek, refund and reset",
+            limiter: period_5_per_second,
+            hosts: Hosts::All,
+            steps: vec![
+                step(0, 3, Allowed, 2, 1_000, None),
+                with(Op::Peek, step(10, 2, HitQuota, 0, 990, None)),
+                with(Op::Peek, step(10, 3, OverQuota, 2, 990, r(990))),
+                step(10, 1, Allowed, 1, 990, None),
+                with(Op::Refund, step(20, 2, Allowed, 3, 980, None)),
+                step(30, 3, HitQuota, 0, 970, None),
+                // More than was spent: the window is emptied and forgotten.
+                with(Op::Refund, step(40, 10, Allowed, 5, 1_000, None)),
+                step(50, 1, Allowed, 4, 1_000, None),
+                with(Op::Reset, step(60, 0, Allowed, 5, 1_000, None)),
+                step(70, 5, HitQuota, 0, 1_000, None),
             ],
         },
         Scenario {
@@ -347,6 +388,22 @@ async fn token_bucket_hosts_agree() {
             ],
         },
         Scenario {
+            name: "peek, refund and reset",
+            limiter: bucket_10_per_second_burst_5,
+            hosts: Hosts::All,
+            steps: vec![
+                step(0, 5, HitQuota, 0, 500, None),
+                with(Op::Peek, step(0, 1, OverQuota, 0, 500, r(100))),
+                with(Op::Refund, step(0, 2, Allowed, 2, 300, None)),
+                step(0, 2, HitQuota, 0, 500, None),
+                // More than was taken: full, never beyond.
+                with(Op::Refund, step(100, 10, Allowed, 5, 0, None)),
+                step(100, 1, Allowed, 4, 100, None),
+                with(Op::Reset, step(200, 0, Allowed, 5, 0, None)),
+                with(Op::Peek, step(200, 6, ExceedsCapacity, 0, 0, None)),
+            ],
+        },
+        Scenario {
             name: "fractional intervals",
             limiter: bucket_3_per_second_burst_2,
             hosts: Hosts::All,
@@ -408,6 +465,23 @@ async fn rolling_window_hosts_agree() {
                 // Two units in the bucket of 200 ms go at 1200 ms.
                 step(1_100, 1, OverQuota, 0, 900, r(100)),
                 step(1_200, 2, HitQuota, 0, 1_000, None),
+            ],
+        },
+        Scenario {
+            name: "peek, refund (newest buckets first) and reset",
+            limiter: rolling_5_per_10x100ms,
+            hosts: Hosts::All,
+            steps: vec![
+                step(0, 2, Allowed, 3, 1_000, None),
+                step(150, 2, Allowed, 1, 950, None),
+                with(Op::Peek, step(150, 2, OverQuota, 1, 950, r(850))),
+                // Two units off the bucket of 100 ms, one off the bucket of 0 ms.
+                with(Op::Refund, step(200, 3, Allowed, 4, 1_000, None)),
+                step(200, 4, HitQuota, 0, 1_000, None),
+                // The unit left in the first bucket goes at 1000 ms.
+                step(210, 1, OverQuota, 0, 990, r(790)),
+                with(Op::Reset, step(300, 0, Allowed, 5, 1_000, None)),
+                step(300, 5, HitQuota, 0, 1_000, None),
             ],
         },
         Scenario {
@@ -488,6 +562,19 @@ async fn limit_set_hosts_agree() {
                 // The daily quota refuses: the burst is not spent either.
                 step(2_000, 1, OverQuota, 0, DAY - 2_000, r(DAY - 2_000)),
                 step(2_000, 3, ExceedsCapacity, 0, 1_000, None),
+            ],
+        },
+        Scenario {
+            name: "a refund and a reset reach every limit",
+            limiter: set_2_per_second_3_per_day,
+            hosts: Hosts::All,
+            steps: vec![
+                step(0, 1, Allowed, 1, 1_000, None),
+                with(Op::Refund, step(10, 1, Allowed, 2, 1_000, None)),
+                step(20, 2, HitQuota, 0, 1_000, None),
+                with(Op::Peek, step(20, 1, OverQuota, 0, 1_000, r(1_000))),
+                with(Op::Reset, step(30, 0, Allowed, 2, 1_000, None)),
+                step(30, 2, HitQuota, 0, 1_000, None),
             ],
         },
         Scenario {

@@ -113,6 +113,11 @@ impl DenyCache {
         self.entries.insert(key, denied);
     }
 
+    /// Forgets `key`'s refusal (after a refund or a reset).
+    pub(crate) fn remove(&self, key: u128) {
+        self.entries.remove(&key);
+    }
+
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.entries.len()

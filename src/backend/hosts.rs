@@ -95,6 +95,112 @@ pub(crate) trait Hosts: Send + Sync + 'static {
     /// Answers from the in-process state; with `spend` false, only says what spending
     /// would answer, changing nothing (a `cost` of 0: where the key stands).
     fn local(&self, key: &[u8], cost: u32, source: Source, spend: bool) -> Decision;
+    /// Gives `cost` units back to `key` in the in-process state.
+    fn local_refund(&self, key: &[u8], cost: u32);
+    /// Forgets `key` in the in-process state.
+    fn local_reset(&self, key: &[u8]);
+}
+
+/// What [`operate`] does to a key, besides a check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Operation {
+    /// Says what a check of the cost would answer, spending nothing.
+    Peek,
+    /// Gives the cost back.
+    Refund,
+    /// Forgets the key.
+    Reset,
+}
+
+impl Operation {
+    /// The engine's letter for it.
+    fn letter(self) -> &'static str {
+        match self {
+            Self::Peek => "p",
+            Self::Refund => "f",
+            Self::Reset => "x",
+        }
+    }
+}
+
+/// Runs `op` on `key`: on Redis when the breaker lets calls through (one round trip,
+/// the engine's same script), in the in-process state otherwise. The answer is what a
+/// check of `cost` would say (peek), or where the key stands after the change (refund,
+/// reset). A refund or a reset also forgets the key's cached refusal.
+pub(crate) fn operate<T: Hosts + ?Sized>(
+    store: &Arc<T>,
+    op: Operation,
+    key: &[u8],
+    cost: u32,
+) -> Check {
+    let remote = store.remote();
+    let backend = &remote.backend;
+    let redis = backend.redis_handle();
+    if op == Operation::Peek && u64::from(cost) > store.capacity() {
+        let source = match redis {
+            None => Source::InProcess,
+            Some(redis) if redis.is_healthy() => Source::Redis,
+            Some(_) => Source::Fallback,
+        };
+        return Check::ready(store.exceeds_capacity(source));
+    }
+    let Some(redis) = redis else {
+        return Check::ready(operate_locally(&**store, op, key, cost, Source::InProcess));
+    };
+    if !redis.admit() {
+        return Check::ready(operate_locally(&**store, op, key, cost, Source::Fallback));
+    }
+    let redis_key = remote.redis_key(key);
+    let deny = &backend.inner.deny;
+    if op != Operation::Peek && deny.is_enabled() {
+        deny.remove(deny.hash(&redis_key));
+    }
+    let time = backend.inner.time;
+    let script = ENGINE.get(time);
+    let mut invocation = script.key(&redis_key);
+    store.extra_keys(key, &mut invocation);
+    invocation
+        .arg(op.letter())
+        .arg(cost)
+        .arg(store.limit_count());
+    store.limit_args(&mut invocation);
+    if time == TimeSource::Caller {
+        invocation.arg(backend.caller_now_us());
+    }
+    let store = Arc::clone(store);
+    let redis = Arc::clone(redis);
+    let key = key.to_vec();
+    Check::pending(async move {
+        let reply = redis.eval(script, &invocation).await;
+        let decision = reply.ok().and_then(|reply| {
+            store.decide(
+                reply.get(1..)?,
+                NonZeroU32::new(cost).unwrap_or(NonZeroU32::MIN),
+            )
+        });
+        decision.unwrap_or_else(|| operate_locally(&*store, op, &key, cost, Source::Fallback))
+    })
+}
+
+/// [`operate`] on the in-process state.
+fn operate_locally<T: Hosts + ?Sized>(
+    store: &T,
+    op: Operation,
+    key: &[u8],
+    cost: u32,
+    source: Source,
+) -> Decision {
+    match op {
+        Operation::Peek => store.local(key, cost, source, false),
+        Operation::Refund => {
+            store.local_refund(key, cost);
+            store.local(key, 0, source, false)
+        }
+        Operation::Reset => {
+            store.local_reset(key);
+            store.local(key, 0, source, false)
+        }
+    }
 }
 
 /// Answers a check from Redis when the breaker lets it through (one round trip, run by

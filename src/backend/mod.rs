@@ -81,7 +81,7 @@ pub use self::health::{
     RedisState, DEFAULT_BREAKER_FAILURE_RATIO, DEFAULT_BREAKER_MIN_CALLS, DEFAULT_BREAKER_WINDOW,
     DEFAULT_RECOVERY,
 };
-pub(crate) use self::hosts::{check, Hosts, Remote};
+pub(crate) use self::hosts::{check, operate, Hosts, Operation, Remote};
 use self::layout::Layout;
 use self::redis::{Fault, RedisBackend};
 pub(crate) use self::time::Scripts;

@@ -229,8 +229,12 @@ mod tests {
     #[test]
     fn every_key_a_script_touches_is_declared() {
         let engine = include_str!("engine.lua");
-        assert!(engine.contains("limits[i][1](KEYS[i], "));
-        assert_eq!(engine.matches("limits[i][1](").count(), 2);
+        for (at, _) in engine.match_indices("limits[i][") {
+            let call = &engine[at + "limits[i][".len()..];
+            if call.starts_with("1](") || call.starts_with("3](") {
+                assert!(call[3..].starts_with("KEYS[i], "), "{}", &call[..40]);
+            }
+        }
         for (name, body) in bodies() {
             for time in [TimeSource::Server, TimeSource::Caller] {
                 for call in calls(&source(time, &body)) {

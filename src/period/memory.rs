@@ -71,6 +71,20 @@ impl Window {
     }
 }
 
+impl Window {
+    /// Gives `cost` units back to the window open at `now_us`; a window it empties is
+    /// forgotten (the next hit starts a new one), as in the script.
+    pub(crate) fn refund(&mut self, cost: u64, now_us: u64) {
+        if self.ends_at_us > now_us && self.count > 0 {
+            if self.count <= cost {
+                *self = Self::default();
+            } else {
+                self.count -= cost;
+            }
+        }
+    }
+}
+
 /// One limiter's windows in the backend's local store.
 #[derive(Debug)]
 pub(crate) struct Windows {
@@ -86,6 +100,17 @@ impl Windows {
 
     fn key(&self, key: &[u8]) -> Key {
         self.store.key(self.limiter, key)
+    }
+
+    /// Gives `cost` units back to `key`'s window.
+    pub(crate) fn refund(&self, key: &[u8], cost: u64, now_us: u64) {
+        self.store
+            .modify(self.key(key), |w: &mut Window| w.refund(cost, now_us));
+    }
+
+    /// Forgets `key`'s window.
+    pub(crate) fn reset(&self, key: &[u8]) {
+        self.store.remove(self.key(key));
     }
 
     /// Counts `cost` against `key` unless it would exceed `quota`; with `spend` false,

@@ -62,7 +62,7 @@ use std::time::Duration;
 use deadpool_redis::redis::ScriptInvocation;
 
 use self::memory::{Schedule, Windows};
-use crate::backend::{self, Backend, Hosts, Remote};
+use crate::backend::{self, Backend, Hosts, Operation, Remote};
 use crate::decision::{Decision, Policy, Source, State};
 use crate::error::ConfigError;
 use crate::limiter::{Check, Limiter};
@@ -218,6 +218,28 @@ impl Limiter for PeriodLimiter {
     fn check(&self, key: &[u8], cost: NonZeroU32) -> Check {
         backend::check(&self.store, key, cost)
     }
+
+    fn peek(&self, key: &[u8], cost: NonZeroU32) -> Option<Check> {
+        Some(backend::operate(
+            &self.store,
+            Operation::Peek,
+            key,
+            cost.get(),
+        ))
+    }
+
+    fn refund(&self, key: &[u8], cost: NonZeroU32) -> Option<Check> {
+        Some(backend::operate(
+            &self.store,
+            Operation::Refund,
+            key,
+            cost.get(),
+        ))
+    }
+
+    fn reset(&self, key: &[u8]) -> Option<Check> {
+        Some(backend::operate(&self.store, Operation::Reset, key, 0))
+    }
 }
 
 impl PeriodHosts {
@@ -300,6 +322,15 @@ impl Hosts for PeriodHosts {
             .hit(key, u64::from(cost), quota, schedule, now_us, spend);
         let reset = Duration::from_micros(hit.ends_at_us.saturating_sub(now_us));
         Self::decision(quota, hit.count, reset, hit.admitted, source)
+    }
+
+    fn local_refund(&self, key: &[u8], cost: u32) {
+        let now_us = self.remote.backend().clock().now_us();
+        self.windows.refund(key, u64::from(cost), now_us);
+    }
+
+    fn local_reset(&self, key: &[u8]) {
+        self.windows.reset(key);
     }
 }
 

@@ -52,3 +52,15 @@ local function period(key, a, now_us, cost, write)
   end
   return {1, count, ttl}
 end
+-- period_refund(key, a, now_us, cost): gives `cost` units back to the current window (a
+-- window emptied by it is deleted: the next request starts a new one).
+local function period_refund(key, a, now_us, cost)
+  local count = tonumber(redis.call('GET', key) or '0')
+  if count > 0 and redis.call('PTTL', key) > 0 then
+    if count <= cost then
+      redis.call('DEL', key)
+    else
+      redis.call('DECRBY', key, cost)
+    end
+  end
+end

@@ -165,6 +165,16 @@ where
     B: DerefMut<Target = [V]>,
     V: Default,
 {
+    /// Every bucket, oldest first, to change in place (see [`iter`](Ring::iter)).
+    pub fn iter_mut<'a>(&'a mut self) -> impl DoubleEndedIterator<Item = &'a mut V> + 'a
+    where
+        V: 'a,
+    {
+        let oldest = (self.slot(self.newest) + 1) % self.buckets.len();
+        let (newer, older) = self.buckets.split_at_mut(oldest);
+        older.iter_mut().chain(newer)
+    }
+
     /// Moves the ring to bucket `current` and returns the bucket a value at `current`
     /// goes into: `current` itself, unless the ring [holds](StepBack::Hold) a newer one.
     ///

@@ -12,7 +12,7 @@ use std::time::Duration;
 use deadpool_redis::redis::ScriptInvocation;
 
 use super::memory::{Grid, Rings};
-use crate::backend::{self, Backend, Hosts, Remote};
+use crate::backend::{self, Backend, Hosts, Operation, Remote};
 use crate::decision::{Decision, Policy, Source, State};
 use crate::error::ConfigError;
 use crate::limiter::{Check, Limiter};
@@ -153,6 +153,28 @@ impl Limiter for RollingWindowLimiter {
     fn check(&self, key: &[u8], cost: NonZeroU32) -> Check {
         backend::check(&self.store, key, cost)
     }
+
+    fn peek(&self, key: &[u8], cost: NonZeroU32) -> Option<Check> {
+        Some(backend::operate(
+            &self.store,
+            Operation::Peek,
+            key,
+            cost.get(),
+        ))
+    }
+
+    fn refund(&self, key: &[u8], cost: NonZeroU32) -> Option<Check> {
+        Some(backend::operate(
+            &self.store,
+            Operation::Refund,
+            key,
+            cost.get(),
+        ))
+    }
+
+    fn reset(&self, key: &[u8]) -> Option<Check> {
+        Some(backend::operate(&self.store, Operation::Reset, key, 0))
+    }
 }
 
 impl RollingHosts {
@@ -239,6 +261,15 @@ impl Hosts for RollingHosts {
             Duration::from_micros(hit.reset_us),
             source,
         )
+    }
+
+    fn local_refund(&self, key: &[u8], cost: u32) {
+        let now_us = self.remote.backend().clock().now_us();
+        self.rings.refund(key, u64::from(cost), now_us);
+    }
+
+    fn local_reset(&self, key: &[u8]) {
+        self.rings.reset(key);
     }
 }
 

@@ -105,6 +105,27 @@ pub(crate) struct Hit {
 }
 
 impl Counts {
+    /// Takes `cost` units off the buckets live at `now_us`, newest first (the units
+    /// spent last), as the script does.
+    pub(crate) fn refund(&mut self, grid: Grid, cost: u64, now_us: u64) {
+        let current = grid.index(now_us);
+        self.with_ring(|ring, sum| {
+            let live = ring.size() - ring.expired_at(current);
+            let mut left = cost;
+            for count in ring.iter_mut().rev().take(live) {
+                if left == 0 {
+                    break;
+                }
+                let take = left.min(*count);
+                *count -= take;
+                *sum -= take;
+                left -= take;
+            }
+        });
+    }
+}
+
+impl Counts {
     /// Counts `cost` unless the live buckets plus `cost` would exceed `limit` (rejected
     /// hits are not counted, as in the Redis script).
     ///
@@ -181,6 +202,19 @@ impl Rings {
 
     fn key(&self, key: &[u8]) -> Key {
         self.store.key(self.limiter, key)
+    }
+
+    /// Takes `cost` units off `key`'s newest buckets.
+    pub(crate) fn refund(&self, key: &[u8], cost: u64, now_us: u64) {
+        let grid = self.grid;
+        self.store.modify(self.key(key), |counts: &mut Counts| {
+            counts.refund(grid, cost, now_us)
+        });
+    }
+
+    /// Forgets `key`'s buckets.
+    pub(crate) fn reset(&self, key: &[u8]) {
+        self.store.remove(self.key(key));
     }
 
     /// Counts `cost` against `key` unless the live buckets plus `cost` would exceed

@@ -108,3 +108,35 @@ local function rolling(key, a, now_us, cost, write)
   end
   return {0, sum, retry, reset}
 end
+-- rolling_refund(key, a, now_us, cost): takes `cost` units off the newest buckets first
+-- (the units spent last), deleting the buckets it empties; expired buckets are left to
+-- the next check.
+local function rolling_refund(key, a, now_us, cost)
+  local buckets, interval = a[2], a[3]
+  local current = math.floor(math.floor(now_us / 1000) / interval)
+  local fields = redis.call('HGETALL', key)
+  local indices = {}
+  local counts = {}
+  for i = 1, #fields, 2 do
+    local index = tonumber(fields[i])
+    local count = tonumber(fields[i + 1])
+    -- Live buckets, and buckets "in the future" (the clock stepped back): both count.
+    if index and count and count > 0 and index > current - buckets then
+      indices[#indices + 1] = index
+      counts[index] = count
+    end
+  end
+  table.sort(indices, function(x, y) return x > y end)
+  for _, index in ipairs(indices) do
+    if cost <= 0 then
+      break
+    end
+    local take = math.min(cost, counts[index])
+    cost = cost - take
+    if take == counts[index] then
+      redis.call('HDEL', key, string.format('%d', index))
+    else
+      redis.call('HINCRBY', key, string.format('%d', index), -take)
+    end
+  end
+end

@@ -68,6 +68,17 @@ impl Tat {
     }
 }
 
+impl Tat {
+    /// Puts `cost` tokens back at `now_ns`: TAT moves back by their intervals, never
+    /// below now (as in the script).
+    pub(crate) fn refund(&mut self, bucket: Bucket, cost: u64, now_ns: u64) {
+        if self.0 > now_ns {
+            let back = cost.saturating_mul(bucket.interval_ns.max(1));
+            self.0 = self.0.saturating_sub(back).max(now_ns);
+        }
+    }
+}
+
 /// One limiter's buckets in the backend's local store.
 #[derive(Debug)]
 pub(crate) struct Buckets {
@@ -83,6 +94,18 @@ impl Buckets {
 
     pub(crate) fn key(&self, key: &[u8]) -> Key {
         self.store.key(self.limiter, key)
+    }
+
+    /// Puts `cost` tokens back into `key`'s bucket.
+    pub(crate) fn refund(&self, key: &[u8], bucket: Bucket, cost: u64, now_ns: u64) {
+        self.store.modify(self.key(key), |tat: &mut Tat| {
+            tat.refund(bucket, cost, now_ns)
+        });
+    }
+
+    /// Forgets `key`'s bucket.
+    pub(crate) fn reset(&self, key: &[u8]) {
+        self.store.remove(self.key(key));
     }
 
     /// Takes `cost` tokens from `key`'s bucket at `now_ns` if it holds them.

@@ -64,7 +64,7 @@ use std::time::Duration;
 use deadpool_redis::redis::ScriptInvocation;
 
 use self::memory::{Bucket, Buckets, Outcome};
-use crate::backend::{self, Backend, Hosts, Remote};
+use crate::backend::{self, Backend, Hosts, Operation, Remote};
 use crate::decision::{Decision, Policy, Source, State};
 use crate::error::{validate_name, ConfigError};
 use crate::limiter::{Check, Limiter};
@@ -216,6 +216,28 @@ impl Limiter for TokenBucketLimiter {
     fn check(&self, key: &[u8], cost: NonZeroU32) -> Check {
         backend::check(&self.store, key, cost)
     }
+
+    fn peek(&self, key: &[u8], cost: NonZeroU32) -> Option<Check> {
+        Some(backend::operate(
+            &self.store,
+            Operation::Peek,
+            key,
+            cost.get(),
+        ))
+    }
+
+    fn refund(&self, key: &[u8], cost: NonZeroU32) -> Option<Check> {
+        Some(backend::operate(
+            &self.store,
+            Operation::Refund,
+            key,
+            cost.get(),
+        ))
+    }
+
+    fn reset(&self, key: &[u8]) -> Option<Check> {
+        Some(backend::operate(&self.store, Operation::Reset, key, 0))
+    }
 }
 
 impl Hosts for TokenBucketHosts {
@@ -303,6 +325,16 @@ impl Hosts for TokenBucketHosts {
                 Decision::new(State::ExceedsCapacity, burst, 0, Duration::ZERO, source)
             }
         }
+    }
+
+    fn local_refund(&self, key: &[u8], cost: u32) {
+        let now_ns = self.remote.backend().clock().elapsed_ns();
+        self.buckets
+            .refund(key, self.local, u64::from(cost), now_ns);
+    }
+
+    fn local_reset(&self, key: &[u8]) {
+        self.buckets.reset(key);
     }
 }
 

@@ -51,3 +51,24 @@ local function token_bucket(key, a, now_us, cost, write)
   end
   return {1, math.floor((tau - full_in) / interval + 1e-9), 0, math.ceil(full_in)}
 end
+-- token_bucket_refund(key, a, now_us, cost): puts `cost` tokens back (TAT moves back by
+-- their intervals, never below now; a bucket full again is deleted).
+local function token_bucket_refund(key, a, now_us, cost)
+  local interval, burst = a[1], a[2]
+  local now = now_us - a[3] * 1000000
+  local tat = tonumber(redis.call('GET', key) or '')
+  if tat == nil or tat <= now then
+    return
+  end
+  tat = math.max(now, tat - cost * interval)
+  local full_in = tat - now
+  if full_in <= 0.001 then
+    redis.call('DEL', key)
+    return
+  end
+  local ttl = math.max(1, math.ceil(full_in / 1000))
+  if caller_time then
+    ttl = ttl + math.max(math.ceil(interval * burst / 1000), 1000)
+  end
+  redis.call('SET', key, string.format('%.4f', tat), 'PX', string.format('%d', ttl))
+end
