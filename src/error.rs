@@ -102,6 +102,19 @@ impl fmt::Display for ConfigError {
 
 impl std::error::Error for ConfigError {}
 
+/// Checks a lockout: at least one millisecond, at most ten years.
+pub(crate) fn validate_lockout(
+    lockout: Option<std::time::Duration>,
+) -> Result<Option<std::time::Duration>, ConfigError> {
+    match lockout {
+        Some(d) if d.as_millis() == 0 => Err(ConfigError::ZeroDuration { setting: "lockout" }),
+        Some(d) if d.as_secs() > 10 * 366 * 86_400 => {
+            Err(ConfigError::TooLong { setting: "lockout" })
+        }
+        other => Ok(other),
+    }
+}
+
 /// Checks a key prefix or limiter name: non-empty, printable, no Redis hash-tag braces.
 pub(crate) fn validate_name(setting: &'static str, value: &str) -> Result<(), ConfigError> {
     let reason = if value.is_empty() {

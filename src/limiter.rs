@@ -81,6 +81,15 @@ pub trait Limiter: Send + Sync + 'static {
         let _ = key;
         None
     }
+
+    /// Refuses `key` for `duration` (at least one millisecond), whatever its limit says,
+    /// spending nothing, on every instance sharing the store; a later block replaces it
+    /// and [`reset`](Self::reset) lifts it. Says where the key stands then. `None` when
+    /// this limiter cannot (the default).
+    fn block(&self, key: &[u8], duration: std::time::Duration) -> Option<Check> {
+        let _ = (key, duration);
+        None
+    }
 }
 
 impl<L: Limiter + ?Sized> Limiter for std::sync::Arc<L> {
@@ -114,6 +123,10 @@ impl<L: Limiter + ?Sized> Limiter for std::sync::Arc<L> {
 
     fn reset(&self, key: &[u8]) -> Option<Check> {
         (**self).reset(key)
+    }
+
+    fn block(&self, key: &[u8], duration: std::time::Duration) -> Option<Check> {
+        (**self).block(key, duration)
     }
 }
 

@@ -78,9 +78,10 @@ const SHARDS: usize = 64;
 /// A rolling-window key weighs one key per this many buckets (or part of it).
 const BUCKETS_PER_KEY: usize = 8;
 
-/// One key's state, of whichever algorithm the key belongs to.
+/// One key's state, of whichever algorithm the key belongs to (or its block).
 #[derive(Debug, Clone)]
 pub(crate) enum Slot {
+    Blocked(Blocked),
     Window(Window),
     Ring(Counts),
     Tat(Tat),
@@ -90,7 +91,7 @@ impl Slot {
     fn weight(&self) -> u64 {
         match self {
             Self::Ring(ring) => ring_weight(ring.len()),
-            Self::Window(_) | Self::Tat(_) => 1,
+            Self::Window(_) | Self::Tat(_) | Self::Blocked(_) => 1,
         }
     }
 }
@@ -130,6 +131,23 @@ impl State for Counts {
 
     fn into_slot(self) -> Slot {
         Slot::Ring(self)
+    }
+}
+
+/// Until when a key is blocked, in Unix microseconds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Blocked(pub(crate) u64);
+
+impl State for Blocked {
+    fn get(slot: &mut Slot) -> Option<&mut Self> {
+        match slot {
+            Slot::Blocked(b) => Some(b),
+            _ => None,
+        }
+    }
+
+    fn into_slot(self) -> Slot {
+        Slot::Blocked(self)
     }
 }
 

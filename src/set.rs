@@ -45,7 +45,7 @@ use bytes::{BufMut, BytesMut};
 use deadpool_redis::redis::ScriptInvocation;
 use http::HeaderValue;
 
-use crate::backend::{self, Backend, Hosts, Operation, Remote};
+use crate::backend::{self, Backend, Blocks, Hosts, Operation, Remote};
 use crate::decision::{Decision, Policy, Source, State};
 use crate::error::{validate_name, ConfigError};
 use crate::limiter::{Check, Limiter};
@@ -93,6 +93,7 @@ impl From<RollingConfig> for SetMember {
 #[derive(Debug, Clone, Default)]
 pub struct LimitSet {
     pub(crate) limits: Vec<(String, SetMember)>,
+    pub(crate) lockout: Option<Duration>,
 }
 
 impl LimitSet {
@@ -108,6 +109,14 @@ impl LimitSet {
     #[must_use]
     pub fn limit(mut self, name: impl Into<String>, limit: impl Into<SetMember>) -> Self {
         self.limits.push((name.into(), limit.into()));
+        self
+    }
+
+    /// Locks a key out for `duration` once the set refuses it, whichever limit refused
+    /// (see [`PeriodConfig::lockout`]).
+    #[must_use]
+    pub fn lockout(mut self, duration: Duration) -> Self {
+        self.lockout = Some(duration);
         self
     }
 }
@@ -130,6 +139,8 @@ struct SetHosts {
     capacity: u64,
     locks: Box<[Mutex<()>]>,
     hasher: std::collections::hash_map::RandomState,
+    /// The set's blocked keys and lockout (its members have none of their own).
+    blocks: Blocks,
 }
 
 impl std::fmt::Debug for SetHosts {
@@ -150,6 +161,7 @@ impl SetLimiter {
     /// of the same name, an invalid name, or a limit's own invalid settings.
     pub fn new(backend: &Backend, name: &str, set: LimitSet) -> Result<Self, ConfigError> {
         validate_name("name", name)?;
+        let lockout = crate::error::validate_lockout(set.lockout)?;
         if set.limits.is_empty() {
             return Err(ConfigError::Missing { setting: "limit" });
         }
@@ -203,6 +215,7 @@ impl SetLimiter {
                 capacity,
                 locks: (0..LOCKS).map(|_| Mutex::new(())).collect(),
                 hasher: std::collections::hash_map::RandomState::new(),
+                blocks: backend.blocks(lockout),
             }),
         })
     }
@@ -234,7 +247,7 @@ impl Limiter for SetLimiter {
             &self.hosts,
             Operation::Peek,
             key,
-            cost.get(),
+            u64::from(cost.get()),
         ))
     }
 
@@ -243,12 +256,19 @@ impl Limiter for SetLimiter {
             &self.hosts,
             Operation::Refund,
             key,
-            cost.get(),
+            u64::from(cost.get()),
         ))
     }
 
     fn reset(&self, key: &[u8]) -> Option<Check> {
         Some(backend::operate(&self.hosts, Operation::Reset, key, 0))
+    }
+
+    fn block(&self, key: &[u8], duration: Duration) -> Option<Check> {
+        let ms = u64::try_from(duration.as_millis())
+            .unwrap_or(u64::MAX)
+            .max(1);
+        Some(backend::operate(&self.hosts, Operation::Block, key, ms))
     }
 }
 
@@ -290,6 +310,10 @@ impl SetHosts {
 impl Hosts for SetHosts {
     fn remote(&self) -> &Remote {
         self.members[0].remote()
+    }
+
+    fn blocks(&self) -> &Blocks {
+        &self.blocks
     }
 
     fn capacity(&self) -> u64 {

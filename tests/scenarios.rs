@@ -35,6 +35,8 @@ enum Op {
     Peek,
     Refund,
     Reset,
+    /// Blocks the key for `cost` milliseconds.
+    Block,
 }
 
 /// One operation (a check unless said otherwise): at `at` ms from [`T0_MS`], `cost`
@@ -169,6 +171,10 @@ async fn run(
             Op::Peek => limiter.peek(b"k", cost).expect("built-in").await,
             Op::Refund => limiter.refund(b"k", cost).expect("built-in").await,
             Op::Reset => limiter.reset(b"k").expect("built-in").await,
+            Op::Block => {
+                let duration = Duration::from_millis(u64::from(step.cost));
+                limiter.block(b"k", duration).expect("built-in").await
+            }
         };
         let expected_source = match host {
             Host::InProcess => Source::InProcess,
@@ -246,6 +252,12 @@ fn period_2_per_second(backend: &Backend, name: &str) -> Box<dyn Limiter> {
     period(2, SEC)(backend, name)
 }
 
+/// 2 per second, and a refusal locks the key out for 5 seconds.
+fn period_2_per_second_lockout_5s(backend: &Backend, name: &str) -> Box<dyn Limiter> {
+    let config = PeriodConfig::new(2, SEC).lockout(5 * SEC);
+    Box::new(PeriodLimiter::new(backend, name, config).expect("valid"))
+}
+
 fn period_2_per_day_utc8(backend: &Backend, name: &str) -> Box<dyn Limiter> {
     let config = PeriodConfig::new(2, 86_400 * SEC).align(UtcOffset::from_hours(8));
     Box::new(PeriodLimiter::new(backend, name, config).expect("valid"))
@@ -287,6 +299,23 @@ async fn fixed_window_hosts_agree() {
                 step(50, 1, Allowed, 4, 1_000, None),
                 with(Op::Reset, step(60, 0, Allowed, 5, 1_000, None)),
                 step(70, 5, HitQuota, 0, 1_000, None),
+            ],
+        },
+        Scenario {
+            name: "a lockout after a refusal, a block, and a reset lifting it",
+            limiter: period_2_per_second_lockout_5s,
+            hosts: Hosts::All,
+            steps: vec![
+                step(0, 2, HitQuota, 0, 1_000, None),
+                // Refused: locked out for 5 s from here.
+                step(100, 1, OverQuota, 0, 5_000, r(5_000)),
+                // The window has ended, the lock has not; nothing is spent.
+                step(1_000, 1, OverQuota, 0, 4_100, r(4_100)),
+                step(5_100, 1, Allowed, 1, 1_000, None),
+                with(Op::Block, step(5_200, 300, OverQuota, 0, 900, r(300))),
+                step(5_300, 1, OverQuota, 0, 800, r(200)),
+                with(Op::Reset, step(5_400, 0, Allowed, 2, 1_000, None)),
+                step(5_400, 1, Allowed, 1, 1_000, None),
             ],
         },
         Scenario {

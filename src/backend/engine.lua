@@ -2,23 +2,28 @@
 -- all or nothing. The algorithms (src/period/period.lua, src/token_bucket/token_bucket.lua,
 -- src/rolling/rolling.lua) are functions placed before this text, after the prelude
 -- (src/backend/time.rs) that defines unix_us() and caller_time.
--- KEYS: one key per limit, in order (on Redis Cluster, all in one slot).
+-- KEYS: one key per limit, in order, then the key's block (on Redis Cluster, all in one
+-- slot: they share the limited key's hash tag).
 -- ARGV: op ('c' check: spend when every limit admits; 'p' peek: decide, spend nothing;
--- 'f' refund: give the cost back to every limit; 'x' reset: forget the key), cost,
--- the number of limits n, then per limit its algorithm ('w' fixed window, 't' token
--- bucket, 'r' rolling window), the count of its arguments and the arguments; with the
--- caller's time, that time last.
--- Returns {admitted by every limit (1/0), then each limit's reply in order}. With more
--- than one limit, every limit decides first without writing; only when all of them
--- admit does each one write its own change, so a refusal by any limit spends nothing
--- (and the limits that would have admitted reply with their untouched state).
+-- 'f' refund: give the cost back to every limit; 'x' reset: forget the key and its
+-- block; 'b' block: refuse the key for `cost` ms), cost, the number of limits n, the
+-- lockout (ms the key is blocked for when a check is refused; 0: none), then per limit
+-- its algorithm ('w' fixed window, 't' token bucket, 'r' rolling window), the count of
+-- its arguments and the arguments; with the caller's time, that time last.
+-- Returns {admitted by every limit (1/0), ms the key stays blocked (0: not blocked),
+-- then each limit's reply in order}. With more than one limit, every limit decides
+-- first without writing; only when all of them admit does each one write its own
+-- change, so a refusal by any limit spends nothing (and the limits that would have
+-- admitted reply with their untouched state). A blocked key spends nothing either.
 local algorithms = { w = period, t = token_bucket, r = rolling }
 local refunds = { w = period_refund, t = token_bucket_refund, r = rolling_refund }
 local op = ARGV[1]
 local cost = tonumber(ARGV[2])
 local n = tonumber(ARGV[3])
+local lockout = tonumber(ARGV[4])
+local block = KEYS[n + 1]
 local limits = {}
-local at = 4
+local at = 5
 for i = 1, n do
   local argc = tonumber(ARGV[at + 1])
   local a = {}
@@ -29,16 +34,27 @@ for i = 1, n do
   at = at + 2 + argc
 end
 local now_us = unix_us()
-if op == 'f' or op == 'x' then
-  -- Refund (give `cost` back) or reset (forget the key), then say where each limit
-  -- stands: a cost of 0, decided without writing.
+if op == 'f' or op == 'x' or op == 'b' then
+  -- Refund (give `cost` back), reset (forget the key) or block, then say where each
+  -- limit stands: a cost of 0, decided without writing.
+  if op == 'b' then
+    redis.call('SET', block, '1', 'PX', string.format('%d', cost))
+  elseif op == 'x' then
+    redis.call('DEL', block)
+  end
   for i = 1, n do
     if op == 'f' then
       limits[i][3](KEYS[i], limits[i][2], now_us, cost)
-    else
+    elseif op == 'x' then
       redis.call('DEL', KEYS[i])
     end
   end
+  op = 'p'
+  cost = 0
+end
+local blocked = math.max(0, redis.call('PTTL', block))
+if blocked > 0 then
+  -- Blocked: nothing is spent; each limit says where it stands.
   op = 'p'
   cost = 0
 end
@@ -64,7 +80,14 @@ elseif n > 1 and admitted == 0 then
     end
   end
 end
-local out = { admitted }
+if blocked > 0 then
+  admitted = 0
+elseif spend and admitted == 0 and lockout > 0 then
+  -- Refused: the key is locked out (a lock already running is not extended).
+  redis.call('SET', block, '1', 'PX', string.format('%d', lockout), 'NX')
+  blocked = math.max(0, redis.call('PTTL', block))
+end
+local out = { admitted, blocked }
 for i = 1, n do
   for _, v in ipairs(replies[i]) do
     out[#out + 1] = v

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use deadpool_redis::redis::ScriptInvocation;
 
+use super::block::Blocks;
 use super::deny::Denied;
 use super::layout::Layout;
 use super::redis::{Fault, ScriptError};
@@ -44,15 +45,23 @@ pub(crate) struct Remote {
     /// The policy name, for metrics labels.
     name: String,
     metrics: RedisMetrics,
+    /// This limiter's blocked keys and lockout.
+    blocks: Blocks,
 }
 
 impl Remote {
-    pub(crate) fn new(backend: &Backend, kind: &str, name: &str) -> Self {
+    pub(crate) fn new(
+        backend: &Backend,
+        kind: &str,
+        name: &str,
+        lockout: Option<Duration>,
+    ) -> Self {
         Self {
             backend: backend.clone(),
             layout: backend.layout(kind, name),
             name: name.to_owned(),
             metrics: RedisMetrics::default(),
+            blocks: Blocks::new(&backend.inner.local, lockout),
         }
     }
 
@@ -63,6 +72,11 @@ impl Remote {
     /// The Redis key of `key` for this limiter.
     pub(crate) fn redis_key(&self, key: &[u8]) -> Vec<u8> {
         self.layout.redis_key(key)
+    }
+
+    /// The Redis key of a key's block: its limit key with `:block` after it.
+    fn block_key(&self, redis_key: &[u8]) -> Vec<u8> {
+        [redis_key, b":block"].concat()
     }
 }
 
@@ -95,6 +109,10 @@ pub(crate) trait Hosts: Send + Sync + 'static {
     /// Answers from the in-process state; with `spend` false, only says what spending
     /// would answer, changing nothing (a `cost` of 0: where the key stands).
     fn local(&self, key: &[u8], cost: u32, source: Source, spend: bool) -> Decision;
+    /// The blocked keys and the lockout of this limit (or set).
+    fn blocks(&self) -> &Blocks {
+        &self.remote().blocks
+    }
     /// Gives `cost` units back to `key` in the in-process state.
     fn local_refund(&self, key: &[u8], cost: u32);
     /// Forgets `key` in the in-process state.
@@ -108,8 +126,10 @@ pub(crate) enum Operation {
     Peek,
     /// Gives the cost back.
     Refund,
-    /// Forgets the key.
+    /// Forgets the key (and lifts its block).
     Reset,
+    /// Refuses the key for the cost, in milliseconds.
+    Block,
 }
 
 impl Operation {
@@ -119,6 +139,7 @@ impl Operation {
             Self::Peek => "p",
             Self::Refund => "f",
             Self::Reset => "x",
+            Self::Block => "b",
         }
     }
 }
@@ -131,7 +152,7 @@ pub(crate) fn operate<T: Hosts + ?Sized>(
     store: &Arc<T>,
     op: Operation,
     key: &[u8],
-    cost: u32,
+    cost: u64,
 ) -> Check {
     let remote = store.remote();
     let backend = &remote.backend;
@@ -159,10 +180,12 @@ pub(crate) fn operate<T: Hosts + ?Sized>(
     let script = ENGINE.get(time);
     let mut invocation = script.key(&redis_key);
     store.extra_keys(key, &mut invocation);
+    invocation.key(remote.block_key(&redis_key));
     invocation
         .arg(op.letter())
         .arg(cost)
-        .arg(store.limit_count());
+        .arg(store.limit_count())
+        .arg(store.blocks().lockout_ms());
     store.limit_args(&mut invocation);
     if time == TimeSource::Caller {
         invocation.arg(backend.caller_now_us());
@@ -173,10 +196,8 @@ pub(crate) fn operate<T: Hosts + ?Sized>(
     Check::pending(async move {
         let reply = redis.eval(script, &invocation).await;
         let decision = reply.ok().and_then(|reply| {
-            store.decide(
-                reply.get(1..)?,
-                NonZeroU32::new(cost).unwrap_or(NonZeroU32::MIN),
-            )
+            let cost = u32::try_from(cost).ok().and_then(NonZeroU32::new);
+            read_reply(&*store, &reply, cost.unwrap_or(NonZeroU32::MIN))
         });
         decision.unwrap_or_else(|| operate_locally(&*store, op, &key, cost, Source::Fallback))
     })
@@ -187,20 +208,78 @@ fn operate_locally<T: Hosts + ?Sized>(
     store: &T,
     op: Operation,
     key: &[u8],
-    cost: u32,
+    cost: u64,
     source: Source,
 ) -> Decision {
-    match op {
-        Operation::Peek => store.local(key, cost, source, false),
+    let local = &*store.remote().backend.inner.local;
+    let units = u32::try_from(cost).unwrap_or(u32::MAX);
+    let now_us = store.remote().backend.clock().now_us();
+    let peek_cost = match op {
+        Operation::Peek => units,
         Operation::Refund => {
-            store.local_refund(key, cost);
-            store.local(key, 0, source, false)
+            store.local_refund(key, units);
+            0
         }
         Operation::Reset => {
             store.local_reset(key);
-            store.local(key, 0, source, false)
+            store.blocks().unblock(local, key);
+            0
         }
+        Operation::Block => {
+            let until = now_us.saturating_add(cost.saturating_mul(1_000));
+            store.blocks().block(local, key, until, true);
+            0
+        }
+    };
+    let decision = store.local(key, peek_cost, source, false);
+    match store.blocks().until(local, key, now_us) {
+        Some(until) => blocked(decision, Duration::from_micros(until - now_us)),
+        None => decision,
     }
+}
+
+/// A check on the in-process state: refused while the key is blocked (spending
+/// nothing), and a refusal starts the limit's lockout.
+fn local_check<T: Hosts + ?Sized>(store: &T, key: &[u8], cost: u32, source: Source) -> Decision {
+    let blocks = store.blocks();
+    let local = &*store.remote().backend.inner.local;
+    let now_us = || store.remote().backend.clock().now_us();
+    if let Some(until) = blocks.until(local, key, now_us()) {
+        let decision = store.local(key, 0, source, false);
+        return blocked(
+            decision,
+            Duration::from_micros(until.saturating_sub(now_us())),
+        );
+    }
+    let decision = store.local(key, cost, source, true);
+    if decision.is_admitted() || decision.state == State::ExceedsCapacity {
+        return decision;
+    }
+    let now = now_us();
+    match blocks.lock_out(local, key, now) {
+        Some(until) => blocked(decision, Duration::from_micros(until.saturating_sub(now))),
+        None => decision,
+    }
+}
+
+/// `decision` for a key blocked for `wait` more: refused, with nothing left until then.
+fn blocked(mut decision: Decision, wait: Duration) -> Decision {
+    decision.state = State::OverQuota;
+    decision.remaining = 0;
+    decision.reset = decision.reset.max(wait);
+    decision.retry_after = Some(decision.retry_after.map_or(wait, |r| r.max(wait)));
+    decision
+}
+
+/// The engine's reply: `{admitted, blocked ms, each limit's reply}`.
+fn read_reply<T: Hosts + ?Sized>(store: &T, reply: &[i64], cost: NonZeroU32) -> Option<Decision> {
+    let blocked_ms = u64::try_from(*reply.get(1)?).ok()?;
+    let decision = store.decide(reply.get(2..)?, cost)?;
+    Some(if blocked_ms > 0 {
+        blocked(decision, Duration::from_millis(blocked_ms))
+    } else {
+        decision
+    })
 }
 
 /// Answers a check from Redis when the breaker lets it through (one round trip, run by
@@ -220,7 +299,7 @@ pub(crate) fn check<T: Hosts + ?Sized>(store: &Arc<T>, key: &[u8], cost: NonZero
         return Check::ready(store.exceeds_capacity(source));
     }
     let Some(redis) = redis else {
-        return Check::ready(store.local(key, cost.get(), Source::InProcess, true));
+        return Check::ready(local_check(&**store, key, cost.get(), Source::InProcess));
     };
     if !redis.admit() {
         return Check::ready(unavailable(&**store, key, cost));
@@ -246,10 +325,12 @@ pub(crate) fn check<T: Hosts + ?Sized>(store: &Arc<T>, key: &[u8], cost: NonZero
     let script = ENGINE.get(time);
     let mut invocation = script.key(&redis_key);
     store.extra_keys(key, &mut invocation);
+    invocation.key(remote.block_key(&redis_key));
     invocation
         .arg(CHECK)
         .arg(cost.get())
-        .arg(store.limit_count());
+        .arg(store.limit_count())
+        .arg(store.blocks().lockout_ms());
     store.limit_args(&mut invocation);
     if time == TimeSource::Caller {
         invocation.arg(backend.caller_now_us());
@@ -262,7 +343,7 @@ pub(crate) fn check<T: Hosts + ?Sized>(store: &Arc<T>, key: &[u8], cost: NonZero
         let result = redis.eval(script, &invocation).await;
         remote.metrics.duration(&remote.name, started.elapsed());
         let error = match result {
-            Ok(reply) => match reply.get(1..).and_then(|part| store.decide(part, cost)) {
+            Ok(reply) => match read_reply(&*store, &reply, cost) {
                 Some(decision) => {
                     if let (Some(hash), Some(retry), 1) =
                         (deny_key, decision.retry_after, cost.get())
@@ -299,7 +380,7 @@ pub(crate) fn check<T: Hosts + ?Sized>(store: &Arc<T>, key: &[u8], cost: NonZero
 fn unavailable<T: Hosts + ?Sized>(store: &T, key: &[u8], cost: NonZeroU32) -> Decision {
     let backend = &store.remote().backend;
     match backend.failover.policy {
-        FailurePolicy::Fallback => store.local(key, cost.get(), Source::Fallback, true),
+        FailurePolicy::Fallback => local_check(store, key, cost.get(), Source::Fallback),
         FailurePolicy::FailOpen => {
             let limit = store.capacity();
             Decision::new(

@@ -57,6 +57,7 @@
 //! `<prefix>:token:*` and `<prefix>:rolling:*` (with `SCAN`, on every master of a
 //! cluster).
 
+mod block;
 mod builder;
 mod connect;
 mod deny;
@@ -75,6 +76,7 @@ use crate::clock::Clock;
 use crate::error::ConfigError;
 use crate::local::LocalStore;
 
+pub(crate) use self::block::Blocks;
 pub use self::builder::BackendBuilder;
 use self::deny::DenyCache;
 pub use self::health::{
@@ -315,6 +317,11 @@ impl Backend {
         &self.inner.prefix
     }
 
+    /// A limiter's (or set's) blocks on this backend, with its lockout.
+    pub(crate) fn blocks(&self, lockout: Option<Duration>) -> Blocks {
+        Blocks::new(&self.inner.local, lockout)
+    }
+
     pub(crate) fn clock(&self) -> &Clock {
         &self.inner.clock
     }
@@ -442,7 +449,7 @@ mod tests {
     #[test]
     fn redis_key_layout() {
         let b = Backend::builder().prefix("app").build().unwrap();
-        let remote = Remote::new(&b, "period", "sms");
+        let remote = Remote::new(&b, "period", "sms", None);
         assert_eq!(
             remote.redis_key(b"ip:1.2.3.4"),
             b"app:{v1:ip:1.2.3.4}:period:sms"

@@ -224,8 +224,9 @@ mod tests {
     }
 
     /// Redis Cluster, Dragonfly and managed servers need every key a script touches in
-    /// `KEYS`: each call's key argument is `KEYS[n]`, or `key` in an algorithm's
-    /// function, which the engine only ever calls with `KEYS[i]`.
+    /// `KEYS`: each call's key argument is `KEYS[n]`, `key` in an algorithm's function
+    /// (which the engine only ever calls with `KEYS[i]`), or the engine's `block`
+    /// (`KEYS[n + 1]`).
     #[test]
     fn every_key_a_script_touches_is_declared() {
         let engine = include_str!("engine.lua");
@@ -244,8 +245,9 @@ mod tests {
                         continue;
                     }
                     assert!(
-                        call.get(1)
-                            .is_some_and(|key| key.starts_with("KEYS[") || key == "key"),
+                        call.get(1).is_some_and(|key| {
+                            key.starts_with("KEYS[") || key == "key" || key == "block"
+                        }),
                         "{name}: {call:?} touches a key not taken from KEYS"
                     );
                 }

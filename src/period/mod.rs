@@ -110,6 +110,7 @@ pub struct PeriodConfig {
     pub(crate) quota: u64,
     pub(crate) period: Duration,
     pub(crate) align: Option<UtcOffset>,
+    pub(crate) lockout: Option<Duration>,
 }
 
 impl PeriodConfig {
@@ -120,7 +121,19 @@ impl PeriodConfig {
             quota,
             period,
             align: None,
+            lockout: None,
         }
+    }
+
+    /// Locks a key out for `duration` once this limit refuses it (fail2ban-style): every
+    /// check of the key is refused until then, spending nothing, with the lock's end as
+    /// its `Retry-After`. Kept in Redis next to the limit's key, so every instance
+    /// honours it; a lock already running is not extended by further refusals. At least
+    /// one millisecond.
+    #[must_use]
+    pub fn lockout(mut self, duration: Duration) -> Self {
+        self.lockout = Some(duration);
+        self
     }
 
     /// Ends windows on multiples of the period in local time at `offset` (a one-day
@@ -191,7 +204,12 @@ impl PeriodLimiter {
         let offset_ms = config.align.map(|o| i64::from(o.seconds) * 1_000);
         Ok(Self {
             store: Arc::new(PeriodHosts {
-                remote: Remote::new(backend, "period", name),
+                remote: Remote::new(
+                    backend,
+                    "period",
+                    name,
+                    crate::error::validate_lockout(config.lockout)?,
+                ),
                 policy: Policy::new(name, config.quota, Duration::from_millis(period_ms)),
                 quota: config.quota,
                 local_quota: backend.local_limit(config.quota),
@@ -224,7 +242,7 @@ impl Limiter for PeriodLimiter {
             &self.store,
             Operation::Peek,
             key,
-            cost.get(),
+            u64::from(cost.get()),
         ))
     }
 
@@ -233,12 +251,19 @@ impl Limiter for PeriodLimiter {
             &self.store,
             Operation::Refund,
             key,
-            cost.get(),
+            u64::from(cost.get()),
         ))
     }
 
     fn reset(&self, key: &[u8]) -> Option<Check> {
         Some(backend::operate(&self.store, Operation::Reset, key, 0))
+    }
+
+    fn block(&self, key: &[u8], duration: Duration) -> Option<Check> {
+        let ms = u64::try_from(duration.as_millis())
+            .unwrap_or(u64::MAX)
+            .max(1);
+        Some(backend::operate(&self.store, Operation::Block, key, ms))
     }
 }
 

@@ -30,6 +30,7 @@ pub struct RollingConfig {
     pub(crate) limit: u64,
     pub(crate) buckets: u32,
     pub(crate) interval: Duration,
+    pub(crate) lockout: Option<Duration>,
 }
 
 impl RollingConfig {
@@ -41,7 +42,19 @@ impl RollingConfig {
             limit,
             buckets,
             interval,
+            lockout: None,
         }
+    }
+
+    /// Locks a key out for `duration` once this limit refuses it (fail2ban-style): every
+    /// check of the key is refused until then, spending nothing, with the lock's end as
+    /// its `Retry-After`. Kept in Redis next to the limit's key, so every instance
+    /// honours it; a lock already running is not extended by further refusals. At least
+    /// one millisecond.
+    #[must_use]
+    pub fn lockout(mut self, duration: Duration) -> Self {
+        self.lockout = Some(duration);
+        self
     }
 
     fn interval_ms(&self) -> u64 {
@@ -117,7 +130,12 @@ impl RollingWindowLimiter {
         }
         Ok(Self {
             store: Arc::new(RollingHosts {
-                remote: Remote::new(backend, "rolling", name),
+                remote: Remote::new(
+                    backend,
+                    "rolling",
+                    name,
+                    crate::error::validate_lockout(config.lockout)?,
+                ),
                 policy: Policy::new(name, config.limit, Duration::from_millis(window_ms)),
                 limit: config.limit,
                 local_limit: backend.local_limit(config.limit),
@@ -159,7 +177,7 @@ impl Limiter for RollingWindowLimiter {
             &self.store,
             Operation::Peek,
             key,
-            cost.get(),
+            u64::from(cost.get()),
         ))
     }
 
@@ -168,12 +186,19 @@ impl Limiter for RollingWindowLimiter {
             &self.store,
             Operation::Refund,
             key,
-            cost.get(),
+            u64::from(cost.get()),
         ))
     }
 
     fn reset(&self, key: &[u8]) -> Option<Check> {
         Some(backend::operate(&self.store, Operation::Reset, key, 0))
+    }
+
+    fn block(&self, key: &[u8], duration: Duration) -> Option<Check> {
+        let ms = u64::try_from(duration.as_millis())
+            .unwrap_or(u64::MAX)
+            .max(1);
+        Some(backend::operate(&self.store, Operation::Block, key, ms))
     }
 }
 

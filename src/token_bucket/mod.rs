@@ -79,6 +79,7 @@ pub struct TokenBucketConfig {
     pub(crate) rate: u64,
     pub(crate) period: Duration,
     pub(crate) burst: u64,
+    pub(crate) lockout: Option<Duration>,
 }
 
 impl Default for TokenBucketConfig {
@@ -87,6 +88,7 @@ impl Default for TokenBucketConfig {
             rate: 0,
             period: Duration::from_secs(1),
             burst: 0,
+            lockout: None,
         }
     }
 }
@@ -100,7 +102,19 @@ impl TokenBucketConfig {
             rate,
             period,
             burst,
+            lockout: None,
         }
+    }
+
+    /// Locks a key out for `duration` once this limit refuses it (fail2ban-style): every
+    /// check of the key is refused until then, spending nothing, with the lock's end as
+    /// its `Retry-After`. Kept in Redis next to the limit's key, so every instance
+    /// honours it; a lock already running is not extended by further refusals. At least
+    /// one millisecond.
+    #[must_use]
+    pub fn lockout(mut self, duration: Duration) -> Self {
+        self.lockout = Some(duration);
+        self
     }
 
     /// The burst, for [`dynamic`](crate::dynamic) limits.
@@ -116,6 +130,7 @@ impl TokenBucketConfig {
             rate: u64::try_from(scaled).unwrap_or(u64::MAX).max(1),
             period: self.period,
             burst,
+            lockout: self.lockout,
         }
     }
 }
@@ -186,7 +201,12 @@ impl TokenBucketLimiter {
         let local_interval_ns = (interval_ns as f64 / share).ceil() as u64;
         Ok(Self {
             store: Arc::new(TokenBucketHosts {
-                remote: Remote::new(backend, "token", name),
+                remote: Remote::new(
+                    backend,
+                    "token",
+                    name,
+                    crate::error::validate_lockout(config.lockout)?,
+                ),
                 policy: Policy::new(name, config.burst, refill),
                 burst: config.burst,
                 local: Bucket {
@@ -222,7 +242,7 @@ impl Limiter for TokenBucketLimiter {
             &self.store,
             Operation::Peek,
             key,
-            cost.get(),
+            u64::from(cost.get()),
         ))
     }
 
@@ -231,12 +251,19 @@ impl Limiter for TokenBucketLimiter {
             &self.store,
             Operation::Refund,
             key,
-            cost.get(),
+            u64::from(cost.get()),
         ))
     }
 
     fn reset(&self, key: &[u8]) -> Option<Check> {
         Some(backend::operate(&self.store, Operation::Reset, key, 0))
+    }
+
+    fn block(&self, key: &[u8], duration: Duration) -> Option<Check> {
+        let ms = u64::try_from(duration.as_millis())
+            .unwrap_or(u64::MAX)
+            .max(1);
+        Some(backend::operate(&self.store, Operation::Block, key, ms))
     }
 }
 

@@ -1,0 +1,76 @@
+//! Lockouts and blocks against a real `redis-server`: kept in Redis, so a key locked out
+//! through one instance is refused by every other one, and lifted for all by a reset.
+
+mod support;
+
+use std::num::NonZeroU32;
+use std::time::Duration;
+
+use support::RedisServer;
+use tower_redis_ratelimit::period::{PeriodConfig, PeriodLimiter};
+use tower_redis_ratelimit::set::{LimitSet, SetLimiter};
+use tower_redis_ratelimit::token_bucket::TokenBucketConfig;
+use tower_redis_ratelimit::{Limiter, Source, State};
+
+const ONE: NonZeroU32 = NonZeroU32::MIN;
+const MINUTE: Duration = Duration::from_secs(60);
+
+#[tokio::test]
+async fn a_lockout_is_shared_by_every_instance() {
+    let redis = RedisServer::start();
+    // Two instances: two backends on one Redis, the same limiter name.
+    let config = PeriodConfig::new(2, MINUTE).lockout(15 * MINUTE);
+    let a = PeriodLimiter::new(&redis.uncached_backend(), "login", config).unwrap();
+    let b = PeriodLimiter::new(&redis.uncached_backend(), "login", config).unwrap();
+    assert!(a.check(b"alice", ONE).await.is_admitted());
+    assert!(b.check(b"alice", ONE).await.is_admitted());
+    let refused = a.check(b"alice", ONE).await;
+    assert_eq!(refused.state, State::OverQuota);
+    let retry = refused.retry_after.unwrap();
+    assert!(retry > 14 * MINUTE && retry <= 15 * MINUTE, "{retry:?}");
+    // The other instance sees the lock, from Redis.
+    let other = b.check(b"alice", ONE).await;
+    assert_eq!(other.source, Source::Redis);
+    assert!(other.retry_after.unwrap() > 14 * MINUTE, "{other:?}");
+    assert!(
+        redis
+            .cmd(&["PTTL", "ratelimit:{v1:alice}:period:login:block"])
+            .parse::<i64>()
+            .unwrap()
+            > 0
+    );
+    // Another key is not locked.
+    assert!(b.check(b"bob", ONE).await.is_admitted());
+    // A reset through either instance lifts it for both.
+    let lifted = b.reset(b"alice").unwrap().await;
+    assert!(lifted.is_admitted(), "{lifted:?}");
+    assert!(a.check(b"alice", ONE).await.is_admitted());
+}
+
+#[tokio::test]
+async fn a_block_refuses_every_limit_of_a_set_on_every_instance() {
+    let redis = RedisServer::start();
+    let set = || {
+        LimitSet::new()
+            .limit(
+                "burst",
+                TokenBucketConfig::new(10, Duration::from_secs(1), 10),
+            )
+            .limit("daily", PeriodConfig::new(100, 24 * 60 * MINUTE))
+    };
+    let a = SetLimiter::new(&redis.uncached_backend(), "api", set()).unwrap();
+    let b = SetLimiter::new(&redis.uncached_backend(), "api", set()).unwrap();
+    assert!(a.check(b"m1", ONE).await.is_admitted());
+    let blocked = a.block(b"m1", 10 * MINUTE).unwrap().await;
+    assert!(!blocked.is_admitted());
+    let refused = b.check(b"m1", ONE).await;
+    assert_eq!(refused.state, State::OverQuota);
+    assert!(refused.retry_after.unwrap() > 9 * MINUTE, "{refused:?}");
+    // Nothing was spent while blocked: the daily count is still 1.
+    assert_eq!(
+        redis.cmd(&["GET", "ratelimit:{v1:m1}:period:api.daily"]),
+        "1"
+    );
+    let peek = b.peek(b"m2", ONE).unwrap().await;
+    assert!(peek.is_admitted(), "another key is free: {peek:?}");
+}
