@@ -157,7 +157,7 @@ pub(crate) fn operate<T: Hosts + ?Sized>(
     let remote = store.remote();
     let backend = &remote.backend;
     let redis = backend.redis_handle();
-    if op == Operation::Peek && u64::from(cost) > store.capacity() {
+    if op == Operation::Peek && cost > store.capacity() {
         let source = match redis {
             None => Source::InProcess,
             Some(redis) if redis.is_healthy() => Source::Redis,
