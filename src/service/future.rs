@@ -13,7 +13,7 @@ use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
-use super::{Respond, ResponseBody};
+use super::{Respond, ResponseBody, Settle};
 use crate::decision::Decision;
 use crate::limiter::Check;
 
@@ -41,11 +41,13 @@ pin_project! {
             check: Check,
             request: Option<Request<B>>,
             service: Option<S>,
+            settle: Option<Settle>,
         },
         Inner {
             #[pin]
             future: S::Future,
             decision: Option<Decision>,
+            settle: Option<Settle>,
         },
         Done {
             response: Option<Response<Bytes>>,
@@ -61,6 +63,7 @@ where
         check: Check,
         request: Request<B>,
         service: S,
+        settle: Option<Settle>,
         policy: usize,
         respond: Arc<dyn Respond>,
     ) -> Self {
@@ -69,6 +72,7 @@ where
                 check,
                 request: Some(request),
                 service: Some(service),
+                settle,
             },
             respond,
             policy,
@@ -78,11 +82,16 @@ where
     pub(super) fn inner(
         future: S::Future,
         decision: Option<Decision>,
+        settle: Option<Settle>,
         policy: usize,
         respond: Arc<dyn Respond>,
     ) -> Self {
         Self {
-            state: State::Inner { future, decision },
+            state: State::Inner {
+                future,
+                decision,
+                settle,
+            },
             respond,
             policy,
         }
@@ -117,6 +126,7 @@ where
                     check,
                     request,
                     service,
+                    settle,
                 } => {
                     let decision = ready!(Pin::new(check).poll(cx));
                     let mut request = request.take().expect("polled after completion");
@@ -128,14 +138,17 @@ where
                         this.state.set(State::Inner {
                             future,
                             decision: None,
+                            settle: None,
                         });
                     } else if decision.is_admitted() {
                         let mut service = service.take().expect("polled after completion");
                         this.respond.admit(request.extensions_mut(), &decision);
                         let future = service.call(request);
+                        let settle = settle.take();
                         this.state.set(State::Inner {
                             future,
                             decision: Some(decision),
+                            settle,
                         });
                     } else {
                         let response = this.respond.reject(
@@ -150,8 +163,26 @@ where
                         });
                     }
                 }
-                StateProj::Inner { future, decision } => {
-                    let mut response = ready!(future.poll(cx))?;
+                StateProj::Inner {
+                    future,
+                    decision,
+                    settle,
+                } => {
+                    let result = ready!(future.poll(cx));
+                    if let Some(settle) = settle.take() {
+                        match &result {
+                            Ok(response) => {
+                                this.respond
+                                    .settle(response.status(), response.headers(), settle);
+                            }
+                            Err(_) => this.respond.settle(
+                                http::StatusCode::INTERNAL_SERVER_ERROR,
+                                &http::HeaderMap::new(),
+                                settle,
+                            ),
+                        }
+                    }
+                    let mut response = result?;
                     if let Some(decision) = decision.take() {
                         this.respond
                             .decorate(*this.policy, response.headers_mut(), &decision);

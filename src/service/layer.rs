@@ -231,6 +231,16 @@ impl<A, K, C, R> LayerBuilder<A, K, C, R> {
         self
     }
 
+    /// Counts only the requests whose response says so (only failed logins, only
+    /// successful exports): each admitted request still reserves its units when it is
+    /// checked, so concurrent requests never overshoot the limit, and gets them back
+    /// when its response does not count. Needs a limiter that can refund (the built-in
+    /// ones and sets); see [`CountIf`](crate::service::CountIf).
+    pub fn count_if(mut self, count_if: crate::service::CountIf) -> Self {
+        self.options.count_if = Some(count_if);
+        self
+    }
+
     /// What to do when no key can be extracted (default: reject with 400).
     pub fn on_missing_key(mut self, missing_key: MissingKey) -> Self {
         self.options.missing_key = missing_key;

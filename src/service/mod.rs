@@ -12,6 +12,7 @@
 mod body;
 mod future;
 mod layer;
+mod outcome;
 mod plan;
 #[allow(clippy::module_inception)]
 mod service;
@@ -29,6 +30,8 @@ use crate::response::{HeaderParts, OnRejection, Rejection};
 pub use self::body::ResponseBody;
 pub use self::future::ResponseFuture;
 pub use self::layer::{Algorithm, LayerBuilder, LimitLayer};
+pub use self::outcome::CountIf;
+use self::outcome::Settle;
 pub use self::plan::{ExtensionPlan, PlanLimiter, Plans, SelectPlan};
 pub use self::service::LimitService;
 
@@ -79,6 +82,7 @@ pub(crate) struct Options {
     pub(crate) shadow: bool,
     pub(crate) missing_key: MissingKey,
     pub(crate) max_key_len: usize,
+    pub(crate) count_if: Option<CountIf>,
 }
 
 impl Default for Options {
@@ -89,6 +93,7 @@ impl Default for Options {
             shadow: false,
             missing_key: MissingKey::default(),
             max_key_len: layer::DEFAULT_MAX_KEY_LEN,
+            count_if: None,
         }
     }
 }
@@ -114,6 +119,11 @@ pub(crate) trait Respond: Send + Sync + 'static {
     /// Prepares an admitted request for the inner service: its [`Decision`] goes into
     /// the request extensions unless the layer was told not to.
     fn admit(&self, extensions: &mut http::Extensions, decision: &Decision);
+    /// Whether admitted requests may be refunded by their outcome ([`CountIf`]).
+    fn counts_by_outcome(&self) -> bool;
+    /// After an admitted request's response: gives its units back if the response does
+    /// not count.
+    fn settle(&self, status: http::StatusCode, headers: &http::HeaderMap, settle: Settle);
 }
 
 impl<L, K, C, R> Respond for Shared<L, K, C, R>
@@ -194,6 +204,29 @@ where
                     extensions.insert(Decisions(vec![outer, decision.clone()]));
                 }
             }
+        }
+    }
+
+    fn counts_by_outcome(&self) -> bool {
+        self.options.count_if.is_some()
+    }
+
+    fn settle(&self, status: http::StatusCode, headers: &http::HeaderMap, settle: Settle) {
+        let Some(count_if) = &self.options.count_if else {
+            return;
+        };
+        if count_if.counts(status, headers) {
+            return;
+        }
+        let Some(mut refund) = self.limiter.refund(&settle.key, settle.cost) else {
+            return;
+        };
+        if refund.take_ready().is_some() {
+            return;
+        }
+        // On Redis: one round trip in the background, so the response does not wait.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(refund);
         }
     }
 }

@@ -12,7 +12,7 @@ use http::{Request, Response};
 use tower_service::Service;
 
 use super::future::ResponseFuture;
-use super::{MissingKey, Respond, ResponseBody, Shared};
+use super::{MissingKey, Respond, ResponseBody, Settle, Shared};
 use crate::cost::Cost;
 use crate::key::KeyExtractor;
 use crate::limiter::{Check, Limiter};
@@ -95,11 +95,18 @@ where
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
         let shared = &self.shared;
         let Some(cost) = NonZeroU32::new(shared.cost.cost(&req)) else {
-            return ResponseFuture::inner(self.inner.call(req), None, 0, shared.clone());
+            return ResponseFuture::inner(self.inner.call(req), None, None, 0, shared.clone());
         };
         let (policy, mut req) = select(&shared.limiter, shared.headers.len(), req);
+        let mut settle = None;
         let mut check: Check = match shared.key.extract(&req) {
             Some(key) if key.len() <= shared.options.max_key_len => {
+                if shared.counts_by_outcome() && !shared.options.shadow {
+                    settle = Some(Settle {
+                        key: (*key).into(),
+                        cost,
+                    });
+                }
                 shared.limiter.check_policy(policy, &key, cost)
             }
             key => {
@@ -118,6 +125,7 @@ where
                         return ResponseFuture::inner(
                             self.inner.call(req),
                             None,
+                            None,
                             policy,
                             shared.clone(),
                         );
@@ -131,10 +139,11 @@ where
         if let Some(decision) = check.take_ready() {
             shared.record(policy, &decision);
             return if shared.options.shadow {
-                ResponseFuture::inner(self.inner.call(req), None, policy, shared.clone())
+                ResponseFuture::inner(self.inner.call(req), None, None, policy, shared.clone())
             } else if decision.is_admitted() {
                 shared.admit(req.extensions_mut(), &decision);
-                ResponseFuture::inner(self.inner.call(req), Some(decision), policy, shared.clone())
+                let future = self.inner.call(req);
+                ResponseFuture::inner(future, Some(decision), settle, policy, shared.clone())
             } else {
                 let response =
                     shared.reject(policy, req.method(), req.uri(), req.headers(), &decision);
@@ -150,14 +159,20 @@ where
                     let decision = check.await;
                     respond.record(policy, &decision);
                 });
-                return ResponseFuture::inner(self.inner.call(req), None, policy, shared.clone());
+                return ResponseFuture::inner(
+                    self.inner.call(req),
+                    None,
+                    None,
+                    policy,
+                    shared.clone(),
+                );
             }
         }
         // The check needs a round trip: hand the ready inner service to the future and
         // keep a fresh clone here (the `mem::replace` idiom from tower's docs).
         let clone = self.inner.clone();
         let inner = mem::replace(&mut self.inner, clone);
-        ResponseFuture::check(check, req, inner, policy, shared.clone())
+        ResponseFuture::check(check, req, inner, settle, policy, shared.clone())
     }
 }
 

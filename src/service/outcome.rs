@@ -1,0 +1,78 @@
+//! Counting by outcome: a layer option that decides, once the response is known,
+//! whether a request counts against its limit (only failed logins, only successful
+//! exports).
+//!
+//! Every request is checked, and counted, before it runs: a burst of concurrent
+//! requests is decided before any of them has a response, so counting only afterwards
+//! would let the whole burst through. Instead the check reserves the request's units
+//! as usual (concurrent requests can never overshoot the limit), and a request whose
+//! response turns out not to count gets them back with a refund
+//! ([`Limiter::refund`](crate::Limiter::refund)), in the background. Until that refund
+//! lands, the reserved units count: the limit errs on the side of refusing. Refused
+//! requests were never counted and are not refunded.
+
+use std::fmt;
+use std::num::NonZeroU32;
+use std::sync::Arc;
+
+use http::{HeaderMap, StatusCode};
+
+/// Which responses count against the limit; see the [module docs](self). A layer without
+/// one counts every admitted request.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_redis_ratelimit::service::CountIf;
+/// use tower_redis_ratelimit::{key::HeaderKey, Backend, PeriodLimitLayer};
+///
+/// # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
+/// // Password resets: only the failed attempts count, 5 per hour.
+/// let layer = PeriodLimitLayer::builder(&Backend::in_process())
+///     .name("reset")
+///     .quota(5)
+///     .period(Duration::from_secs(3_600))
+///     .key(HeaderKey::from_static("x-account"))
+///     .count_if(CountIf::failures())
+///     .build()?;
+/// # let _ = layer; Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct CountIf(Arc<dyn Fn(StatusCode, &HeaderMap) -> bool + Send + Sync>);
+
+impl CountIf {
+    /// Counts the responses for which `counts(status, headers)` is true. An inner
+    /// service's error counts as a `500 Internal Server Error` without headers.
+    pub fn new(counts: impl Fn(StatusCode, &HeaderMap) -> bool + Send + Sync + 'static) -> Self {
+        Self(Arc::new(counts))
+    }
+
+    /// Counts failures only: a status of 400 or more (a wrong password's `401`, a
+    /// server error).
+    #[must_use]
+    pub fn failures() -> Self {
+        Self::new(|status, _| status.is_client_error() || status.is_server_error())
+    }
+
+    /// Counts successes only: a `2xx` status.
+    #[must_use]
+    pub fn successes() -> Self {
+        Self::new(|status, _| status.is_success())
+    }
+
+    pub(crate) fn counts(&self, status: StatusCode, headers: &HeaderMap) -> bool {
+        (self.0)(status, headers)
+    }
+}
+
+impl fmt::Debug for CountIf {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("CountIf(..)")
+    }
+}
+
+/// What a response future keeps to give an admitted request's units back.
+#[derive(Debug)]
+pub(crate) struct Settle {
+    pub(crate) key: Box<[u8]>,
+    pub(crate) cost: NonZeroU32,
+}
