@@ -37,7 +37,10 @@ use http::{HeaderMap, StatusCode};
 /// # let _ = layer; Ok(()) }
 /// ```
 #[derive(Clone)]
-pub struct CountIf(Arc<dyn Fn(StatusCode, &HeaderMap) -> bool + Send + Sync>);
+pub struct CountIf(Arc<Predicate>);
+
+/// Whether a response (its status and headers) counts.
+type Predicate = dyn Fn(StatusCode, &HeaderMap) -> bool + Send + Sync;
 
 impl CountIf {
     /// Counts the responses for which `counts(status, headers)` is true. An inner
