@@ -45,14 +45,14 @@ const MAX_BODY: usize = 16 * 1024;
 
 /// A login attempt, as posted.
 #[derive(Debug, Clone, Deserialize)]
-pub struct LoginForm {
+pub(crate) struct LoginForm {
     user: String,
     password: String,
 }
 
 /// The user a login attempt is for: the rate-limit key.
 #[derive(Debug, Clone)]
-pub struct LoginUser(String);
+pub(crate) struct LoginUser(String);
 
 impl fmt::Display for LoginUser {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -97,7 +97,7 @@ async fn login(Extension(form): Extension<LoginForm>) -> (StatusCode, String) {
 /// # Errors
 ///
 /// A [`ConfigError`] if the limit is misconfigured.
-pub fn app(backend: &Backend) -> Result<Router, ConfigError> {
+pub(crate) fn app(backend: &Backend) -> Result<Router, ConfigError> {
     let failures = LayerBuilder::new(
         backend,
         PeriodConfig::new(FAILURES, FIFTEEN_MINUTES).lockout(FIFTEEN_MINUTES),
