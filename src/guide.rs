@@ -1,5 +1,6 @@
-//! Guides: choosing an algorithm and a key, stacking limits, limits from your own
-//! store, trying a limit in shadow mode, limits on outgoing requests, running behind a proxy, on Redis Cluster, when Redis fails, on gRPC, and
+//! Guides: choosing an algorithm and a key, stacking limits, sets of limits decided
+//! all or nothing, limiters in your own code, counting by outcome, lockouts, limits
+//! from your own store, trying a limit in shadow mode, limits on outgoing requests, running behind a proxy, on Redis Cluster, when Redis fails, on gRPC, and
 //! watching it all. This module has no items, only documentation.
 //!
 //! # Choosing an algorithm
@@ -104,6 +105,106 @@
 //! RateLimit-Policy: "burst";q=10;w=2, "daily";q=10000;w=86400
 //! RateLimit: "burst";r=9;t=1, "daily";r=9999;t=86400
 //! ```
+//!
+//! # Several limits at once, all or nothing
+//!
+//! Stacked layers decide one by one, so an inner refusal has already spent the outer
+//! limits. When several limits guard one key (2 per second *and* 10 per day per
+//! merchant), a [`LimitSetLayer`](crate::LimitSetLayer) decides them together: on Redis
+//! in one script call, where every limit first decides without writing and only when
+//! all admit does each count the request; in process under a lock per key. A refusal
+//! by any limit spends none. Mix any algorithms; each limit is the policy
+//! `<set>.<limit>` in the headers, in the set's order. Use a set when the limits share
+//! a key; stacked layers when the keys differ (per user *and* per merchant), putting
+//! the short limit outermost.
+//!
+//! ```
+//! use std::time::Duration;
+//! use tower_redis_ratelimit::key::HeaderKey;
+//! use tower_redis_ratelimit::period::PeriodConfig;
+//! use tower_redis_ratelimit::token_bucket::TokenBucketConfig;
+//! use tower_redis_ratelimit::{Backend, LimitSetLayer};
+//!
+//! # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
+//! let reports = LimitSetLayer::builder(&Backend::in_process())
+//!     .name("reports")
+//!     .limit("burst", TokenBucketConfig::new(2, Duration::from_secs(1), 2))
+//!     .limit("daily", PeriodConfig::new(10, Duration::from_secs(86_400)))
+//!     .key(HeaderKey::from_static("x-merchant-id"))
+//!     .build()?;
+//! # let _ = reports; Ok(()) }
+//! ```
+//!
+//! ```text
+//! RateLimit-Policy: "reports.burst";q=2;w=1, "reports.daily";q=10;w=86400
+//! RateLimit: "reports.burst";r=1;t=1, "reports.daily";r=9;t=86400
+//! ```
+//!
+//! On Redis Cluster a set needs nothing more: its keys share the limited key's hash tag,
+//! so one slot.
+//!
+//! # Limiters in your own code
+//!
+//! Every built-in limiter (and a [`SetLimiter`](crate::set::SetLimiter)) is a handle
+//! for background jobs, websockets, queue consumers and admin tools, with the same
+//! state as the layers built from the same name on the same backend; each call is one
+//! round trip on Redis, or answered in process:
+//!
+//! | call | does |
+//! |---|---|
+//! | [`check(key, cost)`](crate::Limiter::check) | counts `cost` if it fits |
+//! | [`peek(key, cost)`](crate::Limiter::peek) | what `check` would say, spending nothing |
+//! | [`refund(key, cost)`](crate::Limiter::refund) | gives units back (never beyond the limit) |
+//! | [`reset(key)`](crate::Limiter::reset) | forgets the key and lifts its block |
+//! | [`block(key, duration)`](crate::Limiter::block) | refuses the key for a while, on every instance |
+//!
+//! `peek`, `refund`, `reset` and `block` return `Option<Check>`: `None` for a limiter
+//! that cannot (your own, a per-plan or dynamic limiter).
+//!
+//! ```
+//! use std::num::NonZeroU32;
+//! use std::time::Duration;
+//! use tower_redis_ratelimit::period::{PeriodConfig, PeriodLimiter};
+//! use tower_redis_ratelimit::{Backend, Limiter};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let exports = PeriodLimiter::new(
+//!     &Backend::in_process(),
+//!     "exports",
+//!     PeriodConfig::new(3, Duration::from_secs(3_600)),
+//! )?;
+//! let one = NonZeroU32::MIN;
+//! let decision = exports.check(b"acme", one).await;
+//! assert_eq!(decision.remaining, 2);
+//! // The export failed: it does not count.
+//! let decision = exports.refund(b"acme", one).expect("built-in").await;
+//! assert_eq!(decision.remaining, 3);
+//! # Ok(()) }
+//! ```
+//!
+//! # Counting by outcome
+//!
+//! Some limits count only what happened: failed logins and password resets, or paid
+//! exports that succeeded. [`count_if`](crate::LayerBuilder::count_if) with
+//! [`CountIf::failures`](crate::service::CountIf::failures),
+//! [`CountIf::successes`](crate::service::CountIf::successes) or your own predicate on
+//! the status and headers decides once the response is known. A burst of concurrent
+//! requests is checked before any of them has a response, so the layer still counts
+//! each admitted request when it is checked (concurrent requests can never overshoot)
+//! and refunds the ones whose response does not count, in the background: until the
+//! refund lands, the limit errs on the side of refusing.
+//!
+//! # Lockouts
+//!
+//! [`lockout(duration)`](crate::period::PeriodConfig::lockout) on a limit's settings
+//! (and on a [`LimitSet`](crate::set::LimitSet)) turns its first refusal of a key into a
+//! block of that key for `duration`, fail2ban-style: every check is refused until then,
+//! spending nothing, with the lock's end as `Retry-After`, and a lock running is not
+//! extended. Kept in Redis next to the limit's key, it holds on every instance;
+//! [`reset`](crate::Limiter::reset) lifts it. With counting by outcome it locks out
+//! after N failures (the `login` example: 5 failed logins in 15 minutes lock the user
+//! out for 15 minutes, the right password included).
 //!
 //! # Limits from your own store
 //!

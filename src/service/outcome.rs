@@ -17,8 +17,9 @@ use std::sync::Arc;
 
 use http::{HeaderMap, StatusCode};
 
-/// Which responses count against the limit; see the [module docs](self). A layer without
-/// one counts every admitted request.
+/// Which responses count against the limit; see the guide's
+/// [Counting by outcome](crate::guide#counting-by-outcome). A layer without one counts
+/// every admitted request.
 ///
 /// ```
 /// use std::time::Duration;
