@@ -108,7 +108,10 @@ impl RollingWindowLimiter {
             return Err(ConfigError::Zero { setting: "buckets" });
         }
         if config.buckets > MAX_BUCKETS {
-            return Err(ConfigError::TooLong { setting: "buckets" });
+            return Err(ConfigError::TooLarge {
+                setting: "buckets",
+                max: u64::from(MAX_BUCKETS),
+            });
         }
         let interval_ms = config.interval_ms();
         if interval_ms == 0 {

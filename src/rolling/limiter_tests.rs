@@ -59,7 +59,10 @@ fn invalid_configurations() {
         ),
         (
             RollingConfig::new(1, MAX_BUCKETS + 1, ms),
-            ConfigError::TooLong { setting: "buckets" },
+            ConfigError::TooLarge {
+                setting: "buckets",
+                max: u64::from(MAX_BUCKETS),
+            },
         ),
         (
             RollingConfig::new(1, 10, Duration::from_secs(367 * 86_400)),
