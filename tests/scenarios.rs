@@ -417,7 +417,7 @@ async fn token_bucket_hosts_agree() {
             ],
         },
         Scenario {
-            name: "peek, refund and reset",
+            name: "peek, refund, reset and block",
             limiter: bucket_10_per_second_burst_5,
             hosts: Hosts::All,
             steps: vec![
@@ -430,6 +430,9 @@ async fn token_bucket_hosts_agree() {
                 step(100, 1, Allowed, 4, 100, None),
                 with(Op::Reset, step(200, 0, Allowed, 5, 0, None)),
                 with(Op::Peek, step(200, 6, ExceedsCapacity, 0, 0, None)),
+                with(Op::Block, step(300, 250, OverQuota, 0, 250, r(250))),
+                step(400, 1, OverQuota, 0, 150, r(150)),
+                step(550, 1, Allowed, 4, 100, None),
             ],
         },
         Scenario {
@@ -497,7 +500,7 @@ async fn rolling_window_hosts_agree() {
             ],
         },
         Scenario {
-            name: "peek, refund (newest buckets first) and reset",
+            name: "peek, refund (newest buckets first), reset and block",
             limiter: rolling_5_per_10x100ms,
             hosts: Hosts::All,
             steps: vec![
@@ -511,6 +514,10 @@ async fn rolling_window_hosts_agree() {
                 step(210, 1, OverQuota, 0, 990, r(790)),
                 with(Op::Reset, step(300, 0, Allowed, 5, 1_000, None)),
                 step(300, 5, HitQuota, 0, 1_000, None),
+                with(Op::Block, step(400, 2_000, OverQuota, 0, 2_000, r(2_000))),
+                // The units have expired; the block has not.
+                step(1_500, 1, OverQuota, 0, 1_000, r(900)),
+                step(2_400, 1, Allowed, 4, 1_000, None),
             ],
         },
         Scenario {
