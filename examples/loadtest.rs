@@ -56,7 +56,10 @@ const DEFAULT_RATE: u64 = 1_000_000;
 const MAX_RATE: u64 = 1_000_000;
 const API_KEY: &str = "x-api-key";
 /// The token-bucket script and the epoch of its arrival times (the crate's, 2026-01-01Z).
-const TOKEN_SCRIPT: &str = include_str!("../src/token_bucket/token_bucket.lua");
+/// The script every check runs (the engine), for the bare `EVALSHA` route.
+fn token_script() -> String {
+    tower_redis_ratelimit::backend::engine_script()
+}
 const TAT_EPOCH_SECS: i64 = 1_767_225_600;
 
 /// tower_governor's key: the `x-api-key` header, as `HeaderKey` reads it for our layer.
@@ -110,13 +113,22 @@ impl Bare {
             return (StatusCode::BAD_REQUEST, "no x-api-key\n");
         };
         let mut conn = self.conn;
+        let redis_key = format!("loadtest:bare:{key}");
+        // As the limiter sends it: the key and its block; a check of cost 1 against one
+        // token bucket (`t`, 3 arguments) with no lockout.
         let reply: Result<Vec<i64>, _> = redis::cmd("EVALSHA")
             .arg(&self.sha)
+            .arg(2)
+            .arg(&redis_key)
+            .arg(format!("{redis_key}:block"))
+            .arg("c")
             .arg(1)
-            .arg(format!("loadtest:bare:{key}"))
+            .arg(1)
+            .arg(0)
+            .arg("t")
+            .arg(3)
             .arg(self.interval_us)
             .arg(self.rate)
-            .arg(1)
             .arg(TAT_EPOCH_SECS)
             .query_async(&mut conn)
             .await;
@@ -193,7 +205,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 .await?;
             let sha: String = redis::cmd("SCRIPT")
                 .arg("LOAD")
-                .arg(TOKEN_SCRIPT)
+                .arg(token_script())
                 .query_async(&mut conn)
                 .await?;
             let bare = Bare {

@@ -42,6 +42,7 @@ use tower_redis_ratelimit::backend::{pool_config, DEFAULT_CALL_TIMEOUT};
 use tower_redis_ratelimit::deadpool_redis::{self, redis};
 use tower_redis_ratelimit::period::{PeriodConfig, PeriodLimiter};
 use tower_redis_ratelimit::rolling::{RollingConfig, RollingWindowLimiter};
+use tower_redis_ratelimit::set::{LimitSet, SetLimiter};
 use tower_redis_ratelimit::token_bucket::{TokenBucketConfig, TokenBucketLimiter};
 use tower_redis_ratelimit::{Backend, Limiter, Source, State};
 
@@ -54,7 +55,7 @@ const IN_FLIGHT: usize = 32;
 const TAT_EPOCH_SECS: i64 = 1_767_225_600;
 
 static TOKEN_SCRIPT: LazyLock<redis::Script> =
-    LazyLock::new(|| redis::Script::new(include_str!("../../src/token_bucket/token_bucket.lua")));
+    LazyLock::new(|| redis::Script::new(&tower_redis_ratelimit::backend::engine_script()));
 
 /// A token bucket of `rate` tokens per `period_secs` and a burst of `rate`: the limiter's
 /// configuration, and the script arguments the limiter sends for it.
@@ -85,15 +86,22 @@ impl Bucket {
         TokenBucketConfig::new(self.rate, Duration::from_secs(self.period_secs), self.rate)
     }
 
-    /// `EVALSHA <sha> 1 <key> <µs per token> <burst> <cost> <epoch>`, as the limiter sends.
+    /// `EVALSHA <sha> 2 <key> <key>:block c <cost> 1 0 t 3 <µs per token> <burst> <epoch>`:
+    /// a check of one token bucket, as the limiter sends it.
     fn evalsha(self, key: &str) -> redis::Cmd {
         let mut cmd = redis::cmd("EVALSHA");
         cmd.arg(TOKEN_SCRIPT.get_hash())
-            .arg(1)
+            .arg(2)
             .arg(key)
+            .arg(format!("{key}:block"))
+            .arg("c")
+            .arg(1)
+            .arg(1)
+            .arg(0)
+            .arg("t")
+            .arg(3)
             .arg(self.period_secs as f64 * 1e6 / self.rate as f64)
             .arg(self.rate)
-            .arg(1)
             .arg(TAT_EPOCH_SECS);
         cmd
     }
@@ -406,6 +414,16 @@ pub(crate) fn benches(c: &mut Criterion) {
         RollingConfig::new(1 << 60, 10, Duration::from_millis(100)),
     )
     .expect("valid rolling window");
+    // The token bucket and the fixed window above as one atomic pair (one script call).
+    let pair = SetLimiter::new(
+        &backend,
+        "bench-pair",
+        LimitSet::new().limit("burst", Bucket::HUGE.config()).limit(
+            "window",
+            PeriodConfig::new(1 << 60, Duration::from_secs(60)),
+        ),
+    )
+    .expect("valid set");
     // One token per hour: the first check takes it, every later one is refused.
     let refusing = TokenBucketLimiter::new(&backend, "refused", Bucket::HOURLY.config())
         .expect("valid token bucket");
@@ -427,12 +445,12 @@ pub(crate) fn benches(c: &mut Criterion) {
         let mut conn = pool.get().await.expect("redis connection");
         let sha: String = redis::cmd("SCRIPT")
             .arg("LOAD")
-            .arg(include_str!("../../src/token_bucket/token_bucket.lua"))
+            .arg(tower_redis_ratelimit::backend::engine_script())
             .query_async(&mut conn)
             .await
             .expect("SCRIPT LOAD");
         assert_eq!(sha, TOKEN_SCRIPT.get_hash());
-        for limiter in [&token as &dyn Limiter, &period, &rolling] {
+        for limiter in [&token as &dyn Limiter, &period, &rolling, &pair] {
             let decision = limiter.check(b"warm-up", ONE).await;
             assert_eq!(decision.source, Source::Redis, "{decision:?}");
             assert_eq!(decision.state, State::Allowed, "{decision:?}");
@@ -462,6 +480,7 @@ pub(crate) fn benches(c: &mut Criterion) {
             ("token_bucket", Call::Check(&token, &hot)),
             ("period", Call::Check(&period, &hot)),
             ("rolling", Call::Check(&rolling, &hot)),
+            ("set_pair", Call::Check(&pair, &hot)),
             ("evalsha_conn", Call::EvalshaHeld(Bucket::HUGE, &bare_hot)),
             ("evalsha_pool", Call::EvalshaPool(Bucket::HUGE, &bare_hot)),
         ],
@@ -472,6 +491,7 @@ pub(crate) fn benches(c: &mut Criterion) {
         &many_label,
         &[
             ("token_bucket", Call::Check(&token, &many)),
+            ("set_pair", Call::Check(&pair, &many)),
             ("evalsha_pool", Call::EvalshaPool(Bucket::HUGE, &bare_many)),
         ],
     );

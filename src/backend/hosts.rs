@@ -20,17 +20,19 @@ use crate::metrics::RedisMetrics;
 /// The engine: every algorithm as a function, and the code that runs one limit or a set
 /// of limits with them (`engine.lua`), in both time versions. One script for every
 /// check, loaded once per connection.
-pub(crate) static ENGINE: LazyLock<Scripts> = LazyLock::new(|| {
-    Scripts::new(
-        &[
-            include_str!("../period/period.lua"),
-            include_str!("../token_bucket/token_bucket.lua"),
-            include_str!("../rolling/rolling.lua"),
-            include_str!("engine.lua"),
-        ]
-        .concat(),
-    )
-});
+pub(crate) static ENGINE: LazyLock<Scripts> = LazyLock::new(|| Scripts::new(&engine_body()));
+
+/// The engine's text without a time prelude: every algorithm's functions, then the
+/// engine.
+pub(crate) fn engine_body() -> String {
+    [
+        include_str!("../period/period.lua"),
+        include_str!("../token_bucket/token_bucket.lua"),
+        include_str!("../rolling/rolling.lua"),
+        include_str!("engine.lua"),
+    ]
+    .concat()
+}
 
 /// The engine's operation that spends when every limit admits.
 pub(crate) const CHECK: &str = "c";

@@ -86,6 +86,8 @@ pub use self::health::{
 pub(crate) use self::hosts::{check, operate, Hosts, Operation, Remote};
 use self::layout::Layout;
 use self::redis::{Fault, RedisBackend};
+#[doc(hidden)]
+pub use self::time::engine_script;
 pub(crate) use self::time::Scripts;
 pub use self::time::TimeSource;
 #[doc(hidden)]

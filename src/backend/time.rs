@@ -163,6 +163,16 @@ impl Scripts {
     }
 }
 
+/// Not part of the API: the text of the script every check runs, in the version that
+/// reads the server's time, so that benchmarks can time a bare `EVALSHA` of the very
+/// same script (`KEYS`: the limit's key, then `<key>:block`; `ARGV`: see
+/// `src/backend/engine.lua`).
+#[doc(hidden)]
+#[must_use]
+pub fn engine_script() -> String {
+    source(TimeSource::Server, &super::hosts::engine_body())
+}
+
 /// The text of `body`'s version for `time`.
 fn source(time: TimeSource, body: &str) -> String {
     let prelude = match time {
