@@ -90,6 +90,22 @@ pub trait Limiter: Send + Sync + 'static {
         let _ = (key, duration);
         None
     }
+
+    /// Takes `cost` units at the earliest time they fit, if that is at most `max_wait`
+    /// away: one call, however many callers share the limit, and the caller waits the
+    /// admitted decision's `retry_after` (if any) before using them. A refused decision
+    /// took nothing; its `retry_after` says when the cost would fit. Give unused units
+    /// back with [`refund`](Self::refund). `None` when this limiter cannot reserve ahead
+    /// (the default; of the built-in limiters, token buckets can).
+    fn reserve(
+        &self,
+        key: &[u8],
+        cost: NonZeroU32,
+        max_wait: std::time::Duration,
+    ) -> Option<Check> {
+        let _ = (key, cost, max_wait);
+        None
+    }
 }
 
 impl<L: Limiter + ?Sized> Limiter for std::sync::Arc<L> {
@@ -127,6 +143,15 @@ impl<L: Limiter + ?Sized> Limiter for std::sync::Arc<L> {
 
     fn block(&self, key: &[u8], duration: std::time::Duration) -> Option<Check> {
         (**self).block(key, duration)
+    }
+
+    fn reserve(
+        &self,
+        key: &[u8],
+        cost: NonZeroU32,
+        max_wait: std::time::Duration,
+    ) -> Option<Check> {
+        (**self).reserve(key, cost, max_wait)
     }
 }
 

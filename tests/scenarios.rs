@@ -37,6 +37,8 @@ enum Op {
     Reset,
     /// Blocks the key for `cost` milliseconds.
     Block,
+    /// Reserves `cost` units at most this many milliseconds ahead.
+    Reserve(u64),
 }
 
 /// One operation (a check unless said otherwise): at `at` ms from [`T0_MS`], `cost`
@@ -171,6 +173,10 @@ async fn run(
             Op::Peek => limiter.peek(b"k", cost).expect("built-in").await,
             Op::Refund => limiter.refund(b"k", cost).expect("built-in").await,
             Op::Reset => limiter.reset(b"k").expect("built-in").await,
+            Op::Reserve(max_wait_ms) => {
+                let max_wait = Duration::from_millis(max_wait_ms);
+                limiter.reserve(b"k", cost, max_wait).expect("a token bucket").await
+            }
             Op::Block => {
                 let duration = Duration::from_millis(u64::from(step.cost));
                 limiter.block(b"k", duration).expect("built-in").await
@@ -433,6 +439,21 @@ async fn token_bucket_hosts_agree() {
                 with(Op::Block, step(300, 250, OverQuota, 0, 250, r(250))),
                 step(400, 1, OverQuota, 0, 150, r(150)),
                 step(550, 1, Allowed, 4, 100, None),
+            ],
+        },
+        Scenario {
+            name: "reservations",
+            limiter: bucket_10_per_second_burst_5,
+            hosts: Hosts::All,
+            steps: vec![
+                step(0, 5, HitQuota, 0, 500, None),
+                // Two tokens, 200 ms from now: taken now, used then.
+                with(Op::Reserve(300), step(0, 2, HitQuota, 0, 700, r(200))),
+                // Two more would be 400 ms away: past the maximum, nothing taken.
+                with(Op::Reserve(300), step(0, 2, OverQuota, 0, 700, r(400))),
+                step(250, 1, OverQuota, 0, 450, r(50)),
+                with(Op::Reserve(1_000), step(300, 1, HitQuota, 0, 500, None)),
+                with(Op::Reserve(1_000), step(300, 6, ExceedsCapacity, 0, 0, None)),
             ],
         },
         Scenario {

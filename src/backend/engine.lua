@@ -6,8 +6,10 @@
 -- slot: they share the limited key's hash tag).
 -- ARGV: op ('c' check: spend when every limit admits; 'p' peek: decide, spend nothing;
 -- 'f' refund: give the cost back to every limit; 'x' reset: forget the key and its
--- block; 'b' block: refuse the key for `cost` ms), cost, the number of limits n, the
--- lockout (ms the key is blocked for when a check is refused; 0: none), then per limit
+-- block; 'b' block: refuse the key for `cost` ms; 'v' reserve: one token bucket's
+-- tokens at the earliest time they fit), cost, the number of limits n, the lockout (ms
+-- the key is blocked for when a check is refused; 0: none; for 'v': the longest wait
+-- in µs), then per limit
 -- its algorithm ('w' fixed window, 't' token bucket, 'r' rolling window), the count of
 -- its arguments and the arguments; with the caller's time, that time last.
 -- Returns {admitted by every limit (1/0), ms the key stays blocked (0: not blocked),
@@ -53,6 +55,16 @@ if op == 'f' or op == 'x' or op == 'b' then
   cost = 0
 end
 local blocked = math.max(0, redis.call('PTTL', block))
+if op == 'v' and blocked == 0 then
+  -- Reserve (one token bucket): the cost at the earliest time it fits, within the
+  -- maximum wait, which ARGV[4] holds in µs instead of a lockout.
+  local reply = token_bucket_reserve(KEYS[1], limits[1][2], now_us, cost, lockout)
+  local out = { reply[1], 0 }
+  for _, v in ipairs(reply) do
+    out[#out + 1] = v
+  end
+  return out
+end
 if blocked > 0 then
   -- Blocked: nothing is spent; each limit says where it stands.
   op = 'p'

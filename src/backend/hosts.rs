@@ -119,6 +119,13 @@ pub(crate) trait Hosts: Send + Sync + 'static {
     fn local_refund(&self, key: &[u8], cost: u32);
     /// Forgets `key` in the in-process state.
     fn local_reset(&self, key: &[u8]);
+    /// Takes `cost` units at the earliest time they fit, at most `max_wait_us` away,
+    /// in the in-process state: an admitted decision's `retry_after` is the wait before
+    /// using them. `None` for the algorithms that cannot reserve ahead (the default).
+    fn local_reserve(&self, key: &[u8], cost: u32, max_wait_us: u64, source: Source) -> Option<Decision> {
+        let _ = (key, cost, max_wait_us, source);
+        None
+    }
 }
 
 /// What [`operate`] does to a key, besides a check.
@@ -132,6 +139,9 @@ pub(crate) enum Operation {
     Reset,
     /// Refuses the key for the cost, in milliseconds.
     Block,
+    /// Takes the cost at the earliest time it fits, at most this many µs away (token
+    /// buckets only; see [`Hosts::local_reserve`]).
+    Reserve { max_wait_us: u64 },
 }
 
 impl Operation {
@@ -142,6 +152,7 @@ impl Operation {
             Self::Refund => "f",
             Self::Reset => "x",
             Self::Block => "b",
+            Self::Reserve { .. } => "v",
         }
     }
 }
@@ -159,7 +170,7 @@ pub(crate) fn operate<T: Hosts + ?Sized>(
     let remote = store.remote();
     let backend = &remote.backend;
     let redis = backend.redis_handle();
-    if op == Operation::Peek && cost > store.capacity() {
+    if matches!(op, Operation::Peek | Operation::Reserve { .. }) && cost > store.capacity() {
         let source = match redis {
             None => Source::InProcess,
             Some(redis) if redis.is_healthy() => Source::Redis,
@@ -187,7 +198,10 @@ pub(crate) fn operate<T: Hosts + ?Sized>(
         .arg(op.letter())
         .arg(cost)
         .arg(store.limit_count())
-        .arg(store.blocks().lockout_ms());
+        .arg(match op {
+            Operation::Reserve { max_wait_us } => max_wait_us,
+            _ => store.blocks().lockout_ms(),
+        });
     store.limit_args(&mut invocation);
     if time == TimeSource::Caller {
         invocation.arg(backend.caller_now_us());
@@ -231,6 +245,14 @@ fn operate_locally<T: Hosts + ?Sized>(
             let until = now_us.saturating_add(cost.saturating_mul(1_000));
             store.blocks().block(local, key, until, true);
             0
+        }
+        Operation::Reserve { max_wait_us } => {
+            if store.blocks().until(local, key, now_us).is_none() {
+                if let Some(decision) = store.local_reserve(key, units, max_wait_us, source) {
+                    return decision;
+                }
+            }
+            units
         }
     };
     let decision = store.local(key, peek_cost, source, false);

@@ -69,6 +69,36 @@ impl Tat {
 }
 
 impl Tat {
+    /// Takes `cost` tokens at the earliest time they fit, if that is at most
+    /// `max_wait_ns` after `now_ns`: TAT moves on now (as in the script's reservation).
+    /// `Admitted`'s `wait_ns` is the time to wait before using them.
+    pub(crate) fn reserve(
+        &mut self,
+        bucket: Bucket,
+        cost: u64,
+        now_ns: u64,
+        max_wait_ns: u64,
+    ) -> Reservation {
+        let interval = bucket.interval_ns.max(1);
+        let tau = interval.saturating_mul(bucket.burst);
+        let tat = self.0.max(now_ns);
+        let new_tat = tat.saturating_add(cost.saturating_mul(interval));
+        let wait_ns = new_tat.saturating_sub(tau).saturating_sub(now_ns);
+        if wait_ns > max_wait_ns {
+            return Reservation::Refused {
+                left: tau.saturating_sub(tat - now_ns) / interval,
+                wait_ns,
+                full_in_ns: tat - now_ns,
+            };
+        }
+        self.0 = new_tat;
+        Reservation::Admitted {
+            left: tau.saturating_sub(new_tat - now_ns - wait_ns) / interval,
+            wait_ns,
+            full_in_ns: new_tat - now_ns,
+        }
+    }
+
     /// Puts `cost` tokens back at `now_ns`: TAT moves back by their intervals, never
     /// below now (as in the script).
     pub(crate) fn refund(&mut self, bucket: Bucket, cost: u64, now_ns: u64) {
@@ -77,6 +107,23 @@ impl Tat {
             self.0 = self.0.saturating_sub(back).max(now_ns);
         }
     }
+}
+
+/// The outcome of a reservation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Reservation {
+    /// Taken for the time `wait_ns` from now; `left` tokens remain then.
+    Admitted {
+        left: u64,
+        wait_ns: u64,
+        full_in_ns: u64,
+    },
+    /// They would fit only after `wait_ns`, past the maximum wait: nothing taken.
+    Refused {
+        left: u64,
+        wait_ns: u64,
+        full_in_ns: u64,
+    },
 }
 
 /// One limiter's buckets in the backend's local store.
@@ -94,6 +141,20 @@ impl Buckets {
 
     pub(crate) fn key(&self, key: &[u8]) -> Key {
         self.store.key(self.limiter, key)
+    }
+
+    /// Reserves `cost` tokens of `key`'s bucket (see [`Tat::reserve`]).
+    pub(crate) fn reserve(
+        &self,
+        key: &[u8],
+        bucket: Bucket,
+        cost: u64,
+        now_ns: u64,
+        max_wait_ns: u64,
+    ) -> Reservation {
+        self.store.update(self.key(key), Tat::default, |tat: &mut Tat| {
+            tat.reserve(bucket, cost, now_ns, max_wait_ns)
+        })
     }
 
     /// Puts `cost` tokens back into `key`'s bucket.

@@ -63,7 +63,7 @@ use std::time::Duration;
 
 use deadpool_redis::redis::ScriptInvocation;
 
-use self::memory::{Bucket, Buckets, Outcome};
+use self::memory::{Bucket, Buckets, Outcome, Reservation};
 use crate::backend::{self, Backend, Hosts, Operation, Remote};
 use crate::decision::{Decision, Policy, Source, State};
 use crate::error::{validate_name, ConfigError};
@@ -265,6 +265,16 @@ impl Limiter for TokenBucketLimiter {
             .max(1);
         Some(backend::operate(&self.store, Operation::Block, key, ms))
     }
+
+    fn reserve(&self, key: &[u8], cost: NonZeroU32, max_wait: Duration) -> Option<Check> {
+        let max_wait_us = u64::try_from(max_wait.as_micros()).unwrap_or(u64::MAX);
+        Some(backend::operate(
+            &self.store,
+            Operation::Reserve { max_wait_us },
+            key,
+            u64::from(cost.get()),
+        ))
+    }
 }
 
 impl Hosts for TokenBucketHosts {
@@ -311,7 +321,13 @@ impl Hosts for TokenBucketHosts {
             } else {
                 State::Allowed
             };
-            Decision::new(state, self.burst, left, us(full_us), Source::Redis)
+            let decision = Decision::new(state, self.burst, left, us(full_us), Source::Redis);
+            // A reservation: the wait before using the tokens.
+            if wait_us > 0 {
+                decision.with_retry_after(us(wait_us))
+            } else {
+                decision
+            }
         } else {
             Decision::new(
                 State::OverQuota,
@@ -362,6 +378,39 @@ impl Hosts for TokenBucketHosts {
 
     fn local_reset(&self, key: &[u8]) {
         self.buckets.reset(key);
+    }
+
+    fn local_reserve(&self, key: &[u8], cost: u32, max_wait_us: u64, source: Source) -> Option<Decision> {
+        let now_ns = self.remote.backend().clock().elapsed_ns();
+        let max_wait_ns = max_wait_us.saturating_mul(1_000);
+        let us = |ns: u64| Duration::from_micros(ns.div_ceil(1_000));
+        let burst = self.local.burst;
+        Some(
+            match self
+                .buckets
+                .reserve(key, self.local, u64::from(cost), now_ns, max_wait_ns)
+            {
+                Reservation::Admitted {
+                    left,
+                    wait_ns,
+                    full_in_ns,
+                } => {
+                    let state = if left == 0 { State::HitQuota } else { State::Allowed };
+                    let decision = Decision::new(state, burst, left, us(full_in_ns), source);
+                    if wait_ns > 0 {
+                        decision.with_retry_after(us(wait_ns))
+                    } else {
+                        decision
+                    }
+                }
+                Reservation::Refused {
+                    left,
+                    wait_ns,
+                    full_in_ns,
+                } => Decision::new(State::OverQuota, burst, left, us(full_in_ns), source)
+                    .with_retry_after(us(wait_ns)),
+            },
+        )
     }
 }
 

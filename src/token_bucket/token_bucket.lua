@@ -72,3 +72,30 @@ local function token_bucket_refund(key, a, now_us, cost)
   end
   redis.call('SET', key, string.format('%.4f', tat), 'PX', string.format('%d', ttl))
 end
+-- token_bucket_reserve(key, a, now_us, cost, max_wait): takes `cost` tokens at the
+-- earliest time they fit, if that is at most `max_wait` µs away: TAT moves on now and
+-- the caller waits until then (one call per request, however many callers share the
+-- bucket). Returns {admitted (1/0), tokens left (at the reserved time), µs to wait
+-- (admitted: before using the tokens; refused: until they would fit), µs until full}.
+local function token_bucket_reserve(key, a, now_us, cost, max_wait)
+  local interval, burst = a[1], a[2]
+  local now = now_us - a[3] * 1000000
+  local tau = interval * burst
+  local tat = tonumber(redis.call('GET', key) or '')
+  if tat == nil or tat < now then
+    tat = now
+  end
+  local new_tat = tat + cost * interval
+  local wait = math.max(0, new_tat - tau - now)
+  if wait > max_wait + 0.001 then
+    local available = math.max(0, math.floor((tau - (tat - now)) / interval + 1e-9))
+    return {0, available, math.ceil(wait), math.ceil(tat - now)}
+  end
+  local ttl = math.max(1, math.ceil((new_tat - now) / 1000))
+  if caller_time then
+    ttl = ttl + math.max(math.ceil(tau / 1000), 1000)
+  end
+  redis.call('SET', key, string.format('%.4f', new_tat), 'PX', string.format('%d', ttl))
+  local left = math.floor((tau - (new_tat - now - wait)) / interval + 1e-9)
+  return {1, left, math.max(0, math.ceil(wait - 0.001)), math.ceil(new_tat - now)}
+end
