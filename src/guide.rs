@@ -266,10 +266,12 @@
 //!   [`WaitError::TimedOut`](crate::outbound::WaitError) once it cannot be admitted in
 //!   time, at once when the shared state already says so. Set it below the caller's
 //!   own timeout; a queue consumer can take a long one, a request handler a short one.
-//! - **Cost**: waiters on one key queue in order in each process and only the head asks
-//!   Redis, at the time the last refusal named. With one instance sending, that is about
-//!   one Redis call per request; with several saturating one key, about one call per
-//!   instance per admission (the instances' heads wake together and one wins). See
+//! - **Cost**: on a token bucket each call reserves its slot in the shared bucket
+//!   ([`Limiter::reserve`](crate::Limiter::reserve)) and sleeps until it: one Redis call
+//!   per request, however many instances send. On a fixed or rolling window, waiters on
+//!   one key queue in order in each process and only the head asks Redis, at the time
+//!   the last refusal named: about one call per request with one instance sending, and
+//!   one per instance per admission when several saturate one key. See
 //!   `BENCHMARKS.md`.
 //! - **Redis down**: the backend's [`FailurePolicy`](crate::FailurePolicy): `Fallback`
 //!   waits on the in-process state (give it a [fallback

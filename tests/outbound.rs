@@ -103,8 +103,9 @@ async fn two_instances_never_exceed_one_shared_limit() {
         "{admitted} admitted, {calls} evalsha: {:.2} per admission",
         calls as f64 / admitted as f64
     );
+    // A token bucket reserves: one call per admission, whatever the instances.
     assert!(
-        calls <= admitted * 4,
+        calls as f64 <= admitted as f64 * 1.1 + 2.0,
         "{calls} calls for {admitted} admissions"
     );
     for waiter in &instances {
@@ -112,8 +113,8 @@ async fn two_instances_never_exceed_one_shared_limit() {
     }
 }
 
-/// The maximum wait holds: at once when the next admission is beyond it, and for a
-/// waiter queued behind another.
+/// The maximum wait holds: at once when the next admission is beyond it, also for a
+/// waiter whose slot comes after another's reservation.
 #[tokio::test]
 async fn the_maximum_wait_holds() {
     let redis = RedisServer::start();
@@ -133,7 +134,8 @@ async fn the_maximum_wait_holds() {
     let retry = decision.as_ref().unwrap().retry_after.unwrap();
     assert!(retry > max_wait, "{retry:?}");
 
-    // A head waits for the token (within 3 s); the one behind it gives up at 500 ms.
+    // A head reserves the next token (within 3 s); the slot after it lies 4 s away, so
+    // the one behind it gives up at once instead of waiting 500 ms in vain.
     let head = tokio::spawn({
         let waiter = waiter.clone();
         async move { waiter.acquire(b"k", ONE, 3 * SEC).await }
@@ -141,21 +143,19 @@ async fn the_maximum_wait_holds() {
     tokio::time::sleep(Duration::from_millis(50)).await;
     let start = Instant::now();
     let error = waiter.acquire(b"k", ONE, max_wait).await.unwrap_err();
-    let waited = start.elapsed();
-    assert!(
-        waited >= max_wait && waited < max_wait + MARGIN,
-        "{waited:?}"
-    );
-    assert!(
-        matches!(error, WaitError::TimedOut { decision: None, .. }),
-        "{error:?}"
-    );
+    assert!(start.elapsed() < MARGIN, "{:?}", start.elapsed());
+    let WaitError::TimedOut { decision, .. } = &error else {
+        panic!("{error:?}");
+    };
+    let retry = decision.as_ref().unwrap().retry_after.unwrap();
+    assert!(retry > 3 * SEC, "{retry:?}");
     assert!(head.await.unwrap().unwrap().is_admitted());
     assert_eq!(waiter.queued_keys(), 0);
 }
 
-/// A waiter dropped while it sleeps makes no further call, spends nothing of the limit
-/// and leaves no task or queue behind.
+/// A waiter dropped while it waits for its reserved slot gives the slot back (one
+/// refund), makes no further call, spends nothing of the limit and leaves no task or
+/// queue behind.
 #[tokio::test]
 async fn a_dropped_waiter_spends_nothing_and_leaves_no_task() {
     let redis = RedisServer::start();
@@ -172,15 +172,14 @@ async fn a_dropped_waiter_spends_nothing_and_leaves_no_task() {
     assert!(tokio::time::timeout(Duration::from_millis(300), waiting)
         .await
         .is_err());
+    assert_eq!(waiter.queued_keys(), 0);
+    // Past the reserved time, and until the bucket is full.
+    tokio::time::sleep(Duration::from_millis(2200)).await;
     assert_eq!(
         redis.command_calls("evalsha"),
-        calls + 1,
-        "one refused check"
+        calls + 2,
+        "one reservation, one refund, and nobody checks again"
     );
-    assert_eq!(waiter.queued_keys(), 0);
-    // Past the time it would have checked again, and until the bucket is full.
-    tokio::time::sleep(Duration::from_millis(2200)).await;
-    assert_eq!(redis.command_calls("evalsha"), calls + 1, "nobody checks");
     assert_eq!(
         tokio::runtime::Handle::current()
             .metrics()

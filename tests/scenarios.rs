@@ -175,7 +175,10 @@ async fn run(
             Op::Reset => limiter.reset(b"k").expect("built-in").await,
             Op::Reserve(max_wait_ms) => {
                 let max_wait = Duration::from_millis(max_wait_ms);
-                limiter.reserve(b"k", cost, max_wait).expect("a token bucket").await
+                limiter
+                    .reserve(b"k", cost, max_wait)
+                    .expect("a token bucket")
+                    .await
             }
             Op::Block => {
                 let duration = Duration::from_millis(u64::from(step.cost));
@@ -453,7 +456,10 @@ async fn token_bucket_hosts_agree() {
                 with(Op::Reserve(300), step(0, 2, OverQuota, 0, 700, r(400))),
                 step(250, 1, OverQuota, 0, 450, r(50)),
                 with(Op::Reserve(1_000), step(300, 1, HitQuota, 0, 500, None)),
-                with(Op::Reserve(1_000), step(300, 6, ExceedsCapacity, 0, 0, None)),
+                with(
+                    Op::Reserve(1_000),
+                    step(300, 6, ExceedsCapacity, 0, 0, None),
+                ),
             ],
         },
         Scenario {

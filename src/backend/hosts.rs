@@ -122,7 +122,13 @@ pub(crate) trait Hosts: Send + Sync + 'static {
     /// Takes `cost` units at the earliest time they fit, at most `max_wait_us` away,
     /// in the in-process state: an admitted decision's `retry_after` is the wait before
     /// using them. `None` for the algorithms that cannot reserve ahead (the default).
-    fn local_reserve(&self, key: &[u8], cost: u32, max_wait_us: u64, source: Source) -> Option<Decision> {
+    fn local_reserve(
+        &self,
+        key: &[u8],
+        cost: u32,
+        max_wait_us: u64,
+        source: Source,
+    ) -> Option<Decision> {
         let _ = (key, cost, max_wait_us, source);
         None
     }
@@ -182,7 +188,7 @@ pub(crate) fn operate<T: Hosts + ?Sized>(
         return Check::ready(operate_locally(&**store, op, key, cost, Source::InProcess));
     };
     if !redis.admit() {
-        return Check::ready(operate_locally(&**store, op, key, cost, Source::Fallback));
+        return Check::ready(operate_unavailable(&**store, op, key, cost));
     }
     let redis_key = remote.redis_key(key);
     let deny = &backend.inner.deny;
@@ -215,8 +221,27 @@ pub(crate) fn operate<T: Hosts + ?Sized>(
             let cost = u32::try_from(cost).ok().and_then(NonZeroU32::new);
             read_reply(&*store, &reply, cost.unwrap_or(NonZeroU32::MIN))
         });
-        decision.unwrap_or_else(|| operate_locally(&*store, op, &key, cost, Source::Fallback))
+        decision.unwrap_or_else(|| operate_unavailable(&*store, op, &key, cost))
     })
+}
+
+/// [`operate`] while Redis cannot answer: a reservation admits, so it follows the
+/// layer's failure policy as a check does; the other operations act on the in-process
+/// state.
+fn operate_unavailable<T: Hosts + ?Sized>(
+    store: &T,
+    op: Operation,
+    key: &[u8],
+    cost: u64,
+) -> Decision {
+    let policy = store.remote().backend.failover.policy;
+    match (op, policy) {
+        (Operation::Reserve { .. }, FailurePolicy::FailOpen | FailurePolicy::FailClosed) => {
+            let cost = u32::try_from(cost).ok().and_then(NonZeroU32::new);
+            unavailable(store, key, cost.unwrap_or(NonZeroU32::MIN))
+        }
+        _ => operate_locally(store, op, key, cost, Source::Fallback),
+    }
 }
 
 /// [`operate`] on the in-process state.

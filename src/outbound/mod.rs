@@ -12,23 +12,24 @@
 //!
 //! # How the wait works
 //!
-//! - **No polling.** A refused check says when the request could pass (`retry_after`,
-//!   computed from the shared state: the bucket's arrival time in Redis); the waiter
-//!   sleeps until then and checks once more. It fails at once, without sleeping, when
-//!   that time lies beyond its maximum wait ([`WaitError::TimedOut`]), and never waits
-//!   for a cost the limit can never admit ([`WaitError::ExceedsCapacity`]).
-//! - **First in, first out per key, one caller at a time.** In one process, the waiters
-//!   on one key queue behind a fair lock; only the head checks the limiter. A thousand
-//!   queued requests make one Redis call per admission, not a thousand calls per
-//!   refill, and a costly request is not overtaken forever by cheap ones. After an
-//!   admission that used the last unit, the next head sleeps until the limiter's policy
-//!   says a unit is back before it asks. Across instances, each instance's head checks
-//!   when the shared state says; one of them wins, the others get the next time.
-//! - **Nothing reserved.** A refused check counts nothing, so a waiter that gives up or
-//!   is dropped has spent nothing and leaves no task: cancellation is free with every
-//!   algorithm. (Reserving ahead, as Bucket4j's blocking buckets do, would make one call
-//!   per request across instances too, but a dropped waiter's reservation would be
-//!   lost.)
+//! - **Token buckets reserve: one call per request.** A waiter on a token bucket
+//!   reserves its tokens at the earliest time they fit ([`Limiter::reserve`](crate::Limiter::reserve)): one
+//!   Redis call moves the shared bucket on and says how long to wait, and the waiter
+//!   sleeps until then. Instances sharing the bucket never race for the same token, so
+//!   each admitted request costs one call, however many instances wait. When that time
+//!   lies beyond the maximum wait, nothing is taken and the waiter fails at once
+//!   ([`WaitError::TimedOut`]). A waiter dropped before its time gives its tokens back
+//!   ([`Limiter::refund`](crate::Limiter::refund), one more call), so cancellation spends nothing.
+//! - **Other limits: no polling.** A fixed or rolling window cannot be reserved ahead: a
+//!   refused check says when the request could pass (`retry_after`, computed from the
+//!   shared state); the waiter sleeps until then and checks once more, failing at once
+//!   when that time lies beyond its maximum wait. Nothing is taken while it waits.
+//! - **First in, first out per key.** In one process, the waiters on one key queue
+//!   behind a fair lock; only the head reserves or checks, so a costly request is not
+//!   overtaken forever by cheap ones. With a window, after an admission that used the
+//!   last unit, the next head sleeps until the limiter's policy says a unit is back
+//!   before it asks. A cost the limit can never admit fails at once
+//!   ([`WaitError::ExceedsCapacity`]).
 //! - **Redis down.** The limiter's [`FailurePolicy`](crate::FailurePolicy) applies as
 //!   for inbound layers: `Fallback` waits on the in-process state (with its fallback
 //!   share), `FailOpen` lets calls through, `FailClosed` fails them with

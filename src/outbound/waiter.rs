@@ -21,17 +21,18 @@ const MIN_SLEEP: Duration = Duration::from_millis(1);
 /// side of a limit, for requests a service *sends* (an upstream API's limit shared by
 /// every replica), queue consumers and batch jobs.
 ///
-/// [`acquire`](Self::acquire) checks the limiter; while it refuses, it sleeps for the
-/// refusal's `retry_after` (computed by the limiter from the shared state, so there is
-/// no polling loop) and checks again, until the limiter admits the cost or the next
-/// possible admission lies beyond the maximum wait.
+/// [`acquire`](Self::acquire) on a token bucket reserves the cost at the earliest time
+/// it fits ([`Limiter::reserve`]) and sleeps until then: one call per request, however
+/// many instances share the bucket; a dropped future gives its reservation back. On
+/// other limiters it checks; while the limiter refuses, it sleeps for the refusal's
+/// `retry_after` (computed from the shared state, so there is no polling loop) and
+/// checks again. Either way it fails at once when the next possible admission lies
+/// beyond the maximum wait.
 ///
 /// In one process, the waiters on one key form a first-in, first-out queue: only the
-/// waiter at its head checks the limiter (a later, cheaper request cannot overtake an
-/// earlier, costlier one, and a hundred waiters make one Redis call, not a hundred).
-/// Across processes, each process's head sleeps until the time the shared state gives
-/// and checks once. Nothing is reserved while waiting: dropping the future of
-/// `acquire` spends nothing and leaves no task behind. A key's queue is removed as soon
+/// waiter at its head reserves or checks (a later, cheaper request cannot overtake an
+/// earlier, costlier one). Dropping the future of `acquire` spends nothing (a
+/// reservation is refunded) and leaves no task behind. A key's queue is removed as soon
 /// as nobody waits on it.
 ///
 /// Cloning is cheap; clones share the limiter and the queues.
@@ -169,6 +170,15 @@ impl<L: Limiter> Waiter<L> {
                 })?,
             None => ticket.lane.head.lock().await,
         };
+        // A token bucket reserves: one call takes the earliest slot within the wait, for
+        // this instance and every other one sharing the bucket.
+        let left = deadline.map_or(max_wait, |d| d.saturating_duration_since(Instant::now()));
+        if let Some(reservation) = self.shared.limiter.reserve(key, cost, left) {
+            let decision = reservation.await;
+            // The next waiter reserves the next slot while this one waits for its own.
+            drop(head);
+            return self.use_reservation(key, cost, decision, max_wait).await;
+        }
         // The previous head used the last of the limit: no point asking before this.
         if let Some(at) = head.take() {
             if deadline.is_none_or(|deadline| at <= deadline) {
@@ -201,6 +211,63 @@ impl<L: Limiter> Waiter<L> {
                         max_wait,
                         decision: Some(decision),
                     })
+                }
+            }
+        }
+    }
+}
+
+impl<L: Limiter> Waiter<L> {
+    /// Waits for a reservation's slot (giving its units back if dropped meanwhile), or
+    /// turns its refusal into the error.
+    async fn use_reservation(
+        &self,
+        key: &[u8],
+        cost: NonZeroU32,
+        mut decision: Decision,
+        max_wait: Duration,
+    ) -> Result<Decision, WaitError> {
+        if decision.is_admitted() {
+            if let Some(wait) = decision.retry_after.take() {
+                let mut unused = Unused {
+                    limiter: &self.shared.limiter,
+                    key,
+                    cost,
+                    armed: true,
+                };
+                tokio::time::sleep(wait).await;
+                unused.armed = false;
+            }
+            return Ok(decision);
+        }
+        Err(match decision.state {
+            State::ExceedsCapacity => WaitError::ExceedsCapacity { decision },
+            _ if decision.source == Source::FailClosed => WaitError::Unavailable { decision },
+            _ => WaitError::TimedOut {
+                max_wait,
+                decision: Some(decision),
+            },
+        })
+    }
+}
+
+/// A reservation not used yet: given back if its waiter is dropped before its time.
+struct Unused<'a, L: Limiter> {
+    limiter: &'a L,
+    key: &'a [u8],
+    cost: NonZeroU32,
+    armed: bool,
+}
+
+impl<L: Limiter> Drop for Unused<'_, L> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        if let Some(mut refund) = self.limiter.refund(self.key, self.cost) {
+            if refund.take_ready().is_none() {
+                if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                    runtime.spawn(refund);
                 }
             }
         }

@@ -152,9 +152,10 @@ impl Buckets {
         now_ns: u64,
         max_wait_ns: u64,
     ) -> Reservation {
-        self.store.update(self.key(key), Tat::default, |tat: &mut Tat| {
-            tat.reserve(bucket, cost, now_ns, max_wait_ns)
-        })
+        self.store
+            .update(self.key(key), Tat::default, |tat: &mut Tat| {
+                tat.reserve(bucket, cost, now_ns, max_wait_ns)
+            })
     }
 
     /// Puts `cost` tokens back into `key`'s bucket.

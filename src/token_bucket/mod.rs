@@ -380,7 +380,13 @@ impl Hosts for TokenBucketHosts {
         self.buckets.reset(key);
     }
 
-    fn local_reserve(&self, key: &[u8], cost: u32, max_wait_us: u64, source: Source) -> Option<Decision> {
+    fn local_reserve(
+        &self,
+        key: &[u8],
+        cost: u32,
+        max_wait_us: u64,
+        source: Source,
+    ) -> Option<Decision> {
         let now_ns = self.remote.backend().clock().elapsed_ns();
         let max_wait_ns = max_wait_us.saturating_mul(1_000);
         let us = |ns: u64| Duration::from_micros(ns.div_ceil(1_000));
@@ -395,7 +401,11 @@ impl Hosts for TokenBucketHosts {
                     wait_ns,
                     full_in_ns,
                 } => {
-                    let state = if left == 0 { State::HitQuota } else { State::Allowed };
+                    let state = if left == 0 {
+                        State::HitQuota
+                    } else {
+                        State::Allowed
+                    };
                     let decision = Decision::new(state, burst, left, us(full_in_ns), source);
                     if wait_ns > 0 {
                         decision.with_retry_after(us(wait_ns))
