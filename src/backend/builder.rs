@@ -60,6 +60,7 @@ pub struct BackendBuilder {
     probe_interval: Duration,
     breaker: BreakerConfig,
     deny_cache: usize,
+    coalesce: bool,
     max_local_keys: u64,
     failover: Failover,
     /// See [`time_source`](Self::time_source) (in `time.rs`).
@@ -81,6 +82,7 @@ impl Default for BackendBuilder {
             probe_interval: DEFAULT_PROBE_INTERVAL,
             breaker: BreakerConfig::default(),
             deny_cache: DEFAULT_DENY_CACHE_CAPACITY,
+            coalesce: true,
             max_local_keys: DEFAULT_MAX_LOCAL_KEYS,
             failover: Failover::default(),
             time: TimeSource::default(),
@@ -272,6 +274,19 @@ impl BackendBuilder {
     /// key are refused locally until then without a round trip.
     pub fn deny_cache(mut self, capacity: usize) -> Self {
         self.deny_cache = capacity;
+        self
+    }
+
+    /// Whether concurrent checks of one key in this process share Redis calls (default
+    /// on). While a check of a key waits for Redis, the checks of that key arriving
+    /// meanwhile queue, and go to Redis together in one script call when it returns;
+    /// the script decides each in arrival order as its own call would, so decisions are
+    /// exactly those of one call each. A hot key under many concurrent requests then
+    /// costs about two calls per round trip instead of one per request; a check that
+    /// queued waits for the call in flight and its own (at most two round trips). Off:
+    /// one call per check, always.
+    pub fn coalesce(mut self, enabled: bool) -> Self {
+        self.coalesce = enabled;
         self
     }
 
@@ -478,6 +493,7 @@ impl BackendBuilder {
                 caller_offset_us: self.caller_offset_us,
                 redis,
                 deny: DenyCache::new(self.deny_cache),
+                coalesce: self.coalesce,
             }),
             failover: self.failover,
         })

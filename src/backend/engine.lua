@@ -7,13 +7,14 @@
 -- ARGV: op ('c' check: spend when every limit admits; 'p' peek: decide, spend nothing;
 -- 'f' refund: give the cost back to every limit; 'x' reset: forget the key and its
 -- block; 'b' block: refuse the key for `cost` ms; 'v' reserve: one token bucket's
--- tokens at the earliest time they fit), cost, the number of limits n, the lockout (ms
--- the key is blocked for when a check is refused; 0: none; for 'v': the longest wait
--- in µs), then per limit
+-- tokens at the earliest time they fit; 'm' several checks of the key at once, their
+-- count in place of the cost and their costs after the limits), cost, the number of
+-- limits n, the lockout (ms the key is blocked for when a check is refused; 0: none;
+-- for 'v': the longest wait in µs), then per limit
 -- its algorithm ('w' fixed window, 't' token bucket, 'r' rolling window), the count of
 -- its arguments and the arguments; with the caller's time, that time last.
 -- Returns {admitted by every limit (1/0), ms the key stays blocked (0: not blocked),
--- then each limit's reply in order}. With more than one limit, every limit decides
+-- then each limit's reply in order}, once per check for 'm'. With more than one limit, every limit decides
 -- first without writing; only when all of them admit does each one write its own
 -- change, so a refusal by any limit spends nothing (and the limits that would have
 -- admitted reply with their untouched state). A blocked key spends nothing either.
@@ -54,55 +55,75 @@ if op == 'f' or op == 'x' or op == 'b' then
   op = 'p'
   cost = 0
 end
-local blocked = math.max(0, redis.call('PTTL', block))
-if op == 'v' and blocked == 0 then
-  -- Reserve (one token bucket): the cost at the earliest time it fits, within the
-  -- maximum wait, which ARGV[4] holds in µs instead of a lockout.
-  local reply = token_bucket_reserve(KEYS[1], limits[1][2], now_us, cost, lockout)
-  local out = { reply[1], 0 }
-  for _, v in ipairs(reply) do
-    out[#out + 1] = v
+if op == 'v' then
+  local blocked = math.max(0, redis.call('PTTL', block))
+  if blocked == 0 then
+    -- Reserve (one token bucket): the cost at the earliest time it fits, within the
+    -- maximum wait, which ARGV[4] holds in µs instead of a lockout.
+    local reply = token_bucket_reserve(KEYS[1], limits[1][2], now_us, cost, lockout)
+    local out = { reply[1], 0 }
+    for _, v in ipairs(reply) do
+      out[#out + 1] = v
+    end
+    return out
   end
-  return out
-end
-if blocked > 0 then
-  -- Blocked: nothing is spent; each limit says where it stands.
   op = 'p'
-  cost = 0
 end
-local spend = op == 'c'
-local replies = {}
-local admitted = 1
-for i = 1, n do
-  replies[i] = limits[i][1](KEYS[i], limits[i][2], now_us, cost, spend and n == 1)
-  if replies[i][1] == 0 then
+
+-- One decision: {admitted, blocked ms, each limit's reply}, appended to `out`.
+local function decide(op, cost, out)
+  local blocked = math.max(0, redis.call('PTTL', block))
+  if blocked > 0 then
+    -- Blocked: nothing is spent; each limit says where it stands.
+    op = 'p'
+    cost = 0
+  end
+  local spend = op == 'c'
+  local replies = {}
+  local admitted = 1
+  for i = 1, n do
+    replies[i] = limits[i][1](KEYS[i], limits[i][2], now_us, cost, spend and n == 1)
+    if replies[i][1] == 0 then
+      admitted = 0
+    end
+  end
+  if spend and n > 1 and admitted == 1 then
+    for i = 1, n do
+      replies[i] = limits[i][1](KEYS[i], limits[i][2], now_us, cost, true)
+    end
+  elseif n > 1 and admitted == 0 then
+    -- Refused: a limit that would have admitted says where it stands, untouched (a
+    -- cost of 0 spends nothing).
+    for i = 1, n do
+      if replies[i][1] == 1 then
+        replies[i] = limits[i][1](KEYS[i], limits[i][2], now_us, 0, false)
+      end
+    end
+  end
+  if blocked > 0 then
     admitted = 0
+  elseif spend and admitted == 0 and lockout > 0 then
+    -- Refused: the key is locked out (a lock already running is not extended).
+    redis.call('SET', block, '1', 'PX', string.format('%d', lockout), 'NX')
+    blocked = math.max(0, redis.call('PTTL', block))
   end
-end
-if spend and n > 1 and admitted == 1 then
+  out[#out + 1] = admitted
+  out[#out + 1] = blocked
   for i = 1, n do
-    replies[i] = limits[i][1](KEYS[i], limits[i][2], now_us, cost, true)
-  end
-elseif n > 1 and admitted == 0 then
-  -- Refused: a limit that would have admitted says where it stands, untouched (a cost
-  -- of 0 spends nothing).
-  for i = 1, n do
-    if replies[i][1] == 1 then
-      replies[i] = limits[i][1](KEYS[i], limits[i][2], now_us, 0, false)
+    for _, v in ipairs(replies[i]) do
+      out[#out + 1] = v
     end
   end
 end
-if blocked > 0 then
-  admitted = 0
-elseif spend and admitted == 0 and lockout > 0 then
-  -- Refused: the key is locked out (a lock already running is not extended).
-  redis.call('SET', block, '1', 'PX', string.format('%d', lockout), 'NX')
-  blocked = math.max(0, redis.call('PTTL', block))
-end
-local out = { admitted, blocked }
-for i = 1, n do
-  for _, v in ipairs(replies[i]) do
-    out[#out + 1] = v
+
+local out = {}
+if op == 'm' then
+  -- Coalesced checks of one key, in arrival order: ARGV[2] is their count, their costs
+  -- follow the limits' arguments. Each decides as if it were its own call.
+  for j = 1, cost do
+    decide('c', tonumber(ARGV[at + j - 1]), out)
   end
+else
+  decide(op, cost, out)
 end
 return out

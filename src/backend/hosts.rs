@@ -9,9 +9,10 @@ use std::time::Duration;
 use deadpool_redis::redis::ScriptInvocation;
 
 use super::block::Blocks;
+use super::coalesce::{Coalescer, NextCalls, Turn};
 use super::deny::Denied;
 use super::layout::Layout;
-use super::redis::{Fault, ScriptError};
+use super::redis::{Fault, RedisBackend, ScriptError};
 use super::{Backend, FailurePolicy, Scripts, TimeSource, DEFAULT_PROBE_INTERVAL};
 use crate::decision::{Decision, Source, State};
 use crate::limiter::Check;
@@ -49,6 +50,8 @@ pub(crate) struct Remote {
     metrics: RedisMetrics,
     /// This limiter's blocked keys and lockout.
     blocks: Blocks,
+    /// This limiter's calls in flight, and the checks of the same key waiting for them.
+    coalescer: Coalescer,
 }
 
 impl Remote {
@@ -64,7 +67,22 @@ impl Remote {
             name: name.to_owned(),
             metrics: RedisMetrics::default(),
             blocks: Blocks::new(&backend.inner.local, lockout),
+            coalescer: Coalescer::default(),
         }
+    }
+
+    pub(crate) fn coalescer(&self) -> &Coalescer {
+        &self.coalescer
+    }
+
+    /// Records a call's duration in the metrics.
+    pub(crate) fn record_duration(&self, elapsed: Duration) {
+        self.metrics.duration(&self.name, elapsed);
+    }
+
+    /// Records a failed call in the metrics.
+    pub(crate) fn record_error(&self, error: &ScriptError) {
+        crate::metrics::redis_error(&self.name, error.fault().label());
     }
 
     pub(crate) fn backend(&self) -> &Backend {
@@ -77,7 +95,7 @@ impl Remote {
     }
 
     /// The Redis key of a key's block: its limit key with `:block` after it.
-    fn block_key(&self, redis_key: &[u8]) -> Vec<u8> {
+    pub(crate) fn block_key(&self, redis_key: &[u8]) -> Vec<u8> {
         [redis_key, b":block"].concat()
     }
 }
@@ -134,159 +152,6 @@ pub(crate) trait Hosts: Send + Sync + 'static {
     }
 }
 
-/// What [`operate`] does to a key, besides a check.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Operation {
-    /// Says what a check of the cost would answer, spending nothing.
-    Peek,
-    /// Gives the cost back.
-    Refund,
-    /// Forgets the key (and lifts its block).
-    Reset,
-    /// Refuses the key for the cost, in milliseconds.
-    Block,
-    /// Takes the cost at the earliest time it fits, at most this many µs away (token
-    /// buckets only; see [`Hosts::local_reserve`]).
-    Reserve { max_wait_us: u64 },
-}
-
-impl Operation {
-    /// The engine's letter for it.
-    fn letter(self) -> &'static str {
-        match self {
-            Self::Peek => "p",
-            Self::Refund => "f",
-            Self::Reset => "x",
-            Self::Block => "b",
-            Self::Reserve { .. } => "v",
-        }
-    }
-}
-
-/// Runs `op` on `key`: on Redis when the breaker lets calls through (one round trip,
-/// the engine's same script), in the in-process state otherwise. The answer is what a
-/// check of `cost` would say (peek), or where the key stands after the change (refund,
-/// reset). A refund or a reset also forgets the key's cached refusal.
-pub(crate) fn operate<T: Hosts + ?Sized>(
-    store: &Arc<T>,
-    op: Operation,
-    key: &[u8],
-    cost: u64,
-) -> Check {
-    let remote = store.remote();
-    let backend = &remote.backend;
-    let redis = backend.redis_handle();
-    if matches!(op, Operation::Peek | Operation::Reserve { .. }) && cost > store.capacity() {
-        let source = match redis {
-            None => Source::InProcess,
-            Some(redis) if redis.is_healthy() => Source::Redis,
-            Some(_) => Source::Fallback,
-        };
-        return Check::ready(store.exceeds_capacity(source));
-    }
-    let Some(redis) = redis else {
-        return Check::ready(operate_locally(&**store, op, key, cost, Source::InProcess));
-    };
-    if !redis.admit() {
-        return Check::ready(operate_unavailable(&**store, op, key, cost));
-    }
-    let redis_key = remote.redis_key(key);
-    let deny = &backend.inner.deny;
-    if op != Operation::Peek && deny.is_enabled() {
-        deny.remove(deny.hash(&redis_key));
-    }
-    let time = backend.inner.time;
-    let script = ENGINE.get(time);
-    let mut invocation = script.key(&redis_key);
-    store.extra_keys(key, &mut invocation);
-    invocation.key(remote.block_key(&redis_key));
-    invocation
-        .arg(op.letter())
-        .arg(cost)
-        .arg(store.limit_count())
-        .arg(match op {
-            Operation::Reserve { max_wait_us } => max_wait_us,
-            _ => store.blocks().lockout_ms(),
-        });
-    store.limit_args(&mut invocation);
-    if time == TimeSource::Caller {
-        invocation.arg(backend.caller_now_us());
-    }
-    let store = Arc::clone(store);
-    let redis = Arc::clone(redis);
-    let key = key.to_vec();
-    Check::pending(async move {
-        let reply = redis.eval(script, &invocation).await;
-        let decision = reply.ok().and_then(|reply| {
-            let cost = u32::try_from(cost).ok().and_then(NonZeroU32::new);
-            read_reply(&*store, &reply, cost.unwrap_or(NonZeroU32::MIN))
-        });
-        decision.unwrap_or_else(|| operate_unavailable(&*store, op, &key, cost))
-    })
-}
-
-/// [`operate`] while Redis cannot answer: a reservation admits, so it follows the
-/// layer's failure policy as a check does; the other operations act on the in-process
-/// state.
-fn operate_unavailable<T: Hosts + ?Sized>(
-    store: &T,
-    op: Operation,
-    key: &[u8],
-    cost: u64,
-) -> Decision {
-    let policy = store.remote().backend.failover.policy;
-    match (op, policy) {
-        (Operation::Reserve { .. }, FailurePolicy::FailOpen | FailurePolicy::FailClosed) => {
-            let cost = u32::try_from(cost).ok().and_then(NonZeroU32::new);
-            unavailable(store, key, cost.unwrap_or(NonZeroU32::MIN))
-        }
-        _ => operate_locally(store, op, key, cost, Source::Fallback),
-    }
-}
-
-/// [`operate`] on the in-process state.
-fn operate_locally<T: Hosts + ?Sized>(
-    store: &T,
-    op: Operation,
-    key: &[u8],
-    cost: u64,
-    source: Source,
-) -> Decision {
-    let local = &*store.remote().backend.inner.local;
-    let units = u32::try_from(cost).unwrap_or(u32::MAX);
-    let now_us = store.remote().backend.clock().now_us();
-    let peek_cost = match op {
-        Operation::Peek => units,
-        Operation::Refund => {
-            store.local_refund(key, units);
-            0
-        }
-        Operation::Reset => {
-            store.local_reset(key);
-            store.blocks().unblock(local, key);
-            0
-        }
-        Operation::Block => {
-            let until = now_us.saturating_add(cost.saturating_mul(1_000));
-            store.blocks().block(local, key, until, true);
-            0
-        }
-        Operation::Reserve { max_wait_us } => {
-            if store.blocks().until(local, key, now_us).is_none() {
-                if let Some(decision) = store.local_reserve(key, units, max_wait_us, source) {
-                    return decision;
-                }
-            }
-            units
-        }
-    };
-    let decision = store.local(key, peek_cost, source, false);
-    match store.blocks().until(local, key, now_us) {
-        Some(until) => blocked(decision, Duration::from_micros(until - now_us)),
-        None => decision,
-    }
-}
-
 /// A check on the in-process state: refused while the key is blocked (spending
 /// nothing), and a refusal starts the limit's lockout.
 fn local_check<T: Hosts + ?Sized>(store: &T, key: &[u8], cost: u32, source: Source) -> Decision {
@@ -312,7 +177,7 @@ fn local_check<T: Hosts + ?Sized>(store: &T, key: &[u8], cost: u32, source: Sour
 }
 
 /// `decision` for a key blocked for `wait` more: refused, with nothing left until then.
-fn blocked(mut decision: Decision, wait: Duration) -> Decision {
+pub(super) fn blocked(mut decision: Decision, wait: Duration) -> Decision {
     decision.state = State::OverQuota;
     decision.remaining = 0;
     decision.reset = decision.reset.max(wait);
@@ -321,7 +186,11 @@ fn blocked(mut decision: Decision, wait: Duration) -> Decision {
 }
 
 /// The engine's reply: `{admitted, blocked ms, each limit's reply}`.
-fn read_reply<T: Hosts + ?Sized>(store: &T, reply: &[i64], cost: NonZeroU32) -> Option<Decision> {
+pub(super) fn read_reply<T: Hosts + ?Sized>(
+    store: &T,
+    reply: &[i64],
+    cost: NonZeroU32,
+) -> Option<Decision> {
     let blocked_ms = u64::try_from(*reply.get(1)?).ok()?;
     let decision = store.decide(reply.get(2..)?, cost)?;
     Some(if blocked_ms > 0 {
@@ -386,47 +255,90 @@ pub(crate) fn check<T: Hosts + ?Sized>(store: &Arc<T>, key: &[u8], cost: NonZero
     }
     let store = Arc::clone(store);
     let redis = Arc::clone(redis);
+    let next = if backend.inner.coalesce {
+        match remote.coalescer.turn(&redis_key, cost) {
+            Turn::Wait(part) => {
+                // Another check of this key is in flight: this one goes with the next call.
+                return Check::pending(async move {
+                    let part = part.await.ok().flatten().ok_or(None);
+                    conclude(&*store, &redis, part, &redis_key, cost, deny_key)
+                });
+            }
+            Turn::Lead => Some(NextCalls {
+                store: Arc::clone(&store),
+                redis: Arc::clone(&redis),
+                key: key.into(),
+                redis_key: redis_key.clone(),
+            }),
+        }
+    } else {
+        None
+    };
     Check::pending(async move {
         let remote = store.remote();
         let started = std::time::Instant::now();
         let result = redis.eval(script, &invocation).await;
         remote.metrics.duration(&remote.name, started.elapsed());
-        let error = match result {
-            Ok(reply) => match read_reply(&*store, &reply, cost) {
-                Some(decision) => {
-                    if let (Some(hash), Some(retry), 1) =
-                        (deny_key, decision.retry_after, cost.get())
-                    {
-                        let backend = &remote.backend;
-                        let now_us = backend.clock().now_us();
-                        let at = |d: Duration| {
-                            now_us.saturating_add(u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
-                        };
-                        let denied = Denied {
-                            until_us: at(retry),
-                            reset_us: at(decision.reset),
-                        };
-                        backend.inner.deny.insert(hash, denied, now_us);
-                    }
-                    return decision;
-                }
-                None => ScriptError::Reply(reply),
-            },
-            Err(error) => error,
-        };
-        let fault = error.fault();
-        crate::metrics::redis_error(&remote.name, fault.label());
-        if fault == Fault::Key {
-            redis.key_error(remote.backend.inner.deny.hash(&redis_key), &error);
-        }
-        // The key, read back from the Redis key (only on this failure path).
-        let key = remote.layout.key_of(&redis_key).unwrap_or_default();
-        unavailable(&*store, &key, cost)
+        // The checks of this key that queued meanwhile go now.
+        drop(next);
+        conclude(
+            &*store,
+            &redis,
+            result.map_err(Some),
+            &redis_key,
+            cost,
+            deny_key,
+        )
     })
 }
 
+/// A check's decision from its part of the engine's reply (caching a refusal in the
+/// deny cache), or, when the call failed (`Err(Some)`: the error; `Err(None)`: reported
+/// by the call this check went with), from the failure policy.
+fn conclude<T: Hosts + ?Sized>(
+    store: &T,
+    redis: &Arc<RedisBackend>,
+    reply: Result<Vec<i64>, Option<ScriptError>>,
+    redis_key: &[u8],
+    cost: NonZeroU32,
+    deny_key: Option<u128>,
+) -> Decision {
+    let remote = store.remote();
+    let error = match reply {
+        Ok(reply) => match read_reply(store, &reply, cost) {
+            Some(decision) => {
+                if let (Some(hash), Some(retry), 1) = (deny_key, decision.retry_after, cost.get()) {
+                    let backend = &remote.backend;
+                    let now_us = backend.clock().now_us();
+                    let at = |d: Duration| {
+                        now_us.saturating_add(u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+                    };
+                    let denied = Denied {
+                        until_us: at(retry),
+                        reset_us: at(decision.reset),
+                    };
+                    backend.inner.deny.insert(hash, denied, now_us);
+                }
+                return decision;
+            }
+            None => Some(ScriptError::Reply(reply)),
+        },
+        Err(error) => error,
+    };
+    if let Some(error) = error {
+        let fault = error.fault();
+        crate::metrics::redis_error(&remote.name, fault.label());
+        if fault == Fault::Key {
+            redis.key_error(remote.backend.inner.deny.hash(redis_key), &error);
+        }
+    }
+    // The key, read back from the Redis key (only on this failure path).
+    let key = remote.layout.key_of(redis_key).unwrap_or_default();
+    unavailable(store, &key, cost)
+}
+
 /// The answer while Redis is unreachable, by the layer's failure policy.
-fn unavailable<T: Hosts + ?Sized>(store: &T, key: &[u8], cost: NonZeroU32) -> Decision {
+pub(super) fn unavailable<T: Hosts + ?Sized>(store: &T, key: &[u8], cost: NonZeroU32) -> Decision {
     let backend = &store.remote().backend;
     match backend.failover.policy {
         FailurePolicy::Fallback => local_check(store, key, cost.get(), Source::Fallback),

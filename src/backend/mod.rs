@@ -59,12 +59,14 @@
 
 mod block;
 mod builder;
+mod coalesce;
 mod connect;
 mod deny;
 mod fault;
 mod health;
 mod hosts;
 mod layout;
+mod operate;
 mod redis;
 mod time;
 
@@ -83,8 +85,9 @@ pub use self::health::{
     RedisState, DEFAULT_BREAKER_FAILURE_RATIO, DEFAULT_BREAKER_MIN_CALLS, DEFAULT_BREAKER_WINDOW,
     DEFAULT_RECOVERY,
 };
-pub(crate) use self::hosts::{check, operate, Hosts, Operation, Remote};
+pub(crate) use self::hosts::{check, Hosts, Remote};
 use self::layout::Layout;
+pub(crate) use self::operate::{operate, Operation};
 use self::redis::{Fault, RedisBackend};
 #[doc(hidden)]
 pub use self::time::engine_script;
@@ -220,6 +223,8 @@ struct Inner {
     redis: Option<Arc<RedisBackend>>,
     deny: DenyCache,
     local: Arc<LocalStore>,
+    /// Whether concurrent checks of one key share calls (see `coalesce.rs`).
+    coalesce: bool,
 }
 
 impl Backend {

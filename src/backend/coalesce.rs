@@ -1,0 +1,184 @@
+//! Coalescing: concurrent checks of one key in one process that would each wait for
+//! Redis join one script call instead, carrying their costs in arrival order; the
+//! engine decides each as its own call would, so the decisions are exact.
+//!
+//! A check of a key with no call in flight goes to Redis at once (it leads). Checks of
+//! that key arriving meanwhile queue; when the call returns, the queue goes to Redis in
+//! one call (engine op `m`), and so on until nobody waits. So a hot key under N
+//! concurrent requests costs about two calls per round trip instead of N, and a key
+//! with one request at a time costs exactly what it did: one call each, no waiting.
+
+use std::num::NonZeroU32;
+use std::sync::Arc;
+
+use dashmap::DashMap;
+use tokio::sync::oneshot;
+
+use super::hosts::{Hosts, ENGINE};
+use super::redis::RedisBackend;
+use super::TimeSource;
+
+/// The calls in flight of one limiter, and the checks waiting for them.
+#[derive(Debug, Default)]
+pub(crate) struct Coalescer {
+    /// A key is present while a call for it is in flight; its value is the queue.
+    keys: DashMap<Box<[u8]>, Vec<Waiting>>,
+}
+
+/// A check waiting for the next call of its key.
+#[derive(Debug)]
+pub(crate) struct Waiting {
+    pub(crate) cost: NonZeroU32,
+    /// Gets the check's part of the reply, or `None` when the call failed.
+    pub(crate) reply: oneshot::Sender<Option<Vec<i64>>>,
+}
+
+/// What a check does: lead a call, or wait for a later one.
+pub(crate) enum Turn {
+    /// No call in flight: this check makes one, and must call [`Coalescer::next`]
+    /// when it returns.
+    Lead,
+    /// A call is in flight: this check's part of the next one arrives here.
+    Wait(oneshot::Receiver<Option<Vec<i64>>>),
+}
+
+impl Coalescer {
+    /// Takes a turn for `redis_key`.
+    pub(crate) fn turn(&self, redis_key: &[u8], cost: NonZeroU32) -> Turn {
+        if let Some(mut queue) = self.keys.get_mut(redis_key) {
+            let (tx, rx) = oneshot::channel();
+            queue.push(Waiting { cost, reply: tx });
+            return Turn::Wait(rx);
+        }
+        match self.keys.entry(redis_key.into()) {
+            dashmap::Entry::Occupied(mut queue) => {
+                let (tx, rx) = oneshot::channel();
+                queue.get_mut().push(Waiting { cost, reply: tx });
+                Turn::Wait(rx)
+            }
+            dashmap::Entry::Vacant(slot) => {
+                slot.insert(Vec::new());
+                Turn::Lead
+            }
+        }
+    }
+
+    /// After a call for `redis_key` returned: the checks that queued meanwhile (the
+    /// next call, which the caller makes), or none, and then the key is free.
+    pub(crate) fn next(&self, redis_key: &[u8]) -> Vec<Waiting> {
+        let mut waiting = Vec::new();
+        self.keys.remove_if_mut(redis_key, |_, queue| {
+            if queue.is_empty() {
+                return true;
+            }
+            waiting = std::mem::take(queue);
+            false
+        });
+        waiting
+    }
+}
+
+/// Held by the check that leads a key's call: once that call is over (or the check is
+/// dropped), the checks that queued meanwhile go to Redis together, and so on until
+/// nobody waits.
+pub(crate) struct NextCalls<T: Hosts + ?Sized> {
+    pub(crate) store: Arc<T>,
+    pub(crate) redis: Arc<RedisBackend>,
+    /// The limited key and its Redis key.
+    pub(crate) key: Box<[u8]>,
+    pub(crate) redis_key: Vec<u8>,
+}
+
+impl<T: Hosts + ?Sized> Drop for NextCalls<T> {
+    fn drop(&mut self) {
+        let waiting = self.store.remote().coalescer().next(&self.redis_key);
+        if waiting.is_empty() {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            // No runtime to call from: the waiting checks answer by the failure policy.
+            for check in waiting {
+                let _ = check.reply.send(None);
+            }
+            let _ = self.store.remote().coalescer().next(&self.redis_key);
+            return;
+        };
+        let store = Arc::clone(&self.store);
+        let redis = Arc::clone(&self.redis);
+        let key = std::mem::take(&mut self.key);
+        let redis_key = std::mem::take(&mut self.redis_key);
+        runtime.spawn(calls(store, redis, key, redis_key, waiting));
+    }
+}
+
+/// One call per queue of waiting checks of `redis_key`, until nobody waits.
+async fn calls<T: Hosts + ?Sized>(
+    store: Arc<T>,
+    redis: Arc<RedisBackend>,
+    key: Box<[u8]>,
+    redis_key: Vec<u8>,
+    mut waiting: Vec<Waiting>,
+) {
+    let remote = store.remote();
+    let backend = remote.backend();
+    let time = backend.time_source();
+    let script = ENGINE.get(time);
+    let part = 2 + store.reply_len();
+    while !waiting.is_empty() {
+        let mut invocation = script.key(&redis_key);
+        store.extra_keys(&key, &mut invocation);
+        invocation.key(remote.block_key(&redis_key));
+        invocation
+            .arg("m")
+            .arg(waiting.len())
+            .arg(store.limit_count())
+            .arg(store.blocks().lockout_ms());
+        store.limit_args(&mut invocation);
+        for check in &waiting {
+            invocation.arg(check.cost.get());
+        }
+        if time == TimeSource::Caller {
+            invocation.arg(backend.caller_now_us());
+        }
+        let started = std::time::Instant::now();
+        let result = redis.eval(script, &invocation).await;
+        remote.record_duration(started.elapsed());
+        match result {
+            Ok(reply) if reply.len() == part * waiting.len() => {
+                for (check, part) in waiting.drain(..).zip(reply.chunks(part)) {
+                    let _ = check.reply.send(Some(part.to_vec()));
+                }
+            }
+            Ok(_) | Err(_) => {
+                if let Err(error) = &result {
+                    remote.record_error(error);
+                }
+                for check in waiting.drain(..) {
+                    let _ = check.reply.send(None);
+                }
+            }
+        }
+        waiting = remote.coalescer().next(&redis_key);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_leads_the_others_queue_then_the_key_is_free() {
+        let coalescer = Coalescer::default();
+        let one = NonZeroU32::MIN;
+        assert!(matches!(coalescer.turn(b"k", one), Turn::Lead));
+        assert!(matches!(coalescer.turn(b"other", one), Turn::Lead));
+        let waiting: Vec<_> = (0..3).map(|_| coalescer.turn(b"k", one)).collect();
+        assert!(waiting.iter().all(|t| matches!(t, Turn::Wait(_))));
+        assert_eq!(coalescer.next(b"k").len(), 3);
+        // The batch is in flight: a newcomer queues for the one after it.
+        assert!(matches!(coalescer.turn(b"k", one), Turn::Wait(_)));
+        assert_eq!(coalescer.next(b"k").len(), 1);
+        assert!(coalescer.next(b"k").is_empty());
+        assert!(matches!(coalescer.turn(b"k", one), Turn::Lead));
+    }
+}

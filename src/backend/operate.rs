@@ -1,0 +1,165 @@
+//! The operations on a key other than a check, for the limiter handles: peek, refund,
+//! reset, block and reserve, each one engine call on Redis (or answered by the
+//! in-process state while Redis cannot), sharing the check's script and keys.
+
+use std::num::NonZeroU32;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::hosts::{blocked, read_reply, unavailable, Hosts, ENGINE};
+use super::{FailurePolicy, TimeSource};
+use crate::decision::{Decision, Source};
+use crate::limiter::Check;
+
+/// What [`operate`] does to a key, besides a check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Operation {
+    /// Says what a check of the cost would answer, spending nothing.
+    Peek,
+    /// Gives the cost back.
+    Refund,
+    /// Forgets the key (and lifts its block).
+    Reset,
+    /// Refuses the key for the cost, in milliseconds.
+    Block,
+    /// Takes the cost at the earliest time it fits, at most this many µs away (token
+    /// buckets only; see [`Hosts::local_reserve`]).
+    Reserve { max_wait_us: u64 },
+}
+
+impl Operation {
+    /// The engine's letter for it.
+    fn letter(self) -> &'static str {
+        match self {
+            Self::Peek => "p",
+            Self::Refund => "f",
+            Self::Reset => "x",
+            Self::Block => "b",
+            Self::Reserve { .. } => "v",
+        }
+    }
+}
+
+/// Runs `op` on `key`: on Redis when the breaker lets calls through (one round trip,
+/// the engine's same script), in the in-process state otherwise. The answer is what a
+/// check of `cost` would say (peek), or where the key stands after the change (refund,
+/// reset). A refund or a reset also forgets the key's cached refusal.
+pub(crate) fn operate<T: Hosts + ?Sized>(
+    store: &Arc<T>,
+    op: Operation,
+    key: &[u8],
+    cost: u64,
+) -> Check {
+    let remote = store.remote();
+    let backend = &remote.backend();
+    let redis = backend.redis_handle();
+    if matches!(op, Operation::Peek | Operation::Reserve { .. }) && cost > store.capacity() {
+        let source = match redis {
+            None => Source::InProcess,
+            Some(redis) if redis.is_healthy() => Source::Redis,
+            Some(_) => Source::Fallback,
+        };
+        return Check::ready(store.exceeds_capacity(source));
+    }
+    let Some(redis) = redis else {
+        return Check::ready(operate_locally(&**store, op, key, cost, Source::InProcess));
+    };
+    if !redis.admit() {
+        return Check::ready(operate_unavailable(&**store, op, key, cost));
+    }
+    let redis_key = remote.redis_key(key);
+    let deny = &backend.inner.deny;
+    if op != Operation::Peek && deny.is_enabled() {
+        deny.remove(deny.hash(&redis_key));
+    }
+    let time = backend.inner.time;
+    let script = ENGINE.get(time);
+    let mut invocation = script.key(&redis_key);
+    store.extra_keys(key, &mut invocation);
+    invocation.key(remote.block_key(&redis_key));
+    invocation
+        .arg(op.letter())
+        .arg(cost)
+        .arg(store.limit_count())
+        .arg(match op {
+            Operation::Reserve { max_wait_us } => max_wait_us,
+            _ => store.blocks().lockout_ms(),
+        });
+    store.limit_args(&mut invocation);
+    if time == TimeSource::Caller {
+        invocation.arg(backend.caller_now_us());
+    }
+    let store = Arc::clone(store);
+    let redis = Arc::clone(redis);
+    let key = key.to_vec();
+    Check::pending(async move {
+        let reply = redis.eval(script, &invocation).await;
+        let decision = reply.ok().and_then(|reply| {
+            let cost = u32::try_from(cost).ok().and_then(NonZeroU32::new);
+            read_reply(&*store, &reply, cost.unwrap_or(NonZeroU32::MIN))
+        });
+        decision.unwrap_or_else(|| operate_unavailable(&*store, op, &key, cost))
+    })
+}
+
+/// [`operate`] while Redis cannot answer: a reservation admits, so it follows the
+/// layer's failure policy as a check does; the other operations act on the in-process
+/// state.
+fn operate_unavailable<T: Hosts + ?Sized>(
+    store: &T,
+    op: Operation,
+    key: &[u8],
+    cost: u64,
+) -> Decision {
+    let policy = store.remote().backend().failover.policy;
+    match (op, policy) {
+        (Operation::Reserve { .. }, FailurePolicy::FailOpen | FailurePolicy::FailClosed) => {
+            let cost = u32::try_from(cost).ok().and_then(NonZeroU32::new);
+            unavailable(store, key, cost.unwrap_or(NonZeroU32::MIN))
+        }
+        _ => operate_locally(store, op, key, cost, Source::Fallback),
+    }
+}
+
+/// [`operate`] on the in-process state.
+fn operate_locally<T: Hosts + ?Sized>(
+    store: &T,
+    op: Operation,
+    key: &[u8],
+    cost: u64,
+    source: Source,
+) -> Decision {
+    let local = &*store.remote().backend().inner.local;
+    let units = u32::try_from(cost).unwrap_or(u32::MAX);
+    let now_us = store.remote().backend().clock().now_us();
+    let peek_cost = match op {
+        Operation::Peek => units,
+        Operation::Refund => {
+            store.local_refund(key, units);
+            0
+        }
+        Operation::Reset => {
+            store.local_reset(key);
+            store.blocks().unblock(local, key);
+            0
+        }
+        Operation::Block => {
+            let until = now_us.saturating_add(cost.saturating_mul(1_000));
+            store.blocks().block(local, key, until, true);
+            0
+        }
+        Operation::Reserve { max_wait_us } => {
+            if store.blocks().until(local, key, now_us).is_none() {
+                if let Some(decision) = store.local_reserve(key, units, max_wait_us, source) {
+                    return decision;
+                }
+            }
+            units
+        }
+    };
+    let decision = store.local(key, peek_cost, source, false);
+    match store.blocks().until(local, key, now_us) {
+        Some(until) => blocked(decision, Duration::from_micros(until - now_us)),
+        None => decision,
+    }
+}

@@ -1,0 +1,138 @@
+//! Coalescing against a real `redis-server`: concurrent checks of one key share script
+//! calls, and their decisions are exactly those of one check at a time, for every
+//! algorithm and a set, with mixed costs and a cost above the limit.
+
+mod support;
+
+use std::num::NonZeroU32;
+use std::time::Duration;
+
+use support::RedisServer;
+use tower_redis_ratelimit::period::{PeriodConfig, PeriodLimiter};
+use tower_redis_ratelimit::rolling::{RollingConfig, RollingWindowLimiter};
+use tower_redis_ratelimit::set::{LimitSet, SetLimiter};
+use tower_redis_ratelimit::token_bucket::{TokenBucketConfig, TokenBucketLimiter};
+use tower_redis_ratelimit::{Backend, Limiter, Source, State};
+
+const HOUR: Duration = Duration::from_secs(3_600);
+
+/// Limits that nothing refills during a test: one of each algorithm, and a set.
+fn limiters(backend: &Backend) -> Vec<(&'static str, Box<dyn Limiter>)> {
+    vec![
+        (
+            "period",
+            Box::new(PeriodLimiter::new(backend, "p", PeriodConfig::new(20, HOUR)).unwrap()),
+        ),
+        (
+            "token_bucket",
+            Box::new(
+                TokenBucketLimiter::new(backend, "t", TokenBucketConfig::new(1, HOUR, 20)).unwrap(),
+            ),
+        ),
+        (
+            "rolling",
+            Box::new(
+                RollingWindowLimiter::new(backend, "r", RollingConfig::new(20, 10, HOUR)).unwrap(),
+            ),
+        ),
+        (
+            "set",
+            Box::new(
+                SetLimiter::new(
+                    backend,
+                    "s",
+                    LimitSet::new()
+                        .limit("burst", TokenBucketConfig::new(1, HOUR, 20))
+                        .limit("window", PeriodConfig::new(15, HOUR)),
+                )
+                .unwrap(),
+            ),
+        ),
+    ]
+}
+
+/// 40 costs from 1 to 4, and one above every limit.
+fn costs() -> Vec<NonZeroU32> {
+    let mut costs: Vec<u32> = (0..40).map(|i| 1 + (i * 7 + 3) % 4).collect();
+    costs[17] = 25;
+    costs
+        .into_iter()
+        .map(|c| NonZeroU32::new(c).unwrap())
+        .collect()
+}
+
+/// The state and remaining units of each check, all started at once (in this order).
+async fn at_once(limiter: &dyn Limiter, key: &[u8]) -> Vec<(State, u64)> {
+    let checks: Vec<_> = costs().into_iter().map(|c| limiter.check(key, c)).collect();
+    let mut answers = Vec::new();
+    for decision in futures_join(checks).await {
+        assert_ne!(decision.source, Source::Fallback, "{decision:?}");
+        answers.push((decision.state, decision.remaining));
+    }
+    answers
+}
+
+/// Polls every check together, and returns their decisions in order.
+async fn futures_join(
+    checks: Vec<tower_redis_ratelimit::Check>,
+) -> Vec<tower_redis_ratelimit::Decision> {
+    let handles: Vec<_> = checks.into_iter().map(tokio::spawn).collect();
+    let mut decisions = Vec::new();
+    for handle in handles {
+        decisions.push(handle.await.unwrap());
+    }
+    decisions
+}
+
+#[tokio::test]
+async fn coalesced_decisions_equal_one_check_at_a_time() {
+    let redis = RedisServer::start();
+    let backend = redis.uncached_backend();
+    let in_process = Backend::in_process();
+    for ((name, limiter), (_, reference)) in
+        limiters(&backend).into_iter().zip(limiters(&in_process))
+    {
+        // Loads the script, so that the counted calls are the checks' own.
+        limiter.check(b"warm-up", NonZeroU32::MIN).await;
+        let calls = redis.command_calls("evalsha");
+        let coalesced = at_once(&*limiter, b"hot").await;
+        let used = redis.command_calls("evalsha") - calls;
+        let mut one_by_one = Vec::new();
+        for cost in costs() {
+            let decision = reference.check(b"hot", cost).await;
+            one_by_one.push((decision.state, decision.remaining));
+        }
+        assert_eq!(coalesced, one_by_one, "{name}");
+        assert!(
+            coalesced.iter().any(|(s, _)| *s == State::OverQuota)
+                && coalesced.iter().any(|(s, _)| *s == State::ExceedsCapacity),
+            "{name}: {coalesced:?}"
+        );
+        // One call leads; the 38 other checks sent queued behind it and went in one.
+        assert_eq!(used, 2, "{name}: {used} calls for 40 checks");
+    }
+}
+
+#[tokio::test]
+async fn without_coalescing_every_check_is_a_call() {
+    let redis = RedisServer::start();
+    let backend = Backend::builder()
+        .redis(redis.pool())
+        .deny_cache(0)
+        .coalesce(false)
+        .build()
+        .unwrap();
+    let in_process = Backend::in_process();
+    let (limiter, reference) = (&limiters(&backend)[1].1, &limiters(&in_process)[1].1);
+    limiter.check(b"warm-up", NonZeroU32::MIN).await;
+    let calls = redis.command_calls("evalsha");
+    let decisions = at_once(&**limiter, b"hot").await;
+    // Every check but the one above the limit (answered without Redis).
+    assert_eq!(redis.command_calls("evalsha") - calls, 39);
+    let mut one_by_one = Vec::new();
+    for cost in costs() {
+        let decision = reference.check(b"hot", cost).await;
+        one_by_one.push((decision.state, decision.remaining));
+    }
+    assert_eq!(decisions, one_by_one);
+}
