@@ -47,6 +47,10 @@ pub enum Source {
     FailOpen,
     /// Redis is unreachable and the layer's failure policy refuses everything.
     FailClosed,
+    /// A lease of quota this process took from Redis moments ago (token buckets with
+    /// [`lease`](crate::token_bucket::TokenBucketConfig::lease)): admitted without a
+    /// round trip.
+    Lease,
 }
 
 /// The outcome of one check: state, limit, what is left, and when it resets.

@@ -82,6 +82,7 @@ const BUCKETS_PER_KEY: usize = 8;
 #[derive(Debug, Clone)]
 pub(crate) enum Slot {
     Blocked(Blocked),
+    Lease(Lease),
     Window(Window),
     Ring(Counts),
     Tat(Tat),
@@ -91,7 +92,7 @@ impl Slot {
     fn weight(&self) -> u64 {
         match self {
             Self::Ring(ring) => ring_weight(ring.len()),
-            Self::Window(_) | Self::Tat(_) | Self::Blocked(_) => 1,
+            Self::Window(_) | Self::Tat(_) | Self::Blocked(_) | Self::Lease(_) => 1,
         }
     }
 }
@@ -148,6 +149,26 @@ impl State for Blocked {
 
     fn into_slot(self) -> Slot {
         Slot::Blocked(self)
+    }
+}
+
+/// A key's lease: units taken from Redis, answered in process until expiry.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Lease {
+    pub(crate) units: u64,
+    pub(crate) expires_us: u64,
+}
+
+impl State for Lease {
+    fn get(slot: &mut Slot) -> Option<&mut Self> {
+        match slot {
+            Slot::Lease(l) => Some(l),
+            _ => None,
+        }
+    }
+
+    fn into_slot(self) -> Slot {
+        Slot::Lease(self)
     }
 }
 

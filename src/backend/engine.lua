@@ -7,7 +7,8 @@
 -- ARGV: op ('c' check: spend when every limit admits; 'p' peek: decide, spend nothing;
 -- 'f' refund: give the cost back to every limit; 'x' reset: forget the key and its
 -- block; 'b' block: refuse the key for `cost` ms; 'v' reserve: one token bucket's
--- tokens at the earliest time they fit; 'm' several checks of the key at once, their
+-- tokens at the earliest time they fit; 'l' lease: at least the cost of one token
+-- bucket's tokens, at most ARGV[4]; 'm' several checks of the key at once, their
 -- count in place of the cost and their costs after the limits), cost, the number of
 -- limits n, the lockout (ms the key is blocked for when a check is refused; 0: none;
 -- for 'v': the longest wait in µs), then per limit
@@ -55,12 +56,14 @@ if op == 'f' or op == 'x' or op == 'b' then
   op = 'p'
   cost = 0
 end
-if op == 'v' then
+if op == 'v' or op == 'l' then
   local blocked = math.max(0, redis.call('PTTL', block))
   if blocked == 0 then
     -- Reserve (one token bucket): the cost at the earliest time it fits, within the
-    -- maximum wait, which ARGV[4] holds in µs instead of a lockout.
-    local reply = token_bucket_reserve(KEYS[1], limits[1][2], now_us, cost, lockout)
+    -- maximum wait, which ARGV[4] holds in µs instead of a lockout. Lease: at least the
+    -- cost, at most the lease size (ARGV[4]).
+    local take = op == 'v' and token_bucket_reserve or token_bucket_lease
+    local reply = take(KEYS[1], limits[1][2], now_us, cost, lockout)
     local out = { reply[1], 0 }
     for _, v in ipairs(reply) do
       out[#out + 1] = v

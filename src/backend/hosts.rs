@@ -12,6 +12,7 @@ use super::block::Blocks;
 use super::coalesce::{Coalescer, NextCalls, Turn};
 use super::deny::Denied;
 use super::layout::Layout;
+use super::lease::{check_leased, Leases};
 use super::redis::{Fault, RedisBackend, ScriptError};
 use super::{Backend, FailurePolicy, Scripts, TimeSource, DEFAULT_PROBE_INTERVAL};
 use crate::decision::{Decision, Source, State};
@@ -129,6 +130,10 @@ pub(crate) trait Hosts: Send + Sync + 'static {
     /// Answers from the in-process state; with `spend` false, only says what spending
     /// would answer, changing nothing (a `cost` of 0: where the key stands).
     fn local(&self, key: &[u8], cost: u32, source: Source, spend: bool) -> Decision;
+    /// The leases of this limit, when it takes leases (token buckets may).
+    fn leases(&self) -> Option<&Leases> {
+        None
+    }
     /// The blocked keys and the lockout of this limit (or set).
     fn blocks(&self) -> &Blocks {
         &self.remote().blocks
@@ -219,6 +224,9 @@ pub(crate) fn check<T: Hosts + ?Sized>(store: &Arc<T>, key: &[u8], cost: NonZero
     let Some(redis) = redis else {
         return Check::ready(local_check(&**store, key, cost.get(), Source::InProcess));
     };
+    if let Some(leases) = store.leases() {
+        return check_leased(store, leases, redis, key, cost);
+    }
     if !redis.admit() {
         return Check::ready(unavailable(&**store, key, cost));
     }
@@ -295,7 +303,7 @@ pub(crate) fn check<T: Hosts + ?Sized>(store: &Arc<T>, key: &[u8], cost: NonZero
 /// A check's decision from its part of the engine's reply (caching a refusal in the
 /// deny cache), or, when the call failed (`Err(Some)`: the error; `Err(None)`: reported
 /// by the call this check went with), from the failure policy.
-fn conclude<T: Hosts + ?Sized>(
+pub(super) fn conclude<T: Hosts + ?Sized>(
     store: &T,
     redis: &Arc<RedisBackend>,
     reply: Result<Vec<i64>, Option<ScriptError>>,

@@ -66,6 +66,7 @@ mod fault;
 mod health;
 mod hosts;
 mod layout;
+mod lease;
 mod operate;
 mod redis;
 mod time;
@@ -87,6 +88,7 @@ pub use self::health::{
 };
 pub(crate) use self::hosts::{check, Hosts, Remote};
 use self::layout::Layout;
+pub(crate) use self::lease::Leases;
 pub(crate) use self::operate::{operate, Operation};
 use self::redis::{Fault, RedisBackend};
 #[doc(hidden)]
@@ -322,6 +324,11 @@ impl Backend {
     #[must_use]
     pub fn prefix(&self) -> &str {
         &self.inner.prefix
+    }
+
+    /// A limiter's leases on this backend.
+    pub(crate) fn leases(&self, size: u64, lifetime: Duration) -> Leases {
+        Leases::new(&self.inner.local, size, lifetime)
     }
 
     /// A limiter's (or set's) blocks on this backend, with its lockout.

@@ -64,7 +64,7 @@ use std::time::Duration;
 use deadpool_redis::redis::ScriptInvocation;
 
 use self::memory::{Bucket, Buckets, Outcome, Reservation};
-use crate::backend::{self, Backend, Hosts, Operation, Remote};
+use crate::backend::{self, Backend, Hosts, Leases, Operation, Remote};
 use crate::decision::{Decision, Policy, Source, State};
 use crate::error::{validate_name, ConfigError};
 use crate::limiter::{Check, Limiter};
@@ -80,6 +80,8 @@ pub struct TokenBucketConfig {
     pub(crate) period: Duration,
     pub(crate) burst: u64,
     pub(crate) lockout: Option<Duration>,
+    /// Lease size and lifetime, when leases are on.
+    pub(crate) lease: Option<(u64, Duration)>,
 }
 
 impl Default for TokenBucketConfig {
@@ -89,6 +91,7 @@ impl Default for TokenBucketConfig {
             period: Duration::from_secs(1),
             burst: 0,
             lockout: None,
+            lease: None,
         }
     }
 }
@@ -103,7 +106,34 @@ impl TokenBucketConfig {
             period,
             burst,
             lockout: None,
+            lease: None,
         }
+    }
+
+    /// Leases (opt-in, approximate): on Redis, a check that goes to Redis takes up to
+    /// `size` tokens at once (never more than half of what the bucket holds beyond its
+    /// cost, so leases shrink near the limit and are exact there), and this process
+    /// answers the key's next checks from them without a round trip until they are used
+    /// up or `lifetime` has passed; unused tokens then go back to the bucket. Every
+    /// leased token left the shared bucket before it is used, so nothing is admitted
+    /// beyond the limit overall, but a token may be used up to `lifetime` after it was
+    /// taken: over any window, N instances admit at most the limit plus N × `size`.
+    /// Off by default: exactness is the default promise. `size` from 1 to the burst,
+    /// `lifetime` at least one millisecond.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_redis_ratelimit::token_bucket::TokenBucketConfig;
+    ///
+    /// // 10 000 per second per key; each instance takes up to 50 at a time, for 100 ms.
+    /// let config = TokenBucketConfig::new(10_000, Duration::from_secs(1), 10_000)
+    ///     .lease(50, Duration::from_millis(100));
+    /// # let _ = config;
+    /// ```
+    #[must_use]
+    pub fn lease(mut self, size: u64, lifetime: Duration) -> Self {
+        self.lease = Some((size, lifetime));
+        self
     }
 
     /// Locks a key out for `duration` once this limit refuses it (fail2ban-style): every
@@ -131,6 +161,7 @@ impl TokenBucketConfig {
             period: self.period,
             burst,
             lockout: self.lockout,
+            lease: self.lease,
         }
     }
 }
@@ -151,6 +182,7 @@ struct TokenBucketHosts {
     /// The in-process bucket: the fallback share of `burst` and of the rate on Redis.
     local: Bucket,
     buckets: Buckets,
+    leases: Option<Leases>,
 }
 
 impl TokenBucketLimiter {
@@ -193,6 +225,24 @@ impl TokenBucketLimiter {
             return Err(ConfigError::TooLong { setting: "period" });
         }
         let refill = Duration::from_nanos(u64::try_from(refill_ns).unwrap_or(u64::MAX));
+        let leases = match config.lease {
+            None => None,
+            Some((0, _)) => return Err(ConfigError::Zero { setting: "lease" }),
+            Some((size, _)) if size > config.burst => {
+                return Err(ConfigError::TooLarge {
+                    setting: "lease",
+                    max: config.burst,
+                })
+            }
+            Some((_, lifetime)) if lifetime.as_millis() == 0 => {
+                return Err(ConfigError::ZeroDuration {
+                    setting: "lease lifetime",
+                })
+            }
+            // Leases are taken from Redis: without it there is nothing to lease.
+            Some(_) if !backend.is_redis() => None,
+            Some((size, lifetime)) => Some(backend.leases(size, lifetime)),
+        };
         // The in-process state applies the fallback share of both rate and burst.
         let local_burst = backend
             .local_limit(config.burst)
@@ -216,6 +266,7 @@ impl TokenBucketLimiter {
                 // Exact, not rounded to nanoseconds: 3 per second is 333333.33 µs.
                 interval_us: config.period.as_secs_f64() * 1e6 / config.rate as f64,
                 buckets: Buckets::new(backend.local_store()),
+                leases,
             }),
         })
     }
@@ -278,6 +329,10 @@ impl Limiter for TokenBucketLimiter {
 }
 
 impl Hosts for TokenBucketHosts {
+    fn leases(&self) -> Option<&Leases> {
+        self.leases.as_ref()
+    }
+
     fn remote(&self) -> &Remote {
         &self.remote
     }

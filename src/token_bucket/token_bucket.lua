@@ -99,3 +99,33 @@ local function token_bucket_reserve(key, a, now_us, cost, max_wait)
   local left = math.floor((tau - (new_tat - now - wait)) / interval + 1e-9)
   return {1, left, math.max(0, math.ceil(wait - 0.001)), math.ceil(new_tat - now)}
 end
+-- token_bucket_lease(key, a, now_us, cost, size): for a lease answered in process,
+-- takes at least `cost` and at most `size` tokens, and never more than half of those
+-- available beyond `cost` (so that a bucket near empty is shared exactly). Returns
+-- {admitted (1/0), tokens left, tokens taken (admitted) or µs until `cost` fits
+-- (refused), µs until full}.
+local function token_bucket_lease(key, a, now_us, cost, size)
+  local interval, burst = a[1], a[2]
+  local now = now_us - a[3] * 1000000
+  local tau = interval * burst
+  local tat = tonumber(redis.call('GET', key) or '')
+  if tat == nil or tat < now then
+    tat = now
+  elseif tat > now + tau then
+    tat = now + tau
+  end
+  local available = math.floor((tau - (tat - now)) / interval + 1e-9)
+  if available < cost then
+    local wait = tat + cost * interval - tau - now
+    return {0, math.max(0, available), math.ceil(wait), math.ceil(tat - now)}
+  end
+  local take = math.max(cost, math.min(size, cost + math.floor((available - cost) / 2)))
+  local new_tat = tat + take * interval
+  local full_in = new_tat - now
+  local ttl = math.max(1, math.ceil(full_in / 1000))
+  if caller_time then
+    ttl = ttl + math.max(math.ceil(tau / 1000), 1000)
+  end
+  redis.call('SET', key, string.format('%.4f', new_tat), 'PX', string.format('%d', ttl))
+  return {1, available - take, take, math.ceil(full_in)}
+end

@@ -1,0 +1,86 @@
+//! Leases (`TokenBucketConfig::lease`) against a real `redis-server`: checks answered
+//! in process from leased tokens cut the Redis calls, leases shrink to exact near the
+//! limit, and two instances never admit more than the documented bound.
+
+mod support;
+
+use std::num::NonZeroU32;
+use std::time::{Duration, Instant};
+
+use support::RedisServer;
+use tower_redis_ratelimit::token_bucket::{TokenBucketConfig, TokenBucketLimiter};
+use tower_redis_ratelimit::{Limiter, Source};
+
+const ONE: NonZeroU32 = NonZeroU32::MIN;
+const HOUR: Duration = Duration::from_secs(3_600);
+
+#[tokio::test]
+async fn leased_tokens_are_answered_without_a_round_trip() {
+    let redis = RedisServer::start();
+    let backend = redis.uncached_backend();
+    let config = TokenBucketConfig::new(1_000, Duration::from_secs(1), 1_000)
+        .lease(50, Duration::from_secs(5));
+    let limiter = TokenBucketLimiter::new(&backend, "lease", config).unwrap();
+    limiter.check(b"warm-up", ONE).await;
+    let calls = redis.command_calls("evalsha");
+    let mut leased = 0;
+    for _ in 0..500 {
+        let decision = limiter.check(b"k", ONE).await;
+        assert!(decision.is_admitted(), "{decision:?}");
+        leased += usize::from(decision.source == Source::Lease);
+    }
+    let used = redis.command_calls("evalsha") - calls;
+    assert!(used <= 12, "{used} calls for 500 checks");
+    assert!(leased >= 480, "{leased} answered from leases");
+}
+
+/// Near the limit a lease shrinks to the cost: two instances taking leases of a
+/// bucket of 10 that does not refill admit exactly 10 between them.
+#[tokio::test]
+async fn leases_are_exact_near_the_limit() {
+    let redis = RedisServer::start();
+    let config = TokenBucketConfig::new(1, HOUR, 10).lease(8, Duration::from_secs(30));
+    let a = TokenBucketLimiter::new(&redis.uncached_backend(), "exact", config).unwrap();
+    let b = TokenBucketLimiter::new(&redis.uncached_backend(), "exact", config).unwrap();
+    let mut admitted = 0;
+    for _ in 0..20 {
+        for limiter in [&a, &b] {
+            admitted += usize::from(limiter.check(b"k", ONE).await.is_admitted());
+        }
+    }
+    assert_eq!(admitted, 10);
+}
+
+/// Two instances hammering one key with leases of 5 tokens (lifetime 200 ms) at 100
+/// per second, burst 10: over the run they admit at most the limit plus one lease
+/// each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_stay_within_the_bound() {
+    let redis = RedisServer::start();
+    let (size, lease) = (5, Duration::from_millis(200));
+    let config = TokenBucketConfig::new(100, Duration::from_secs(1), 10).lease(size, lease);
+    let instances = [
+        TokenBucketLimiter::new(&redis.uncached_backend(), "bound", config).unwrap(),
+        TokenBucketLimiter::new(&redis.uncached_backend(), "bound", config).unwrap(),
+    ];
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for limiter in instances {
+        tasks.push(tokio::spawn(async move {
+            let mut admitted = 0u64;
+            while start.elapsed() < Duration::from_secs(2) {
+                admitted += u64::from(limiter.check(b"k", ONE).await.is_admitted());
+                tokio::task::yield_now().await;
+            }
+            admitted
+        }));
+    }
+    let mut admitted = 0;
+    for task in tasks {
+        admitted += task.await.unwrap();
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    let bound = 10 + (100.0 * elapsed).ceil() as u64 + 2 * size;
+    assert!(admitted <= bound, "{admitted} admitted, bound {bound}");
+    assert!(admitted >= 150, "{admitted} admitted in {elapsed:.2} s");
+}
