@@ -1,5 +1,5 @@
 //! Guides: choosing an algorithm and a key, stacking limits, sets of limits decided
-//! all or nothing, limiters in your own code, counting by outcome, lockouts, limits
+//! all or nothing, limiters in your own code, counting by outcome, lockouts, hot keys, limits
 //! from your own store, trying a limit in shadow mode, limits on outgoing requests, running behind a proxy, on Redis Cluster, when Redis fails, on gRPC, and
 //! watching it all. This module has no items, only documentation.
 //!
@@ -205,6 +205,26 @@
 //! [`reset`](crate::Limiter::reset) lifts it. With counting by outcome it locks out
 //! after N failures (the `login` example: 5 failed logins in 15 minutes lock the user
 //! out for 15 minutes, the right password included).
+//!
+//! # Hot keys: coalescing and leases
+//!
+//! One Redis round trip per request is the ceiling of an exact distributed limit. Two
+//! things go past it:
+//!
+//! - **Coalescing** (on by default, exact;
+//!   [`BackendBuilder::coalesce`](crate::BackendBuilder::coalesce)): while a check of a
+//!   key waits for Redis, the checks of that key arriving meanwhile in this process
+//!   queue and go together in one script call, decided in arrival order exactly as one
+//!   call each. A hot key under many concurrent requests costs about two calls per round
+//!   trip instead of one per request; a key with one request at a time costs what it
+//!   did.
+//! - **Leases** (opt-in, approximate; token buckets:
+//!   [`TokenBucketConfig::lease`](crate::token_bucket::TokenBucketConfig::lease)): a
+//!   check that goes to Redis takes a few tokens at once and this process answers the
+//!   key's next checks from them. Leases shrink near the limit, where they are exact;
+//!   over any window N instances admit at most the limit plus N × the lease size. Use
+//!   them for high limits on many keys where a few extra requests per window do not
+//!   matter, never for a login or payment limit.
 //!
 //! # Limits from your own store
 //!
