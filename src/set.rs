@@ -45,10 +45,10 @@ use bytes::{BufMut, BytesMut};
 use deadpool_redis::redis::ScriptInvocation;
 use http::HeaderValue;
 
-use crate::backend::{self, Backend, Blocks, Hosts, Operation, Remote};
+use crate::backend::{Backend, Blocks, Hosts, Remote};
 use crate::decision::{Decision, Policy, Source, State};
 use crate::error::{validate_name, ConfigError};
-use crate::limiter::{Check, Limiter};
+use crate::limiter::Limiter;
 use crate::period::{PeriodConfig, PeriodLimiter};
 use crate::response::HeaderParts;
 use crate::rolling::{RollingConfig, RollingWindowLimiter};
@@ -233,44 +233,7 @@ fn join<'a>(items: impl Iterator<Item = &'a [u8]>) -> HeaderValue {
     HeaderValue::from_maybe_shared(v.freeze()).expect("made of valid header values")
 }
 
-impl Limiter for SetLimiter {
-    fn policy(&self) -> &Policy {
-        &self.hosts.policy
-    }
-
-    fn check(&self, key: &[u8], cost: NonZeroU32) -> Check {
-        backend::check(&self.hosts, key, cost)
-    }
-
-    fn peek(&self, key: &[u8], cost: NonZeroU32) -> Option<Check> {
-        Some(backend::operate(
-            &self.hosts,
-            Operation::Peek,
-            key,
-            u64::from(cost.get()),
-        ))
-    }
-
-    fn refund(&self, key: &[u8], cost: NonZeroU32) -> Option<Check> {
-        Some(backend::operate(
-            &self.hosts,
-            Operation::Refund,
-            key,
-            u64::from(cost.get()),
-        ))
-    }
-
-    fn reset(&self, key: &[u8]) -> Option<Check> {
-        Some(backend::operate(&self.hosts, Operation::Reset, key, 0))
-    }
-
-    fn block(&self, key: &[u8], duration: Duration) -> Option<Check> {
-        let ms = u64::try_from(duration.as_millis())
-            .unwrap_or(u64::MAX)
-            .max(1);
-        Some(backend::operate(&self.hosts, Operation::Block, key, ms))
-    }
-}
+crate::limiter::hosted_limiter!(SetLimiter, hosts);
 
 impl SetHosts {
     /// One decision from the members': the admitting one with the least left when all

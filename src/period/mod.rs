@@ -62,10 +62,9 @@ use std::time::Duration;
 use deadpool_redis::redis::ScriptInvocation;
 
 use self::memory::{Schedule, Windows};
-use crate::backend::{self, Backend, Hosts, Operation, Remote};
+use crate::backend::{Backend, Hosts, Remote};
 use crate::decision::{Decision, Policy, Source, State};
 use crate::error::ConfigError;
-use crate::limiter::{Check, Limiter};
 
 /// The largest UTC offset accepted (±18 hours, as in RFC 3339 and most time libraries).
 const MAX_OFFSET_SECS: i32 = 18 * 3_600;
@@ -228,44 +227,7 @@ impl PeriodLimiter {
     }
 }
 
-impl Limiter for PeriodLimiter {
-    fn policy(&self) -> &Policy {
-        &self.store.policy
-    }
-
-    fn check(&self, key: &[u8], cost: NonZeroU32) -> Check {
-        backend::check(&self.store, key, cost)
-    }
-
-    fn peek(&self, key: &[u8], cost: NonZeroU32) -> Option<Check> {
-        Some(backend::operate(
-            &self.store,
-            Operation::Peek,
-            key,
-            u64::from(cost.get()),
-        ))
-    }
-
-    fn refund(&self, key: &[u8], cost: NonZeroU32) -> Option<Check> {
-        Some(backend::operate(
-            &self.store,
-            Operation::Refund,
-            key,
-            u64::from(cost.get()),
-        ))
-    }
-
-    fn reset(&self, key: &[u8]) -> Option<Check> {
-        Some(backend::operate(&self.store, Operation::Reset, key, 0))
-    }
-
-    fn block(&self, key: &[u8], duration: Duration) -> Option<Check> {
-        let ms = u64::try_from(duration.as_millis())
-            .unwrap_or(u64::MAX)
-            .max(1);
-        Some(backend::operate(&self.store, Operation::Block, key, ms))
-    }
-}
+crate::limiter::hosted_limiter!(PeriodLimiter, store);
 
 impl PeriodHosts {
     fn decision(
@@ -362,6 +324,7 @@ impl Hosts for PeriodHosts {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::limiter::Limiter;
 
     fn build(config: PeriodConfig) -> Result<PeriodLimiter, ConfigError> {
         PeriodLimiter::new(&Backend::in_process(), "t", config)

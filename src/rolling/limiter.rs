@@ -12,10 +12,9 @@ use std::time::Duration;
 use deadpool_redis::redis::ScriptInvocation;
 
 use super::memory::{Grid, Rings};
-use crate::backend::{self, Backend, Hosts, Operation, Remote};
+use crate::backend::{Backend, Hosts, Remote};
 use crate::decision::{Decision, Policy, Source, State};
 use crate::error::ConfigError;
-use crate::limiter::{Check, Limiter};
 use crate::ring::StepBack;
 
 /// The most buckets a window may have (each check of the Redis script visits them all).
@@ -166,44 +165,7 @@ impl RollingWindowLimiter {
     }
 }
 
-impl Limiter for RollingWindowLimiter {
-    fn policy(&self) -> &Policy {
-        &self.store.policy
-    }
-
-    fn check(&self, key: &[u8], cost: NonZeroU32) -> Check {
-        backend::check(&self.store, key, cost)
-    }
-
-    fn peek(&self, key: &[u8], cost: NonZeroU32) -> Option<Check> {
-        Some(backend::operate(
-            &self.store,
-            Operation::Peek,
-            key,
-            u64::from(cost.get()),
-        ))
-    }
-
-    fn refund(&self, key: &[u8], cost: NonZeroU32) -> Option<Check> {
-        Some(backend::operate(
-            &self.store,
-            Operation::Refund,
-            key,
-            u64::from(cost.get()),
-        ))
-    }
-
-    fn reset(&self, key: &[u8]) -> Option<Check> {
-        Some(backend::operate(&self.store, Operation::Reset, key, 0))
-    }
-
-    fn block(&self, key: &[u8], duration: Duration) -> Option<Check> {
-        let ms = u64::try_from(duration.as_millis())
-            .unwrap_or(u64::MAX)
-            .max(1);
-        Some(backend::operate(&self.store, Operation::Block, key, ms))
-    }
-}
+crate::limiter::hosted_limiter!(RollingWindowLimiter, store);
 
 impl RollingHosts {
     fn decision(

@@ -1,6 +1,7 @@
 //! Tests of the rolling-window limiter, in process.
 
 use super::*;
+use crate::limiter::Limiter;
 use crate::RollingWindowLayer;
 
 const ONE: NonZeroU32 = NonZeroU32::MIN;

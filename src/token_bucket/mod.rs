@@ -67,7 +67,7 @@ use self::memory::{Bucket, Buckets, Outcome, Reservation};
 use crate::backend::{self, Backend, Hosts, Leases, Operation, Remote};
 use crate::decision::{Decision, Policy, Source, State};
 use crate::error::{validate_name, ConfigError};
-use crate::limiter::{Check, Limiter};
+use crate::limiter::Check;
 
 /// Arrival times in Redis count microseconds from this Unix time (2026-01-01T00:00:00Z),
 /// so that the script's doubles keep sub-microsecond precision for decades.
@@ -279,44 +279,7 @@ impl TokenBucketLimiter {
     }
 }
 
-impl Limiter for TokenBucketLimiter {
-    fn policy(&self) -> &Policy {
-        &self.store.policy
-    }
-
-    fn check(&self, key: &[u8], cost: NonZeroU32) -> Check {
-        backend::check(&self.store, key, cost)
-    }
-
-    fn peek(&self, key: &[u8], cost: NonZeroU32) -> Option<Check> {
-        Some(backend::operate(
-            &self.store,
-            Operation::Peek,
-            key,
-            u64::from(cost.get()),
-        ))
-    }
-
-    fn refund(&self, key: &[u8], cost: NonZeroU32) -> Option<Check> {
-        Some(backend::operate(
-            &self.store,
-            Operation::Refund,
-            key,
-            u64::from(cost.get()),
-        ))
-    }
-
-    fn reset(&self, key: &[u8]) -> Option<Check> {
-        Some(backend::operate(&self.store, Operation::Reset, key, 0))
-    }
-
-    fn block(&self, key: &[u8], duration: Duration) -> Option<Check> {
-        let ms = u64::try_from(duration.as_millis())
-            .unwrap_or(u64::MAX)
-            .max(1);
-        Some(backend::operate(&self.store, Operation::Block, key, ms))
-    }
-
+crate::limiter::hosted_limiter!(TokenBucketLimiter, store, {
     fn reserve(&self, key: &[u8], cost: NonZeroU32, max_wait: Duration) -> Option<Check> {
         let max_wait_us = u64::try_from(max_wait.as_micros()).unwrap_or(u64::MAX);
         Some(backend::operate(
@@ -326,7 +289,7 @@ impl Limiter for TokenBucketLimiter {
             u64::from(cost.get()),
         ))
     }
-}
+});
 
 impl Hosts for TokenBucketHosts {
     fn leases(&self) -> Option<&Leases> {

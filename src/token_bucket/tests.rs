@@ -2,6 +2,7 @@
 //! arithmetic and weighted costs, on tokio's paused clock.
 
 use super::*;
+use crate::limiter::Limiter;
 
 fn build(rate: u64, period: Duration, burst: u64) -> Result<TokenBucketLimiter, ConfigError> {
     TokenBucketLimiter::new(
