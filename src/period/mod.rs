@@ -158,7 +158,7 @@ impl PeriodConfig {
     }
 }
 
-/// A fixed-window [`Limiter`] on a [`Backend`].
+/// A fixed-window [`Limiter`](crate::Limiter) on a [`Backend`].
 #[derive(Debug, Clone)]
 pub struct PeriodLimiter {
     store: Arc<PeriodHosts>,

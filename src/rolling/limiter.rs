@@ -71,7 +71,7 @@ impl RollingConfig {
     }
 }
 
-/// A rolling-window [`Limiter`] on a [`Backend`].
+/// A rolling-window [`Limiter`](crate::Limiter) on a [`Backend`].
 #[derive(Debug, Clone)]
 pub struct RollingWindowLimiter {
     store: Arc<RollingHosts>,

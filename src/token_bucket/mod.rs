@@ -166,7 +166,7 @@ impl TokenBucketConfig {
     }
 }
 
-/// A token-bucket [`Limiter`] on a [`Backend`].
+/// A token-bucket [`Limiter`](crate::Limiter) on a [`Backend`].
 #[derive(Debug, Clone)]
 pub struct TokenBucketLimiter {
     store: Arc<TokenBucketHosts>,
