@@ -14,7 +14,8 @@
 //! | `/unlimited` | none: the baseline |
 //! | `/token/in-process` | `TokenBucketLayer` on `Backend::in_process()` |
 //! | `/token/in-process/no-headers` | the same with `admitted_headers(false)` and `decision_extension(false)`: no `RateLimit` / `RateLimit-Policy` headers on admitted responses and no `Decision` in the request extensions (like `/governor`) |
-//! | `/token/redis` | `TokenBucketLayer` on `Backend::redis` at `REDIS_URL` (503 without it) |
+//! | `/token/redis` | `TokenBucketLayer` on `Backend::redis` at `REDIS_URL` (503 without it); concurrent checks of one key coalesce (the default) |
+//! | `/token/redis-lease` | the same limit in lease mode (`TokenBucketConfig::lease`, `LEASE_SIZE` tokens, default 50, for `LEASE_MS`, default 100) |
 //! | `/governor` | `tower_governor` 0.8 with the same quota and key |
 //! | `/bare/evalsha` | no limiter crate: `EVALSHA` of the token-bucket script, same arguments, on one shared multiplexed connection (503 without `REDIS_URL`) |
 //!
@@ -48,7 +49,8 @@ use tower_governor::key_extractor::KeyExtractor;
 use tower_governor::{GovernorError, GovernorLayer};
 use tower_redis_ratelimit::backend::{pool_config, DEFAULT_CALL_TIMEOUT};
 use tower_redis_ratelimit::key::HeaderKey;
-use tower_redis_ratelimit::{deadpool_redis, Backend, TokenBucketLayer};
+use tower_redis_ratelimit::token_bucket::TokenBucketConfig;
+use tower_redis_ratelimit::{deadpool_redis, Backend, LayerBuilder, TokenBucketLayer};
 
 /// The default of `BENCH_RATE`: a token per microsecond and a burst of a million.
 const DEFAULT_RATE: u64 = 1_000_000;
@@ -199,6 +201,17 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 .key(HeaderKey::from_static(API_KEY))
                 .build()?;
             app = app.route("/token/redis", get(ok).layer(layer));
+            // The same limit in lease mode: each key's tokens taken from Redis up to
+            // LEASE_SIZE (default 50) at a time, answered in process for LEASE_MS (100).
+            let lease_size: u64 = env_or("LEASE_SIZE", 50)?;
+            let lease_ms: u64 = env_or("LEASE_MS", 100)?;
+            let leased = TokenBucketConfig::new(rate, Duration::from_secs(1), rate)
+                .lease(lease_size.min(rate), Duration::from_millis(lease_ms));
+            let layer = LayerBuilder::new(&backend, leased)
+                .name("loadtest-lease")
+                .key(HeaderKey::from_static(API_KEY))
+                .build()?;
+            app = app.route("/token/redis-lease", get(ok).layer(layer));
 
             let mut conn = redis::Client::open(url.as_str())?
                 .get_multiplexed_async_connection()
@@ -223,6 +236,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         Err(_) => {
             app = app
                 .route("/token/redis", get(no_redis))
+                .route("/token/redis-lease", get(no_redis))
                 .route("/bare/evalsha", get(no_redis));
             "none (REDIS_URL is not set: /token/redis answers 503)".to_owned()
         }
