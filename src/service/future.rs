@@ -14,8 +14,8 @@ use pin_project_lite::pin_project;
 use tower_service::Service;
 
 use super::{Respond, ResponseBody};
-use crate::decision::Decision;
 use crate::limiter::Check;
+use crate::response::Ready;
 
 pin_project! {
     /// The response future of [`LimitService`](super::LimitService): waits for the limiter when
@@ -26,8 +26,6 @@ pin_project! {
     {
         #[pin]
         state: State<S, B>,
-        respond: Arc<dyn Respond>,
-        policy: usize,
     }
 }
 
@@ -37,15 +35,19 @@ pin_project! {
     where
         S: Service<Request<B>>,
     {
+        // Only a check that waits for a store needs the layer's shared parts: a decision
+        // known at once is acted on in `call`, which builds the headers right there.
         Check {
             check: Check,
             request: Option<Request<B>>,
             service: Option<S>,
+            respond: Arc<dyn Respond>,
+            policy: usize,
         },
         Inner {
             #[pin]
             future: S::Future,
-            decision: Option<Decision>,
+            headers: Option<Ready>,
         },
         Done {
             response: Option<Response<Bytes>>,
@@ -69,36 +71,24 @@ where
                 check,
                 request: Some(request),
                 service: Some(service),
+                respond,
+                policy,
             },
-            respond,
-            policy,
         }
     }
 
-    pub(super) fn inner(
-        future: S::Future,
-        decision: Option<Decision>,
-        policy: usize,
-        respond: Arc<dyn Respond>,
-    ) -> Self {
+    /// The inner service's future; `headers` go onto its response.
+    pub(super) fn inner(future: S::Future, headers: Option<Ready>) -> Self {
         Self {
-            state: State::Inner { future, decision },
-            respond,
-            policy,
+            state: State::Inner { future, headers },
         }
     }
 
-    pub(super) fn done(
-        response: Response<Bytes>,
-        policy: usize,
-        respond: Arc<dyn Respond>,
-    ) -> Self {
+    pub(super) fn done(response: Response<Bytes>) -> Self {
         Self {
             state: State::Done {
                 response: Some(response),
             },
-            respond,
-            policy,
         }
     }
 }
@@ -117,28 +107,28 @@ where
                     check,
                     request,
                     service,
+                    respond,
+                    policy,
                 } => {
                     let decision = ready!(Pin::new(check).poll(cx));
                     let mut request = request.take().expect("polled after completion");
-                    let policy = *this.policy;
-                    this.respond.record(policy, &decision);
-                    if this.respond.is_shadow() {
+                    let policy = *policy;
+                    respond.record(policy, &decision);
+                    if respond.is_shadow() {
                         let mut service = service.take().expect("polled after completion");
                         let future = service.call(request);
                         this.state.set(State::Inner {
                             future,
-                            decision: None,
+                            headers: None,
                         });
                     } else if decision.is_admitted() {
                         let mut service = service.take().expect("polled after completion");
-                        this.respond.admit(request.extensions_mut(), &decision);
+                        let headers = respond.admitted_headers(policy, &decision);
+                        respond.admit(request.extensions_mut(), decision);
                         let future = service.call(request);
-                        this.state.set(State::Inner {
-                            future,
-                            decision: Some(decision),
-                        });
+                        this.state.set(State::Inner { future, headers });
                     } else {
-                        let response = this.respond.reject(
+                        let response = respond.reject(
                             policy,
                             request.method(),
                             request.uri(),
@@ -150,11 +140,10 @@ where
                         });
                     }
                 }
-                StateProj::Inner { future, decision } => {
+                StateProj::Inner { future, headers } => {
                     let mut response = ready!(future.poll(cx))?;
-                    if let Some(decision) = decision.take() {
-                        this.respond
-                            .decorate(*this.policy, response.headers_mut(), &decision);
+                    if let Some(headers) = headers.take() {
+                        headers.apply(response.headers_mut());
                     }
                     return Poll::Ready(Ok(response.map(ResponseBody::inner)));
                 }
