@@ -6,6 +6,10 @@
 //! ```text
 //! cargo run --release --example costs            # 100 000 keys
 //! cargo run --release --example costs -- 1000000 # a million keys
+//! # instructions per request, exactly: the instructions of 10 000 requests on one
+//! # route (callgrind's "Collected"), divided by 10 000
+//! valgrind --tool=callgrind --toggle-collect=costs::measured \
+//!     target/release/examples/costs run /token/in-process 10000
 //! ```
 //!
 //! 1. **Per request**: the routes of the `loadtest` example (`/unlimited`,
@@ -142,7 +146,43 @@ fn held_per_key(keys: usize, fill: impl FnOnce()) -> f64 {
     (stats.bytes_allocated as f64 - stats.bytes_deallocated as f64) / keys as f64
 }
 
+/// `costs run ROUTE N`: only N requests on ROUTE, for an instruction count of
+/// [`measured`] alone (`valgrind --tool=callgrind --toggle-collect=costs::measured`).
+fn run(route: &str, n: usize) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a tokio runtime");
+    let app = rt.block_on(async {
+        let app = router(&Backend::in_process());
+        // Warm up: the key's state, lazily built parts.
+        for _ in 0..100 {
+            let response = app.clone().oneshot(request(route)).await.expect("infallible");
+            assert!(response.status().is_success(), "{route}: {}", response.status());
+        }
+        app
+    });
+    measured(&rt, &app, route, n);
+}
+
+/// N requests on `route` (each built, sent, and its response dropped).
+#[inline(never)]
+fn measured(rt: &tokio::runtime::Runtime, app: &Router, route: &str, n: usize) {
+    rt.block_on(async {
+        for _ in 0..n {
+            let response = app.clone().oneshot(request(route)).await.expect("infallible");
+            drop(response);
+        }
+    });
+}
+
 fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("run") {
+        let route = args.get(2).expect("costs run ROUTE N");
+        let n = args.get(3).and_then(|n| n.parse().ok()).expect("costs run ROUTE N");
+        return run(route, n);
+    }
     let keys: usize = std::env::args()
         .nth(1)
         .map(|n| n.parse().expect("the key count is a whole number"))

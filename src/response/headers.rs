@@ -48,13 +48,19 @@ impl HeaderParts {
 
     /// This policy's item of the `RateLimit` header: `"name";r=<remaining>;t=<reset>`.
     pub(crate) fn ratelimit_value(&self, decision: &Decision) -> Bytes {
-        let mut num = itoa::Buffer::new();
-        let mut v = BytesMut::with_capacity(self.ratelimit_prefix.len() + 24);
-        v.put_slice(&self.ratelimit_prefix);
-        v.put_slice(num.format(decision.remaining).as_bytes());
-        v.put_slice(b";t=");
-        v.put_slice(num.format(ceil_secs(decision.reset)).as_bytes());
-        v.freeze()
+        let mut remaining = itoa::Buffer::new();
+        let remaining = remaining.format(decision.remaining).as_bytes();
+        let mut reset = itoa::Buffer::new();
+        let reset = reset.format(ceil_secs(decision.reset)).as_bytes();
+        // Exactly as long as the value: `Bytes` takes a full `Vec` over as it is (one
+        // allocation), while one with spare room would need a second for its refcount.
+        let mut v =
+            Vec::with_capacity(self.ratelimit_prefix.len() + remaining.len() + 3 + reset.len());
+        v.extend_from_slice(&self.ratelimit_prefix);
+        v.extend_from_slice(remaining);
+        v.extend_from_slice(b";t=");
+        v.extend_from_slice(reset);
+        Bytes::from(v)
     }
 
     /// This policy's `RateLimit-Policy` item.
