@@ -10,6 +10,8 @@
 //! # route (callgrind's "Collected"), divided by 10 000
 //! valgrind --tool=callgrind --toggle-collect=costs::measured \
 //!     target/release/examples/costs run /token/in-process 10000
+//! # time per request with two threads on one Router at once (timing: noisy)
+//! cargo run --release --example costs -- threads 9
 //! ```
 //!
 //! 1. **Per request**: the routes of the `loadtest` example (`/unlimited`,
@@ -18,7 +20,8 @@
 //!    with `oneshot` on one key, as hyper would call it (the request carries a
 //!    `ConnectInfo`); allocations and bytes allocated per request, the response
 //!    included, and the difference to `/unlimited`.
-//! 2. **Per key**: that many distinct keys (`hdr:x-api-key:key-00000000`, ...) checked
+//! 2. **Per key**: that many distinct keys (`key-00000000`, ..., tagged
+//!    `hdr:x-api-key:` for the crate as its `HeaderKey` does) checked
 //!    once each through `TokenBucketLimiter::check` on `Backend::in_process()`, and the
 //!    same count of `String` keys through a keyed `governor::RateLimiter` (DashMap, what
 //!    `tower_governor` uses), and of `HeaderValue` keys copied out of the request (what
@@ -107,9 +110,12 @@ fn router(backend: &Backend) -> Router {
         )
 }
 
+/// A request to `route` with the key `k1`. The header value is static, so cloning it
+/// (as tower_governor's key extractor does) allocates nothing, as with hyper, whose
+/// header values share the connection's read buffer.
 fn request(route: &str) -> Request<Body> {
     let mut req = Request::get(route)
-        .header(API_KEY, "k1")
+        .header(API_KEY, HeaderValue::from_static("k1"))
         .body(Body::empty())
         .expect("a valid request");
     let peer: SocketAddr = ([127, 0, 0, 1], 50_000).into();
@@ -122,8 +128,16 @@ fn request(route: &str) -> Request<Body> {
 async fn per_request(app: &Router, route: &str) -> (f64, f64) {
     // Warm up: the key's state, lazily built parts.
     for _ in 0..100 {
-        let response = app.clone().oneshot(request(route)).await.expect("infallible");
-        assert!(response.status().is_success(), "{route}: {}", response.status());
+        let response = app
+            .clone()
+            .oneshot(request(route))
+            .await
+            .expect("infallible");
+        assert!(
+            response.status().is_success(),
+            "{route}: {}",
+            response.status()
+        );
     }
     let mut requests: Vec<_> = (0..REQUESTS).map(|_| request(route)).collect();
     let region = Region::new(GLOBAL);
@@ -157,8 +171,16 @@ fn run(route: &str, n: usize) {
         let app = router(&Backend::in_process());
         // Warm up: the key's state, lazily built parts.
         for _ in 0..100 {
-            let response = app.clone().oneshot(request(route)).await.expect("infallible");
-            assert!(response.status().is_success(), "{route}: {}", response.status());
+            let response = app
+                .clone()
+                .oneshot(request(route))
+                .await
+                .expect("infallible");
+            assert!(
+                response.status().is_success(),
+                "{route}: {}",
+                response.status()
+            );
         }
         app
     });
@@ -170,17 +192,103 @@ fn run(route: &str, n: usize) {
 fn measured(rt: &tokio::runtime::Runtime, app: &Router, route: &str, n: usize) {
     rt.block_on(async {
         for _ in 0..n {
-            let response = app.clone().oneshot(request(route)).await.expect("infallible");
+            let response = app
+                .clone()
+                .oneshot(request(route))
+                .await
+                .expect("infallible");
             drop(response);
         }
     });
 }
 
+/// `costs threads [ROUNDS]`: every route hammered by two threads at once (each its own
+/// current-thread runtime, one shared `Router`, so the layer's shared state is touched
+/// from two cores as in a server), the routes taking turns for ROUNDS rounds; prints the
+/// median over the rounds of the wall time per request per thread. Timing, so the
+/// machine's load shows; compare routes of one run only.
+fn threads(rounds: usize) {
+    const THREADS: usize = 2;
+    const PER_THREAD: usize = 50_000;
+    let routes = [
+        "/unlimited",
+        "/token/in-process",
+        "/token/in-process/no-headers",
+        "/governor",
+        "/governor/headers",
+    ];
+    let app = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a tokio runtime")
+        .block_on(async { router(&Backend::in_process()) });
+    let mut ns: Vec<Vec<f64>> = vec![Vec::new(); routes.len()];
+    for _ in 0..rounds {
+        for (i, route) in routes.iter().enumerate() {
+            let barrier = std::sync::Barrier::new(THREADS + 1);
+            let took = std::thread::scope(|scope| {
+                let handles: Vec<_> = (0..THREADS)
+                    .map(|_| {
+                        let (app, barrier) = (app.clone(), &barrier);
+                        scope.spawn(move || {
+                            let rt = tokio::runtime::Builder::new_current_thread()
+                                .enable_all()
+                                .build()
+                                .expect("a tokio runtime");
+                            rt.block_on(async {
+                                for _ in 0..100 {
+                                    let response =
+                                        app.clone().oneshot(request(route)).await.expect("ok");
+                                    assert!(response.status().is_success());
+                                }
+                                barrier.wait();
+                                let start = std::time::Instant::now();
+                                for _ in 0..PER_THREAD {
+                                    let response =
+                                        app.clone().oneshot(request(route)).await.expect("ok");
+                                    drop(response);
+                                }
+                                start.elapsed()
+                            })
+                        })
+                    })
+                    .collect();
+                barrier.wait();
+                handles
+                    .into_iter()
+                    .map(|h| h.join().expect("a thread"))
+                    .max()
+                    .expect("two threads")
+            });
+            ns[i].push(took.as_secs_f64() * 1e9 / PER_THREAD as f64);
+        }
+    }
+    println!("| route | ns per request per thread (median of {rounds} rounds, {THREADS} threads) | vs `/governor` |");
+    println!("|---|---:|---:|");
+    let medians: Vec<f64> = ns
+        .iter_mut()
+        .map(|v| {
+            v.sort_by(f64::total_cmp);
+            v[(v.len() - 1) / 2]
+        })
+        .collect();
+    for (route, median) in routes.iter().zip(&medians) {
+        println!("| `{route}` | {median:.0} | {:.2} |", median / medians[3]);
+    }
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("threads") {
+        let rounds = args.get(2).and_then(|n| n.parse().ok()).unwrap_or(9);
+        return threads(rounds);
+    }
     if args.get(1).map(String::as_str) == Some("run") {
         let route = args.get(2).expect("costs run ROUTE N");
-        let n = args.get(3).and_then(|n| n.parse().ok()).expect("costs run ROUTE N");
+        let n = args
+            .get(3)
+            .and_then(|n| n.parse().ok())
+            .expect("costs run ROUTE N");
         return run(route, n);
     }
     let keys: usize = std::env::args()
@@ -228,8 +336,9 @@ fn main() {
         // The store sizes its tables for `max_local_keys` when it is built: that is
         // counted too.
         let region = Region::new(GLOBAL);
+        // A bound twice the keys: none of them is evicted.
         let backend = Backend::builder()
-            .max_local_keys(keys as u64)
+            .max_local_keys(2 * keys as u64)
             .build()
             .expect("an in-process backend");
         let limiter = TokenBucketLimiter::new(&backend, "loadtest", config).expect("valid");
@@ -241,7 +350,8 @@ fn main() {
         let held = |s: stats_alloc::Stats| s.bytes_allocated as f64 - s.bytes_deallocated as f64;
         let bytes = held(stats) / keys as f64;
         println!(
-            "| tower-redis-ratelimit token bucket (`Backend::in_process()`, max_local_keys {keys}; {:.1} MiB of it when built) | {bytes:.0} |",
+            "| tower-redis-ratelimit token bucket (`Backend::in_process()`, `max_local_keys` {}; {:.1} MiB of it when built) | {bytes:.0} |",
+            2 * keys,
             held(built) / 1_048_576.0
         );
         drop(limiter);
@@ -267,6 +377,8 @@ fn main() {
                 assert!(governor.check_key(&key).is_ok());
             }
         });
-        println!("| governor 0.10 keyed (DashMap), `HeaderValue` keys (tower_governor's) | {bytes:.0} |");
+        println!(
+            "| governor 0.10 keyed (DashMap), `HeaderValue` keys (tower_governor's) | {bytes:.0} |"
+        );
     }
 }

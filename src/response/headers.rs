@@ -72,7 +72,11 @@ impl HeaderParts {
     /// built once: an admitted request's are built before the inner service runs and
     /// added to its response ([`Ready::apply`]).
     pub(crate) fn ready(&self, decision: &Decision) -> Ready {
-        let policy = decision.policy_header.as_ref().unwrap_or(&self.policy).clone();
+        let policy = decision
+            .policy_header
+            .as_ref()
+            .unwrap_or(&self.policy)
+            .clone();
         let ratelimit = match &decision.ratelimit_header {
             Some(value) => Some(value.clone()),
             None => HeaderValue::from_maybe_shared(self.ratelimit_value(decision)).ok(),
