@@ -10,6 +10,9 @@
 //! # route (callgrind's "Collected"), divided by 10 000
 //! valgrind --tool=callgrind --toggle-collect=costs::measured \
 //!     target/release/examples/costs run /token/in-process 10000
+//! # the same cycling through 1000 keys
+//! valgrind --tool=callgrind --toggle-collect=costs::measured \
+//!     target/release/examples/costs run /token/in-process 10000 1000
 //! # time per request with two threads on one Router at once (timing: noisy)
 //! cargo run --release --example costs -- threads 9
 //! ```
@@ -114,8 +117,13 @@ fn router(backend: &Backend) -> Router {
 /// (as tower_governor's key extractor does) allocates nothing, as with hyper, whose
 /// header values share the connection's read buffer.
 fn request(route: &str) -> Request<Body> {
+    request_with(route, HeaderValue::from_static("k1"))
+}
+
+/// A request to `route` with the key `key`.
+fn request_with(route: &str, key: HeaderValue) -> Request<Body> {
     let mut req = Request::get(route)
-        .header(API_KEY, HeaderValue::from_static("k1"))
+        .header(API_KEY, key)
         .body(Body::empty())
         .expect("a valid request");
     let peer: SocketAddr = ([127, 0, 0, 1], 50_000).into();
@@ -160,20 +168,27 @@ fn held_per_key(keys: usize, fill: impl FnOnce()) -> f64 {
     (stats.bytes_allocated as f64 - stats.bytes_deallocated as f64) / keys as f64
 }
 
-/// `costs run ROUTE N`: only N requests on ROUTE, for an instruction count of
-/// [`measured`] alone (`valgrind --tool=callgrind --toggle-collect=costs::measured`).
-fn run(route: &str, n: usize) {
+/// `costs run ROUTE N [KEYS]`: only N requests on ROUTE (cycling through KEYS keys,
+/// default 1), for an instruction count of [`measured`] alone
+/// (`valgrind --tool=callgrind --toggle-collect=costs::measured`).
+fn run(route: &str, n: usize, keys: usize) {
+    // The key values, each cloned once so that later clones only count references (as
+    // hyper's header values, which share the connection's read buffer).
+    let keys: Vec<HeaderValue> = (1..=keys.max(1))
+        .map(|i| HeaderValue::from_str(&format!("k{i}")).expect("a valid value"))
+        .collect();
+    let promoted: Vec<HeaderValue> = keys.clone();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .expect("a tokio runtime");
     let app = rt.block_on(async {
         let app = router(&Backend::in_process());
-        // Warm up: the key's state, lazily built parts.
-        for _ in 0..100 {
+        // Warm up: every key's state, lazily built parts.
+        for key in keys.iter().cycle().take(100.max(keys.len())) {
             let response = app
                 .clone()
-                .oneshot(request(route))
+                .oneshot(request_with(route, key.clone()))
                 .await
                 .expect("infallible");
             assert!(
@@ -184,17 +199,25 @@ fn run(route: &str, n: usize) {
         }
         app
     });
-    measured(&rt, &app, route, n);
+    measured(&rt, &app, route, n, &keys);
+    drop(promoted);
 }
 
-/// N requests on `route` (each built, sent, and its response dropped).
+/// N requests on `route` (each built, sent, and its response dropped), cycling through
+/// `keys`.
 #[inline(never)]
-fn measured(rt: &tokio::runtime::Runtime, app: &Router, route: &str, n: usize) {
+fn measured(
+    rt: &tokio::runtime::Runtime,
+    app: &Router,
+    route: &str,
+    n: usize,
+    keys: &[HeaderValue],
+) {
     rt.block_on(async {
-        for _ in 0..n {
+        for key in keys.iter().cycle().take(n) {
             let response = app
                 .clone()
-                .oneshot(request(route))
+                .oneshot(request_with(route, key.clone()))
                 .await
                 .expect("infallible");
             drop(response);
@@ -289,7 +312,8 @@ fn main() {
             .get(3)
             .and_then(|n| n.parse().ok())
             .expect("costs run ROUTE N");
-        return run(route, n);
+        let keys = args.get(4).and_then(|n| n.parse().ok()).unwrap_or(1);
+        return run(route, n, keys);
     }
     let keys: usize = std::env::args()
         .nth(1)
