@@ -13,8 +13,6 @@
 //! # the same cycling through 1000 keys
 //! valgrind --tool=callgrind --toggle-collect=costs::measured \
 //!     target/release/examples/costs run /token/in-process 10000 1000
-//! # time per request with two threads on one Router at once (timing: noisy)
-//! cargo run --release --example costs -- threads 9
 //! ```
 //!
 //! 1. **Per request**: the routes of the `loadtest` example (`/unlimited`,
@@ -225,87 +223,8 @@ fn measured(
     });
 }
 
-/// `costs threads [ROUNDS]`: every route hammered by two threads at once (each its own
-/// current-thread runtime, one shared `Router`, so the layer's shared state is touched
-/// from two cores as in a server), the routes taking turns for ROUNDS rounds; prints the
-/// median over the rounds of the wall time per request per thread. Timing, so the
-/// machine's load shows; compare routes of one run only.
-fn threads(rounds: usize) {
-    const THREADS: usize = 2;
-    const PER_THREAD: usize = 50_000;
-    let routes = [
-        "/unlimited",
-        "/token/in-process",
-        "/token/in-process/no-headers",
-        "/governor",
-        "/governor/headers",
-    ];
-    let app = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a tokio runtime")
-        .block_on(async { router(&Backend::in_process()) });
-    let mut ns: Vec<Vec<f64>> = vec![Vec::new(); routes.len()];
-    for _ in 0..rounds {
-        for (i, route) in routes.iter().enumerate() {
-            let barrier = std::sync::Barrier::new(THREADS + 1);
-            let took = std::thread::scope(|scope| {
-                let handles: Vec<_> = (0..THREADS)
-                    .map(|_| {
-                        let (app, barrier) = (app.clone(), &barrier);
-                        scope.spawn(move || {
-                            let rt = tokio::runtime::Builder::new_current_thread()
-                                .enable_all()
-                                .build()
-                                .expect("a tokio runtime");
-                            rt.block_on(async {
-                                for _ in 0..100 {
-                                    let response =
-                                        app.clone().oneshot(request(route)).await.expect("ok");
-                                    assert!(response.status().is_success());
-                                }
-                                barrier.wait();
-                                let start = std::time::Instant::now();
-                                for _ in 0..PER_THREAD {
-                                    let response =
-                                        app.clone().oneshot(request(route)).await.expect("ok");
-                                    drop(response);
-                                }
-                                start.elapsed()
-                            })
-                        })
-                    })
-                    .collect();
-                barrier.wait();
-                handles
-                    .into_iter()
-                    .map(|h| h.join().expect("a thread"))
-                    .max()
-                    .expect("two threads")
-            });
-            ns[i].push(took.as_secs_f64() * 1e9 / PER_THREAD as f64);
-        }
-    }
-    println!("| route | ns per request per thread (median of {rounds} rounds, {THREADS} threads) | vs `/governor` |");
-    println!("|---|---:|---:|");
-    let medians: Vec<f64> = ns
-        .iter_mut()
-        .map(|v| {
-            v.sort_by(f64::total_cmp);
-            v[(v.len() - 1) / 2]
-        })
-        .collect();
-    for (route, median) in routes.iter().zip(&medians) {
-        println!("| `{route}` | {median:.0} | {:.2} |", median / medians[3]);
-    }
-}
-
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    if args.get(1).map(String::as_str) == Some("threads") {
-        let rounds = args.get(2).and_then(|n| n.parse().ok()).unwrap_or(9);
-        return threads(rounds);
-    }
     if args.get(1).map(String::as_str) == Some("run") {
         let route = args.get(2).expect("costs run ROUTE N");
         let n = args
