@@ -1,4 +1,4 @@
-//! The HTTP load-test target of `scripts/bench`: one axum server whose routes differ only
+//! The HTTP load-test target of `scripts/bench` and `scripts/bench-http`: one axum server whose routes differ only
 //! in their rate limiter, so `wrk` can measure what each limiter costs per request.
 //!
 //! ```text
@@ -17,6 +17,7 @@
 //! | `/token/redis` | `TokenBucketLayer` on `Backend::redis` at `REDIS_URL` (503 without it); concurrent checks of one key coalesce (the default) |
 //! | `/token/redis-lease` | the same limit in lease mode (`TokenBucketConfig::lease`, `LEASE_SIZE` tokens, default 50, for `LEASE_MS`, default 100) |
 //! | `/governor` | `tower_governor` 0.8 with the same quota and key |
+//! | `/governor/headers` | the same with tower_governor's `use_headers()`: `x-ratelimit-limit` and `x-ratelimit-remaining` on admitted responses |
 //! | `/bare/evalsha` | no limiter crate: `EVALSHA` of the token-bucket script, same arguments, on one shared multiplexed connection (503 without `REDIS_URL`) |
 //!
 //! `/bare/evalsha` is a reference for `/token/redis`: the same script and arguments on
@@ -169,6 +170,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .finish()
         .ok_or("invalid tower_governor quota")?;
 
+    let governor_headers = GovernorConfigBuilder::default()
+        .per_nanosecond(1_000_000_000 / rate)
+        .burst_size(u32::try_from(rate)?)
+        .key_extractor(ApiKey)
+        .use_headers()
+        .finish()
+        .ok_or("invalid tower_governor quota")?;
+
     let mut app = Router::new()
         .route("/unlimited", get(ok))
         .route("/token/in-process", get(ok).layer(in_process(true)?))
@@ -176,7 +185,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             "/token/in-process/no-headers",
             get(ok).layer(in_process(false)?),
         )
-        .route("/governor", get(ok).layer(GovernorLayer::new(governor)));
+        .route("/governor", get(ok).layer(GovernorLayer::new(governor)))
+        .route(
+            "/governor/headers",
+            get(ok).layer(GovernorLayer::new(governor_headers)),
+        );
 
     let redis = match std::env::var("REDIS_URL") {
         Ok(url) => {

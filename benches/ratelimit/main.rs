@@ -13,6 +13,9 @@
 //!   since Redis round trips on a shared machine drift from one bench to the next.
 //!
 //! - `keys/*`: one key extraction with the built-in extractors (see `keys.rs`).
+//! - `service/*`: one HTTP request through an axum `Router` (no network) on the routes of
+//!   the `loadtest` example: no limiter, the in-process token bucket with and without
+//!   headers, `tower_governor` with and without headers (see `service.rs`).
 //!
 //! Rates are huge (nothing is refused) except in the `refused` groups. Each check is one
 //! element (`Throughput::Elements`), so criterion reports checks per second as well.
@@ -21,6 +24,7 @@
 //! cargo bench --bench ratelimit -- --warm-up-time 1 --measurement-time 3
 //! cargo bench --bench ratelimit -- --warm-up-time 1 --measurement-time 3 in_process/
 //! cargo bench --bench ratelimit -- --warm-up-time 1 --measurement-time 3 redis/
+//! cargo bench --bench ratelimit -- --warm-up-time 1 --measurement-time 3 service/
 //! ```
 //!
 //! The Redis benches need `redis-server` on `PATH` (or `$REDIS_SERVER`; `scripts/bench`
@@ -33,6 +37,7 @@ mod support;
 mod in_process;
 mod keys;
 mod redis_checks;
+mod service;
 
 use criterion::Criterion;
 
@@ -57,6 +62,7 @@ fn main() {
     let mut criterion = Criterion::default().configure_from_args();
     in_process::benches(&mut criterion);
     keys::benches(&mut criterion);
+    service::benches(&mut criterion);
     redis_checks::benches(&mut criterion);
     criterion.final_summary();
 }

@@ -63,11 +63,19 @@ impl<'r> Key<'r> {
     /// ```
     #[must_use]
     pub fn concat(parts: &[&[u8]]) -> Key<'static> {
-        let len = parts.iter().map(|part| part.len()).sum();
-        let mut bytes = SmallVec::with_capacity(len);
-        for part in parts {
-            bytes.extend_from_slice(part);
-        }
+        let len: usize = parts.iter().map(|part| part.len()).sum();
+        let bytes = if len <= INLINE {
+            // Straight into the inline buffer: plain copies, no capacity checks per part.
+            let mut buf = [0; INLINE];
+            let mut at = 0;
+            for part in parts {
+                buf[at..at + part.len()].copy_from_slice(part);
+                at += part.len();
+            }
+            SmallVec::from_buf_and_len(buf, len)
+        } else {
+            SmallVec::from_vec(parts.concat())
+        };
         Key {
             repr: Repr::Owned(bytes),
         }

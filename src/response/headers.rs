@@ -48,13 +48,19 @@ impl HeaderParts {
 
     /// This policy's item of the `RateLimit` header: `"name";r=<remaining>;t=<reset>`.
     pub(crate) fn ratelimit_value(&self, decision: &Decision) -> Bytes {
-        let mut num = itoa::Buffer::new();
-        let mut v = BytesMut::with_capacity(self.ratelimit_prefix.len() + 24);
-        v.put_slice(&self.ratelimit_prefix);
-        v.put_slice(num.format(decision.remaining).as_bytes());
-        v.put_slice(b";t=");
-        v.put_slice(num.format(ceil_secs(decision.reset)).as_bytes());
-        v.freeze()
+        let mut remaining = itoa::Buffer::new();
+        let remaining = remaining.format(decision.remaining).as_bytes();
+        let mut reset = itoa::Buffer::new();
+        let reset = reset.format(ceil_secs(decision.reset)).as_bytes();
+        // Exactly as long as the value: `Bytes` takes a full `Vec` over as it is (one
+        // allocation), while one with spare room would need a second for its refcount.
+        let mut v =
+            Vec::with_capacity(self.ratelimit_prefix.len() + remaining.len() + 3 + reset.len());
+        v.extend_from_slice(&self.ratelimit_prefix);
+        v.extend_from_slice(remaining);
+        v.extend_from_slice(b";t=");
+        v.extend_from_slice(reset);
+        Bytes::from(v)
     }
 
     /// This policy's `RateLimit-Policy` item.
@@ -62,18 +68,28 @@ impl HeaderParts {
         &self.policy
     }
 
+    /// The `RateLimit-Policy` and `RateLimit` values of `decision` under this policy,
+    /// built once: an admitted request's are built before the inner service runs and
+    /// added to its response ([`Ready::apply`]).
+    pub(crate) fn ready(&self, decision: &Decision) -> Ready {
+        let policy = decision
+            .policy_header
+            .as_ref()
+            .unwrap_or(&self.policy)
+            .clone();
+        let ratelimit = match &decision.ratelimit_header {
+            Some(value) => Some(value.clone()),
+            None => HeaderValue::from_maybe_shared(self.ratelimit_value(decision)).ok(),
+        };
+        Ready { policy, ratelimit }
+    }
+
     /// Adds this policy to `RateLimit-Policy` and `RateLimit` (and `Retry-After` for a
     /// rejection that can be retried). Values already there (from inner layers, a
     /// handler, or a custom rejection) are kept: this policy goes first in the list, so
     /// stacked layers read outermost first.
     pub(crate) fn apply(&self, headers: &mut HeaderMap, decision: &Decision) {
-        let policy = decision.policy_header.as_ref().unwrap_or(&self.policy);
-        prepend(headers, RATELIMIT_POLICY, policy.clone());
-        if let Some(value) = &decision.ratelimit_header {
-            prepend(headers, RATELIMIT, value.clone());
-        } else if let Ok(value) = HeaderValue::from_maybe_shared(self.ratelimit_value(decision)) {
-            prepend(headers, RATELIMIT, value);
-        }
+        self.ready(decision).apply(headers);
         if let Some(retry) = decision.retry_after {
             if !decision.is_admitted() {
                 let secs = ceil_secs(retry).max(1);
@@ -87,6 +103,26 @@ impl HeaderParts {
                     headers.insert(header::RETRY_AFTER, new);
                 }
             }
+        }
+    }
+}
+
+/// The `RateLimit-Policy` and `RateLimit` values of one decision, ready to be added to
+/// a response ([`HeaderParts::ready`]).
+#[derive(Debug, Clone)]
+pub(crate) struct Ready {
+    policy: HeaderValue,
+    /// `None` only if the value were not a valid header value (never in practice).
+    ratelimit: Option<HeaderValue>,
+}
+
+impl Ready {
+    /// Puts these values first in `RateLimit-Policy` and `RateLimit`, keeping the
+    /// values already there after them.
+    pub(crate) fn apply(self, headers: &mut HeaderMap) {
+        prepend(headers, RATELIMIT_POLICY, self.policy);
+        if let Some(value) = self.ratelimit {
+            prepend(headers, RATELIMIT, value);
         }
     }
 }

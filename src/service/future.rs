@@ -14,8 +14,8 @@ use pin_project_lite::pin_project;
 use tower_service::Service;
 
 use super::{Respond, ResponseBody, Settle};
-use crate::decision::Decision;
 use crate::limiter::Check;
+use crate::response::Ready;
 
 pin_project! {
     /// The response future of [`LimitService`](super::LimitService): waits for the limiter when
@@ -26,8 +26,6 @@ pin_project! {
     {
         #[pin]
         state: State<S, B>,
-        respond: Arc<dyn Respond>,
-        policy: usize,
     }
 }
 
@@ -37,17 +35,22 @@ pin_project! {
     where
         S: Service<Request<B>>,
     {
+        // Only a check that waits for a store needs the layer's shared parts: a decision
+        // known at once is acted on in `call`, which builds the headers right there.
         Check {
             check: Check,
             request: Option<Request<B>>,
             service: Option<S>,
+            respond: Arc<dyn Respond>,
+            policy: usize,
             settle: Option<Settle>,
         },
         Inner {
             #[pin]
             future: S::Future,
-            decision: Option<Decision>,
-            settle: Option<Settle>,
+            headers: Option<Ready>,
+            // Only with counting by outcome: what gives the units back after the response.
+            settle: Option<(Arc<dyn Respond>, Settle)>,
         },
         Done {
             response: Option<Response<Bytes>>,
@@ -72,42 +75,34 @@ where
                 check,
                 request: Some(request),
                 service: Some(service),
+                respond,
+                policy,
                 settle,
             },
-            respond,
-            policy,
         }
     }
 
+    /// The inner service's future; `headers` go onto its response, and `settle` (counting
+    /// by outcome) decides on it whether the request counts.
     pub(super) fn inner(
         future: S::Future,
-        decision: Option<Decision>,
-        settle: Option<Settle>,
-        policy: usize,
-        respond: Arc<dyn Respond>,
+        headers: Option<Ready>,
+        settle: Option<(Arc<dyn Respond>, Settle)>,
     ) -> Self {
         Self {
             state: State::Inner {
                 future,
-                decision,
+                headers,
                 settle,
             },
-            respond,
-            policy,
         }
     }
 
-    pub(super) fn done(
-        response: Response<Bytes>,
-        policy: usize,
-        respond: Arc<dyn Respond>,
-    ) -> Self {
+    pub(super) fn done(response: Response<Bytes>) -> Self {
         Self {
             state: State::Done {
                 response: Some(response),
             },
-            respond,
-            policy,
         }
     }
 }
@@ -126,32 +121,35 @@ where
                     check,
                     request,
                     service,
+                    respond,
+                    policy,
                     settle,
                 } => {
                     let decision = ready!(Pin::new(check).poll(cx));
                     let mut request = request.take().expect("polled after completion");
-                    let policy = *this.policy;
-                    this.respond.record(policy, &decision);
-                    if this.respond.is_shadow() {
+                    let policy = *policy;
+                    respond.record(policy, &decision);
+                    if respond.is_shadow() {
                         let mut service = service.take().expect("polled after completion");
                         let future = service.call(request);
                         this.state.set(State::Inner {
                             future,
-                            decision: None,
+                            headers: None,
                             settle: None,
                         });
                     } else if decision.is_admitted() {
                         let mut service = service.take().expect("polled after completion");
-                        this.respond.admit(request.extensions_mut(), &decision);
+                        let headers = respond.admitted_headers(policy, &decision);
+                        respond.admit(request.extensions_mut(), decision);
                         let future = service.call(request);
-                        let settle = settle.take();
+                        let settle = settle.take().map(|s| (Arc::clone(respond), s));
                         this.state.set(State::Inner {
                             future,
-                            decision: Some(decision),
+                            headers,
                             settle,
                         });
                     } else {
-                        let response = this.respond.reject(
+                        let response = respond.reject(
                             policy,
                             request.method(),
                             request.uri(),
@@ -165,17 +163,16 @@ where
                 }
                 StateProj::Inner {
                     future,
-                    decision,
+                    headers,
                     settle,
                 } => {
                     let result = ready!(future.poll(cx));
-                    if let Some(settle) = settle.take() {
+                    if let Some((respond, settle)) = settle.take() {
                         match &result {
                             Ok(response) => {
-                                this.respond
-                                    .settle(response.status(), response.headers(), settle);
+                                respond.settle(response.status(), response.headers(), settle);
                             }
-                            Err(_) => this.respond.settle(
+                            Err(_) => respond.settle(
                                 http::StatusCode::INTERNAL_SERVER_ERROR,
                                 &http::HeaderMap::new(),
                                 settle,
@@ -183,9 +180,8 @@ where
                         }
                     }
                     let mut response = result?;
-                    if let Some(decision) = decision.take() {
-                        this.respond
-                            .decorate(*this.policy, response.headers_mut(), &decision);
+                    if let Some(headers) = headers.take() {
+                        headers.apply(response.headers_mut());
                     }
                     return Poll::Ready(Ok(response.map(ResponseBody::inner)));
                 }

@@ -25,7 +25,7 @@ use http::{Response, StatusCode};
 use crate::decision::{Decision, Decisions};
 use crate::limiter::Limiter;
 use crate::metrics::LayerMetrics;
-use crate::response::{HeaderParts, OnRejection, Rejection};
+use crate::response::{HeaderParts, OnRejection, Ready, Rejection};
 
 pub use self::body::ResponseBody;
 pub use self::future::ResponseFuture;
@@ -110,15 +110,16 @@ pub(crate) trait Respond: Send + Sync + 'static {
         headers: &http::HeaderMap,
         decision: &Decision,
     ) -> Response<Bytes>;
-    /// Adds the rate-limit headers to an admitted response.
-    fn decorate(&self, policy: usize, headers: &mut http::HeaderMap, decision: &Decision);
+    /// The rate-limit headers of an admitted response, built before the inner service
+    /// runs (`None` when the layer adds none to admitted responses).
+    fn admitted_headers(&self, policy: usize, decision: &Decision) -> Option<Ready>;
     /// Records a decision in the metrics and the trace.
     fn record(&self, policy: usize, decision: &Decision);
     /// Whether the layer only observes (shadow mode).
     fn is_shadow(&self) -> bool;
     /// Prepares an admitted request for the inner service: its [`Decision`] goes into
     /// the request extensions unless the layer was told not to.
-    fn admit(&self, extensions: &mut http::Extensions, decision: &Decision);
+    fn admit(&self, extensions: &mut http::Extensions, decision: Decision);
     /// Whether admitted requests may be refunded by their outcome ([`CountIf`]).
     fn counts_by_outcome(&self) -> bool;
     /// After an admitted request's response: gives its units back if the response does
@@ -152,10 +153,10 @@ where
         response
     }
 
-    fn decorate(&self, policy: usize, headers: &mut http::HeaderMap, decision: &Decision) {
-        if self.options.admitted_headers {
-            self.headers[policy].apply(headers, decision);
-        }
+    fn admitted_headers(&self, policy: usize, decision: &Decision) -> Option<Ready> {
+        self.options
+            .admitted_headers
+            .then(|| self.headers[policy].ready(decision))
     }
 
     fn record(&self, policy: usize, decision: &Decision) {
@@ -192,16 +193,20 @@ where
         self.options.shadow
     }
 
-    fn admit(&self, extensions: &mut http::Extensions, decision: &Decision) {
+    fn admit(&self, extensions: &mut http::Extensions, decision: Decision) {
         if !self.options.decision_extension {
             return;
         }
-        // A single layer stores its decision alone; stacked layers also list them all.
-        if let Some(outer) = extensions.insert(decision.clone()) {
+        // A single layer stores its decision alone (moved, not copied); stacked layers
+        // also list them all.
+        if let Some(outer) = extensions.insert(decision) {
+            let Some(decision) = extensions.get::<Decision>().cloned() else {
+                return;
+            };
             match extensions.get_mut::<Decisions>() {
-                Some(all) => all.0.push(decision.clone()),
+                Some(all) => all.0.push(decision),
                 None => {
-                    extensions.insert(Decisions(vec![outer, decision.clone()]));
+                    extensions.insert(Decisions(vec![outer, decision]));
                 }
             }
         }

@@ -95,7 +95,7 @@ where
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
         let shared = &self.shared;
         let Some(cost) = NonZeroU32::new(shared.cost.cost(&req)) else {
-            return ResponseFuture::inner(self.inner.call(req), None, None, 0, shared.clone());
+            return ResponseFuture::inner(self.inner.call(req), None, None);
         };
         let (policy, mut req) = select(&shared.limiter, shared.headers.len(), req);
         let mut settle = None;
@@ -119,16 +119,10 @@ where
                 match &shared.options.missing_key {
                     MissingKey::Reject(status) if !shared.options.shadow => {
                         let response = missing_key(*status, req.headers());
-                        return ResponseFuture::done(response, policy, shared.clone());
+                        return ResponseFuture::done(response);
                     }
                     MissingKey::Reject(_) | MissingKey::Allow => {
-                        return ResponseFuture::inner(
-                            self.inner.call(req),
-                            None,
-                            None,
-                            policy,
-                            shared.clone(),
-                        );
+                        return ResponseFuture::inner(self.inner.call(req), None, None);
                     }
                     MissingKey::Key(key) => {
                         shared.limiter.check_policy(policy, key.as_bytes(), cost)
@@ -139,15 +133,18 @@ where
         if let Some(decision) = check.take_ready() {
             shared.record(policy, &decision);
             return if shared.options.shadow {
-                ResponseFuture::inner(self.inner.call(req), None, None, policy, shared.clone())
+                ResponseFuture::inner(self.inner.call(req), None, None)
             } else if decision.is_admitted() {
-                shared.admit(req.extensions_mut(), &decision);
-                let future = self.inner.call(req);
-                ResponseFuture::inner(future, Some(decision), settle, policy, shared.clone())
+                // Known at once: the headers are built here, and the decision moves into
+                // the request, so the future holds no reference to the layer.
+                let headers = shared.admitted_headers(policy, &decision);
+                shared.admit(req.extensions_mut(), decision);
+                let settle = settle.map(|s| (Arc::clone(shared) as Arc<dyn Respond>, s));
+                ResponseFuture::inner(self.inner.call(req), headers, settle)
             } else {
                 let response =
                     shared.reject(policy, req.method(), req.uri(), req.headers(), &decision);
-                ResponseFuture::done(response, policy, shared.clone())
+                ResponseFuture::done(response)
             };
         }
         if shared.options.shadow {
@@ -159,13 +156,7 @@ where
                     let decision = check.await;
                     respond.record(policy, &decision);
                 });
-                return ResponseFuture::inner(
-                    self.inner.call(req),
-                    None,
-                    None,
-                    policy,
-                    shared.clone(),
-                );
+                return ResponseFuture::inner(self.inner.call(req), None, None);
             }
         }
         // The check needs a round trip: hand the ready inner service to the future and

@@ -1,0 +1,159 @@
+//! `service/*`: one HTTP request through an axum `Router` (no network, no hyper), on the
+//! routes of the `loadtest` example: `unlimited` (no limiter), `token_bucket` (the
+//! in-process `TokenBucketLayer` with its defaults: `RateLimit` / `RateLimit-Policy`
+//! headers and the `Decision` extension), `token_bucket_no_headers` (both off),
+//! `governor` (`tower_governor` 0.8, same quota and key) and `governor_headers` (with its
+//! `x-ratelimit-*` headers). One key, nothing refused; each iteration builds the request
+//! (with a `ConnectInfo`, as hyper's server adds it), calls the router and drops the
+//! response, so the difference to `unlimited` is what the layer adds per request in the
+//! server's own code (what the network and the client cost is left out).
+//!
+//! The routes run interleaved: every iteration of every bench sends one request to each
+//! route in turn and times only its own; the mean time of every request of each route
+//! over the whole group (the same moments for all) is printed on stderr at the end, with
+//! its difference to `unlimited` and its ratio to `governor`. Compare those, not
+//! criterion's figures, which are taken one bench after the other while the load of a
+//! shared machine changes.
+
+use std::cell::RefCell;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::extract::ConnectInfo;
+use axum::routing::get;
+use axum::Router;
+use criterion::{Criterion, Throughput};
+use http::{HeaderValue, Request};
+use tower::ServiceExt;
+use tower_governor::governor::GovernorConfigBuilder;
+use tower_governor::key_extractor::KeyExtractor;
+use tower_governor::{GovernorError, GovernorLayer};
+use tower_redis_ratelimit::key::HeaderKey;
+use tower_redis_ratelimit::{Backend, TokenBucketLayer};
+
+const RATE: u64 = 1_000_000;
+const API_KEY: &str = "x-api-key";
+
+#[derive(Debug, Clone, Copy)]
+struct ApiKey;
+
+impl KeyExtractor for ApiKey {
+    type Key = HeaderValue;
+
+    fn extract<T>(&self, req: &Request<T>) -> Result<HeaderValue, GovernorError> {
+        req.headers()
+            .get(API_KEY)
+            .cloned()
+            .ok_or(GovernorError::UnableToExtractKey)
+    }
+}
+
+async fn ok() -> &'static str {
+    "ok"
+}
+
+fn router(backend: &Backend) -> Router {
+    let layer = |headers: bool| {
+        TokenBucketLayer::builder(backend)
+            .name("loadtest")
+            .rate(RATE, Duration::from_secs(1))
+            .burst(RATE)
+            .key(HeaderKey::from_static(API_KEY))
+            .admitted_headers(headers)
+            .decision_extension(headers)
+            .build()
+            .expect("a valid layer")
+    };
+    let mut governor = GovernorConfigBuilder::default();
+    governor
+        .per_nanosecond(1_000_000_000 / RATE)
+        .burst_size(RATE as u32)
+        .key_extractor(ApiKey);
+    let governor_headers = governor.use_headers().finish().expect("a valid quota");
+    let governor = governor.finish().expect("a valid quota");
+    Router::new()
+        .route("/unlimited", get(ok))
+        .route("/token_bucket", get(ok).layer(layer(true)))
+        .route("/token_bucket_no_headers", get(ok).layer(layer(false)))
+        .route("/governor", get(ok).layer(GovernorLayer::new(governor)))
+        .route(
+            "/governor_headers",
+            get(ok).layer(GovernorLayer::new(governor_headers)),
+        )
+}
+
+/// A request to `route` with the key `k1`. The header value is static, so cloning it
+/// (as tower_governor's key extractor does) allocates nothing, as with hyper, whose
+/// header values share the connection's read buffer.
+fn request(route: &str) -> Request<Body> {
+    let mut req = Request::get(route)
+        .header(API_KEY, HeaderValue::from_static("k1"))
+        .body(Body::empty())
+        .expect("a valid request");
+    let peer: SocketAddr = ([127, 0, 0, 1], 50_000).into();
+    req.extensions_mut().insert(ConnectInfo(peer));
+    req
+}
+
+const ROUTES: [&str; 5] = [
+    "unlimited",
+    "token_bucket",
+    "token_bucket_no_headers",
+    "governor",
+    "governor_headers",
+];
+
+pub(crate) fn benches(c: &mut Criterion) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let app = rt.block_on(async { router(&Backend::in_process()) });
+    let paths: Vec<String> = ROUTES.iter().map(|route| format!("/{route}")).collect();
+    // Per route: total time and requests, over every bench of the group.
+    let totals = RefCell::new([(Duration::ZERO, 0u64); ROUTES.len()]);
+    let mut group = c.benchmark_group("service");
+    group.throughput(Throughput::Elements(1));
+    for (me, route) in ROUTES.iter().enumerate() {
+        group.bench_function(*route, |b| {
+            b.to_async(&rt).iter_custom(|iters| {
+                let (app, paths, totals) = (&app, &paths, &totals);
+                async move {
+                    let mut timed = Duration::ZERO;
+                    for _ in 0..iters {
+                        for (k, path) in paths.iter().enumerate() {
+                            let req = request(path);
+                            let app = app.clone();
+                            let start = Instant::now();
+                            let response = app.oneshot(req).await.expect("infallible");
+                            drop(response);
+                            let took = start.elapsed();
+                            let mut totals = totals.borrow_mut();
+                            totals[k].0 += took;
+                            totals[k].1 += 1;
+                            if k == me {
+                                timed += took;
+                            }
+                        }
+                    }
+                    timed
+                }
+            });
+        });
+    }
+    group.finish();
+    let totals = totals.into_inner();
+    let mean = |(total, n): (Duration, u64)| total.as_secs_f64() * 1e9 / n.max(1) as f64;
+    let (unlimited, governor) = (mean(totals[0]), mean(totals[3]));
+    eprintln!("service/* interleaved, mean per request over the same moments:");
+    for (route, total) in ROUTES.iter().zip(totals) {
+        let ns = mean(total);
+        eprintln!(
+            "  {route:<24} {ns:>7.0} ns  (+{:>4.0} ns over unlimited, {:.2}x governor; {} requests)",
+            ns - unlimited,
+            ns / governor,
+            total.1
+        );
+    }
+}
