@@ -15,6 +15,7 @@
 //! | `/token/in-process` | `TokenBucketLayer` on `Backend::in_process()` |
 //! | `/token/in-process/no-headers` | the same with `admitted_headers(false)` and `decision_extension(false)`: no `RateLimit` / `RateLimit-Policy` headers on admitted responses and no `Decision` in the request extensions (like `/governor`) |
 //! | `/token/redis` | `TokenBucketLayer` on `Backend::redis` at `REDIS_URL` (503 without it); concurrent checks of one key coalesce (the default) |
+//! | `/set/redis` | an atomic pair on Redis: the same token bucket and a daily window, one script call |
 //! | `/token/redis-lease` | the same limit in lease mode (`TokenBucketConfig::lease`, `LEASE_SIZE` tokens, default 50, for `LEASE_MS`, default 100) |
 //! | `/governor` | `tower_governor` 0.8 with the same quota and key |
 //! | `/governor/headers` | the same with tower_governor's `use_headers()`: `x-ratelimit-limit` and `x-ratelimit-remaining` on admitted responses |
@@ -50,8 +51,11 @@ use tower_governor::key_extractor::KeyExtractor;
 use tower_governor::{GovernorError, GovernorLayer};
 use tower_redis_ratelimit::backend::{pool_config, DEFAULT_CALL_TIMEOUT};
 use tower_redis_ratelimit::key::HeaderKey;
+use tower_redis_ratelimit::period::PeriodConfig;
 use tower_redis_ratelimit::token_bucket::TokenBucketConfig;
-use tower_redis_ratelimit::{deadpool_redis, Backend, LayerBuilder, TokenBucketLayer};
+use tower_redis_ratelimit::{
+    deadpool_redis, Backend, LayerBuilder, LimitSetLayer, TokenBucketLayer,
+};
 
 /// The default of `BENCH_RATE`: a token per microsecond and a burst of a million.
 const DEFAULT_RATE: u64 = 1_000_000;
@@ -225,6 +229,20 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 .key(HeaderKey::from_static(API_KEY))
                 .build()?;
             app = app.route("/token/redis-lease", get(ok).layer(layer));
+            // An atomic pair: the same token bucket and a daily window, one script call.
+            let pair = LimitSetLayer::builder(&backend)
+                .name("loadtest-pair")
+                .limit(
+                    "burst",
+                    TokenBucketConfig::new(rate, Duration::from_secs(1), rate),
+                )
+                .limit(
+                    "daily",
+                    PeriodConfig::new(1 << 40, Duration::from_secs(86_400)),
+                )
+                .key(HeaderKey::from_static(API_KEY))
+                .build()?;
+            app = app.route("/set/redis", get(ok).layer(pair));
 
             let mut conn = redis::Client::open(url.as_str())?
                 .get_multiplexed_async_connection()
@@ -250,6 +268,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             app = app
                 .route("/token/redis", get(no_redis))
                 .route("/token/redis-lease", get(no_redis))
+                .route("/set/redis", get(no_redis))
                 .route("/bare/evalsha", get(no_redis));
             "none (REDIS_URL is not set: /token/redis answers 503)".to_owned()
         }
