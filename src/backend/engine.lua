@@ -15,10 +15,11 @@
 -- its algorithm ('w' fixed window, 't' token bucket, 'r' rolling window), the count of
 -- its arguments and the arguments; with the caller's time, that time last.
 -- Returns {admitted by every limit (1/0), ms the key stays blocked (0: not blocked),
--- then each limit's reply in order}, once per check for 'm'. With more than one limit, every limit decides
--- first without writing; only when all of them admit does each one write its own
--- change, so a refusal by any limit spends nothing (and the limits that would have
--- admitted reply with their untouched state). A blocked key spends nothing either.
+-- then each limit's reply in order}, once per check for 'm'. With more than one
+-- limit, every limit decides first without writing; only when all of them admit does
+-- each one make the change it decided (no key is read twice), so a refusal by any
+-- limit spends nothing (and the limits that would have admitted reply with their
+-- untouched state). A blocked key spends nothing either.
 local algorithms = { w = period, t = token_bucket, r = rolling }
 local refunds = { w = period_refund, t = token_bucket_refund, r = rolling_refund }
 local op = ARGV[1]
@@ -83,16 +84,18 @@ local function decide(op, cost, out)
   end
   local spend = op == 'c'
   local replies = {}
+  local commits = {}
   local admitted = 1
   for i = 1, n do
-    replies[i] = limits[i][1](KEYS[i], limits[i][2], now_us, cost, spend and n == 1)
+    replies[i], commits[i] = limits[i][1](KEYS[i], limits[i][2], now_us, cost, spend and n == 1)
     if replies[i][1] == 0 then
       admitted = 0
     end
   end
   if spend and n > 1 and admitted == 1 then
+    -- Every limit admits: each makes the change it decided (no key is read twice).
     for i = 1, n do
-      replies[i] = limits[i][1](KEYS[i], limits[i][2], now_us, cost, true)
+      commits[i]()
     end
   elseif n > 1 and admitted == 0 then
     -- Refused: a limit that would have admitted says where it stands, untouched (a

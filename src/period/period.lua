@@ -2,8 +2,9 @@
 -- period(key, a, now_us, cost, write) with a = {quota, period (ms), UTC offset (ms) to
 -- align windows to, or nil for windows that start at the first request}. `key` holds
 -- the count, with the window's end as its expiry (counted by the server). `write` false
--- decides without changing anything (the first pass of a set of limits, a peek).
--- Returns {admitted (1/0), count, ms until the window ends}. A rejected request is not
+-- decides without changing anything (a set of limits, a peek).
+-- Returns {admitted (1/0), count, ms until the window ends} and, when admitted, the
+-- function that makes the change (a set calls it once every limit admitted). A rejected request is not
 -- counted. Time is used only to align a new window. A step of the server's clock
 -- forward ends a window early, a step back keeps the count (a window never lasts more
 -- than one period from now). Large numbers go to Redis through string.format('%d') so
@@ -15,7 +16,9 @@ local function period(key, a, now_us, cost, write)
   -- A window ends at its expiry: a PTTL of 0 is a key expiring this very millisecond
   -- (Redis still holds it), which is already the next window.
   local fresh = count == 0 or ttl <= 0
+  local stepped = false
   if not fresh and ttl > length then
+    stepped = true
     -- The server clock stepped back (Redis expiries are Unix times): keep the count, but
     -- end the window within one period, not one period plus the step.
     if write then
@@ -39,7 +42,10 @@ local function period(key, a, now_us, cost, write)
     return {0, count, ttl}
   end
   count = count + cost
-  if write then
+  local function commit()
+    if stepped and not write then
+      redis.call('PEXPIRE', key, string.format('%d', length))
+    end
     if not fresh then
       redis.call('INCRBY', key, cost)
     elseif deadline and not caller_time then
@@ -50,7 +56,10 @@ local function period(key, a, now_us, cost, write)
       redis.call('SET', key, count, 'PX', string.format('%d', ttl))
     end
   end
-  return {1, count, ttl}
+  if write then
+    commit()
+  end
+  return {1, count, ttl}, commit
 end
 -- period_refund(key, a, now_us, cost): gives `cost` units back to the current window (a
 -- window emptied by it is deleted: the next request starts a new one).

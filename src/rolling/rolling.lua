@@ -63,32 +63,42 @@ local function rolling(key, a, now_us, cost, write)
       dead[#dead + 1] = fields[i]
     end
   end
-  if not write then
-    -- Deciding only: the housekeeping below waits for a call that writes.
-  elseif shift > 0 then
-    -- Rewrite the moved buckets (whatever the request's outcome).
-    redis.call('DEL', key)
-    for _, index in ipairs(indices) do
-      redis.call('HSET', key, string.format('%d', index), string.format('%d', live[index]))
+  -- Rewrites the moved buckets, or deletes the dead ones (whatever the outcome, when
+  -- writing; with a deferred change, as part of it).
+  local function housekeep()
+    if shift > 0 then
+      redis.call('DEL', key)
+      for _, index in ipairs(indices) do
+        redis.call('HSET', key, string.format('%d', index), string.format('%d', live[index]))
+      end
+      if #indices > 0 then
+        redis.call('PEXPIRE', key, string.format('%d', (buckets + 1) * interval))
+      end
+    else
+      -- Delete in chunks: unpack() has a bounded stack.
+      for i = 1, #dead, 500 do
+        redis.call('HDEL', key, unpack(dead, i, math.min(i + 499, #dead)))
+      end
     end
-    if #indices > 0 then
-      redis.call('PEXPIRE', key, string.format('%d', (buckets + 1) * interval))
-    end
-  else
-    -- Delete in chunks: unpack() has a bounded stack.
-    for i = 1, #dead, 500 do
-      redis.call('HDEL', key, unpack(dead, i, math.min(i + 499, #dead)))
-    end
+  end
+  if write then
+    housekeep()
   end
   table.sort(indices)
 
   if sum + cost <= limit then
-    if write then
+    local function commit()
+      if not write then
+        housekeep()
+      end
       redis.call('HINCRBY', key, string.format('%d', current), cost)
       redis.call('PEXPIRE', key, string.format('%d', (buckets + 1) * interval))
     end
+    if write then
+      commit()
+    end
     sum = sum + cost
-    return {1, sum, 0, (current + buckets) * interval - now}
+    return {1, sum, 0, (current + buckets) * interval - now}, commit
   end
 
   -- Rejected: the oldest buckets expire first; find the one whose expiry frees enough.

@@ -4,7 +4,8 @@
 -- the bucket's theoretical arrival time (TAT), in microseconds since the epoch (close to
 -- now, so that doubles keep sub-microsecond precision). A full bucket has TAT <= now;
 -- each token moves TAT one interval into the future; a cost fits while TAT stays within
--- burst intervals of now. `write` false decides without changing anything.
+-- burst intervals of now. `write` false decides without changing anything; an
+-- admitted decision also returns the function that makes its change.
 -- Returns {admitted (1/0), tokens left, µs until admissible (0 when admitted), µs until
 -- the bucket is full}. A TAT below now is never written, so no clock step and no
 -- caller's clock refills a bucket beyond the time elapsed. A TAT more than tau ahead
@@ -39,7 +40,7 @@ local function token_bucket(key, a, now_us, cost, write)
     return {0, available, math.ceil(wait), math.ceil(tat - now)}
   end
   local full_in = new_tat - now
-  if write then
+  local function commit()
     local ttl = math.max(1, math.ceil(full_in / 1000))
     if caller_time then
       -- Callers' clocks differ: keep the bucket until a caller up to max(a full refill,
@@ -49,7 +50,10 @@ local function token_bucket(key, a, now_us, cost, write)
     end
     redis.call('SET', key, string.format('%.4f', new_tat), 'PX', string.format('%d', ttl))
   end
-  return {1, math.floor((tau - full_in) / interval + 1e-9), 0, math.ceil(full_in)}
+  if write then
+    commit()
+  end
+  return {1, math.floor((tau - full_in) / interval + 1e-9), 0, math.ceil(full_in)}, commit
 end
 -- token_bucket_refund(key, a, now_us, cost): puts `cost` tokens back (TAT moves back by
 -- their intervals, never below now; a bucket full again is deleted).
