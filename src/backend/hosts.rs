@@ -247,20 +247,6 @@ pub(crate) fn check<T: Hosts + ?Sized>(store: &Arc<T>, key: &[u8], cost: NonZero
             return Check::ready(decision.with_retry_after(us(denied.until_us)));
         }
     }
-    let time = backend.inner.time;
-    let script = ENGINE.get(time);
-    let mut invocation = script.key(&redis_key);
-    store.extra_keys(key, &mut invocation);
-    invocation.key(remote.block_key(&redis_key));
-    invocation
-        .arg(CHECK)
-        .arg(cost.get())
-        .arg(store.limit_count())
-        .arg(store.blocks().lockout_ms());
-    store.limit_args(&mut invocation);
-    if time == TimeSource::Caller {
-        invocation.arg(backend.caller_now_us());
-    }
     let store = Arc::clone(store);
     let redis = Arc::clone(redis);
     let next = if backend.inner.coalesce {
@@ -282,6 +268,22 @@ pub(crate) fn check<T: Hosts + ?Sized>(store: &Arc<T>, key: &[u8], cost: NonZero
     } else {
         None
     };
+    // Only a check that goes to Redis itself builds the call.
+    let backend = store.remote().backend();
+    let time = backend.inner.time;
+    let script = ENGINE.get(time);
+    let mut invocation = script.key(&redis_key);
+    store.extra_keys(key, &mut invocation);
+    invocation.key(store.remote().block_key(&redis_key));
+    invocation
+        .arg(CHECK)
+        .arg(cost.get())
+        .arg(store.limit_count())
+        .arg(store.blocks().lockout_ms());
+    store.limit_args(&mut invocation);
+    if time == TimeSource::Caller {
+        invocation.arg(backend.caller_now_us());
+    }
     Check::pending(async move {
         let remote = store.remote();
         let started = std::time::Instant::now();
