@@ -136,6 +136,8 @@ struct SetHosts {
     policy: Policy,
     /// Every member's `RateLimit-Policy` item, in order.
     policy_header: HeaderValue,
+    /// Room for the `RateLimit` value with every member's largest numbers.
+    ratelimit_capacity: usize,
     capacity: u64,
     locks: Box<[Mutex<()>]>,
     hasher: std::collections::hash_map::RandomState,
@@ -212,6 +214,7 @@ impl SetLimiter {
                 headers,
                 policy: Policy::new(name, first.quota(), first.window()),
                 policy_header,
+                ratelimit_capacity: policies.iter().map(|p| p.name().len() + 48).sum(),
                 capacity,
                 locks: (0..LOCKS).map(|_| Mutex::new(())).collect(),
                 hasher: std::collections::hash_map::RandomState::new(),
@@ -249,13 +252,15 @@ impl SetHosts {
                 .max_by_key(|d| d.retry_after)
         };
         let mut decision = chosen.cloned().expect("a set has at least one limit");
-        let items: Vec<_> = self
-            .headers
-            .iter()
-            .zip(decisions)
-            .map(|(parts, d)| parts.ratelimit_value(d))
-            .collect();
-        decision.ratelimit_header = Some(join(items.iter().map(|b| &b[..])));
+        // Every member's item, in one allocation.
+        let mut value = Vec::with_capacity(self.ratelimit_capacity);
+        for (i, (parts, d)) in self.headers.iter().zip(decisions).enumerate() {
+            if i > 0 {
+                value.extend_from_slice(b", ");
+            }
+            parts.write_ratelimit_value(d, &mut value);
+        }
+        decision.ratelimit_header = HeaderValue::from_maybe_shared(bytes::Bytes::from(value)).ok();
         decision.policy_header = Some(self.policy_header.clone());
         decision
     }

@@ -63,6 +63,15 @@ impl HeaderParts {
         Bytes::from(v)
     }
 
+    /// Appends this policy's item of the `RateLimit` header to `out`.
+    pub(crate) fn write_ratelimit_value(&self, decision: &Decision, out: &mut Vec<u8>) {
+        let mut num = itoa::Buffer::new();
+        out.extend_from_slice(&self.ratelimit_prefix);
+        out.extend_from_slice(num.format(decision.remaining).as_bytes());
+        out.extend_from_slice(b";t=");
+        out.extend_from_slice(num.format(ceil_secs(decision.reset)).as_bytes());
+    }
+
     /// This policy's `RateLimit-Policy` item.
     pub(crate) fn policy_value(&self) -> &HeaderValue {
         &self.policy
