@@ -38,78 +38,23 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::extract::ConnectInfo;
 use axum::http::{HeaderValue, Request};
-use axum::routing::get;
 use axum::Router;
 use governor::{Quota, RateLimiter};
 use stats_alloc::{Region, StatsAlloc, INSTRUMENTED_SYSTEM};
 use tower::ServiceExt;
-use tower_governor::governor::GovernorConfigBuilder;
-use tower_governor::key_extractor::KeyExtractor;
-use tower_governor::{GovernorError, GovernorLayer};
-use tower_redis_ratelimit::key::HeaderKey;
 use tower_redis_ratelimit::token_bucket::{TokenBucketConfig, TokenBucketLimiter};
-use tower_redis_ratelimit::{Backend, Limiter, TokenBucketLayer};
+use tower_redis_ratelimit::{Backend, Limiter};
 
 #[global_allocator]
 static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
 
+#[path = "support/routes.rs"]
+mod routes;
+
+use routes::API_KEY;
+
 const RATE: u64 = 1_000_000;
-const API_KEY: &str = "x-api-key";
 const REQUESTS: usize = 10_000;
-
-#[derive(Debug, Clone, Copy)]
-struct ApiKey;
-
-impl KeyExtractor for ApiKey {
-    type Key = HeaderValue;
-
-    fn extract<T>(&self, req: &Request<T>) -> Result<HeaderValue, GovernorError> {
-        req.headers()
-            .get(API_KEY)
-            .cloned()
-            .ok_or(GovernorError::UnableToExtractKey)
-    }
-}
-
-async fn ok() -> &'static str {
-    "ok"
-}
-
-fn router(backend: &Backend) -> Router {
-    let layer = |headers: bool| {
-        TokenBucketLayer::builder(backend)
-            .name("loadtest")
-            .rate(RATE, Duration::from_secs(1))
-            .burst(RATE)
-            .key(HeaderKey::from_static(API_KEY))
-            .admitted_headers(headers)
-            .decision_extension(headers)
-            .build()
-            .expect("a valid layer")
-    };
-    let governor = GovernorConfigBuilder::default()
-        .per_nanosecond(1_000_000_000 / RATE)
-        .burst_size(RATE as u32)
-        .key_extractor(ApiKey)
-        .finish()
-        .expect("a valid quota");
-    let governor_headers = GovernorConfigBuilder::default()
-        .per_nanosecond(1_000_000_000 / RATE)
-        .burst_size(RATE as u32)
-        .key_extractor(ApiKey)
-        .use_headers()
-        .finish()
-        .expect("a valid quota");
-    Router::new()
-        .route("/unlimited", get(ok))
-        .route("/token/in-process", get(ok).layer(layer(true)))
-        .route("/token/in-process/no-headers", get(ok).layer(layer(false)))
-        .route("/governor", get(ok).layer(GovernorLayer::new(governor)))
-        .route(
-            "/governor/headers",
-            get(ok).layer(GovernorLayer::new(governor_headers)),
-        )
-}
 
 /// A request to `route` with the key `k1`. The header value is static, so cloning it
 /// (as tower_governor's key extractor does) allocates nothing, as with hyper, whose
@@ -181,7 +126,7 @@ fn run(route: &str, n: usize, keys: usize) {
         .build()
         .expect("a tokio runtime");
     let app = rt.block_on(async {
-        let app = router(&Backend::in_process());
+        let app = routes::router(&Backend::in_process(), RATE).expect("valid routes");
         // Warm up: every key's state, lazily built parts.
         for key in keys.iter().cycle().take(100.max(keys.len())) {
             let response = app
@@ -248,7 +193,7 @@ fn main() {
     println!("|---|---:|---:|---:|");
     rt.block_on(async {
         let backend = Backend::in_process();
-        let app = router(&backend);
+        let app = routes::router(&backend, RATE).expect("valid routes");
         let (base, _) = per_request(&app, "/unlimited").await;
         for route in [
             "/unlimited",

@@ -42,13 +42,9 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use axum::http::{HeaderMap, HeaderValue, Request, StatusCode};
+use axum::http::{HeaderMap, StatusCode};
 use axum::routing::get;
-use axum::Router;
 use deadpool_redis::redis::{self, aio::MultiplexedConnection};
-use tower_governor::governor::GovernorConfigBuilder;
-use tower_governor::key_extractor::KeyExtractor;
-use tower_governor::{GovernorError, GovernorLayer};
 use tower_redis_ratelimit::backend::{pool_config, DEFAULT_CALL_TIMEOUT};
 use tower_redis_ratelimit::key::HeaderKey;
 use tower_redis_ratelimit::period::PeriodConfig;
@@ -57,32 +53,22 @@ use tower_redis_ratelimit::{
     deadpool_redis, Backend, LayerBuilder, LimitSetLayer, TokenBucketLayer,
 };
 
+#[path = "support/routes.rs"]
+mod routes;
+
+use routes::{ok, API_KEY};
+
 /// The default of `BENCH_RATE`: a token per microsecond and a burst of a million.
 const DEFAULT_RATE: u64 = 1_000_000;
 /// The highest `BENCH_RATE`: a token per microsecond (the most the limiters accept).
 const MAX_RATE: u64 = 1_000_000;
-const API_KEY: &str = "x-api-key";
-/// The token-bucket script and the epoch of its arrival times (the crate's, 2026-01-01Z).
 /// The script every check runs (the engine), for the bare `EVALSHA` route.
 fn token_script() -> String {
     tower_redis_ratelimit::backend::engine_script()
 }
+
+/// The epoch of the token bucket's arrival times (the crate's, 2026-01-01Z).
 const TAT_EPOCH_SECS: i64 = 1_767_225_600;
-
-/// tower_governor's key: the `x-api-key` header, as `HeaderKey` reads it for our layer.
-#[derive(Debug, Clone, Copy)]
-struct ApiKey;
-
-impl KeyExtractor for ApiKey {
-    type Key = HeaderValue;
-
-    fn extract<T>(&self, req: &Request<T>) -> Result<HeaderValue, GovernorError> {
-        req.headers()
-            .get(API_KEY)
-            .cloned()
-            .ok_or(GovernorError::UnableToExtractKey)
-    }
-}
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> Result<T, String> {
     match std::env::var(name) {
@@ -91,10 +77,6 @@ fn env_or<T: std::str::FromStr>(name: &str, default: T) -> Result<T, String> {
             .map_err(|_| format!("{name}={value:?} is not a valid number")),
         Err(_) => Ok(default),
     }
-}
-
-async fn ok() -> &'static str {
-    "ok"
 }
 
 async fn no_redis() -> (StatusCode, &'static str) {
@@ -155,45 +137,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let port: u16 = env_or("PORT", 3000)?;
 
-    let local = Backend::in_process();
-    let in_process = |headers: bool| {
-        TokenBucketLayer::builder(&local)
-            .name("loadtest")
-            .rate(rate, Duration::from_secs(1))
-            .burst(rate)
-            .key(HeaderKey::from_static(API_KEY))
-            .admitted_headers(headers)
-            .decision_extension(headers)
-            .build()
-    };
-
-    let governor = GovernorConfigBuilder::default()
-        .per_nanosecond(1_000_000_000 / rate)
-        .burst_size(u32::try_from(rate)?)
-        .key_extractor(ApiKey)
-        .finish()
-        .ok_or("invalid tower_governor quota")?;
-
-    let governor_headers = GovernorConfigBuilder::default()
-        .per_nanosecond(1_000_000_000 / rate)
-        .burst_size(u32::try_from(rate)?)
-        .key_extractor(ApiKey)
-        .use_headers()
-        .finish()
-        .ok_or("invalid tower_governor quota")?;
-
-    let mut app = Router::new()
-        .route("/unlimited", get(ok))
-        .route("/token/in-process", get(ok).layer(in_process(true)?))
-        .route(
-            "/token/in-process/no-headers",
-            get(ok).layer(in_process(false)?),
-        )
-        .route("/governor", get(ok).layer(GovernorLayer::new(governor)))
-        .route(
-            "/governor/headers",
-            get(ok).layer(GovernorLayer::new(governor_headers)),
-        );
+    // The in-process rows (shared with the `costs` example and the `service/*` benches).
+    let mut app = routes::router(&Backend::in_process(), rate)?;
 
     let redis = match std::env::var("REDIS_URL") {
         Ok(url) => {

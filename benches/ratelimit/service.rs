@@ -21,67 +21,17 @@ use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::extract::ConnectInfo;
-use axum::routing::get;
-use axum::Router;
 use criterion::{Criterion, Throughput};
 use http::{HeaderValue, Request};
 use tower::ServiceExt;
-use tower_governor::governor::GovernorConfigBuilder;
-use tower_governor::key_extractor::KeyExtractor;
-use tower_governor::{GovernorError, GovernorLayer};
-use tower_redis_ratelimit::key::HeaderKey;
-use tower_redis_ratelimit::{Backend, TokenBucketLayer};
+use tower_redis_ratelimit::Backend;
+
+#[path = "../../examples/support/routes.rs"]
+mod routes;
+
+use routes::API_KEY;
 
 const RATE: u64 = 1_000_000;
-const API_KEY: &str = "x-api-key";
-
-#[derive(Debug, Clone, Copy)]
-struct ApiKey;
-
-impl KeyExtractor for ApiKey {
-    type Key = HeaderValue;
-
-    fn extract<T>(&self, req: &Request<T>) -> Result<HeaderValue, GovernorError> {
-        req.headers()
-            .get(API_KEY)
-            .cloned()
-            .ok_or(GovernorError::UnableToExtractKey)
-    }
-}
-
-async fn ok() -> &'static str {
-    "ok"
-}
-
-fn router(backend: &Backend) -> Router {
-    let layer = |headers: bool| {
-        TokenBucketLayer::builder(backend)
-            .name("loadtest")
-            .rate(RATE, Duration::from_secs(1))
-            .burst(RATE)
-            .key(HeaderKey::from_static(API_KEY))
-            .admitted_headers(headers)
-            .decision_extension(headers)
-            .build()
-            .expect("a valid layer")
-    };
-    let mut governor = GovernorConfigBuilder::default();
-    governor
-        .per_nanosecond(1_000_000_000 / RATE)
-        .burst_size(RATE as u32)
-        .key_extractor(ApiKey);
-    let governor_headers = governor.use_headers().finish().expect("a valid quota");
-    let governor = governor.finish().expect("a valid quota");
-    Router::new()
-        .route("/unlimited", get(ok))
-        .route("/token_bucket", get(ok).layer(layer(true)))
-        .route("/token_bucket_no_headers", get(ok).layer(layer(false)))
-        .route("/governor", get(ok).layer(GovernorLayer::new(governor)))
-        .route(
-            "/governor_headers",
-            get(ok).layer(GovernorLayer::new(governor_headers)),
-        )
-}
 
 /// A request to `route` with the key `k1`. The header value is static, so cloning it
 /// (as tower_governor's key extractor does) allocates nothing, as with hyper, whose
@@ -98,10 +48,10 @@ fn request(route: &str) -> Request<Body> {
 
 const ROUTES: [&str; 5] = [
     "unlimited",
-    "token_bucket",
-    "token_bucket_no_headers",
+    "token/in-process",
+    "token/in-process/no-headers",
     "governor",
-    "governor_headers",
+    "governor/headers",
 ];
 
 pub(crate) fn benches(c: &mut Criterion) {
@@ -109,7 +59,8 @@ pub(crate) fn benches(c: &mut Criterion) {
         .enable_all()
         .build()
         .expect("tokio runtime");
-    let app = rt.block_on(async { router(&Backend::in_process()) });
+    let app =
+        rt.block_on(async { routes::router(&Backend::in_process(), RATE).expect("valid routes") });
     let paths: Vec<String> = ROUTES.iter().map(|route| format!("/{route}")).collect();
     // Per route: total time and requests, over every bench of the group.
     let totals = RefCell::new([(Duration::ZERO, 0u64); ROUTES.len()]);
