@@ -84,3 +84,22 @@ async fn two_instances_stay_within_the_bound() {
     assert!(admitted <= bound, "{admitted} admitted, bound {bound}");
     assert!(admitted >= 150, "{admitted} admitted in {elapsed:.2} s");
 }
+
+/// Over the limit, a key with leases is refused from the deny cache, as without leases:
+/// a flood of refused checks does not reach Redis.
+#[tokio::test]
+async fn refusals_use_the_deny_cache() {
+    let redis = RedisServer::start();
+    let backend = tower_redis_ratelimit::Backend::redis(redis.pool());
+    let config = TokenBucketConfig::new(1, HOUR, 5).lease(2, Duration::from_secs(30));
+    let limiter = TokenBucketLimiter::new(&backend, "flood", config).unwrap();
+    limiter.check(b"warm-up", ONE).await;
+    let calls = redis.command_calls("evalsha");
+    let mut admitted = 0;
+    for _ in 0..200 {
+        admitted += usize::from(limiter.check(b"k", ONE).await.is_admitted());
+    }
+    assert_eq!(admitted, 5);
+    let used = redis.command_calls("evalsha") - calls;
+    assert!(used <= 6, "{used} calls for 200 checks");
+}

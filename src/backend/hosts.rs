@@ -231,22 +231,10 @@ pub(crate) fn check<T: Hosts + ?Sized>(store: &Arc<T>, key: &[u8], cost: NonZero
         return Check::ready(unavailable(&**store, key, cost));
     }
     let redis_key = remote.redis_key(key);
-    let deny = &backend.inner.deny;
-    let deny_key = deny.is_enabled().then(|| deny.hash(&redis_key));
-    if let Some(hash) = deny_key {
-        let now_us = backend.clock().now_us();
-        if let Some(denied) = deny.get(hash, now_us) {
-            let us = |t: u64| Duration::from_micros(t.saturating_sub(now_us));
-            let decision = Decision::new(
-                State::OverQuota,
-                store.capacity(),
-                0,
-                us(denied.reset_us),
-                Source::DenyCache,
-            );
-            return Check::ready(decision.with_retry_after(us(denied.until_us)));
-        }
-    }
+    let deny_key = match cached_refusal(&**store, &redis_key) {
+        Ok(deny_key) => deny_key,
+        Err(refused) => return Check::ready(refused),
+    };
     let store = Arc::clone(store);
     let redis = Arc::clone(redis);
     let next = if backend.inner.coalesce {
@@ -300,6 +288,36 @@ pub(crate) fn check<T: Hosts + ?Sized>(store: &Arc<T>, key: &[u8], cost: NonZero
             deny_key,
         )
     })
+}
+
+/// The deny cache's entry for `redis_key`: `Err` with the refusal when Redis refused the
+/// key moments ago until a time not reached yet; else `Ok` with the key's hash in the
+/// cache (to remember a refusal to come), or `None` when the cache is off. (A refusal
+/// is the rare, flooded case: its size does not matter.)
+#[allow(clippy::result_large_err)]
+pub(super) fn cached_refusal<T: Hosts + ?Sized>(
+    store: &T,
+    redis_key: &[u8],
+) -> Result<Option<u128>, Decision> {
+    let backend = store.remote().backend();
+    let deny = &backend.inner.deny;
+    if !deny.is_enabled() {
+        return Ok(None);
+    }
+    let hash = deny.hash(redis_key);
+    let now_us = backend.clock().now_us();
+    let Some(denied) = deny.get(hash, now_us) else {
+        return Ok(Some(hash));
+    };
+    let us = |t: u64| Duration::from_micros(t.saturating_sub(now_us));
+    let decision = Decision::new(
+        State::OverQuota,
+        store.capacity(),
+        0,
+        us(denied.reset_us),
+        Source::DenyCache,
+    );
+    Err(decision.with_retry_after(us(denied.until_us)))
 }
 
 /// A check's decision from its part of the engine's reply (caching a refusal in the

@@ -14,7 +14,7 @@ use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::hosts::{conclude, unavailable, Hosts, ENGINE};
+use super::hosts::{cached_refusal, conclude, unavailable, Hosts, ENGINE};
 use super::operate::{operate, Operation};
 use super::redis::RedisBackend;
 use super::TimeSource;
@@ -132,6 +132,11 @@ pub(crate) fn check_leased<T: Hosts + ?Sized>(
         return Check::ready(unavailable(&**store, key, cost));
     }
     let redis_key = remote.redis_key(key);
+    // A key Redis refused moments ago is refused here until then, as without leases.
+    let deny_key = match cached_refusal(&**store, &redis_key) {
+        Ok(deny_key) => deny_key,
+        Err(refused) => return Check::ready(refused),
+    };
     let time = backend.time_source();
     let script = ENGINE.get(time);
     let mut invocation = script.key(&redis_key);
@@ -187,7 +192,7 @@ pub(crate) fn check_leased<T: Hosts + ?Sized>(
             result.map_err(Some),
             &redis_key,
             cost,
-            None,
+            deny_key,
         )
     })
 }
