@@ -14,9 +14,8 @@ use std::sync::Arc;
 use dashmap::DashMap;
 use tokio::sync::oneshot;
 
-use super::hosts::{Hosts, ENGINE};
+use super::hosts::{engine_call, Hosts};
 use super::redis::RedisBackend;
-use super::TimeSource;
 
 /// The calls in flight of one limiter, and the checks waiting for them.
 #[derive(Debug, Default)]
@@ -120,26 +119,13 @@ async fn calls<T: Hosts + ?Sized>(
     mut waiting: Vec<Waiting>,
 ) {
     let remote = store.remote();
-    let backend = remote.backend();
-    let time = backend.time_source();
-    let script = ENGINE.get(time);
     let part = 2 + store.reply_len();
+    let lockout = store.blocks().lockout_ms();
     while !waiting.is_empty() {
-        let mut invocation = script.key(&redis_key);
-        store.extra_keys(&key, &mut invocation);
-        invocation.key(remote.block_key(&redis_key));
-        invocation
-            .arg("m")
-            .arg(waiting.len())
-            .arg(store.limit_count())
-            .arg(store.blocks().lockout_ms());
-        store.limit_args(&mut invocation);
-        for check in &waiting {
-            invocation.arg(check.cost.get());
-        }
-        if time == TimeSource::Caller {
-            invocation.arg(backend.caller_now_us());
-        }
+        let costs: Vec<NonZeroU32> = waiting.iter().map(|check| check.cost).collect();
+        let count = costs.len() as u64;
+        let (script, invocation) =
+            engine_call(&*store, &key, &redis_key, "m", count, lockout, &costs);
         let started = std::time::Instant::now();
         let result = redis.eval(script, &invocation).await;
         remote.record_duration(started.elapsed());

@@ -25,7 +25,8 @@ local refunds = { w = period_refund, t = token_bucket_refund, r = rolling_refund
 local op = ARGV[1]
 local cost = tonumber(ARGV[2])
 local n = tonumber(ARGV[3])
-local lockout = tonumber(ARGV[4])
+-- The lockout (ms) of a check; a reservation's longest wait (µs); a lease's size.
+local param = tonumber(ARGV[4])
 local block = KEYS[n + 1]
 local limits = {}
 local at = 5
@@ -61,10 +62,9 @@ if op == 'v' or op == 'l' then
   local blocked = math.max(0, redis.call('PTTL', block))
   if blocked == 0 then
     -- Reserve (one token bucket): the cost at the earliest time it fits, within the
-    -- maximum wait, which ARGV[4] holds in µs instead of a lockout. Lease: at least the
-    -- cost, at most the lease size (ARGV[4]).
+    -- longest wait. Lease: at least the cost, at most the lease size.
     local take = op == 'v' and token_bucket_reserve or token_bucket_lease
-    local reply = take(KEYS[1], limits[1][2], now_us, cost, lockout)
+    local reply = take(KEYS[1], limits[1][2], now_us, cost, param)
     local out = { reply[1], 0 }
     for _, v in ipairs(reply) do
       out[#out + 1] = v
@@ -108,9 +108,9 @@ local function decide(op, cost, out)
   end
   if blocked > 0 then
     admitted = 0
-  elseif spend and admitted == 0 and lockout > 0 then
+  elseif spend and admitted == 0 and param > 0 then
     -- Refused: the key is locked out (a lock already running is not extended).
-    redis.call('SET', block, '1', 'PX', string.format('%d', lockout), 'NX')
+    redis.call('SET', block, '1', 'PX', string.format('%d', param), 'NX')
     blocked = math.max(0, redis.call('PTTL', block))
   end
   out[#out + 1] = admitted

@@ -6,7 +6,7 @@ use std::num::NonZeroU32;
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
-use deadpool_redis::redis::ScriptInvocation;
+use deadpool_redis::redis::{Script, ScriptInvocation};
 
 use super::block::Blocks;
 use super::coalesce::{Coalescer, NextCalls, Turn};
@@ -257,21 +257,16 @@ pub(crate) fn check<T: Hosts + ?Sized>(store: &Arc<T>, key: &[u8], cost: NonZero
         None
     };
     // Only a check that goes to Redis itself builds the call.
-    let backend = store.remote().backend();
-    let time = backend.inner.time;
-    let script = ENGINE.get(time);
-    let mut invocation = script.key(&redis_key);
-    store.extra_keys(key, &mut invocation);
-    invocation.key(store.remote().block_key(&redis_key));
-    invocation
-        .arg(CHECK)
-        .arg(cost.get())
-        .arg(store.limit_count())
-        .arg(store.blocks().lockout_ms());
-    store.limit_args(&mut invocation);
-    if time == TimeSource::Caller {
-        invocation.arg(backend.caller_now_us());
-    }
+    let lockout = store.blocks().lockout_ms();
+    let (script, invocation) = engine_call(
+        &*store,
+        key,
+        &redis_key,
+        CHECK,
+        u64::from(cost.get()),
+        lockout,
+        &[],
+    );
     Check::pending(async move {
         let remote = store.remote();
         let started = std::time::Instant::now();
@@ -288,6 +283,42 @@ pub(crate) fn check<T: Hosts + ?Sized>(store: &Arc<T>, key: &[u8], cost: NonZero
             deny_key,
         )
     })
+}
+
+/// One call of the engine for `key` (whose Redis key is `redis_key`): every limit's key
+/// and the block key, then `op`, `count` (a cost, or how many coalesced costs), the
+/// number of limits, `param` (the lockout; a reservation's longest wait; a lease's
+/// size), each limit's arguments, `costs` (coalesced checks), and the caller's time
+/// when the backend sends it. The one place that lays out `engine.lua`'s `ARGV`.
+pub(super) fn engine_call<T: Hosts + ?Sized>(
+    store: &T,
+    key: &[u8],
+    redis_key: &[u8],
+    op: &str,
+    count: u64,
+    param: u64,
+    costs: &[NonZeroU32],
+) -> (&'static Script, ScriptInvocation<'static>) {
+    let remote = store.remote();
+    let backend = remote.backend();
+    let time = backend.inner.time;
+    let script = ENGINE.get(time);
+    let mut invocation = script.key(redis_key);
+    store.extra_keys(key, &mut invocation);
+    invocation.key(remote.block_key(redis_key));
+    invocation
+        .arg(op)
+        .arg(count)
+        .arg(store.limit_count())
+        .arg(param);
+    store.limit_args(&mut invocation);
+    for cost in costs {
+        invocation.arg(cost.get());
+    }
+    if time == TimeSource::Caller {
+        invocation.arg(backend.caller_now_us());
+    }
+    (script, invocation)
 }
 
 /// The deny cache's entry for `redis_key`: `Err` with the refusal when Redis refused the

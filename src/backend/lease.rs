@@ -14,10 +14,9 @@ use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::hosts::{cached_refusal, conclude, unavailable, Hosts, ENGINE};
+use super::hosts::{cached_refusal, conclude, engine_call, unavailable, Hosts};
 use super::operate::{operate, Operation};
 use super::redis::RedisBackend;
-use super::TimeSource;
 use crate::decision::{Decision, Source, State};
 use crate::limiter::Check;
 use crate::local::{Lease, LocalStore};
@@ -137,15 +136,15 @@ pub(crate) fn check_leased<T: Hosts + ?Sized>(
         Ok(deny_key) => deny_key,
         Err(refused) => return Check::ready(refused),
     };
-    let time = backend.time_source();
-    let script = ENGINE.get(time);
-    let mut invocation = script.key(&redis_key);
-    invocation.key(remote.block_key(&redis_key));
-    invocation.arg("l").arg(cost.get()).arg(1).arg(leases.size);
-    store.limit_args(&mut invocation);
-    if time == TimeSource::Caller {
-        invocation.arg(backend.caller_now_us());
-    }
+    let (script, invocation) = engine_call(
+        &**store,
+        key,
+        &redis_key,
+        "l",
+        u64::from(cost.get()),
+        leases.size,
+        &[],
+    );
     let store = Arc::clone(store);
     let redis = Arc::clone(redis);
     let key: Box<[u8]> = key.into();

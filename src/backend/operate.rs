@@ -6,8 +6,8 @@ use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::hosts::{blocked, read_reply, unavailable, Hosts, ENGINE};
-use super::{FailurePolicy, TimeSource};
+use super::hosts::{blocked, engine_call, read_reply, unavailable, Hosts};
+use super::FailurePolicy;
 use crate::decision::{Decision, Source};
 use crate::limiter::Check;
 
@@ -72,23 +72,12 @@ pub(crate) fn operate<T: Hosts + ?Sized>(
     if op != Operation::Peek && deny.is_enabled() {
         deny.remove(deny.hash(&redis_key));
     }
-    let time = backend.inner.time;
-    let script = ENGINE.get(time);
-    let mut invocation = script.key(&redis_key);
-    store.extra_keys(key, &mut invocation);
-    invocation.key(remote.block_key(&redis_key));
-    invocation
-        .arg(op.letter())
-        .arg(cost)
-        .arg(store.limit_count())
-        .arg(match op {
-            Operation::Reserve { max_wait_us } => max_wait_us,
-            _ => store.blocks().lockout_ms(),
-        });
-    store.limit_args(&mut invocation);
-    if time == TimeSource::Caller {
-        invocation.arg(backend.caller_now_us());
-    }
+    let param = match op {
+        Operation::Reserve { max_wait_us } => max_wait_us,
+        _ => store.blocks().lockout_ms(),
+    };
+    let (script, invocation) =
+        engine_call(&**store, key, &redis_key, op.letter(), cost, param, &[]);
     let store = Arc::clone(store);
     let redis = Arc::clone(redis);
     let key = key.to_vec();

@@ -1,3 +1,21 @@
+-- The bucket's parameters and stored TAT (nil when none) at `now_us`: interval, now
+-- (µs since the epoch in a[3]), tau (the burst's span) and tat.
+local function token_bucket_load(key, a, now_us)
+  local interval = a[1]
+  return interval, now_us - a[3] * 1000000, interval * a[2], tonumber(redis.call('GET', key) or '')
+end
+
+-- Stores TAT `tat`, kept until the bucket is full again (and, with callers' clocks,
+-- until a caller up to max(a full refill, 1 s) behind the writer also sees it full, so
+-- that the key's expiry never hands such a caller a full bucket early).
+local function token_bucket_store(key, tat, now, tau)
+  local ttl = math.max(1, math.ceil((tat - now) / 1000))
+  if caller_time then
+    ttl = ttl + math.max(math.ceil(tau / 1000), 1000)
+  end
+  redis.call('SET', key, string.format('%.4f', tat), 'PX', string.format('%d', ttl))
+end
+
 -- Token bucket as GCRA, as a function of the engine (src/backend/engine.lua):
 -- token_bucket(key, a, now_us, cost, write) with a = {emission interval (µs per token,
 -- fractional allowed), burst, epoch (whole seconds since the Unix epoch)}. `key` holds
@@ -14,10 +32,7 @@
 -- clock written back so, so such a step blocks a key for at most the time an empty
 -- bucket takes to refill, never for the length of the step.
 local function token_bucket(key, a, now_us, cost, write)
-  local interval, burst = a[1], a[2]
-  local now = now_us - a[3] * 1000000
-  local tau = interval * burst
-  local tat = tonumber(redis.call('GET', key) or '')
+  local interval, now, tau, tat = token_bucket_load(key, a, now_us)
   local stepped_back = false
   if tat == nil or tat < now then
     tat = now
@@ -41,14 +56,7 @@ local function token_bucket(key, a, now_us, cost, write)
   end
   local full_in = new_tat - now
   local function commit()
-    local ttl = math.max(1, math.ceil(full_in / 1000))
-    if caller_time then
-      -- Callers' clocks differ: keep the bucket until a caller up to max(a full refill,
-      -- 1 s) behind the writer also sees it full, so that the key's expiry never hands
-      -- such a caller a full bucket early.
-      ttl = ttl + math.max(math.ceil(tau / 1000), 1000)
-    end
-    redis.call('SET', key, string.format('%.4f', new_tat), 'PX', string.format('%d', ttl))
+    token_bucket_store(key, new_tat, now, tau)
   end
   if write then
     commit()
@@ -58,23 +66,16 @@ end
 -- token_bucket_refund(key, a, now_us, cost): puts `cost` tokens back (TAT moves back by
 -- their intervals, never below now; a bucket full again is deleted).
 local function token_bucket_refund(key, a, now_us, cost)
-  local interval, burst = a[1], a[2]
-  local now = now_us - a[3] * 1000000
-  local tat = tonumber(redis.call('GET', key) or '')
+  local interval, now, tau, tat = token_bucket_load(key, a, now_us)
   if tat == nil or tat <= now then
     return
   end
   tat = math.max(now, tat - cost * interval)
-  local full_in = tat - now
-  if full_in <= 0.001 then
+  if tat - now <= 0.001 then
     redis.call('DEL', key)
-    return
+  else
+    token_bucket_store(key, tat, now, tau)
   end
-  local ttl = math.max(1, math.ceil(full_in / 1000))
-  if caller_time then
-    ttl = ttl + math.max(math.ceil(interval * burst / 1000), 1000)
-  end
-  redis.call('SET', key, string.format('%.4f', tat), 'PX', string.format('%d', ttl))
 end
 -- token_bucket_reserve(key, a, now_us, cost, max_wait): takes `cost` tokens at the
 -- earliest time they fit, if that is at most `max_wait` µs away: TAT moves on now and
@@ -82,10 +83,7 @@ end
 -- bucket). Returns {admitted (1/0), tokens left (at the reserved time), µs to wait
 -- (admitted: before using the tokens; refused: until they would fit), µs until full}.
 local function token_bucket_reserve(key, a, now_us, cost, max_wait)
-  local interval, burst = a[1], a[2]
-  local now = now_us - a[3] * 1000000
-  local tau = interval * burst
-  local tat = tonumber(redis.call('GET', key) or '')
+  local interval, now, tau, tat = token_bucket_load(key, a, now_us)
   if tat == nil or tat < now then
     tat = now
   end
@@ -95,11 +93,7 @@ local function token_bucket_reserve(key, a, now_us, cost, max_wait)
     local available = math.max(0, math.floor((tau - (tat - now)) / interval + 1e-9))
     return {0, available, math.ceil(wait), math.ceil(tat - now)}
   end
-  local ttl = math.max(1, math.ceil((new_tat - now) / 1000))
-  if caller_time then
-    ttl = ttl + math.max(math.ceil(tau / 1000), 1000)
-  end
-  redis.call('SET', key, string.format('%.4f', new_tat), 'PX', string.format('%d', ttl))
+  token_bucket_store(key, new_tat, now, tau)
   local left = math.floor((tau - (new_tat - now - wait)) / interval + 1e-9)
   return {1, left, math.max(0, math.ceil(wait - 0.001)), math.ceil(new_tat - now)}
 end
@@ -109,10 +103,7 @@ end
 -- {admitted (1/0), tokens left, tokens taken (admitted) or µs until `cost` fits
 -- (refused), µs until full}.
 local function token_bucket_lease(key, a, now_us, cost, size)
-  local interval, burst = a[1], a[2]
-  local now = now_us - a[3] * 1000000
-  local tau = interval * burst
-  local tat = tonumber(redis.call('GET', key) or '')
+  local interval, now, tau, tat = token_bucket_load(key, a, now_us)
   if tat == nil or tat < now then
     tat = now
   elseif tat > now + tau then
@@ -125,11 +116,6 @@ local function token_bucket_lease(key, a, now_us, cost, size)
   end
   local take = math.max(cost, math.min(size, cost + math.floor((available - cost) / 2)))
   local new_tat = tat + take * interval
-  local full_in = new_tat - now
-  local ttl = math.max(1, math.ceil(full_in / 1000))
-  if caller_time then
-    ttl = ttl + math.max(math.ceil(tau / 1000), 1000)
-  end
-  redis.call('SET', key, string.format('%.4f', new_tat), 'PX', string.format('%d', ttl))
-  return {1, available - take, take, math.ceil(full_in)}
+  token_bucket_store(key, new_tat, now, tau)
+  return {1, available - take, take, math.ceil(new_tat - now)}
 end
