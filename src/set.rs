@@ -246,9 +246,11 @@ impl SetHosts {
         let chosen = if decisions.iter().all(Decision::is_admitted) {
             decisions.iter().min_by_key(|d| d.remaining)
         } else {
+            // The longest wait; on a tie, the first limit (`rev`: `max_by_key` keeps the last).
             decisions
                 .iter()
                 .filter(|d| !d.is_admitted())
+                .rev()
                 .max_by_key(|d| d.retry_after)
         };
         let mut decision = chosen.cloned().expect("a set has at least one limit");
@@ -306,16 +308,7 @@ impl Hosts for SetHosts {
                 }
             })
             .collect();
-        let mut decision = self.combine(&decisions);
-        if let Some(refused) = decisions.iter().find(|d| !d.is_admitted()) {
-            let headers = (
-                decision.ratelimit_header.take(),
-                decision.policy_header.take(),
-            );
-            decision = refused.clone();
-            (decision.ratelimit_header, decision.policy_header) = headers;
-        }
-        decision
+        self.combine(&decisions)
     }
 
     fn limit_count(&self) -> usize {

@@ -69,7 +69,8 @@ pub(crate) fn operate<T: Hosts + ?Sized>(
     }
     let redis_key = remote.redis_key(key);
     let deny = &backend.inner.deny;
-    if op != Operation::Peek && deny.is_enabled() {
+    // A refund, reset or block changes what Redis would answer: forget the cached refusal.
+    if matches!(op, Operation::Refund | Operation::Reset | Operation::Block) && deny.is_enabled() {
         deny.remove(deny.hash(&redis_key));
     }
     let param = match op {
