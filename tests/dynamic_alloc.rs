@@ -14,13 +14,20 @@ use tower_redis_ratelimit::{Backend, Limiter};
 #[global_allocator]
 static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
 
+/// The allocations over 1000 checks of `key`: the fewest of three rounds, since the
+/// counter is process-wide and the test harness's other threads may allocate during one
+/// (a check that allocates does so in every round).
 async fn count<L: Limiter>(limiter: &L, key: &[u8]) -> usize {
-    let region = Region::new(GLOBAL);
-    for _ in 0..1_000 {
-        let decision = limiter.check(key, NonZeroU32::MIN).await;
-        assert!(decision.is_admitted());
+    let mut fewest = usize::MAX;
+    for _ in 0..3 {
+        let region = Region::new(GLOBAL);
+        for _ in 0..1_000 {
+            let decision = limiter.check(key, NonZeroU32::MIN).await;
+            assert!(decision.is_admitted());
+        }
+        fewest = fewest.min(region.change().allocations);
     }
-    region.change().allocations
+    fewest
 }
 
 #[tokio::test(flavor = "current_thread")]
