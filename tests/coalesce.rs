@@ -8,11 +8,11 @@ use std::num::NonZeroU32;
 use std::time::Duration;
 
 use support::RedisServer;
-use tower_redis_ratelimit::period::{PeriodConfig, PeriodLimiter};
+use tower_redis_ratelimit::period::{PeriodConfig, PeriodLimiter, UtcOffset};
 use tower_redis_ratelimit::rolling::{RollingConfig, RollingWindowLimiter};
 use tower_redis_ratelimit::set::{LimitSet, SetLimiter};
 use tower_redis_ratelimit::token_bucket::{TokenBucketConfig, TokenBucketLimiter};
-use tower_redis_ratelimit::{Backend, Limiter, Source, State};
+use tower_redis_ratelimit::{Backend, Decision, Limiter, Source, State};
 
 const HOUR: Duration = Duration::from_secs(3_600);
 
@@ -135,4 +135,160 @@ async fn without_coalescing_every_check_is_a_call() {
         one_by_one.push((decision.state, decision.remaining));
     }
     assert_eq!(decisions, one_by_one);
+}
+
+/// Every kind of limit a batch decides, by name: each algorithm with and without a
+/// lockout, an aligned window, and a set.
+fn every_limit(backend: &Backend, name: &str) -> Vec<(String, Box<dyn Limiter>)> {
+    let lock = Duration::from_secs(2);
+    let bucket = || TokenBucketConfig::new(1, HOUR, 20);
+    let window = || PeriodConfig::new(20, HOUR);
+    // Buckets of a second: a refusal's retry-after depends on which bucket holds what.
+    let rolling = || RollingConfig::new(20, 10, Duration::from_secs(10));
+    let named = |kind: &str| format!("{name}-{kind}");
+    let limits: Vec<(&str, Box<dyn Limiter>)> = vec![
+        (
+            "period",
+            Box::new(PeriodLimiter::new(backend, &named("period"), window()).unwrap()),
+        ),
+        (
+            "period-aligned",
+            Box::new(
+                PeriodLimiter::new(backend, &named("aligned"), window().align(UtcOffset::UTC))
+                    .unwrap(),
+            ),
+        ),
+        (
+            "period-lockout",
+            Box::new(PeriodLimiter::new(backend, &named("pl"), window().lockout(lock)).unwrap()),
+        ),
+        (
+            "token_bucket",
+            Box::new(TokenBucketLimiter::new(backend, &named("token"), bucket()).unwrap()),
+        ),
+        (
+            "token_bucket-lockout",
+            Box::new(
+                TokenBucketLimiter::new(backend, &named("tl"), bucket().lockout(lock)).unwrap(),
+            ),
+        ),
+        (
+            "rolling",
+            Box::new(RollingWindowLimiter::new(backend, &named("rolling"), rolling()).unwrap()),
+        ),
+        (
+            "rolling-lockout",
+            Box::new(
+                RollingWindowLimiter::new(backend, &named("rl"), rolling().lockout(lock)).unwrap(),
+            ),
+        ),
+        (
+            "set",
+            Box::new(
+                SetLimiter::new(
+                    backend,
+                    &named("set"),
+                    LimitSet::new()
+                        .limit("burst", bucket())
+                        .limit("window", PeriodConfig::new(15, HOUR))
+                        .limit(
+                            "rolling",
+                            RollingConfig::new(17, 10, Duration::from_secs(10)),
+                        ),
+                )
+                .unwrap(),
+            ),
+        ),
+    ];
+    limits
+        .into_iter()
+        .map(|(kind, l)| (kind.to_owned(), l))
+        .collect()
+}
+
+/// A batch reads each key once, decides every check on that state and writes once: on
+/// a frozen server clock its decisions are those of the same checks one by one to the
+/// microsecond (reset and retry-after included), and it leaves the same state behind
+/// (the next checks, a second later, agree too), after a fresh start, after use, and
+/// after the server's clock stepped back (each algorithm's repair is written once).
+#[tokio::test]
+async fn a_batch_decides_and_writes_as_its_checks_one_by_one() {
+    let (redis, clock) = RedisServer::start_with_clock();
+    let t0: i64 = 1_800_000_000_000_000 + 123_456;
+    let coalesced = redis.uncached_backend();
+    let single = Backend::builder()
+        .redis(redis.pool())
+        .deny_cache(0)
+        .coalesce(false)
+        .build()
+        .unwrap();
+    // History: (µs after t0, cost) checks made one by one before the batch at t0.
+    let histories: [(&str, &[(i64, u32)]); 3] = [
+        ("fresh", &[]),
+        ("used", &[(-5_000_000, 3), (-2_000_000, 4)]),
+        (
+            "stepped back",
+            &[(-1_000_000, 2), (5_000_000, 5), (8_000_000, 1)],
+        ),
+    ];
+    for (history, checks) in histories {
+        let batched = every_limit(&coalesced, &format!("b-{history}"));
+        let one_by_one = every_limit(&single, &format!("s-{history}"));
+        for ((kind, batched), (_, reference)) in batched.into_iter().zip(one_by_one) {
+            let what = format!("{kind}, {history}");
+            for &(at, cost) in checks {
+                clock.freeze_at(t0 + at);
+                let cost = NonZeroU32::new(cost).unwrap();
+                let (a, b) = (
+                    batched.check(b"k", cost).await,
+                    reference.check(b"k", cost).await,
+                );
+                assert_eq!(answer(&a), answer(&b), "{what}: history at {at} µs");
+            }
+            clock.freeze_at(t0);
+            let calls = redis.command_calls("evalsha");
+            let together: Vec<_> = futures_join(
+                costs()
+                    .into_iter()
+                    .map(|c| batched.check(b"k", c))
+                    .collect(),
+            )
+            .await
+            .iter()
+            .map(answer)
+            .collect();
+            let used = redis.command_calls("evalsha") - calls;
+            assert!(used <= 2, "{what}: {used} calls");
+            let mut alone = Vec::new();
+            for cost in costs() {
+                alone.push(answer(&reference.check(b"k", cost).await));
+            }
+            assert_eq!(together, alone, "{what}");
+            assert!(
+                together.iter().any(|a| a.0 == State::OverQuota),
+                "{what}: {together:?}"
+            );
+            // The state each left behind.
+            clock.freeze_at(t0 + 1_000_000);
+            for cost in [1, 3] {
+                let cost = NonZeroU32::new(cost).unwrap();
+                let (a, b) = (
+                    batched.check(b"k", cost).await,
+                    reference.check(b"k", cost).await,
+                );
+                assert_eq!(answer(&a), answer(&b), "{what}: after the batch");
+            }
+        }
+    }
+}
+
+/// Everything a decision says, and that it came from Redis.
+fn answer(decision: &Decision) -> (State, u64, Duration, Option<Duration>) {
+    assert_eq!(decision.source, Source::Redis, "{decision:?}");
+    (
+        decision.state,
+        decision.remaining,
+        decision.reset,
+        decision.retry_after,
+    )
 }

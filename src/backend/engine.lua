@@ -1,7 +1,10 @@
 -- The engine: decides a check against one limit or a set of limits in one round trip,
 -- all or nothing. The algorithms (src/period/period.lua, src/token_bucket/token_bucket.lua,
--- src/rolling/rolling.lua) are functions placed before this text, after the prelude
--- (src/backend/time.rs) that defines unix_us() and caller_time.
+-- src/rolling/rolling.lua) are placed before this text, after the prelude
+-- (src/backend/time.rs) that defines unix_us() and caller_time; each is three functions:
+-- X_state reads a limit's key, X_step decides a check on that state (moving it when the
+-- check spends), X_save writes what the steps changed. A call reads each key once and
+-- writes it at most once, however many checks it decides (coalesced checks, 'm').
 -- KEYS: one key per limit, in order, then the key's block (on Redis Cluster, all in one
 -- slot: they share the limited key's hash tag).
 -- ARGV: op ('c' check: spend when every limit admits; 'p' peek: decide, spend nothing;
@@ -16,12 +19,16 @@
 -- its arguments and the arguments; with the caller's time, that time last.
 -- Returns {admitted by every limit (1/0), ms the key stays blocked (0: not blocked),
 -- then each limit's reply in order}, once per check for 'm'. With more than one
--- limit, every limit decides first without writing; only when all of them admit does
--- each one make the change it decided (no key is read twice), so a refusal by any
+-- limit, every limit decides first without spending; only when all of them admit does
+-- each one spend what it decided, so a refusal by any
 -- limit spends nothing (and the limits that would have admitted reply with their
 -- untouched state). A blocked key spends nothing either.
-local algorithms = { w = period, t = token_bucket, r = rolling }
-local refunds = { w = period_refund, t = token_bucket_refund, r = rolling_refund }
+local algorithms = {
+  w = { state = period_state, step = period_step, save = period_save, refund = period_refund },
+  t = { state = token_bucket_state, step = token_bucket_step, save = token_bucket_save,
+    refund = token_bucket_refund },
+  r = { state = rolling_state, step = rolling_step, save = rolling_save, refund = rolling_refund },
+}
 local op = ARGV[1]
 local cost = tonumber(ARGV[2])
 local n = tonumber(ARGV[3])
@@ -36,7 +43,7 @@ for i = 1, n do
   for j = 1, argc do
     a[j] = tonumber(ARGV[at + 1 + j])
   end
-  limits[i] = { algorithms[ARGV[at]], a, refunds[ARGV[at]] }
+  limits[i] = { algorithms[ARGV[at]], a }
   at = at + 2 + argc
 end
 local now_us = unix_us()
@@ -50,7 +57,7 @@ if op == 'f' or op == 'x' or op == 'b' then
   end
   for i = 1, n do
     if op == 'f' then
-      limits[i][3](KEYS[i], limits[i][2], now_us, cost)
+      limits[i][1].refund(KEYS[i], limits[i][2], now_us, cost)
     elseif op == 'x' then
       redis.call('DEL', KEYS[i])
     end
@@ -74,9 +81,16 @@ if op == 'v' or op == 'l' then
   op = 'p'
 end
 
+-- Each limit's state, read once (the first decision reads it), and the key's block (ms
+-- it stays blocked): every decision of the call steps on these; they are saved once.
+local states = {}
+local blocked = nil
+
 -- One decision: {admitted, blocked ms, each limit's reply}, appended to `out`.
 local function decide(op, cost, out)
-  local blocked = math.max(0, redis.call('PTTL', block))
+  if blocked == nil then
+    blocked = math.max(0, redis.call('PTTL', block))
+  end
   if blocked > 0 then
     -- Blocked: nothing is spent; each limit says where it stands.
     op = 'p'
@@ -84,25 +98,27 @@ local function decide(op, cost, out)
   end
   local spend = op == 'c'
   local replies = {}
-  local commits = {}
   local admitted = 1
   for i = 1, n do
-    replies[i], commits[i] = limits[i][1](KEYS[i], limits[i][2], now_us, cost, spend and n == 1)
+    if states[i] == nil then
+      states[i] = limits[i][1].state(KEYS[i], limits[i][2], now_us)
+    end
+    replies[i] = limits[i][1].step(states[i], cost, spend and n == 1)
     if replies[i][1] == 0 then
       admitted = 0
     end
   end
   if spend and n > 1 and admitted == 1 then
-    -- Every limit admits: each makes the change it decided (no key is read twice).
+    -- Every limit admits: each spends what it decided.
     for i = 1, n do
-      commits[i]()
+      limits[i][1].step(states[i], cost, true)
     end
   elseif n > 1 and admitted == 0 then
     -- Refused: a limit that would have admitted says where it stands, untouched (a
     -- cost of 0 spends nothing).
     for i = 1, n do
       if replies[i][1] == 1 then
-        replies[i] = limits[i][1](KEYS[i], limits[i][2], now_us, 0, false)
+        replies[i] = limits[i][1].step(states[i], 0, false)
       end
     end
   end
@@ -131,5 +147,10 @@ if op == 'm' then
   end
 else
   decide(op, cost, out)
+end
+for i = 1, n do
+  if states[i] ~= nil then
+    limits[i][1].save(KEYS[i], states[i])
+  end
 end
 return out

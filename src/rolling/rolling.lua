@@ -1,17 +1,19 @@
--- Rolling window of time buckets, as a function of the engine (src/backend/engine.lua):
--- rolling(key, a, now_us, cost, write) with a = {limit, buckets, interval (ms)}. `key` is
--- a hash with one field per bucket: the absolute bucket index floor(now_ms / interval)
--- in decimal, holding that bucket's count. `write` false decides without changing
--- anything (and leaves the housekeeping to a call that writes).
+-- Rolling window of time buckets, as an algorithm of the engine (src/backend/engine.lua),
+-- with a = {limit, buckets, interval (ms)}: rolling_state(key, a, now_us) reads the key
+-- once, rolling_step(s, cost, write) decides a check on that state (with `write`,
+-- counting it and marking the housekeeping; nothing goes to Redis), rolling_save(key, s)
+-- writes what the steps changed, once. `key` is a hash with one field per bucket: the
+-- absolute bucket index floor(now_ms / interval) in decimal, holding that bucket's
+-- count. A decision that does not write leaves the housekeeping to one that does.
 -- A bucket is live while its index is above current - buckets; bucket i stops counting at
--- (i + buckets) * interval ms. Dead fields are deleted on every call that writes, so the
--- hash holds at most `buckets` fields. Large numbers go to Redis through
+-- (i + buckets) * interval ms. Dead fields are deleted by every save after a writing
+-- step, so the hash holds at most `buckets` fields. Large numbers go to Redis through
 -- string.format('%d') so that they are never written in exponent notation.
--- Returns {admitted (1/0), sum of the live buckets after the call, ms until this cost
--- could be admitted (0 when admitted), ms until every counted unit has expired}.
+-- A step returns {admitted (1/0), sum of the live buckets after the check, ms until this
+-- cost could be admitted (0 when admitted), ms until every counted unit has expired}.
 -- A rejected request is not counted. With the server's time, every instance agrees on
 -- bucket edges.
-local function rolling(key, a, now_us, cost, write)
+local function rolling_state(key, a, now_us)
   local limit, buckets, interval = a[1], a[2], a[3]
   local now = math.floor(now_us / 1000)
   local current = math.floor(now / interval)
@@ -43,6 +45,8 @@ local function rolling(key, a, now_us, cost, write)
   end
   local oldest = current - buckets + 1
 
+  -- The live buckets (moved back by `shift`) by index, their indices in order, the
+  -- fields to delete, the sum of the live counts. Every live index is at most `current`.
   local live = {}
   local indices = {}
   local dead = {}
@@ -63,60 +67,72 @@ local function rolling(key, a, now_us, cost, write)
       dead[#dead + 1] = fields[i]
     end
   end
-  -- Rewrites the moved buckets, or deletes the dead ones (whatever the outcome, when
-  -- writing; with a deferred change, as part of it).
-  local function housekeep()
-    if shift > 0 then
-      redis.call('DEL', key)
-      for _, index in ipairs(indices) do
-        redis.call('HSET', key, string.format('%d', index), string.format('%d', live[index]))
-      end
-      if #indices > 0 then
-        redis.call('PEXPIRE', key, string.format('%d', (buckets + 1) * interval))
-      end
-    else
-      -- Delete in chunks: unpack() has a bounded stack.
-      for i = 1, #dead, 500 do
-        redis.call('HDEL', key, unpack(dead, i, math.min(i + 499, #dead)))
-      end
-    end
-  end
-  if write then
-    housekeep()
-  end
   table.sort(indices)
+  return { limit = limit, buckets = buckets, interval = interval, now = now,
+    current = current, shift = shift, live = live, indices = indices, dead = dead,
+    sum = sum, added = 0 }
+end
 
-  if sum + cost <= limit then
-    local function commit()
-      if not write then
-        housekeep()
-      end
-      redis.call('HINCRBY', key, string.format('%d', current), cost)
-      redis.call('PEXPIRE', key, string.format('%d', (buckets + 1) * interval))
-    end
+local function rolling_step(s, cost, write)
+  if write then
+    s.housekeep = true
+  end
+  if s.sum + cost <= s.limit then
     if write then
-      commit()
+      s.added = s.added + cost
+      s.sum = s.sum + cost
+      if not s.live[s.current] then
+        s.live[s.current] = 0
+        s.indices[#s.indices + 1] = s.current
+      end
+      s.live[s.current] = s.live[s.current] + cost
+      return {1, s.sum, 0, (s.current + s.buckets) * s.interval - s.now}
     end
-    sum = sum + cost
-    return {1, sum, 0, (current + buckets) * interval - now}, commit
+    return {1, s.sum + cost, 0, (s.current + s.buckets) * s.interval - s.now}
   end
 
   -- Rejected: the oldest buckets expire first; find the one whose expiry frees enough.
-  local need = sum + cost - limit
+  local need = s.sum + cost - s.limit
   local freed = 0
   local retry = 0
-  for _, index in ipairs(indices) do
-    freed = freed + live[index]
+  for _, index in ipairs(s.indices) do
+    freed = freed + s.live[index]
     if freed >= need then
-      retry = (index + buckets) * interval - now
+      retry = (index + s.buckets) * s.interval - s.now
       break
     end
   end
   local reset = 0
-  if #indices > 0 then
-    reset = (indices[#indices] + buckets) * interval - now
+  if #s.indices > 0 then
+    reset = (s.indices[#s.indices] + s.buckets) * s.interval - s.now
   end
-  return {0, sum, retry, reset}
+  return {0, s.sum, retry, reset}
+end
+
+local function rolling_save(key, s)
+  if not s.housekeep then
+    return
+  end
+  local ttl = string.format('%d', (s.buckets + 1) * s.interval)
+  if s.shift > 0 then
+    -- The buckets moved back: rewrite them (the counted units included).
+    redis.call('DEL', key)
+    for _, index in ipairs(s.indices) do
+      redis.call('HSET', key, string.format('%d', index), string.format('%d', s.live[index]))
+    end
+    if #s.indices > 0 then
+      redis.call('PEXPIRE', key, ttl)
+    end
+    return
+  end
+  -- Delete the dead buckets in chunks (unpack() has a bounded stack).
+  for i = 1, #s.dead, 500 do
+    redis.call('HDEL', key, unpack(s.dead, i, math.min(i + 499, #s.dead)))
+  end
+  if s.added > 0 then
+    redis.call('HINCRBY', key, string.format('%d', s.current), s.added)
+    redis.call('PEXPIRE', key, ttl)
+  end
 end
 -- rolling_refund(key, a, now_us, cost): takes `cost` units off the newest buckets first
 -- (the units spent last), deleting the buckets it empties; expired buckets are left to

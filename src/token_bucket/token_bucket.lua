@@ -16,52 +16,64 @@ local function token_bucket_store(key, tat, now, tau)
   redis.call('SET', key, string.format('%.4f', tat), 'PX', string.format('%d', ttl))
 end
 
--- Token bucket as GCRA, as a function of the engine (src/backend/engine.lua):
--- token_bucket(key, a, now_us, cost, write) with a = {emission interval (µs per token,
--- fractional allowed), burst, epoch (whole seconds since the Unix epoch)}. `key` holds
--- the bucket's theoretical arrival time (TAT), in microseconds since the epoch (close to
--- now, so that doubles keep sub-microsecond precision). A full bucket has TAT <= now;
--- each token moves TAT one interval into the future; a cost fits while TAT stays within
--- burst intervals of now. `write` false decides without changing anything; an
--- admitted decision also returns the function that makes its change.
--- Returns {admitted (1/0), tokens left, µs until admissible (0 when admitted), µs until
--- the bucket is full}. A TAT below now is never written, so no clock step and no
--- caller's clock refills a bucket beyond the time elapsed. A TAT more than tau ahead
+-- Token bucket as GCRA, as an algorithm of the engine (src/backend/engine.lua), with
+-- a = {emission interval (µs per token, fractional allowed), burst, epoch (whole seconds
+-- since the Unix epoch)}: token_bucket_state(key, a, now_us) reads the key once,
+-- token_bucket_step(s, cost, write) decides a check on that state (with `write`, moving
+-- it as spending does; nothing goes to Redis), token_bucket_save(key, s) writes what the
+-- steps changed, once. `key` holds the bucket's theoretical arrival time (TAT), in
+-- microseconds since the epoch (close to now, so that doubles keep sub-microsecond
+-- precision). A full bucket has TAT <= now; each token moves TAT one interval into the
+-- future; a cost fits while TAT stays within burst intervals of now.
+-- A step returns {admitted (1/0), tokens left, µs until admissible (0 when admitted),
+-- µs until the bucket is full}. A TAT below now is never written, so no clock step and
+-- no caller's clock refills a bucket beyond the time elapsed. A TAT more than tau ahead
 -- only happens after the server clock stepped back, or for a caller whose clock is
 -- behind: it is read as now + tau (an empty bucket), and after a step of the server's
--- clock written back so, so such a step blocks a key for at most the time an empty
--- bucket takes to refill, never for the length of the step.
-local function token_bucket(key, a, now_us, cost, write)
+-- clock a writing step writes it back so, so such a step blocks a key for at most the
+-- time an empty bucket takes to refill, never for the length of the step.
+local function token_bucket_state(key, a, now_us)
   local interval, now, tau, tat = token_bucket_load(key, a, now_us)
-  local stepped_back = false
+  local s = { interval = interval, now = now, tau = tau, tat = tat, stepped_back = false }
   if tat == nil or tat < now then
-    tat = now
+    s.tat = now
   elseif tat > now + tau then
-    tat = now + tau
-    stepped_back = true
+    s.tat = now + tau
+    s.stepped_back = true
   end
+  return s
+end
+
+local function token_bucket_step(s, cost, write)
+  local interval, now, tau, tat = s.interval, s.now, s.tau, s.tat
   local new_tat = tat + cost * interval
   local wait = new_tat - tau - now
   -- Tolerate float noise well below a microsecond.
   if wait > 0.001 then
-    if write and stepped_back and not caller_time then
+    if write and s.stepped_back and not caller_time then
       -- The server's clock stepped back: the bucket is empty from now on, and refills
       -- at the rate from here (not after the length of the step). A caller's clock
       -- behind the others' never writes its view.
-      redis.call('SET', key, string.format('%.4f', tat), 'PX',
-        string.format('%d', math.max(1, math.ceil(tau / 1000))))
+      s.empty = true
     end
     local available = math.floor((tau - (tat - now)) / interval + 1e-9)
     return {0, available, math.ceil(wait), math.ceil(tat - now)}
   end
   local full_in = new_tat - now
-  local function commit()
-    token_bucket_store(key, new_tat, now, tau)
-  end
   if write then
-    commit()
+    s.tat = new_tat
+    s.spent = true
   end
-  return {1, math.floor((tau - full_in) / interval + 1e-9), 0, math.ceil(full_in)}, commit
+  return {1, math.floor((tau - full_in) / interval + 1e-9), 0, math.ceil(full_in)}
+end
+
+local function token_bucket_save(key, s)
+  if s.spent then
+    token_bucket_store(key, s.tat, s.now, s.tau)
+  elseif s.empty then
+    redis.call('SET', key, string.format('%.4f', s.tat), 'PX',
+      string.format('%d', math.max(1, math.ceil(s.tau / 1000))))
+  end
 end
 -- token_bucket_refund(key, a, now_us, cost): puts `cost` tokens back (TAT moves back by
 -- their intervals, never below now; a bucket full again is deleted).
