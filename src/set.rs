@@ -42,10 +42,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::{BufMut, BytesMut};
-use deadpool_redis::redis::ScriptInvocation;
 use http::HeaderValue;
 
-use crate::backend::{Backend, Blocks, Hosts, Remote};
+use crate::backend::{Backend, Blocks, Call, Hosts, Remote};
 use crate::decision::{Decision, Policy, Source, State};
 use crate::error::{validate_name, ConfigError};
 use crate::limiter::Limiter;
@@ -315,15 +314,15 @@ impl Hosts for SetHosts {
         self.members.len()
     }
 
-    fn extra_keys(&self, key: &[u8], invocation: &mut ScriptInvocation<'static>) {
+    fn extra_keys(&self, key: &[u8], call: &mut Call) {
         for member in &self.members[1..] {
-            invocation.key(member.remote().redis_key(key));
+            call.key(&member.remote().redis_key(key));
         }
     }
 
-    fn limit_args(&self, invocation: &mut ScriptInvocation<'static>) {
+    fn limit_args(&self, call: &mut Call) {
         for member in self.members.iter() {
-            member.limit_args(invocation);
+            member.limit_args(call);
         }
     }
 

@@ -124,10 +124,9 @@ async fn calls<T: Hosts + ?Sized>(
     while !waiting.is_empty() {
         let costs: Vec<NonZeroU32> = waiting.iter().map(|check| check.cost).collect();
         let count = costs.len() as u64;
-        let (script, invocation) =
-            engine_call(&*store, &key, &redis_key, "m", count, lockout, &costs);
+        let call = engine_call(&*store, &key, &redis_key, "m", count, lockout, &costs);
         let started = std::time::Instant::now();
-        let result = redis.eval(script, &invocation).await;
+        let result = redis.eval(&call).await;
         remote.record_duration(started.elapsed());
         match result {
             Ok(reply) if reply.len() == part * waiting.len() => {

@@ -8,7 +8,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use deadpool_redis::redis::{self, Script, ScriptInvocation};
+use deadpool_redis::redis::{self, ErrorKind, Script, ServerErrorKind, ToRedisArgs};
 
 use super::redis::ScriptError;
 
@@ -239,16 +239,66 @@ pub(crate) enum Conn {
     Cluster(redis::cluster_async::ClusterConnection),
 }
 
+/// A script call as it goes to Redis: `EVALSHA`, the script's hash, the number of keys,
+/// the keys, then the arguments, each written into one buffer as it is added (redis-rs's
+/// `Cmd`: two allocations per call, where a `ScriptInvocation` makes one per argument and
+/// copies them all again), and the script to load on `NOSCRIPT`. Its `Debug` shows the
+/// script's hash only: keys may be secrets (API keys).
+pub(crate) struct Call {
+    script: &'static Script,
+    cmd: redis::Cmd,
+}
+
+impl fmt::Debug for Call {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Call")
+            .field("script", &self.script.get_hash())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Call {
+    /// A call of `script` with `keys` keys (added next, before any argument).
+    pub(crate) fn new(script: &'static Script, keys: usize) -> Self {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(script.get_hash()).arg(keys);
+        Self { script, cmd }
+    }
+
+    /// Adds a key: every key comes before the first argument.
+    pub(crate) fn key(&mut self, key: &[u8]) -> &mut Self {
+        self.cmd.arg(key);
+        self
+    }
+
+    /// Adds an argument.
+    pub(crate) fn arg(&mut self, arg: impl ToRedisArgs) -> &mut Self {
+        self.cmd.arg(arg);
+        self
+    }
+
+    pub(crate) fn script(&self) -> &'static Script {
+        self.script
+    }
+}
+
 impl Conn {
-    /// Runs a script by SHA, loading it on `NOSCRIPT`.
-    pub(crate) async fn script(
-        &mut self,
-        invocation: &ScriptInvocation<'_>,
-    ) -> Result<Vec<i64>, redis::RedisError> {
+    /// Runs a script call by SHA, loading the script on `NOSCRIPT` and calling again.
+    pub(crate) async fn script(&mut self, call: &Call) -> Result<Vec<i64>, redis::RedisError> {
+        match self.query(&call.cmd).await {
+            Err(error) if error.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                self.load(call.script).await?;
+                self.query(&call.cmd).await
+            }
+            result => result,
+        }
+    }
+
+    async fn query(&mut self, cmd: &redis::Cmd) -> Result<Vec<i64>, redis::RedisError> {
         match self {
-            Self::Single(conn) => invocation.invoke_async(conn).await,
+            Self::Single(conn) => cmd.query_async(conn).await,
             #[cfg(feature = "cluster")]
-            Self::Cluster(conn) => invocation.invoke_async(conn).await,
+            Self::Cluster(conn) => cmd.query_async(conn).await,
         }
     }
 

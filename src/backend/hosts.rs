@@ -6,10 +6,9 @@ use std::num::NonZeroU32;
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
-use deadpool_redis::redis::{Script, ScriptInvocation};
-
 use super::block::Blocks;
 use super::coalesce::{Coalescer, NextCalls, Turn};
+use super::connect::Call;
 use super::deny::Denied;
 use super::layout::Layout;
 use super::lease::{check_leased, Leases};
@@ -116,12 +115,12 @@ pub(crate) trait Hosts: Send + Sync + 'static {
     }
     /// Appends the Redis keys of the limits after the first (whose key, `remote`'s, the
     /// check adds): none for one limit.
-    fn extra_keys(&self, key: &[u8], invocation: &mut ScriptInvocation<'static>) {
-        let _ = (key, invocation);
+    fn extra_keys(&self, key: &[u8], call: &mut Call) {
+        let _ = (key, call);
     }
     /// Appends each limit's part of the engine's `ARGV`: its algorithm's letter, the
     /// count of its arguments and the arguments (see `engine.lua`).
-    fn limit_args(&self, invocation: &mut ScriptInvocation<'static>);
+    fn limit_args(&self, call: &mut Call);
     /// How many numbers this limit's reply holds (its admitted flag first).
     fn reply_len(&self) -> usize;
     /// Reads this limit's part of the engine's reply; `None` when it is not of the
@@ -258,7 +257,7 @@ pub(crate) fn check<T: Hosts + ?Sized>(store: &Arc<T>, key: &[u8], cost: NonZero
     };
     // Only a check that goes to Redis itself builds the call.
     let lockout = store.blocks().lockout_ms();
-    let (script, invocation) = engine_call(
+    let call = engine_call(
         &*store,
         key,
         &redis_key,
@@ -270,7 +269,7 @@ pub(crate) fn check<T: Hosts + ?Sized>(store: &Arc<T>, key: &[u8], cost: NonZero
     Check::pending(async move {
         let remote = store.remote();
         let started = std::time::Instant::now();
-        let result = redis.eval(script, &invocation).await;
+        let result = redis.eval(&call).await;
         remote.metrics.duration(&remote.name, started.elapsed());
         // The checks of this key that queued meanwhile go now.
         drop(next);
@@ -298,27 +297,24 @@ pub(super) fn engine_call<T: Hosts + ?Sized>(
     count: u64,
     param: u64,
     costs: &[NonZeroU32],
-) -> (&'static Script, ScriptInvocation<'static>) {
+) -> Call {
     let remote = store.remote();
     let backend = remote.backend();
     let time = backend.inner.time;
-    let script = ENGINE.get(time);
-    let mut invocation = script.key(redis_key);
-    store.extra_keys(key, &mut invocation);
-    invocation.key(remote.block_key(redis_key));
-    invocation
-        .arg(op)
-        .arg(count)
-        .arg(store.limit_count())
-        .arg(param);
-    store.limit_args(&mut invocation);
+    let limits = store.limit_count();
+    let mut call = Call::new(ENGINE.get(time), limits + 1);
+    call.key(redis_key);
+    store.extra_keys(key, &mut call);
+    call.key(&remote.block_key(redis_key));
+    call.arg(op).arg(count).arg(limits).arg(param);
+    store.limit_args(&mut call);
     for cost in costs {
-        invocation.arg(cost.get());
+        call.arg(cost.get());
     }
     if time == TimeSource::Caller {
-        invocation.arg(backend.caller_now_us());
+        call.arg(backend.caller_now_us());
     }
-    (script, invocation)
+    call
 }
 
 /// The deny cache's entry for `redis_key`: `Err` with the refusal when Redis refused the

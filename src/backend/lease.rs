@@ -136,7 +136,7 @@ pub(crate) fn check_leased<T: Hosts + ?Sized>(
         Ok(deny_key) => deny_key,
         Err(refused) => return Check::ready(refused),
     };
-    let (script, invocation) = engine_call(
+    let call = engine_call(
         &**store,
         key,
         &redis_key,
@@ -152,7 +152,7 @@ pub(crate) fn check_leased<T: Hosts + ?Sized>(
     Check::pending(async move {
         let remote = store.remote();
         let started = std::time::Instant::now();
-        let result = redis.eval(script, &invocation).await;
+        let result = redis.eval(&call).await;
         remote.record_duration(started.elapsed());
         // An admitted lease: `{1, 0, 1, left, taken, full in}`; the check keeps its
         // cost, the rest is the lease.

@@ -77,13 +77,12 @@ pub(crate) fn operate<T: Hosts + ?Sized>(
         Operation::Reserve { max_wait_us } => max_wait_us,
         _ => store.blocks().lockout_ms(),
     };
-    let (script, invocation) =
-        engine_call(&**store, key, &redis_key, op.letter(), cost, param, &[]);
+    let call = engine_call(&**store, key, &redis_key, op.letter(), cost, param, &[]);
     let store = Arc::clone(store);
     let redis = Arc::clone(redis);
     let key = key.to_vec();
     Check::pending(async move {
-        let reply = redis.eval(script, &invocation).await;
+        let reply = redis.eval(&call).await;
         let decision = reply.ok().and_then(|reply| {
             let cost = u32::try_from(cost).ok().and_then(NonZeroU32::new);
             read_reply(&*store, &reply, cost.unwrap_or(NonZeroU32::MIN))

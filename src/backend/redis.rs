@@ -9,10 +9,10 @@ use std::sync::{Arc, LazyLock, Mutex, Weak};
 use std::time::Duration;
 
 use arc_swap::{ArcSwap, ArcSwapOption};
-use deadpool_redis::redis::{Script, ScriptInvocation};
+use deadpool_redis::redis::Script;
 use tokio::sync::watch;
 
-use super::connect::{Conn, Connector};
+use super::connect::{Call, Conn, Connector};
 use super::fault::breaks_connection;
 pub(crate) use super::fault::{Fault, ScriptError};
 use super::health::{Breaker, BreakerConfig, Outcome, RedisState};
@@ -109,13 +109,9 @@ impl RedisBackend {
 
     /// Runs a script by SHA (loading it on `NOSCRIPT`) under the call timeout, waiting
     /// for a connection if there is none, and records the outcome.
-    pub(crate) async fn eval(
-        self: &Arc<Self>,
-        script: &'static Script,
-        invocation: &ScriptInvocation<'_>,
-    ) -> Result<Vec<i64>, ScriptError> {
-        self.register(script);
-        let result = self.call(invocation).await;
+    pub(crate) async fn eval(self: &Arc<Self>, call: &Call) -> Result<Vec<i64>, ScriptError> {
+        self.register(call.script());
+        let result = self.call(call).await;
         match &result {
             Ok(_) => {
                 self.breaker.record(Outcome::Success);
@@ -125,15 +121,12 @@ impl RedisBackend {
         result
     }
 
-    async fn call(
-        self: &Arc<Self>,
-        invocation: &ScriptInvocation<'_>,
-    ) -> Result<Vec<i64>, ScriptError> {
+    async fn call(self: &Arc<Self>, call: &Call) -> Result<Vec<i64>, ScriptError> {
         let used = self.conn.load_full();
         let waiting = AtomicBool::new(false);
         let call = async {
             if let Some(conn) = &used {
-                match Conn::clone(conn).script(invocation).await {
+                match Conn::clone(conn).script(call).await {
                     Ok(reply) => return Ok(reply),
                     // The kept connection died while Redis may be fine (a restart, an
                     // idle timeout on the way): forget it, unless another check already
@@ -147,7 +140,7 @@ impl RedisBackend {
             waiting.store(true, Ordering::Relaxed);
             let mut conn = self.connection().await?;
             waiting.store(false, Ordering::Relaxed);
-            Ok(conn.script(invocation).await?)
+            Ok(conn.script(call).await?)
         };
         match tokio::time::timeout(self.call_timeout, call).await {
             Ok(result) => result,
@@ -330,14 +323,14 @@ impl RedisBackend {
     /// One probe: the write script on the kept connection, one round trip.
     async fn probe_once(self: &Arc<Self>) -> Result<(), ScriptError> {
         self.register(&PROBE);
-        let invocation = self.probe_invocation();
-        probed(self.call(&invocation).await?)
+        probed(self.call(&self.probe_call()).await?)
     }
 
-    fn probe_invocation(&self) -> ScriptInvocation<'static> {
-        let mut invocation = PROBE.key(&self.probe_key);
-        invocation.arg(self.probe_interval.as_millis().max(1000) as u64);
-        invocation
+    fn probe_call(&self) -> Call {
+        let mut call = Call::new(&PROBE, 1);
+        call.key(self.probe_key.as_bytes())
+            .arg(self.probe_interval.as_millis().max(1000) as u64);
+        call
     }
 
     /// Connects now (if no connection is kept) and runs the probe, with the connection
@@ -345,10 +338,10 @@ impl RedisBackend {
     /// start-up check. The breaker is left as it is.
     pub(crate) async fn verify(self: &Arc<Self>) -> Result<(), ScriptError> {
         self.register(&PROBE);
-        let invocation = self.probe_invocation();
+        let call = self.probe_call();
         let verify = async {
             let mut conn = self.connection().await?;
-            probed(conn.script(&invocation).await?)
+            probed(conn.script(&call).await?)
         };
         tokio::time::timeout(self.connect_timeout(), verify)
             .await

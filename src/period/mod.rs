@@ -59,10 +59,9 @@ use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::Duration;
 
-use deadpool_redis::redis::ScriptInvocation;
 
 use self::memory::{Schedule, Windows};
-use crate::backend::{Backend, Hosts, Remote};
+use crate::backend::{Backend, Call, Hosts, Remote};
 use crate::decision::{Decision, Policy, Source, State};
 use crate::error::ConfigError;
 
@@ -266,11 +265,11 @@ impl Hosts for PeriodHosts {
         )
     }
 
-    fn limit_args(&self, invocation: &mut ScriptInvocation<'static>) {
-        invocation.arg("w");
+    fn limit_args(&self, call: &mut Call) {
+        call.arg("w");
         match self.offset_ms {
-            None => invocation.arg(2).arg(self.quota).arg(self.period_ms),
-            Some(offset) => invocation
+            None => call.arg(2).arg(self.quota).arg(self.period_ms),
+            Some(offset) => call
                 .arg(3)
                 .arg(self.quota)
                 .arg(self.period_ms)

@@ -9,10 +9,9 @@ use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::Duration;
 
-use deadpool_redis::redis::ScriptInvocation;
 
 use super::memory::{Grid, Rings};
-use crate::backend::{Backend, Hosts, Remote};
+use crate::backend::{Backend, Call, Hosts, Remote};
 use crate::decision::{Decision, Policy, Source, State};
 use crate::error::ConfigError;
 use crate::ring::StepBack;
@@ -205,8 +204,8 @@ impl Hosts for RollingHosts {
         )
     }
 
-    fn limit_args(&self, invocation: &mut ScriptInvocation<'static>) {
-        invocation
+    fn limit_args(&self, call: &mut Call) {
+        call
             .arg("r")
             .arg(3)
             .arg(self.limit)

@@ -61,10 +61,9 @@ use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::Duration;
 
-use deadpool_redis::redis::ScriptInvocation;
 
 use self::memory::{Bucket, Buckets, Outcome, Reservation};
-use crate::backend::{self, Backend, Hosts, Leases, Operation, Remote};
+use crate::backend::{self, Backend, Call, Hosts, Leases, Operation, Remote};
 use crate::decision::{Decision, Policy, Source, State};
 use crate::error::{validate_name, ConfigError};
 use crate::limiter::Check;
@@ -314,8 +313,8 @@ impl Hosts for TokenBucketHosts {
         )
     }
 
-    fn limit_args(&self, invocation: &mut ScriptInvocation<'static>) {
-        invocation
+    fn limit_args(&self, call: &mut Call) {
+        call
             .arg("t")
             .arg(3)
             .arg(self.interval_us)
