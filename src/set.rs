@@ -44,7 +44,7 @@ use std::time::Duration;
 use bytes::{BufMut, BytesMut};
 use http::HeaderValue;
 
-use crate::backend::{Backend, Blocks, Call, Hosts, Remote};
+use crate::backend::{Args, Backend, Blocks, Call, Hosts, Remote};
 use crate::decision::{Decision, Policy, Source, State};
 use crate::error::{validate_name, ConfigError};
 use crate::limiter::Limiter;
@@ -320,9 +320,9 @@ impl Hosts for SetHosts {
         }
     }
 
-    fn limit_args(&self, call: &mut Call) {
+    fn limit_args(&self, args: &mut Args) {
         for member in self.members.iter() {
-            member.limit_args(call);
+            member.limit_args(args);
         }
     }
 

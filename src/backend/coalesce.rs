@@ -14,14 +14,17 @@ use std::sync::Arc;
 use dashmap::DashMap;
 use tokio::sync::oneshot;
 
+use super::connect::Call;
+use super::deny::PreHashed;
 use super::hosts::{engine_call, Hosts};
 use super::redis::RedisBackend;
 
 /// The calls in flight of one limiter, and the checks waiting for them.
 #[derive(Debug, Default)]
 pub(crate) struct Coalescer {
-    /// A key is present while a call for it is in flight; its value is the queue.
-    keys: DashMap<Box<[u8]>, Vec<Waiting>>,
+    /// A key (by the 128-bit keyed hash of its Redis key, as the deny cache keys it) is
+    /// present while a call for it is in flight; its value is the queue.
+    keys: DashMap<u128, Vec<Waiting>, PreHashed>,
 }
 
 /// A check waiting for the next call of its key.
@@ -42,14 +45,9 @@ pub(crate) enum Turn {
 }
 
 impl Coalescer {
-    /// Takes a turn for `redis_key`.
-    pub(crate) fn turn(&self, redis_key: &[u8], cost: NonZeroU32) -> Turn {
-        if let Some(mut queue) = self.keys.get_mut(redis_key) {
-            let (tx, rx) = oneshot::channel();
-            queue.push(Waiting { cost, reply: tx });
-            return Turn::Wait(rx);
-        }
-        match self.keys.entry(redis_key.into()) {
+    /// Takes a turn for the key whose Redis key hashes to `hash`.
+    pub(crate) fn turn(&self, hash: u128, cost: NonZeroU32) -> Turn {
+        match self.keys.entry(hash) {
             dashmap::Entry::Occupied(mut queue) => {
                 let (tx, rx) = oneshot::channel();
                 queue.get_mut().push(Waiting { cost, reply: tx });
@@ -62,11 +60,12 @@ impl Coalescer {
         }
     }
 
-    /// After a call for `redis_key` returned: the checks that queued meanwhile (the
-    /// next call, which the caller makes), or none, and then the key is free.
-    pub(crate) fn next(&self, redis_key: &[u8]) -> Vec<Waiting> {
+    /// After a call for the key hashing to `hash` returned: the checks that queued
+    /// meanwhile (the next call, which the caller makes), or none, and then the key is
+    /// free.
+    pub(crate) fn next(&self, hash: u128) -> Vec<Waiting> {
         let mut waiting = Vec::new();
-        self.keys.remove_if_mut(redis_key, |_, queue| {
+        self.keys.remove_if_mut(&hash, |_, queue| {
             if queue.is_empty() {
                 return true;
             }
@@ -77,20 +76,23 @@ impl Coalescer {
     }
 }
 
-/// Held by the check that leads a key's call: once that call is over (or the check is
-/// dropped), the checks that queued meanwhile go to Redis together, and so on until
-/// nobody waits.
-pub(crate) struct NextCalls<T: Hosts + ?Sized> {
+/// A check that makes its own call: what the call's future needs, and, with
+/// coalescing, the key's turn. Once that call is over (or the check is dropped), the
+/// checks that queued meanwhile go to Redis together, and so on until nobody waits.
+pub(crate) struct Leader<T: Hosts + ?Sized> {
     pub(crate) store: Arc<T>,
     pub(crate) redis: Arc<RedisBackend>,
-    /// The limited key and its Redis key.
-    pub(crate) key: Box<[u8]>,
     pub(crate) redis_key: Vec<u8>,
+    /// The key's hash in the coalescer, when this check took the key's turn.
+    pub(crate) turn: Option<u128>,
 }
 
-impl<T: Hosts + ?Sized> Drop for NextCalls<T> {
+impl<T: Hosts + ?Sized> Drop for Leader<T> {
     fn drop(&mut self) {
-        let waiting = self.store.remote().coalescer().next(&self.redis_key);
+        let Some(hash) = self.turn else {
+            return;
+        };
+        let waiting = self.store.remote().coalescer().next(hash);
         if waiting.is_empty() {
             return;
         }
@@ -99,51 +101,61 @@ impl<T: Hosts + ?Sized> Drop for NextCalls<T> {
             for check in waiting {
                 let _ = check.reply.send(None);
             }
-            let _ = self.store.remote().coalescer().next(&self.redis_key);
+            let _ = self.store.remote().coalescer().next(hash);
             return;
         };
         let store = Arc::clone(&self.store);
         let redis = Arc::clone(&self.redis);
-        let key = std::mem::take(&mut self.key);
         let redis_key = std::mem::take(&mut self.redis_key);
-        runtime.spawn(calls(store, redis, key, redis_key, waiting));
+        runtime.spawn(calls(store, redis, redis_key, hash, waiting));
     }
 }
 
-/// One call per queue of waiting checks of `redis_key`, until nobody waits.
+/// One call per queue of waiting checks of `redis_key` (hashing to `hash`), until
+/// nobody waits.
 async fn calls<T: Hosts + ?Sized>(
     store: Arc<T>,
     redis: Arc<RedisBackend>,
-    key: Box<[u8]>,
     redis_key: Vec<u8>,
+    hash: u128,
     mut waiting: Vec<Waiting>,
 ) {
     let remote = store.remote();
     let part = 2 + store.reply_len();
     let lockout = store.blocks().lockout_ms();
+    // The limited key, read back from the Redis key (a set's other keys are built from it).
+    let key = remote.key_of(&redis_key).map(|key| key.into_owned());
     while !waiting.is_empty() {
         let costs: Vec<NonZeroU32> = waiting.iter().map(|check| check.cost).collect();
         let count = costs.len() as u64;
-        let call = engine_call(&*store, &key, &redis_key, "m", count, lockout, &costs);
-        let started = std::time::Instant::now();
-        let result = redis.eval(&call).await;
-        remote.record_duration(started.elapsed());
+        let call: Option<Call> = key
+            .as_deref()
+            .map(|key| engine_call(&*store, key, &redis_key, "m", count, lockout, &costs));
+        let result = match &call {
+            Some(call) => {
+                let started = std::time::Instant::now();
+                let result = redis.eval(call).await;
+                remote.record_duration(started.elapsed());
+                if let Err(error) = &result {
+                    remote.record_error(error);
+                }
+                result.ok()
+            }
+            None => None,
+        };
         match result {
-            Ok(reply) if reply.len() == part * waiting.len() => {
+            Some(reply) if reply.len() == part * waiting.len() => {
                 for (check, part) in waiting.drain(..).zip(reply.chunks(part)) {
                     let _ = check.reply.send(Some(part.to_vec()));
                 }
             }
-            Ok(_) | Err(_) => {
-                if let Err(error) = &result {
-                    remote.record_error(error);
-                }
+            _ => {
                 for check in waiting.drain(..) {
                     let _ = check.reply.send(None);
                 }
             }
         }
-        waiting = remote.coalescer().next(&redis_key);
+        waiting = remote.coalescer().next(hash);
     }
 }
 
@@ -155,15 +167,16 @@ mod tests {
     fn one_leads_the_others_queue_then_the_key_is_free() {
         let coalescer = Coalescer::default();
         let one = NonZeroU32::MIN;
-        assert!(matches!(coalescer.turn(b"k", one), Turn::Lead));
-        assert!(matches!(coalescer.turn(b"other", one), Turn::Lead));
-        let waiting: Vec<_> = (0..3).map(|_| coalescer.turn(b"k", one)).collect();
+        let (k, other) = (1, 2);
+        assert!(matches!(coalescer.turn(k, one), Turn::Lead));
+        assert!(matches!(coalescer.turn(other, one), Turn::Lead));
+        let waiting: Vec<_> = (0..3).map(|_| coalescer.turn(k, one)).collect();
         assert!(waiting.iter().all(|t| matches!(t, Turn::Wait(_))));
-        assert_eq!(coalescer.next(b"k").len(), 3);
+        assert_eq!(coalescer.next(k).len(), 3);
         // The batch is in flight: a newcomer queues for the one after it.
-        assert!(matches!(coalescer.turn(b"k", one), Turn::Wait(_)));
-        assert_eq!(coalescer.next(b"k").len(), 1);
-        assert!(coalescer.next(b"k").is_empty());
-        assert!(matches!(coalescer.turn(b"k", one), Turn::Lead));
+        assert!(matches!(coalescer.turn(k, one), Turn::Wait(_)));
+        assert_eq!(coalescer.next(k).len(), 1);
+        assert!(coalescer.next(k).is_empty());
+        assert!(matches!(coalescer.turn(k, one), Turn::Lead));
     }
 }

@@ -258,16 +258,33 @@ impl fmt::Debug for Call {
 }
 
 impl Call {
-    /// A call of `script` with `keys` keys (added next, before any argument).
-    pub(crate) fn new(script: &'static Script, keys: usize) -> Self {
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(script.get_hash()).arg(keys);
+    /// A call of `script` with `keys` keys (added next, before any argument), with room
+    /// for `args` keys and arguments of `bytes` bytes in all, so that a call whose size
+    /// is known is written without growing its buffers.
+    pub(crate) fn new(script: &'static Script, keys: usize, args: usize, bytes: usize) -> Self {
+        let hash = script.get_hash();
+        let mut cmd = redis::Cmd::with_capacity(3 + args, "EVALSHA".len() + hash.len() + 4 + bytes);
+        cmd.arg("EVALSHA").arg(hash).arg(keys);
         Self { script, cmd }
     }
 
     /// Adds a key: every key comes before the first argument.
     pub(crate) fn key(&mut self, key: &[u8]) -> &mut Self {
         self.cmd.arg(key);
+        self
+    }
+
+    /// Adds the key `key` followed by `suffix`, written straight into the call.
+    pub(crate) fn key_with_suffix(&mut self, key: &[u8], suffix: &'static [u8]) -> &mut Self {
+        self.cmd.arg(Suffixed(key, suffix));
+        self
+    }
+
+    /// Adds arguments encoded beforehand.
+    pub(crate) fn args(&mut self, args: &Args) -> &mut Self {
+        for arg in &args.0 {
+            self.cmd.arg(&arg[..]);
+        }
         self
     }
 
@@ -279,6 +296,36 @@ impl Call {
 
     pub(crate) fn script(&self) -> &'static Script {
         self.script
+    }
+}
+
+/// A key and a suffix, one argument (written without joining them first).
+struct Suffixed<'a>(&'a [u8], &'static [u8]);
+
+impl ToRedisArgs for Suffixed<'_> {
+    fn write_redis_args<W: ?Sized + redis::RedisWrite>(&self, out: &mut W) {
+        use std::io::Write as _;
+        let mut arg = out.writer_for_next_arg();
+        // Writing into the command's buffer cannot fail.
+        let _ = arg.write_all(self.0).and_then(|()| arg.write_all(self.1));
+    }
+}
+
+/// Arguments encoded once (a limiter's part of a script's arguments, which never
+/// changes), then added to every call as bytes.
+#[derive(Debug, Default)]
+pub(crate) struct Args(Vec<Vec<u8>>);
+
+impl Args {
+    /// Adds an argument.
+    pub(crate) fn arg(&mut self, arg: impl ToRedisArgs) -> &mut Self {
+        self.0.extend(arg.to_redis_args());
+        self
+    }
+
+    /// How many arguments, and their bytes in all.
+    pub(crate) fn size(&self) -> (usize, usize) {
+        (self.0.len(), self.0.iter().map(Vec::len).sum())
     }
 }
 

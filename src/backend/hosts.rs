@@ -3,12 +3,12 @@
 //! when the breaker lets the check through, the layer's failure policy otherwise.
 
 use std::num::NonZeroU32;
-use std::sync::{Arc, LazyLock};
+use std::sync::{Arc, LazyLock, OnceLock};
 use std::time::Duration;
 
 use super::block::Blocks;
-use super::coalesce::{Coalescer, NextCalls, Turn};
-use super::connect::Call;
+use super::coalesce::{Coalescer, Leader, Turn};
+use super::connect::{Args, Call};
 use super::deny::Denied;
 use super::layout::Layout;
 use super::lease::{check_leased, Leases};
@@ -52,6 +52,8 @@ pub(crate) struct Remote {
     blocks: Blocks,
     /// This limiter's calls in flight, and the checks of the same key waiting for them.
     coalescer: Coalescer,
+    /// The limits' part of the engine's `ARGV`, encoded on first use.
+    limit_args: OnceLock<Args>,
 }
 
 impl Remote {
@@ -68,7 +70,17 @@ impl Remote {
             metrics: RedisMetrics::default(),
             blocks: Blocks::new(&backend.inner.local, lockout),
             coalescer: Coalescer::default(),
+            limit_args: OnceLock::new(),
         }
+    }
+
+    /// The limits' part of the engine's `ARGV` (encoded by `encode` the first time).
+    fn limit_args(&self, encode: impl FnOnce(&mut Args)) -> &Args {
+        self.limit_args.get_or_init(|| {
+            let mut args = Args::default();
+            encode(&mut args);
+            args
+        })
     }
 
     pub(crate) fn coalescer(&self) -> &Coalescer {
@@ -94,10 +106,13 @@ impl Remote {
         self.layout.redis_key(key)
     }
 
-    /// The Redis key of a key's block: its limit key with `:block` after it.
-    pub(crate) fn block_key(&self, redis_key: &[u8]) -> Vec<u8> {
-        [redis_key, b":block"].concat()
+    /// The key whose Redis key is `redis_key`, if it is one of this limiter's.
+    pub(crate) fn key_of<'a>(&self, redis_key: &'a [u8]) -> Option<std::borrow::Cow<'a, [u8]>> {
+        self.layout.key_of(redis_key)
     }
+
+    /// The Redis key of a key's block: its limit key with this after it.
+    pub(crate) const BLOCK_SUFFIX: &'static [u8] = b":block";
 }
 
 /// One algorithm's two hosts on a backend: its Redis script (arguments in, reply out) and
@@ -118,9 +133,10 @@ pub(crate) trait Hosts: Send + Sync + 'static {
     fn extra_keys(&self, key: &[u8], call: &mut Call) {
         let _ = (key, call);
     }
-    /// Appends each limit's part of the engine's `ARGV`: its algorithm's letter, the
-    /// count of its arguments and the arguments (see `engine.lua`).
-    fn limit_args(&self, call: &mut Call);
+    /// Each limit's part of the engine's `ARGV`: its algorithm's letter, the count of its
+    /// arguments and the arguments (see `engine.lua`). Encoded once per limiter
+    /// ([`Remote::limit_args`]).
+    fn limit_args(&self, args: &mut Args);
     /// How many numbers this limit's reply holds (its admitted flag first).
     fn reply_len(&self) -> usize;
     /// Reads this limit's part of the engine's reply; `None` when it is not of the
@@ -234,23 +250,19 @@ pub(crate) fn check<T: Hosts + ?Sized>(store: &Arc<T>, key: &[u8], cost: NonZero
         Ok(deny_key) => deny_key,
         Err(refused) => return Check::ready(refused),
     };
-    let store = Arc::clone(store);
-    let redis = Arc::clone(redis);
-    let next = if backend.inner.coalesce {
-        match remote.coalescer.turn(&redis_key, cost) {
+    let turn = if backend.inner.coalesce {
+        let hash = deny_key.unwrap_or_else(|| backend.inner.deny.hash(&redis_key));
+        match remote.coalescer.turn(hash, cost) {
             Turn::Wait(part) => {
                 // Another check of this key is in flight: this one goes with the next call.
+                let store = Arc::clone(store);
+                let redis = Arc::clone(redis);
                 return Check::pending(async move {
                     let part = part.await.ok().flatten().ok_or(None);
                     conclude(&*store, &redis, part, &redis_key, cost, deny_key)
                 });
             }
-            Turn::Lead => Some(NextCalls {
-                store: Arc::clone(&store),
-                redis: Arc::clone(&redis),
-                key: key.into(),
-                redis_key: redis_key.clone(),
-            }),
+            Turn::Lead => Some(hash),
         }
     } else {
         None
@@ -258,7 +270,7 @@ pub(crate) fn check<T: Hosts + ?Sized>(store: &Arc<T>, key: &[u8], cost: NonZero
     // Only a check that goes to Redis itself builds the call.
     let lockout = store.blocks().lockout_ms();
     let call = engine_call(
-        &*store,
+        &**store,
         key,
         &redis_key,
         CHECK,
@@ -266,21 +278,28 @@ pub(crate) fn check<T: Hosts + ?Sized>(store: &Arc<T>, key: &[u8], cost: NonZero
         lockout,
         &[],
     );
+    let leader = Leader {
+        store: Arc::clone(store),
+        redis: Arc::clone(redis),
+        redis_key,
+        turn,
+    };
     Check::pending(async move {
-        let remote = store.remote();
+        let remote = leader.store.remote();
         let started = std::time::Instant::now();
-        let result = redis.eval(&call).await;
+        let result = leader.redis.eval(&call).await;
         remote.metrics.duration(&remote.name, started.elapsed());
-        // The checks of this key that queued meanwhile go now.
-        drop(next);
-        conclude(
-            &*store,
-            &redis,
+        let decision = conclude(
+            &*leader.store,
+            &leader.redis,
             result.map_err(Some),
-            &redis_key,
+            &leader.redis_key,
             cost,
             deny_key,
-        )
+        );
+        // The checks of this key that queued meanwhile go now.
+        drop(leader);
+        decision
     })
 }
 
@@ -302,12 +321,21 @@ pub(super) fn engine_call<T: Hosts + ?Sized>(
     let backend = remote.backend();
     let time = backend.inner.time;
     let limits = store.limit_count();
-    let mut call = Call::new(ENGINE.get(time), limits + 1);
+    let limit_args = remote.limit_args(|args| store.limit_args(args));
+    let (args, bytes) = limit_args.size();
+    // Room for the keys (a set's other keys about as long as the first), four numbers,
+    // the limits' arguments, the costs and the time.
+    let mut call = Call::new(
+        ENGINE.get(time),
+        limits + 1,
+        limits + 1 + 4 + args + costs.len() + 1,
+        (limits + 1) * (redis_key.len() + 8) + 4 * 20 + bytes + costs.len() * 10 + 20,
+    );
     call.key(redis_key);
     store.extra_keys(key, &mut call);
-    call.key(&remote.block_key(redis_key));
+    call.key_with_suffix(redis_key, Remote::BLOCK_SUFFIX);
     call.arg(op).arg(count).arg(limits).arg(param);
-    store.limit_args(&mut call);
+    call.args(limit_args);
     for cost in costs {
         call.arg(cost.get());
     }

@@ -80,7 +80,7 @@ use crate::error::ConfigError;
 use crate::local::LocalStore;
 
 pub(crate) use self::block::Blocks;
-pub(crate) use self::connect::Call;
+pub(crate) use self::connect::{Args, Call};
 pub use self::builder::BackendBuilder;
 use self::deny::DenyCache;
 pub use self::health::{

@@ -327,7 +327,7 @@ impl RedisBackend {
     }
 
     fn probe_call(&self) -> Call {
-        let mut call = Call::new(&PROBE, 1);
+        let mut call = Call::new(&PROBE, 1, 2, self.probe_key.len() + 20);
         call.key(self.probe_key.as_bytes())
             .arg(self.probe_interval.as_millis().max(1000) as u64);
         call

@@ -61,7 +61,7 @@ use std::time::Duration;
 
 
 use self::memory::{Schedule, Windows};
-use crate::backend::{Backend, Call, Hosts, Remote};
+use crate::backend::{Args, Backend, Hosts, Remote};
 use crate::decision::{Decision, Policy, Source, State};
 use crate::error::ConfigError;
 
@@ -265,11 +265,11 @@ impl Hosts for PeriodHosts {
         )
     }
 
-    fn limit_args(&self, call: &mut Call) {
-        call.arg("w");
+    fn limit_args(&self, args: &mut Args) {
+        args.arg("w");
         match self.offset_ms {
-            None => call.arg(2).arg(self.quota).arg(self.period_ms),
-            Some(offset) => call
+            None => args.arg(2).arg(self.quota).arg(self.period_ms),
+            Some(offset) => args
                 .arg(3)
                 .arg(self.quota)
                 .arg(self.period_ms)

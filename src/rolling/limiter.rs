@@ -11,7 +11,7 @@ use std::time::Duration;
 
 
 use super::memory::{Grid, Rings};
-use crate::backend::{Backend, Call, Hosts, Remote};
+use crate::backend::{Args, Backend, Hosts, Remote};
 use crate::decision::{Decision, Policy, Source, State};
 use crate::error::ConfigError;
 use crate::ring::StepBack;
@@ -204,8 +204,8 @@ impl Hosts for RollingHosts {
         )
     }
 
-    fn limit_args(&self, call: &mut Call) {
-        call
+    fn limit_args(&self, args: &mut Args) {
+        args
             .arg("r")
             .arg(3)
             .arg(self.limit)

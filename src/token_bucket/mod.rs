@@ -63,7 +63,7 @@ use std::time::Duration;
 
 
 use self::memory::{Bucket, Buckets, Outcome, Reservation};
-use crate::backend::{self, Backend, Call, Hosts, Leases, Operation, Remote};
+use crate::backend::{self, Args, Backend, Hosts, Leases, Operation, Remote};
 use crate::decision::{Decision, Policy, Source, State};
 use crate::error::{validate_name, ConfigError};
 use crate::limiter::Check;
@@ -313,8 +313,8 @@ impl Hosts for TokenBucketHosts {
         )
     }
 
-    fn limit_args(&self, call: &mut Call) {
-        call
+    fn limit_args(&self, args: &mut Args) {
+        args
             .arg("t")
             .arg(3)
             .arg(self.interval_us)
