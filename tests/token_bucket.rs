@@ -311,3 +311,26 @@ async fn in_process_a_jump_forward_refills_at_most_the_burst() {
     }
     assert_eq!(limiter.check(b"k", ONE).await.state, State::OverQuota);
 }
+
+/// Times of more than 10^14 µs (a bucket that takes years to refill) reach the client
+/// whole, not in a float's exponent notation: the engine writes its reply as text.
+async fn times_of_years_are_read_whole(backend: Backend, source: Source) {
+    const DAY: Duration = Duration::from_secs(86_400);
+    // One token a day, 1 800 of them: a full refill takes 1 800 days (1.6 * 10^14 µs).
+    let limiter = bucket(&backend, 1, DAY, 1_800);
+    let spent = limiter.check(b"k", cost(1_700)).await;
+    assert_eq!(
+        (spent.state, spent.remaining, spent.source),
+        (State::Allowed, 100, source)
+    );
+    // Full again in 1 700 days (minus the moments the test took).
+    assert!(
+        spent.reset > DAY * 1_699 && spent.reset <= DAY * 1_700,
+        "{spent:?}"
+    );
+    let refused = limiter.check(b"k", cost(150)).await;
+    assert_eq!(refused.state, State::OverQuota, "{refused:?}");
+    let retry = refused.retry_after.expect("a retry-after");
+    assert!(retry > DAY * 49 && retry <= DAY * 50, "{refused:?}");
+}
+both!(times_of_years, times_of_years_are_read_whole);

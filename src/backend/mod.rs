@@ -80,8 +80,8 @@ use crate::error::ConfigError;
 use crate::local::LocalStore;
 
 pub(crate) use self::block::Blocks;
-pub(crate) use self::connect::{Args, Call};
 pub use self::builder::BackendBuilder;
+pub(crate) use self::connect::{Args, Call};
 use self::deny::DenyCache;
 pub use self::health::{
     RedisState, DEFAULT_BREAKER_FAILURE_RATIO, DEFAULT_BREAKER_MIN_CALLS, DEFAULT_BREAKER_WINDOW,

@@ -59,7 +59,6 @@ use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::Duration;
 
-
 use self::memory::{Schedule, Windows};
 use crate::backend::{Args, Backend, Hosts, Remote};
 use crate::decision::{Decision, Policy, Source, State};
@@ -269,11 +268,7 @@ impl Hosts for PeriodHosts {
         args.arg("w");
         match self.offset_ms {
             None => args.arg(2).arg(self.quota).arg(self.period_ms),
-            Some(offset) => args
-                .arg(3)
-                .arg(self.quota)
-                .arg(self.period_ms)
-                .arg(offset),
+            Some(offset) => args.arg(3).arg(self.quota).arg(self.period_ms).arg(offset),
         };
     }
 

@@ -9,7 +9,6 @@ use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::Duration;
 
-
 use super::memory::{Grid, Rings};
 use crate::backend::{Args, Backend, Hosts, Remote};
 use crate::decision::{Decision, Policy, Source, State};
@@ -205,8 +204,7 @@ impl Hosts for RollingHosts {
     }
 
     fn limit_args(&self, args: &mut Args) {
-        args
-            .arg("r")
+        args.arg("r")
             .arg(3)
             .arg(self.limit)
             .arg(self.buckets)

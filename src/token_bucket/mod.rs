@@ -61,7 +61,6 @@ use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::Duration;
 
-
 use self::memory::{Bucket, Buckets, Outcome, Reservation};
 use crate::backend::{self, Args, Backend, Hosts, Leases, Operation, Remote};
 use crate::decision::{Decision, Policy, Source, State};
@@ -314,8 +313,7 @@ impl Hosts for TokenBucketHosts {
     }
 
     fn limit_args(&self, args: &mut Args) {
-        args
-            .arg("t")
+        args.arg("t")
             .arg(3)
             .arg(self.interval_us)
             .arg(self.burst)
