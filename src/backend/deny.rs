@@ -3,22 +3,34 @@
 //!
 //! Only refusals of a one-unit request are cached: if one unit is not available before
 //! `T`, no larger cost is either, so the cached answer is the one Redis would give.
-//! Entries are keyed by a 128-bit hash of the full Redis key (two random seeds, so
+//! Entries are keyed by a 128-bit keyed hash of the full Redis key (random keys, so
 //! attackers cannot aim for collisions) and capped in number; expired entries are
 //! dropped whenever the cap is reached.
 
 use std::collections::hash_map::RandomState;
-use std::hash::BuildHasher;
+use std::hash::{BuildHasher, Hasher as _};
 
 use dashmap::DashMap;
+use siphasher::sip128::{Hasher128, SipHasher13};
 
-/// Hashes keys to 128 bits with per-process random seeds.
-#[derive(Debug, Default)]
-pub(crate) struct KeyHasher(RandomState, RandomState);
+/// Hashes keys to 128 bits in one pass (SipHash-1-3, as the local store does) with
+/// per-process random keys.
+#[derive(Debug)]
+pub(crate) struct KeyHasher(u64, u64);
+
+impl Default for KeyHasher {
+    fn default() -> Self {
+        // Random keys, from the standard library's per-process random state.
+        let random = RandomState::new();
+        Self(random.hash_one(0u8), random.hash_one(1u8))
+    }
+}
 
 impl KeyHasher {
     pub(crate) fn hash(&self, key: &[u8]) -> u128 {
-        (u128::from(self.0.hash_one(key)) << 64) | u128::from(self.1.hash_one(key))
+        let mut hasher = SipHasher13::new_with_keys(self.0, self.1);
+        hasher.write(key);
+        hasher.finish128().as_u128()
     }
 }
 
