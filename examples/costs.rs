@@ -168,8 +168,37 @@ fn measured(
     });
 }
 
+/// `costs sizes`: the bytes of what a request moves around (a decision, a check, the
+/// response future of a `LimitService` around an axum route).
+fn sizes() {
+    use std::mem::size_of;
+    type Future = tower_redis_ratelimit::service::ResponseFuture<axum::routing::Route, Body>;
+    println!("| type | bytes |");
+    println!("|---|---:|");
+    println!(
+        "| `Decision` | {} |",
+        size_of::<tower_redis_ratelimit::Decision>()
+    );
+    println!(
+        "| `Check` | {} |",
+        size_of::<tower_redis_ratelimit::Check>()
+    );
+    println!(
+        "| `ResponseFuture<Route, Body>` | {} |",
+        size_of::<Future>()
+    );
+    println!(
+        "| `RouteFuture` (axum's, inside it) | {} |",
+        size_of::<axum::routing::future::RouteFuture<std::convert::Infallible>>()
+    );
+    println!("| `Request<Body>` | {} |", size_of::<Request<Body>>());
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("sizes") {
+        return sizes();
+    }
     if args.get(1).map(String::as_str) == Some("run") {
         let route = args.get(2).expect("costs run ROUTE N");
         let n = args

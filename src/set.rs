@@ -262,7 +262,7 @@ impl SetHosts {
             }
             parts.write_ratelimit_value(d, &mut value);
         }
-        decision.ratelimit_header = HeaderValue::from_maybe_shared(bytes::Bytes::from(value)).ok();
+        decision.ratelimit_header = Some(bytes::Bytes::from(value));
         decision.policy_header = Some(self.policy_header.clone());
         decision
     }
