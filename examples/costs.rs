@@ -13,6 +13,11 @@
 //! # the same cycling through 1000 keys
 //! valgrind --tool=callgrind --toggle-collect=costs::measured \
 //!     target/release/examples/costs run /token/in-process 10000 1000
+//! # the lease route (a token bucket with leases of 50 tokens for 60 s) on a running
+//! # redis-server: with as many keys as requests, every measured check is answered from
+//! # its key's lease (the warm-up took one lease per key)
+//! REDIS_URL=redis://127.0.0.1:PORT valgrind --tool=callgrind --toggle-collect=costs::measured \
+//!     target/release/examples/costs run /token/redis-lease 10000 10000
 //! ```
 //!
 //! 1. **Per request**: the routes of the `loadtest` example (`/unlimited`,
@@ -111,6 +116,37 @@ fn held_per_key(keys: usize, fill: impl FnOnce()) -> f64 {
     (stats.bytes_allocated as f64 - stats.bytes_deallocated as f64) / keys as f64
 }
 
+/// The route of a token bucket with leases (on Redis: only with `REDIS_URL`).
+const LEASE_ROUTE: &str = "/token/redis-lease";
+
+/// The layer of [`LEASE_ROUTE`]: the in-process routes' token bucket on the Redis at
+/// `url`, with leases of 50 tokens for 60 s (long enough for a run under valgrind).
+fn lease(
+    url: &str,
+) -> tower_redis_ratelimit::LimitLayer<
+    tower_redis_ratelimit::token_bucket::TokenBucketLimiter,
+    tower_redis_ratelimit::key::HeaderKey,
+> {
+    let pool = tower_redis_ratelimit::backend::pool_config(
+        url.to_owned(),
+        tower_redis_ratelimit::backend::DEFAULT_CALL_TIMEOUT,
+    )
+    .create_pool(Some(tower_redis_ratelimit::deadpool_redis::Runtime::Tokio1))
+    .expect("a Redis pool");
+    let backend = Backend::builder()
+        .redis(pool)
+        .prefix("costs")
+        .build()
+        .expect("a Redis backend");
+    let config = TokenBucketConfig::new(RATE, Duration::from_secs(1), RATE)
+        .lease(50, Duration::from_secs(60));
+    tower_redis_ratelimit::LayerBuilder::new(&backend, config)
+        .name("costs-lease")
+        .key(tower_redis_ratelimit::key::HeaderKey::from_static(API_KEY))
+        .build()
+        .expect("a valid layer")
+}
+
 /// `costs run ROUTE N [KEYS]`: only N requests on ROUTE (cycling through KEYS keys,
 /// default 1), for an instruction count of [`measured`] alone
 /// (`valgrind --tool=callgrind --toggle-collect=costs::measured`).
@@ -126,7 +162,14 @@ fn run(route: &str, n: usize, keys: usize) {
         .build()
         .expect("a tokio runtime");
     let app = rt.block_on(async {
-        let app = routes::router(&Backend::in_process(), RATE).expect("valid routes");
+        let mut app = routes::router(&Backend::in_process(), RATE).expect("valid routes");
+        if route == LEASE_ROUTE {
+            let url = std::env::var("REDIS_URL").expect("REDIS_URL for the lease route");
+            app = app.route(
+                LEASE_ROUTE,
+                axum::routing::get(routes::ok).layer(lease(&url)),
+            );
+        }
         // Warm up: every key's state, lazily built parts.
         for key in keys.iter().cycle().take(100.max(keys.len())) {
             let response = app
