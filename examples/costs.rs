@@ -22,7 +22,8 @@
 //!
 //! 1. **Per request**: the routes of the `loadtest` example (`/unlimited`,
 //!    `/token/in-process` with headers and `Decision` extension, the same without,
-//!    `/governor`, `/governor/headers`) in one axum `Router`, each called 10 000 times
+//!    `/governor`, `/governor/headers`, and with `REDIS_URL` `/token/redis-lease`) in
+//!    one axum `Router`, each called 10 000 times
 //!    with `oneshot` on one key, as hyper would call it (the request carries a
 //!    `ConnectInfo`); allocations and bytes allocated per request, the response
 //!    included, and the difference to `/unlimited`.
@@ -265,15 +266,24 @@ fn main() {
     println!("|---|---:|---:|---:|");
     rt.block_on(async {
         let backend = Backend::in_process();
-        let app = routes::router(&backend, RATE).expect("valid routes");
-        let (base, _) = per_request(&app, "/unlimited").await;
-        for route in [
+        let mut app = routes::router(&backend, RATE).expect("valid routes");
+        let mut rows = vec![
             "/unlimited",
             "/token/in-process",
             "/token/in-process/no-headers",
             "/governor",
             "/governor/headers",
-        ] {
+        ];
+        // With REDIS_URL, the lease route too (one key: a round trip every 50 requests).
+        if let Ok(url) = std::env::var("REDIS_URL") {
+            app = app.route(
+                LEASE_ROUTE,
+                axum::routing::get(routes::ok).layer(lease(&url)),
+            );
+            rows.push(LEASE_ROUTE);
+        }
+        let (base, _) = per_request(&app, "/unlimited").await;
+        for route in rows {
             let (allocations, bytes) = per_request(&app, route).await;
             println!(
                 "| `{route}` | {allocations:.2} | {bytes:.0} | {:+.2} |",

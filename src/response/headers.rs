@@ -210,6 +210,40 @@ mod tests {
     }
 
     #[test]
+    fn values_written_later_never_change_earlier_ones() {
+        let parts = HeaderParts::new(&Policy::new("api", 1_000_000, Duration::from_secs(1)));
+        let value = |i: u64| parts.ratelimit_value(&decision(State::Allowed, i, i * 1_000));
+        let expected = |i: u64| format!("\"api\";r={};t={i}", i.min(5));
+        // Held: far more than one buffer's worth, so later values go to new buffers.
+        let held: Vec<(u64, Bytes)> = (0..2_000).map(|i| (i, value(i))).collect();
+        for (i, v) in &held {
+            assert_eq!(v, expected(*i).as_bytes());
+        }
+        drop(held);
+        // Dropped one by one: the buffer is reused from its start.
+        for i in 0..2_000 {
+            assert_eq!(value(i), expected(i).as_bytes());
+        }
+        // On other threads, each with its own buffer.
+        let parts = std::sync::Arc::new(parts);
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                let parts = std::sync::Arc::clone(&parts);
+                std::thread::spawn(move || {
+                    (0..500)
+                        .map(|i| parts.ratelimit_value(&decision(State::Allowed, i, i * 1_000)))
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        for thread in threads {
+            for (i, v) in thread.join().unwrap().into_iter().enumerate() {
+                assert_eq!(v, expected(i as u64).as_bytes());
+            }
+        }
+    }
+
+    #[test]
     fn retry_after_rounds_up_and_keeps_the_longest() {
         let policy = Policy::new("p", 5, Duration::from_millis(300));
         let parts = HeaderParts::new(&policy);
