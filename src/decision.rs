@@ -1,5 +1,6 @@
 //! The outcome of one rate-limit check, as data.
 
+use std::fmt;
 use std::time::Duration;
 
 /// Where a request stands against its limit after a check.
@@ -93,7 +94,21 @@ pub struct Decision {
     /// checked as a header value when it is sent. Bytes rather than a `HeaderValue`
     /// (8 bytes less): a `Decision` of at most 128 bytes is moved with a few vector
     /// moves instead of a `memcpy` call, and every request moves it several times.
-    pub(crate) ratelimit_header: Option<bytes::Bytes>,
+    pub(crate) ratelimit_header: Option<RateLimitValue>,
+}
+
+/// A `RateLimit` value not yet checked as a header value (see
+/// [`Decision::ratelimit_header`]); shown by `Debug` as a header value is.
+#[derive(Clone, PartialEq, Eq)]
+pub(crate) struct RateLimitValue(pub(crate) bytes::Bytes);
+
+impl fmt::Debug for RateLimitValue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match std::str::from_utf8(&self.0) {
+            Ok(value) => fmt::Debug::fmt(value, f),
+            Err(_) => fmt::Debug::fmt(&self.0, f),
+        }
+    }
 }
 
 impl Decision {
@@ -233,6 +248,18 @@ mod tests {
         // LLVM copies up to 128 bytes with inline moves on x86-64; a larger decision is
         // copied by a `memcpy` call at every move.
         assert!(std::mem::size_of::<Decision>() <= 128);
+    }
+
+    #[test]
+    fn a_set_value_reads_as_a_header_value_in_debug() {
+        let value = "\"a\";r=1;t=1, \"b\";r=2;t=3";
+        assert_eq!(
+            format!(
+                "{:?}",
+                RateLimitValue(bytes::Bytes::from_static(value.as_bytes()))
+            ),
+            format!("{:?}", http::HeaderValue::from_static(value))
+        );
     }
 
     #[test]

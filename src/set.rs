@@ -46,7 +46,7 @@ use deadpool_redis::redis::ScriptInvocation;
 use http::HeaderValue;
 
 use crate::backend::{Backend, Blocks, Hosts, Remote};
-use crate::decision::{Decision, Policy, Source, State};
+use crate::decision::{Decision, Policy, RateLimitValue, Source, State};
 use crate::error::{validate_name, ConfigError};
 use crate::limiter::Limiter;
 use crate::period::{PeriodConfig, PeriodLimiter};
@@ -262,7 +262,7 @@ impl SetHosts {
             }
             parts.write_ratelimit_value(d, &mut value);
         }
-        decision.ratelimit_header = Some(bytes::Bytes::from(value));
+        decision.ratelimit_header = Some(RateLimitValue(bytes::Bytes::from(value)));
         decision.policy_header = Some(self.policy_header.clone());
         decision
     }

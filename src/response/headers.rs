@@ -109,7 +109,7 @@ impl HeaderParts {
             .unwrap_or(&self.policy)
             .clone();
         let ratelimit = match &decision.ratelimit_header {
-            Some(value) => HeaderValue::from_maybe_shared(value.clone()).ok(),
+            Some(value) => HeaderValue::from_maybe_shared(value.0.clone()).ok(),
             None => HeaderValue::from_maybe_shared(self.ratelimit_value(decision)).ok(),
         };
         Ready { policy, ratelimit }
