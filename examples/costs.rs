@@ -13,11 +13,17 @@
 //! # the same cycling through 1000 keys
 //! valgrind --tool=callgrind --toggle-collect=costs::measured \
 //!     target/release/examples/costs run /token/in-process 10000 1000
+//! # the lease route (a token bucket with leases of 50 tokens for 60 s) on a running
+//! # redis-server: with as many keys as requests, every measured check is answered from
+//! # its key's lease (the warm-up took one lease per key)
+//! REDIS_URL=redis://127.0.0.1:PORT valgrind --tool=callgrind --toggle-collect=costs::measured \
+//!     target/release/examples/costs run /token/redis-lease 10000 10000
 //! ```
 //!
 //! 1. **Per request**: the routes of the `loadtest` example (`/unlimited`,
 //!    `/token/in-process` with headers and `Decision` extension, the same without,
-//!    `/governor`, `/governor/headers`) in one axum `Router`, each called 10 000 times
+//!    `/governor`, `/governor/headers`, and with `REDIS_URL` `/token/redis-lease`) in
+//!    one axum `Router`, each called 10 000 times
 //!    with `oneshot` on one key, as hyper would call it (the request carries a
 //!    `ConnectInfo`); allocations and bytes allocated per request, the response
 //!    included, and the difference to `/unlimited`.
@@ -111,6 +117,37 @@ fn held_per_key(keys: usize, fill: impl FnOnce()) -> f64 {
     (stats.bytes_allocated as f64 - stats.bytes_deallocated as f64) / keys as f64
 }
 
+/// The route of a token bucket with leases (on Redis: only with `REDIS_URL`).
+const LEASE_ROUTE: &str = "/token/redis-lease";
+
+/// The layer of [`LEASE_ROUTE`]: the in-process routes' token bucket on the Redis at
+/// `url`, with leases of 50 tokens for 60 s (long enough for a run under valgrind).
+fn lease(
+    url: &str,
+) -> tower_redis_ratelimit::LimitLayer<
+    tower_redis_ratelimit::token_bucket::TokenBucketLimiter,
+    tower_redis_ratelimit::key::HeaderKey,
+> {
+    let pool = tower_redis_ratelimit::backend::pool_config(
+        url.to_owned(),
+        tower_redis_ratelimit::backend::DEFAULT_CALL_TIMEOUT,
+    )
+    .create_pool(Some(tower_redis_ratelimit::deadpool_redis::Runtime::Tokio1))
+    .expect("a Redis pool");
+    let backend = Backend::builder()
+        .redis(pool)
+        .prefix("costs")
+        .build()
+        .expect("a Redis backend");
+    let config = TokenBucketConfig::new(RATE, Duration::from_secs(1), RATE)
+        .lease(50, Duration::from_secs(60));
+    tower_redis_ratelimit::LayerBuilder::new(&backend, config)
+        .name("costs-lease")
+        .key(tower_redis_ratelimit::key::HeaderKey::from_static(API_KEY))
+        .build()
+        .expect("a valid layer")
+}
+
 /// `costs run ROUTE N [KEYS]`: only N requests on ROUTE (cycling through KEYS keys,
 /// default 1), for an instruction count of [`measured`] alone
 /// (`valgrind --tool=callgrind --toggle-collect=costs::measured`).
@@ -126,7 +163,14 @@ fn run(route: &str, n: usize, keys: usize) {
         .build()
         .expect("a tokio runtime");
     let app = rt.block_on(async {
-        let app = routes::router(&Backend::in_process(), RATE).expect("valid routes");
+        let mut app = routes::router(&Backend::in_process(), RATE).expect("valid routes");
+        if route == LEASE_ROUTE {
+            let url = std::env::var("REDIS_URL").expect("REDIS_URL for the lease route");
+            app = app.route(
+                LEASE_ROUTE,
+                axum::routing::get(routes::ok).layer(lease(&url)),
+            );
+        }
         // Warm up: every key's state, lazily built parts.
         for key in keys.iter().cycle().take(100.max(keys.len())) {
             let response = app
@@ -168,8 +212,37 @@ fn measured(
     });
 }
 
+/// `costs sizes`: the bytes of what a request moves around (a decision, a check, the
+/// response future of a `LimitService` around an axum route).
+fn sizes() {
+    use std::mem::size_of;
+    type Future = tower_redis_ratelimit::service::ResponseFuture<axum::routing::Route, Body>;
+    println!("| type | bytes |");
+    println!("|---|---:|");
+    println!(
+        "| `Decision` | {} |",
+        size_of::<tower_redis_ratelimit::Decision>()
+    );
+    println!(
+        "| `Check` | {} |",
+        size_of::<tower_redis_ratelimit::Check>()
+    );
+    println!(
+        "| `ResponseFuture<Route, Body>` | {} |",
+        size_of::<Future>()
+    );
+    println!(
+        "| `RouteFuture` (axum's, inside it) | {} |",
+        size_of::<axum::routing::future::RouteFuture<std::convert::Infallible>>()
+    );
+    println!("| `Request<Body>` | {} |", size_of::<Request<Body>>());
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("sizes") {
+        return sizes();
+    }
     if args.get(1).map(String::as_str) == Some("run") {
         let route = args.get(2).expect("costs run ROUTE N");
         let n = args
@@ -193,15 +266,24 @@ fn main() {
     println!("|---|---:|---:|---:|");
     rt.block_on(async {
         let backend = Backend::in_process();
-        let app = routes::router(&backend, RATE).expect("valid routes");
-        let (base, _) = per_request(&app, "/unlimited").await;
-        for route in [
+        let mut app = routes::router(&backend, RATE).expect("valid routes");
+        let mut rows = vec![
             "/unlimited",
             "/token/in-process",
             "/token/in-process/no-headers",
             "/governor",
             "/governor/headers",
-        ] {
+        ];
+        // With REDIS_URL, the lease route too (one key: a round trip every 50 requests).
+        if let Ok(url) = std::env::var("REDIS_URL") {
+            app = app.route(
+                LEASE_ROUTE,
+                axum::routing::get(routes::ok).layer(lease(&url)),
+            );
+            rows.push(LEASE_ROUTE);
+        }
+        let (base, _) = per_request(&app, "/unlimited").await;
+        for route in rows {
             let (allocations, bytes) = per_request(&app, route).await;
             println!(
                 "| `{route}` | {allocations:.2} | {bytes:.0} | {:+.2} |",

@@ -1,5 +1,6 @@
 //! The outcome of one rate-limit check, as data.
 
+use std::fmt;
 use std::time::Duration;
 
 /// Where a request stands against its limit after a check.
@@ -89,8 +90,25 @@ pub struct Decision {
     /// The `RateLimit-Policy` value when the limit was chosen for this request
     /// ([`dynamic`](crate::dynamic) limits) rather than the layer's policy.
     pub(crate) policy_header: Option<http::HeaderValue>,
-    /// The `RateLimit` value when it lists more than one limit ([`set`](crate::set)s).
-    pub(crate) ratelimit_header: Option<http::HeaderValue>,
+    /// The `RateLimit` value when it lists more than one limit ([`set`](crate::set)s),
+    /// checked as a header value when it is sent. Bytes rather than a `HeaderValue`
+    /// (8 bytes less): a `Decision` of at most 128 bytes is moved with a few vector
+    /// moves instead of a `memcpy` call, and every request moves it several times.
+    pub(crate) ratelimit_header: Option<RateLimitValue>,
+}
+
+/// A `RateLimit` value not yet checked as a header value (see
+/// [`Decision::ratelimit_header`]); shown by `Debug` as a header value is.
+#[derive(Clone, PartialEq, Eq)]
+pub(crate) struct RateLimitValue(pub(crate) bytes::Bytes);
+
+impl fmt::Debug for RateLimitValue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match std::str::from_utf8(&self.0) {
+            Ok(value) => fmt::Debug::fmt(value, f),
+            Err(_) => fmt::Debug::fmt(&self.0, f),
+        }
+    }
 }
 
 impl Decision {
@@ -223,6 +241,25 @@ mod tests {
         assert!(State::HitQuota.is_admitted());
         assert!(!State::OverQuota.is_admitted());
         assert!(!State::ExceedsCapacity.is_admitted());
+    }
+
+    #[test]
+    fn a_decision_is_moved_inline() {
+        // LLVM copies up to 128 bytes with inline moves on x86-64; a larger decision is
+        // copied by a `memcpy` call at every move.
+        assert!(std::mem::size_of::<Decision>() <= 128);
+    }
+
+    #[test]
+    fn a_set_value_reads_as_a_header_value_in_debug() {
+        let value = "\"a\";r=1;t=1, \"b\";r=2;t=3";
+        assert_eq!(
+            format!(
+                "{:?}",
+                RateLimitValue(bytes::Bytes::from_static(value.as_bytes()))
+            ),
+            format!("{:?}", http::HeaderValue::from_static(value))
+        );
     }
 
     #[test]

@@ -45,7 +45,7 @@ use bytes::{BufMut, BytesMut};
 use http::HeaderValue;
 
 use crate::backend::{Args, Backend, Blocks, Call, Hosts, Remote};
-use crate::decision::{Decision, Policy, Source, State};
+use crate::decision::{Decision, Policy, RateLimitValue, Source, State};
 use crate::error::{validate_name, ConfigError};
 use crate::limiter::Limiter;
 use crate::period::{PeriodConfig, PeriodLimiter};
@@ -261,7 +261,7 @@ impl SetHosts {
             }
             parts.write_ratelimit_value(d, &mut value);
         }
-        decision.ratelimit_header = HeaderValue::from_maybe_shared(bytes::Bytes::from(value)).ok();
+        decision.ratelimit_header = Some(RateLimitValue(bytes::Bytes::from(value)));
         decision.policy_header = Some(self.policy_header.clone());
         decision
     }

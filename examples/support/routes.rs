@@ -66,16 +66,19 @@ pub(crate) fn token_bucket(
 /// The five in-process routes on `backend`, at `rate` per second and burst `rate` (rate
 /// at least 1, at most 10⁹).
 pub(crate) fn router(backend: &Backend, rate: u64) -> Result<Router, Box<dyn std::error::Error>> {
-    let governor = |headers: bool| {
-        let mut config = GovernorConfigBuilder::default()
+    let builder = || {
+        let mut config = GovernorConfigBuilder::default();
+        config
             .per_nanosecond(1_000_000_000 / rate)
-            .burst_size(u32::try_from(rate).unwrap_or(u32::MAX))
-            .key_extractor(ApiKey);
-        if headers {
-            config.use_headers();
-        }
-        config.finish().ok_or("invalid tower_governor quota")
+            .burst_size(u32::try_from(rate).unwrap_or(u32::MAX));
+        config.key_extractor(ApiKey)
     };
+    let governor = builder().finish().ok_or("invalid tower_governor quota")?;
+    // `use_headers` returns a builder of another type (it does not change this one).
+    let governor_headers = builder()
+        .use_headers()
+        .finish()
+        .ok_or("invalid tower_governor quota")?;
     Ok(Router::new()
         .route("/unlimited", get(ok))
         .route(
@@ -86,12 +89,9 @@ pub(crate) fn router(backend: &Backend, rate: u64) -> Result<Router, Box<dyn std
             "/token/in-process/no-headers",
             get(ok).layer(token_bucket(backend, rate, false)?),
         )
-        .route(
-            "/governor",
-            get(ok).layer(GovernorLayer::new(governor(false)?)),
-        )
+        .route("/governor", get(ok).layer(GovernorLayer::new(governor)))
         .route(
             "/governor/headers",
-            get(ok).layer(GovernorLayer::new(governor(true)?)),
+            get(ok).layer(GovernorLayer::new(governor_headers)),
         ))
 }

@@ -19,7 +19,7 @@ use super::operate::{operate, Operation};
 use super::redis::RedisBackend;
 use crate::decision::{Decision, Source, State};
 use crate::limiter::Check;
-use crate::local::{Lease, LocalStore};
+use crate::local::{Key, Lease, LocalStore};
 
 /// One limiter's leases: their size and lifetime, and their entries in the local store.
 #[derive(Debug)]
@@ -46,46 +46,44 @@ impl Leases {
         }
     }
 
-    fn take(&self, store: &LocalStore, key: &[u8], cost: u64, now_us: u64) -> Take {
-        store.update(
-            store.key(self.id, key),
-            Lease::default,
-            |lease: &mut Lease| {
-                if lease.expires_us > now_us && lease.units >= cost {
-                    lease.units -= cost;
-                    return Take::Taken(lease.units);
-                }
-                let unused = if lease.expires_us <= now_us {
-                    lease.units
-                } else {
-                    0
-                };
-                if lease.expires_us <= now_us {
-                    lease.units = 0;
-                }
-                Take::Missing(unused)
-            },
-        )
+    /// The local store's key of `key`'s lease: computed once per check, for both
+    /// [`take`](Self::take) and [`keep`](Self::keep).
+    fn key(&self, store: &LocalStore, key: &[u8]) -> Key {
+        store.key(self.id, key)
     }
 
-    fn keep(&self, store: &LocalStore, key: &[u8], units: u64, now_us: u64) {
+    fn take(&self, store: &LocalStore, key: Key, cost: u64, now_us: u64) -> Take {
+        store.update(key, Lease::default, |lease: &mut Lease| {
+            if lease.expires_us > now_us && lease.units >= cost {
+                lease.units -= cost;
+                return Take::Taken(lease.units);
+            }
+            let unused = if lease.expires_us <= now_us {
+                lease.units
+            } else {
+                0
+            };
+            if lease.expires_us <= now_us {
+                lease.units = 0;
+            }
+            Take::Missing(unused)
+        })
+    }
+
+    fn keep(&self, store: &LocalStore, key: Key, units: u64, now_us: u64) {
         let expires_us = now_us.saturating_add(self.lifetime_us);
-        store.update(
-            store.key(self.id, key),
-            Lease::default,
-            |lease: &mut Lease| {
-                // Units of a lease still running (taken by a concurrent check) are kept.
-                let running = if lease.expires_us > now_us {
-                    lease.units
-                } else {
-                    0
-                };
-                *lease = Lease {
-                    units: running.saturating_add(units),
-                    expires_us,
-                };
-            },
-        );
+        store.update(key, Lease::default, |lease: &mut Lease| {
+            // Units of a lease still running (taken by a concurrent check) are kept.
+            let running = if lease.expires_us > now_us {
+                lease.units
+            } else {
+                0
+            };
+            *lease = Lease {
+                units: running.saturating_add(units),
+                expires_us,
+            };
+        });
     }
 }
 
@@ -101,9 +99,11 @@ pub(crate) fn check_leased<T: Hosts + ?Sized>(
 ) -> Check {
     let remote = store.remote();
     let backend = remote.backend();
-    let local = backend.local_store();
+    // Borrowed, not cloned: no shared reference count touched per check.
+    let local = &*backend.inner.local;
     let now_us = backend.clock().now_us();
-    match leases.take(&local, key, u64::from(cost.get()), now_us) {
+    let lease_key = leases.key(local, key);
+    match leases.take(local, lease_key, u64::from(cost.get()), now_us) {
         Take::Taken(left) => {
             let state = if left == 0 {
                 State::HitQuota
@@ -147,7 +147,6 @@ pub(crate) fn check_leased<T: Hosts + ?Sized>(
     );
     let store = Arc::clone(store);
     let redis = Arc::clone(redis);
-    let key: Box<[u8]> = key.into();
     let size = leases.size;
     Check::pending(async move {
         let remote = store.remote();
@@ -162,12 +161,8 @@ pub(crate) fn check_leased<T: Hosts + ?Sized>(
                 let backend = remote.backend();
                 let leftover = taken.saturating_sub(u64::from(cost.get()));
                 if let Some(leases) = store.leases() {
-                    leases.keep(
-                        &backend.local_store(),
-                        &key,
-                        leftover,
-                        backend.clock().now_us(),
-                    );
+                    let now_us = backend.clock().now_us();
+                    leases.keep(&backend.inner.local, lease_key, leftover, now_us);
                 }
                 let left = u64::try_from(left).unwrap_or(0);
                 let state = if left + leftover == 0 {
@@ -204,28 +199,20 @@ mod tests {
     fn a_lease_answers_until_used_up_or_expired() {
         let store = LocalStore::new(100, "t");
         let leases = Leases::new(&store, 5, Duration::from_millis(10));
-        assert!(matches!(leases.take(&store, b"k", 1, 0), Take::Missing(0)));
-        leases.keep(&store, b"k", 4, 0);
-        assert!(matches!(
-            leases.take(&store, b"k", 3, 1_000),
-            Take::Taken(1)
-        ));
-        assert!(matches!(
-            leases.take(&store, b"k", 2, 1_000),
-            Take::Missing(0)
-        ));
+        let (k, other) = (leases.key(&store, b"k"), leases.key(&store, b"other"));
+        assert!(matches!(leases.take(&store, k, 1, 0), Take::Missing(0)));
+        leases.keep(&store, k, 4, 0);
+        assert!(matches!(leases.take(&store, k, 3, 1_000), Take::Taken(1)));
+        assert!(matches!(leases.take(&store, k, 2, 1_000), Take::Missing(0)));
         // Expired: the unused unit is reported once, to be given back.
         assert!(matches!(
-            leases.take(&store, b"k", 1, 10_000),
+            leases.take(&store, k, 1, 10_000),
             Take::Missing(1)
         ));
         assert!(matches!(
-            leases.take(&store, b"k", 1, 10_000),
+            leases.take(&store, k, 1, 10_000),
             Take::Missing(0)
         ));
-        assert!(matches!(
-            leases.take(&store, b"other", 1, 0),
-            Take::Missing(0)
-        ));
+        assert!(matches!(leases.take(&store, other, 1, 0), Take::Missing(0)));
     }
 }

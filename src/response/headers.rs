@@ -1,6 +1,8 @@
 //! The IETF `RateLimit` and `RateLimit-Policy` headers (and `Retry-After`), added to
 //! every answer, one list item per stacked policy.
 
+use std::cell::RefCell;
+
 use bytes::{BufMut, Bytes, BytesMut};
 use http::header::{self, HeaderName, HeaderValue};
 use http::HeaderMap;
@@ -12,6 +14,19 @@ use crate::decision::{Decision, Policy};
 pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 /// The `RateLimit-Policy` header (IETF draft-ietf-httpapi-ratelimit-headers-10).
 pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+
+/// The size of each buffer a thread writes its `RateLimit` values into.
+const VALUES_CAPACITY: usize = 4096;
+
+thread_local! {
+    /// Where this thread writes `RateLimit` values. Each value is split off as a `Bytes`
+    /// sharing the buffer (counted by reference), so writing one allocates nothing: once
+    /// the values written before are all dropped (their responses sent), the buffer is
+    /// reused from its start; while some are still held, the next value goes into a new
+    /// buffer of [`VALUES_CAPACITY`] bytes, and the old one is freed with the last value
+    /// in it. A value held for long keeps at most its buffer alive.
+    static VALUES: RefCell<BytesMut> = RefCell::new(BytesMut::with_capacity(VALUES_CAPACITY));
+}
 
 /// The `RateLimit-Policy` value of a policy; built once per layer.
 pub(crate) fn policy_header(policy: &Policy) -> HeaderValue {
@@ -46,21 +61,28 @@ impl HeaderParts {
         }
     }
 
-    /// This policy's item of the `RateLimit` header: `"name";r=<remaining>;t=<reset>`.
+    /// This policy's item of the `RateLimit` header: `"name";r=<remaining>;t=<reset>`,
+    /// written into this thread's buffer of header values ([`VALUES`]).
     pub(crate) fn ratelimit_value(&self, decision: &Decision) -> Bytes {
         let mut remaining = itoa::Buffer::new();
         let remaining = remaining.format(decision.remaining).as_bytes();
         let mut reset = itoa::Buffer::new();
         let reset = reset.format(ceil_secs(decision.reset)).as_bytes();
-        // Exactly as long as the value: `Bytes` takes a full `Vec` over as it is (one
-        // allocation), while one with spare room would need a second for its refcount.
-        let mut v =
-            Vec::with_capacity(self.ratelimit_prefix.len() + remaining.len() + 3 + reset.len());
-        v.extend_from_slice(&self.ratelimit_prefix);
-        v.extend_from_slice(remaining);
-        v.extend_from_slice(b";t=");
-        v.extend_from_slice(reset);
-        Bytes::from(v)
+        let parts: [&[u8]; 4] = [&self.ratelimit_prefix, remaining, b";t=", reset];
+        let written = VALUES.try_with(|values| {
+            let mut values = values.try_borrow_mut().ok()?;
+            values.reserve(parts.iter().map(|part| part.len()).sum());
+            for part in parts {
+                values.extend_from_slice(part);
+            }
+            Some(values.split().freeze())
+        });
+        match written {
+            Ok(Some(value)) => value,
+            // Only while this thread exits (or if this were reentered): an allocation of
+            // its own.
+            _ => Bytes::from(parts.concat()),
+        }
     }
 
     /// Appends this policy's item of the `RateLimit` header to `out`.
@@ -87,7 +109,7 @@ impl HeaderParts {
             .unwrap_or(&self.policy)
             .clone();
         let ratelimit = match &decision.ratelimit_header {
-            Some(value) => Some(value.clone()),
+            Some(value) => HeaderValue::from_maybe_shared(value.0.clone()).ok(),
             None => HeaderValue::from_maybe_shared(self.ratelimit_value(decision)).ok(),
         };
         Ready { policy, ratelimit }
@@ -185,6 +207,40 @@ mod tests {
         assert_eq!(headers[RATELIMIT_POLICY], "\"sms\";q=5;w=86400");
         assert_eq!(headers[RATELIMIT], "\"sms\";r=3;t=2");
         assert!(headers.get(header::RETRY_AFTER).is_none());
+    }
+
+    #[test]
+    fn values_written_later_never_change_earlier_ones() {
+        let parts = HeaderParts::new(&Policy::new("api", 1_000_000, Duration::from_secs(1)));
+        let value = |i: u64| parts.ratelimit_value(&decision(State::Allowed, i, i * 1_000));
+        let expected = |i: u64| format!("\"api\";r={};t={i}", i.min(5));
+        // Held: far more than one buffer's worth, so later values go to new buffers.
+        let held: Vec<(u64, Bytes)> = (0..2_000).map(|i| (i, value(i))).collect();
+        for (i, v) in &held {
+            assert_eq!(v, expected(*i).as_bytes());
+        }
+        drop(held);
+        // Dropped one by one: the buffer is reused from its start.
+        for i in 0..2_000 {
+            assert_eq!(value(i), expected(i).as_bytes());
+        }
+        // On other threads, each with its own buffer.
+        let parts = std::sync::Arc::new(parts);
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                let parts = std::sync::Arc::clone(&parts);
+                std::thread::spawn(move || {
+                    (0..500)
+                        .map(|i| parts.ratelimit_value(&decision(State::Allowed, i, i * 1_000)))
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        for thread in threads {
+            for (i, v) in thread.join().unwrap().into_iter().enumerate() {
+                assert_eq!(v, expected(i as u64).as_bytes());
+            }
+        }
     }
 
     #[test]

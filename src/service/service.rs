@@ -92,12 +92,19 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
+    fn call(&mut self, mut req: Request<ReqBody>) -> Self::Future {
         let shared = &self.shared;
         let Some(cost) = NonZeroU32::new(shared.cost.cost(&req)) else {
             return ResponseFuture::inner(self.inner.call(req), None, None);
         };
-        let (policy, mut req) = select(&shared.limiter, shared.headers.len(), req);
+        // One policy (the common case): the request is not moved to ask the limiter.
+        let policy = if shared.headers.len() > 1 {
+            let (policy, selected) = select(&shared.limiter, shared.headers.len(), req);
+            req = selected;
+            policy
+        } else {
+            0
+        };
         let mut settle = None;
         let mut check: Check = match shared.key.extract(&req) {
             Some(key) if key.len() <= shared.options.max_key_len => {
@@ -167,13 +174,10 @@ where
     }
 }
 
-/// The index of the policy that applies to `req` among `count`: asked of the limiter
-/// only when it has more than one, on the request's head (no allocation: the head and
-/// body are only moved apart and back).
+/// The index of the policy that applies to `req` among `count` (more than one), asked
+/// of the limiter on the request's head (no allocation: the head and body are only
+/// moved apart and back).
 fn select<L: Limiter, B>(limiter: &L, count: usize, req: Request<B>) -> (usize, Request<B>) {
-    if count <= 1 {
-        return (0, req);
-    }
     let (parts, body) = req.into_parts();
     let index = limiter.select(&parts);
     let index = if index < count { index } else { 0 };
