@@ -40,11 +40,18 @@ impl Blocks {
         self.lockout_ms
     }
 
-    /// Until when (Unix µs) `key` is blocked in process, if it is at `now_us`.
-    pub(crate) fn until(&self, store: &LocalStore, key: &[u8], now_us: u64) -> Option<u64> {
+    /// Until when (Unix µs) `key` is blocked in process, if it is at `now_us()` (the
+    /// clock is read only once a key of this limiter was ever blocked).
+    pub(crate) fn until(
+        &self,
+        store: &LocalStore,
+        key: &[u8],
+        now_us: impl FnOnce() -> u64,
+    ) -> Option<u64> {
         if !self.seen.load(Ordering::Relaxed) {
             return None;
         }
+        let now_us = now_us();
         let until = store.peek(
             store.key(self.id, key),
             Blocked::default,

@@ -178,7 +178,7 @@ fn local_check<T: Hosts + ?Sized>(store: &T, key: &[u8], cost: u32, source: Sour
     let blocks = store.blocks();
     let local = &*store.remote().backend.inner.local;
     let now_us = || store.remote().backend.clock().now_us();
-    if let Some(until) = blocks.until(local, key, now_us()) {
+    if let Some(until) = blocks.until(local, key, now_us) {
         let decision = store.local(key, 0, source, false);
         return blocked(
             decision,

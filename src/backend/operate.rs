@@ -138,7 +138,7 @@ fn operate_locally<T: Hosts + ?Sized>(
             0
         }
         Operation::Reserve { max_wait_us } => {
-            if store.blocks().until(local, key, now_us).is_none() {
+            if store.blocks().until(local, key, || now_us).is_none() {
                 if let Some(decision) = store.local_reserve(key, units, max_wait_us, source) {
                     return decision;
                 }
@@ -147,7 +147,7 @@ fn operate_locally<T: Hosts + ?Sized>(
         }
     };
     let decision = store.local(key, peek_cost, source, false);
-    match store.blocks().until(local, key, now_us) {
+    match store.blocks().until(local, key, || now_us) {
         Some(until) => blocked(decision, Duration::from_micros(until - now_us)),
         None => decision,
     }
