@@ -103,3 +103,31 @@ async fn refusals_use_the_deny_cache() {
     let used = redis.command_calls("evalsha") - calls;
     assert!(used <= 6, "{used} calls for 200 checks");
 }
+
+/// An expired lease's unused tokens go back to the bucket in the same call that takes
+/// the next lease (one round trip, and the new lease already counts them).
+#[tokio::test]
+async fn an_expired_lease_is_given_back_by_the_call_that_takes_the_next() {
+    let redis = RedisServer::start();
+    let config = TokenBucketConfig::new(1, HOUR, 100).lease(20, Duration::from_millis(50));
+    let limiter = TokenBucketLimiter::new(&redis.uncached_backend(), "expiry", config).unwrap();
+    // A lease of 20: this check spends one, 19 stay leased; Redis holds 80.
+    let first = limiter.check(b"k", ONE).await;
+    assert_eq!(
+        (first.source, first.remaining),
+        (Source::Redis, 99),
+        "{first:?}"
+    );
+    tokio::time::sleep(Duration::from_millis(80)).await;
+    let calls = redis.command_calls("evalsha");
+    // The 19 go back (Redis: 99), then a new lease of 20 (Redis: 79, 19 leased).
+    let next = limiter.check(b"k", ONE).await;
+    assert_eq!(
+        (next.source, next.remaining),
+        (Source::Redis, 98),
+        "{next:?}"
+    );
+    // Anything sent in the background has landed by now.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(redis.command_calls("evalsha") - calls, 1);
+}

@@ -126,7 +126,7 @@ async fn calls<T: Hosts + ?Sized>(
     // The limited key, read back from the Redis key (a set's other keys are built from it).
     let key = remote.key_of(&redis_key).map(|key| key.into_owned());
     while !waiting.is_empty() {
-        let costs: Vec<NonZeroU32> = waiting.iter().map(|check| check.cost).collect();
+        let costs: Vec<u32> = waiting.iter().map(|check| check.cost.get()).collect();
         let count = costs.len() as u64;
         let call: Option<Call> = key
             .as_deref()

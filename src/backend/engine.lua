@@ -11,7 +11,8 @@
 -- 'f' refund: give the cost back to every limit; 'x' reset: forget the key and its
 -- block; 'b' block: refuse the key for `cost` ms; 'v' reserve: one token bucket's
 -- tokens at the earliest time they fit; 'l' lease: at least the cost of one token
--- bucket's tokens, at most ARGV[4]; 'm' several checks of the key at once, their
+-- bucket's tokens, at most ARGV[4], after giving back the unused tokens of the key's
+-- expired lease (their count after the limits); 'm' several checks of the key at once, their
 -- count in place of the cost and their costs after the limits), cost, the number of
 -- limits n, the lockout (ms the key is blocked for when a check is refused; 0: none;
 -- for 'v': the longest wait in µs), then per limit
@@ -78,6 +79,13 @@ if op == 'f' or op == 'x' or op == 'b' then
   end
   op = 'p'
   cost = 0
+end
+if op == 'l' then
+  -- The unused tokens of the key's expired lease go back first.
+  local unused = tonumber(ARGV[at])
+  if unused > 0 then
+    token_bucket_refund(KEYS[1], limits[1][2], now_us, unused)
+  end
 end
 if op == 'v' or op == 'l' then
   local blocked = math.max(0, redis.call('PTTL', block))

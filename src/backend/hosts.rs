@@ -306,7 +306,8 @@ pub(crate) fn check<T: Hosts + ?Sized>(store: &Arc<T>, key: &[u8], cost: NonZero
 /// One call of the engine for `key` (whose Redis key is `redis_key`): every limit's key
 /// and the block key, then `op`, `count` (a cost, or how many coalesced costs), the
 /// number of limits, `param` (the lockout; a reservation's longest wait; a lease's
-/// size), each limit's arguments, `costs` (coalesced checks), and the caller's time
+/// size), each limit's arguments, `extra` (the costs of coalesced checks; a lease's
+/// expired unused tokens), and the caller's time
 /// when the backend sends it. The one place that lays out `engine.lua`'s `ARGV`.
 pub(super) fn engine_call<T: Hosts + ?Sized>(
     store: &T,
@@ -315,7 +316,7 @@ pub(super) fn engine_call<T: Hosts + ?Sized>(
     op: &str,
     count: u64,
     param: u64,
-    costs: &[NonZeroU32],
+    extra: &[u32],
 ) -> Call {
     let remote = store.remote();
     let backend = remote.backend();
@@ -324,20 +325,20 @@ pub(super) fn engine_call<T: Hosts + ?Sized>(
     let limit_args = remote.limit_args(|args| store.limit_args(args));
     let (args, bytes) = limit_args.size();
     // Room for the keys (a set's other keys about as long as the first), four numbers,
-    // the limits' arguments, the costs and the time.
+    // the limits' arguments, the extra numbers and the time.
     let mut call = Call::new(
         ENGINE.get(time),
         limits + 1,
-        limits + 1 + 4 + args + costs.len() + 1,
-        (limits + 1) * (redis_key.len() + 8) + 4 * 20 + bytes + costs.len() * 10 + 20,
+        limits + 1 + 4 + args + extra.len() + 1,
+        (limits + 1) * (redis_key.len() + 8) + 4 * 20 + bytes + extra.len() * 10 + 20,
     );
     call.key(redis_key);
     store.extra_keys(key, &mut call);
     call.key_with_suffix(redis_key, Remote::BLOCK_SUFFIX);
     call.arg(op).arg(count).arg(limits).arg(param);
     call.args(limit_args);
-    for cost in costs {
-        call.arg(cost.get());
+    for &number in extra {
+        call.arg(number);
     }
     if time == TimeSource::Caller {
         call.arg(backend.caller_now_us());

@@ -103,7 +103,7 @@ pub(crate) fn check_leased<T: Hosts + ?Sized>(
     let local = &*backend.inner.local;
     let now_us = backend.clock().now_us();
     let lease_key = leases.key(local, key);
-    match leases.take(local, lease_key, u64::from(cost.get()), now_us) {
+    let unused = match leases.take(local, lease_key, u64::from(cost.get()), now_us) {
         Take::Taken(left) => {
             let state = if left == 0 {
                 State::HitQuota
@@ -118,23 +118,31 @@ pub(crate) fn check_leased<T: Hosts + ?Sized>(
                 Source::Lease,
             ));
         }
-        Take::Missing(unused) => {
-            if let Some(units) = u32::try_from(unused).ok().and_then(NonZeroU32::new) {
-                let refund = operate(store, Operation::Refund, key, u64::from(units.get()));
-                if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-                    runtime.spawn(refund);
-                }
+        Take::Missing(unused) => unused,
+    };
+    // An expired lease's unused tokens go back with the call that takes the next lease,
+    // or by themselves (in the background) when this check makes no call.
+    let unused = u32::try_from(unused).unwrap_or(u32::MAX);
+    let give_back = |store: &Arc<T>| {
+        if unused > 0 {
+            let refund = operate(store, Operation::Refund, key, u64::from(unused));
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                runtime.spawn(refund);
             }
         }
-    }
+    };
     if !redis.admit() {
+        give_back(store);
         return Check::ready(unavailable(&**store, key, cost));
     }
     let redis_key = remote.redis_key(key);
     // A key Redis refused moments ago is refused here until then, as without leases.
     let deny_key = match cached_refusal(&**store, &redis_key) {
         Ok(deny_key) => deny_key,
-        Err(refused) => return Check::ready(refused),
+        Err(refused) => {
+            give_back(store);
+            return Check::ready(refused);
+        }
     };
     let call = engine_call(
         &**store,
@@ -143,7 +151,7 @@ pub(crate) fn check_leased<T: Hosts + ?Sized>(
         "l",
         u64::from(cost.get()),
         leases.size,
-        &[],
+        &[unused],
     );
     let store = Arc::clone(store);
     let redis = Arc::clone(redis);
