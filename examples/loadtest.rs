@@ -105,8 +105,7 @@ impl Bare {
         let redis_key = format!("loadtest:bare:{key}");
         // As the limiter sends it: the key and its block; a check of cost 1 against one
         // token bucket (`t`, 3 arguments) with no lockout.
-        // The engine's reply: one string of numbers, "admitted blocked ...".
-        let reply: Result<String, _> = redis::cmd("EVALSHA")
+        let reply: Result<Vec<i64>, _> = redis::cmd("EVALSHA")
             .arg(&self.sha)
             .arg(2)
             .arg(&redis_key)
@@ -122,15 +121,8 @@ impl Bare {
             .arg(TAT_EPOCH_SECS)
             .query_async(&mut conn)
             .await;
-        // Read as a client would: every number.
-        let numbers = reply.map(|reply| {
-            reply
-                .split(' ')
-                .map(str::parse)
-                .collect::<Result<Vec<i64>, _>>()
-        });
-        match numbers.as_ref().map(|n| n.as_deref()) {
-            Ok(Ok([1, ..])) => (StatusCode::OK, "ok"),
+        match reply.as_deref() {
+            Ok([1, ..]) => (StatusCode::OK, "ok"),
             Ok(_) => (StatusCode::TOO_MANY_REQUESTS, "refused\n"),
             Err(_) => (StatusCode::BAD_GATEWAY, "redis error\n"),
         }

@@ -313,7 +313,7 @@ async fn in_process_a_jump_forward_refills_at_most_the_burst() {
 }
 
 /// Times of more than 10^14 µs (a bucket that takes years to refill) reach the client
-/// whole, not in a float's exponent notation: the engine writes its reply as text.
+/// whole (Lua numbers are doubles; printed with `%.14g` they would lose digits).
 async fn times_of_years_are_read_whole(backend: Backend, source: Source) {
     const DAY: Duration = Duration::from_secs(86_400);
     // One token a day, 1 800 of them: a full refill takes 1 800 days (1.6 * 10^14 µs).

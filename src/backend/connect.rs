@@ -8,9 +8,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use deadpool_redis::redis::{
-    self, ErrorKind, FromRedisValue, Script, ServerErrorKind, ToRedisArgs, Value,
-};
+use deadpool_redis::redis::{self, ErrorKind, Script, ServerErrorKind, ToRedisArgs};
 
 use super::redis::ScriptError;
 
@@ -344,12 +342,11 @@ impl Conn {
     }
 
     async fn query(&mut self, cmd: &redis::Cmd) -> Result<Vec<i64>, redis::RedisError> {
-        let reply: Value = match self {
-            Self::Single(conn) => cmd.query_async(conn).await?,
+        match self {
+            Self::Single(conn) => cmd.query_async(conn).await,
             #[cfg(feature = "cluster")]
-            Self::Cluster(conn) => cmd.query_async(conn).await?,
-        };
-        numbers(reply)
+            Self::Cluster(conn) => cmd.query_async(conn).await,
+        }
     }
 
     /// `SCRIPT LOAD`.
@@ -362,82 +359,9 @@ impl Conn {
     }
 }
 
-/// A script's reply as numbers: the engine's one string of whole numbers separated by
-/// spaces, or an array of integers (the probe's).
-fn numbers(reply: Value) -> Result<Vec<i64>, redis::RedisError> {
-    let text = match reply {
-        Value::BulkString(bytes) => bytes,
-        Value::SimpleString(text) => text.into_bytes(),
-        other => return Ok(Vec::<i64>::from_redis_value(other)?),
-    };
-    parse_numbers(&text).ok_or_else(|| {
-        (
-            ErrorKind::UnexpectedReturnType,
-            "a script's reply is not whole numbers separated by spaces",
-        )
-            .into()
-    })
-}
-
-/// Whole numbers separated by single spaces (`-` allowed), or `None`.
-fn parse_numbers(text: &[u8]) -> Option<Vec<i64>> {
-    let mut numbers = Vec::with_capacity(text.len() / 2 + 1);
-    for field in text.split(|&b| b == b' ') {
-        let (negative, digits) = match field.split_first() {
-            Some((b'-', digits)) => (true, digits),
-            _ => (false, field),
-        };
-        if digits.is_empty() {
-            return None;
-        }
-        let mut n: i64 = 0;
-        for &digit in digits {
-            if !digit.is_ascii_digit() {
-                return None;
-            }
-            n = n.checked_mul(10)?.checked_add(i64::from(digit - b'0'))?;
-        }
-        numbers.push(if negative { -n } else { n });
-    }
-    Some(numbers)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn replies_are_read_as_whole_numbers_or_refused() {
-        assert_eq!(
-            parse_numbers(b"1 0 19 -3 4000000"),
-            Some(vec![1, 0, 19, -3, 4_000_000])
-        );
-        assert_eq!(parse_numbers(b"0"), Some(vec![0]));
-        assert_eq!(
-            parse_numbers(b"-0 9223372036854775807"),
-            Some(vec![0, i64::MAX])
-        );
-        for bad in [
-            &b""[..],
-            b"1  2",
-            b"1 ",
-            b" 1",
-            b"1.5",
-            b"1e+14",
-            b"-",
-            b"x",
-            b"9223372036854775808",
-        ] {
-            assert_eq!(parse_numbers(bad), None, "{}", String::from_utf8_lossy(bad));
-        }
-        assert_eq!(
-            numbers(Value::BulkString(b"1 2".to_vec())).unwrap(),
-            vec![1, 2]
-        );
-        assert_eq!(numbers(Value::Array(vec![Value::Int(1)])).unwrap(), vec![1]);
-        let error = numbers(Value::BulkString(b"oops".to_vec())).unwrap_err();
-        assert_eq!(error.kind(), ErrorKind::UnexpectedReturnType);
-    }
 
     #[test]
     fn clients_built_from_urls_set_tcp_nodelay() {

@@ -19,9 +19,7 @@
 -- its algorithm ('w' fixed window, 't' token bucket, 'r' rolling window), the count of
 -- its arguments and the arguments; with the caller's time, that time last.
 -- Returns {admitted by every limit (1/0), ms the key stays blocked (0: not blocked),
--- then each limit's reply in order}, once per check for 'm', as one string of whole
--- numbers separated by spaces (one bulk string costs the client far less to read than
--- an array of integers: a batch's reply holds six numbers per check). With more than one
+-- then each limit's reply in order}, once per check for 'm'. With more than one
 -- limit, every limit decides first without spending; only when all of them admit does
 -- each one spend what it decided, so a refusal by any
 -- limit spends nothing (and the limits that would have admitted reply with their
@@ -32,18 +30,6 @@ local algorithms = {
     refund = token_bucket_refund },
   r = { state = rolling_state, step = rolling_step, save = rolling_save, refund = rolling_refund },
 }
--- The reply `out`, as one string: whole numbers (truncated, as Redis truncates the
--- numbers of a table it returns), never in exponent notation.
-local function encode(out)
-  for i = 1, #out do
-    local v = out[i]
-    if v ~= math.floor(v) or v >= 1e14 or v <= -1e14 then
-      out[i] = string.format('%d', v)
-    end
-  end
-  return table.concat(out, ' ')
-end
-
 local op = ARGV[1]
 local cost = tonumber(ARGV[2])
 local n = tonumber(ARGV[3])
@@ -98,7 +84,7 @@ if op == 'v' or op == 'l' then
     for _, v in ipairs(reply) do
       out[#out + 1] = v
     end
-    return encode(out)
+    return out
   end
   op = 'p'
 end
@@ -175,4 +161,4 @@ for i = 1, n do
     limits[i][1].save(KEYS[i], states[i])
   end
 end
-return encode(out)
+return out
