@@ -229,12 +229,7 @@ pub(crate) fn check<T: Hosts + ?Sized>(store: &Arc<T>, key: &[u8], cost: NonZero
     let backend = &remote.backend;
     let redis = backend.redis_handle();
     if u64::from(cost.get()) > store.capacity() {
-        let source = match redis {
-            None => Source::InProcess,
-            Some(redis) if redis.is_healthy() => Source::Redis,
-            Some(_) => Source::Fallback,
-        };
-        return Check::ready(store.exceeds_capacity(source));
+        return Check::ready(store.exceeds_capacity(answering(redis)));
     }
     let Some(redis) = redis else {
         return Check::ready(local_check(&**store, key, cost.get(), Source::InProcess));
@@ -344,6 +339,16 @@ pub(super) fn engine_call<T: Hosts + ?Sized>(
         call.arg(backend.caller_now_us());
     }
     call
+}
+
+/// Who answers a check that needs no store (a cost above capacity): Redis while it is
+/// healthy, the fallback while it is not, the process without Redis.
+pub(super) fn answering(redis: Option<&Arc<RedisBackend>>) -> Source {
+    match redis {
+        None => Source::InProcess,
+        Some(redis) if redis.is_healthy() => Source::Redis,
+        Some(_) => Source::Fallback,
+    }
 }
 
 /// The deny cache's entry for `redis_key`: `Err` with the refusal when Redis refused the

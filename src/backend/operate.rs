@@ -6,7 +6,7 @@ use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::hosts::{blocked, engine_call, read_reply, unavailable, Hosts};
+use super::hosts::{answering, blocked, engine_call, read_reply, unavailable, Hosts};
 use super::FailurePolicy;
 use crate::decision::{Decision, Source};
 use crate::limiter::Check;
@@ -54,12 +54,7 @@ pub(crate) fn operate<T: Hosts + ?Sized>(
     let backend = &remote.backend();
     let redis = backend.redis_handle();
     if matches!(op, Operation::Peek | Operation::Reserve { .. }) && cost > store.capacity() {
-        let source = match redis {
-            None => Source::InProcess,
-            Some(redis) if redis.is_healthy() => Source::Redis,
-            Some(_) => Source::Fallback,
-        };
-        return Check::ready(store.exceeds_capacity(source));
+        return Check::ready(store.exceeds_capacity(answering(redis)));
     }
     let Some(redis) = redis else {
         return Check::ready(operate_locally(&**store, op, key, cost, Source::InProcess));
