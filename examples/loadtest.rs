@@ -36,6 +36,7 @@
 //! - `REDIS_URL`: enables `/token/redis`.
 //! - `REDIS_POOL_SIZE`: the deadpool-redis pool size (default: deadpool's, twice the
 //!   number of CPUs). The pool is `backend::pool_config(url, DEFAULT_CALL_TIMEOUT)`.
+//! - `WORKER_THREADS`: tokio's worker threads (default: one per CPU).
 //!
 //! Nothing is logged per request.
 
@@ -129,8 +130,21 @@ impl Bare {
     }
 }
 
-#[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    // Tokio's multi-threaded runtime, one worker per CPU unless WORKER_THREADS says.
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    if let Ok(workers) = std::env::var("WORKER_THREADS") {
+        let workers: usize = workers
+            .parse()
+            .ok()
+            .filter(|&n| n > 0)
+            .ok_or_else(|| format!("WORKER_THREADS={workers:?} is not a positive number"))?;
+        runtime.worker_threads(workers);
+    }
+    runtime.enable_all().build()?.block_on(serve())
+}
+
+async fn serve() -> Result<(), Box<dyn std::error::Error>> {
     let rate: u64 = env_or("BENCH_RATE", DEFAULT_RATE)?;
     if !(1..=MAX_RATE).contains(&rate) {
         return Err(format!("BENCH_RATE must be within 1..={MAX_RATE}, not {rate}").into());
