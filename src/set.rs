@@ -316,7 +316,7 @@ impl Hosts for SetHosts {
 
     fn extra_keys(&self, key: &[u8], call: &mut Call) {
         for member in &self.members[1..] {
-            call.key(&member.remote().redis_key(key));
+            member.remote().add_redis_key(key, call);
         }
     }
 

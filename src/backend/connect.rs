@@ -274,9 +274,10 @@ impl Call {
         self
     }
 
-    /// Adds the key `key` followed by `suffix`, written straight into the call.
-    pub(crate) fn key_with_suffix(&mut self, key: &[u8], suffix: &'static [u8]) -> &mut Self {
-        self.cmd.arg(Suffixed(key, suffix));
+    /// Adds a key that `write` writes straight into the call (no copy of it is built
+    /// first).
+    pub(crate) fn key_written(&mut self, write: impl Fn(&mut dyn std::io::Write)) -> &mut Self {
+        self.cmd.arg(WrittenBy(write));
         self
     }
 
@@ -299,15 +300,13 @@ impl Call {
     }
 }
 
-/// A key and a suffix, one argument (written without joining them first).
-struct Suffixed<'a>(&'a [u8], &'static [u8]);
+/// One argument, written by a function straight into the command's buffer.
+struct WrittenBy<F>(F);
 
-impl ToRedisArgs for Suffixed<'_> {
+impl<F: Fn(&mut dyn std::io::Write)> ToRedisArgs for WrittenBy<F> {
     fn write_redis_args<W: ?Sized + redis::RedisWrite>(&self, out: &mut W) {
-        use std::io::Write as _;
         let mut arg = out.writer_for_next_arg();
-        // Writing into the command's buffer cannot fail.
-        let _ = arg.write_all(self.0).and_then(|()| arg.write_all(self.1));
+        (self.0)(&mut arg);
     }
 }
 

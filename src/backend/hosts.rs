@@ -106,6 +106,11 @@ impl Remote {
         self.layout.redis_key(key)
     }
 
+    /// Adds the Redis key of `key` to `call`, written straight into it.
+    pub(crate) fn add_redis_key(&self, key: &[u8], call: &mut Call) {
+        call.key_written(|out| self.layout.write_redis_key(key, out));
+    }
+
     /// The key whose Redis key is `redis_key`, if it is one of this limiter's.
     pub(crate) fn key_of<'a>(&self, redis_key: &'a [u8]) -> Option<std::borrow::Cow<'a, [u8]>> {
         self.layout.key_of(redis_key)
@@ -329,7 +334,12 @@ pub(super) fn engine_call<T: Hosts + ?Sized>(
     );
     call.key(redis_key);
     store.extra_keys(key, &mut call);
-    call.key_with_suffix(redis_key, Remote::BLOCK_SUFFIX);
+    call.key_written(|out| {
+        // Writing into the call cannot fail.
+        let _ = out
+            .write_all(redis_key)
+            .and_then(|()| out.write_all(Remote::BLOCK_SUFFIX));
+    });
     call.arg(op).arg(count).arg(limits).arg(param);
     call.args(limit_args);
     for &number in extra {

@@ -42,21 +42,27 @@ impl Layout {
         let specials = key.iter().filter(|&&b| is_special(b)).count();
         let mut out =
             Vec::with_capacity(self.head.len() + key.len() + 2 * specials + self.tail.len());
-        out.extend_from_slice(&self.head);
-        if specials == 0 {
-            out.extend_from_slice(key);
-        } else {
-            for &b in key {
-                match b {
-                    b'%' => out.extend_from_slice(b"%25"),
-                    b'{' => out.extend_from_slice(b"%7B"),
-                    b'}' => out.extend_from_slice(b"%7D"),
-                    _ => out.push(b),
-                }
-            }
-        }
-        out.extend_from_slice(&self.tail);
+        self.write_redis_key(key, &mut out);
         out
+    }
+
+    /// Writes the Redis key of `key` to `out` (a `Vec`, or a script call's argument).
+    pub(crate) fn write_redis_key(&self, key: &[u8], out: &mut dyn std::io::Write) {
+        // Writing to memory cannot fail.
+        let _ = out.write_all(&self.head);
+        if key.iter().any(|&b| is_special(b)) {
+            for &b in key {
+                let _ = match b {
+                    b'%' => out.write_all(b"%25"),
+                    b'{' => out.write_all(b"%7B"),
+                    b'}' => out.write_all(b"%7D"),
+                    _ => out.write_all(&[b]),
+                };
+            }
+        } else {
+            let _ = out.write_all(key);
+        }
+        let _ = out.write_all(&self.tail);
     }
 
     /// The key a Redis key of this limiter was built from (`None` for a Redis key of
