@@ -82,19 +82,20 @@ fn request_with(route: &str, key: HeaderValue) -> Request<Body> {
 
 /// Allocations and bytes allocated per request on `route` (the request built outside
 /// the counted region; the response dropped inside it).
+/// Sends `request` (a warm-up), which must succeed.
+async fn answers_ok(app: &Router, request: Request<Body>, route: &str) {
+    let response = app.clone().oneshot(request).await.expect("infallible");
+    assert!(
+        response.status().is_success(),
+        "{route}: {}",
+        response.status()
+    );
+}
+
 async fn per_request(app: &Router, route: &str) -> (f64, f64) {
     // Warm up: the key's state, lazily built parts.
     for _ in 0..100 {
-        let response = app
-            .clone()
-            .oneshot(request(route))
-            .await
-            .expect("infallible");
-        assert!(
-            response.status().is_success(),
-            "{route}: {}",
-            response.status()
-        );
+        answers_ok(app, request(route), route).await;
     }
     let mut requests: Vec<_> = (0..REQUESTS).map(|_| request(route)).collect();
     let region = Region::new(GLOBAL);
@@ -173,16 +174,7 @@ fn run(route: &str, n: usize, keys: usize) {
         }
         // Warm up: every key's state, lazily built parts.
         for key in keys.iter().cycle().take(100.max(keys.len())) {
-            let response = app
-                .clone()
-                .oneshot(request_with(route, key.clone()))
-                .await
-                .expect("infallible");
-            assert!(
-                response.status().is_success(),
-                "{route}: {}",
-                response.status()
-            );
+            answers_ok(&app, request_with(route, key.clone()), route).await;
         }
         app
     });
