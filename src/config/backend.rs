@@ -147,15 +147,37 @@ pub struct TlsConfig {
     pub client_key_file: Option<PathBuf>,
 }
 
-/// A URL without its user and password: `redis://***@host:6379/0`.
+/// A URL without its credentials: `redis://***@host:6379/0`.
+///
+/// A password may hold `/`, `?`, `#` or `@` unescaped, so the end of the authority cannot
+/// be trusted before the credentials are gone: everything between the scheme and the
+/// *last* `@` of the URL is hidden (an `@` in a path or query hides a little more than
+/// needed, never less). The values of the query parameters that carry credentials
+/// (`pass`, `password`, `user`, `username`, `token`, as `redis+unix://` URLs do) are
+/// hidden too.
 pub(crate) fn redact(url: &str) -> String {
-    let rest_at = url.find("://").map_or(0, |i| i + 3);
-    let authority_end = url[rest_at..]
-        .find(['/', '?', '#'])
-        .map_or(url.len(), |i| rest_at + i);
-    match url[rest_at..authority_end].rfind('@') {
-        Some(at) => format!("{}***{}", &url[..rest_at], &url[rest_at + at..]),
-        None => url.to_owned(),
+    // A credential parameter hides the rest of the URL (its value may hold `&`, `#` or
+    // `@` unescaped); then the credentials of the authority, up to the last `@` left.
+    let mut shown = url;
+    let mut tail = "";
+    let lower = url.to_ascii_lowercase();
+    for name in ["pass=", "password=", "user=", "username=", "token="] {
+        for separator in ['?', '&'] {
+            let pattern = format!("{separator}{name}");
+            if let Some(at) = lower.find(&pattern) {
+                let end = at + pattern.len();
+                if end <= shown.len() {
+                    shown = &url[..end];
+                    tail = "***";
+                }
+            }
+        }
+    }
+    let rest_at = shown.find("://").map_or(0, |i| i + 3);
+    let (head, rest) = shown.split_at(rest_at);
+    match rest.rfind('@') {
+        Some(at) => format!("{head}***{}{tail}", &rest[at..]),
+        None => format!("{shown}{tail}"),
     }
 }
 
@@ -347,7 +369,60 @@ mod tests {
     fn urls_lose_their_credentials() {
         assert_eq!(redact("redis://u:p@h:1/0"), "redis://***@h:1/0");
         assert_eq!(redact("rediss://:p@h"), "rediss://***@h");
-        assert_eq!(redact("redis://h:1/0?x=a@b"), "redis://h:1/0?x=a@b");
+        assert_eq!(redact("redis://h:1/0"), "redis://h:1/0");
         assert_eq!(redact("redis://u:p@ss@h"), "redis://***@h");
+        // An `@` after the authority hides more than needed, never less.
+        assert_eq!(redact("redis://h:1/0?x=a@b"), "redis://***@b");
+        assert_eq!(
+            redact("redis+unix:///run/redis.sock?db=1&pass=s3cret&user=me"),
+            "redis+unix:///run/redis.sock?db=1&pass=***"
+        );
+    }
+
+    /// Passwords made of the characters that end a URL's authority (`/`, `?`, `#`, `@`)
+    /// and others, written unescaped or escaped, in every place a URL holds them.
+    #[test]
+    fn generated_passwords_never_show() {
+        let alphabet: Vec<char> = "aZ09/?#@:%+=&-_.~!$*'()[],;".chars().collect();
+        // A small deterministic generator (xorshift): many passwords, same every run.
+        let mut state: u64 = 0x9E37_79B9_7F4A_7C15;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        for _ in 0..5_000 {
+            let len = 4 + (next() % 28) as usize;
+            let password: String = (0..len)
+                .map(|_| alphabet[(next() % alphabet.len() as u64) as usize])
+                .collect();
+            let escaped: String = password
+                .bytes()
+                .map(|b| {
+                    if b.is_ascii_alphanumeric() {
+                        (b as char).to_string()
+                    } else {
+                        format!("%{b:02X}")
+                    }
+                })
+                .collect();
+            for secret in [&password, &escaped] {
+                for url in [
+                    format!("redis://user:{secret}@redis.internal:6379/0"),
+                    format!("rediss://:{secret}@10.0.0.1:6380"),
+                    format!("redis://{secret}@h"),
+                    format!("redis://user:{secret}@h:1/2?protocol=resp3#x"),
+                    format!("redis+unix:///tmp/r.sock?db=0&pass={secret}"),
+                ] {
+                    let shown = redact(&url);
+                    // The longest run of the secret that could be mistaken for it.
+                    assert!(
+                        !shown.contains(secret.as_str()),
+                        "{secret:?} shows in {shown:?} (from {url:?})"
+                    );
+                }
+            }
+        }
     }
 }
