@@ -147,8 +147,9 @@
 //!
 //! Every built-in limiter (and a [`SetLimiter`](crate::set::SetLimiter)) is a handle
 //! for background jobs, websockets, queue consumers and admin tools, with the same
-//! state as the layers built from the same name on the same backend; each call is one
-//! round trip on Redis, or answered in process:
+//! state as the layers built from the same name and algorithm on the same backend (on
+//! Redis and in process alike: see [one name, one limit](crate::backend#one-name-one-limit));
+//! each call is one round trip on Redis, or answered in process:
 //!
 //! | call | does |
 //! |---|---|
@@ -159,7 +160,18 @@
 //! | [`block(key, duration)`](crate::Limiter::block) | refuses the key for a while, on every instance |
 //!
 //! `peek`, `refund`, `reset` and `block` return `Option<Check>`: `None` for a limiter
-//! that cannot (your own, a per-plan or dynamic limiter).
+//! that cannot (your own, unless it implements them). A per-plan layer's limiter
+//! ([`PlanLimiter`](crate::service::PlanLimiter)) resets and blocks a key under every
+//! plan and peeks and refunds under the first plan ([`plan`](crate::service::PlanLimiter::plan)
+//! gives one plan's limiter); a dynamic layer's limiter
+//! ([`DynamicLimiter`](crate::dynamic::DynamicLimiter)) answers under the key's known
+//! limit (the default one until the source was asked).
+//!
+//! A block or a reset made on one instance reaches the other instances' answers at once
+//! on Redis, except where another instance answers a refusal from its local deny cache:
+//! there, within the deny cache's
+//! [max age](crate::BackendBuilder::deny_cache_max_age) (1 s by default). In process
+//! (and in the fallback), blocks and resets reach only this process.
 //!
 //! ```
 //! use std::num::NonZeroU32;
@@ -193,7 +205,11 @@
 //! requests is checked before any of them has a response, so the layer still counts
 //! each admitted request when it is checked (concurrent requests can never overshoot)
 //! and refunds the ones whose response does not count, in the background: until the
-//! refund lands, the limit errs on the side of refusing.
+//! refund lands, the limit errs on the side of refusing. With per-plan limits the units
+//! go back under the plan that spent them; with dynamic limits, under the key's limit.
+//! A request whose client goes away before the response (the response future is
+//! dropped) keeps its units: without a response there is nothing to judge, and the
+//! limit errs on the side of refusing.
 //!
 //! # Lockouts
 //!
@@ -401,7 +417,13 @@
 //! After a Sentinel failover, the counts the old master had not replicated yet are lost
 //! with it: those keys may admit that many requests again. The backend notices the
 //! failover when its connection to the old master fails, and asks the sentinels again on
-//! the next connection; meanwhile the failure policies answer.
+//! the next connection; meanwhile the failure policies answer. A *manual* failover
+//! (`SENTINEL FAILOVER`) leaves the old master running and writable: the backend keeps
+//! using it until a call fails or the pool makes a new connection and the sentinels name
+//! the new master (about 11 s in a test with the default settings), and what it counts
+//! there meanwhile is lost when the old master becomes a replica (179 admissions under
+//! load in that test). Those keys may admit that many requests again after the switch:
+//! the same bound as an unreplicated count, for a longer while.
 //!
 //! # Configuration as data
 //!
@@ -415,6 +437,11 @@
 //! `Rules::apply` stacks them on an axum router, the first rule outermost (see
 //! [Stacked limits](#stacked-limits) for the order). `examples/rules.rs` serves an app
 //! from `examples/rules.toml`.
+//!
+//! A rule is one limit of one algorithm with a fixed cost. What rules cannot express
+//! yet, and takes code: lockouts, leases, counting by outcome (`count_if`), sets of
+//! limits, per-plan and dynamic limits, and costs computed from the request. Build
+//! those layers with the builders and stack them next to the rules' layers.
 //!
 //! ```
 //! # #[cfg(feature = "serde")]
@@ -516,8 +543,12 @@
 //! [metrics](crate::metrics) count the decisions taken without Redis.
 //!
 //! The local deny cache ([`BackendBuilder::deny_cache`](crate::BackendBuilder::deny_cache))
-//! remembers keys Redis refused until their retry time, so a client hammering an
-//! exhausted limit costs Redis nothing until then.
+//! remembers keys Redis refused until their retry time, but for at most its
+//! [max age](crate::BackendBuilder::deny_cache_max_age) (1 s by default), so a client
+//! hammering an exhausted limit costs Redis one call per second per instance, and a
+//! block, a lockout's end or a reset made by another instance reaches this one's
+//! answers within that second. A set refused from the deny cache lists every limit in
+//! its headers, as Redis's refusal did.
 //!
 //! # Memory and key floods
 //!

@@ -55,6 +55,11 @@
 //! fixed-window or token-bucket key while the bound is not reached, ~100 with it reached
 //! (the cache then also remembers the hashes of recently evicted keys, to recognise keys
 //! that come back), and for a rolling window that plus its counters (8 bytes a bucket).
+//!
+//! The limiter id is derived from the limiter's algorithm and name (and, for a rolling
+//! window, its bucket count), so every limiter of one name and algorithm on a backend
+//! shares its in-process state, as it shares its Redis keys: a handle built with a
+//! layer's name peeks, refunds, resets and blocks the layer's keys.
 
 use std::collections::hash_map::RandomState;
 use std::fmt;
@@ -273,7 +278,8 @@ pub(crate) struct LocalStore {
     /// SipHash-1-3 keys, random per store.
     seeds: (u64, u64),
     evictions: Evictions,
-    next_limiter: AtomicU64,
+    /// Flags shared by the limiters of one name (whether a key was ever blocked), by id.
+    flags: std::sync::Mutex<std::collections::HashMap<u64, Arc<std::sync::atomic::AtomicBool>>>,
     max_keys: u64,
     /// The bound of one shard: no single key may weigh more.
     shard_capacity: u64,
@@ -323,15 +329,20 @@ impl LocalStore {
                 (random.hash_one(0u8), random.hash_one(1u8))
             },
             evictions,
-            next_limiter: AtomicU64::new(0),
+            flags: std::sync::Mutex::default(),
             max_keys,
             shard_capacity,
         }
     }
 
-    /// A fresh limiter id, to keep each limiter's keys apart.
-    pub(crate) fn limiter_id(&self) -> u64 {
-        self.next_limiter.fetch_add(1, Ordering::Relaxed)
+    /// The flag of `id`, shared by every caller asking for the same id (taken when a
+    /// limiter is built, never on a check).
+    pub(crate) fn flag(&self, id: u64) -> Arc<std::sync::atomic::AtomicBool> {
+        let mut flags = self
+            .flags
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        Arc::clone(flags.entry(id).or_default())
     }
 
     /// Whether a key of `weight` fits in the store at all.
@@ -444,7 +455,7 @@ mod tests {
     fn the_bound_is_never_exceeded() {
         for max in [1, 10, 100, 1_000, 5_000, 100_001] {
             let store = LocalStore::new(max, "t");
-            let limiter = store.limiter_id();
+            let limiter = 7;
             for i in 0..(max * 3) {
                 store.update(store.key(limiter, &i.to_le_bytes()), Tat::default, |_| ());
             }

@@ -44,7 +44,7 @@ use std::time::Duration;
 use bytes::{BufMut, BytesMut};
 use http::HeaderValue;
 
-use crate::backend::{Args, Backend, Blocks, Call, Hosts, Remote};
+use crate::backend::{Args, Backend, Blocks, Call, Hosts, Owner, Remote};
 use crate::decision::{Decision, Policy, RateLimitValue, Source, State};
 use crate::error::{validate_name, ConfigError};
 use crate::limiter::Limiter;
@@ -181,18 +181,18 @@ impl SetLimiter {
                     reason: "two limits of a set have the same name",
                 });
             }
-            let full = format!("{name}.{limit}");
+            let owner = Owner::Member { set: name, limit };
             let (hosts, policy) = match member.0 {
                 Algorithm::Period(config) => {
-                    let limiter = PeriodLimiter::new(backend, &full, config)?;
+                    let limiter = PeriodLimiter::with_owner(backend, owner, config)?;
                     (limiter.hosts(), limiter.policy().clone())
                 }
                 Algorithm::TokenBucket(config) => {
-                    let limiter = TokenBucketLimiter::new(backend, &full, config)?;
+                    let limiter = TokenBucketLimiter::with_owner(backend, owner, config)?;
                     (limiter.hosts(), limiter.policy().clone())
                 }
                 Algorithm::Rolling(config) => {
-                    let limiter = RollingWindowLimiter::new(backend, &full, config)?;
+                    let limiter = RollingWindowLimiter::with_owner(backend, owner, config)?;
                     (limiter.hosts(), limiter.policy().clone())
                 }
             };
@@ -207,6 +207,7 @@ impl SetLimiter {
             .map(|m| m.capacity())
             .min()
             .unwrap_or_default();
+        let blocks = members[0].remote().set_blocks(lockout);
         Ok(Self {
             hosts: Arc::new(SetHosts {
                 members: members.into(),
@@ -217,7 +218,7 @@ impl SetLimiter {
                 capacity,
                 locks: (0..LOCKS).map(|_| Mutex::new(())).collect(),
                 hasher: std::collections::hash_map::RandomState::new(),
-                blocks: backend.blocks(lockout),
+                blocks,
             }),
         })
     }
@@ -264,6 +265,21 @@ impl SetHosts {
         decision.ratelimit_header = Some(RateLimitValue(bytes::Bytes::from(value)));
         decision.policy_header = Some(self.policy_header.clone());
         decision
+    }
+
+    /// Each limit's decision in the engine's reply (its limits' parts, in order).
+    fn split(&self, reply: &[i64], cost: NonZeroU32) -> Option<Vec<Decision>> {
+        if reply.len() != self.reply_len() {
+            return None;
+        }
+        let mut rest = reply;
+        let mut decisions = Vec::with_capacity(self.members.len());
+        for member in self.members.iter() {
+            let (part, tail) = rest.split_at(member.reply_len());
+            decisions.push(member.decide(part, cost)?);
+            rest = tail;
+        }
+        Some(decisions)
     }
 
     fn lock(&self, key: &[u8]) -> std::sync::MutexGuard<'_, ()> {
@@ -331,17 +347,15 @@ impl Hosts for SetHosts {
     }
 
     fn decide(&self, reply: &[i64], cost: NonZeroU32) -> Option<Decision> {
-        if reply.len() != self.reply_len() {
-            return None;
-        }
-        let mut rest = reply;
-        let mut decisions = Vec::with_capacity(self.members.len());
-        for member in self.members.iter() {
-            let (part, tail) = rest.split_at(member.reply_len());
-            decisions.push(member.decide(part, cost)?);
-            rest = tail;
-        }
-        Some(self.combine(&decisions))
+        Some(self.combine(&self.split(reply, cost)?))
+    }
+
+    fn member_decisions(&self, reply: &[i64], cost: NonZeroU32) -> Option<Arc<[Decision]>> {
+        self.split(reply, cost).map(Arc::from)
+    }
+
+    fn combine_members(&self, members: &[Decision]) -> Option<Decision> {
+        (members.len() == self.members.len()).then(|| self.combine(members))
     }
 
     fn local(&self, key: &[u8], cost: u32, source: Source, spend: bool) -> Decision {

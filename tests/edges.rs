@@ -170,7 +170,7 @@ async fn the_reports_pair_is_one_script_call_per_request() {
     assert_eq!(
         redis.cmd(&[
             "GET",
-            "ratelimit:{v1:hdr:x-merchant-id:m-7}:period:reports.daily"
+            "ratelimit:{v1:hdr:x-merchant-id:m-7}:set:7:reports:period:daily"
         ]),
         "2",
         "the refused request did not use daily quota"

@@ -34,7 +34,7 @@ async fn a_lockout_is_shared_by_every_instance() {
     assert!(other.retry_after.unwrap() > 14 * MINUTE, "{other:?}");
     assert!(
         redis
-            .cmd(&["PTTL", "ratelimit:{v1:alice}:period:login:block"])
+            .cmd(&["PTTL", "ratelimit:{v1:alice}:block:period:login"])
             .parse::<i64>()
             .unwrap()
             > 0
@@ -68,7 +68,7 @@ async fn a_block_refuses_every_limit_of_a_set_on_every_instance() {
     assert!(refused.retry_after.unwrap() > 9 * MINUTE, "{refused:?}");
     // Nothing was spent while blocked: the daily count is still 1.
     assert_eq!(
-        redis.cmd(&["GET", "ratelimit:{v1:m1}:period:api.daily"]),
+        redis.cmd(&["GET", "ratelimit:{v1:m1}:set:3:api:period:daily"]),
         "1"
     );
     let peek = b.peek(b"m2", ONE).unwrap().await;

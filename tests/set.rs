@@ -57,8 +57,8 @@ async fn one_script_call_per_decision_and_a_refusal_spends_nothing() {
         "one call per decision"
     );
     // The three refusals by the burst did not touch the daily count.
-    let burst = "ratelimit:{v1:m1}:period:reports.burst";
-    let daily = "ratelimit:{v1:m1}:period:reports.daily";
+    let burst = "ratelimit:{v1:m1}:set:7:reports:period:burst";
+    let daily = "ratelimit:{v1:m1}:set:7:reports:period:daily";
     assert_eq!(redis.cmd(&["GET", burst]), "2");
     assert_eq!(redis.cmd(&["GET", daily]), "2");
     // A refusal by the daily limit leaves the burst as it was.

@@ -1,14 +1,17 @@
 //! Blocked keys: a key refused outright until a time, by [`Limiter::block`] or by a
 //! limit's lockout (a refusal that locks the key out for a while, fail2ban-style).
 //!
-//! On Redis a block is one more key next to the limit's own, `<limit key>:block`, read
-//! by the engine on every call (a `PTTL`) and written by it when a lockout starts, so
-//! every instance honours it. In process a block is an entry of the backend's local
-//! store, looked up only by limiters that have ever been blocked or have a lockout.
+//! On Redis a block is one more key next to the limit's own (`…}:block:<algorithm>:<name>`,
+//! see [Redis keys](super#redis-keys)), read by the engine on every call (a `PTTL`) and
+//! written by it when a lockout starts, so every instance honours it. In process a block
+//! is an entry of the backend's local store under the limit's name, shared by every
+//! limiter of that name on the backend, and looked up only once a key of that name was
+//! ever blocked (or the limit has a lockout).
 //!
 //! [`Limiter::block`]: crate::Limiter::block
 
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::local::{Blocked, LocalStore};
@@ -20,18 +23,24 @@ pub(crate) struct Blocks {
     id: u64,
     /// How long a refused check locks its key out, in milliseconds (0: never).
     lockout_ms: u64,
-    /// Whether a key of this limiter was ever blocked in process: until then, in-process
-    /// checks skip the lookup.
-    seen: AtomicBool,
+    /// Whether a key of this name was ever blocked in process (shared by every limiter
+    /// of the name on the backend): until then, in-process checks skip the lookup.
+    seen: Arc<AtomicBool>,
 }
 
 impl Blocks {
-    pub(crate) fn new(store: &LocalStore, lockout: Option<Duration>) -> Self {
+    /// The blocks under `id` in `store` (the name's: see
+    /// [`Layout::local_id`](super::Layout::local_id)), with `lockout`.
+    pub(crate) fn new(store: &LocalStore, id: u64, lockout: Option<Duration>) -> Self {
         let lockout_ms = lockout.map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        let seen = store.flag(id);
+        if lockout_ms > 0 {
+            seen.store(true, Ordering::Relaxed);
+        }
         Self {
-            id: store.limiter_id(),
+            id,
             lockout_ms,
-            seen: AtomicBool::new(lockout_ms > 0),
+            seen,
         }
     }
 

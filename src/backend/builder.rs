@@ -12,7 +12,8 @@ use super::health::BreakerConfig;
 use super::redis::RedisBackend;
 use super::{
     Backend, Failover, FailurePolicy, Inner, TimeSource, DEFAULT_CALL_TIMEOUT,
-    DEFAULT_DENY_CACHE_CAPACITY, DEFAULT_MAX_LOCAL_KEYS, DEFAULT_PREFIX, DEFAULT_PROBE_INTERVAL,
+    DEFAULT_DENY_CACHE_CAPACITY, DEFAULT_DENY_CACHE_MAX_AGE, DEFAULT_MAX_LOCAL_KEYS,
+    DEFAULT_PREFIX, DEFAULT_PROBE_INTERVAL,
 };
 use crate::clock::Clock;
 use crate::error::{validate_name, ConfigError};
@@ -60,6 +61,7 @@ pub struct BackendBuilder {
     probe_interval: Duration,
     breaker: BreakerConfig,
     deny_cache: usize,
+    deny_max_age: Duration,
     coalesce: bool,
     max_local_keys: u64,
     failover: Failover,
@@ -82,6 +84,7 @@ impl Default for BackendBuilder {
             probe_interval: DEFAULT_PROBE_INTERVAL,
             breaker: BreakerConfig::default(),
             deny_cache: DEFAULT_DENY_CACHE_CAPACITY,
+            deny_max_age: DEFAULT_DENY_CACHE_MAX_AGE,
             coalesce: true,
             max_local_keys: DEFAULT_MAX_LOCAL_KEYS,
             failover: Failover::default(),
@@ -102,6 +105,7 @@ impl fmt::Debug for BackendBuilder {
             .field("probe_interval", &self.probe_interval)
             .field("breaker", &self.breaker)
             .field("deny_cache", &self.deny_cache)
+            .field("deny_cache_max_age", &self.deny_max_age)
             .field("max_local_keys", &self.max_local_keys)
             .field("failover", &self.failover)
             .field("time_source", &self.time)
@@ -277,6 +281,30 @@ impl BackendBuilder {
         self
     }
 
+    /// The longest a refusal is answered from the local deny cache without asking Redis
+    /// again (default [`DEFAULT_DENY_CACHE_MAX_AGE`], 1 s; at least 1 ms), however long
+    /// the refusal lasts. It bounds how long another instance's reset or new block of a
+    /// key (an administrator lifting a 15-minute lockout) takes to reach this process's
+    /// answers; a key flooded while refused costs Redis one call per max age per
+    /// instance. A reset, refund or block made through this backend reaches its answers
+    /// at once.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_redis_ratelimit::Backend;
+    ///
+    /// # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
+    /// let backend = Backend::builder()
+    ///     .redis_url("redis://127.0.0.1:6379")
+    ///     .deny_cache_max_age(Duration::from_millis(250))
+    ///     .build()?;
+    /// # let _ = backend; Ok(()) }
+    /// ```
+    pub fn deny_cache_max_age(mut self, max_age: Duration) -> Self {
+        self.deny_max_age = max_age;
+        self
+    }
+
     /// Whether concurrent checks of one key in this process share Redis calls (default
     /// on). While a check of a key waits for Redis, the checks of that key arriving
     /// meanwhile queue, and go to Redis together in one script call when it returns;
@@ -445,6 +473,11 @@ impl BackendBuilder {
                 setting: "call_timeout",
             });
         }
+        if self.deny_max_age < Duration::from_millis(1) {
+            return Err(ConfigError::ZeroDuration {
+                setting: "deny_cache_max_age",
+            });
+        }
         if self.probe_interval < Duration::from_millis(1) {
             return Err(ConfigError::ZeroDuration {
                 setting: "probe_interval",
@@ -492,7 +525,7 @@ impl BackendBuilder {
                 time: self.time,
                 caller_offset_us: self.caller_offset_us,
                 redis,
-                deny: DenyCache::new(self.deny_cache),
+                deny: DenyCache::new(self.deny_cache, self.deny_max_age),
                 coalesce: self.coalesce,
             }),
             failover: self.failover,

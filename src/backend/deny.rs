@@ -3,6 +3,16 @@
 //!
 //! Only refusals of a one-unit request are cached: if one unit is not available before
 //! `T`, no larger cost is either, so the cached answer is the one Redis would give.
+//!
+//! A refusal is answered from the cache for at most the backend's
+//! [`deny_cache_max_age`](crate::BackendBuilder::deny_cache_max_age) (1 s by default),
+//! however far `T` is: another instance may reset or re-block the key meanwhile (an
+//! administrator lifting a lockout), and this process learns it from Redis within that
+//! bound. A reset, refund or block made through this backend forgets the entry at once.
+//! A flooded key therefore costs Redis at most one call per max age per instance.
+//!
+//! A set's refusal keeps each of its limits' decisions, so the answer from the cache
+//! lists every limit in the headers, as Redis's answer did.
 //! Entries are keyed by a 128-bit keyed hash of the full Redis key (random keys, so
 //! attackers cannot aim for collisions) and capped in number; expired entries are
 //! dropped whenever the cap is reached.
@@ -72,28 +82,44 @@ impl std::hash::Hasher for PreHashedHasher {
 }
 
 /// What a cached refusal remembers of Redis's answer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Denied {
-    /// Refused until this time (the crate clock's microseconds).
+    /// Answered from the cache until this time (the crate clock's microseconds): the
+    /// refusal's end, or the cache's max age, whichever comes first.
     pub(crate) until_us: u64,
+    /// When the key could be admitted again.
+    pub(crate) retry_us: u64,
     /// When the limit is fully available again.
     pub(crate) reset_us: u64,
+    /// When Redis gave the refusal.
+    pub(crate) made_us: u64,
+    /// A set's limits' decisions as Redis gave them (`None` for one limit).
+    pub(crate) members: Option<std::sync::Arc<[crate::decision::Decision]>>,
 }
 
 #[derive(Debug)]
 pub(crate) struct DenyCache {
     entries: DashMap<u128, Denied, PreHashed>,
     capacity: usize,
+    /// The longest an entry is answered, in microseconds.
+    max_age_us: u64,
     hasher: KeyHasher,
 }
 
 impl DenyCache {
-    pub(crate) fn new(capacity: usize) -> Self {
+    pub(crate) fn new(capacity: usize, max_age: std::time::Duration) -> Self {
         Self {
             entries: DashMap::with_hasher(PreHashed),
             capacity,
+            max_age_us: u64::try_from(max_age.as_micros()).unwrap_or(u64::MAX),
             hasher: KeyHasher::default(),
         }
+    }
+
+    /// Until when a refusal made at `now_us` that lasts until `retry_us` is answered
+    /// from the cache.
+    pub(crate) fn answer_until(&self, now_us: u64, retry_us: u64) -> u64 {
+        retry_us.min(now_us.saturating_add(self.max_age_us))
     }
 
     pub(crate) fn is_enabled(&self) -> bool {
@@ -106,7 +132,7 @@ impl DenyCache {
 
     /// The cached refusal of `key`, if it still holds at `now_us`.
     pub(crate) fn get(&self, key: u128, now_us: u64) -> Option<Denied> {
-        let denied = *self.entries.get(&key)?;
+        let denied = self.entries.get(&key)?.clone();
         if now_us < denied.until_us {
             return Some(denied);
         }
@@ -142,12 +168,15 @@ mod tests {
 
     #[test]
     fn refusals_expire_and_stay_bounded() {
-        let cache = DenyCache::new(2);
+        let cache = DenyCache::new(2, std::time::Duration::from_secs(1));
         let (a, b, c) = (cache.hash(b"a"), cache.hash(b"b"), cache.hash(b"c"));
         assert_ne!(a, b);
         let denied = |until_us| Denied {
             until_us,
+            retry_us: until_us,
             reset_us: until_us,
+            made_us: 0,
+            members: None,
         };
         cache.insert(a, denied(100), 0);
         cache.insert(b, denied(50), 0);

@@ -10,7 +10,7 @@ use super::block::Blocks;
 use super::coalesce::{Coalescer, Leader, Turn};
 use super::connect::{Args, Call};
 use super::deny::Denied;
-use super::layout::Layout;
+use super::layout::{Layout, Owner};
 use super::lease::{check_leased, Leases};
 use super::redis::{Fault, RedisBackend, ScriptError};
 use super::{Backend, FailurePolicy, Scripts, TimeSource, DEFAULT_PROBE_INTERVAL};
@@ -45,6 +45,8 @@ pub(crate) struct Remote {
     backend: Backend,
     /// How this limiter's Redis keys are built.
     layout: Layout,
+    /// How its keys' blocks are built.
+    block_layout: Layout,
     /// The policy name, for metrics labels.
     name: String,
     metrics: RedisMetrics,
@@ -57,18 +59,27 @@ pub(crate) struct Remote {
 }
 
 impl Remote {
+    /// The backend side of `owner`'s limiter of algorithm `kind`, with `lockout`.
     pub(crate) fn new(
         backend: &Backend,
         kind: &str,
-        name: &str,
+        owner: Owner<'_>,
         lockout: Option<Duration>,
     ) -> Self {
+        let layout = backend.layout(kind, owner);
+        let block_layout = layout.blocks();
+        let blocks = Blocks::new(
+            &backend.inner.local,
+            block_layout.local_id(b"block", 0),
+            lockout,
+        );
         Self {
             backend: backend.clone(),
-            layout: backend.layout(kind, name),
-            name: name.to_owned(),
+            layout,
+            block_layout,
+            name: owner.policy_name().into_owned(),
             metrics: RedisMetrics::default(),
-            blocks: Blocks::new(&backend.inner.local, lockout),
+            blocks,
             coalescer: Coalescer::default(),
             limit_args: OnceLock::new(),
         }
@@ -116,8 +127,23 @@ impl Remote {
         self.layout.key_of(redis_key)
     }
 
-    /// The Redis key of a key's block: its limit key with this after it.
-    pub(crate) const BLOCK_SUFFIX: &'static [u8] = b":block";
+    /// The id of this limiter's in-process state `role` of `shape` (see
+    /// [`Layout::local_id`]): the same for every limiter of its name and algorithm.
+    pub(crate) fn local_id(&self, role: &[u8], shape: u64) -> u64 {
+        self.layout.local_id(role, shape)
+    }
+
+    /// The blocks of `key`s of this limiter's name, with `lockout`, for a
+    /// [set](crate::set) (whose block is its first limit's).
+    pub(crate) fn set_blocks(&self, lockout: Option<Duration>) -> Blocks {
+        let id = self.block_layout.local_id(b"block", 0);
+        Blocks::new(&self.backend.inner.local, id, lockout)
+    }
+
+    /// The layout of this limiter's keys.
+    pub(crate) fn layout(&self) -> &Layout {
+        &self.layout
+    }
 }
 
 /// One algorithm's two hosts on a backend: its Redis script (arguments in, reply out) and
@@ -147,6 +173,19 @@ pub(crate) trait Hosts: Send + Sync + 'static {
     /// Reads this limit's part of the engine's reply; `None` when it is not of the
     /// expected shape.
     fn decide(&self, reply: &[i64], cost: NonZeroU32) -> Option<Decision>;
+    /// Each limit's own decision in `reply`, for a set, whose refusal the deny cache
+    /// keeps limit by limit: `None` for one limit (the default).
+    fn member_decisions(&self, reply: &[i64], cost: NonZeroU32) -> Option<Arc<[Decision]>> {
+        let _ = (reply, cost);
+        None
+    }
+    /// The one decision of a set from its limits' decisions (those that
+    /// [`member_decisions`](Self::member_decisions) gave, aged), with every limit in the
+    /// headers: `None` for one limit (the default).
+    fn combine_members(&self, members: &[Decision]) -> Option<Decision> {
+        let _ = members;
+        None
+    }
     /// Answers from the in-process state; with `spend` false, only says what spending
     /// would answer, changing nothing (a `cost` of 0: where the key stands).
     fn local(&self, key: &[u8], cost: u32, source: Source, spend: bool) -> Decision;
@@ -334,12 +373,7 @@ pub(super) fn engine_call<T: Hosts + ?Sized>(
     );
     call.key(redis_key);
     store.extra_keys(key, &mut call);
-    call.key_written(|out| {
-        // Writing into the call cannot fail.
-        let _ = out
-            .write_all(redis_key)
-            .and_then(|()| out.write_all(Remote::BLOCK_SUFFIX));
-    });
+    call.key_written(|out| remote.block_layout.write_redis_key(key, out));
     call.arg(op).arg(count).arg(limits).arg(param);
     call.args(limit_args);
     for &number in extra {
@@ -381,14 +415,32 @@ pub(super) fn cached_refusal<T: Hosts + ?Sized>(
         return Ok(Some(hash));
     };
     let us = |t: u64| Duration::from_micros(t.saturating_sub(now_us));
-    let decision = Decision::new(
-        State::OverQuota,
-        store.capacity(),
-        0,
-        us(denied.reset_us),
-        Source::DenyCache,
-    );
-    Err(decision.with_retry_after(us(denied.until_us)))
+    // A set's limits as Redis gave them, aged by the time since: every limit in the
+    // headers, as in Redis's answer.
+    let elapsed = Duration::from_micros(now_us.saturating_sub(denied.made_us));
+    let combined = denied.members.as_deref().and_then(|members| {
+        let aged: Vec<Decision> = members
+            .iter()
+            .map(|member| {
+                let mut member = member.clone();
+                member.reset = member.reset.saturating_sub(elapsed);
+                member.retry_after = member.retry_after.map(|r| r.saturating_sub(elapsed));
+                member.source = Source::DenyCache;
+                member
+            })
+            .collect();
+        store.combine_members(&aged)
+    });
+    let decision = combined.unwrap_or_else(|| {
+        Decision::new(
+            State::OverQuota,
+            store.capacity(),
+            0,
+            us(denied.reset_us),
+            Source::DenyCache,
+        )
+    });
+    Err(blocked(decision, us(denied.retry_us)))
 }
 
 /// A check's decision from its part of the engine's reply (caching a refusal in the
@@ -408,15 +460,19 @@ pub(super) fn conclude<T: Hosts + ?Sized>(
             Some(decision) => {
                 if let (Some(hash), Some(retry), 1) = (deny_key, decision.retry_after, cost.get()) {
                     let backend = &remote.backend;
+                    let deny = &backend.inner.deny;
                     let now_us = backend.clock().now_us();
                     let at = |d: Duration| {
                         now_us.saturating_add(u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
                     };
                     let denied = Denied {
-                        until_us: at(retry),
+                        until_us: deny.answer_until(now_us, at(retry)),
+                        retry_us: at(retry),
                         reset_us: at(decision.reset),
+                        made_us: now_us,
+                        members: store.member_decisions(reply.get(2..).unwrap_or_default(), cost),
                     };
-                    backend.inner.deny.insert(hash, denied, now_us);
+                    deny.insert(hash, denied, now_us);
                 }
                 return decision;
             }

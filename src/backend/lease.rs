@@ -38,9 +38,11 @@ enum Take {
 }
 
 impl Leases {
-    pub(crate) fn new(store: &LocalStore, size: u64, lifetime: Duration) -> Self {
+    /// Leases of `size` for `lifetime`, under `id` in the local store (the limiter's
+    /// name's: see [`Layout::local_id`](super::Layout::local_id)).
+    pub(crate) fn new(id: u64, size: u64, lifetime: Duration) -> Self {
         Self {
-            id: store.limiter_id(),
+            id,
             size,
             lifetime_us: u64::try_from(lifetime.as_micros()).unwrap_or(u64::MAX),
         }
@@ -206,7 +208,7 @@ mod tests {
     #[test]
     fn a_lease_answers_until_used_up_or_expired() {
         let store = LocalStore::new(100, "t");
-        let leases = Leases::new(&store, 5, Duration::from_millis(10));
+        let leases = Leases::new(1, 5, Duration::from_millis(10));
         let (k, other) = (leases.key(&store, b"k"), leases.key(&store, b"other"));
         assert!(matches!(leases.take(&store, k, 1, 0), Take::Missing(0)));
         leases.keep(&store, k, 4, 0);

@@ -31,10 +31,26 @@
 //! For example, the `sms` fixed-window limit of the client with API key `k1` is
 //! `ratelimit:{v1:hdr:x-api-key:k1}:period:sms`.
 //!
+//! The limits of a [set](crate::set) and the blocks of every limit have places of their
+//! own after the hash tag:
+//!
+//! ```text
+//! <prefix>:{v1:<escaped key>}:set:<set name length>:<set name>:<algorithm>:<limit>
+//! <prefix>:{v1:<escaped key>}:block:<the limit key's part after `}:`>
+//! ```
+//!
+//! so the `daily` limit of the set `reports` is `…}:set:7:reports:period:daily`, the
+//! block of the `login` limit is `…}:block:period:login` and a set's block is its first
+//! limit's (`…}:block:set:7:reports:token:burst`). A per-plan layer's plan `free` of
+//! layer `api` is the limiter named `api.free` (a handle of that name reaches it).
+//!
 //! No two (prefix, algorithm, name, key) tuples share a Redis key, whatever bytes they
 //! hold: prefixes and names contain no `{` or `}` (checked when they are built), so the
 //! first `{` ends the prefix; the escaped key contains no `{` or `}`, so the first `}`
-//! ends it; the algorithm contains no `:`, so the name is the rest.
+//! ends it; the algorithm contains no `:`, so the name is the rest. `set` and `block`
+//! are not algorithms, a set's name is length-prefixed and what follows `block:` is a
+//! whole limit's part, so no set limit, block or name (`n:block`, `x.y`, ...) ever
+//! reaches another limit's key.
 //!
 //! The part in braces is a Redis Cluster hash tag: a key's slot is determined by
 //! `v1:` and the escaped key alone, so keys spread over the whole cluster by limited key,
@@ -43,10 +59,24 @@
 //! for the empty key.
 //!
 //! Every script declares every key it touches in `KEYS`, as Redis Cluster, Dragonfly
-//! and managed servers require: the fixed window, the token bucket and the rolling
-//! window each touch only the limited key (`KEYS[1]`), the health probe only
-//! `<prefix>:probe`. Which clock the scripts read (the server's `TIME`, or the caller's
+//! and managed servers require: a check touches its limits' keys (one, or a set's) and
+//! the key's block, all in the limited key's hash slot; the health probe only
+//! `<prefix>:probe`.
+//!
+//! # One name, one limit
+//!
+//! Every limiter of one name and algorithm on one backend is the same limit: layers and
+//! handles built with that name share its Redis keys and, in process (and in the
+//! fallback), its in-process state, blocks included. Only the limit's settings are the
+//! limiter's own: give two different limits two names. Which clock the scripts read (the server's `TIME`, or the caller's
 //! clock passed as an argument) is [`BackendBuilder::time_source`].
+//!
+//! # Migrating from earlier layouts
+//!
+//! Before sets and blocks had places of their own, a set's limit was kept under the
+//! limiter name `<set>.<limit>` and a block under `<limit key>:block`. Those keys are
+//! not read any more: after the upgrade, sets start afresh and running blocks and
+//! lockouts are lifted; the old keys expire on their own within one window (or block).
 //!
 //! # Migrating from the unversioned layout
 //!
@@ -88,7 +118,7 @@ pub use self::health::{
     DEFAULT_RECOVERY,
 };
 pub(crate) use self::hosts::{check, Hosts, Remote};
-use self::layout::Layout;
+pub(crate) use self::layout::{Layout, Owner};
 pub(crate) use self::lease::Leases;
 pub(crate) use self::operate::{operate, Operation};
 use self::redis::{Fault, RedisBackend};
@@ -107,6 +137,9 @@ pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_millis(100);
 pub const DEFAULT_PROBE_INTERVAL: Duration = Duration::from_millis(500);
 /// The default number of refused keys the local deny cache remembers.
 pub const DEFAULT_DENY_CACHE_CAPACITY: usize = 10_000;
+/// The default of [`BackendBuilder::deny_cache_max_age`]: how long a refusal is answered
+/// from the local deny cache at most before Redis is asked again.
+pub const DEFAULT_DENY_CACHE_MAX_AGE: Duration = Duration::from_secs(1);
 /// The default of [`BackendBuilder::max_local_keys`]: one million keys, under 256 MB
 /// of in-process state with any algorithm (measured figures there).
 pub const DEFAULT_MAX_LOCAL_KEYS: u64 = crate::local::DEFAULT_MAX_KEYS;
@@ -327,14 +360,9 @@ impl Backend {
         &self.inner.prefix
     }
 
-    /// A limiter's leases on this backend.
-    pub(crate) fn leases(&self, size: u64, lifetime: Duration) -> Leases {
-        Leases::new(&self.inner.local, size, lifetime)
-    }
-
-    /// A limiter's (or set's) blocks on this backend, with its lockout.
-    pub(crate) fn blocks(&self, lockout: Option<Duration>) -> Blocks {
-        Blocks::new(&self.inner.local, lockout)
+    /// The leases of the limiter whose keys are laid out as `layout`, on this backend.
+    pub(crate) fn leases(&self, layout: &Layout, size: u64, lifetime: Duration) -> Leases {
+        Leases::new(layout.local_id(b"lease", 0), size, lifetime)
     }
 
     pub(crate) fn clock(&self) -> &Clock {
@@ -372,8 +400,8 @@ impl Backend {
     }
 
     /// The Redis key layout of one limiter's keys (see [Redis keys](self#redis-keys)).
-    pub(crate) fn layout(&self, kind: &str, name: &str) -> Layout {
-        Layout::new(&self.inner.prefix, kind, name)
+    pub(crate) fn layout(&self, kind: &str, owner: Owner<'_>) -> Layout {
+        Layout::new(&self.inner.prefix, kind, owner)
     }
 }
 
@@ -464,7 +492,7 @@ mod tests {
     #[test]
     fn redis_key_layout() {
         let b = Backend::builder().prefix("app").build().unwrap();
-        let remote = Remote::new(&b, "period", "sms", None);
+        let remote = Remote::new(&b, "period", Owner::Own("sms"), None);
         assert_eq!(
             remote.redis_key(b"ip:1.2.3.4"),
             b"app:{v1:ip:1.2.3.4}:period:sms"

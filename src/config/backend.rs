@@ -26,6 +26,7 @@ use crate::error::ConfigError;
 /// fallback_share = 0.25
 /// max_local_keys = 100000
 /// deny_cache = 10000
+/// deny_cache_max_age = "1s"
 /// time_source = "server"
 /// breaker = { window = "2s", min_calls = 20, failure_ratio = 0.5, recovery = "1s" }
 /// tls = { ca_file = "ca.pem", client_cert_file = "client.pem", client_key_file = "client.key" }
@@ -79,6 +80,13 @@ pub struct BackendConfig {
     /// [`BackendBuilder::deny_cache`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deny_cache: Option<usize>,
+    /// [`BackendBuilder::deny_cache_max_age`].
+    #[serde(
+        default,
+        with = "humantime_serde",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub deny_cache_max_age: Option<Duration>,
     /// [`BackendBuilder::time_source`]: `"server"` (the default) or `"caller"`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub time_source: Option<crate::backend::TimeSource>,
@@ -206,6 +214,7 @@ impl fmt::Debug for BackendConfig {
             .field("fallback_share", &self.fallback_share)
             .field("max_local_keys", &self.max_local_keys)
             .field("deny_cache", &self.deny_cache)
+            .field("deny_cache_max_age", &self.deny_cache_max_age)
             .field("time_source", &self.time_source)
             .finish()
     }
@@ -343,6 +352,9 @@ impl BackendConfig {
         }
         if let Some(capacity) = self.deny_cache {
             builder = builder.deny_cache(capacity);
+        }
+        if let Some(max_age) = self.deny_cache_max_age {
+            builder = builder.deny_cache_max_age(max_age);
         }
         if let Some(source) = self.time_source {
             builder = builder.time_source(source);

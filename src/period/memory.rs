@@ -93,8 +93,8 @@ pub(crate) struct Windows {
 }
 
 impl Windows {
-    pub(crate) fn new(store: std::sync::Arc<LocalStore>) -> Self {
-        let limiter = store.limiter_id();
+    /// The windows under `limiter` (the limiter name's id) in `store`.
+    pub(crate) fn new(store: std::sync::Arc<LocalStore>, limiter: u64) -> Self {
         Self { store, limiter }
     }
 
@@ -158,7 +158,7 @@ mod tests {
     }
 
     fn windows() -> Windows {
-        Windows::new(std::sync::Arc::new(LocalStore::new(1_000, "t")))
+        Windows::new(std::sync::Arc::new(LocalStore::new(1_000, "t")), 1)
     }
 
     const SCHEDULE: Schedule = Schedule {
@@ -221,7 +221,10 @@ mod tests {
     #[test]
     fn limiters_on_one_store_keep_their_keys_apart() {
         let store = std::sync::Arc::new(LocalStore::new(1_000, "t"));
-        let (a, b) = (Windows::new(store.clone()), Windows::new(store.clone()));
+        let (a, b) = (
+            Windows::new(store.clone(), 1),
+            Windows::new(store.clone(), 2),
+        );
         assert!(a.hit(b"k", 1, 1, SCHEDULE, SEC, true).admitted);
         assert!(!a.hit(b"k", 1, 1, SCHEDULE, SEC, true).admitted);
         assert!(b.hit(b"k", 1, 1, SCHEDULE, SEC, true).admitted);

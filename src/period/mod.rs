@@ -60,7 +60,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use self::memory::{Schedule, Windows};
-use crate::backend::{Args, Backend, Hosts, Remote};
+use crate::backend::{Args, Backend, Hosts, Owner, Remote};
 use crate::decision::{Decision, Policy, Source, State};
 use crate::error::ConfigError;
 
@@ -182,7 +182,17 @@ impl PeriodLimiter {
     /// A [`ConfigError`] for a zero quota, a period under one millisecond or over ten
     /// years, an offset beyond ±18 hours, or an invalid name.
     pub fn new(backend: &Backend, name: &str, config: PeriodConfig) -> Result<Self, ConfigError> {
-        crate::error::validate_name("name", name)?;
+        Self::with_owner(backend, Owner::Own(name), config)
+    }
+
+    /// [`new`](Self::new) for `owner`'s keys (a limiter's own, or a set's limit).
+    pub(crate) fn with_owner(
+        backend: &Backend,
+        owner: Owner<'_>,
+        config: PeriodConfig,
+    ) -> Result<Self, ConfigError> {
+        owner.validate()?;
+        let name = &*owner.policy_name();
         if config.quota == 0 {
             return Err(ConfigError::Zero { setting: "quota" });
         }
@@ -199,20 +209,18 @@ impl PeriodLimiter {
             }
         }
         let offset_ms = config.align.map(|o| i64::from(o.seconds) * 1_000);
+        let lockout = crate::error::validate_lockout(config.lockout)?;
+        let remote = Remote::new(backend, "period", owner, lockout);
+        let windows = Windows::new(backend.local_store(), remote.local_id(b"state", 0));
         Ok(Self {
             store: Arc::new(PeriodHosts {
-                remote: Remote::new(
-                    backend,
-                    "period",
-                    name,
-                    crate::error::validate_lockout(config.lockout)?,
-                ),
+                remote,
                 policy: Policy::new(name, config.quota, Duration::from_millis(period_ms)),
                 quota: config.quota,
                 local_quota: backend.local_limit(config.quota),
                 period_ms,
                 offset_ms,
-                windows: Windows::new(backend.local_store()),
+                windows,
             }),
         })
     }

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::memory::{Grid, Rings};
-use crate::backend::{Args, Backend, Hosts, Remote};
+use crate::backend::{Args, Backend, Hosts, Owner, Remote};
 use crate::decision::{Decision, Policy, Source, State};
 use crate::error::ConfigError;
 use crate::ring::StepBack;
@@ -97,7 +97,17 @@ impl RollingWindowLimiter {
     /// more buckets than the backend's in-process state holds for one key (with a tiny
     /// [`max_local_keys`](crate::BackendBuilder::max_local_keys)), or an invalid name.
     pub fn new(backend: &Backend, name: &str, config: RollingConfig) -> Result<Self, ConfigError> {
-        crate::error::validate_name("name", name)?;
+        Self::with_owner(backend, Owner::Own(name), config)
+    }
+
+    /// [`new`](Self::new) for `owner`'s keys (a limiter's own, or a set's limit).
+    pub(crate) fn with_owner(
+        backend: &Backend,
+        owner: Owner<'_>,
+        config: RollingConfig,
+    ) -> Result<Self, ConfigError> {
+        owner.validate()?;
+        let name = &*owner.policy_name();
         if config.limit == 0 {
             return Err(ConfigError::Zero { setting: "limit" });
         }
@@ -128,14 +138,13 @@ impl RollingWindowLimiter {
                 reason: "the backend's max_local_keys is too small for this many buckets",
             });
         }
+        let lockout = crate::error::validate_lockout(config.lockout)?;
+        let remote = Remote::new(backend, "rolling", owner, lockout);
+        // Limiters of one name share their rings only if they have as many buckets.
+        let id = remote.local_id(b"state", u64::from(config.buckets));
         Ok(Self {
             store: Arc::new(RollingHosts {
-                remote: Remote::new(
-                    backend,
-                    "rolling",
-                    name,
-                    crate::error::validate_lockout(config.lockout)?,
-                ),
+                remote,
                 policy: Policy::new(name, config.limit, Duration::from_millis(window_ms)),
                 limit: config.limit,
                 local_limit: backend.local_limit(config.limit),
@@ -143,6 +152,7 @@ impl RollingWindowLimiter {
                 interval_ms,
                 rings: Rings::new(
                     store,
+                    id,
                     Grid {
                         buckets: u64::from(config.buckets),
                         interval_us: interval_ms * 1_000,

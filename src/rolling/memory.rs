@@ -191,8 +191,9 @@ pub(crate) struct Rings {
 }
 
 impl Rings {
-    pub(crate) fn new(store: Arc<LocalStore>, grid: Grid) -> Self {
-        let limiter = store.limiter_id();
+    /// The rings under `limiter` (the limiter name's id, for this many buckets) in
+    /// `store`.
+    pub(crate) fn new(store: Arc<LocalStore>, limiter: u64, grid: Grid) -> Self {
         Self {
             store,
             limiter,
@@ -236,7 +237,7 @@ mod tests {
     use super::*;
 
     fn rings() -> Rings {
-        Rings::new(Arc::new(LocalStore::new(1_000, "t")), GRID)
+        Rings::new(Arc::new(LocalStore::new(1_000, "t")), 1, GRID)
     }
 
     const MS: u64 = 1_000;

@@ -134,8 +134,8 @@ pub(crate) struct Buckets {
 }
 
 impl Buckets {
-    pub(crate) fn new(store: Arc<LocalStore>) -> Self {
-        let limiter = store.limiter_id();
+    /// The buckets under `limiter` (the limiter name's id) in `store`.
+    pub(crate) fn new(store: Arc<LocalStore>, limiter: u64) -> Self {
         Self { store, limiter }
     }
 

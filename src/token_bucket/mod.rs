@@ -62,9 +62,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use self::memory::{Bucket, Buckets, Outcome, Reservation};
-use crate::backend::{self, Args, Backend, Hosts, Leases, Operation, Remote};
+use crate::backend::{self, Args, Backend, Hosts, Leases, Operation, Owner, Remote};
 use crate::decision::{Decision, Policy, Source, State};
-use crate::error::{validate_name, ConfigError};
+use crate::error::ConfigError;
 use crate::limiter::Check;
 
 /// Arrival times in Redis count microseconds from this Unix time (2026-01-01T00:00:00Z),
@@ -196,7 +196,17 @@ impl TokenBucketLimiter {
         name: &str,
         config: TokenBucketConfig,
     ) -> Result<Self, ConfigError> {
-        validate_name("name", name)?;
+        Self::with_owner(backend, Owner::Own(name), config)
+    }
+
+    /// [`new`](Self::new) for `owner`'s keys (a limiter's own, or a set's limit).
+    pub(crate) fn with_owner(
+        backend: &Backend,
+        owner: Owner<'_>,
+        config: TokenBucketConfig,
+    ) -> Result<Self, ConfigError> {
+        owner.validate()?;
+        let name = &*owner.policy_name();
         if config.rate == 0 {
             return Err(ConfigError::Zero { setting: "rate" });
         }
@@ -223,6 +233,8 @@ impl TokenBucketLimiter {
             return Err(ConfigError::TooLong { setting: "period" });
         }
         let refill = Duration::from_nanos(u64::try_from(refill_ns).unwrap_or(u64::MAX));
+        let lockout = crate::error::validate_lockout(config.lockout)?;
+        let remote = Remote::new(backend, "token", owner, lockout);
         let leases = match config.lease {
             None => None,
             Some((0, _)) => return Err(ConfigError::Zero { setting: "lease" }),
@@ -239,7 +251,7 @@ impl TokenBucketLimiter {
             }
             // Leases are taken from Redis: without it there is nothing to lease.
             Some(_) if !backend.is_redis() => None,
-            Some((size, lifetime)) => Some(backend.leases(size, lifetime)),
+            Some((size, lifetime)) => Some(backend.leases(remote.layout(), size, lifetime)),
         };
         // The in-process state applies the fallback share of both rate and burst.
         let local_burst = backend
@@ -249,12 +261,8 @@ impl TokenBucketLimiter {
         let local_interval_ns = (interval_ns as f64 / share).ceil() as u64;
         Ok(Self {
             store: Arc::new(TokenBucketHosts {
-                remote: Remote::new(
-                    backend,
-                    "token",
-                    name,
-                    crate::error::validate_lockout(config.lockout)?,
-                ),
+                buckets: Buckets::new(backend.local_store(), remote.local_id(b"state", 0)),
+                remote,
                 policy: Policy::new(name, config.burst, refill),
                 burst: config.burst,
                 local: Bucket {
@@ -263,7 +271,6 @@ impl TokenBucketLimiter {
                 },
                 // Exact, not rounded to nanoseconds: 3 per second is 333333.33 µs.
                 interval_us: config.period.as_secs_f64() * 1e6 / config.rate as f64,
-                buckets: Buckets::new(backend.local_store()),
                 leases,
             }),
         })
