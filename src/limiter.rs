@@ -75,6 +75,15 @@ pub trait Limiter: Send + Sync + 'static {
         None
     }
 
+    /// Gives `cost` units back to `key` under the policy at `index` in
+    /// [`policies`](Self::policies) (the one [`check_policy`](Self::check_policy) spent
+    /// them under): what counting by outcome calls. The default ignores `index` and calls
+    /// [`refund`](Self::refund).
+    fn refund_policy(&self, index: usize, key: &[u8], cost: NonZeroU32) -> Option<Check> {
+        let _ = index;
+        self.refund(key, cost)
+    }
+
     /// Forgets `key` (an administrator lifting a limit), and says where it stands then.
     /// `None` when this limiter cannot (the default).
     fn reset(&self, key: &[u8]) -> Option<Check> {
@@ -135,6 +144,10 @@ impl<L: Limiter + ?Sized> Limiter for std::sync::Arc<L> {
 
     fn refund(&self, key: &[u8], cost: NonZeroU32) -> Option<Check> {
         (**self).refund(key, cost)
+    }
+
+    fn refund_policy(&self, index: usize, key: &[u8], cost: NonZeroU32) -> Option<Check> {
+        (**self).refund_policy(index, key, cost)
     }
 
     fn reset(&self, key: &[u8]) -> Option<Check> {

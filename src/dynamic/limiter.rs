@@ -205,6 +205,26 @@ impl<A: WithLimit, S: LimitSource> Shared<A, S> {
         }
     }
 
+    /// Runs `op` on the limiter of `key`'s known limit (the default one while the
+    /// key's limit is unknown, pending or refused), marking a non-default limit's
+    /// answer with its policy. Every limiter of the layer shares the layer's name, so
+    /// they all see the key's one state; they differ only in the limit they apply.
+    fn with_limiter(
+        &self,
+        key: &[u8],
+        op: impl FnOnce(&A::Limiter) -> Option<Check>,
+    ) -> Option<Check> {
+        let outcome = self.slots.get(key).map_or(DEFAULT, |slot| slot.outcome());
+        match outcome {
+            PENDING | DEFAULT | REFUSE => op(&self.default.limiter),
+            limit => match self.limiters.get(&limit) {
+                Some(limited) => op(&limited.limiter)
+                    .map(|check| check.with_policy_header(limited.header.clone())),
+                None => op(&self.default.limiter),
+            },
+        }
+    }
+
     /// The outcome of a failed lookup, given the key's previous one.
     fn on_failure(&self, previous: u64) -> u64 {
         match self.on_error {
@@ -343,5 +363,32 @@ impl<A: WithLimit, S: LimitSource> Limiter for DynamicLimiter<A, S> {
             };
             shared.apply(outcome, &key, cost).await
         })
+    }
+
+    /// What a check would answer now under `key`'s known limit (the default limit's
+    /// while it is not known yet; this does not look it up).
+    fn peek(&self, key: &[u8], cost: NonZeroU32) -> Option<Check> {
+        self.shared.with_limiter(key, |l| l.peek(key, cost))
+    }
+
+    /// Gives units back under `key`'s known limit.
+    fn refund(&self, key: &[u8], cost: NonZeroU32) -> Option<Check> {
+        self.shared.with_limiter(key, |l| l.refund(key, cost))
+    }
+
+    /// Forgets `key` (its state is one whatever its limit).
+    fn reset(&self, key: &[u8]) -> Option<Check> {
+        self.shared.with_limiter(key, |l| l.reset(key))
+    }
+
+    /// Blocks `key` (its state is one whatever its limit).
+    fn block(&self, key: &[u8], duration: Duration) -> Option<Check> {
+        self.shared.with_limiter(key, |l| l.block(key, duration))
+    }
+
+    /// Reserves under `key`'s known limit.
+    fn reserve(&self, key: &[u8], cost: NonZeroU32, max_wait: Duration) -> Option<Check> {
+        self.shared
+            .with_limiter(key, |l| l.reserve(key, cost, max_wait))
     }
 }

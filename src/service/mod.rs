@@ -223,7 +223,10 @@ where
         if count_if.counts(status, headers) {
             return;
         }
-        let Some(mut refund) = self.limiter.refund(&settle.key, settle.cost) else {
+        let refund = self
+            .limiter
+            .refund_policy(settle.policy, &settle.key, settle.cost);
+        let Some(mut refund) = refund else {
             return;
         };
         if refund.take_ready().is_some() {

@@ -79,4 +79,6 @@ impl fmt::Debug for CountIf {
 pub(crate) struct Settle {
     pub(crate) key: Box<[u8]>,
     pub(crate) cost: NonZeroU32,
+    /// The policy the units were spent under (a plan's, for per-plan limits).
+    pub(crate) policy: usize,
 }

@@ -267,12 +267,81 @@ where
     }
 
     fn check_policy(&self, index: usize, key: &[u8], cost: NonZeroU32) -> Check {
-        self.plans
-            .get(index)
-            .unwrap_or(&self.plans[0])
-            .1
-            .check(key, cost)
+        self.limiter(index).check(key, cost)
     }
+
+    /// What a check under the default (first) plan would answer; a plan's own limiter
+    /// ([`plan`](PlanLimiter::plan)) peeks under that plan.
+    fn peek(&self, key: &[u8], cost: NonZeroU32) -> Option<Check> {
+        self.plans[0].1.peek(key, cost)
+    }
+
+    /// Gives units back under the default (first) plan; counting by outcome gives them
+    /// back under the plan that spent them ([`refund_policy`](Limiter::refund_policy)).
+    fn refund(&self, key: &[u8], cost: NonZeroU32) -> Option<Check> {
+        self.plans[0].1.refund(key, cost)
+    }
+
+    fn refund_policy(&self, index: usize, key: &[u8], cost: NonZeroU32) -> Option<Check> {
+        self.limiter(index).refund(key, cost)
+    }
+
+    /// Forgets `key` under every plan (a key's plan may change), and says where it
+    /// stands under the default one.
+    fn reset(&self, key: &[u8]) -> Option<Check> {
+        every_plan(self.plans.iter().map(|(_, limiter)| limiter.reset(key)))
+    }
+
+    /// Refuses `key` under every plan for `duration`, and says where it stands under
+    /// the default one.
+    fn block(&self, key: &[u8], duration: std::time::Duration) -> Option<Check> {
+        every_plan(
+            self.plans
+                .iter()
+                .map(|(_, limiter)| limiter.block(key, duration)),
+        )
+    }
+
+    /// Reserves under the default (first) plan.
+    fn reserve(
+        &self,
+        key: &[u8],
+        cost: NonZeroU32,
+        max_wait: std::time::Duration,
+    ) -> Option<Check> {
+        self.plans[0].1.reserve(key, cost, max_wait)
+    }
+}
+
+impl<L, P, S> PlanLimiter<L, P, S> {
+    /// The limiter of the policy at `index` (the default plan's past the end).
+    fn limiter(&self, index: usize) -> &L {
+        &self.plans.get(index).unwrap_or(&self.plans[0]).1
+    }
+}
+
+/// One answer for an operation run under every plan: the first plan's, once every
+/// plan's has landed; `None` if the first plan's limiter cannot.
+fn every_plan(checks: impl Iterator<Item = Option<Check>>) -> Option<Check> {
+    let mut checks: Vec<Check> = checks.collect::<Option<_>>()?;
+    let mut first = checks.remove(0);
+    let ready = first.take_ready();
+    if checks.is_empty() {
+        return Some(match ready {
+            Some(decision) => Check::ready(decision),
+            None => first,
+        });
+    }
+    Some(Check::pending(async move {
+        let decision = match ready {
+            Some(decision) => decision,
+            None => first.await,
+        };
+        for check in checks {
+            check.await;
+        }
+        decision
+    }))
 }
 
 #[cfg(test)]

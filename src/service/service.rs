@@ -112,6 +112,7 @@ where
                     settle = Some(Settle {
                         key: (*key).into(),
                         cost,
+                        policy,
                     });
                 }
                 shared.limiter.check_policy(policy, &key, cost)
