@@ -331,6 +331,7 @@ impl<A, K, C, R> LayerBuilder<A, K, C, R> {
                 headers,
                 options: self.options,
                 metrics,
+                missing_warning: super::MissingKeyWarning::new(std::any::type_name::<K>()),
             }),
         })
     }
