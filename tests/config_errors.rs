@@ -354,3 +354,45 @@ fn a_fixed_cost_above_the_capacity_is_refused_when_built() {
         .build()
         .unwrap();
 }
+
+/// A Redis URL that cannot work says what is wrong (the scheme, the host, the port),
+/// never "did not parse", and never shows its password.
+#[test]
+fn redis_url_errors_say_what_is_wrong() {
+    let error = |url: &str| {
+        let error = Backend::builder().redis_url(url).build().unwrap_err();
+        assert!(
+            matches!(error, ConfigError::InvalidRedisUrl { .. }),
+            "{error:?}"
+        );
+        let text = error.to_string();
+        assert!(!text.contains("did not parse"), "{text}");
+        text
+    };
+    assert!(
+        error("http://127.0.0.1:6379")
+            .contains("`http://` is not a Redis scheme; expected `redis://`"),
+        "{}",
+        error("http://127.0.0.1:6379")
+    );
+    assert!(error("127.0.0.1:6379").contains("no scheme"));
+    assert!(error("").contains("the URL is empty"));
+    assert_eq!(
+        error("redis://127.0.0.1:99999"),
+        "invalid Redis URL: port 99999 is out of range: expected 1 to 65535"
+    );
+    let secret = error("redis://app:hunter2/x@10.0.0.1:6379");
+    assert!(!secret.contains("hunter2"), "{secret}");
+    assert!(secret.contains("percent-encoded"), "{secret}");
+    #[cfg(feature = "cluster")]
+    {
+        let error = Backend::builder()
+            .redis_cluster_urls(["redis://10.0.0.1:7000", "redis://10.0.0.2:70000"])
+            .build()
+            .unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "invalid Redis URL: cluster URL #2: port 70000 is out of range: expected 1 to 65535"
+        );
+    }
+}
