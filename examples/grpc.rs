@@ -1,7 +1,13 @@
 //! A tonic gRPC server with the standard health service (`grpc.health.v1.Health`, from
-//! `tonic-health`, so no protoc is needed) behind a rate limit keyed by the `x-api-key`
-//! metadata, or by the client's IP address without it. On Redis when `REDIS_URL` is set,
-//! in-process otherwise.
+//! `tonic-health`, so no protoc is needed) behind a rate limit keyed by the client that
+//! an authentication interceptor found in the `x-api-key` metadata, or by the client's
+//! IP address without one. On Redis when `REDIS_URL` is set, in-process otherwise.
+//!
+//! Authentication goes *before* the limit: a tonic interceptor that puts the client into
+//! the request extensions is added as a server layer (`InterceptorLayer`) ahead of the
+//! limit, never with `with_interceptor(service, auth)`, which wraps only the service and
+//! so runs after every server layer (the limit would find no client in any call, and
+//! refuse them all with `INVALID_ARGUMENT` and a `warn` log line).
 //!
 //! ```text
 //! cargo run --example grpc --features grpc                                   # in-process
@@ -22,8 +28,10 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use tonic::service::InterceptorLayer;
 use tonic::transport::server::TcpIncoming;
-use tower_redis_ratelimit::key::{HeaderKey, PeerIp};
+use tonic::{Request, Status};
+use tower_redis_ratelimit::key::{ExtensionKey, PeerIp};
 use tower_redis_ratelimit::{Backend, PeriodLimitLayer};
 
 /// Calls per window and key: small enough to exhaust by hand.
@@ -69,6 +77,36 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     serve(listener, &backend).await
 }
 
+/// The client an authenticated call comes from, put into the request extensions by
+/// [`authenticate`].
+#[derive(Clone, Debug)]
+pub struct Client(pub String);
+
+impl std::fmt::Display for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// The authentication interceptor: a call with an `x-api-key` names its client (a real
+/// service would look the key up and refuse unknown ones with `UNAUTHENTICATED`); a call
+/// without one goes on anonymously, limited per address.
+#[allow(clippy::result_large_err)]
+pub fn authenticate(mut request: Request<()>) -> Result<Request<()>, Status> {
+    let client = match request.metadata().get("x-api-key") {
+        Some(key) => Some(Client(
+            key.to_str()
+                .map_err(|_| Status::unauthenticated("x-api-key is not ASCII"))?
+                .to_owned(),
+        )),
+        None => None,
+    };
+    if let Some(client) = client {
+        request.extensions_mut().insert(client);
+    }
+    Ok(request)
+}
+
 /// Serves the health service on `listener`, limited on `backend`, until an error.
 ///
 /// # Errors
@@ -78,16 +116,25 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     backend: &Backend,
 ) -> Result<(), Box<dyn std::error::Error>> {
-    // gRPC metadata are HTTP/2 headers: `HeaderKey` reads `x-api-key` metadata.
+    // Keyed by the client authentication found (`ext:client:<key>`), else the address.
+    // (Without authentication, `HeaderKey::from_static("x-api-key")` reads the metadata
+    // directly: gRPC metadata are HTTP/2 headers.)
     let limit = PeriodLimitLayer::builder(backend)
         .name(POLICY)
         .quota(QUOTA)
         .period(PERIOD)
-        .key(HeaderKey::from_static("x-api-key").or(PeerIp::new()))
+        .key(
+            ExtensionKey::<Client>::new()
+                .tag("client")
+                .or(PeerIp::new()),
+        )
         .build()?;
     // Reports SERVING for the whole server (service name "").
     let (_reporter, health) = tonic_health::server::health_reporter();
     tonic::transport::Server::builder()
+        // Server layers run in the order they are added: authentication first, so the
+        // limit finds the client in the extensions.
+        .layer(InterceptorLayer::new(authenticate))
         .layer(limit)
         .add_service(health)
         .serve_with_incoming(TcpIncoming::from(listener))

@@ -25,7 +25,7 @@ use std::time::Duration;
 use axum::routing::post;
 use axum::{Extension, Router};
 use tower_redis_ratelimit::dynamic::{DynamicLimits, OnSourceError};
-use tower_redis_ratelimit::key::HeaderKey;
+use tower_redis_ratelimit::key::{HeaderKey, TaggedKey};
 use tower_redis_ratelimit::period::PeriodConfig;
 use tower_redis_ratelimit::{Backend, ConfigError, Decision, LayerBuilder};
 
@@ -55,18 +55,12 @@ impl Quotas {
 ///
 /// A [`ConfigError`] if the limit is misconfigured.
 pub fn app(backend: &Backend, quotas: Quotas) -> Result<Router, ConfigError> {
-    // The key the source is asked for is the layer's key: `hdr:x-merchant-id:<id>`.
-    let source = move |key: &[u8]| {
+    // The source is asked with the merchant id the `x-merchant-id` header held (the
+    // layer's key is `hdr:x-merchant-id:<id>`; `value` is the id alone).
+    let source = move |key: TaggedKey<'_>| {
         let quotas = quotas.clone();
-        let merchant = key
-            .strip_prefix(b"hdr:x-merchant-id:")
-            .map(|id| String::from_utf8_lossy(id).into_owned());
-        async move {
-            match merchant {
-                Some(merchant) => quotas.quota(&merchant).await,
-                None => Ok(None),
-            }
-        }
+        let merchant = String::from_utf8_lossy(key.value()).into_owned();
+        async move { quotas.quota(&merchant).await }
     };
     let limits = DynamicLimits::new(PeriodConfig::new(20, Duration::from_secs(60)), source)
         .ttl(Duration::from_secs(5))

@@ -70,6 +70,24 @@ pub enum ConfigError {
         /// What contradicts what.
         reason: &'static str,
     },
+    /// A fixed cost ([`FixedCost`](crate::FixedCost)) above what a limit can ever hold:
+    /// every request would be refused (`429` with no `Retry-After`, since waiting never
+    /// helps), or every request while Redis is unreachable when `fallback` is true (the
+    /// in-process fallback applies the limit times the
+    /// [fallback share](crate::BackendBuilder::fallback_share)).
+    #[non_exhaustive]
+    CostAboveCapacity {
+        /// The policy whose capacity is too small (for a set, its smallest member).
+        policy: String,
+        /// The fixed cost of every request.
+        cost: u32,
+        /// The most units the policy can admit at once: a fixed window's quota, a token
+        /// bucket's burst, a rolling window's limit (times the fallback share when
+        /// `fallback` is true).
+        capacity: u64,
+        /// Whether only the in-process fallback's share of the limit is too small.
+        fallback: bool,
+    },
     /// A value given as text (a network, a header name, a file, a UTC offset) cannot be
     /// used, or needs a cargo feature that is off.
     #[non_exhaustive]
@@ -96,6 +114,30 @@ impl fmt::Display for ConfigError {
             Self::OutOfRange { setting, reason } => write!(f, "`{setting}` {reason}"),
             Self::Conflict { reason } => write!(f, "conflicting settings: {reason}"),
             Self::InvalidValue { setting, reason } => write!(f, "invalid `{setting}`: {reason}"),
+            Self::CostAboveCapacity {
+                policy,
+                cost,
+                capacity,
+                fallback: false,
+            } => write!(
+                f,
+                "a fixed cost of {cost} is above the capacity of policy \"{policy}\" \
+                 ({capacity}: its quota, burst or limit), so every request would be refused; \
+                 lower the cost or raise the limit to at least {cost}"
+            ),
+            Self::CostAboveCapacity {
+                policy,
+                cost,
+                capacity,
+                fallback: true,
+            } => write!(
+                f,
+                "a fixed cost of {cost} is above the capacity of policy \"{policy}\" in the \
+                 in-process fallback ({capacity}: its limit times `fallback_share`, rounded \
+                 down), so every request would be refused while Redis is unreachable; lower \
+                 the cost, raise the limit or `fallback_share`, or choose another \
+                 `on_redis_failure` policy"
+            ),
         }
     }
 }

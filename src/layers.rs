@@ -52,6 +52,28 @@ impl<K, C, R> LayerBuilder<PeriodConfig, K, C, R> {
         self.algorithm.align = Some(offset);
         self
     }
+
+    /// Locks a key out for `duration` once this limit refuses it; see
+    /// [`PeriodConfig::lockout`].
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_redis_ratelimit::{Backend, PeriodLimitLayer};
+    ///
+    /// # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
+    /// // Five attempts per minute; a sixth locks the key out for 15 minutes.
+    /// let layer = PeriodLimitLayer::builder(&Backend::in_process())
+    ///     .name("login")
+    ///     .quota(5)
+    ///     .period(Duration::from_secs(60))
+    ///     .lockout(Duration::from_secs(15 * 60))
+    ///     .build()?;
+    /// # let _ = layer; Ok(()) }
+    /// ```
+    pub fn lockout(mut self, duration: Duration) -> Self {
+        self.algorithm.lockout = Some(duration);
+        self
+    }
 }
 
 impl Algorithm for PeriodConfig {
@@ -93,6 +115,49 @@ impl<K, C, R> LayerBuilder<TokenBucketConfig, K, C, R> {
     /// The bucket's capacity: the largest burst, and the largest cost (required).
     pub fn burst(mut self, burst: u64) -> Self {
         self.algorithm.burst = burst;
+        self
+    }
+
+    /// Leases tokens to this process, `size` at a time for at most `lifetime`
+    /// (opt-in, approximate); see [`TokenBucketConfig::lease`].
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_redis_ratelimit::{Backend, TokenBucketLayer};
+    ///
+    /// # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
+    /// // 10 000 per second per key; each instance takes up to 50 at a time, for 100 ms.
+    /// let layer = TokenBucketLayer::builder(&Backend::in_process())
+    ///     .name("hot")
+    ///     .rate(10_000, Duration::from_secs(1))
+    ///     .burst(10_000)
+    ///     .lease(50, Duration::from_millis(100))
+    ///     .build()?;
+    /// # let _ = layer; Ok(()) }
+    /// ```
+    pub fn lease(mut self, size: u64, lifetime: Duration) -> Self {
+        self.algorithm.lease = Some((size, lifetime));
+        self
+    }
+
+    /// Locks a key out for `duration` once this limit refuses it; see
+    /// [`TokenBucketConfig::lockout`].
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_redis_ratelimit::{Backend, TokenBucketLayer};
+    ///
+    /// # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
+    /// let layer = TokenBucketLayer::builder(&Backend::in_process())
+    ///     .name("api")
+    ///     .rate(10, Duration::from_secs(1))
+    ///     .burst(20)
+    ///     .lockout(Duration::from_secs(60))
+    ///     .build()?;
+    /// # let _ = layer; Ok(()) }
+    /// ```
+    pub fn lockout(mut self, duration: Duration) -> Self {
+        self.algorithm.lockout = Some(duration);
         self
     }
 }
@@ -146,6 +211,28 @@ impl<K, C, R> LayerBuilder<RollingConfig, K, C, R> {
         self.algorithm.interval = interval;
         self
     }
+
+    /// Locks a key out for `duration` once this limit refuses it; see
+    /// [`RollingConfig::lockout`].
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_redis_ratelimit::{Backend, RollingWindowLayer};
+    ///
+    /// # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
+    /// let layer = RollingWindowLayer::builder(&Backend::in_process())
+    ///     .name("otp")
+    ///     .limit(3)
+    ///     .buckets(10)
+    ///     .interval(Duration::from_secs(6))
+    ///     .lockout(Duration::from_secs(600))
+    ///     .build()?;
+    /// # let _ = layer; Ok(()) }
+    /// ```
+    pub fn lockout(mut self, duration: Duration) -> Self {
+        self.algorithm.lockout = Some(duration);
+        self
+    }
 }
 
 impl Algorithm for RollingConfig {
@@ -181,6 +268,28 @@ impl<K, C, R> LayerBuilder<LimitSet, K, C, R> {
     /// required); see [`LimitSet::limit`].
     pub fn limit(mut self, name: impl Into<String>, limit: impl Into<SetMember>) -> Self {
         self.algorithm.limits.push((name.into(), limit.into()));
+        self
+    }
+
+    /// Locks a key out for `duration` once the set refuses it, whichever limit refused;
+    /// see [`LimitSet::lockout`].
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_redis_ratelimit::period::PeriodConfig;
+    /// use tower_redis_ratelimit::{Backend, LimitSetLayer};
+    ///
+    /// # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
+    /// let layer = LimitSetLayer::builder(&Backend::in_process())
+    ///     .name("login")
+    ///     .limit("minute", PeriodConfig::new(5, Duration::from_secs(60)))
+    ///     .limit("day", PeriodConfig::new(20, Duration::from_secs(86_400)))
+    ///     .lockout(Duration::from_secs(15 * 60))
+    ///     .build()?;
+    /// # let _ = layer; Ok(()) }
+    /// ```
+    pub fn lockout(mut self, duration: Duration) -> Self {
+        self.algorithm.lockout = Some(duration);
         self
     }
 }

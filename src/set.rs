@@ -138,6 +138,8 @@ struct SetHosts {
     /// Room for the `RateLimit` value with every member's largest numbers.
     ratelimit_capacity: usize,
     capacity: u64,
+    /// The policy of the member with the smallest capacity (the first of them).
+    smallest: Policy,
     locks: Box<[Mutex<()>]>,
     hasher: std::collections::hash_map::RandomState,
     /// The set's blocked keys and lockout (its members have none of their own).
@@ -202,6 +204,12 @@ impl SetLimiter {
         let headers: Box<[HeaderParts]> = policies.iter().map(HeaderParts::new).collect();
         let policy_header = join(headers.iter().map(|h| h.policy_value().as_bytes()));
         let first = &policies[0];
+        // A member's capacity is its policy's quota: quota, burst or limit.
+        let smallest = policies
+            .iter()
+            .min_by_key(|p| p.quota())
+            .unwrap_or(first)
+            .clone();
         let capacity = members
             .iter()
             .map(|m| m.capacity())
@@ -216,11 +224,20 @@ impl SetLimiter {
                 policy_header,
                 ratelimit_capacity: policies.iter().map(|p| p.name().len() + 48).sum(),
                 capacity,
+                smallest,
                 locks: (0..LOCKS).map(|_| Mutex::new(())).collect(),
                 hasher: std::collections::hash_map::RandomState::new(),
                 blocks,
             }),
         })
+    }
+}
+
+impl SetLimiter {
+    /// The policy of the member with the smallest capacity: the largest cost the set can
+    /// ever admit is its quota.
+    pub(crate) fn smallest_member(&self) -> &Policy {
+        &self.hosts.smallest
     }
 }
 

@@ -221,3 +221,178 @@ fn typos_fail_loudly() {
         assert!(error.contains(message), "{text}\n---\n{error}");
     }
 }
+
+/// A fixed cost above what a limit can ever hold would refuse every request with a 429
+/// and no `Retry-After`: it is a build error on every layer type, naming the policy.
+#[test]
+fn a_fixed_cost_above_the_capacity_is_refused_when_built() {
+    use tower_redis_ratelimit::period::PeriodConfig;
+    use tower_redis_ratelimit::token_bucket::TokenBucketConfig;
+    use tower_redis_ratelimit::{FailurePolicy, FixedCost, LimitSetLayer};
+
+    let backend = Backend::in_process();
+    let second = Duration::from_secs(1);
+    let above = |error: ConfigError, policy: &str, capacity: u64| {
+        let text = error.to_string();
+        assert!(
+            matches!(&error, ConfigError::CostAboveCapacity { cost: 5, capacity: c, fallback: false, .. } if *c == capacity),
+            "{error:?}"
+        );
+        assert!(text.contains(&format!("\"{policy}\"")), "{text}");
+        assert!(text.contains("fixed cost of 5"), "{text}");
+    };
+    let error = TokenBucketLayer::builder(&backend)
+        .name("tb")
+        .rate(1, second)
+        .burst(2)
+        .cost(FixedCost(5))
+        .build()
+        .unwrap_err();
+    above(error, "tb", 2);
+    let error = PeriodLimitLayer::builder(&backend)
+        .name("p")
+        .quota(4)
+        .period(second)
+        .cost(FixedCost(5))
+        .build()
+        .unwrap_err();
+    above(error, "p", 4);
+    let error = RollingWindowLayer::builder(&backend)
+        .name("r")
+        .limit(3)
+        .buckets(2)
+        .interval(second)
+        .cost(FixedCost(5))
+        .build()
+        .unwrap_err();
+    above(error, "r", 3);
+    // A set: above its smallest member, whichever it is.
+    let error = LimitSetLayer::builder(&backend)
+        .name("s")
+        .limit("day", PeriodConfig::new(1_000, 86_400 * second))
+        .limit("burst", TokenBucketConfig::new(1, second, 2))
+        .cost(FixedCost(5))
+        .build()
+        .unwrap_err();
+    above(error, "s.burst", 2);
+
+    // At the capacity it builds.
+    TokenBucketLayer::builder(&backend)
+        .name("tb")
+        .rate(1, second)
+        .burst(5)
+        .cost(FixedCost(5))
+        .build()
+        .unwrap();
+
+    // On Redis, the in-process fallback holds the share of each limit: a cost above it
+    // would refuse everything while Redis is unreachable.
+    let redis = Backend::builder()
+        .redis_url("redis://127.0.0.1:1")
+        .fallback_share(0.25)
+        .build()
+        .unwrap();
+    let shared = || {
+        TokenBucketLayer::builder(&redis)
+            .name("tb")
+            .rate(10, second)
+            .burst(10)
+            .cost(FixedCost(5))
+    };
+    let error = shared().build().unwrap_err();
+    assert!(
+        matches!(
+            error,
+            ConfigError::CostAboveCapacity {
+                cost: 5,
+                capacity: 2,
+                fallback: true,
+                ..
+            }
+        ),
+        "{error:?}"
+    );
+    assert!(error.to_string().contains("fallback_share"), "{error}");
+    // Failing open or closed, the fallback's limits never apply.
+    shared()
+        .on_redis_failure(FailurePolicy::FailOpen)
+        .build()
+        .unwrap();
+    shared().fallback_share(0.5).build().unwrap();
+
+    // A maximum key length shorter than any key the extractor makes refuses everything
+    // as keyless.
+    for max in [5, 14] {
+        let error = PeriodLimitLayer::builder(&backend)
+            .name("p")
+            .quota(1)
+            .period(second)
+            .key(tower_redis_ratelimit::key::HeaderKey::from_static(
+                "x-api-key",
+            ))
+            .max_key_len(max)
+            .build()
+            .unwrap_err();
+        assert!(matches!(error, ConfigError::Conflict { .. }), "{error:?}");
+    }
+    let error = PeriodLimitLayer::builder(&backend)
+        .name("p")
+        .quota(1)
+        .period(second)
+        .max_key_len(5)
+        .build()
+        .unwrap_err();
+    assert!(error.to_string().contains("max_key_len"), "{error}");
+    PeriodLimitLayer::builder(&backend)
+        .name("p")
+        .quota(1)
+        .period(second)
+        .key(tower_redis_ratelimit::key::HeaderKey::from_static(
+            "x-api-key",
+        ))
+        .max_key_len(15)
+        .build()
+        .unwrap();
+}
+
+/// A Redis URL that cannot work says what is wrong (the scheme, the host, the port),
+/// never "did not parse", and never shows its password.
+#[test]
+fn redis_url_errors_say_what_is_wrong() {
+    let error = |url: &str| {
+        let error = Backend::builder().redis_url(url).build().unwrap_err();
+        assert!(
+            matches!(error, ConfigError::InvalidRedisUrl { .. }),
+            "{error:?}"
+        );
+        let text = error.to_string();
+        assert!(!text.contains("did not parse"), "{text}");
+        text
+    };
+    assert!(
+        error("http://127.0.0.1:6379")
+            .contains("`http://` is not a Redis scheme; expected `redis://`"),
+        "{}",
+        error("http://127.0.0.1:6379")
+    );
+    assert!(error("127.0.0.1:6379").contains("no scheme"));
+    assert!(error("").contains("the URL is empty"));
+    assert_eq!(
+        error("redis://127.0.0.1:99999"),
+        "invalid Redis URL: port 99999 is out of range: expected 1 to 65535"
+    );
+    let secret = error("redis://app:hunter2/x@10.0.0.1:6379");
+    assert!(!secret.contains("hunter2"), "{secret}");
+    assert!(secret.contains("percent-encoded"), "{secret}");
+    #[cfg(feature = "cluster")]
+    {
+        let error = Backend::builder()
+            .redis_cluster_urls(["redis://10.0.0.1:7000", "redis://10.0.0.2:70000"])
+            .build()
+            .unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "invalid Redis URL: cluster URL #2: port 70000 is out of range: expected 1 to 65535"
+        );
+    }
+}

@@ -16,7 +16,7 @@ use http::{header, Request, Response, StatusCode};
 use support::RedisServer;
 use tower::{service_fn, BoxError, ServiceBuilder, ServiceExt};
 use tower_redis_ratelimit::dynamic::{DynamicLimits, LimitSource, OnSourceError};
-use tower_redis_ratelimit::key::HeaderKey;
+use tower_redis_ratelimit::key::{ExtensionKey, HeaderKey, TaggedKey};
 use tower_redis_ratelimit::period::PeriodConfig;
 use tower_redis_ratelimit::response::RATELIMIT_POLICY;
 use tower_redis_ratelimit::service::Algorithm;
@@ -37,8 +37,9 @@ struct Db {
 }
 
 impl Db {
+    /// The merchant's limit, under its id alone: the source gets the header's value.
     fn set(&self, merchant: &str, limit: u64) {
-        let key = format!("hdr:x-merchant:{merchant}").into_bytes();
+        let key = merchant.as_bytes().to_vec();
         self.limits.lock().unwrap().insert(key, limit);
     }
 
@@ -49,9 +50,9 @@ impl Db {
 
 fn source(db: &Arc<Db>) -> impl LimitSource {
     let db = db.clone();
-    move |key: &[u8]| {
+    move |key: TaggedKey<'_>| {
         let db = db.clone();
-        let key = key.to_vec();
+        let key = key.value().to_vec();
         async move {
             db.calls.fetch_add(1, Ordering::SeqCst);
             let delay = *db.delay.lock().unwrap();
@@ -369,4 +370,73 @@ fn invalid_settings_fail_when_built() {
             ..
         }
     ));
+}
+
+/// A source gets what the key extractor found, without the crate's tags: the header's
+/// value, an extension's `Display`; the tag names the extractor.
+#[tokio::test]
+async fn the_source_gets_the_extractors_value_without_tags() {
+    #[derive(Clone)]
+    struct Merchant(&'static str);
+    impl std::fmt::Display for Merchant {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str(self.0)
+        }
+    }
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let source = {
+        let seen = seen.clone();
+        move |key: TaggedKey<'_>| {
+            seen.lock()
+                .unwrap()
+                .push((key.tag().to_vec(), key.value().to_vec()));
+            let limit = (key.value() == b"acme").then_some(1);
+            async move { Ok::<_, BoxError>(limit) }
+        }
+    };
+    let layer = LayerBuilder::new(
+        &Backend::in_process(),
+        DynamicLimits::new(PeriodConfig::new(100, Duration::from_secs(60)), source),
+    )
+    .name("pay")
+    .key(
+        ExtensionKey::<Merchant>::new()
+            .tag("merchant")
+            .or(HeaderKey::from_static("x-merchant")),
+    )
+    .build()
+    .unwrap();
+    let svc =
+        ServiceBuilder::new()
+            .layer(layer)
+            .service(service_fn(|_req: Request<String>| async {
+                Ok::<_, Infallible>(Response::new(String::new()))
+            }));
+    let call = |merchant: Option<&'static str>, header: Option<&'static str>| {
+        let mut req = Request::post("/pay").body(String::new()).unwrap();
+        if let Some(merchant) = merchant {
+            req.extensions_mut().insert(Merchant(merchant));
+        }
+        if let Some(header) = header {
+            req.headers_mut()
+                .insert("x-merchant", header.parse().unwrap());
+        }
+        let svc = svc.clone();
+        async move { svc.oneshot(req).await.unwrap().status() }
+    };
+    assert_eq!(call(Some("acme"), None).await, StatusCode::OK);
+    // acme's limit from the source is 1.
+    assert_eq!(
+        call(Some("acme"), None).await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(call(None, Some("globex")).await, StatusCode::OK);
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(
+        seen,
+        [
+            (b"ext:merchant".to_vec(), b"acme".to_vec()),
+            (b"hdr:x-merchant".to_vec(), b"globex".to_vec()),
+        ]
+    );
 }

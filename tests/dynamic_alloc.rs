@@ -35,8 +35,8 @@ async fn a_cached_limit_allocates_no_more_than_a_fixed_one() {
     let backend = Backend::in_process();
     let config = PeriodConfig::new(1_000_000, Duration::from_secs(3_600));
     let plain = config.build(&backend, "plain").unwrap();
-    let source = |key: &[u8]| {
-        let vip = key == b"vip";
+    let source = |key: tower_redis_ratelimit::key::TaggedKey<'_>| {
+        let vip = key.value() == b"vip";
         async move { Ok::<_, std::io::Error>(vip.then_some(2_000_000)) }
     };
     let dynamic = DynamicLimits::new(config, source)

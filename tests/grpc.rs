@@ -1,5 +1,5 @@
 //! gRPC end to end: the `grpc` example (a tonic health server behind a limit keyed by
-//! `x-api-key` metadata) on a loopback port, driven by a real tonic client, with the
+//! the client an authentication interceptor found in the `x-api-key` metadata) on a loopback port, driven by a real tonic client, with the
 //! limit in-process and in a real `redis-server`.
 #![cfg(feature = "grpc")]
 
@@ -118,7 +118,7 @@ async fn example_on_redis_quota_then_resource_exhausted() {
     let redis = RedisServer::start();
     quota_then_resource_exhausted(Backend::redis(redis.pool())).await;
     assert_eq!(
-        redis.cmd(&["GET", "ratelimit:{v1:hdr:x-api-key:alice}:period:grpc"]),
+        redis.cmd(&["GET", "ratelimit:{v1:ext:client:alice}:period:grpc"]),
         "5",
         "the count lives in redis, and the refused call was not counted"
     );

@@ -74,3 +74,57 @@ async fn a_block_refuses_every_limit_of_a_set_on_every_instance() {
     let peek = b.peek(b"m2", ONE).unwrap().await;
     assert!(peek.is_admitted(), "another key is free: {peek:?}");
 }
+
+/// Every layer builder has the settings of its algorithm's config: a lockout on each,
+/// leases on the token bucket. In process, a key refused once is locked out.
+#[tokio::test]
+async fn the_layer_builders_have_lockout_and_lease() {
+    use tower_redis_ratelimit::{
+        Backend, LimitSetLayer, PeriodLimitLayer, RollingWindowLayer, TokenBucketLayer,
+    };
+    let backend = Backend::in_process();
+    let period = PeriodLimitLayer::builder(&backend)
+        .name("p")
+        .quota(1)
+        .period(Duration::from_millis(50))
+        .lockout(MINUTE)
+        .build()
+        .unwrap();
+    let bucket = TokenBucketLayer::builder(&backend)
+        .name("t")
+        .rate(1_000, Duration::from_secs(1))
+        .burst(1)
+        .lease(1, Duration::from_millis(100))
+        .lockout(MINUTE)
+        .build()
+        .unwrap();
+    let rolling = RollingWindowLayer::builder(&backend)
+        .name("r")
+        .limit(1)
+        .buckets(1)
+        .interval(Duration::from_millis(50))
+        .lockout(MINUTE)
+        .build()
+        .unwrap();
+    let set = LimitSetLayer::builder(&backend)
+        .name("s")
+        .limit("burst", PeriodConfig::new(1, Duration::from_millis(50)))
+        .lockout(MINUTE)
+        .build()
+        .unwrap();
+    let checks: [&dyn Limiter; 4] = [
+        period.limiter(),
+        bucket.limiter(),
+        rolling.limiter(),
+        set.limiter(),
+    ];
+    for limiter in checks {
+        assert!(limiter.check(b"k", ONE).await.is_admitted());
+        assert!(!limiter.check(b"k", ONE).await.is_admitted());
+        // Long after every window ended (and the bucket refilled), still locked out.
+        tokio::time::sleep(Duration::from_millis(120)).await;
+        let locked = limiter.check(b"k", ONE).await;
+        assert!(!locked.is_admitted(), "{:?}: {locked:?}", limiter.policy());
+        assert!(locked.retry_after.unwrap() > 50 * Duration::from_secs(1));
+    }
+}

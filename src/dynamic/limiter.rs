@@ -10,7 +10,7 @@ use http::HeaderValue;
 use quick_cache::sync::Cache;
 
 use super::cache::{Slot, DEFAULT, PENDING, REFUSE};
-use super::{DynamicLimits, LimitSource, OnSourceError, WithLimit, MAX_LIMITS};
+use super::{DynamicLimits, LimitSource, OnSourceError, TaggedKey, WithLimit, MAX_LIMITS};
 use crate::backend::Backend;
 use crate::decision::{Decision, Policy, Source, State};
 use crate::error::ConfigError;
@@ -270,7 +270,8 @@ impl<A: WithLimit, S: LimitSource> Drop for Finish<A, S> {
 
 async fn lookup<A: WithLimit, S: LimitSource>(mut finish: Finish<A, S>, key: Vec<u8>) {
     let shared = finish.shared.clone();
-    let answer = tokio::time::timeout(shared.timeout, shared.source.limit(&key)).await;
+    let answer =
+        tokio::time::timeout(shared.timeout, shared.source.limit(TaggedKey::parse(&key))).await;
     let outcome = match answer {
         Ok(Ok(None)) => Ok(DEFAULT),
         Ok(Ok(Some(limit))) => shared.valid(limit).map_err(|error| {

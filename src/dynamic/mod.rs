@@ -11,8 +11,11 @@
 //! | [`RollingConfig`] | the limit per window |
 //! | [`TokenBucketConfig`] | the burst, and the rate in proportion (a source limit of twice the burst doubles the rate too; at least one token per period) |
 //!
-//! The source is asked with the key the layer's key extractor made, tag included
-//! (`hdr:x-merchant-id:acme`, `ext:merchant:42`; see [key tags](crate::key#tags)).
+//! The source is asked with a [`TaggedKey`]: the value the layer's key extractor found
+//! ([`value`](TaggedKey::value): `acme` for the header `x-merchant-id: acme`, `42` for a
+//! merchant id `42` in the extensions), without the crate's [key tags](crate::key#tags),
+//! which stay available ([`tag`](TaggedKey::tag): `hdr:x-merchant-id`, `ext:merchant`)
+//! for a source behind several extractors.
 //!
 //! # Cache
 //!
@@ -59,14 +62,14 @@
 //! ```
 //! use std::time::Duration;
 //! use tower_redis_ratelimit::dynamic::{DynamicLimits, OnSourceError};
-//! use tower_redis_ratelimit::key::HeaderKey;
+//! use tower_redis_ratelimit::key::{HeaderKey, TaggedKey};
 //! use tower_redis_ratelimit::period::PeriodConfig;
 //! use tower_redis_ratelimit::{Backend, LayerBuilder};
 //!
 //! # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
-//! // Your store: `None` means "the default limit".
-//! let source = |key: &[u8]| {
-//!     let merchant = key.strip_prefix(b"hdr:x-merchant-id:").unwrap_or(key).to_vec();
+//! // Your store: `None` means "the default limit". `value` is the header's value.
+//! let source = |key: TaggedKey<'_>| {
+//!     let merchant = key.value().to_vec();
 //!     async move {
 //!         Ok::<_, std::io::Error>(match merchant.as_slice() {
 //!             b"acme" => Some(1_000),
@@ -96,6 +99,7 @@ use std::pin::Pin;
 use std::time::Duration;
 
 pub use self::limiter::DynamicLimiter;
+pub use crate::key::TaggedKey;
 use crate::period::PeriodConfig;
 use crate::rolling::RollingConfig;
 use crate::service::Algorithm;
@@ -111,31 +115,37 @@ pub type Lookup = Pin<Box<dyn Future<Output = Result<Option<u64>, BoxError>> + S
 ///
 /// `Ok(Some(limit))` is the key's limit, `Ok(None)` means "the default limit" (the one
 /// configured in the algorithm), an error is a failed lookup ([`OnSourceError`]).
-/// Implemented for closures `Fn(&[u8]) -> impl Future<Output = Result<Option<u64>, E>>`
-/// whose future owns what it needs (copy the key out of the slice):
+///
+/// The key is a [`TaggedKey`]: its [`value`](TaggedKey::value) is what the layer's key
+/// extractor found (a header's value, an extension's `Display`, a closure's bytes),
+/// without the crate's tags; its [`tag`](TaggedKey::tag) names the extractor. Implemented
+/// for closures `Fn(TaggedKey<'_>) -> impl Future<Output = Result<Option<u64>, E>>`
+/// whose future owns what it needs (copy the value out of the key):
 ///
 /// ```
 /// use tower_redis_ratelimit::dynamic::LimitSource;
+/// use tower_redis_ratelimit::key::TaggedKey;
 ///
-/// let source = |key: &[u8]| {
-///     let key = key.to_vec();
-///     async move { Ok::<_, std::io::Error>((key == b"fn:vip").then_some(1_000)) }
+/// // Behind `ExtensionKey::<MerchantId>::new().tag("merchant")`: `ext:merchant:vip`.
+/// let source = |key: TaggedKey<'_>| {
+///     let vip = key.value() == b"vip";
+///     async move { Ok::<_, std::io::Error>(vip.then_some(1_000)) }
 /// };
 /// # fn takes(_: impl LimitSource) {}
 /// # takes(source);
 /// ```
 pub trait LimitSource: Send + Sync + 'static {
     /// Looks up the limit of `key`.
-    fn limit(&self, key: &[u8]) -> Lookup;
+    fn limit(&self, key: TaggedKey<'_>) -> Lookup;
 }
 
 impl<F, Fut, E> LimitSource for F
 where
-    F: Fn(&[u8]) -> Fut + Send + Sync + 'static,
+    F: Fn(TaggedKey<'_>) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Result<Option<u64>, E>> + Send + 'static,
     E: Into<BoxError>,
 {
-    fn limit(&self, key: &[u8]) -> Lookup {
+    fn limit(&self, key: TaggedKey<'_>) -> Lookup {
         let lookup = self(key);
         Box::pin(async move { lookup.await.map_err(Into::into) })
     }

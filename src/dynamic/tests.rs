@@ -15,9 +15,9 @@ const ONE: NonZeroU32 = NonZeroU32::MIN;
 /// A source answering `limit` for every key but `default`, counting its calls.
 fn source(limit: &Arc<AtomicU64>, calls: &Arc<AtomicUsize>) -> impl LimitSource {
     let (limit, calls) = (limit.clone(), calls.clone());
-    move |key: &[u8]| {
+    move |key: crate::key::TaggedKey<'_>| {
         calls.fetch_add(1, Ordering::SeqCst);
-        let answer = (key != b"default").then(|| limit.load(Ordering::SeqCst));
+        let answer = (key.value() != b"default").then(|| limit.load(Ordering::SeqCst));
         async move { Ok::<_, BoxError>(answer) }
     }
 }
@@ -117,7 +117,7 @@ async fn a_new_limit_applies_after_the_ttl() {
 #[tokio::test(start_paused = true)]
 async fn a_panicking_source_follows_the_failure_policy() {
     let backend = Backend::in_process();
-    let panicking = |_: &[u8]| async {
+    let panicking = |_: crate::key::TaggedKey<'_>| async {
         if true {
             panic!("the source panicked (expected by this test)");
         }

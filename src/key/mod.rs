@@ -89,9 +89,11 @@ use ipnet::IpNet;
 
 mod ip;
 mod raw;
+mod tagged;
 
 pub use self::raw::Key;
 use self::raw::Writer;
+pub use self::tagged::TaggedKey;
 
 /// The IPv6 prefix length [`PeerIp`] and [`ForwardedIp`] group clients by,
 /// unless told otherwise: a /64, the smallest network a single host usually

@@ -2,6 +2,7 @@
 //! an algorithm's settings and the shared ones (key, cost, rejection, missing key) when
 //! the layer is built.
 
+use std::any::Any;
 use std::fmt;
 use std::sync::Arc;
 
@@ -9,7 +10,7 @@ use tower_layer::Layer;
 
 use super::{LimitService, MissingKey, Options, Shared};
 use crate::backend::{Backend, FailurePolicy};
-use crate::cost::UnitCost;
+use crate::cost::{FixedCost, UnitCost};
 use crate::error::{validate_name, ConfigError};
 use crate::key::GlobalKey;
 use crate::limiter::Limiter;
@@ -277,8 +278,11 @@ impl<A, K, C, R> LayerBuilder<A, K, C, R> {
     ///
     /// # Errors
     ///
-    /// A [`ConfigError`] for a missing or invalid name, a zero maximum key length, or
-    /// any setting of the algorithm that cannot work.
+    /// A [`ConfigError`] for a missing or invalid name, a zero maximum key length, a
+    /// [`FixedCost`](crate::FixedCost) above the capacity of a policy (a fixed window's
+    /// quota, a token bucket's burst, a rolling window's limit, a set's smallest member;
+    /// on Redis with the [`Fallback`](FailurePolicy::Fallback) policy, also that capacity
+    /// times the fallback share), or any setting of the algorithm that cannot work.
     pub fn build(self) -> Result<LimitLayer<A::Limiter, K, C, R>, ConfigError>
     where
         A: Algorithm,
@@ -301,6 +305,7 @@ impl<A, K, C, R> LayerBuilder<A, K, C, R> {
                 });
             }
         }
+        check_key_fits(&self.key, self.options.max_key_len)?;
         let limiter = self.algorithm.build(&self.backend, &name)?;
         let policies = limiter.policies();
         if policies.is_empty() {
@@ -310,6 +315,11 @@ impl<A, K, C, R> LayerBuilder<A, K, C, R> {
         for policy in policies {
             validate_name("policy name", policy.name())?;
         }
+        // A set's members are decided together under the set's one policy.
+        let members = (&limiter as &dyn Any)
+            .downcast_ref::<crate::set::SetLimiter>()
+            .map(crate::set::SetLimiter::smallest_member);
+        check_fixed_cost(&self.cost, policies.iter().chain(members), &self.backend)?;
         let headers = policies.iter().map(HeaderParts::new).collect();
         let metrics = LayerMetrics::new(policies);
         Ok(LimitLayer {
@@ -321,7 +331,62 @@ impl<A, K, C, R> LayerBuilder<A, K, C, R> {
                 headers,
                 options: self.options,
                 metrics,
+                missing_warning: super::MissingKeyWarning::new(std::any::type_name::<K>()),
             }),
         })
     }
+}
+
+/// Refuses a [`FixedCost`] that no policy of the layer could ever admit: every request
+/// would get a `429` that no wait can cure. Costs computed per request (closures) are
+/// unknown here; a request whose cost is above the capacity is refused as
+/// [`State::ExceedsCapacity`](crate::State::ExceedsCapacity).
+fn check_fixed_cost<'p, C: 'static>(
+    cost: &C,
+    policies: impl Iterator<Item = &'p crate::decision::Policy>,
+    backend: &Backend,
+) -> Result<(), ConfigError> {
+    let Some(FixedCost(cost)) = (cost as &dyn Any).downcast_ref::<FixedCost>().copied() else {
+        return Ok(());
+    };
+    let Some(smallest) = policies.min_by_key(|policy| policy.quota()) else {
+        return Ok(());
+    };
+    let above = |capacity: u64, fallback: bool| ConfigError::CostAboveCapacity {
+        policy: smallest.name().to_owned(),
+        cost,
+        capacity,
+        fallback,
+    };
+    if u64::from(cost) > smallest.quota() {
+        return Err(above(smallest.quota(), false));
+    }
+    // What the in-process fallback of a Redis backend applies (the whole limit without
+    // Redis).
+    let local = backend.local_limit(smallest.quota());
+    if backend.failover().policy == FailurePolicy::Fallback && u64::from(cost) > local {
+        return Err(above(local, true));
+    }
+    Ok(())
+}
+
+/// Refuses a [`max_key_len`](LayerBuilder::max_key_len) shorter than every key the
+/// extractor can make (`global`, or `hdr:<name>:` and one byte): every request would be
+/// refused as having no key.
+fn check_key_fits<K: 'static>(key: &K, max_key_len: usize) -> Result<(), ConfigError> {
+    let key = key as &dyn Any;
+    let shortest = if key.is::<GlobalKey>() {
+        GlobalKey::KEY.len()
+    } else if let Some(header) = key.downcast_ref::<crate::key::HeaderKey>() {
+        "hdr:".len() + header.name().as_str().len() + ":".len() + 1
+    } else {
+        return Ok(());
+    };
+    if max_key_len < shortest {
+        return Err(ConfigError::Conflict {
+            reason: "`max_key_len` is shorter than any key the key extractor makes, so every \
+                     request would be refused as having no key",
+        });
+    }
+    Ok(())
 }

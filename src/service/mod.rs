@@ -16,6 +16,7 @@ mod outcome;
 mod plan;
 #[allow(clippy::module_inception)]
 mod service;
+mod warn;
 
 use std::borrow::Cow;
 
@@ -34,6 +35,8 @@ pub use self::outcome::CountIf;
 use self::outcome::Settle;
 pub use self::plan::{ExtensionPlan, PlanLimiter, Plans, SelectPlan};
 pub use self::service::LimitService;
+pub(crate) use self::warn::MissingKeyWarning;
+pub use self::warn::MISSING_KEY_WARNING_INTERVAL;
 
 /// What happens to a request whose key cannot be extracted (or is longer than
 /// [`LayerBuilder::max_key_len`]).
@@ -41,6 +44,16 @@ pub use self::service::LimitService;
 /// The default is [`MissingKey::Reject`] with `400 Bad Request`: a request that cannot be
 /// told apart from others is neither limited by accident against someone else's key nor
 /// let through unlimited.
+///
+/// A request refused for a missing key is logged with a `warn` [`tracing`] event, at
+/// most once per [`MISSING_KEY_WARNING_INTERVAL`] per layer (with how many were refused
+/// meanwhile without a line of their own), naming the key extractor and the usual
+/// causes: an axum server started without
+/// `into_make_service_with_connect_info::<SocketAddr>()` (no peer address for
+/// [`PeerIp`](crate::key::PeerIp)), or an authentication layer (or a tonic interceptor
+/// added with `with_interceptor`) that runs inside the limit instead of before it, so the
+/// request extensions do not yet hold what [`ExtensionKey`](crate::key::ExtensionKey)
+/// reads. Each one is also counted in the [metrics](crate::metrics).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum MissingKey {
@@ -72,6 +85,8 @@ pub(crate) struct Shared<L, K, C, R> {
     pub(crate) headers: Box<[HeaderParts]>,
     pub(crate) options: Options,
     pub(crate) metrics: LayerMetrics,
+    /// Rate-limits the warning about requests refused for a missing key.
+    pub(crate) missing_warning: MissingKeyWarning,
 }
 
 /// The plain settings of a layer, shared by [`LayerBuilder`] and the service.
@@ -94,6 +109,53 @@ impl Default for Options {
             missing_key: MissingKey::default(),
             max_key_len: layer::DEFAULT_MAX_KEY_LEN,
             count_if: None,
+        }
+    }
+}
+
+impl<L: Limiter, K, C, R> Shared<L, K, C, R> {
+    /// Logs a request without a usable key: at `warn`, rate-limited, when the layer
+    /// refuses it; at `debug` when it was told to let it through or use another key.
+    fn missing_key(&self, policy: usize, too_long: bool) {
+        let name = self.limiter.policies()[policy].name();
+        let refused = matches!(self.options.missing_key, MissingKey::Reject(_));
+        if !refused {
+            tracing::debug!(policy = name, too_long, "rate-limit key missing");
+            return;
+        }
+        let Some(suppressed) = self.missing_warning.due() else {
+            return;
+        };
+        let extractor = self.missing_warning.extractor();
+        // A shadow layer serves the request anyway, but says what it would do.
+        let refused = !self.options.shadow;
+        if too_long {
+            tracing::warn!(
+                policy = name,
+                extractor,
+                max_key_len = self.options.max_key_len,
+                suppressed,
+                refused,
+                "rate-limit key too long: it is longer than `max_key_len`; raise \
+                 it, or key on something shorter (later refusals for a missing key within \
+                 the next 10 s are counted, not logged)"
+            );
+        } else {
+            tracing::warn!(
+                policy = name,
+                extractor,
+                suppressed,
+                refused,
+                "no rate-limit key: the key extractor found nothing in the request. \
+                 Likely causes: an axum server started without \
+                 `into_make_service_with_connect_info::<SocketAddr>()` (no peer address \
+                 for PeerIp); an authentication layer that runs inside this limit \
+                 instead of before it (a `.layer()` added after the limit's runs before \
+                 it), so the request extensions do not hold the user yet; with tonic, an interceptor added \
+                 with `with_interceptor(service, auth)`, which runs after every server \
+                 layer (use `InterceptorLayer` before the limit). Later refusals within \
+                 the next 10 s are counted, not logged"
+            );
         }
     }
 }

@@ -118,11 +118,8 @@ where
                 shared.limiter.check_policy(policy, &key, cost)
             }
             key => {
-                tracing::debug!(
-                    policy = shared.limiter.policies()[policy].name(),
-                    too_long = key.is_some(),
-                    "rate-limit key missing"
-                );
+                let too_long = key.is_some();
+                shared.missing_key(policy, too_long);
                 shared.metrics.missing_key(policy);
                 match &shared.options.missing_key {
                     MissingKey::Reject(status) if !shared.options.shadow => {

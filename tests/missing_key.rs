@@ -1,0 +1,107 @@
+//! A request refused for a missing key (a forgotten `into_make_service_with_connect_info`,
+//! an authentication layer inside the limit) is logged at WARN, at most once per period
+//! per layer, naming the likely causes and the extractor that found nothing.
+
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::{body::Body, routing::get, Router};
+use http::{Request, StatusCode};
+use tower::ServiceExt;
+use tower_redis_ratelimit::key::PeerIp;
+use tower_redis_ratelimit::{Backend, MissingKey, PeriodLimitLayer};
+
+/// Collects everything logged on this thread.
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Captured {
+    fn text(&self) -> String {
+        String::from_utf8(self.0.lock().unwrap().clone()).unwrap()
+    }
+}
+
+fn capture() -> (Captured, tracing::subscriber::DefaultGuard) {
+    let logs = Captured::default();
+    let writer = logs.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .with_max_level(tracing::Level::WARN)
+        .finish();
+    (logs, tracing::subscriber::set_default(subscriber))
+}
+
+fn app(missing: MissingKey) -> Router {
+    let limit = PeriodLimitLayer::builder(&Backend::in_process())
+        .name("api")
+        .quota(100)
+        .period(Duration::from_secs(60))
+        .key(PeerIp::new())
+        .on_missing_key(missing)
+        .build()
+        .unwrap();
+    Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(limit)
+}
+
+#[tokio::test]
+async fn a_missing_key_is_a_warning_once_per_period_naming_the_causes() {
+    let (logs, _guard) = capture();
+    // Served without `into_make_service_with_connect_info`: no peer address anywhere.
+    let router = app(MissingKey::default());
+    for _ in 0..200 {
+        let response = router
+            .clone()
+            .oneshot(Request::get("/").body(Body::empty()).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+    }
+    let text = logs.text();
+    assert_eq!(text.matches(" WARN ").count(), 1, "{text}");
+    assert_eq!(text.matches("no rate-limit key").count(), 1, "{text}");
+    for cause in [
+        "into_make_service_with_connect_info",
+        "authentication",
+        "with_interceptor",
+        "InterceptorLayer",
+        "PeerIp",
+        "policy=\"api\"",
+    ] {
+        assert!(text.contains(cause), "{cause} missing from: {text}");
+    }
+
+    // Another layer logs on its own.
+    let other = app(MissingKey::default());
+    let response = other
+        .oneshot(Request::get("/").body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(logs.text().matches(" WARN ").count(), 2, "{}", logs.text());
+}
+
+#[tokio::test]
+async fn a_missing_key_the_layer_was_told_to_allow_is_no_warning() {
+    let (logs, _guard) = capture();
+    let router = app(MissingKey::Allow);
+    let response = router
+        .oneshot(Request::get("/").body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(logs.text(), "");
+}
