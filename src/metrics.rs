@@ -11,7 +11,7 @@
 //! | `ratelimit_requests_total` | counter | `policy`, `outcome` | every request a layer saw, by outcome (below) |
 //! | `ratelimit_near_limit_total` | counter | `policy` | admitted requests that left at most 10 % of the limit |
 //! | `ratelimit_fallback_decisions_total` | counter | `policy`, `source` | decisions taken without Redis because it was unreachable: `source` is `fallback`, `fail_open` or `fail_closed` (the layer's [`FailurePolicy`](crate::FailurePolicy)) |
-//! | `ratelimit_fallback_active` | gauge | `prefix` | `1` while a Redis backend (by key prefix) answers from its fallback, `0` otherwise |
+//! | `ratelimit_fallback_active` | gauge | `prefix` | `1` while a Redis backend (by key prefix) is away from Redis (its breaker open, or recovering), `0` otherwise |
 //! | `ratelimit_redis_errors_total` | counter | `policy`, `kind` | failed Redis checks: `kind` is `transport` (refused, reset, timed out, no connection), `server` (`OOM`, `READONLY`, `LOADING`, … : Redis cannot serve anyone) or `key` (`WRONGTYPE`, a script error caused by a stored value: only this key) |
 //! | `ratelimit_redis_switches_total` | counter | `prefix`, `to` | breaker transitions of a Redis backend: `to` is `fallback` (judged unusable), `recovering` (a probe succeeded) or `redis` (recovered) |
 //! | `ratelimit_redis_fallback_seconds_total` | counter | `prefix` | time a Redis backend spent away from Redis (fallback and recovery), in whole seconds, counted while it lasts (every probe interval) and when it ends |
@@ -195,8 +195,7 @@ pub(crate) fn redis_switch(prefix: &str, to: crate::backend::RedisState) {
     };
     fallback_active(prefix, to != "redis");
     #[cfg(feature = "metrics")]
-    metrics::counter!(REDIS_SWITCHES_TOTAL, "prefix" => prefix.to_owned(), "to" => to)
-        .increment(1);
+    metrics::counter!(REDIS_SWITCHES_TOTAL, "prefix" => prefix.to_owned(), "to" => to).increment(1);
 }
 
 /// Adds `seconds` whole seconds to the time the Redis backend with key prefix `prefix`

@@ -382,7 +382,7 @@ async fn the_breaker_cannot_stick_open_on_its_own_refusals() {
 async fn time_away_is_counted_in_seconds_while_the_outage_lasts() {
     use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 
-    const AWAY: &str = "ratelimit_redis_fallback_seconds_total";
+    use tower_redis_ratelimit::metrics::REDIS_FALLBACK_SECONDS_TOTAL as AWAY;
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
     // The runtime is single-threaded: the probe records here too.

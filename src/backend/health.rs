@@ -435,7 +435,10 @@ impl std::fmt::Display for Trip {
                 write!(f, "{:.0}% of the last {calls} calls failed", ratio * 100.0)
             }
             Self::Streak { failures, span } => {
-                write!(f, "{failures} failures in a row, nothing answered for {span:?}")
+                write!(
+                    f,
+                    "{failures} failures in a row, nothing answered for {span:?}"
+                )
             }
         }
     }
