@@ -113,7 +113,7 @@ impl RedisBackend {
     /// for a connection if there is none, and records the outcome.
     pub(crate) async fn eval(self: &Arc<Self>, call: &Call) -> Result<Vec<i64>, ScriptError> {
         self.register(call.script());
-        let result = self.call(call).await;
+        let result = self.call(call, By::Check).await;
         match &result {
             Ok(_) => {
                 self.breaker.record(Outcome::Success);
@@ -123,7 +123,7 @@ impl RedisBackend {
         result
     }
 
-    async fn call(self: &Arc<Self>, call: &Call) -> Result<Vec<i64>, ScriptError> {
+    async fn call(self: &Arc<Self>, call: &Call, by: By) -> Result<Vec<i64>, ScriptError> {
         let used = self.conn.load_full();
         let waiting = AtomicBool::new(false);
         let call = async {
@@ -140,7 +140,7 @@ impl RedisBackend {
                 }
             }
             waiting.store(true, Ordering::Relaxed);
-            let mut conn = self.connection().await?;
+            let mut conn = self.connection(by).await?;
             waiting.store(false, Ordering::Relaxed);
             Ok(conn.script(call).await?)
         };
@@ -159,7 +159,7 @@ impl RedisBackend {
             // on this one.
             Err(_) => {
                 if used.is_some() {
-                    drop(self.connect());
+                    drop(self.connect(by));
                 }
                 Err(ScriptError::Timeout(self.call_timeout))
             }
@@ -186,11 +186,11 @@ impl RedisBackend {
 
     /// The kept connection, or the one the connection attempt under way (started here
     /// if there is none) brings.
-    async fn connection(self: &Arc<Self>) -> Result<Conn, ScriptError> {
+    async fn connection(self: &Arc<Self>, by: By) -> Result<Conn, ScriptError> {
         if let Some(conn) = self.conn.load_full() {
             return Ok(Conn::clone(&conn));
         }
-        let mut attempt = self.connect();
+        let mut attempt = self.connect(by);
         let done = attempt
             .wait_for(Option::is_some)
             .await
@@ -206,7 +206,7 @@ impl RedisBackend {
     }
 
     /// The connection attempt under way, or a new one in the background.
-    fn connect(self: &Arc<Self>) -> Attempt {
+    fn connect(self: &Arc<Self>, by: By) -> Attempt {
         let mut slot = self.connecting.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(attempt) = &*slot {
             if attempt.borrow().is_none() {
@@ -236,15 +236,19 @@ impl RedisBackend {
             let result = match tokio::time::timeout(timeout, connect).await {
                 Ok(Ok(conn)) => {
                     this.conn.store(Some(Arc::new(conn)));
-                    this.breaker.record(Outcome::Success);
+                    match by {
+                        By::Check => this.breaker.record(Outcome::Success),
+                        By::Probe => this.breaker.note(Outcome::Success),
+                    };
                     Ok(())
                 }
                 Ok(Err(error)) => Err(error),
                 Err(_) => Err(ScriptError::Timeout(timeout)),
             };
             if let Err(error) = &result {
-                // One failure per attempt, whatever number of checks waited for it.
-                this.judge(error.fault(), error, true);
+                // One failure per attempt, whatever number of checks waited for it; the
+                // probe's attempts count toward the streak only, as the probe does.
+                this.judge(error.fault(), error, by == By::Check);
             }
             done.send_replace(Some(result));
         });
@@ -354,7 +358,7 @@ impl RedisBackend {
     /// One probe: the write script on the kept connection, one round trip.
     async fn probe_once(self: &Arc<Self>) -> Result<(), ScriptError> {
         self.register(&PROBE);
-        probed(self.call(&self.probe_call()).await?)
+        probed(self.call(&self.probe_call(), By::Probe).await?)
     }
 
     fn probe_call(&self) -> Call {
@@ -371,13 +375,21 @@ impl RedisBackend {
         self.register(&PROBE);
         let call = self.probe_call();
         let verify = async {
-            let mut conn = self.connection().await?;
+            let mut conn = self.connection(By::Check).await?;
             probed(conn.script(&call).await?)
         };
         tokio::time::timeout(self.connect_timeout(), verify)
             .await
             .unwrap_or(Err(ScriptError::Timeout(self.connect_timeout())))
     }
+}
+
+/// Who makes a call or a connection attempt: a check (judged by the breaker's ratio and
+/// streak) or the probe (judged by the streak only: it runs by time, not by traffic).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum By {
+    Check,
+    Probe,
 }
 
 /// Reads the probe's reply.
