@@ -601,6 +601,21 @@ mod tests {
         assert_eq!(b.switches(), 1);
     }
 
+    #[tokio::test(start_paused = true)]
+    async fn time_away_ends_with_the_recovery_however_late_it_is_noticed() {
+        let b = breaker();
+        tokio::time::advance(Duration::from_millis(1)).await;
+        b.force_open();
+        tokio::time::advance(Duration::from_secs(2)).await;
+        b.start_recovery();
+        // Nobody asks for an hour; the recovery (1 s) was over long before.
+        tokio::time::advance(Duration::from_secs(3600)).await;
+        assert_eq!(b.state(), RedisState::Healthy);
+        let away = Duration::from_nanos(b.away_done_ns.load(Ordering::Acquire));
+        assert_eq!(away, Duration::from_secs(3));
+        assert_eq!(b.away_counted_s.load(Ordering::Acquire), 3);
+    }
+
     #[test]
     fn invalid_settings_are_refused() {
         let ok = BreakerConfig::default();
