@@ -490,15 +490,35 @@
 //! | server-wide | `OOM`, `READONLY`, `LOADING`, `BUSY`, `MASTERDOWN`, `CLUSTERDOWN`, a `NOSCRIPT` a reload did not cure | likewise |
 //! | this key only | `WRONGTYPE` (something else wrote a limiter key), a script error caused by the stored value | that request alone is answered by its failure policy, and the key is logged (hashed) at most once per 10 s; never counts toward the breaker |
 //!
-//! The **breaker** judges Redis by a rate, not by one event: it moves the whole backend
-//! to its failure policies when, over the last 2 s, at least 20 calls were made and half
-//! of them failed, or when three calls or more in a row failed over twice the call
-//! timeout (a quiet service). While it is open, one **probe** per backend runs every
-//! 500 ms: one round trip, a script that writes one small key (`<prefix>:probe`), so a
-//! Redis that answers `PING` but refuses writes stays judged unusable. When a probe
-//! succeeds, traffic **returns gradually**: a tenth of the checks at first, all of them
-//! after 1 s ([`recovery`](crate::BackendBuilder::recovery)), so a recovering Redis is not
-//! hit by every instance's whole traffic at once. Every threshold is a
+//! The **breaker** judges Redis by traffic and by time, never by one event. It moves the
+//! whole backend to its failure policies on whichever comes first:
+//!
+//! - the **ratio**: over the last 2 s, at least 20 calls were made and half of them
+//!   failed ([`breaker_window`](crate::BackendBuilder::breaker_window),
+//!   [`breaker_min_calls`](crate::BackendBuilder::breaker_min_calls),
+//!   [`breaker_failure_ratio`](crate::BackendBuilder::breaker_failure_ratio));
+//! - the **streak**: three failures in a row, with nothing answered between them, over
+//!   at least twice the call timeout (200 ms), however far apart they are. Failures are
+//!   failed calls and connection attempts, checks that gave up waiting for a connection
+//!   attempt still under way (a Redis that accepts connections and never answers), and
+//!   failed probes: from the first failure of a streak, the **probe** tries Redis every
+//!   probe interval (500 ms), whatever the traffic, until Redis answers (which ends the
+//!   streak) or the breaker opens.
+//!
+//! | traffic | when the backend moves to its failure policies (defaults) |
+//! |---|---|
+//! | quiet (a check every few seconds, or none) | at the third failure: within two probe intervals and two call timeouts (1.2 s) of the first failed check, whatever comes after it; at most three checks fail or wait for Redis |
+//! | busy | within about three call timeouts (300 ms) of the outage, or as soon as half of 20 calls in 2 s failed; each concurrent caller waits for at most about three checks |
+//!
+//! From then on no check waits for Redis: each is answered by its layer's failure policy
+//! at once. Errors that concern one key never count, nor do the answers of the failure
+//! policies and of the deny cache, which make no call: the breaker cannot hold itself
+//! open. While it is open, the probe runs every 500 ms: one round trip, a script that
+//! writes one small key (`<prefix>:probe`), so a Redis that answers `PING` but refuses
+//! writes stays judged unusable. When a probe succeeds, traffic **returns gradually**: a
+//! tenth of the checks at first, all of them after 1 s
+//! ([`recovery`](crate::BackendBuilder::recovery)), so a recovering Redis is not hit by
+//! every instance's whole traffic at once. Every threshold is a
 //! [`BackendBuilder`](crate::BackendBuilder) setting, validated when the backend is built.
 //!
 //! | what Redis does | what the crate does |
@@ -508,7 +528,8 @@
 //! | one key holds a value of the wrong type | only that key's requests are answered by the failure policy; every other key stays on Redis |
 //! | answers `PING` but refuses writes (`OOM` with `noeviction`, a `READONLY` replica, `LOADING`) | one switch to the failure policies, which stay until a probe's write succeeds; back on Redis within about a probe interval plus the recovery time once writes work |
 //! | a round trip above half the call timeout (another zone or region) | stays on Redis as long as the round trip is below the call timeout: connections are made and scripts loaded in the background, apart from any request's deadline |
-//! | down, restarted, partitioned | one switch after the breaker judges it, back within a probe interval plus the recovery time of Redis answering again |
+//! | down, restarted, partitioned | one switch when the breaker judges it (above: within 1.2 s of the first failed check for a quiet service), back within a probe interval plus the recovery time of Redis answering again |
+//! | accepts connections and never answers, from start-up | the checks that wait for the first connection attempt give up at the call timeout and count toward the streak: one switch within 1.2 s of the first check giving up (1.3 s after it started; about 300 ms under load), then every check is answered by the failure policy at once while the probe keeps trying |
 //! | many concurrent checks at a cold start or after a restart | one connection attempt at a time, shared by every waiting check (no herd) |
 //!
 //! The figures of each row, measured with a fault-injecting proxy, are in
@@ -517,8 +538,8 @@
 //! Logs stay quiet and useful: one `warn` when the breaker opens (with the fault and the
 //! ratio or streak that opened it), one `info` when a probe succeeds and one when the
 //! recovery is over, and repeated errors summarised in one `warn` at most every 10 s.
-//! The [metrics](crate::metrics) count switches, time away from Redis, and failed calls
-//! by fault. [`Backend::redis_state`](crate::Backend::redis_state) and
+//! The [metrics](crate::metrics) count switches, time away from Redis (in seconds,
+//! while the outage lasts), and failed calls by fault. [`Backend::redis_state`](crate::Backend::redis_state) and
 //! [`Backend::redis_switches`](crate::Backend::redis_switches) tell where a backend
 //! stands, for a health endpoint.
 //!

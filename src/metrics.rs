@@ -11,10 +11,10 @@
 //! | `ratelimit_requests_total` | counter | `policy`, `outcome` | every request a layer saw, by outcome (below) |
 //! | `ratelimit_near_limit_total` | counter | `policy` | admitted requests that left at most 10 % of the limit |
 //! | `ratelimit_fallback_decisions_total` | counter | `policy`, `source` | decisions taken without Redis because it was unreachable: `source` is `fallback`, `fail_open` or `fail_closed` (the layer's [`FailurePolicy`](crate::FailurePolicy)) |
-//! | `ratelimit_fallback_active` | gauge | `prefix` | `1` while a Redis backend (by key prefix) answers from its fallback, `0` otherwise |
+//! | `ratelimit_fallback_active` | gauge | `prefix` | `1` while a Redis backend (by key prefix) is away from Redis (its breaker open, or recovering), `0` otherwise |
 //! | `ratelimit_redis_errors_total` | counter | `policy`, `kind` | failed Redis checks: `kind` is `transport` (refused, reset, timed out, no connection), `server` (`OOM`, `READONLY`, `LOADING`, … : Redis cannot serve anyone) or `key` (`WRONGTYPE`, a script error caused by a stored value: only this key) |
 //! | `ratelimit_redis_switches_total` | counter | `prefix`, `to` | breaker transitions of a Redis backend: `to` is `fallback` (judged unusable), `recovering` (a probe succeeded) or `redis` (recovered) |
-//! | `ratelimit_redis_fallback_milliseconds_total` | counter | `prefix` | time a Redis backend spent away from Redis (fallback and recovery), in milliseconds, added when it has recovered |
+//! | `ratelimit_redis_fallback_seconds_total` | counter | `prefix` | time a Redis backend spent away from Redis (fallback and recovery), in whole seconds, counted while it lasts (every probe interval) and when it ends |
 //! | `ratelimit_redis_duration_seconds` | histogram | `policy` | the time of each Redis check, pool wait included |
 //! | `ratelimit_local_evictions_total` | counter | `prefix` | keys dropped from a backend's (by key prefix) full in-process state to make room for new ones (see [`max_local_keys`](crate::BackendBuilder::max_local_keys)) |
 //!
@@ -60,8 +60,8 @@ pub const FALLBACK_ACTIVE: &str = "ratelimit_fallback_active";
 pub const REDIS_ERRORS_TOTAL: &str = "ratelimit_redis_errors_total";
 /// Breaker transitions of a Redis backend, by `prefix` and `to` (counter).
 pub const REDIS_SWITCHES_TOTAL: &str = "ratelimit_redis_switches_total";
-/// Time a Redis backend spent away from Redis in milliseconds, by `prefix` (counter).
-pub const REDIS_FALLBACK_MILLISECONDS_TOTAL: &str = "ratelimit_redis_fallback_milliseconds_total";
+/// Time a Redis backend spent away from Redis, in whole seconds, by `prefix` (counter).
+pub const REDIS_FALLBACK_SECONDS_TOTAL: &str = "ratelimit_redis_fallback_seconds_total";
 /// The time of each Redis check in seconds, by `policy` (histogram).
 pub const REDIS_DURATION_SECONDS: &str = "ratelimit_redis_duration_seconds";
 
@@ -185,9 +185,8 @@ impl RedisMetrics {
     }
 }
 
-/// Records a breaker transition of the Redis backend with key prefix `prefix`; `away` is
-/// the time spent away from Redis when `to` is healthy again.
-pub(crate) fn redis_switch(prefix: &str, to: crate::backend::RedisState, away: Duration) {
+/// Records a breaker transition of the Redis backend with key prefix `prefix`.
+pub(crate) fn redis_switch(prefix: &str, to: crate::backend::RedisState) {
     use crate::backend::RedisState;
     let to = match to {
         RedisState::Fallback => "fallback",
@@ -196,16 +195,17 @@ pub(crate) fn redis_switch(prefix: &str, to: crate::backend::RedisState, away: D
     };
     fallback_active(prefix, to != "redis");
     #[cfg(feature = "metrics")]
-    {
-        metrics::counter!(REDIS_SWITCHES_TOTAL, "prefix" => prefix.to_owned(), "to" => to)
-            .increment(1);
-        if !away.is_zero() {
-            metrics::counter!(REDIS_FALLBACK_MILLISECONDS_TOTAL, "prefix" => prefix.to_owned())
-                .increment(u64::try_from(away.as_millis()).unwrap_or(u64::MAX));
-        }
-    }
+    metrics::counter!(REDIS_SWITCHES_TOTAL, "prefix" => prefix.to_owned(), "to" => to).increment(1);
+}
+
+/// Adds `seconds` whole seconds to the time the Redis backend with key prefix `prefix`
+/// spent away from Redis.
+pub(crate) fn redis_away(prefix: &str, seconds: u64) {
+    #[cfg(feature = "metrics")]
+    metrics::counter!(REDIS_FALLBACK_SECONDS_TOTAL, "prefix" => prefix.to_owned())
+        .increment(seconds);
     #[cfg(not(feature = "metrics"))]
-    let _ = away;
+    let _ = (prefix, seconds);
 }
 
 /// Records a failed Redis check of policy `policy`; `kind` is `transport`, `server` or

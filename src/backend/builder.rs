@@ -388,7 +388,8 @@ impl BackendBuilder {
     }
 
     /// How often the probe tries Redis while the breaker holds the backend on its failure
-    /// policies (default 500 ms). A probe is one round trip: a script that writes one
+    /// policies, and from the first failure before that until Redis answers again or the
+    /// breaker opens (default 500 ms). A probe is one round trip: a script that writes one
     /// small key (`<prefix>:probe`), so a Redis that answers but refuses writes (`OOM`,
     /// `READONLY`, `LOADING`) is not taken for healthy.
     pub fn probe_interval(mut self, interval: Duration) -> Self {
@@ -402,11 +403,17 @@ impl BackendBuilder {
     /// least [`breaker_min_calls`](Self::breaker_min_calls) calls were made and at least
     /// [`breaker_failure_ratio`](Self::breaker_failure_ratio) of them failed for a reason
     /// that concerns the whole server (a transport failure or timeout, or a server-wide
-    /// error such as `OOM` or `READONLY`), or when three calls or more in a row failed over
-    /// twice the [call timeout](Self::call_timeout) (so a quiet service does not need
-    /// [`breaker_min_calls`](Self::breaker_min_calls) failures first). Errors that concern
-    /// one key (`WRONGTYPE`, a script error caused by a stored value) never count: only
-    /// that request is answered by its failure policy.
+    /// error such as `OOM` or `READONLY`), or when three failures in a row, with nothing
+    /// answered between them, span twice the [call timeout](Self::call_timeout) or more,
+    /// however far apart they are. Those failures include checks that gave up waiting for
+    /// a connection attempt still under way, and failed probes: from the first failure,
+    /// the probe tries Redis every [probe interval](Self::probe_interval) whatever the
+    /// traffic, so a quiet service moves to its failure policies within two probe
+    /// intervals and two call timeouts of its first failed check (1.2 s by default; see
+    /// [Failure modes](crate::guide#failure-modes)). Errors that concern one key
+    /// (`WRONGTYPE`, a script error caused by a stored value) never count: only that
+    /// request is answered by its failure policy; nor do the answers of the failure
+    /// policies and of the deny cache, so the breaker cannot hold itself open.
     ///
     /// ```
     /// use std::time::Duration;

@@ -1,10 +1,17 @@
 //! The breaker that decides where checks go: to Redis, to the failure policy, or (while
 //! recovering) a growing share to Redis and the rest to the failure policy.
 //!
-//! It judges Redis by the outcomes of recent calls, not by one failure: the backend
-//! moves to its fallback when, over a rolling window, enough calls failed for a reason
-//! that concerns the whole server (a transport or server-wide error), or when every call
-//! has failed for a sustained stretch. Errors that concern one key never count.
+//! It judges Redis by traffic and by time, never by one failure: the backend moves to its
+//! fallback when, over a rolling window, enough calls failed for a reason that concerns
+//! the whole server (a transport or server-wide error: the ratio), or when Redis has
+//! answered nothing for a sustained stretch (the streak: at least [`STREAK_CALLS`]
+//! failures in a row over twice the call timeout, however far apart). The streak counts
+//! what the ratio counts, plus what only time tells: checks that gave up waiting for a
+//! connection attempt still under way, and the probe, which runs from the first failure
+//! of a streak (see `redis.rs`), so that a quiet service is judged as soon as a busy
+//! one. Errors that concern one key never count, nor do the answers of the failure
+//! policies and of the deny cache (no call, no outcome): the breaker cannot hold itself
+//! open.
 
 use std::num::NonZeroUsize;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
@@ -29,8 +36,10 @@ pub const DEFAULT_RECOVERY: Duration = Duration::from_secs(1);
 const FIRST_SHARE: f64 = 0.1;
 /// Buckets of the rolling window.
 const BUCKETS: usize = 20;
-/// Consecutive failed calls that open the breaker once they span the streak length.
-const STREAK_CALLS: u32 = 3;
+/// Consecutive failures that open the breaker once they span the streak length.
+pub(crate) const STREAK_CALLS: u32 = 3;
+/// `streak_since_ns` while no streak has started.
+const NO_STREAK: u64 = u64::MAX;
 
 /// How the breaker judges Redis; validated when the backend is built.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -115,7 +124,7 @@ impl RedisState {
     }
 }
 
-/// What a call's outcome tells about Redis.
+/// What an outcome tells about Redis.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Outcome {
     /// Redis answered.
@@ -128,26 +137,31 @@ pub(crate) enum Outcome {
 #[derive(Debug)]
 pub(crate) struct Breaker {
     config: BreakerConfig,
-    /// How long every call must have failed before the breaker opens without enough
-    /// calls to judge a ratio (twice the call timeout).
+    /// How long Redis must have answered nothing, over at least [`STREAK_CALLS`]
+    /// failures, before the breaker opens without a ratio to judge (twice the call
+    /// timeout).
     streak_span: Duration,
     state: AtomicU8,
     /// Outcomes of recent calls: 1.0 a failure, 0.0 a success. Replaced when recovery
     /// starts, so the failures that opened the breaker are not judged twice.
     window: ArcSwap<RollingWindow>,
-    /// Consecutive failures, when the first and the last of them happened (ns since
-    /// `base`).
+    /// Failures since the last success, and when the first of them happened (ns since
+    /// `base`; [`NO_STREAK`] before it is known).
     streak: AtomicU32,
     streak_since_ns: AtomicU64,
-    streak_last_ns: AtomicU64,
     /// When recovery started (ns since `base`).
     recovering_since_ns: AtomicU64,
     /// Counts checks while recovering, to pick the share that goes to Redis.
     picks: AtomicU64,
     /// Switches to the fallback since the backend was built.
     switches: AtomicU64,
-    /// When the breaker last opened (ns since `base`).
-    opened_ns: AtomicU64,
+    /// When the backend last left Redis (ns since `base`, at least 1); 0 while it is on
+    /// Redis.
+    away_since_ns: AtomicU64,
+    /// Time away from Redis in the outages that are over (ns).
+    away_done_ns: AtomicU64,
+    /// Whole seconds away from Redis counted in the metrics so far.
+    away_counted_s: AtomicU64,
     base: Instant,
     /// The backend's key prefix, naming it in metrics.
     prefix: String,
@@ -161,12 +175,13 @@ impl Breaker {
             state: AtomicU8::new(RedisState::Healthy.as_u8()),
             window: ArcSwap::from_pointee(new_window(config.window)),
             streak: AtomicU32::new(0),
-            streak_since_ns: AtomicU64::new(0),
-            streak_last_ns: AtomicU64::new(0),
+            streak_since_ns: AtomicU64::new(NO_STREAK),
             recovering_since_ns: AtomicU64::new(0),
             picks: AtomicU64::new(0),
             switches: AtomicU64::new(0),
-            opened_ns: AtomicU64::new(0),
+            away_since_ns: AtomicU64::new(0),
+            away_done_ns: AtomicU64::new(0),
+            away_counted_s: AtomicU64::new(0),
             base: Instant::now(),
             prefix,
         }
@@ -180,6 +195,11 @@ impl Breaker {
             return RedisState::from_u8(self.state.load(Ordering::Acquire));
         }
         state
+    }
+
+    /// The time over which traffic returns to Redis after a successful probe.
+    pub(crate) fn recovery(&self) -> Duration {
+        self.config.recovery
     }
 
     pub(crate) fn switches(&self) -> u64 {
@@ -212,10 +232,56 @@ impl Breaker {
             )
             .is_ok()
         {
-            let opened = self.opened_ns.load(Ordering::Acquire);
-            let away = Duration::from_nanos(self.now_ns().saturating_sub(opened));
-            crate::metrics::redis_switch(&self.prefix, RedisState::Healthy, away);
+            // The outage ended when the recovery time was over, whenever this is noticed.
+            let end = self.recovery_end_ns().min(self.now_ns());
+            let since = self.away_since_ns.swap(0, Ordering::AcqRel);
+            let away = end.saturating_sub(since);
+            self.away_done_ns.fetch_add(away, Ordering::AcqRel);
+            self.count_away();
+            crate::metrics::redis_switch(&self.prefix, RedisState::Healthy);
+            let away = Duration::from_nanos(away);
             tracing::info!(?away, "redis recovered: every check goes to redis again");
+        }
+    }
+
+    /// When the recovery under way ends (ns since `base`).
+    fn recovery_end_ns(&self) -> u64 {
+        let recovery = u64::try_from(self.config.recovery.as_nanos()).unwrap_or(u64::MAX);
+        self.recovering_since_ns
+            .load(Ordering::Acquire)
+            .saturating_add(recovery)
+    }
+
+    /// Adds the whole seconds spent away from Redis since the last count to the
+    /// metrics: called by the probe on every tick of an outage, and when it is over.
+    pub(crate) fn count_away(&self) {
+        let since = self.away_since_ns.load(Ordering::Acquire);
+        let current = if since == 0 {
+            0
+        } else {
+            let mut end = self.now_ns();
+            if self.state.load(Ordering::Acquire) == RedisState::Recovering.as_u8() {
+                end = end.min(self.recovery_end_ns());
+            }
+            end.saturating_sub(since)
+        };
+        let total = self.away_done_ns.load(Ordering::Acquire) + current;
+        let seconds = total / 1_000_000_000;
+        let counted = self.away_counted_s.fetch_max(seconds, Ordering::AcqRel);
+        if seconds > counted {
+            crate::metrics::redis_away(&self.prefix, seconds - counted);
+        }
+    }
+
+    /// Whether failures have come since Redis last answered (a streak is under way).
+    pub(crate) fn failing(&self) -> bool {
+        self.streak.load(Ordering::Acquire) != 0
+    }
+
+    fn end_streak(&self) {
+        if self.streak.load(Ordering::Relaxed) != 0 {
+            self.streak_since_ns.store(NO_STREAK, Ordering::Release);
+            self.streak.store(0, Ordering::Release);
         }
     }
 
@@ -238,9 +304,20 @@ impl Breaker {
         }
     }
 
-    /// Records the outcome of a check's call; returns the reason when this outcome
-    /// opened the breaker.
+    /// Records the outcome of a call or a connection attempt: judged by the ratio and the
+    /// streak. Returns the reason when this outcome opened the breaker.
     pub(crate) fn record(&self, outcome: Outcome) -> Option<Trip> {
+        self.judge(outcome, true)
+    }
+
+    /// Records what only time tells (a check that gave up waiting for a connection
+    /// attempt still under way, a probe's outcome): judged by the streak alone, so
+    /// that many checks waiting for one slow connection, or probes, never make a ratio.
+    pub(crate) fn note(&self, outcome: Outcome) -> Option<Trip> {
+        self.judge(outcome, false)
+    }
+
+    fn judge(&self, outcome: Outcome, ratio: bool) -> Option<Trip> {
         let state = self.state();
         if state == RedisState::Fallback {
             return None;
@@ -248,33 +325,32 @@ impl Breaker {
         let window = self.window.load();
         match outcome {
             Outcome::Success => {
-                window.add(0.0);
-                if self.streak.load(Ordering::Relaxed) != 0 {
-                    self.streak.store(0, Ordering::Relaxed);
+                if ratio {
+                    window.add(0.0);
                 }
+                self.end_streak();
                 None
             }
             Outcome::Failure => {
-                window.add(1.0);
+                if ratio {
+                    window.add(1.0);
+                }
                 let now = self.now_ns();
                 let span = u64::try_from(self.streak_span.as_nanos()).unwrap_or(u64::MAX);
-                // Failures far apart, with no call between them, say nothing of a
-                // sustained outage: a streak starts again after a quiet spell.
-                let last = self.streak_last_ns.swap(now, Ordering::AcqRel);
-                if now.saturating_sub(last) > span {
-                    self.streak.store(0, Ordering::Release);
-                }
+                // However far apart: a quiet service's failures are a streak until Redis
+                // answers, and the probe adds one every probe interval meanwhile.
                 let streak = self.streak.fetch_add(1, Ordering::AcqRel);
                 if streak == 0 {
                     self.streak_since_ns.store(now, Ordering::Release);
                 }
                 let since = self.streak_since_ns.load(Ordering::Acquire);
-                let trip = if streak + 1 >= STREAK_CALLS && now.saturating_sub(since) >= span {
+                let lasted = now.saturating_sub(since);
+                let trip = if streak + 1 >= STREAK_CALLS && lasted >= span {
                     Some(Trip::Streak {
-                        calls: streak + 1,
-                        span: Duration::from_nanos(now.saturating_sub(since)),
+                        failures: streak + 1,
+                        span: Duration::from_nanos(lasted),
                     })
-                } else {
+                } else if ratio {
                     let (mut failures, mut calls) = (0.0, 0u64);
                     window.reduce(|bucket| {
                         failures += bucket.sum;
@@ -284,6 +360,8 @@ impl Breaker {
                     (calls >= u64::from(self.config.min_calls)
                         && ratio >= self.config.failure_ratio)
                         .then_some(Trip::Ratio { ratio, calls })
+                } else {
+                    None
                 };
                 let trip = trip?;
                 self.open(state).then_some(trip)
@@ -304,11 +382,13 @@ impl Breaker {
             .is_ok();
         if opened {
             self.switches.fetch_add(1, Ordering::Relaxed);
-            self.streak.store(0, Ordering::Relaxed);
+            self.end_streak();
+            // From recovering, the outage goes on.
             if from == RedisState::Healthy {
-                self.opened_ns.store(self.now_ns(), Ordering::Release);
+                self.away_since_ns
+                    .store(self.now_ns().max(1), Ordering::Release);
             }
-            crate::metrics::redis_switch(&self.prefix, RedisState::Fallback, Duration::ZERO);
+            crate::metrics::redis_switch(&self.prefix, RedisState::Fallback);
         }
         opened
     }
@@ -324,12 +404,12 @@ impl Breaker {
     pub(crate) fn start_recovery(&self) {
         self.window
             .store(std::sync::Arc::new(new_window(self.config.window)));
-        self.streak.store(0, Ordering::Relaxed);
+        self.end_streak();
         self.recovering_since_ns
             .store(self.now_ns(), Ordering::Release);
         self.state
             .store(RedisState::Recovering.as_u8(), Ordering::Release);
-        crate::metrics::redis_switch(&self.prefix, RedisState::Recovering, Duration::ZERO);
+        crate::metrics::redis_switch(&self.prefix, RedisState::Recovering);
     }
 }
 
@@ -344,8 +424,8 @@ fn new_window(span: Duration) -> RollingWindow {
 pub(crate) enum Trip {
     /// Too many of the recent calls failed.
     Ratio { ratio: f64, calls: u64 },
-    /// Every call failed for a sustained stretch.
-    Streak { calls: u32, span: Duration },
+    /// Redis answered nothing for a sustained stretch.
+    Streak { failures: u32, span: Duration },
 }
 
 impl std::fmt::Display for Trip {
@@ -354,8 +434,11 @@ impl std::fmt::Display for Trip {
             Self::Ratio { ratio, calls } => {
                 write!(f, "{:.0}% of the last {calls} calls failed", ratio * 100.0)
             }
-            Self::Streak { calls, span } => {
-                write!(f, "{calls} calls in a row failed over {span:?}")
+            Self::Streak { failures, span } => {
+                write!(
+                    f,
+                    "{failures} failures in a row, nothing answered for {span:?}"
+                )
             }
         }
     }
@@ -431,20 +514,74 @@ mod tests {
         tokio::time::advance(Duration::from_millis(150)).await;
         let trip = b.record(Outcome::Failure);
         assert!(
-            matches!(trip, Some(Trip::Streak { calls: 3, .. })),
+            matches!(trip, Some(Trip::Streak { failures: 3, .. })),
             "{trip:?}"
         );
         assert_eq!(b.state(), RedisState::Fallback);
     }
 
     #[tokio::test(start_paused = true)]
-    async fn failures_far_apart_are_no_streak() {
+    async fn failures_far_apart_with_nothing_answered_between_are_a_streak() {
+        // A quiet service: a check every 5 s, and Redis answers none of them.
         let b = breaker();
-        for _ in 0..5 {
+        assert_eq!(b.record(Outcome::Failure), None);
+        tokio::time::advance(Duration::from_secs(5)).await;
+        assert_eq!(b.record(Outcome::Failure), None);
+        tokio::time::advance(Duration::from_secs(5)).await;
+        let trip = b.record(Outcome::Failure);
+        assert!(
+            matches!(trip, Some(Trip::Streak { failures: 3, .. })),
+            "{trip:?}"
+        );
+        assert_eq!(b.state(), RedisState::Fallback);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_success_ends_the_streak() {
+        let b = breaker();
+        for _ in 0..10 {
             assert_eq!(b.record(Outcome::Failure), None);
-            tokio::time::advance(Duration::from_millis(300)).await;
+            assert!(b.failing());
+            tokio::time::advance(Duration::from_millis(150)).await;
+            assert_eq!(b.record(Outcome::Failure), None);
+            tokio::time::advance(Duration::from_millis(150)).await;
+            b.note(Outcome::Success);
+            assert!(!b.failing());
         }
         assert_eq!(b.state(), RedisState::Healthy);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn noted_failures_make_a_streak_but_never_a_ratio() {
+        // Many checks giving up on one slow connection attempt at once: no ratio.
+        let b = breaker();
+        for _ in 0..100 {
+            assert_eq!(b.note(Outcome::Failure), None);
+        }
+        b.record(Outcome::Success);
+        assert_eq!(b.state(), RedisState::Healthy);
+        // Over time they are a streak.
+        b.note(Outcome::Failure);
+        tokio::time::advance(Duration::from_millis(100)).await;
+        b.note(Outcome::Failure);
+        tokio::time::advance(Duration::from_millis(100)).await;
+        assert!(matches!(
+            b.note(Outcome::Failure),
+            Some(Trip::Streak { failures: 3, .. })
+        ));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn in_fallback_nothing_is_judged() {
+        let b = breaker();
+        b.force_open();
+        for _ in 0..100 {
+            assert_eq!(b.record(Outcome::Failure), None);
+            assert_eq!(b.note(Outcome::Failure), None);
+            tokio::time::advance(Duration::from_millis(100)).await;
+        }
+        assert!(!b.failing());
+        assert_eq!(b.switches(), 1);
     }
 
     #[tokio::test(start_paused = true)]
@@ -462,6 +599,21 @@ mod tests {
         assert!(b.admit());
         assert_eq!(b.state(), RedisState::Healthy);
         assert_eq!(b.switches(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn time_away_ends_with_the_recovery_however_late_it_is_noticed() {
+        let b = breaker();
+        tokio::time::advance(Duration::from_millis(1)).await;
+        b.force_open();
+        tokio::time::advance(Duration::from_secs(2)).await;
+        b.start_recovery();
+        // Nobody asks for an hour; the recovery (1 s) was over long before.
+        tokio::time::advance(Duration::from_secs(3600)).await;
+        assert_eq!(b.state(), RedisState::Healthy);
+        let away = Duration::from_nanos(b.away_done_ns.load(Ordering::Acquire));
+        assert_eq!(away, Duration::from_secs(3));
+        assert_eq!(b.away_counted_s.load(Ordering::Acquire), 3);
     }
 
     #[test]

@@ -1,6 +1,8 @@
 //! The Redis side of a backend: one kept multiplexed connection (replaced by one
 //! connection attempt at a time), scripts run by SHA under a deadline, each outcome
-//! judged by the breaker, and the one probe that runs while the breaker is open.
+//! judged by the breaker, and the one probe that runs from the first failure of a
+//! streak until Redis answers again (the breaker open or not), so that Redis is judged
+//! by time whatever the traffic.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -111,7 +113,7 @@ impl RedisBackend {
     /// for a connection if there is none, and records the outcome.
     pub(crate) async fn eval(self: &Arc<Self>, call: &Call) -> Result<Vec<i64>, ScriptError> {
         self.register(call.script());
-        let result = self.call(call).await;
+        let result = self.call(call, By::Check).await;
         match &result {
             Ok(_) => {
                 self.breaker.record(Outcome::Success);
@@ -121,7 +123,7 @@ impl RedisBackend {
         result
     }
 
-    async fn call(self: &Arc<Self>, call: &Call) -> Result<Vec<i64>, ScriptError> {
+    async fn call(self: &Arc<Self>, call: &Call, by: By) -> Result<Vec<i64>, ScriptError> {
         let used = self.conn.load_full();
         let waiting = AtomicBool::new(false);
         let call = async {
@@ -138,7 +140,7 @@ impl RedisBackend {
                 }
             }
             waiting.store(true, Ordering::Relaxed);
-            let mut conn = self.connection().await?;
+            let mut conn = self.connection(by).await?;
             waiting.store(false, Ordering::Relaxed);
             Ok(conn.script(call).await?)
         };
@@ -157,7 +159,7 @@ impl RedisBackend {
             // on this one.
             Err(_) => {
                 if used.is_some() {
-                    drop(self.connect());
+                    drop(self.connect(by));
                 }
                 Err(ScriptError::Timeout(self.call_timeout))
             }
@@ -184,11 +186,11 @@ impl RedisBackend {
 
     /// The kept connection, or the one the connection attempt under way (started here
     /// if there is none) brings.
-    async fn connection(self: &Arc<Self>) -> Result<Conn, ScriptError> {
+    async fn connection(self: &Arc<Self>, by: By) -> Result<Conn, ScriptError> {
         if let Some(conn) = self.conn.load_full() {
             return Ok(Conn::clone(&conn));
         }
-        let mut attempt = self.connect();
+        let mut attempt = self.connect(by);
         let done = attempt
             .wait_for(Option::is_some)
             .await
@@ -204,7 +206,7 @@ impl RedisBackend {
     }
 
     /// The connection attempt under way, or a new one in the background.
-    fn connect(self: &Arc<Self>) -> Attempt {
+    fn connect(self: &Arc<Self>, by: By) -> Attempt {
         let mut slot = self.connecting.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(attempt) = &*slot {
             if attempt.borrow().is_none() {
@@ -234,54 +236,85 @@ impl RedisBackend {
             let result = match tokio::time::timeout(timeout, connect).await {
                 Ok(Ok(conn)) => {
                     this.conn.store(Some(Arc::new(conn)));
-                    this.breaker.record(Outcome::Success);
+                    match by {
+                        By::Check => this.breaker.record(Outcome::Success),
+                        By::Probe => this.breaker.note(Outcome::Success),
+                    };
                     Ok(())
                 }
                 Ok(Err(error)) => Err(error),
                 Err(_) => Err(ScriptError::Timeout(timeout)),
             };
             if let Err(error) = &result {
-                // One failure per attempt, whatever number of checks waited for it.
-                this.judge(error.fault(), error);
+                // One failure per attempt, whatever number of checks waited for it; the
+                // probe's attempts count toward the streak only, as the probe does.
+                this.judge(error.fault(), error, by == By::Check);
             }
             done.send_replace(Some(result));
         });
         attempt
     }
 
-    /// Counts a failed call; opens the breaker and starts the probe when the failures
-    /// say Redis is unusable.
+    /// Logs and counts a failed call.
     fn failed(self: &Arc<Self>, error: &ScriptError) {
+        self.log.error(error.fault(), error);
+        self.count(error);
+    }
+
+    /// Counts a failed call (a check's or the probe's); opens the breaker when the
+    /// failures say Redis is unusable.
+    fn count(self: &Arc<Self>, error: &ScriptError) {
         let fault = error.fault();
-        self.log.error(fault, error);
-        // The connection attempt judges for the checks that waited for it.
-        let attempt = matches!(error, ScriptError::Connect(_) | ScriptError::Connecting(_));
-        if fault != Fault::Key && !attempt {
-            self.judge(fault, error);
+        match error {
+            _ if fault == Fault::Key => {}
+            // The connection attempt this check waited for judged it when it failed.
+            ScriptError::Connect(_) => {}
+            // The connection attempt this check waited for is still under way after a
+            // whole call timeout: Redis is far, or accepts connections and never answers.
+            // Time tells which (the streak), not the number of checks that waited (the
+            // ratio would judge a far Redis's first connection under load).
+            ScriptError::Connecting(_) => self.judge(fault, error, false),
+            _ => self.judge(fault, error, true),
         }
     }
 
-    /// Counts a failure toward the breaker; opens it and starts the probe when the
-    /// failures say Redis is unusable.
-    fn judge(self: &Arc<Self>, fault: Fault, error: &ScriptError) {
-        if let Some(trip) = self.breaker.record(Outcome::Failure) {
-            tracing::warn!(
-                fault = fault.label(),
-                %error,
-                reason = %trip,
-                "redis judged unusable: answering by the failure policies until a probe succeeds"
-            );
-            self.start_probe();
+    /// Counts a failure toward the breaker (toward its ratio too with `ratio`); opens it
+    /// when the failures say Redis is unusable. The first failure of a streak starts the
+    /// probe, which keeps judging Redis while no check does.
+    fn judge(self: &Arc<Self>, fault: Fault, error: &ScriptError, ratio: bool) {
+        let trip = if ratio {
+            self.breaker.record(Outcome::Failure)
+        } else {
+            self.breaker.note(Outcome::Failure)
+        };
+        match trip {
+            Some(trip) => {
+                tracing::warn!(
+                    fault = fault.label(),
+                    %error,
+                    reason = %trip,
+                    "redis judged unusable: answering by the failure policies until a probe succeeds"
+                );
+                // Whatever connection was kept, the probe and the checks after recovery
+                // use a fresh one.
+                self.conn.store(None);
+                self.start_probe();
+            }
+            None if self.breaker.failing() => self.start_probe(),
+            None => {}
         }
+    }
+
+    /// Whether the probe has work: the breaker is open, or failures have come since
+    /// Redis last answered.
+    fn needs_probe(&self) -> bool {
+        self.state() == RedisState::Fallback || self.breaker.failing()
     }
 
     fn start_probe(self: &Arc<Self>) {
         if self.probing.swap(true, Ordering::AcqRel) {
             return;
         }
-        // Whatever connection was kept, the probe and the checks after recovery use a
-        // fresh one.
-        self.conn.store(None);
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
                 runtime.spawn(probe(Arc::downgrade(self), self.probe_interval));
@@ -289,7 +322,9 @@ impl RedisBackend {
             // No runtime to probe from: try Redis again on the next check.
             Err(_) => {
                 self.probing.store(false, Ordering::Release);
-                self.breaker.start_recovery();
+                if self.state() == RedisState::Fallback {
+                    self.breaker.start_recovery();
+                }
             }
         }
     }
@@ -323,7 +358,7 @@ impl RedisBackend {
     /// One probe: the write script on the kept connection, one round trip.
     async fn probe_once(self: &Arc<Self>) -> Result<(), ScriptError> {
         self.register(&PROBE);
-        probed(self.call(&self.probe_call()).await?)
+        probed(self.call(&self.probe_call(), By::Probe).await?)
     }
 
     fn probe_call(&self) -> Call {
@@ -340,13 +375,21 @@ impl RedisBackend {
         self.register(&PROBE);
         let call = self.probe_call();
         let verify = async {
-            let mut conn = self.connection().await?;
+            let mut conn = self.connection(By::Check).await?;
             probed(conn.script(&call).await?)
         };
         tokio::time::timeout(self.connect_timeout(), verify)
             .await
             .unwrap_or(Err(ScriptError::Timeout(self.connect_timeout())))
     }
+}
+
+/// Who makes a call or a connection attempt: a check (judged by the breaker's ratio and
+/// streak) or the probe (judged by the streak only: it runs by time, not by traffic).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum By {
+    Check,
+    Probe,
 }
 
 /// Reads the probe's reply.
@@ -358,28 +401,54 @@ fn probed(reply: Vec<i64>) -> Result<(), ScriptError> {
     }
 }
 
-/// Probes Redis every `interval` until a probe succeeds (then recovery starts) or the
-/// backend is dropped.
-async fn probe(backend: Weak<RedisBackend>, interval: Duration) {
+/// Probes Redis every `interval` while the backend needs it (the breaker is open, or a
+/// streak of failures is under way), until a probe succeeds or the backend is dropped.
+/// Its failures count toward the streak while the breaker is closed, so that a quiet
+/// service is judged within two probes of its first failure; its success ends a streak,
+/// or starts the recovery.
+async fn probe(weak: Weak<RedisBackend>, interval: Duration) {
     let mut failures = 0u64;
     loop {
         tokio::time::sleep(interval).await;
-        let Some(backend) = backend.upgrade() else {
+        let Some(backend) = weak.upgrade() else {
             return;
         };
-        match backend.probe_once().await {
-            Ok(()) => {
+        backend.breaker.count_away();
+        if !backend.needs_probe() {
+            backend.probing.store(false, Ordering::Release);
+            // A failure between the test and the store found the probe running: go on.
+            if !backend.needs_probe() || backend.probing.swap(true, Ordering::AcqRel) {
+                return;
+            }
+            continue;
+        }
+        let result = backend.probe_once().await;
+        let open = backend.state() == RedisState::Fallback;
+        match result {
+            Ok(()) if open => {
                 backend.probing.store(false, Ordering::Release);
                 backend.breaker.start_recovery();
                 tracing::info!(
                     failed_probes = failures,
                     "redis answers again: moving checks back to redis"
                 );
+                // Close the recovery when it is over, also without checks to notice.
+                let recovery = backend.breaker.recovery();
+                drop(backend);
+                tokio::time::sleep(recovery).await;
+                if let Some(backend) = weak.upgrade() {
+                    backend.state();
+                }
                 return;
+            }
+            Ok(()) => {
+                backend.breaker.note(Outcome::Success);
             }
             Err(error) => {
                 failures += 1;
                 tracing::debug!(%error, fault = error.fault().label(), "redis probe failed");
+                // Counted as a check's failure would be (nothing is judged while open).
+                backend.count(&error);
             }
         }
     }
