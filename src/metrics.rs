@@ -33,7 +33,9 @@
 //! (they are unbounded, and may be secrets).
 //!
 //! The same events are `tracing` events of the `tower_redis_ratelimit` target: `trace`
-//! for admitted requests, `debug` for rejections and missing keys, `info` for shadow
+//! for admitted requests, `debug` for rejections (and missing keys that the layer
+//! allows or keys in its place), `warn` for requests refused for a missing key (at most
+//! one line per layer every 10 s, with a count of the others), `info` for shadow
 //! rejections.
 //!
 //! ```
