@@ -96,9 +96,12 @@ async fn count_if_gives_back_under_the_plan_that_spent() {
 async fn count_if_gives_back_under_a_dynamic_limit() {
     let redis = RedisServer::start();
     for backend in backends(&redis) {
-        let limits = DynamicLimits::new(PeriodConfig::new(100, MINUTE), |_key: tower_redis_ratelimit::key::TaggedKey<'_>| async {
-            Ok::<_, Infallible>(Some(3))
-        });
+        let limits = DynamicLimits::new(
+            PeriodConfig::new(100, MINUTE),
+            |_key: tower_redis_ratelimit::key::TaggedKey<'_>| async {
+                Ok::<_, Infallible>(Some(3))
+            },
+        );
         let layer = LayerBuilder::new(&backend, limits)
             .name("pay")
             .key(HeaderKey::from_static("x-user"))

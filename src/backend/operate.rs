@@ -117,6 +117,9 @@ fn operate_locally<T: Hosts + ?Sized>(
     let units = u32::try_from(cost).unwrap_or(u32::MAX);
     let now_us = store.remote().backend().clock().now_us();
     let peek_cost = match op {
+        // While blocked, a check decides nothing but where the key stands (as the
+        // engine does): so does a peek.
+        Operation::Peek if store.blocks().until(local, key, || now_us).is_some() => 0,
         Operation::Peek => units,
         Operation::Refund => {
             store.local_refund(key, units);

@@ -1,0 +1,859 @@
+//! Every path decided like one model (issue 22): generated sequences of operations
+//! (checks, peeks, refunds, resets, blocks, concurrent batches, time passing) on one
+//! limit or a set of up to three limits of mixed algorithms, with costs up to above the
+//! capacity, run through every host and path, and compared with a reference model
+//! field by field (state, limit, remaining, reset and retry-after, to the microsecond).
+//!
+//! The reference model below is the plainest statement of each algorithm, written apart
+//! from the crate's steps: a fixed window is a count and an end; a token bucket is a
+//! level refilled continuously, in exact integer arithmetic (scaled by the rate, so no
+//! rounding ever happens); a rolling window is a map of bucket index to count.
+//!
+//! Hosts and paths, each on a fresh limiter name per case:
+//! - in process, on a clock the test sets;
+//! - Redis with the server's clock (frozen by the test at each step), no deny cache, no
+//!   coalescing: batches go one by one;
+//! - Redis with the caller's clock (the same time, sent by the backend);
+//! - Redis with the deny cache and coalescing (the defaults): batches go at once and
+//!   queue behind the first call;
+//! - the fallback: a Redis backend whose Redis never answers (a closed port).
+//!
+//! Allowed differences, as documented: a refusal answered from the deny cache is the
+//! one Redis gave to a one-unit check, aged, so for a larger cost its retry-after may be
+//! earlier than the model's (and a set's may name another refusing limit), and its
+//! reset may be earlier when the key was blocked before a window opened; a decision
+//! above the capacity says `Redis` or `Fallback` by the breaker's state.
+//!
+//! `PROPTEST_CASES` sets the number of cases (default 48 here: a short run in
+//! `scripts/test`); a release runs `PROPTEST_CASES=2000 cargo nextest run --all-features
+//! --test model` (see `BENCHMARKS.md`). A failure prints the shrunk case and its seed.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::num::NonZeroU32;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestCaseError, TestRunner};
+use support::{RedisServer, ServerClock};
+use tower_redis_ratelimit::backend::{ManualClock, TimeSource};
+use tower_redis_ratelimit::period::{PeriodConfig, PeriodLimiter};
+use tower_redis_ratelimit::rolling::{RollingConfig, RollingWindowLimiter};
+use tower_redis_ratelimit::set::{LimitSet, SetLimiter};
+use tower_redis_ratelimit::token_bucket::{TokenBucketConfig, TokenBucketLimiter};
+use tower_redis_ratelimit::{Backend, Decision, Limiter, Source, State};
+
+/// 2027-01-15T08:00:00Z in milliseconds: every step is a whole millisecond after it.
+const T0_MS: u64 = 1_800_000_000_000;
+
+// ---------------------------------------------------------------------------
+// What is generated
+// ---------------------------------------------------------------------------
+
+/// One limit's settings.
+#[derive(Debug, Clone, Copy)]
+enum Limit {
+    Period {
+        quota: u64,
+        period_ms: u64,
+    },
+    Bucket {
+        rate: u64,
+        period_ms: u64,
+        burst: u64,
+    },
+    Rolling {
+        limit: u64,
+        buckets: u64,
+        interval_ms: u64,
+    },
+}
+
+impl Limit {
+    fn capacity(self) -> u64 {
+        match self {
+            Self::Period { quota, .. } => quota,
+            Self::Bucket { burst, .. } => burst,
+            Self::Rolling { limit, .. } => limit,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Check(u32),
+    Peek(u32),
+    Refund(u32),
+    Reset,
+    /// Blocks the key for this many milliseconds.
+    Block(u64),
+    /// Time passes, in milliseconds.
+    Wait(u64),
+    /// Concurrent checks of the key, in this order.
+    Batch(Vec<u32>),
+}
+
+#[derive(Debug, Clone)]
+struct Case {
+    /// One limit alone (`set` false), or a set of these limits.
+    limits: Vec<Limit>,
+    set: bool,
+    ops: Vec<Op>,
+}
+
+fn limit() -> impl Strategy<Value = Limit> {
+    prop_oneof![
+        (
+            1..=5u64,
+            prop::sample::select(vec![1_000u64, 3_000, 10_000])
+        )
+            .prop_map(|(quota, period_ms)| Limit::Period { quota, period_ms }),
+        (
+            // Rates whose emission interval is a whole number of microseconds, and
+            // fractional ones (3 per 2 s: 666 666.67 µs).
+            prop::sample::select(vec![
+                (1u64, 1_000u64),
+                (2, 1_000),
+                (4, 1_000),
+                (5, 2_000),
+                (1, 3_000),
+                (10, 1_000),
+                (3, 1_000),
+                (3, 2_000),
+                (7, 3_000),
+            ]),
+            1..=6u64
+        )
+            .prop_map(|((rate, period_ms), burst)| Limit::Bucket {
+                rate,
+                period_ms,
+                burst
+            }),
+        (
+            1..=6u64,
+            1..=5u64,
+            prop::sample::select(vec![100u64, 250, 1_000])
+        )
+            .prop_map(|(limit, buckets, interval_ms)| Limit::Rolling {
+                limit,
+                buckets,
+                interval_ms
+            }),
+    ]
+}
+
+fn op(capacity: u32) -> impl Strategy<Value = Op> {
+    let cost = 1..=capacity + 1;
+    prop_oneof![
+        6 => cost.clone().prop_map(Op::Check),
+        2 => cost.clone().prop_map(Op::Peek),
+        2 => (1..=capacity).prop_map(Op::Refund),
+        1 => Just(Op::Reset),
+        1 => prop::sample::select(vec![1u64, 50, 400, 1_500]).prop_map(Op::Block),
+        5 => prop::sample::select(vec![0u64, 1, 37, 99, 100, 250, 999, 1_000, 1_700, 4_000])
+            .prop_map(Op::Wait),
+        1 => prop::collection::vec(cost, 2..=4).prop_map(Op::Batch),
+    ]
+}
+
+fn case() -> impl Strategy<Value = Case> {
+    (prop::collection::vec(limit(), 1..=3), any::<bool>()).prop_flat_map(|(limits, set)| {
+        let set = set || limits.len() > 1;
+        let capacity = limits.iter().map(|l| l.capacity()).min().unwrap_or(1);
+        let capacity = u32::try_from(capacity).expect("small");
+        prop::collection::vec(op(capacity), 1..=40).prop_map(move |ops| Case {
+            limits: limits.clone(),
+            set,
+            ops,
+        })
+    })
+}
+
+// ---------------------------------------------------------------------------
+// The reference model
+// ---------------------------------------------------------------------------
+
+/// The fields every host must give.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Answer {
+    state: State,
+    limit: u64,
+    remaining: u64,
+    reset_us: u128,
+    retry_us: Option<u128>,
+}
+
+impl Answer {
+    fn of(decision: &Decision) -> Self {
+        Self {
+            state: decision.state,
+            limit: decision.limit,
+            remaining: decision.remaining,
+            reset_us: decision.reset.as_micros(),
+            retry_us: decision.retry_after.map(|d| d.as_micros()),
+        }
+    }
+
+    fn admitted(&self) -> bool {
+        matches!(self.state, State::Allowed | State::HitQuota)
+    }
+}
+
+/// One limit's state.
+#[derive(Debug, Clone)]
+enum Kept {
+    /// A fixed window: its count and its end (ms), if one is open.
+    Window(Option<(u64, u64)>),
+    /// A token bucket: its theoretical arrival time, in µs × rate (exact).
+    Tat(Option<u128>),
+    /// A rolling window: count per bucket index.
+    Buckets(BTreeMap<u64, u64>),
+}
+
+#[derive(Debug, Clone)]
+struct Model {
+    limits: Vec<Limit>,
+    set: bool,
+    kept: Vec<Kept>,
+    /// Blocked until (ms).
+    blocked_until: u64,
+}
+
+fn div_ceil(a: u128, b: u128) -> u128 {
+    a.div_ceil(b)
+}
+
+/// A decision of `state` for a limit of `limit`: admitted ones are `HitQuota` when
+/// nothing is left.
+fn answer(
+    admitted: bool,
+    limit: u64,
+    remaining: u64,
+    reset_us: u128,
+    retry_us: Option<u128>,
+) -> Answer {
+    let state = match (admitted, remaining) {
+        (true, 0) => State::HitQuota,
+        (true, _) => State::Allowed,
+        (false, _) => State::OverQuota,
+    };
+    Answer {
+        state,
+        limit,
+        remaining,
+        reset_us,
+        retry_us: if admitted { None } else { retry_us },
+    }
+}
+
+impl Model {
+    fn new(case: &Case) -> Self {
+        let kept = case
+            .limits
+            .iter()
+            .map(|l| match l {
+                Limit::Period { .. } => Kept::Window(None),
+                Limit::Bucket { .. } => Kept::Tat(None),
+                Limit::Rolling { .. } => Kept::Buckets(BTreeMap::new()),
+            })
+            .collect();
+        Self {
+            limits: case.limits.clone(),
+            set: case.set,
+            kept,
+            blocked_until: 0,
+        }
+    }
+
+    /// One limit deciding `cost` at `now` (ms), spending it if admitted and `spend`.
+    fn decide_one(&mut self, i: usize, now: u64, cost: u64, spend: bool) -> Answer {
+        let limit = self.limits[i];
+        match (&mut self.kept[i], limit) {
+            (Kept::Window(window), Limit::Period { quota, period_ms }) => {
+                let (count, end) = match *window {
+                    Some((count, end)) if end > now => (count, end),
+                    _ => (0, now + period_ms),
+                };
+                let reset = u128::from(end - now) * 1_000;
+                if count + cost > quota {
+                    return answer(false, quota, quota - count, reset, Some(reset));
+                }
+                if spend && cost > 0 {
+                    *window = Some((count + cost, end));
+                }
+                answer(true, quota, quota - count - cost, reset, None)
+            }
+            (
+                Kept::Tat(tat),
+                Limit::Bucket {
+                    rate,
+                    period_ms,
+                    burst,
+                },
+            ) => {
+                // Everything in µs × rate: the emission interval is `period_us` exactly.
+                let (rate, interval) = (u128::from(rate), u128::from(period_ms) * 1_000);
+                let tau = interval * u128::from(burst);
+                let now = u128::from(now) * 1_000 * rate;
+                let current = tat.map_or(now, |t| t.max(now));
+                let next = current + u128::from(cost) * interval;
+                if next > tau + now {
+                    let wait = next - tau - now;
+                    let left = (tau - (current - now)) / interval;
+                    return answer(
+                        false,
+                        burst,
+                        left as u64,
+                        div_ceil(current - now, rate),
+                        Some(div_ceil(wait, rate)),
+                    );
+                }
+                if spend && cost > 0 {
+                    *tat = Some(next);
+                }
+                let left = (tau - (next - now)) / interval;
+                answer(true, burst, left as u64, div_ceil(next - now, rate), None)
+            }
+            (
+                Kept::Buckets(counts),
+                Limit::Rolling {
+                    limit,
+                    buckets,
+                    interval_ms,
+                },
+            ) => {
+                let current = now / interval_ms;
+                // Live buckets: index above current - buckets.
+                counts.retain(|&index, _| index + buckets > current);
+                let sum: u64 = counts.values().sum();
+                let ms = |t: u64| u128::from(t - now) * 1_000;
+                if sum + cost <= limit {
+                    if spend && cost > 0 {
+                        *counts.entry(current).or_default() += cost;
+                    }
+                    let reset = ms((current + buckets) * interval_ms);
+                    return answer(true, limit, limit - sum - cost, reset, None);
+                }
+                let need = sum + cost - limit;
+                let mut freed = 0;
+                let mut retry = 0;
+                for (&index, &count) in counts.iter() {
+                    freed += count;
+                    if freed >= need {
+                        retry = ms((index + buckets) * interval_ms);
+                        break;
+                    }
+                }
+                let reset = counts
+                    .keys()
+                    .next_back()
+                    .map_or(0, |&newest| ms((newest + buckets) * interval_ms));
+                answer(false, limit, limit - sum, reset, Some(retry))
+            }
+            _ => unreachable!("a limit's state is of its algorithm"),
+        }
+    }
+
+    fn refund_one(&mut self, i: usize, now: u64, cost: u64) {
+        let limit = self.limits[i];
+        match (&mut self.kept[i], limit) {
+            (Kept::Window(window), Limit::Period { .. }) => {
+                if let Some((count, end)) = *window {
+                    if end > now {
+                        *window = (count > cost).then(|| (count - cost, end));
+                    }
+                }
+            }
+            (
+                Kept::Tat(tat),
+                Limit::Bucket {
+                    rate, period_ms, ..
+                },
+            ) => {
+                let now = u128::from(now) * 1_000 * u128::from(rate);
+                if let Some(t) = *tat {
+                    if t > now {
+                        let back =
+                            t.saturating_sub(u128::from(cost) * u128::from(period_ms) * 1_000);
+                        let t = back.max(now);
+                        *tat = (t > now).then_some(t);
+                    }
+                }
+            }
+            (
+                Kept::Buckets(counts),
+                Limit::Rolling {
+                    buckets,
+                    interval_ms,
+                    ..
+                },
+            ) => {
+                let current = now / interval_ms;
+                counts.retain(|&index, _| index + buckets > current);
+                let mut cost = cost;
+                let newest_first: Vec<u64> = counts.keys().rev().copied().collect();
+                for index in newest_first {
+                    if cost == 0 {
+                        break;
+                    }
+                    let count = counts.get_mut(&index).expect("listed");
+                    let take = cost.min(*count);
+                    *count -= take;
+                    cost -= take;
+                    if *count == 0 {
+                        counts.remove(&index);
+                    }
+                }
+            }
+            _ => unreachable!("a limit's state is of its algorithm"),
+        }
+    }
+
+    /// The one decision of every limit: a set's two passes, then its combination.
+    fn decide(&mut self, now: u64, cost: u64, spend: bool) -> Answer {
+        let n = self.limits.len();
+        let mut answers: Vec<Answer> = (0..n)
+            .map(|i| self.decide_one(i, now, cost, spend && n == 1))
+            .collect();
+        let all = answers.iter().all(Answer::admitted);
+        if n > 1 && spend && all {
+            answers = (0..n)
+                .map(|i| self.decide_one(i, now, cost, true))
+                .collect();
+        } else if n > 1 && !all {
+            for (i, answer) in answers.iter_mut().enumerate() {
+                if answer.admitted() {
+                    *answer = self.decide_one(i, now, 0, false);
+                }
+            }
+        }
+        if all {
+            // The one with the least left; the first of those.
+            let least = answers.iter().map(|a| a.remaining).min().expect("a limit");
+            *answers
+                .iter()
+                .find(|a| a.remaining == least)
+                .expect("found")
+        } else {
+            // The refusing one with the longest wait; the first of those.
+            let refusing = answers.iter().filter(|a| !a.admitted());
+            let longest = refusing
+                .clone()
+                .map(|a| a.retry_us)
+                .max()
+                .expect("one refuses");
+            *refusing
+                .clone()
+                .find(|a| a.retry_us == longest)
+                .expect("found")
+        }
+    }
+
+    fn blocked(&self, now: u64, mut answer: Answer) -> Answer {
+        if self.blocked_until <= now {
+            return answer;
+        }
+        let wait = u128::from(self.blocked_until - now) * 1_000;
+        answer.state = State::OverQuota;
+        answer.remaining = 0;
+        answer.reset_us = answer.reset_us.max(wait);
+        answer.retry_us = Some(answer.retry_us.map_or(wait, |r| r.max(wait)));
+        answer
+    }
+
+    fn exceeds_capacity(&self, cost: u64) -> Option<Answer> {
+        let capacity = self
+            .limits
+            .iter()
+            .map(|l| l.capacity())
+            .min()
+            .expect("a limit");
+        if cost <= capacity {
+            return None;
+        }
+        let first = self
+            .limits
+            .iter()
+            .find(|l| l.capacity() == capacity)
+            .expect("found");
+        let (limit, reset_us) = match *first {
+            Limit::Period { quota, period_ms } => (quota, u128::from(period_ms) * 1_000),
+            Limit::Bucket { burst, .. } => (burst, 0),
+            Limit::Rolling {
+                limit,
+                buckets,
+                interval_ms,
+            } => (limit, u128::from(buckets * interval_ms) * 1_000),
+        };
+        Some(Answer {
+            state: State::ExceedsCapacity,
+            limit,
+            remaining: 0,
+            reset_us,
+            retry_us: None,
+        })
+    }
+
+    /// Where the key stands (after a refund, reset or block).
+    fn stands(&mut self, now: u64) -> Answer {
+        let answer = self.decide(now, 0, false);
+        self.blocked(now, answer)
+    }
+
+    fn check(&mut self, now: u64, cost: u64) -> Answer {
+        if let Some(answer) = self.exceeds_capacity(cost) {
+            return answer;
+        }
+        if self.blocked_until > now {
+            return self.stands(now);
+        }
+        self.decide(now, cost, true)
+    }
+
+    fn peek(&mut self, now: u64, cost: u64) -> Answer {
+        if let Some(answer) = self.exceeds_capacity(cost) {
+            return answer;
+        }
+        if self.blocked_until > now {
+            // Blocked: a check would decide nothing but where the key stands.
+            return self.stands(now);
+        }
+        self.decide(now, cost, false)
+    }
+
+    fn refund(&mut self, now: u64, cost: u64) -> Answer {
+        for i in 0..self.limits.len() {
+            self.refund_one(i, now, cost);
+        }
+        self.stands(now)
+    }
+
+    fn reset(&mut self, now: u64) -> Answer {
+        *self = Self::new(&Case {
+            limits: self.limits.clone(),
+            set: self.set,
+            ops: Vec::new(),
+        });
+        self.stands(now)
+    }
+
+    fn block(&mut self, now: u64, ms: u64) -> Answer {
+        self.blocked_until = now + ms;
+        self.stands(now)
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The hosts
+// ---------------------------------------------------------------------------
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Host {
+    InProcess,
+    RedisServerTime,
+    RedisCallerTime,
+    /// Deny cache and coalescing on (the defaults).
+    RedisCached,
+    Fallback,
+}
+
+const HOSTS: [Host; 5] = [
+    Host::InProcess,
+    Host::RedisServerTime,
+    Host::RedisCallerTime,
+    Host::RedisCached,
+    Host::Fallback,
+];
+
+struct Shared {
+    redis: RedisServer,
+    clock: ServerClock,
+    /// A loopback port nothing listens on.
+    dead_port: u16,
+}
+
+fn shared() -> &'static Shared {
+    static SHARED: OnceLock<Shared> = OnceLock::new();
+    SHARED.get_or_init(|| {
+        let (redis, clock) = RedisServer::start_with_clock();
+        Shared {
+            redis,
+            clock,
+            dead_port: support::free_port(),
+        }
+    })
+}
+
+fn backend(host: Host, manual: &ManualClock) -> Backend {
+    let shared = shared();
+    let builder = Backend::builder().manual_clock(manual.clone());
+    match host {
+        Host::InProcess => builder.build(),
+        Host::RedisServerTime => builder
+            .redis(shared.redis.pool())
+            .deny_cache(0)
+            .coalesce(false)
+            .build(),
+        Host::RedisCallerTime => builder
+            .redis(shared.redis.pool())
+            .deny_cache(0)
+            .coalesce(false)
+            .time_source(TimeSource::Caller)
+            .build(),
+        Host::RedisCached => builder.redis(shared.redis.pool()).build(),
+        Host::Fallback => builder
+            .redis_url(format!("redis://127.0.0.1:{}", shared.dead_port))
+            .build(),
+    }
+    .expect("a valid backend")
+}
+
+fn limiter(case: &Case, backend: &Backend, name: &str) -> Box<dyn Limiter> {
+    if case.set {
+        let mut set = LimitSet::new();
+        for (i, limit) in case.limits.iter().enumerate() {
+            let member = format!("l{i}");
+            set = match *limit {
+                Limit::Period { quota, period_ms } => set.limit(
+                    member,
+                    PeriodConfig::new(quota, Duration::from_millis(period_ms)),
+                ),
+                Limit::Bucket {
+                    rate,
+                    period_ms,
+                    burst,
+                } => set.limit(
+                    member,
+                    TokenBucketConfig::new(rate, Duration::from_millis(period_ms), burst),
+                ),
+                Limit::Rolling {
+                    limit,
+                    buckets,
+                    interval_ms,
+                } => set.limit(
+                    member,
+                    RollingConfig::new(
+                        limit,
+                        u32::try_from(buckets).expect("small"),
+                        Duration::from_millis(interval_ms),
+                    ),
+                ),
+            };
+        }
+        return Box::new(SetLimiter::new(backend, name, set).expect("a valid set"));
+    }
+    match case.limits[0] {
+        Limit::Period { quota, period_ms } => Box::new(
+            PeriodLimiter::new(
+                backend,
+                name,
+                PeriodConfig::new(quota, Duration::from_millis(period_ms)),
+            )
+            .expect("valid"),
+        ),
+        Limit::Bucket {
+            rate,
+            period_ms,
+            burst,
+        } => Box::new(
+            TokenBucketLimiter::new(
+                backend,
+                name,
+                TokenBucketConfig::new(rate, Duration::from_millis(period_ms), burst),
+            )
+            .expect("valid"),
+        ),
+        Limit::Rolling {
+            limit,
+            buckets,
+            interval_ms,
+        } => Box::new(
+            RollingWindowLimiter::new(
+                backend,
+                name,
+                RollingConfig::new(
+                    limit,
+                    u32::try_from(buckets).expect("small"),
+                    Duration::from_millis(interval_ms),
+                ),
+            )
+            .expect("valid"),
+        ),
+    }
+}
+
+fn expected_source(host: Host) -> Source {
+    match host {
+        Host::InProcess => Source::InProcess,
+        Host::Fallback => Source::Fallback,
+        _ => Source::Redis,
+    }
+}
+
+/// Whether `got` is what the model answered, on `host`, for `cost`.
+fn agrees(host: Host, cost: u64, got: &Decision, want: &Answer) -> Result<(), String> {
+    let answer = Answer::of(got);
+    if want.state == State::ExceedsCapacity {
+        // Who answers depends on the breaker's state, not the check.
+        return if answer == *want {
+            Ok(())
+        } else {
+            Err(format!("expected {want:?}"))
+        };
+    }
+    if got.source == Source::DenyCache && host == Host::RedisCached {
+        // A cached refusal of one unit, aged: the same for one unit; for more, it
+        // may say to retry earlier, and a set may name another refusing limit.
+        // Its reset is the refusal's, aged: earlier than the model's for a key blocked
+        // before any window opened (a window not yet open has a whole period ahead).
+        let same = answer.state == want.state
+            && answer.remaining == want.remaining
+            && answer.reset_us <= want.reset_us
+            && if cost == 1 {
+                answer.limit == want.limit && answer.retry_us == want.retry_us
+            } else {
+                answer.retry_us <= want.retry_us
+            };
+        return if same {
+            Ok(())
+        } else {
+            Err(format!("expected {want:?} (from the deny cache)"))
+        };
+    }
+    if got.source != expected_source(host) {
+        return Err(format!("answered by {:?}", got.source));
+    }
+    if answer != *want {
+        return Err(format!("expected {want:?}"));
+    }
+    Ok(())
+}
+
+/// Runs `case` on `host` next to the model: the first difference, described.
+async fn run(case: &Case, host: Host, serial: u64) -> Result<(), String> {
+    let manual = ManualClock::new(T0_MS * 1_000);
+    let backend = backend(host, &manual);
+    let name = format!("m{serial}-{host:?}");
+    let limiter = limiter(case, &backend, &name);
+    let mut model = Model::new(case);
+    let mut now = T0_MS;
+    let mut log = String::new();
+    for (step, op) in case.ops.iter().enumerate() {
+        manual.set_us(now * 1_000);
+        shared()
+            .clock
+            .freeze_at(i64::try_from(now * 1_000).expect("fits"));
+        let key: &[u8] = b"k";
+        let one = |cost: u32| NonZeroU32::new(cost).expect("a cost of one or more");
+        let results: Vec<(u64, Decision, Answer)> = match op {
+            Op::Wait(ms) => {
+                now += ms;
+                continue;
+            }
+            Op::Check(cost) => vec![(
+                u64::from(*cost),
+                limiter.check(key, one(*cost)).await,
+                model.check(now, u64::from(*cost)),
+            )],
+            Op::Peek(cost) => vec![(
+                u64::from(*cost),
+                limiter.peek(key, one(*cost)).expect("built-in").await,
+                model.peek(now, u64::from(*cost)),
+            )],
+            Op::Refund(cost) => vec![(
+                0,
+                limiter.refund(key, one(*cost)).expect("built-in").await,
+                model.refund(now, u64::from(*cost)),
+            )],
+            Op::Reset => vec![(
+                0,
+                limiter.reset(key).expect("built-in").await,
+                model.reset(now),
+            )],
+            Op::Block(ms) => vec![(
+                0,
+                limiter
+                    .block(key, Duration::from_millis(*ms))
+                    .expect("built-in")
+                    .await,
+                model.block(now, *ms),
+            )],
+            Op::Batch(costs) => {
+                let decisions = if host == Host::RedisCached {
+                    // At once: the first goes to Redis, the others queue behind it.
+                    let checks = costs.iter().map(|&c| limiter.check(key, one(c)));
+                    futures_join(checks.collect()).await
+                } else {
+                    let mut decisions = Vec::new();
+                    for &c in costs {
+                        decisions.push(limiter.check(key, one(c)).await);
+                    }
+                    decisions
+                };
+                costs
+                    .iter()
+                    .zip(decisions)
+                    .map(|(&c, d)| (u64::from(c), d, model.check(now, u64::from(c))))
+                    .collect()
+            }
+        };
+        for (cost, decision, want) in results {
+            let _ = writeln!(log, "  #{step} at +{} ms {op:?}: {decision:?}", now - T0_MS);
+            if let Err(why) = agrees(host, cost, &decision, &want) {
+                return Err(format!(
+                    "{host:?}, step #{step} ({op:?} at +{} ms): got {:?}, {why}\n{log}",
+                    now - T0_MS,
+                    Answer::of(&decision)
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Polls `checks` together, in order, until all are done.
+async fn futures_join(checks: Vec<tower_redis_ratelimit::Check>) -> Vec<Decision> {
+    let handles: Vec<_> = checks.into_iter().map(tokio::spawn).collect();
+    let mut decisions = Vec::new();
+    for handle in handles {
+        decisions.push(handle.await.expect("a check never panics"));
+    }
+    decisions
+}
+
+#[test]
+fn every_host_and_path_decides_like_the_model() {
+    let cases = std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(48);
+    let mut runner = TestRunner::new(Config {
+        cases,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    let serial = AtomicU64::new(0);
+    let result = runner.run(&case(), |case| {
+        let serial = serial.fetch_add(1, Ordering::Relaxed);
+        runtime.block_on(async {
+            for host in HOSTS {
+                if let Err(why) = run(&case, host, serial).await {
+                    return Err(TestCaseError::fail(why));
+                }
+            }
+            Ok(())
+        })
+    });
+    shared().clock.set_offset_us(0);
+    if let Err(error) = result {
+        panic!("{error}");
+    }
+}
