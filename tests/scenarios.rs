@@ -373,6 +373,31 @@ async fn fixed_window_hosts_agree() {
             ],
         },
         Scenario {
+            name: "a clock step back, then back again: the window is as the key left it",
+            limiter: period_2_per_second,
+            hosts: Hosts::NoCallerTime,
+            steps: vec![
+                step(0, 2, HitQuota, 0, 1_000, None),
+                step(-HOUR, 1, OverQuota, 0, 1_000, r(1_000)),
+                // The refused check behind did not end the window early.
+                step(50, 1, OverQuota, 0, 950, r(950)),
+                step(1_000, 1, Allowed, 1, 1_000, None),
+            ],
+        },
+        Scenario {
+            name: "a window opened while the clock is behind survives its return",
+            limiter: period_2_per_second,
+            hosts: Hosts::NoCallerTime,
+            steps: vec![
+                step(0, 2, HitQuota, 0, 1_000, None),
+                step(-HOUR, 1, OverQuota, 0, 1_000, r(1_000)),
+                // The key's time runs on: its next window starts one period later.
+                step(-HOUR + 1_000, 1, Allowed, 1, 1_000, None),
+                step(1_500, 1, HitQuota, 0, 500, None),
+                step(1_600, 1, OverQuota, 0, 400, r(400)),
+            ],
+        },
+        Scenario {
             name: "a clock step forward ends the window",
             limiter: period_2_per_second,
             hosts: Hosts::NoCallerTime,
@@ -484,6 +509,31 @@ async fn token_bucket_hosts_agree() {
             ],
         },
         Scenario {
+            name: "a clock step back, then back again: nothing more",
+            limiter: bucket_10_per_second_burst_5,
+            hosts: Hosts::NoCallerTime,
+            steps: vec![
+                step(0, 5, HitQuota, 0, 500, None),
+                step(-HOUR, 1, OverQuota, 0, 500, r(100)),
+                // Half a token since the burst: the refused check behind refilled nothing.
+                step(50, 1, OverQuota, 0, 450, r(50)),
+                step(100, 1, HitQuota, 0, 500, None),
+            ],
+        },
+        Scenario {
+            name: "tokens taken while the clock is behind still count on its return",
+            limiter: bucket_10_per_second_burst_5,
+            hosts: Hosts::NoCallerTime,
+            steps: vec![
+                step(0, 5, HitQuota, 0, 500, None),
+                step(-HOUR, 1, OverQuota, 0, 500, r(100)),
+                step(-HOUR + 100, 1, HitQuota, 0, 500, None),
+                // Back at 150 ms: the bucket as the key left it (its time was 100 ms).
+                step(150, 1, OverQuota, 0, 450, r(50)),
+                step(200, 1, HitQuota, 0, 500, None),
+            ],
+        },
+        Scenario {
             name: "a clock step forward refills early, never beyond full",
             limiter: bucket_10_per_second_burst_5,
             hosts: Hosts::NoCallerTime,
@@ -566,6 +616,30 @@ async fn rolling_window_hosts_agree() {
                 step(0, 5, HitQuota, 0, 1_000, None),
                 step(-HOUR, 1, OverQuota, 0, 1_000, r(1_000)),
                 step(-HOUR + 1_000, 1, Allowed, 4, 1_000, None),
+            ],
+        },
+        Scenario {
+            name: "a clock step back, then back again: the buckets are as the key left them",
+            limiter: rolling_5_per_10x100ms,
+            hosts: Hosts::NoCallerTime,
+            steps: vec![
+                step(0, 5, HitQuota, 0, 1_000, None),
+                step(-HOUR, 1, OverQuota, 0, 1_000, r(1_000)),
+                step(50, 1, OverQuota, 0, 950, r(950)),
+                step(1_000, 1, Allowed, 4, 1_000, None),
+            ],
+        },
+        Scenario {
+            name: "units counted while the clock is behind still count on its return",
+            limiter: rolling_5_per_10x100ms,
+            hosts: Hosts::NoCallerTime,
+            steps: vec![
+                step(0, 5, HitQuota, 0, 1_000, None),
+                step(-HOUR, 1, OverQuota, 0, 1_000, r(1_000)),
+                // The key's time runs on from its newest bucket: at 1000 ms its units go.
+                step(-HOUR + 1_000, 4, Allowed, 1, 1_000, None),
+                step(1_050, 2, OverQuota, 1, 950, r(950)),
+                step(1_050, 1, HitQuota, 0, 950, None),
             ],
         },
         Scenario {
