@@ -426,6 +426,24 @@ fn bucket_3_per_second_burst_2(backend: &Backend, name: &str) -> Box<dyn Limiter
     Box::new(TokenBucketLimiter::new(backend, name, config).expect("valid"))
 }
 
+/// 3 tokens per 2 seconds (666.667 ms each), burst 3.
+fn bucket_3_per_2s_burst_3(backend: &Backend, name: &str) -> Box<dyn Limiter> {
+    let config = TokenBucketConfig::new(3, 2 * SEC, 3);
+    Box::new(TokenBucketLimiter::new(backend, name, config).expect("valid"))
+}
+
+/// 7 tokens per 3 seconds (428.571 ms each), burst 7.
+fn bucket_7_per_3s_burst_7(backend: &Backend, name: &str) -> Box<dyn Limiter> {
+    let config = TokenBucketConfig::new(7, 3 * SEC, 7);
+    Box::new(TokenBucketLimiter::new(backend, name, config).expect("valid"))
+}
+
+/// 1 token per 3 seconds, burst 10.
+fn bucket_1_per_3s_burst_10(backend: &Backend, name: &str) -> Box<dyn Limiter> {
+    let config = TokenBucketConfig::new(1, 3 * SEC, 10);
+    Box::new(TokenBucketLimiter::new(backend, name, config).expect("valid"))
+}
+
 #[tokio::test]
 async fn token_bucket_hosts_agree() {
     let r = Some;
@@ -496,6 +514,46 @@ async fn token_bucket_hosts_agree() {
                 step_us(0, 2, HitQuota, 0, 666_667, None),
                 step_us(300, 1, OverQuota, 0, 366_667, r(33_334)),
                 step_us(334, 1, HitQuota, 0, 666_000, None),
+            ],
+        },
+        Scenario {
+            name: "remaining at a fractional rate: 3 per 2 s",
+            limiter: bucket_3_per_2s_burst_3,
+            hosts: Hosts::All,
+            steps: vec![
+                step_us(0, 1, Allowed, 2, 666_667, None),
+                step_us(0, 1, Allowed, 1, 1_333_334, None),
+                step_us(0, 1, HitQuota, 0, 2_000_000, None),
+                step_us(1_000, 1, HitQuota, 0, 1_666_667, None),
+                step_us(3_000, 2, Allowed, 1, 1_333_334, None),
+                with(Op::Peek, step_us(3_000, 1, HitQuota, 0, 2_000_000, None)),
+                with(Op::Refund, step_us(3_000, 1, Allowed, 2, 666_667, None)),
+                with(
+                    Op::Reserve(1_000),
+                    step_us(3_000, 3, HitQuota, 0, 2_666_667, r(666_667)),
+                ),
+            ],
+        },
+        Scenario {
+            name: "remaining at a fractional rate: 7 per 3 s",
+            limiter: bucket_7_per_3s_burst_7,
+            hosts: Hosts::All,
+            steps: vec![
+                step_us(0, 1, Allowed, 6, 428_572, None),
+                step_us(0, 2, Allowed, 4, 1_285_715, None),
+                step_us(0, 4, HitQuota, 0, 3_000_000, None),
+                step_us(0, 1, OverQuota, 0, 3_000_000, r(428_572)),
+                step_us(3_000, 7, HitQuota, 0, 3_000_000, None),
+            ],
+        },
+        Scenario {
+            name: "remaining at a slow rate: 1 per 3 s, burst 10",
+            limiter: bucket_1_per_3s_burst_10,
+            hosts: Hosts::All,
+            steps: vec![
+                step_us(0, 4, Allowed, 6, 12_000_000, None),
+                step_us(0, 6, HitQuota, 0, 30_000_000, None),
+                step_us(6_000, 2, HitQuota, 0, 30_000_000, None),
             ],
         },
         Scenario {

@@ -39,7 +39,7 @@ local function token_bucket_store(key, s)
     ttl = ttl + math.max(math.ceil(s.tau / 1000), 1000)
   end
   local value
-  if not caller_time and s.tat - s.tau - s.now > 0.001 then
+  if not caller_time and s.tat - s.tau - s.now > s.eps then
     value = string.format('%.4f %d %d', s.tat, s.skew, s.now)
   elseif s.skew > 0 then
     value = string.format('%.4f %d', s.tat, s.skew)
@@ -49,9 +49,30 @@ local function token_bucket_store(key, s)
   redis.call('SET', key, value, 'PX', string.format('%d', ttl))
 end
 
--- Whole tokens in `span` µs of a bucket (the part of tau not yet spent).
-local function token_bucket_tokens(span, interval)
-  return math.floor(span / interval + 1e-9)
+-- The float noise (µs) of the times of a bucket whose times are about `magnitude` µs:
+-- times are doubles of µs since the epoch in a[3] (2^45 µs in 2027, 2^47 by 2030), and
+-- a span such as `new_tat - now` or `tau - (tat - now)` carries the rounding of the few
+-- sums and products that made it (each at most half a unit in the last place of its
+-- magnitude: magnitude * 2^-53), accumulated in the stored TAT over its writes, plus the
+-- 0.00005 µs of the stored TAT's four decimals. Eight units in the last place
+-- (magnitude * 2^-49: 0.06 µs in 2027) bound it; a fixed 1e-9 token (0.0007 µs at
+-- 3 per 2 s) did not, and floor() then lost a token. The in-process host counts in
+-- integer nanoseconds (its interval truncated to the nanosecond, its spans exact): a
+-- span within the noise of a whole number of intervals is that number there, and so
+-- here.
+local function token_bucket_eps(magnitude, tau)
+  return (math.abs(magnitude) + tau) * 2 ^ -49 + 0.0001
+end
+
+-- Whole tokens in `span` µs of a bucket (the part of tau not yet spent), within the
+-- noise `eps` (token_bucket_eps).
+local function token_bucket_tokens(span, interval, eps)
+  return math.floor((span + eps) / interval)
+end
+
+-- `us` (a duration in µs) rounded up to the µs, within the noise `eps`.
+local function token_bucket_us(us, eps)
+  return math.ceil(us - eps)
 end
 
 -- Token bucket as GCRA, as an algorithm of the engine (src/backend/engine.lua), with
@@ -82,12 +103,12 @@ end
 local function token_bucket_state(key, a, now_us)
   local interval, now, tau, tat, skew, floor = token_bucket_load(key, a, now_us)
   local s = { interval = interval, server_now = now, now = now, tau = tau, tat = tat,
-    skew = 0, stored_skew = skew }
+    skew = 0, stored_skew = skew, eps = token_bucket_eps(now, tau) }
   if tat ~= nil and not caller_time then
     floor = floor or tat - tau
     if now < floor then
       -- Whole µs, so that the key's time stays an integer as the server's is.
-      s.skew = math.max(skew, math.ceil(floor - now))
+      s.skew = math.max(skew, token_bucket_us(floor - now, s.eps))
       s.now = now + s.skew
     end
   end
@@ -98,7 +119,7 @@ local function token_bucket_state(key, a, now_us)
 end
 
 local function token_bucket_step(s, cost, write)
-  local interval, now, tau = s.interval, s.now, s.tau
+  local interval, now, tau, eps = s.interval, s.now, s.tau, s.eps
   local tat = math.min(s.tat, now + tau)
   local new_tat = tat + cost * interval
   local wait = new_tat - tau - now
@@ -107,16 +128,17 @@ local function token_bucket_step(s, cost, write)
     s.rekey = true
   end
   -- Tolerate float noise well below a microsecond.
-  if wait > 0.001 then
-    local available = token_bucket_tokens(tau - (tat - now), interval)
-    return {0, available, math.ceil(wait), math.ceil(tat - now)}
+  if wait > eps then
+    local available = token_bucket_tokens(tau - (tat - now), interval, eps)
+    return {0, available, token_bucket_us(wait, eps), token_bucket_us(tat - now, eps)}
   end
   local full_in = new_tat - now
   if write then
     s.tat = new_tat
     s.spent = true
   end
-  return {1, token_bucket_tokens(tau - full_in, interval), 0, math.ceil(full_in)}
+  return {1, token_bucket_tokens(tau - full_in, interval, eps), 0,
+    token_bucket_us(full_in, eps)}
 end
 
 local function token_bucket_save(key, s)
@@ -132,7 +154,7 @@ local function token_bucket_refund(key, a, now_us, cost)
     return
   end
   s.tat = math.max(s.now, s.tat - cost * s.interval)
-  if s.tat - s.now <= 0.001 then
+  if s.tat - s.now <= s.eps then
     redis.call('DEL', key)
   else
     token_bucket_store(key, s)
@@ -146,20 +168,20 @@ end
 -- The key's time is token_bucket_state's.
 local function token_bucket_reserve(key, a, now_us, cost, max_wait)
   local s = token_bucket_state(key, a, now_us)
-  local interval, now, tau, tat = s.interval, s.now, s.tau, s.tat
+  local interval, now, tau, tat, eps = s.interval, s.now, s.tau, s.tat, s.eps
   local new_tat = tat + cost * interval
   local wait = math.max(0, new_tat - tau - now)
-  if wait > max_wait + 0.001 then
-    local available = math.max(0, token_bucket_tokens(tau - (tat - now), interval))
+  if wait > max_wait + eps then
+    local available = math.max(0, token_bucket_tokens(tau - (tat - now), interval, eps))
     if s.skew ~= s.stored_skew then
       token_bucket_store(key, s)
     end
-    return {0, available, math.ceil(wait), math.ceil(tat - now)}
+    return {0, available, token_bucket_us(wait, eps), token_bucket_us(tat - now, eps)}
   end
   s.tat = new_tat
   token_bucket_store(key, s)
-  local left = token_bucket_tokens(tau - (new_tat - now - wait), interval)
-  return {1, left, math.max(0, math.ceil(wait - 0.001)), math.ceil(new_tat - now)}
+  local left = token_bucket_tokens(tau - (new_tat - now - wait), interval, eps)
+  return {1, left, math.max(0, token_bucket_us(wait, eps)), token_bucket_us(new_tat - now, eps)}
 end
 -- token_bucket_lease(key, a, now_us, cost, size): for a lease answered in process,
 -- takes at least `cost` and at most `size` tokens, and never more than half of those
@@ -168,18 +190,18 @@ end
 -- (refused), µs until full}. The key's time is token_bucket_state's.
 local function token_bucket_lease(key, a, now_us, cost, size)
   local s = token_bucket_state(key, a, now_us)
-  local interval, now, tau = s.interval, s.now, s.tau
+  local interval, now, tau, eps = s.interval, s.now, s.tau, s.eps
   local tat = math.min(s.tat, now + tau)
-  local available = token_bucket_tokens(tau - (tat - now), interval)
+  local available = token_bucket_tokens(tau - (tat - now), interval, eps)
   if available < cost then
     if s.skew ~= s.stored_skew then
       token_bucket_store(key, s)
     end
     local wait = tat + cost * interval - tau - now
-    return {0, math.max(0, available), math.ceil(wait), math.ceil(tat - now)}
+    return {0, math.max(0, available), token_bucket_us(wait, eps), token_bucket_us(tat - now, eps)}
   end
   local take = math.max(cost, math.min(size, cost + math.floor((available - cost) / 2)))
   s.tat = tat + take * interval
   token_bucket_store(key, s)
-  return {1, available - take, take, math.ceil(s.tat - now)}
+  return {1, available - take, take, token_bucket_us(s.tat - now, eps)}
 end
