@@ -590,12 +590,15 @@
 //!
 //! On Redis every instance uses the Redis server's clock (`TIME`), which an NTP step or
 //! a failover to a replica with another clock can move. No algorithm admits more than
-//! its limit when that clock steps back, and a step forward at most ends a window (or
-//! refills a bucket) early: the rolling window moves its buckets back with the clock,
-//! the token bucket never moves its arrival time back and bounds the wait by one
-//! refill, the fixed window keeps its count and ends within one period. In-process,
-//! time is the monotonic clock, which never steps back. Each algorithm's module says
-//! exactly what a step does.
+//! its limit when that clock steps back, nor when it comes back, and a step forward at
+//! most ends a window (or refills a bucket) early. Each key holds the newest time it has
+//! seen: after a step back its time runs on from there at the server's rate (a skew
+//! stored in the key's own value), and its state and expiry stay in its own time, so the
+//! clock's return finds the key as it left it. The cost: a refusal never waits more than
+//! one window (one refill for a token bucket, one period for a fixed window) at any
+//! moment, and a key's Redis state outlives its expiry by the step while the clock is
+//! behind. In-process, time is the monotonic clock, which never steps back. Each
+//! algorithm's module says exactly what a step does.
 //!
 //! # gRPC
 //!

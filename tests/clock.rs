@@ -236,3 +236,94 @@ async fn period_skewed_callers_stay_within_one_extra_window_per_clock() {
     }
     assert_eq!(admitted, 3);
 }
+
+// ---------------------------------------------------------------------------
+// The server's clock steps back, then returns (issue 22)
+// ---------------------------------------------------------------------------
+
+/// 2027-01-15T08:00:00.250Z in microseconds: the Redis time `T` of the round trips below
+/// (off the grid of 100 ms buckets and of whole seconds by a quarter second).
+const T_US: i64 = 1_800_000_000_250_000;
+
+/// Runs `limiter`'s checks of one key on a server frozen at `T_US`: `before` checks at
+/// `T`, one check `back_us` before `T` (a step back of the clock), then `after` checks at
+/// `T + return_us` (the clock back, slightly later). The admissions at each stage.
+async fn back_and_return(
+    limiter: &dyn Limiter,
+    clock: &support::ServerClock,
+    back_us: i64,
+    return_us: i64,
+) -> (usize, usize, usize) {
+    let mut admitted = [0; 3];
+    for (stage, at, checks) in [
+        (0, T_US, 5),
+        (1, T_US - back_us, 1),
+        (2, T_US + return_us, 5),
+    ] {
+        clock.freeze_at(at);
+        for _ in 0..checks {
+            admitted[stage] += usize::from(check(limiter, "k").await.is_admitted());
+        }
+    }
+    (admitted[0], admitted[1], admitted[2])
+}
+
+/// Token bucket 1 per second, burst 5: the burst at `T`, a refused check at `T - 10 s`,
+/// and at `T + 0.5 s` only half a token has dripped back: nothing more is admitted.
+/// Before the fix, 5 more were (the refused check saved the clamped arrival time in the
+/// behind frame, which read as a full bucket on the clock's return).
+#[tokio::test]
+async fn token_bucket_a_step_back_and_return_admits_nothing_more() {
+    let (redis, clock) = RedisServer::start_with_clock();
+    let backend = backend(&redis, TimeSource::Server, 0);
+    let limiter = TokenBucketLimiter::new(
+        &backend,
+        "t",
+        TokenBucketConfig::new(1, Duration::from_secs(1), 5),
+    )
+    .unwrap();
+    let admitted = back_and_return(&limiter, &clock, 10_000_000, 500_000).await;
+    assert_eq!(admitted, (5, 0, 0));
+    // The time the key had seen holds: one token a second from `T`, never more.
+    clock.freeze_at(T_US + 1_000_000);
+    assert!(check(&limiter, "k").await.is_admitted());
+    assert!(!check(&limiter, "k").await.is_admitted());
+}
+
+/// Rolling window of 5 per 10 × 100 ms: 5 at `T`, a refused check at `T - 10 s`, and at
+/// `T + 50 ms` the window still holds the 5 units. Before the fix, 5 more were admitted
+/// (the refused check rewrote the buckets into the behind frame, expired on return).
+#[tokio::test]
+async fn rolling_a_step_back_and_return_admits_nothing_more() {
+    let (redis, clock) = RedisServer::start_with_clock();
+    let backend = backend(&redis, TimeSource::Server, 0);
+    let config = RollingConfig::new(5, 10, Duration::from_millis(100));
+    let limiter = RollingWindowLimiter::new(&backend, "r", config).unwrap();
+    let admitted = back_and_return(&limiter, &clock, 10_000_000, 50_000).await;
+    assert_eq!(admitted, (5, 0, 0));
+    // The units counted at `T` expire one window after `T`.
+    clock.freeze_at(T_US + 1_000_000);
+    assert!(check(&limiter, "k").await.is_admitted());
+}
+
+/// Fixed window of 5 per 60 s (starting at the first request, and aligned to UTC): 5 at
+/// `T`, a refused check at `T - 120 s`, and at `T + 50 ms` the window still holds its
+/// count. Before the fix, 5 more were admitted (the refused check re-expired the key one
+/// period from the behind time, so it had expired on the clock's return).
+#[tokio::test]
+async fn period_a_step_back_and_return_admits_nothing_more() {
+    let (redis, clock) = RedisServer::start_with_clock();
+    let backend = backend(&redis, TimeSource::Server, 0);
+    let minute = Duration::from_secs(60);
+    for (name, config) in [
+        ("free", PeriodConfig::new(5, minute)),
+        (
+            "aligned",
+            PeriodConfig::new(5, minute).align(UtcOffset::UTC),
+        ),
+    ] {
+        let limiter = PeriodLimiter::new(&backend, name, config).unwrap();
+        let admitted = back_and_return(&limiter, &clock, 120_000_000, 50_000).await;
+        assert_eq!(admitted, (5, 0, 0), "{name}");
+    }
+}

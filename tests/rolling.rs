@@ -38,7 +38,7 @@ fn redis_now_ms(redis: &RedisServer) -> u64 {
     secs * 1_000 + micros / 1_000
 }
 
-/// The hash of `key`: (bucket index, count) pairs.
+/// The hash of `key`: (bucket index, count) pairs (without the key's skew, field `s`).
 fn buckets_of(redis: &RedisServer, key: &str) -> Vec<(u64, u64)> {
     let reply = redis.cmd_reply(&["HGETALL", &format!("ratelimit:{{v1:{key}}}:rolling:test")]);
     let Reply::Array(items) = reply else {
@@ -46,11 +46,20 @@ fn buckets_of(redis: &RedisServer, key: &str) -> Vec<(u64, u64)> {
     };
     items
         .chunks(2)
+        .filter(|pair| pair[0].render() != "s")
         .map(|pair| {
             let number = |r: &Reply| r.render().parse().unwrap();
             (number(&pair[0]), number(&pair[1]))
         })
         .collect()
+}
+
+/// How many buckets `key`'s time runs ahead of the server's (the field `s`; 0 if none).
+fn skew_of(redis: &RedisServer, key: &str) -> i64 {
+    redis
+        .cmd(&["HGET", &format!("ratelimit:{{v1:{key}}}:rolling:test"), "s"])
+        .parse()
+        .unwrap_or(0)
 }
 
 fn pttl(redis: &RedisServer, key: &str) -> i64 {
@@ -469,11 +478,14 @@ async fn a_step_back_of_the_redis_clock_never_admits_more_than_the_limit() {
     assert_eq!(over.remaining, 0);
     let retry = over.retry_after.unwrap();
     assert!(retry <= Duration::from_secs(10), "{retry:?}");
-    // The buckets moved back with the clock and still expire.
+    // The buckets stay in the key's time, which runs 2 h 3 s (in 1 s buckets) ahead of
+    // the server's, and still expire: a window and a bucket after the key's time.
     let buckets = buckets_of(&redis, "k");
     assert_eq!(buckets.iter().map(|b| b.1).sum::<u64>(), 5, "{buckets:?}");
-    let ttl = pttl(&redis, "k");
-    assert!(ttl > 0 && ttl <= 11_000, "pttl {ttl}");
+    let skew_ms = skew_of(&redis, "k") * 1_000;
+    assert_eq!(skew_ms, 2 * HOUR_US / 1_000 + 3_000);
+    let ttl = pttl(&redis, "k") - skew_ms;
+    assert!(ttl > 0 && ttl <= 11_000, "pttl {ttl} beyond the skew");
 }
 
 /// A step forward at most expires the window early.

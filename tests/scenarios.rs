@@ -373,6 +373,31 @@ async fn fixed_window_hosts_agree() {
             ],
         },
         Scenario {
+            name: "a clock step back, then back again: the window is as the key left it",
+            limiter: period_2_per_second,
+            hosts: Hosts::NoCallerTime,
+            steps: vec![
+                step(0, 2, HitQuota, 0, 1_000, None),
+                step(-HOUR, 1, OverQuota, 0, 1_000, r(1_000)),
+                // The refused check behind did not end the window early.
+                step(50, 1, OverQuota, 0, 950, r(950)),
+                step(1_000, 1, Allowed, 1, 1_000, None),
+            ],
+        },
+        Scenario {
+            name: "a window opened while the clock is behind survives its return",
+            limiter: period_2_per_second,
+            hosts: Hosts::NoCallerTime,
+            steps: vec![
+                step(0, 2, HitQuota, 0, 1_000, None),
+                step(-HOUR, 1, OverQuota, 0, 1_000, r(1_000)),
+                // The key's time runs on: its next window starts one period later.
+                step(-HOUR + 1_000, 1, Allowed, 1, 1_000, None),
+                step(1_500, 1, HitQuota, 0, 500, None),
+                step(1_600, 1, OverQuota, 0, 400, r(400)),
+            ],
+        },
+        Scenario {
             name: "a clock step forward ends the window",
             limiter: period_2_per_second,
             hosts: Hosts::NoCallerTime,
@@ -398,6 +423,24 @@ fn bucket_10_per_second_burst_5(backend: &Backend, name: &str) -> Box<dyn Limite
 /// 3 tokens per second (333.333 ms each), burst 2.
 fn bucket_3_per_second_burst_2(backend: &Backend, name: &str) -> Box<dyn Limiter> {
     let config = TokenBucketConfig::new(3, SEC, 2);
+    Box::new(TokenBucketLimiter::new(backend, name, config).expect("valid"))
+}
+
+/// 3 tokens per 2 seconds (666.667 ms each), burst 3.
+fn bucket_3_per_2s_burst_3(backend: &Backend, name: &str) -> Box<dyn Limiter> {
+    let config = TokenBucketConfig::new(3, 2 * SEC, 3);
+    Box::new(TokenBucketLimiter::new(backend, name, config).expect("valid"))
+}
+
+/// 7 tokens per 3 seconds (428.571 ms each), burst 7.
+fn bucket_7_per_3s_burst_7(backend: &Backend, name: &str) -> Box<dyn Limiter> {
+    let config = TokenBucketConfig::new(7, 3 * SEC, 7);
+    Box::new(TokenBucketLimiter::new(backend, name, config).expect("valid"))
+}
+
+/// 1 token per 3 seconds, burst 10.
+fn bucket_1_per_3s_burst_10(backend: &Backend, name: &str) -> Box<dyn Limiter> {
+    let config = TokenBucketConfig::new(1, 3 * SEC, 10);
     Box::new(TokenBucketLimiter::new(backend, name, config).expect("valid"))
 }
 
@@ -474,6 +517,46 @@ async fn token_bucket_hosts_agree() {
             ],
         },
         Scenario {
+            name: "remaining at a fractional rate: 3 per 2 s",
+            limiter: bucket_3_per_2s_burst_3,
+            hosts: Hosts::All,
+            steps: vec![
+                step_us(0, 1, Allowed, 2, 666_667, None),
+                step_us(0, 1, Allowed, 1, 1_333_334, None),
+                step_us(0, 1, HitQuota, 0, 2_000_000, None),
+                step_us(1_000, 1, HitQuota, 0, 1_666_667, None),
+                step_us(3_000, 2, Allowed, 1, 1_333_334, None),
+                with(Op::Peek, step_us(3_000, 1, HitQuota, 0, 2_000_000, None)),
+                with(Op::Refund, step_us(3_000, 1, Allowed, 2, 666_667, None)),
+                with(
+                    Op::Reserve(1_000),
+                    step_us(3_000, 3, HitQuota, 0, 2_666_667, r(666_667)),
+                ),
+            ],
+        },
+        Scenario {
+            name: "remaining at a fractional rate: 7 per 3 s",
+            limiter: bucket_7_per_3s_burst_7,
+            hosts: Hosts::All,
+            steps: vec![
+                step_us(0, 1, Allowed, 6, 428_572, None),
+                step_us(0, 2, Allowed, 4, 1_285_715, None),
+                step_us(0, 4, HitQuota, 0, 3_000_000, None),
+                step_us(0, 1, OverQuota, 0, 3_000_000, r(428_572)),
+                step_us(3_000, 7, HitQuota, 0, 3_000_000, None),
+            ],
+        },
+        Scenario {
+            name: "remaining at a slow rate: 1 per 3 s, burst 10",
+            limiter: bucket_1_per_3s_burst_10,
+            hosts: Hosts::All,
+            steps: vec![
+                step_us(0, 4, Allowed, 6, 12_000_000, None),
+                step_us(0, 6, HitQuota, 0, 30_000_000, None),
+                step_us(6_000, 2, HitQuota, 0, 30_000_000, None),
+            ],
+        },
+        Scenario {
             name: "a clock step back blocks a key for at most a refill",
             limiter: bucket_10_per_second_burst_5,
             hosts: Hosts::NoCallerTime,
@@ -481,6 +564,31 @@ async fn token_bucket_hosts_agree() {
                 step(0, 5, HitQuota, 0, 500, None),
                 step(-HOUR, 1, OverQuota, 0, 500, r(100)),
                 step(-HOUR + 100, 1, HitQuota, 0, 500, None),
+            ],
+        },
+        Scenario {
+            name: "a clock step back, then back again: nothing more",
+            limiter: bucket_10_per_second_burst_5,
+            hosts: Hosts::NoCallerTime,
+            steps: vec![
+                step(0, 5, HitQuota, 0, 500, None),
+                step(-HOUR, 1, OverQuota, 0, 500, r(100)),
+                // Half a token since the burst: the refused check behind refilled nothing.
+                step(50, 1, OverQuota, 0, 450, r(50)),
+                step(100, 1, HitQuota, 0, 500, None),
+            ],
+        },
+        Scenario {
+            name: "tokens taken while the clock is behind still count on its return",
+            limiter: bucket_10_per_second_burst_5,
+            hosts: Hosts::NoCallerTime,
+            steps: vec![
+                step(0, 5, HitQuota, 0, 500, None),
+                step(-HOUR, 1, OverQuota, 0, 500, r(100)),
+                step(-HOUR + 100, 1, HitQuota, 0, 500, None),
+                // Back at 150 ms: the bucket as the key left it (its time was 100 ms).
+                step(150, 1, OverQuota, 0, 450, r(50)),
+                step(200, 1, HitQuota, 0, 500, None),
             ],
         },
         Scenario {
@@ -566,6 +674,30 @@ async fn rolling_window_hosts_agree() {
                 step(0, 5, HitQuota, 0, 1_000, None),
                 step(-HOUR, 1, OverQuota, 0, 1_000, r(1_000)),
                 step(-HOUR + 1_000, 1, Allowed, 4, 1_000, None),
+            ],
+        },
+        Scenario {
+            name: "a clock step back, then back again: the buckets are as the key left them",
+            limiter: rolling_5_per_10x100ms,
+            hosts: Hosts::NoCallerTime,
+            steps: vec![
+                step(0, 5, HitQuota, 0, 1_000, None),
+                step(-HOUR, 1, OverQuota, 0, 1_000, r(1_000)),
+                step(50, 1, OverQuota, 0, 950, r(950)),
+                step(1_000, 1, Allowed, 4, 1_000, None),
+            ],
+        },
+        Scenario {
+            name: "units counted while the clock is behind still count on its return",
+            limiter: rolling_5_per_10x100ms,
+            hosts: Hosts::NoCallerTime,
+            steps: vec![
+                step(0, 5, HitQuota, 0, 1_000, None),
+                step(-HOUR, 1, OverQuota, 0, 1_000, r(1_000)),
+                // The key's time runs on from its newest bucket: at 1000 ms its units go.
+                step(-HOUR + 1_000, 4, Allowed, 1, 1_000, None),
+                step(1_050, 2, OverQuota, 1, 950, r(950)),
+                step(1_050, 1, HitQuota, 0, 950, None),
             ],
         },
         Scenario {

@@ -1,5 +1,5 @@
-//! The in-process fixed windows: one counter and deadline per key, 16 bytes of state in
-//! the backend's bounded [local store](crate::local).
+//! The in-process fixed windows: one counter, deadline and skew per key, 24 bytes of
+//! state in the backend's bounded [local store](crate::local).
 //!
 //! [`Window::hit`] is the whole algorithm, a pure step: (state, now, cost, settings) ->
 //! (state, outcome).
@@ -30,11 +30,13 @@ impl Schedule {
     }
 }
 
-/// One key's window.
+/// One key's window: its count, its end in the key's time, and how far the key's time
+/// runs ahead of the clock after the clock stepped back (0 on a monotonic clock).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct Window {
     count: u64,
     ends_at_us: u64,
+    skew_us: u64,
 }
 
 /// The outcome of one hit: the count after it, the window end, and whether it fit.
@@ -47,17 +49,27 @@ pub(crate) struct Hit {
 
 impl Window {
     /// Counts `cost` unless it would exceed `quota` (rejected hits are not counted, as in
-    /// the Redis script). A window that has ended starts a new one.
+    /// the Redis script). A window that has ended starts a new one. `Hit::ends_at_us` is
+    /// the window's end on the clock of `now_us`.
     ///
-    /// Clock steps: a window never lasts more than one period from `now_us`, so when the
-    /// clock steps back the count is kept (never admitting more than the quota) for at
-    /// most one period; a step forward ends the window early.
+    /// Clock steps (as in `period.lua`): a window that ends more than one period after
+    /// `now_us` means the clock stepped back. The key's time is then the later of the
+    /// clock plus the key's skew and the window's end minus one period, and the skew is
+    /// kept: the count is kept (never admitting more than the quota), the window ends
+    /// within one period of the step, and the window's end stays in the key's time, so
+    /// the clock's return finds the window as the key left it. Once the end is within a
+    /// period of the clock again, the skew is dropped. A step forward ends the window
+    /// early.
     pub(crate) fn hit(&mut self, cost: u64, quota: u64, schedule: Schedule, now_us: u64) -> Hit {
-        if self.ends_at_us <= now_us {
+        let skew = match self.ends_at_us.checked_sub(now_us) {
+            Some(ttl) if ttl > schedule.period_us => self.skew_us.max(ttl - schedule.period_us),
+            _ => 0,
+        };
+        self.skew_us = skew;
+        let now_us_key = now_us.saturating_add(skew);
+        if self.ends_at_us <= now_us_key {
             self.count = 0;
-            self.ends_at_us = schedule.window_end(now_us);
-        } else if self.ends_at_us - now_us > schedule.period_us {
-            self.ends_at_us = now_us.saturating_add(schedule.period_us);
+            self.ends_at_us = schedule.window_end(now_us_key);
         }
         let admitted = self.count.saturating_add(cost) <= quota;
         if admitted {
@@ -65,7 +77,7 @@ impl Window {
         }
         Hit {
             count: self.count,
-            ends_at_us: self.ends_at_us,
+            ends_at_us: self.ends_at_us - skew,
             admitted,
         }
     }

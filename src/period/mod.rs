@@ -8,17 +8,29 @@
 //! count, with the window's end as its expiry.
 //!
 //! In process, windows live in the backend's bounded state
-//! ([`max_local_keys`](crate::BackendBuilder::max_local_keys)): 16 bytes of state per
-//! key, about 70 to 100 bytes in all.
+//! ([`max_local_keys`](crate::BackendBuilder::max_local_keys)): 24 bytes of state per
+//! key (the count, the window's end, the skew of a clock step), about 80 to 110 bytes
+//! in all.
 //!
 //! # Clocks
 //!
 //! On Redis, a window's end is the key's expiry, a Unix time of the Redis server's
-//! clock. When that clock steps back, the count is kept (nothing more is admitted) and
-//! the window is cut to end within one period from the new time (so a step back of an
-//! hour does not refuse a key for an hour). When it steps forward past the window's end,
-//! the window ends early. In-process, time is the monotonic clock: it never steps back,
-//! and the same rule applies if it did.
+//! clock. Each key holds the newest time it has seen: its time is the server's, but a
+//! window whose end is more than one period away proves that the clock stepped back, and
+//! the key's time is then at least the window's end minus one period, running on at the
+//! server's rate (the skew is stored with the count, in the same value: no extra
+//! command). The count is kept and the key's expiry is never moved: so a step back
+//! admits nothing more, not even when the clock comes back (the window is then as the
+//! key left it), and a refusal never waits more than one period, at any moment (a step
+//! back of an hour does not refuse a key for an hour; over the whole step, a key is
+//! refused at most two periods). Once the window's end is within one period of the
+//! server's time again (the clock came back, or caught up), the skew is dropped. Costs:
+//! a key outlives its expiry by the step while the clock is behind; a step back that
+//! leaves the window's end within one period is followed (the count is kept, the
+//! window ends on time: nothing more is admitted). When the clock steps forward past the
+//! window's end, the window ends early; so does a return that lands before the newest
+//! time a key has seen (it is a step forward from the time behind). In-process, time is
+//! the monotonic clock: it never steps back, and the same rule applies if it did.
 //!
 //! With the callers' clocks ([`TimeSource::Caller`](crate::backend::TimeSource)), say
 //! within `s` of each other:

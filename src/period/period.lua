@@ -5,29 +5,55 @@
 -- Redis), period_save(key, s) writes what the steps changed, once. `key` holds the
 -- count, with the window's end as its expiry (counted by the server).
 -- A step returns {admitted (1/0), count, ms until the window ends}. A rejected request
--- is not counted. Time is used only to align a new window. A step of the server's clock
--- forward ends a window early, a step back keeps the count (a window never lasts more
--- than one period from now). Large numbers go to Redis through string.format('%d') so
--- that they are never written in exponent notation.
+-- is not counted. Time is used only to align a new window. Large numbers go to Redis
+-- through string.format('%d') so that they are never written in exponent notation.
+-- Clock steps (server's clock): the key has its own time, the server's plus a skew (ms)
+-- stored with the count ("count skew"; none normally, the count alone). A window whose
+-- end is more than one period away means the server's clock stepped back: the key's
+-- time is then the later of (server's time + stored skew) and (end - period), so the
+-- count is kept and the window ends within one period of the step, and the new skew is
+-- stored. The key's expiry is never moved: it stays the window's end in the key's time,
+-- so when the clock comes back the window is as the key left it. A window that ends in
+-- the key's time while the clock is behind starts the next one in the key's time. Once
+-- the end is within one period of the server's time again (the clock came back, or
+-- caught up), the skew is dropped. A step forward ends a window early. With the callers'
+-- clocks, a window more than a period away is cut to end within one period (as the
+-- server's expiry cannot tell a step back of the server's clock from anything else).
 local function period_state(key, a, now_us)
   local quota, length, offset = a[1], a[2], a[3]
-  local count = tonumber(redis.call('GET', key) or '0')
+  local raw = redis.call('GET', key)
+  local count, skew = 0, 0
+  if raw then
+    count = tonumber(raw)
+    if count == nil then
+      local at = string.find(raw, ' ', 1, true)
+      count = at and tonumber(string.sub(raw, 1, at - 1)) or 0
+      skew = at and tonumber(string.sub(raw, at + 1)) or 0
+    end
+  end
   local ttl = redis.call('PTTL', key)
   -- A window ends at its expiry: a PTTL of 0 is a key expiring this very millisecond
   -- (Redis still holds it), which is already the next window.
-  local s = { quota = quota, length = length, count = count, ttl = ttl, added = 0 }
+  local s = { quota = quota, length = length, count = count, ttl = ttl, added = 0,
+    skew = 0, stored_skew = skew }
   s.fresh = count == 0 or ttl <= 0
   if not s.fresh and ttl > length then
-    -- The server clock stepped back (Redis expiries are Unix times): keep the count, but
-    -- end the window within one period, not one period plus the step.
-    s.stepped = true
-    s.ttl = length
+    if caller_time then
+      s.stepped = true
+      s.ttl = length
+    else
+      -- The server clock stepped back (Redis expiries are Unix times).
+      s.skew = math.max(skew, ttl - length)
+      s.ttl = ttl - s.skew
+      -- The window has ended in the key's time: the next one starts.
+      s.fresh = s.ttl <= 0
+    end
   end
   if s.fresh then
     -- A new window, or a counter that lost its expiry (it must not live forever).
     s.count = 0
     if offset then
-      local now = math.floor(now_us / 1000)
+      local now = math.floor(now_us / 1000) + s.skew
       s.deadline = now - ((now + offset) % length) + length
       s.ttl = s.deadline - now
     else
@@ -38,8 +64,8 @@ local function period_state(key, a, now_us)
 end
 
 local function period_step(s, cost, write)
-  if write and s.stepped then
-    s.shorten = true
+  if write and (s.stepped or s.skew ~= s.stored_skew) then
+    s.rekey = true
   end
   if s.count + cost > s.quota then
     return {0, s.count, s.ttl}
@@ -53,8 +79,28 @@ local function period_step(s, cost, write)
 end
 
 local function period_save(key, s)
-  if s.shorten then
+  if s.stepped and s.rekey then
+    -- Callers' clocks: cut the window to one period.
     redis.call('PEXPIRE', key, string.format('%d', s.length))
+  elseif s.skew > 0 or s.stored_skew > 0 then
+    -- A key whose time is not the server's: the count and the skew in one value. The
+    -- expiry is the window's end in the key's time: set with a new window, then kept.
+    if s.added == 0 and not s.rekey then
+      return
+    end
+    local value = string.format('%d', s.count)
+    if s.skew > 0 then
+      value = string.format('%d %d', s.count, s.skew)
+    end
+    if s.fresh then
+      if s.added == 0 then
+        return
+      end
+      redis.call('SET', key, value, 'PX', string.format('%d', s.ttl + s.skew))
+    else
+      redis.call('SET', key, value, 'KEEPTTL')
+    end
+    return
   end
   if s.added == 0 then
     return
@@ -72,10 +118,20 @@ end
 -- period_refund(key, a, now_us, cost): gives `cost` units back to the current window (a
 -- window emptied by it is deleted: the next request starts a new one).
 local function period_refund(key, a, now_us, cost)
-  local count = tonumber(redis.call('GET', key) or '0')
+  local raw = redis.call('GET', key) or '0'
+  local count = tonumber(raw)
+  local at = nil
+  if count == nil then
+    at = string.find(raw, ' ', 1, true)
+    count = at and tonumber(string.sub(raw, 1, at - 1)) or 0
+  end
   if count > 0 and redis.call('PTTL', key) > 0 then
     if count <= cost then
       redis.call('DEL', key)
+    elseif at then
+      -- With a skew: the value is rewritten, its expiry kept.
+      redis.call('SET', key, string.format('%d', count - cost) .. string.sub(raw, at),
+        'KEEPTTL')
     else
       redis.call('DECRBY', key, cost)
     end

@@ -26,8 +26,11 @@ pub use self::window::{Bucket, RollingWindow, RollingWindowError};
 pub enum StepBack {
     /// The buckets follow the clock back: each keeps its value and its age, as if no
     /// time had passed. A step back then never frees a bucket early, and never keeps
-    /// one longer than a window after the step. For a single clock that may be stepped
-    /// (the rolling-window limiter on the Redis server's clock).
+    /// one longer than a window after the step. For a single clock that may be stepped,
+    /// when nothing else holds the time the ring had reached. (The rolling-window
+    /// limiter instead keeps its buckets where they are and runs the key's own time
+    /// ahead of a clock that stepped back, so that the clock's return finds them as the
+    /// key left them: see [`rolling`](crate::rolling#clocks).)
     #[default]
     Follow,
     /// The buckets stay where they are, and the older time counts as the newest bucket.

@@ -16,7 +16,8 @@ use crate::ring::{Ring, StepBack};
 pub(crate) struct Grid {
     pub(crate) buckets: u64,
     pub(crate) interval_us: u64,
-    /// [`StepBack::Follow`] for one clock (the in-process clock, the Redis server's),
+    /// [`StepBack::Follow`] for one clock (the in-process clock, the Redis server's:
+    /// after a step back the key's time runs ahead of the clock, see [`Counts::hit`]),
     /// [`StepBack::Hold`] for the callers' clocks.
     pub(crate) step_back: StepBack,
 }
@@ -37,15 +38,17 @@ impl Grid {
 /// One key's counts: a [`Ring`] of `buckets` counts and their sum.
 #[derive(Debug, Clone)]
 pub(crate) struct Counts {
-    /// One allocation: `[newest, sum, counts...]`, so that a key's state is a (fat)
-    /// pointer in the store. `newest` and `counts` are the ring's
-    /// [parts](Ring::from_parts), `sum` the sum of the counts.
+    /// One allocation: `[newest, sum, skew, counts...]`, so that a key's state is a
+    /// (fat) pointer in the store. `newest` and `counts` are the ring's
+    /// [parts](Ring::from_parts), `sum` the sum of the counts, `skew` how many buckets
+    /// the key's time runs ahead of the clock after the clock stepped back.
     data: Box<[u64]>,
 }
 
 const NEWEST: usize = 0;
 const SUM: usize = 1;
-const COUNTS: usize = 2;
+const SKEW: usize = 2;
+const COUNTS: usize = 3;
 
 impl Counts {
     pub(crate) fn new(buckets: u64) -> Self {
@@ -108,7 +111,7 @@ impl Counts {
     /// Takes `cost` units off the buckets live at `now_us`, newest first (the units
     /// spent last), as the script does.
     pub(crate) fn refund(&mut self, grid: Grid, cost: u64, now_us: u64) {
-        let current = grid.index(now_us);
+        let current = grid.index(now_us).saturating_add(self.data[SKEW]);
         self.with_ring(|ring, sum| {
             let live = ring.size() - ring.expired_at(current);
             let mut left = cost;
@@ -126,16 +129,58 @@ impl Counts {
 }
 
 impl Counts {
+    /// The index of the newest bucket holding a count, if any.
+    fn newest_counted(&self) -> Option<u64> {
+        let newest = self.data[NEWEST];
+        let len = self.len() as u64;
+        (0..len.min(newest.saturating_add(1)))
+            .map(|k| newest - k)
+            .find(|&index| self.data[COUNTS + (index % len) as usize] > 0)
+    }
+
+    /// The key's current bucket at the clock's bucket `server`, and the key's skew in
+    /// buckets (as in `rolling.lua`): a bucket holding a count newer than `server` means
+    /// the clock stepped back, and the key's time is then the later of the clock plus
+    /// the stored skew and that bucket. Once the clock reaches the newest counted bucket
+    /// again, the skew is dropped.
+    fn key_index(&self, server: u64) -> (u64, u64) {
+        if self.data[NEWEST] <= server {
+            return (server, 0);
+        }
+        match self.newest_counted() {
+            Some(newest) if newest > server => {
+                let skew = self.data[SKEW].max(newest - server);
+                (server.saturating_add(skew), skew)
+            }
+            _ => (server, 0),
+        }
+    }
+
     /// Counts `cost` unless the live buckets plus `cost` would exceed `limit` (rejected
     /// hits are not counted, as in the Redis script).
     ///
-    /// When the clock stepped back (`now_us` before the newest bucket), the buckets are
-    /// moved back with it, keeping their counts and their age: the step counts as no
-    /// time at all, so it never frees a unit early (as in `rolling.lua`). With
-    /// [`StepBack::Hold`] (the script with the callers' clocks) they stay, and the hit
-    /// counts in the newest bucket.
+    /// When the clock stepped back (`now_us` before the newest counted bucket), the
+    /// key's time moves up to that bucket and runs on at the clock's rate from there
+    /// (see [`key_index`](Self::key_index)); the buckets stay where they are, in the
+    /// key's time: the step counts as no time at all, so it never frees a unit early,
+    /// and the clock's return finds the buckets as the key left them (as in
+    /// `rolling.lua`). With [`StepBack::Hold`] (the script with the callers' clocks) the
+    /// hit counts in the newest bucket.
     pub(crate) fn hit(&mut self, grid: Grid, cost: u64, limit: u64, now_us: u64) -> Hit {
-        let current = grid.index(now_us);
+        let mut current = grid.index(now_us);
+        let mut now_us = now_us;
+        if grid.step_back == StepBack::Follow {
+            let (key_current, skew) = self.key_index(current);
+            self.data[SKEW] = skew;
+            now_us = now_us.saturating_add(skew.saturating_mul(grid.interval_us));
+            current = key_current;
+            // Buckets newer than the key's current one hold no count (the ring moved to
+            // them for refused hits, which the script does not write): the ring's newest
+            // bucket comes back to the current one, every bucket staying in its slot.
+            if current < self.data[NEWEST] {
+                self.data[NEWEST] = current;
+            }
+        }
         self.with_ring(|ring, sum| {
             let newest = ring.advance(current, grid.step_back, |count| *sum -= count);
             if sum.checked_add(cost).is_some_and(|after| after <= limit) {

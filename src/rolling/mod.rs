@@ -53,14 +53,23 @@
 //!
 //! # Clocks
 //!
-//! Bucket indices come from the Redis server's clock. When it steps back (an NTP step, a
-//! failover to a replica whose clock is behind), a key's buckets are "in the future":
-//! they are moved back with the clock, keeping their counts and their order, as if no
-//! time had passed between the last request and the step. So a step back of any size
-//! never admits more than the limit, and never refuses a key for longer than one window.
-//! A step forward expires buckets early (at most a window's worth of counts). The
-//! in-process state does the same ([`StepBack::Follow`](crate::ring::StepBack::Follow)); its clock is monotonic, so it
-//! only ever sees steps forward (a paused tokio clock that is advanced).
+//! Bucket indices come from the Redis server's clock. Each key holds the newest time it
+//! has seen: when the clock steps back (an NTP step, a failover to a replica whose clock
+//! is behind), a key's newest bucket is "in the future", and the key's time moves up to
+//! that bucket, as if no time had passed between the last request and the step, then
+//! runs on at the server's rate (the skew, in buckets, is one more field of the key's
+//! hash: no extra command, except one write when it changes). The buckets and the hash's
+//! expiry stay in the key's time: so a step back of any size never admits more than the
+//! limit, not even when the clock comes back (the window is then as the key left it),
+//! and a refusal never waits more than one window, at any moment. Once the server's time
+//! reaches the newest bucket again (the clock came back, or caught up), the skew is
+//! dropped. Costs: a key's hash outlives its window by the step while the clock is
+//! behind; a step back within the newest bucket's span is followed (units counted then
+//! may expire up to that step early). A step forward expires buckets early (at most a
+//! window's worth of counts); so does a return that lands before the newest bucket a key
+//! has seen (it is a step forward from the time behind). The in-process state runs the
+//! same rule; its clock is monotonic, so it only ever sees steps forward (a paused tokio
+//! clock that is advanced).
 //!
 //! With the callers' clocks ([`TimeSource::Caller`](crate::backend::TimeSource)), say
 //! within `s` of each other, buckets are never moved back ([`StepBack::Hold`](crate::ring::StepBack::Hold)): a caller

@@ -17,15 +17,23 @@ local function rolling_state(key, a, now_us)
   local limit, buckets, interval = a[1], a[2], a[3]
   local now = math.floor(now_us / 1000)
   local current = math.floor(now / interval)
-  -- Clock steps: the key's own time never goes back. When the server clock has stepped
-  -- back (a field newer than `current`), every bucket is moved back by the step, keeping
-  -- its count and its age, as if no time had passed: a step back never frees a unit, and
-  -- never blocks the key longer than the window. A step forward expires buckets early.
+  -- Clock steps: the key's own time never goes back. With the server's clock, the key's
+  -- time is the server's plus a skew of whole buckets, stored in the hash's field 's'
+  -- (none normally). A bucket newer than the key's current one means the server's clock
+  -- stepped back: the key's time then moves up to that bucket (the step counts as no
+  -- time at all, as if no time had passed since the last request), and the skew is
+  -- stored, so the key's time runs on at the server's rate: a step back never frees a
+  -- unit, and never blocks the key longer than the window. The buckets stay where they
+  -- are, in the key's time, and so does the hash's expiry: when the clock comes back,
+  -- the window is as the key left it. Once the server's time reaches the newest bucket
+  -- again (the clock came back, or caught up), the skew is dropped. A step forward
+  -- expires buckets early.
   -- With the callers' clocks, a field newer than `current` is written by a caller whose
   -- clock is ahead: this caller counts from that bucket instead (moving the buckets back
   -- would age them once per such caller, without bound), so no unit ever expires before
   -- the clock furthest ahead says so.
   local newest = nil
+  local stored_skew = 0
   local fields = redis.call('HGETALL', key)
   for i = 1, #fields, 2 do
     local index = tonumber(fields[i])
@@ -33,20 +41,23 @@ local function rolling_state(key, a, now_us)
     if index and count and count > 0 and count == math.floor(count)
         and index == math.floor(index) and (newest == nil or index > newest) then
       newest = index
+    elseif fields[i] == 's' then
+      stored_skew = count or 0
     end
   end
-  local shift = 0
+  local skew = 0
   if newest and newest > current then
     if caller_time then
       current = newest
     else
-      shift = newest - current
+      skew = math.max(stored_skew, newest - current)
+      current = current + skew
     end
   end
   local oldest = current - buckets + 1
 
-  -- The live buckets (moved back by `shift`) by index, their indices in order, the
-  -- fields to delete, the sum of the live counts. Every live index is at most `current`.
+  -- The live buckets by index, their indices in order, the fields to delete, the sum of
+  -- the live counts. Every live index is at most `current`.
   local live = {}
   local indices = {}
   local dead = {}
@@ -55,21 +66,21 @@ local function rolling_state(key, a, now_us)
     local index = tonumber(fields[i])
     local count = tonumber(fields[i + 1])
     if index and count and count > 0 and count == math.floor(count)
-        and index == math.floor(index) and index - shift >= oldest then
-      index = index - shift
+        and index == math.floor(index) and index >= oldest then
       sum = sum + count
       if not live[index] then
         live[index] = 0
         indices[#indices + 1] = index
       end
       live[index] = live[index] + count
-    else
+    elseif fields[i] ~= 's' then
       dead[#dead + 1] = fields[i]
     end
   end
   table.sort(indices)
-  return { limit = limit, buckets = buckets, interval = interval, now = now,
-    current = current, shift = shift, live = live, indices = indices, dead = dead,
+  return { limit = limit, buckets = buckets, interval = interval,
+    now = now + skew * interval, current = current, skew = skew,
+    stored_skew = stored_skew, live = live, indices = indices, dead = dead,
     sum = sum, added = 0 }
 end
 
@@ -113,25 +124,22 @@ local function rolling_save(key, s)
   if not s.housekeep then
     return
   end
-  local ttl = string.format('%d', (s.buckets + 1) * s.interval)
-  if s.shift > 0 then
-    -- The buckets moved back: rewrite them (the counted units included).
-    redis.call('DEL', key)
-    for _, index in ipairs(s.indices) do
-      redis.call('HSET', key, string.format('%d', index), string.format('%d', s.live[index]))
-    end
-    if #s.indices > 0 then
-      redis.call('PEXPIRE', key, ttl)
-    end
-    return
-  end
   -- Delete the dead buckets in chunks (unpack() has a bounded stack).
   for i = 1, #s.dead, 500 do
     redis.call('HDEL', key, unpack(s.dead, i, math.min(i + 499, #s.dead)))
   end
+  if s.skew ~= s.stored_skew then
+    if s.skew > 0 then
+      redis.call('HSET', key, 's', string.format('%d', s.skew))
+    else
+      redis.call('HDEL', key, 's')
+    end
+  end
   if s.added > 0 then
     redis.call('HINCRBY', key, string.format('%d', s.current), s.added)
-    redis.call('PEXPIRE', key, ttl)
+    -- Kept a window and a bucket past now in the key's time (so past now by the skew
+    -- more on the server's clock).
+    redis.call('PEXPIRE', key, string.format('%d', (s.buckets + 1 + s.skew) * s.interval))
   end
 end
 -- rolling_refund(key, a, now_us, cost): takes `cost` units off the newest buckets first
@@ -141,12 +149,19 @@ local function rolling_refund(key, a, now_us, cost)
   local buckets, interval = a[2], a[3]
   local current = math.floor(math.floor(now_us / 1000) / interval)
   local fields = redis.call('HGETALL', key)
+  for i = 1, #fields, 2 do
+    if fields[i] == 's' then
+      -- The key's time runs ahead of the server's (a step back of the server's clock).
+      current = current + (tonumber(fields[i + 1]) or 0)
+    end
+  end
   local indices = {}
   local counts = {}
   for i = 1, #fields, 2 do
     local index = tonumber(fields[i])
     local count = tonumber(fields[i + 1])
-    -- Live buckets, and buckets "in the future" (the clock stepped back): both count.
+    -- Live buckets, and buckets "in the future" (the clock stepped back further): both
+    -- count.
     if index and count and count > 0 and index > current - buckets then
       indices[#indices + 1] = index
       counts[index] = count

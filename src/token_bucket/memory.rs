@@ -1,5 +1,5 @@
-//! The in-process token buckets: GCRA, one theoretical arrival time (TAT) per key, 8 bytes
-//! of state in the backend's bounded [local store](crate::local), the same algorithm as
+//! The in-process token buckets: GCRA, one theoretical arrival time (TAT) per key (and
+//! the key's skew after a clock step back), 16 bytes of state in the backend's bounded [local store](crate::local), the same algorithm as
 //! `token_bucket.lua` in integer nanoseconds of the crate's monotonic clock.
 //!
 //! [`Tat::hit`] is the whole algorithm, a pure step: (state, now, cost, settings) ->
@@ -35,32 +35,72 @@ pub(crate) enum Outcome {
 }
 
 impl Tat {
+    /// The key's time at `now_ns` for a bucket of span `tau`, and its skew (as in
+    /// `token_bucket.lua`). The key's floor is the earliest time its state proves it has
+    /// seen: `TAT - tau` (an empty bucket), or the time stored by a reservation that took
+    /// the TAT further. With the clock below the floor (it stepped back), the key's time
+    /// is the later of the clock plus the stored skew and the floor, in whole
+    /// microseconds ahead of the clock as the script's: it runs on at the clock's rate
+    /// after a step back (a step back blocks a key for at most a refill), the TAT stays in
+    /// the key's time (the clock's return refills nothing), and the skew is dropped once
+    /// the clock is at the floor again.
+    fn key_now(&self, tau: u64, now_ns: u64) -> (u64, u64) {
+        let floor = match self.floor_plus_one {
+            0 => self.tat.saturating_sub(tau),
+            floor => floor - 1,
+        };
+        if now_ns >= floor {
+            return (now_ns, 0);
+        }
+        let skew = self.skew.max((floor - now_ns).div_ceil(1_000) * 1_000);
+        (now_ns.saturating_add(skew), skew)
+    }
+
+    /// Writes the TAT `tat` (in the key's time `now_ns`, skew `skew`), as the script's
+    /// store does: the floor only when the TAT alone does not tell it.
+    fn store(&mut self, tat: u64, now_ns: u64, skew: u64, tau: u64) {
+        *self = Self {
+            tat: tat.max(now_ns),
+            skew,
+            floor_plus_one: if tat > now_ns.saturating_add(tau) {
+                now_ns.saturating_add(1)
+            } else {
+                0
+            },
+        };
+    }
+
     /// Takes `cost` tokens at `now_ns` if the bucket holds them.
     ///
     /// A full bucket has TAT <= now; each token moves TAT one interval later; a cost fits
     /// while TAT stays within `burst` intervals of now. TAT only moves forward, so no
-    /// clock step can refill the bucket beyond what the time elapsed allows; and since
-    /// a TAT more than `burst` intervals ahead means the clock stepped back, it is
-    /// brought back to `now + burst intervals` (an empty bucket), so a step back never
-    /// blocks a key longer than refilling an empty bucket takes. A step forward at most
-    /// refills the bucket early.
+    /// clock step can refill the bucket beyond what the time elapsed allows; and when
+    /// the clock is below the key's floor (it stepped back), the key's time is moved up
+    /// to it (see [`key_now`](Self::key_now)), so a step back never blocks a key longer
+    /// than refilling an empty bucket takes, and the clock's return refills nothing. A
+    /// step forward at most refills the bucket early.
     pub(crate) fn hit(&mut self, bucket: Bucket, cost: u64, now_ns: u64) -> Outcome {
         if cost > bucket.burst {
             return Outcome::ExceedsCapacity;
         }
         let interval = bucket.interval_ns.max(1);
-        let horizon = now_ns.saturating_add(interval.saturating_mul(bucket.burst));
-        let tat = self.0.clamp(now_ns, horizon);
+        let tau = interval.saturating_mul(bucket.burst);
+        let (now_ns, skew) = self.key_now(tau, now_ns);
+        let horizon = now_ns.saturating_add(tau);
+        let tat = self.tat.clamp(now_ns, horizon);
         let new_tat = tat.saturating_add(cost.saturating_mul(interval));
         if new_tat > horizon {
-            self.0 = tat;
+            if skew != self.skew {
+                // The script stores the new skew of a refused check.
+                self.store(self.tat, now_ns, skew, tau);
+            }
             return Outcome::Refused {
                 left: (horizon - tat) / interval,
                 wait_ns: new_tat - horizon,
                 full_in_ns: tat - now_ns,
             };
         }
-        self.0 = new_tat;
+        self.store(new_tat, now_ns, skew, tau);
         Outcome::Admitted {
             left: (horizon - new_tat) / interval,
             full_in_ns: new_tat - now_ns,
@@ -81,17 +121,21 @@ impl Tat {
     ) -> Reservation {
         let interval = bucket.interval_ns.max(1);
         let tau = interval.saturating_mul(bucket.burst);
-        let tat = self.0.max(now_ns);
+        let (now_ns, skew) = self.key_now(tau, now_ns);
+        let tat = self.tat.max(now_ns);
         let new_tat = tat.saturating_add(cost.saturating_mul(interval));
         let wait_ns = new_tat.saturating_sub(tau).saturating_sub(now_ns);
         if wait_ns > max_wait_ns {
+            if skew != self.skew {
+                self.store(self.tat, now_ns, skew, tau);
+            }
             return Reservation::Refused {
                 left: tau.saturating_sub(tat - now_ns) / interval,
                 wait_ns,
                 full_in_ns: tat - now_ns,
             };
         }
-        self.0 = new_tat;
+        self.store(new_tat, now_ns, skew, tau);
         Reservation::Admitted {
             left: tau.saturating_sub(new_tat - now_ns - wait_ns) / interval,
             wait_ns,
@@ -100,11 +144,19 @@ impl Tat {
     }
 
     /// Puts `cost` tokens back at `now_ns`: TAT moves back by their intervals, never
-    /// below now (as in the script).
+    /// below the key's time (as in the script; a bucket full again is forgotten).
     pub(crate) fn refund(&mut self, bucket: Bucket, cost: u64, now_ns: u64) {
-        if self.0 > now_ns {
-            let back = cost.saturating_mul(bucket.interval_ns.max(1));
-            self.0 = self.0.saturating_sub(back).max(now_ns);
+        let interval = bucket.interval_ns.max(1);
+        let tau = interval.saturating_mul(bucket.burst);
+        let (now_ns, skew) = self.key_now(tau, now_ns);
+        if self.tat > now_ns {
+            let back = cost.saturating_mul(interval);
+            let tat = self.tat.saturating_sub(back).max(now_ns);
+            if tat == now_ns {
+                *self = Self::default();
+            } else {
+                self.store(tat, now_ns, skew, tau);
+            }
         }
     }
 }

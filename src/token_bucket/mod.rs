@@ -10,7 +10,8 @@
 //! token bucket), updated by a Lua script that reads the Redis server's clock (or the
 //! caller's, see [Clocks](#clocks)) with microsecond precision; the key expires once the bucket would be full again (never
 //! with a zero expiry, whatever the rate and burst). In-process, each bucket is its
-//! arrival time (8 bytes of state, about 70 to 100 bytes in all) in the backend's bounded state
+//! arrival time (and the skew of a clock step: 24 bytes of state, about 80 to 110 bytes
+//! in all) in the backend's bounded state
 //! ([`max_local_keys`](crate::BackendBuilder::max_local_keys)), run by the same
 //! algorithm in whole nanoseconds of the monotonic clock (the emission interval rounded
 //! to whole nanoseconds).
@@ -18,11 +19,25 @@
 //! # Clocks
 //!
 //! The arrival time only ever moves forward, so no clock step refills a bucket beyond
-//! what the elapsed time allows. When the Redis server's clock steps back, the bucket is
-//! at most empty: an arrival time more than a full refill ahead of the new time is read
-//! as an empty bucket, which refills at the rate from then on (a step back of an hour
-//! does not refuse a key for an hour). A step forward at most refills the bucket early.
-//! In-process, time is the monotonic clock, which never steps back.
+//! what the elapsed time allows. Each key holds the newest time it has seen: its time is
+//! the Redis server's, but never below its floor, the earliest time its state proves it
+//! has seen (the arrival time minus a full refill: an empty bucket; or the time of a
+//! reservation that took the arrival time further). When the server's clock steps back
+//! below the floor, the key's time stops there and runs on at the server's rate (the
+//! skew is stored with the arrival time, in the same value: no extra command), and the
+//! arrival time stays in the key's time: so the step admits nothing more, not even when
+//! the clock comes back (the bucket is then as the key left it), and a refusal never
+//! waits more than one full refill (`burst / rate`), at any moment (a step back of an hour
+//! does not refuse a key for an hour). Once the server's time is at the floor again
+//! (the clock came back, or caught up), the skew is dropped; a key idle behind may then
+//! find its bucket up to one refill emptier than the time elapsed allows. Costs: the
+//! key outlives its expiry by the step while the clock is behind (the expiry stays in
+//! the key's time); a step back of less than what the bucket has refilled is below the
+//! floor and cannot be told from time passing: it is followed, and may give back at most
+//! the refill of the step. A step forward at most refills the bucket early; so does a
+//! return that lands before the newest time a key has seen (it is a step forward from
+//! the time behind). In-process, time is the monotonic clock, which never steps back
+//! (the same rule runs there).
 //!
 //! With the callers' clocks ([`TimeSource::Caller`](crate::backend::TimeSource)), say
 //! within `s` of each other, the stored arrival time still never moves back (a caller

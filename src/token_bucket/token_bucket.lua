@@ -1,19 +1,78 @@
--- The bucket's parameters and stored TAT (nil when none) at `now_us`: interval, now
--- (µs since the epoch in a[3]), tau (the burst's span) and tat.
+-- The bucket's parameters and stored state at `now_us`: interval, now (µs since the
+-- epoch in a[3]), tau (the burst's span), the stored TAT (nil when none), skew (µs; 0
+-- when none) and floor (nil when none). The value is the TAT alone, or "TAT skew" or
+-- "TAT skew floor" (see token_bucket_state).
 local function token_bucket_load(key, a, now_us)
   local interval = a[1]
-  return interval, now_us - a[3] * 1000000, interval * a[2], tonumber(redis.call('GET', key) or '')
+  local value = redis.call('GET', key)
+  local tat, skew, floor = nil, 0, nil
+  if value then
+    tat = tonumber(value)
+    if tat == nil then
+      local at = string.find(value, ' ', 1, true)
+      if at then
+        tat = tonumber(string.sub(value, 1, at - 1))
+        local rest = string.sub(value, at + 1)
+        at = string.find(rest, ' ', 1, true)
+        if at then
+          skew = tonumber(string.sub(rest, 1, at - 1)) or 0
+          floor = tonumber(string.sub(rest, at + 1))
+        else
+          skew = tonumber(rest) or 0
+        end
+      end
+    end
+  end
+  return interval, now_us - a[3] * 1000000, interval * a[2], tat, skew, floor
 end
 
--- Stores TAT `tat`, kept until the bucket is full again (and, with callers' clocks,
--- until a caller up to max(a full refill, 1 s) behind the writer also sees it full, so
--- that the key's expiry never hands such a caller a full bucket early).
-local function token_bucket_store(key, tat, now, tau)
-  local ttl = math.max(1, math.ceil((tat - now) / 1000))
+-- Stores state `s` (its TAT in the key's time, its skew, and the key's time as its floor
+-- when the TAT alone does not tell it: a reservation beyond tau), kept until the bucket
+-- is full again on the server's clock: the expiry is the TAT itself as a time of the
+-- server's clock, so a key whose time runs ahead of the server's (a skew) outlives it
+-- by the skew, and is still there when the clock comes back. With callers' clocks, also
+-- until a caller up to max(a full refill, 1 s) behind the writer sees it full, so that
+-- the key's expiry never hands such a caller a full bucket early.
+local function token_bucket_store(key, s)
+  local ttl = math.max(1, math.ceil((s.tat - s.server_now) / 1000))
   if caller_time then
-    ttl = ttl + math.max(math.ceil(tau / 1000), 1000)
+    ttl = ttl + math.max(math.ceil(s.tau / 1000), 1000)
   end
-  redis.call('SET', key, string.format('%.4f', tat), 'PX', string.format('%d', ttl))
+  local value
+  if not caller_time and s.tat - s.tau - s.now > s.eps then
+    value = string.format('%.4f %d %d', s.tat, s.skew, s.now)
+  elseif s.skew > 0 then
+    value = string.format('%.4f %d', s.tat, s.skew)
+  else
+    value = string.format('%.4f', s.tat)
+  end
+  redis.call('SET', key, value, 'PX', string.format('%d', ttl))
+end
+
+-- The float noise (µs) of the times of a bucket whose times are about `magnitude` µs:
+-- times are doubles of µs since the epoch in a[3] (2^45 µs in 2027, 2^47 by 2030), and
+-- a span such as `new_tat - now` or `tau - (tat - now)` carries the rounding of the few
+-- sums and products that made it (each at most half a unit in the last place of its
+-- magnitude: magnitude * 2^-53), accumulated in the stored TAT over its writes, plus the
+-- 0.00005 µs of the stored TAT's four decimals. Eight units in the last place
+-- (magnitude * 2^-49: 0.06 µs in 2027) bound it; a fixed 1e-9 token (0.0007 µs at
+-- 3 per 2 s) did not, and floor() then lost a token. The in-process host counts in
+-- integer nanoseconds (its interval truncated to the nanosecond, its spans exact): a
+-- span within the noise of a whole number of intervals is that number there, and so
+-- here.
+local function token_bucket_eps(magnitude, tau)
+  return (math.abs(magnitude) + tau) * 2 ^ -49 + 0.0001
+end
+
+-- Whole tokens in `span` µs of a bucket (the part of tau not yet spent), within the
+-- noise `eps` (token_bucket_eps).
+local function token_bucket_tokens(span, interval, eps)
+  return math.floor((span + eps) / interval)
+end
+
+-- `us` (a duration in µs) rounded up to the µs, within the noise `eps`.
+local function token_bucket_us(us, eps)
+  return math.ceil(us - eps)
 end
 
 -- Token bucket as GCRA, as an algorithm of the engine (src/backend/engine.lua), with
@@ -27,66 +86,78 @@ end
 -- future; a cost fits while TAT stays within burst intervals of now.
 -- A step returns {admitted (1/0), tokens left, µs until admissible (0 when admitted),
 -- µs until the bucket is full}. A TAT below now is never written, so no clock step and
--- no caller's clock refills a bucket beyond the time elapsed. A TAT more than tau ahead
--- only happens after the server clock stepped back, or for a caller whose clock is
--- behind: it is read as now + tau (an empty bucket), and after a step of the server's
--- clock a writing step writes it back so, so such a step blocks a key for at most the
--- time an empty bucket takes to refill, never for the length of the step.
+-- no caller's clock refills a bucket beyond the time elapsed.
+-- Clock steps (server's clock): the key has its own time, the server's plus a skew
+-- stored with the TAT (none normally). The key's time is at least its floor, the
+-- earliest time its state proves the key has seen: TAT - tau (an empty bucket), or the
+-- time stored with a reservation that took the TAT further. A server's time below the
+-- floor means the server's clock stepped back: the key's time is then the later of
+-- (server's time + stored skew) and the floor, and the new skew is stored, so the key's time runs on at the server's rate from there (a step back blocks
+-- a key for at most one refill, never for the step) and the TAT stays in the key's
+-- time: when the clock comes back, the bucket is as the key left it, never refilled by
+-- the round trip. Once the TAT is within tau of the server's time again (the clock came
+-- back, or caught up), the skew is dropped. A step back that stays above the floor is
+-- not seen: the key's time follows it, by less than one refill.
+-- A caller's clock behind the others' (caller_time) reads such a TAT as an empty
+-- bucket (the steps and leases clamp it to now + tau), and writes nothing then.
 local function token_bucket_state(key, a, now_us)
-  local interval, now, tau, tat = token_bucket_load(key, a, now_us)
-  local s = { interval = interval, now = now, tau = tau, tat = tat, stepped_back = false }
-  if tat == nil or tat < now then
-    s.tat = now
-  elseif tat > now + tau then
-    s.tat = now + tau
-    s.stepped_back = true
+  local interval, now, tau, tat, skew, floor = token_bucket_load(key, a, now_us)
+  local s = { interval = interval, server_now = now, now = now, tau = tau, tat = tat,
+    skew = 0, stored_skew = skew, eps = token_bucket_eps(now, tau) }
+  if tat ~= nil and not caller_time then
+    floor = floor or tat - tau
+    if now < floor then
+      -- Whole µs, so that the key's time stays an integer as the server's is.
+      s.skew = math.max(skew, token_bucket_us(floor - now, s.eps))
+      s.now = now + s.skew
+    end
+  end
+  if s.tat == nil or s.tat < s.now then
+    s.tat = s.now
   end
   return s
 end
 
 local function token_bucket_step(s, cost, write)
-  local interval, now, tau, tat = s.interval, s.now, s.tau, s.tat
+  local interval, now, tau, eps = s.interval, s.now, s.tau, s.eps
+  local tat = math.min(s.tat, now + tau)
   local new_tat = tat + cost * interval
   local wait = new_tat - tau - now
+  if write and s.skew ~= s.stored_skew then
+    -- The key's skew changed (a step back, or the clock came back): store it.
+    s.rekey = true
+  end
   -- Tolerate float noise well below a microsecond.
-  if wait > 0.001 then
-    if write and s.stepped_back and not caller_time then
-      -- The server's clock stepped back: the bucket is empty from now on, and refills
-      -- at the rate from here (not after the length of the step). A caller's clock
-      -- behind the others' never writes its view.
-      s.empty = true
-    end
-    local available = math.floor((tau - (tat - now)) / interval + 1e-9)
-    return {0, available, math.ceil(wait), math.ceil(tat - now)}
+  if wait > eps then
+    local available = token_bucket_tokens(tau - (tat - now), interval, eps)
+    return {0, available, token_bucket_us(wait, eps), token_bucket_us(tat - now, eps)}
   end
   local full_in = new_tat - now
   if write then
     s.tat = new_tat
     s.spent = true
   end
-  return {1, math.floor((tau - full_in) / interval + 1e-9), 0, math.ceil(full_in)}
+  return {1, token_bucket_tokens(tau - full_in, interval, eps), 0,
+    token_bucket_us(full_in, eps)}
 end
 
 local function token_bucket_save(key, s)
-  if s.spent then
-    token_bucket_store(key, s.tat, s.now, s.tau)
-  elseif s.empty then
-    redis.call('SET', key, string.format('%.4f', s.tat), 'PX',
-      string.format('%d', math.max(1, math.ceil(s.tau / 1000))))
+  if s.spent or s.rekey then
+    token_bucket_store(key, s)
   end
 end
 -- token_bucket_refund(key, a, now_us, cost): puts `cost` tokens back (TAT moves back by
--- their intervals, never below now; a bucket full again is deleted).
+-- their intervals, never below the key's time; a bucket full again is deleted).
 local function token_bucket_refund(key, a, now_us, cost)
-  local interval, now, tau, tat = token_bucket_load(key, a, now_us)
-  if tat == nil or tat <= now then
+  local s = token_bucket_state(key, a, now_us)
+  if s.tat <= s.now then
     return
   end
-  tat = math.max(now, tat - cost * interval)
-  if tat - now <= 0.001 then
+  s.tat = math.max(s.now, s.tat - cost * s.interval)
+  if s.tat - s.now <= s.eps then
     redis.call('DEL', key)
   else
-    token_bucket_store(key, tat, now, tau)
+    token_bucket_store(key, s)
   end
 end
 -- token_bucket_reserve(key, a, now_us, cost, max_wait): takes `cost` tokens at the
@@ -94,40 +165,43 @@ end
 -- the caller waits until then (one call per request, however many callers share the
 -- bucket). Returns {admitted (1/0), tokens left (at the reserved time), µs to wait
 -- (admitted: before using the tokens; refused: until they would fit), µs until full}.
+-- The key's time is token_bucket_state's.
 local function token_bucket_reserve(key, a, now_us, cost, max_wait)
-  local interval, now, tau, tat = token_bucket_load(key, a, now_us)
-  if tat == nil or tat < now then
-    tat = now
-  end
+  local s = token_bucket_state(key, a, now_us)
+  local interval, now, tau, tat, eps = s.interval, s.now, s.tau, s.tat, s.eps
   local new_tat = tat + cost * interval
   local wait = math.max(0, new_tat - tau - now)
-  if wait > max_wait + 0.001 then
-    local available = math.max(0, math.floor((tau - (tat - now)) / interval + 1e-9))
-    return {0, available, math.ceil(wait), math.ceil(tat - now)}
+  if wait > max_wait + eps then
+    local available = math.max(0, token_bucket_tokens(tau - (tat - now), interval, eps))
+    if s.skew ~= s.stored_skew then
+      token_bucket_store(key, s)
+    end
+    return {0, available, token_bucket_us(wait, eps), token_bucket_us(tat - now, eps)}
   end
-  token_bucket_store(key, new_tat, now, tau)
-  local left = math.floor((tau - (new_tat - now - wait)) / interval + 1e-9)
-  return {1, left, math.max(0, math.ceil(wait - 0.001)), math.ceil(new_tat - now)}
+  s.tat = new_tat
+  token_bucket_store(key, s)
+  local left = token_bucket_tokens(tau - (new_tat - now - wait), interval, eps)
+  return {1, left, math.max(0, token_bucket_us(wait, eps)), token_bucket_us(new_tat - now, eps)}
 end
 -- token_bucket_lease(key, a, now_us, cost, size): for a lease answered in process,
 -- takes at least `cost` and at most `size` tokens, and never more than half of those
 -- available beyond `cost` (so that a bucket near empty is shared exactly). Returns
 -- {admitted (1/0), tokens left, tokens taken (admitted) or µs until `cost` fits
--- (refused), µs until full}.
+-- (refused), µs until full}. The key's time is token_bucket_state's.
 local function token_bucket_lease(key, a, now_us, cost, size)
-  local interval, now, tau, tat = token_bucket_load(key, a, now_us)
-  if tat == nil or tat < now then
-    tat = now
-  elseif tat > now + tau then
-    tat = now + tau
-  end
-  local available = math.floor((tau - (tat - now)) / interval + 1e-9)
+  local s = token_bucket_state(key, a, now_us)
+  local interval, now, tau, eps = s.interval, s.now, s.tau, s.eps
+  local tat = math.min(s.tat, now + tau)
+  local available = token_bucket_tokens(tau - (tat - now), interval, eps)
   if available < cost then
+    if s.skew ~= s.stored_skew then
+      token_bucket_store(key, s)
+    end
     local wait = tat + cost * interval - tau - now
-    return {0, math.max(0, available), math.ceil(wait), math.ceil(tat - now)}
+    return {0, math.max(0, available), token_bucket_us(wait, eps), token_bucket_us(tat - now, eps)}
   end
   local take = math.max(cost, math.min(size, cost + math.floor((available - cost) / 2)))
-  local new_tat = tat + take * interval
-  token_bucket_store(key, new_tat, now, tau)
-  return {1, available - take, take, math.ceil(new_tat - now)}
+  s.tat = tat + take * interval
+  token_bucket_store(key, s)
+  return {1, available - take, take, token_bucket_us(s.tat - now, eps)}
 end
