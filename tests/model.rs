@@ -41,7 +41,7 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use support::{RedisServer, ServerClock};
 use tower_redis_ratelimit::backend::{ManualClock, TimeSource};
-use tower_redis_ratelimit::period::{PeriodConfig, PeriodLimiter};
+use tower_redis_ratelimit::period::{PeriodConfig, PeriodLimiter, UtcOffset};
 use tower_redis_ratelimit::rolling::{RollingConfig, RollingWindowLimiter};
 use tower_redis_ratelimit::set::{LimitSet, SetLimiter};
 use tower_redis_ratelimit::token_bucket::{TokenBucketConfig, TokenBucketLimiter};
@@ -57,9 +57,12 @@ const T0_MS: u64 = 1_800_000_000_000;
 /// One limit's settings.
 #[derive(Debug, Clone, Copy)]
 enum Limit {
+    /// A fixed window, aligned to a UTC offset (in seconds) or starting at the first
+    /// request.
     Period {
         quota: u64,
         period_ms: u64,
+        align: Option<i32>,
     },
     Bucket {
         rate: u64,
@@ -95,6 +98,8 @@ enum Op {
     Wait(u64),
     /// Concurrent checks of the key, in this order.
     Batch(Vec<u32>),
+    /// Reserves the cost at most this many milliseconds ahead (a token bucket alone).
+    Reserve(u32, u64),
 }
 
 #[derive(Debug, Clone)]
@@ -102,6 +107,8 @@ struct Case {
     /// One limit alone (`set` false), or a set of these limits.
     limits: Vec<Limit>,
     set: bool,
+    /// The limit's (or set's) lockout, in milliseconds.
+    lockout_ms: Option<u64>,
     ops: Vec<Op>,
 }
 
@@ -109,9 +116,14 @@ fn limit() -> impl Strategy<Value = Limit> {
     prop_oneof![
         (
             1..=5u64,
-            prop::sample::select(vec![1_000u64, 3_000, 10_000])
+            prop::sample::select(vec![1_000u64, 3_000, 7_000, 10_000]),
+            prop::option::of(prop::sample::select(vec![0i32, 28_800, -18_000, 19_800])),
         )
-            .prop_map(|(quota, period_ms)| Limit::Period { quota, period_ms }),
+            .prop_map(|(quota, period_ms, align)| Limit::Period {
+                quota,
+                period_ms,
+                align
+            }),
         (
             // Rates whose emission interval is a whole number of microseconds, and
             // fractional ones (3 per 2 s: 666 666.67 µs).
@@ -156,21 +168,30 @@ fn op(capacity: u32) -> impl Strategy<Value = Op> {
         1 => prop::sample::select(vec![1u64, 50, 400, 1_500]).prop_map(Op::Block),
         5 => prop::sample::select(vec![0u64, 1, 37, 99, 100, 250, 999, 1_000, 1_700, 4_000])
             .prop_map(Op::Wait),
-        1 => prop::collection::vec(cost, 2..=4).prop_map(Op::Batch),
+        1 => prop::collection::vec(cost.clone(), 2..=4).prop_map(Op::Batch),
+        1 => (cost, prop::sample::select(vec![0u64, 100, 1_000, 5_000]))
+            .prop_map(|(cost, wait)| Op::Reserve(cost, wait)),
     ]
 }
 
 fn case() -> impl Strategy<Value = Case> {
-    (prop::collection::vec(limit(), 1..=3), any::<bool>()).prop_flat_map(|(limits, set)| {
-        let set = set || limits.len() > 1;
-        let capacity = limits.iter().map(|l| l.capacity()).min().unwrap_or(1);
-        let capacity = u32::try_from(capacity).expect("small");
-        prop::collection::vec(op(capacity), 1..=40).prop_map(move |ops| Case {
-            limits: limits.clone(),
-            set,
-            ops,
+    let lockout = prop::option::weighted(0.2, prop::sample::select(vec![200u64, 1_500]));
+    (
+        prop::collection::vec(limit(), 1..=3),
+        any::<bool>(),
+        lockout,
+    )
+        .prop_flat_map(|(limits, set, lockout_ms)| {
+            let set = set || limits.len() > 1;
+            let capacity = limits.iter().map(|l| l.capacity()).min().unwrap_or(1);
+            let capacity = u32::try_from(capacity).expect("small");
+            prop::collection::vec(op(capacity), 1..=40).prop_map(move |ops| Case {
+                limits: limits.clone(),
+                set,
+                lockout_ms,
+                ops,
+            })
         })
-    })
 }
 
 // ---------------------------------------------------------------------------
@@ -218,6 +239,7 @@ enum Kept {
 struct Model {
     limits: Vec<Limit>,
     set: bool,
+    lockout_ms: u64,
     kept: Vec<Kept>,
     /// Blocked until (ms).
     blocked_until: u64,
@@ -264,6 +286,7 @@ impl Model {
         Self {
             limits: case.limits.clone(),
             set: case.set,
+            lockout_ms: case.lockout_ms.unwrap_or(0),
             kept,
             blocked_until: 0,
         }
@@ -273,10 +296,27 @@ impl Model {
     fn decide_one(&mut self, i: usize, now: u64, cost: u64, spend: bool) -> Answer {
         let limit = self.limits[i];
         match (&mut self.kept[i], limit) {
-            (Kept::Window(window), Limit::Period { quota, period_ms }) => {
+            (
+                Kept::Window(window),
+                Limit::Period {
+                    quota,
+                    period_ms,
+                    align,
+                },
+            ) => {
+                // A new window ends one period from now, or at the next edge of the
+                // periods counted from midnight at the offset.
+                let fresh_end = match align {
+                    None => now + period_ms,
+                    Some(offset) => {
+                        let local = i128::from(now) + i128::from(offset) * 1_000;
+                        let into = local.rem_euclid(i128::from(period_ms));
+                        now - u64::try_from(into).expect("small") + period_ms
+                    }
+                };
                 let (count, end) = match *window {
                     Some((count, end)) if end > now => (count, end),
-                    _ => (0, now + period_ms),
+                    _ => (0, fresh_end),
                 };
                 let reset = u128::from(end - now) * 1_000;
                 if count + cost > quota {
@@ -303,7 +343,7 @@ impl Model {
                 let next = current + u128::from(cost) * interval;
                 if next > tau + now {
                     let wait = next - tau - now;
-                    let left = (tau - (current - now)) / interval;
+                    let left = (tau + now).saturating_sub(current) / interval;
                     return answer(
                         false,
                         burst,
@@ -453,6 +493,17 @@ impl Model {
         }
     }
 
+    /// A blocked key's answer before the block: the limits' refusal of `cost`, or where
+    /// the key stands.
+    fn refusal_or_standing(&mut self, now: u64, cost: u64) -> Answer {
+        let answer = self.decide(now, cost, false);
+        if answer.admitted() {
+            self.decide(now, 0, false)
+        } else {
+            answer
+        }
+    }
+
     fn blocked(&self, now: u64, mut answer: Answer) -> Answer {
         if self.blocked_until <= now {
             return answer;
@@ -481,7 +532,9 @@ impl Model {
             .find(|l| l.capacity() == capacity)
             .expect("found");
         let (limit, reset_us) = match *first {
-            Limit::Period { quota, period_ms } => (quota, u128::from(period_ms) * 1_000),
+            Limit::Period {
+                quota, period_ms, ..
+            } => (quota, u128::from(period_ms) * 1_000),
             Limit::Bucket { burst, .. } => (burst, 0),
             Limit::Rolling {
                 limit,
@@ -509,9 +562,65 @@ impl Model {
             return answer;
         }
         if self.blocked_until > now {
-            return self.stands(now);
+            // Blocked: spending nothing, the limit's refusal or where the key stands,
+            // then the block.
+            let answer = self.refusal_or_standing(now, cost);
+            return self.blocked(now, answer);
         }
-        self.decide(now, cost, true)
+        let answer = self.decide(now, cost, true);
+        if answer.admitted() || self.lockout_ms == 0 {
+            return answer;
+        }
+        // Refused: the key is locked out.
+        self.blocked_until = now + self.lockout_ms;
+        self.blocked(now, answer)
+    }
+
+    /// A token bucket alone reserving `cost` at most `max_wait_ms` ahead; `None` for
+    /// other limits (they cannot reserve).
+    fn reserve(&mut self, now: u64, cost: u64, max_wait_ms: u64) -> Option<Answer> {
+        let (rate, period_ms, burst) = match self.limits[..] {
+            [Limit::Bucket {
+                rate,
+                period_ms,
+                burst,
+            }] if !self.set => (rate, period_ms, burst),
+            _ => return None,
+        };
+        if let Some(answer) = self.exceeds_capacity(cost) {
+            return Some(answer);
+        }
+        if self.blocked_until > now {
+            let answer = self.refusal_or_standing(now, cost);
+            return Some(self.blocked(now, answer));
+        }
+        let Kept::Tat(tat) = &mut self.kept[0] else {
+            unreachable!("a token bucket")
+        };
+        let (rate, interval) = (u128::from(rate), u128::from(period_ms) * 1_000);
+        let tau = interval * u128::from(burst);
+        let now = u128::from(now) * 1_000 * rate;
+        let current = tat.map_or(now, |t| t.max(now));
+        let next = current + u128::from(cost) * interval;
+        let wait = next.saturating_sub(tau + now);
+        if wait > u128::from(max_wait_ms) * 1_000 * rate {
+            let left = (tau + now).saturating_sub(current) / interval;
+            return Some(answer(
+                false,
+                burst,
+                left as u64,
+                div_ceil(current - now, rate),
+                Some(div_ceil(wait, rate)),
+            ));
+        }
+        *tat = Some(next);
+        // Left at the reserved time; the wait before using the tokens.
+        let left = ((tau + wait) - (next - now)) / interval;
+        let mut reserved = answer(true, burst, left as u64, div_ceil(next - now, rate), None);
+        if wait > 0 {
+            reserved.retry_us = Some(div_ceil(wait, rate));
+        }
+        Some(reserved)
     }
 
     fn peek(&mut self, now: u64, cost: u64) -> Answer {
@@ -519,8 +628,8 @@ impl Model {
             return answer;
         }
         if self.blocked_until > now {
-            // Blocked: a check would decide nothing but where the key stands.
-            return self.stands(now);
+            let answer = self.refusal_or_standing(now, cost);
+            return self.blocked(now, answer);
         }
         self.decide(now, cost, false)
     }
@@ -533,9 +642,11 @@ impl Model {
     }
 
     fn reset(&mut self, now: u64) -> Answer {
+        let lockout_ms = self.lockout_ms;
         *self = Self::new(&Case {
             limits: self.limits.clone(),
             set: self.set,
+            lockout_ms: Some(lockout_ms),
             ops: Vec::new(),
         });
         self.stands(now)
@@ -562,8 +673,8 @@ enum Host {
 }
 
 const HOSTS: [Host; 5] = [
-    Host::InProcess,
     Host::RedisServerTime,
+    Host::InProcess,
     Host::RedisCallerTime,
     Host::RedisCached,
     Host::Fallback,
@@ -590,7 +701,10 @@ fn shared() -> &'static Shared {
 
 fn backend(host: Host, manual: &ManualClock) -> Backend {
     let shared = shared();
-    let builder = Backend::builder().manual_clock(manual.clone());
+    // A generous deadline: a loaded machine must not turn a slow call into a fallback.
+    let builder = Backend::builder()
+        .manual_clock(manual.clone())
+        .call_timeout(Duration::from_secs(5));
     match host {
         Host::InProcess => builder.build(),
         Host::RedisServerTime => builder
@@ -618,10 +732,7 @@ fn limiter(case: &Case, backend: &Backend, name: &str) -> Box<dyn Limiter> {
         for (i, limit) in case.limits.iter().enumerate() {
             let member = format!("l{i}");
             set = match *limit {
-                Limit::Period { quota, period_ms } => set.limit(
-                    member,
-                    PeriodConfig::new(quota, Duration::from_millis(period_ms)),
-                ),
+                Limit::Period { .. } => set.limit(member, period_config(*limit)),
                 Limit::Bucket {
                     rate,
                     period_ms,
@@ -644,27 +755,34 @@ fn limiter(case: &Case, backend: &Backend, name: &str) -> Box<dyn Limiter> {
                 ),
             };
         }
+        if let Some(ms) = case.lockout_ms {
+            set = set.lockout(Duration::from_millis(ms));
+        }
         return Box::new(SetLimiter::new(backend, name, set).expect("a valid set"));
     }
+    let lockout = Duration::from_millis(case.lockout_ms.unwrap_or(0));
+    let locked = case.lockout_ms.is_some();
     match case.limits[0] {
-        Limit::Period { quota, period_ms } => Box::new(
-            PeriodLimiter::new(
-                backend,
-                name,
-                PeriodConfig::new(quota, Duration::from_millis(period_ms)),
-            )
-            .expect("valid"),
-        ),
+        Limit::Period { .. } => {
+            let mut config = period_config(case.limits[0]);
+            if locked {
+                config = config.lockout(lockout);
+            }
+            Box::new(PeriodLimiter::new(backend, name, config).expect("valid"))
+        }
         Limit::Bucket {
             rate,
             period_ms,
             burst,
         } => Box::new(
-            TokenBucketLimiter::new(
-                backend,
-                name,
-                TokenBucketConfig::new(rate, Duration::from_millis(period_ms), burst),
-            )
+            TokenBucketLimiter::new(backend, name, {
+                let config = TokenBucketConfig::new(rate, Duration::from_millis(period_ms), burst);
+                if locked {
+                    config.lockout(lockout)
+                } else {
+                    config
+                }
+            })
             .expect("valid"),
         ),
         Limit::Rolling {
@@ -672,17 +790,36 @@ fn limiter(case: &Case, backend: &Backend, name: &str) -> Box<dyn Limiter> {
             buckets,
             interval_ms,
         } => Box::new(
-            RollingWindowLimiter::new(
-                backend,
-                name,
-                RollingConfig::new(
+            RollingWindowLimiter::new(backend, name, {
+                let config = RollingConfig::new(
                     limit,
                     u32::try_from(buckets).expect("small"),
                     Duration::from_millis(interval_ms),
-                ),
-            )
+                );
+                if locked {
+                    config.lockout(lockout)
+                } else {
+                    config
+                }
+            })
             .expect("valid"),
         ),
+    }
+}
+
+fn period_config(limit: Limit) -> PeriodConfig {
+    let Limit::Period {
+        quota,
+        period_ms,
+        align,
+    } = limit
+    else {
+        unreachable!("a fixed window")
+    };
+    let config = PeriodConfig::new(quota, Duration::from_millis(period_ms));
+    match align {
+        Some(seconds) => config.align(UtcOffset::from_seconds(seconds)),
+        None => config,
     }
 }
 
@@ -695,8 +832,36 @@ fn expected_source(host: Host) -> Source {
 }
 
 /// Whether `got` is what the model answered, on `host`, for `cost`.
-fn agrees(host: Host, cost: u64, got: &Decision, want: &Answer) -> Result<(), String> {
+fn agrees(
+    host: Host,
+    case: &Case,
+    reserved: bool,
+    cost: u64,
+    got: &Decision,
+    want: &Answer,
+) -> Result<(), String> {
+    let set = case.set;
     let answer = Answer::of(got);
+    if host == Host::RedisCallerTime
+        && reserved
+        && !want.admitted()
+        && (!answer.admitted() || cost == 0)
+    {
+        // With callers' clocks, a TAT beyond the horizon may be a caller ahead as well as
+        // a reservation: it reads as an empty bucket, so a refusal after a reservation
+        // may say to retry earlier than the reservation allows, and where the key
+        // stands (cost 0) may read as just full (never admitting a unit more).
+        return if answer.remaining == want.remaining
+            && answer.retry_us <= want.retry_us
+            && answer.reset_us <= want.reset_us
+        {
+            Ok(())
+        } else {
+            Err(format!(
+                "expected {want:?} (after a reservation, callers' clocks)"
+            ))
+        };
+    }
     if want.state == State::ExceedsCapacity {
         // Who answers depends on the breaker's state, not the check.
         return if answer == *want {
@@ -711,12 +876,18 @@ fn agrees(host: Host, cost: u64, got: &Decision, want: &Answer) -> Result<(), St
         // Its reset is the refusal's, aged: earlier than the model's for a key blocked
         // before any window opened (a window not yet open has a whole period ahead).
         let same = answer.state == want.state
-            && answer.remaining == want.remaining
-            && answer.reset_us <= want.reset_us
             && if cost == 1 {
-                answer.limit == want.limit && answer.retry_us == want.retry_us
-            } else {
+                answer.limit == want.limit
+                    && answer.remaining == want.remaining
+                    && answer.reset_us <= want.reset_us
+                    && answer.retry_us == want.retry_us
+            } else if set {
+                // Another refusing limit of the set may be the one named.
                 answer.retry_us <= want.retry_us
+            } else {
+                answer.remaining == want.remaining
+                    && answer.reset_us <= want.reset_us
+                    && answer.retry_us <= want.retry_us
             };
         return if same {
             Ok(())
@@ -741,6 +912,8 @@ async fn run(case: &Case, host: Host, serial: u64) -> Result<(), String> {
     let limiter = limiter(case, &backend, &name);
     let mut model = Model::new(case);
     let mut now = T0_MS;
+    // Whether a reservation was made (see `agrees`).
+    let mut reserved = false;
     let mut log = String::new();
     for (step, op) in case.ops.iter().enumerate() {
         manual.set_us(now * 1_000);
@@ -782,6 +955,21 @@ async fn run(case: &Case, host: Host, serial: u64) -> Result<(), String> {
                     .await,
                 model.block(now, *ms),
             )],
+            Op::Reserve(cost, max_wait_ms) => {
+                reserved = true;
+                let max_wait = Duration::from_millis(*max_wait_ms);
+                let got = limiter.reserve(key, one(*cost), max_wait);
+                match (got, model.reserve(now, u64::from(*cost), *max_wait_ms)) {
+                    (Some(check), Some(want)) => vec![(u64::from(*cost), check.await, want)],
+                    (None, None) => continue,
+                    (got, want) => {
+                        return Err(format!(
+                            "{host:?}, step #{step}: reserve answered {:?}, the model {want:?}",
+                            got.is_some()
+                        ))
+                    }
+                }
+            }
             Op::Batch(costs) => {
                 let decisions = if host == Host::RedisCached {
                     // At once: the first goes to Redis, the others queue behind it.
@@ -803,7 +991,7 @@ async fn run(case: &Case, host: Host, serial: u64) -> Result<(), String> {
         };
         for (cost, decision, want) in results {
             let _ = writeln!(log, "  #{step} at +{} ms {op:?}: {decision:?}", now - T0_MS);
-            if let Err(why) = agrees(host, cost, &decision, &want) {
+            if let Err(why) = agrees(host, case, reserved, cost, &decision, &want) {
                 return Err(format!(
                     "{host:?}, step #{step} ({op:?} at +{} ms): got {:?}, {why}\n{log}",
                     now - T0_MS,

@@ -100,9 +100,10 @@ local function decide(op, cost, out)
     blocked = math.max(0, redis.call('PTTL', block))
   end
   if blocked > 0 then
-    -- Blocked: nothing is spent; each limit says where it stands.
+    -- Blocked: nothing is spent; a limit that would refuse the cost says so (the reply's
+    -- wait is then the longer of the block's and the limit's own), the others say where
+    -- they stand.
     op = 'p'
-    cost = 0
   end
   local spend = op == 'c'
   local replies = {}
@@ -121,9 +122,9 @@ local function decide(op, cost, out)
     for i = 1, n do
       limits[i][1].step(states[i], cost, true)
     end
-  elseif n > 1 and admitted == 0 then
-    -- Refused: a limit that would have admitted says where it stands, untouched (a
-    -- cost of 0 spends nothing).
+  elseif (n > 1 and admitted == 0) or blocked > 0 then
+    -- Refused (or blocked): a limit that would have admitted says where it stands,
+    -- untouched (a cost of 0 spends nothing).
     for i = 1, n do
       if replies[i][1] == 1 then
         replies[i] = limits[i][1].step(states[i], 0, false)
@@ -133,8 +134,10 @@ local function decide(op, cost, out)
   if blocked > 0 then
     admitted = 0
   elseif spend and admitted == 0 and param > 0 then
-    -- Refused: the key is locked out (a lock already running is not extended).
-    redis.call('SET', block, '1', 'PX', string.format('%d', param), 'NX')
+    -- Refused: the key is locked out (a lock already running is not extended: this
+    -- check was not blocked, so none is; a block key expiring this very millisecond
+    -- (PTTL 0) is over and is replaced, which NX would not do).
+    redis.call('SET', block, '1', 'PX', string.format('%d', param))
     blocked = math.max(0, redis.call('PTTL', block))
   end
   out[#out + 1] = admitted

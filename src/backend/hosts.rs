@@ -223,7 +223,7 @@ fn local_check<T: Hosts + ?Sized>(store: &T, key: &[u8], cost: u32, source: Sour
     let local = &*store.remote().backend.inner.local;
     let now_us = || store.remote().backend.clock().now_us();
     if let Some(until) = blocks.until(local, key, now_us) {
-        let decision = store.local(key, 0, source, false);
+        let decision = refusal_or_standing(store, key, cost, source);
         return blocked(
             decision,
             Duration::from_micros(until.saturating_sub(now_us())),
@@ -237,6 +237,23 @@ fn local_check<T: Hosts + ?Sized>(store: &T, key: &[u8], cost: u32, source: Sour
     match blocks.lock_out(local, key, now) {
         Some(until) => blocked(decision, Duration::from_micros(until.saturating_sub(now))),
         None => decision,
+    }
+}
+
+/// What a blocked key's check says before the block is applied, spending nothing: the
+/// limit's refusal of `cost` if it would refuse it (so the wait is the longer of the
+/// block's and the limit's own), else where the key stands (as the engine does).
+pub(super) fn refusal_or_standing<T: Hosts + ?Sized>(
+    store: &T,
+    key: &[u8],
+    cost: u32,
+    source: Source,
+) -> Decision {
+    let decision = store.local(key, cost, source, false);
+    if decision.is_admitted() {
+        store.local(key, 0, source, false)
+    } else {
+        decision
     }
 }
 
@@ -465,8 +482,16 @@ pub(super) fn conclude<T: Hosts + ?Sized>(
                     let at = |d: Duration| {
                         now_us.saturating_add(u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
                     };
+                    // With a lockout, only a refusal decided by Redis starts one: the
+                    // cache answers no longer than the running lock, so that the next
+                    // refusal after it goes to Redis and locks the key out again.
+                    let mut until_us = deny.answer_until(now_us, at(retry));
+                    let locked_ms = reply.get(1).and_then(|&ms| u64::try_from(ms).ok());
+                    if let (true, Some(ms @ 1..)) = (store.blocks().lockout_ms() > 0, locked_ms) {
+                        until_us = until_us.min(at(Duration::from_millis(ms)));
+                    }
                     let denied = Denied {
-                        until_us: deny.answer_until(now_us, at(retry)),
+                        until_us,
                         retry_us: at(retry),
                         reset_us: at(decision.reset),
                         made_us: now_us,

@@ -6,7 +6,9 @@ use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::hosts::{answering, blocked, engine_call, read_reply, unavailable, Hosts};
+use super::hosts::{
+    answering, blocked, engine_call, read_reply, refusal_or_standing, unavailable, Hosts,
+};
 use super::FailurePolicy;
 use crate::decision::{Decision, Source};
 use crate::limiter::Check;
@@ -64,8 +66,9 @@ pub(crate) fn operate<T: Hosts + ?Sized>(
     }
     let redis_key = remote.redis_key(key);
     let deny = &backend.inner.deny;
-    // A refund, reset or block changes what Redis would answer: forget the cached refusal.
-    if matches!(op, Operation::Refund | Operation::Reset | Operation::Block) && deny.is_enabled() {
+    // A refund, reset, block or reservation changes what Redis would answer: forget the
+    // cached refusal.
+    if !matches!(op, Operation::Peek) && deny.is_enabled() {
         deny.remove(deny.hash(&redis_key));
     }
     let param = match op {
@@ -116,35 +119,35 @@ fn operate_locally<T: Hosts + ?Sized>(
     let local = &*store.remote().backend().inner.local;
     let units = u32::try_from(cost).unwrap_or(u32::MAX);
     let now_us = store.remote().backend().clock().now_us();
-    let peek_cost = match op {
-        // While blocked, a check decides nothing but where the key stands (as the
-        // engine does): so does a peek.
-        Operation::Peek if store.blocks().until(local, key, || now_us).is_some() => 0,
-        Operation::Peek => units,
+    let blocked_now = store.blocks().until(local, key, || now_us).is_some();
+    let decision = match op {
+        // While blocked, a peek or a reservation says what a check would: the limit's
+        // refusal of the cost, or where the key stands (then the block).
+        Operation::Peek | Operation::Reserve { .. } if blocked_now => {
+            refusal_or_standing(store, key, units, source)
+        }
+        Operation::Peek => store.local(key, units, source, false),
         Operation::Refund => {
             store.local_refund(key, units);
-            0
+            store.local(key, 0, source, false)
         }
         Operation::Reset => {
             store.local_reset(key);
             store.blocks().unblock(local, key);
-            0
+            store.local(key, 0, source, false)
         }
         Operation::Block => {
             let until = now_us.saturating_add(cost.saturating_mul(1_000));
             store.blocks().block(local, key, until, true);
-            0
+            store.local(key, 0, source, false)
         }
         Operation::Reserve { max_wait_us } => {
-            if store.blocks().until(local, key, || now_us).is_none() {
-                if let Some(decision) = store.local_reserve(key, units, max_wait_us, source) {
-                    return decision;
-                }
+            match store.local_reserve(key, units, max_wait_us, source) {
+                Some(decision) => return decision,
+                None => store.local(key, units, source, false),
             }
-            units
         }
     };
-    let decision = store.local(key, peek_cost, source, false);
     match store.blocks().until(local, key, || now_us) {
         Some(until) => blocked(decision, Duration::from_micros(until - now_us)),
         None => decision,

@@ -87,7 +87,8 @@ impl Tat {
         let tau = interval.saturating_mul(bucket.burst);
         let (now_ns, skew) = self.key_now(tau, now_ns);
         let horizon = now_ns.saturating_add(tau);
-        let tat = self.tat.clamp(now_ns, horizon);
+        // A TAT beyond the horizon is a reservation's (tokens promised ahead): it counts.
+        let tat = self.tat.max(now_ns);
         let new_tat = tat.saturating_add(cost.saturating_mul(interval));
         if new_tat > horizon {
             if skew != self.skew {
@@ -95,7 +96,7 @@ impl Tat {
                 self.store(self.tat, now_ns, skew, tau);
             }
             return Outcome::Refused {
-                left: (horizon - tat) / interval,
+                left: horizon.saturating_sub(tat) / interval,
                 wait_ns: new_tat - horizon,
                 full_in_ns: tat - now_ns,
             };

@@ -120,7 +120,12 @@ end
 
 local function token_bucket_step(s, cost, write)
   local interval, now, tau, eps = s.interval, s.now, s.tau, s.eps
-  local tat = math.min(s.tat, now + tau)
+  -- A TAT beyond now + tau is a reservation's (tokens promised ahead): it counts. Only
+  -- a caller whose clock is behind reads it as an empty bucket.
+  local tat = s.tat
+  if caller_time then
+    tat = math.min(tat, now + tau)
+  end
   local new_tat = tat + cost * interval
   local wait = new_tat - tau - now
   if write and s.skew ~= s.stored_skew then
@@ -129,7 +134,7 @@ local function token_bucket_step(s, cost, write)
   end
   -- Tolerate float noise well below a microsecond.
   if wait > eps then
-    local available = token_bucket_tokens(tau - (tat - now), interval, eps)
+    local available = math.max(0, token_bucket_tokens(tau - (tat - now), interval, eps))
     return {0, available, token_bucket_us(wait, eps), token_bucket_us(tat - now, eps)}
   end
   local full_in = new_tat - now
@@ -191,7 +196,10 @@ end
 local function token_bucket_lease(key, a, now_us, cost, size)
   local s = token_bucket_state(key, a, now_us)
   local interval, now, tau, eps = s.interval, s.now, s.tau, s.eps
-  local tat = math.min(s.tat, now + tau)
+  local tat = s.tat
+  if caller_time then
+    tat = math.min(tat, now + tau)
+  end
   local available = token_bucket_tokens(tau - (tat - now), interval, eps)
   if available < cost then
     if s.skew ~= s.stored_skew then
