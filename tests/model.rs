@@ -885,9 +885,8 @@ fn agrees(
                 // Another refusing limit of the set may be the one named.
                 answer.retry_us <= want.retry_us
             } else {
-                answer.remaining == want.remaining
-                    && answer.reset_us <= want.reset_us
-                    && answer.retry_us <= want.retry_us
+                // The reset is the cached refusal's (for one unit), not this cost's.
+                answer.remaining == want.remaining && answer.retry_us <= want.retry_us
             };
         return if same {
             Ok(())

@@ -57,12 +57,13 @@ impl Tat {
     }
 
     /// Writes the TAT `tat` (in the key's time `now_ns`, skew `skew`), as the script's
-    /// store does: the floor only when the TAT alone does not tell it.
+    /// store does: the key's time as its floor unless the TAT alone tells it (an exactly
+    /// empty bucket), so that the key's time never goes back.
     fn store(&mut self, tat: u64, now_ns: u64, skew: u64, tau: u64) {
         *self = Self {
             tat: tat.max(now_ns),
             skew,
-            floor_plus_one: if tat > now_ns.saturating_add(tau) {
+            floor_plus_one: if tat != now_ns.saturating_add(tau) {
                 now_ns.saturating_add(1)
             } else {
                 0
