@@ -321,12 +321,14 @@ mod tests {
             tat.hit(BUCKET, 1, back + 100 * MS),
             Outcome::Admitted { left: 0, .. }
         ));
-        // A step back of less than a refill keeps the TAT as it is.
+        // A step back of less than a refill keeps the TAT as it is, and the key's time
+        // at its last write: the 3 tokens left then are still there (not 2, as the
+        // clock behind would say), and no more.
         let mut tat = Tat::default();
         tat.hit(BUCKET, 2, T0);
         assert!(matches!(
             tat.hit(BUCKET, 4, T0 - 100 * MS),
-            Outcome::Refused { left: 2, .. }
+            Outcome::Refused { left: 3, .. }
         ));
     }
 
