@@ -217,3 +217,23 @@ async fn mutual_tls_from_configuration_files() {
     backend.probe_redis().await.unwrap();
     assert_eq!(admitted(&limiter(&backend), 4).await.0, 3);
 }
+
+/// `rediss://` to a server that does not speak TLS on that port: the probe says the TLS
+/// handshake did not complete and asks whether the server speaks TLS there, instead of a
+/// bare timeout (the plaintext server waits for the end of a command that never comes).
+#[tokio::test]
+async fn rediss_to_a_plaintext_port_says_the_handshake_did_not_complete() {
+    let plain = RedisServer::start();
+    let backend = Backend::builder()
+        .redis_url(format!(
+            "rediss://alice:{PASSWORD}@127.0.0.1:{}",
+            plain.port()
+        ))
+        .build()
+        .unwrap();
+    let error = backend.probe_redis().await.unwrap_err();
+    let message = error.to_string();
+    assert!(message.contains("TLS handshake"), "{message}");
+    assert!(message.contains("speak TLS"), "{message}");
+    assert!(!message.contains(PASSWORD), "{message}");
+}

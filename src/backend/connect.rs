@@ -196,6 +196,18 @@ impl Connector {
         ))))
     }
 
+    /// Whether connections are made with TLS (`rediss://`), as far as the connector
+    /// tells (a pool given by the user does not).
+    pub(crate) fn is_tls(&self) -> bool {
+        match self {
+            Self::Client(client) => matches!(
+                client.get_connection_info().addr(),
+                redis::ConnectionAddr::TcpTls { .. }
+            ),
+            _ => false,
+        }
+    }
+
     /// A new multiplexed connection, owned by the backend (taken out of a pool, so the
     /// pool never recycles it with a `PING`): clones share one socket and pipeline
     /// requests, so one of them serves every concurrent check.
@@ -211,7 +223,16 @@ impl Connector {
             Self::Client(client) => Conn::Single(
                 client
                     .get_multiplexed_async_connection_with_config(&config)
-                    .await?,
+                    .await
+                    .map_err(|error| {
+                        // A TLS connection that times out most often waits for a
+                        // handshake a plaintext server never answers: say so.
+                        if error.is_timeout() && self.is_tls() {
+                            ScriptError::TlsHandshake(timeout)
+                        } else {
+                            ScriptError::Redis(error)
+                        }
+                    })?,
             ),
             #[cfg(feature = "cluster")]
             Self::ClusterPool(pool) => Conn::Cluster(deadpool_redis::cluster::Connection::take(

@@ -46,6 +46,11 @@ pub(crate) enum ScriptError {
     Connect(Box<ScriptError>),
     #[error("no connection to redis within {0:?}: still connecting")]
     Connecting(Duration),
+    #[error(
+        "no TLS handshake with redis within {0:?}: does the server speak TLS on this port? \
+         (a rediss:// URL to a plaintext port never completes one)"
+    )]
+    TlsHandshake(Duration),
     #[error("unexpected script reply: {0:?}")]
     Reply(Vec<i64>),
 }
@@ -61,7 +66,9 @@ impl ScriptError {
     /// What this error says about Redis.
     pub(crate) fn fault(&self) -> Fault {
         match self {
-            Self::Pool(_) | Self::Timeout(_) | Self::Connecting(_) => Fault::Transport,
+            Self::Pool(_) | Self::Timeout(_) | Self::Connecting(_) | Self::TlsHandshake(_) => {
+                Fault::Transport
+            }
             Self::Connect(error) => match error.fault() {
                 // A failed login or a loading server when connecting concerns everyone.
                 Fault::Server | Fault::Key => Fault::Server,

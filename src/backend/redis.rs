@@ -374,13 +374,18 @@ impl RedisBackend {
     pub(crate) async fn verify(self: &Arc<Self>) -> Result<(), ScriptError> {
         self.register(&PROBE);
         let call = self.probe_call();
-        let verify = async {
-            let mut conn = self.connection(By::Check).await?;
-            probed(conn.script(&call).await?)
+        let timeout = self.connect_timeout();
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut conn = match tokio::time::timeout_at(deadline, self.connection(By::Check)).await {
+            Ok(conn) => conn?,
+            // A TLS connection still not made most often waits for a handshake that a
+            // plaintext server never answers: say so.
+            Err(_) if self.connector.is_tls() => return Err(ScriptError::TlsHandshake(timeout)),
+            Err(_) => return Err(ScriptError::Connecting(timeout)),
         };
-        tokio::time::timeout(self.connect_timeout(), verify)
+        tokio::time::timeout_at(deadline, async { probed(conn.script(&call).await?) })
             .await
-            .unwrap_or(Err(ScriptError::Timeout(self.connect_timeout())))
+            .unwrap_or(Err(ScriptError::Timeout(timeout)))
     }
 }
 
