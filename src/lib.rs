@@ -115,3 +115,9 @@ pub use crate::response::{DefaultRejection, OnRejection, ProblemJson};
 pub use crate::service::{
     ExtensionPlan, LayerBuilder, LimitLayer, LimitService, MissingKey, Plans,
 };
+
+/// The README's Rust code blocks, compiled by `cargo test --doc`, so that what users
+/// copy from the crates.io page builds.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
