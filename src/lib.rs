@@ -57,11 +57,16 @@
 //!
 //! | feature | default | enables |
 //! |---|---|---|
-//! | `axum` | yes | key extractors that read axum's `ConnectInfo` and `MatchedPath` |
-//! | `cluster` | no | Redis Cluster pools ([`BackendBuilder::redis_cluster`](crate::BackendBuilder)) |
-//! | `grpc` | no | gRPC rejections for tonic: trailers-only `RESOURCE_EXHAUSTED` with `RetryInfo` and `QuotaFailure` (the `grpc` module) |
+//! | `axum` | yes | key extractors that read axum's `ConnectInfo` and `MatchedPath` ([`PeerIp`](key::PeerIp) reads the peer address, `key::MatchedPathKey`), and `Rules::apply` on an `axum::Router` |
+//! | `cluster` | no | Redis Cluster pools (`BackendBuilder::redis_cluster`, `redis_cluster_urls`) |
+//! | `grpc` | no | gRPC rejections for tonic: trailers-only `RESOURCE_EXHAUSTED` with `RetryInfo` and `QuotaFailure` (the `grpc` module), and the peer address of tonic's `TcpConnectInfo` for [`PeerIp`](key::PeerIp) |
+//! | `tls` | no | TLS to Redis with rustls and ring (no system OpenSSL): `rediss://` URLs, a custom CA (`BackendBuilder::tls_ca_pem`), client certificates (`tls_client_auth_pem`) |
+//! | `sentinel` | no | Redis Sentinel: a backend that follows the master a group of sentinels names (`BackendBuilder::redis_sentinel`) |
 //! | `serde` | no | configuration as data: the backend and rules from a TOML/YAML/JSON file or the environment (the `config` module) |
 //! | `metrics` | no | counters and histograms with the [`metrics`](https://docs.rs/metrics) crate (listed in [`metrics`]) |
+//!
+//! Items that need a feature say which one in these docs. The examples that need one
+//! declare it: `cargo run --example grpc` says to add `--features grpc`.
 //!
 //! [tower]: https://docs.rs/tower
 //! [axum]: https://docs.rs/axum
@@ -92,6 +97,10 @@ pub mod set;
 pub mod token_bucket;
 
 pub use deadpool_redis;
+/// The [`ipnet`](https://docs.rs/ipnet) crate, whose `IpNet` lists the trusted proxies
+/// of [`ForwardedIp`](key::ForwardedIp): re-exported so that its version always matches
+/// this crate's (a new major version of `ipnet` is a new major version of this crate).
+pub use ipnet;
 
 pub use crate::backend::{Backend, BackendBuilder, FailurePolicy};
 pub use crate::cost::{Cost, FixedCost, UnitCost};
@@ -106,3 +115,9 @@ pub use crate::response::{DefaultRejection, OnRejection, ProblemJson};
 pub use crate::service::{
     ExtensionPlan, LayerBuilder, LimitLayer, LimitService, MissingKey, Plans,
 };
+
+/// The README's Rust code blocks, compiled by `cargo test --doc`, so that what users
+/// copy from the crates.io page builds.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

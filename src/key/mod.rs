@@ -213,6 +213,7 @@ pub use self::address::{ForwardedHeader, ForwardedIp, PeerIp};
 pub(crate) use self::combine::join;
 pub use self::combine::{And, Or};
 #[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 pub use self::request::MatchedPathKey;
 pub use self::request::{ExtensionKey, GlobalKey, HeaderKey, PathKey};
 

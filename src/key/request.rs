@@ -234,6 +234,7 @@ impl<B> KeyExtractor<B> for PathKey {
 /// absent (e.g. when the rate limiter wraps the whole router rather than
 /// being added with `route_layer`, or for unmatched requests).
 #[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct MatchedPathKey;
 

@@ -16,6 +16,7 @@ use super::{Ring, StepBack};
 /// One bucket of a [`RollingWindow`]: the aggregate of the values added
 /// during one interval.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[non_exhaustive]
 pub struct Bucket {
     /// Sum of the values added to this bucket.
     pub sum: f64,
