@@ -20,7 +20,8 @@
 //!
 //! Allowed differences, as documented: a refusal answered from the deny cache is the
 //! one Redis gave to a one-unit check, aged, so for a larger cost its retry-after may be
-//! earlier than the model's (and a set's may name another refusing limit), and its
+//! earlier than the model's (and a set's may name another of its limits, whose states
+//! move while the refusal is cached), and its
 //! reset may be earlier when the key was blocked before a window opened; a decision
 //! above the capacity says `Redis` or `Fallback` by the breaker's state.
 //!
@@ -876,14 +877,15 @@ fn agrees(
         // Its reset is the refusal's, aged: earlier than the model's for a key blocked
         // before any window opened (a window not yet open has a whole period ahead).
         let same = answer.state == want.state
-            && if cost == 1 {
+            && if set {
+                // Another limit of the set may be the one named: its limits' states move
+                // while the refusal is cached (one expires, another still refuses).
+                answer.remaining == want.remaining && answer.retry_us <= want.retry_us
+            } else if cost == 1 {
                 answer.limit == want.limit
                     && answer.remaining == want.remaining
                     && answer.reset_us <= want.reset_us
                     && answer.retry_us == want.retry_us
-            } else if set {
-                // Another refusing limit of the set may be the one named.
-                answer.retry_us <= want.retry_us
             } else {
                 // The reset is the cached refusal's (for one unit), not this cost's.
                 answer.remaining == want.remaining && answer.retry_us <= want.retry_us
