@@ -879,8 +879,10 @@ fn agrees(
         let same = answer.state == want.state
             && if set {
                 // Another limit of the set may be the one named: its limits' states move
-                // while the refusal is cached (one expires, another still refuses).
-                answer.remaining == want.remaining && answer.retry_us <= want.retry_us
+                // while the refusal is cached (one expires, another still refuses), and a
+                // larger cost may be refused by another limit; what it says of that limit
+                // is the cached refusal's (nothing left).
+                answer.retry_us <= want.retry_us
             } else if cost == 1 {
                 answer.limit == want.limit
                     && answer.remaining == want.remaining
