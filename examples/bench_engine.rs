@@ -18,8 +18,8 @@
 
 use std::collections::BTreeMap;
 use std::future::Future;
-use std::pin::Pin;
 use std::num::NonZeroU32;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -125,7 +125,9 @@ fn batch_row<L: Limiter + 'static>(name: &str, limiter: L, batch: usize) -> Row 
             let limiter = Arc::clone(&limiter);
             Box::pin(async move {
                 // Each check takes its turn when made: the first leads, the others queue.
-                let checks: Vec<_> = (0..batch).map(|_| limiter.check(key.as_bytes(), ONE)).collect();
+                let checks: Vec<_> = (0..batch)
+                    .map(|_| limiter.check(key.as_bytes(), ONE))
+                    .collect();
                 for check in checks {
                     assert!(check.await.is_admitted());
                 }
@@ -135,7 +137,12 @@ fn batch_row<L: Limiter + 'static>(name: &str, limiter: L, batch: usize) -> Row 
     }
 }
 
-fn script_row(name: &str, conn: &redis::aio::MultiplexedConnection, script: &str, args: Vec<String>) -> Row {
+fn script_row(
+    name: &str,
+    conn: &redis::aio::MultiplexedConnection,
+    script: &str,
+    args: Vec<String>,
+) -> Row {
     let script = Arc::new(redis::Script::new(script));
     let conn = conn.clone();
     let args = Arc::new(args);
@@ -149,7 +156,10 @@ fn script_row(name: &str, conn: &redis::aio::MultiplexedConnection, script: &str
                 for arg in args.iter() {
                     invocation.arg(arg);
                 }
-                let _: redis::Value = invocation.invoke_async(&mut conn).await.expect("peer script");
+                let _: redis::Value = invocation
+                    .invoke_async(&mut conn)
+                    .await
+                    .expect("peer script");
                 1
             })
         }),
@@ -206,8 +216,14 @@ async fn script_stats(conn: &mut redis::aio::MultiplexedConnection) -> (u64, u64
 }
 
 fn backend(url: &str, functions: bool) -> Backend {
-    let builder = Backend::builder().redis_url(url).call_timeout(Duration::from_secs(2));
-    let _ = functions; // BEFORE
+    let builder = Backend::builder()
+        .redis_url(url)
+        .call_timeout(Duration::from_secs(2));
+    let builder = if functions {
+        builder
+    } else {
+        builder.engine_functions(false)
+    };
     builder.build().expect("backend")
 }
 
@@ -215,7 +231,10 @@ fn crate_rows(backend: &Backend, path: &str) -> Vec<Row> {
     let tb = TokenBucketConfig::new(1_000_000, Duration::from_secs(1), 1_000_000);
     let p = |name: &str| format!("{name} [{path}]");
     vec![
-        limiter_row(&p("token bucket"), TokenBucketLimiter::new(backend, "tb", tb).unwrap()),
+        limiter_row(
+            &p("token bucket"),
+            TokenBucketLimiter::new(backend, "tb", tb).unwrap(),
+        ),
         limiter_row(
             &p("fixed window"),
             PeriodLimiter::new(backend, "fw", PeriodConfig::new(HUGE, MINUTE)).unwrap(),
@@ -247,7 +266,8 @@ fn crate_rows(backend: &Backend, path: &str) -> Vec<Row> {
         ),
         limiter_row(
             &p("token bucket, lease call (50 tokens)"),
-            TokenBucketLimiter::new(backend, "tbs", tb.lease(50, Duration::from_millis(1))).unwrap(),
+            TokenBucketLimiter::new(backend, "tbs", tb.lease(50, Duration::from_millis(1)))
+                .unwrap(),
         ),
     ]
 }
@@ -255,12 +275,14 @@ fn crate_rows(backend: &Backend, path: &str) -> Vec<Row> {
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
     let url = std::env::var("REDIS_URL").expect("REDIS_URL");
-    let rounds: usize = std::env::args().nth(1).map_or(3, |r| r.parse().expect("rounds"));
+    let rounds: usize = std::env::args()
+        .nth(1)
+        .map_or(3, |r| r.parse().expect("rounds"));
     let client = redis::Client::open(url.as_str()).unwrap();
     let mut conn = client.get_multiplexed_async_connection().await.unwrap();
 
     let mut rows = Vec::new();
-    let paths: &[(&str, bool)] = &[("evalsha", false)];
+    let paths: &[(&str, bool)] = &[("functions", true), ("evalsha", false)];
     for &(path, functions) in paths {
         let backend = backend(&url, functions);
         backend.probe_redis().await.expect("redis");
@@ -296,7 +318,10 @@ async fn main() {
                 "round {round} {:<58} {per_decision:6.2} µs/decision {per_call:6.2} µs/call {calls} calls",
                 row.name
             );
-            results.entry(i).or_default().push((per_decision, calls as f64 / decisions as f64));
+            results
+                .entry(i)
+                .or_default()
+                .push((per_decision, calls as f64 / decisions as f64));
             let _ = row.decisions;
         }
     }

@@ -30,6 +30,8 @@ local algorithms = {
     refund = token_bucket_refund },
   r = { state = rolling_state, step = rolling_step, save = rolling_save, refund = rolling_refund },
 }
+-- The engine: built once per library (Redis Functions), or once per call (EVALSHA).
+local function engine(KEYS, ARGV)
 local op = ARGV[1]
 local cost = tonumber(ARGV[2])
 local n = tonumber(ARGV[3])
@@ -47,7 +49,7 @@ for i = 1, n do
   limits[i] = { algorithms[ARGV[at]], a }
   at = at + 2 + argc
 end
-local now_us = unix_us()
+local now_us = unix_us(ARGV)
 if op == 'f' or op == 'x' or op == 'b' then
   -- Refund (give `cost` back), reset (forget the key) or block, then say where each
   -- limit stands: a cost of 0, decided without writing.
@@ -162,3 +164,4 @@ for i = 1, n do
   end
 end
 return out
+end

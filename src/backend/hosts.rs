@@ -24,7 +24,7 @@ use crate::metrics::RedisMetrics;
 pub(crate) static ENGINE: LazyLock<Scripts> = LazyLock::new(|| Scripts::new(&engine_body()));
 
 /// The engine's text without a time prelude: every algorithm's functions, then the
-/// engine.
+/// engine, `engine(KEYS, ARGV)`.
 pub(crate) fn engine_body() -> String {
     [
         include_str!("../period/period.lua"),
@@ -365,8 +365,13 @@ pub(super) fn engine_call<T: Hosts + ?Sized>(
     let (args, bytes) = limit_args.size();
     // Room for the keys (a set's other keys about as long as the first), four numbers,
     // the limits' arguments, the extra numbers and the time.
-    let mut call = Call::new(
-        ENGINE.get(time),
+    let functions = backend
+        .redis_handle()
+        .is_some_and(|redis| redis.engine_functions());
+    let mut call = Call::engine(
+        &ENGINE,
+        time,
+        functions,
         limits + 1,
         limits + 1 + 4 + args + extra.len() + 1,
         (limits + 1) * (redis_key.len() + 8) + 4 * 20 + bytes + extra.len() * 10 + 20,

@@ -1,17 +1,26 @@
 //! Which clock the Redis scripts read: [`TimeSource`], and the two versions of each
 //! script that it picks between ([`Scripts`]).
 //!
-//! A script body (the engine, the probe) reads time only through `unix_us()`; a short
-//! prelude, one per time source, defines it:
+//! The engine reads time only through `unix_us(ARGV)`; a short prelude, one per time
+//! source, defines it:
 //!
 //! - server time: `unix_us()` calls `TIME`;
-//! - caller time: `unix_us()` reads the last `ARGV` (microseconds since the Unix epoch,
-//!   appended by [`check`](super::check)). The text of this version holds no `TIME`
+//! - caller time: `unix_us(ARGV)` reads the last `ARGV` (microseconds since the Unix
+//!   epoch, appended by [`check`](super::check)). The text of this version holds no `TIME`
 //!   call at all, so a server that refuses `TIME` in scripts, or scans scripts for it,
 //!   never meets it.
 //!
 //! `caller_time` tells the body which one it runs in, for the few rules that differ
 //! (see each algorithm's "Clocks" docs).
+//!
+//! The engine runs on one of two paths, the same Lua either way (the body defines
+//! `engine(KEYS, ARGV)`):
+//!
+//! - Redis Functions (Redis 7 and later): one library holds both time versions, loaded
+//!   once per server with `FUNCTION LOAD`; each check is one `FCALL`. The algorithms'
+//!   functions and tables are built once, when the library loads.
+//! - `EVALSHA` (Redis before 7, and servers that refuse `FUNCTION`): the script runs
+//!   the whole body per call, then `engine(KEYS, ARGV)`.
 
 use deadpool_redis::redis::Script;
 
@@ -123,7 +132,7 @@ impl Backend {
 const SERVER_PRELUDE: &str = "\
 -- Time: the Redis server's clock.
 local caller_time = false
-local function unix_us()
+local function unix_us(_)
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
@@ -133,33 +142,76 @@ end
 const CALLER_PRELUDE: &str = "\
 -- Time: the caller's clock, the last ARGV (microseconds since the Unix epoch).
 local caller_time = true
-local function unix_us()
-  return tonumber(ARGV[#ARGV])
+local function unix_us(argv)
+  return tonumber(argv[#argv])
 end
 ";
 
-/// An algorithm's script in both versions: reading `TIME`, or the caller's time.
+/// The engine in both time versions: reading `TIME`, or the caller's time; as a script
+/// for `EVALSHA` each, and as one library of Redis Functions holding both.
 #[derive(Debug)]
 pub(crate) struct Scripts {
     server: Script,
     caller: Script,
+    library: Library,
+}
+
+/// A library of Redis Functions: its text (for `FUNCTION LOAD`) and its functions'
+/// names, one per time version. The names carry a hash of the text, so that instances
+/// running different versions of the crate on one server each call their own.
+#[derive(Debug)]
+pub(crate) struct Library {
+    pub(crate) text: String,
+    server: String,
+    caller: String,
+}
+
+impl Library {
+    /// The name of the function for `time`.
+    pub(crate) fn function(&self, time: TimeSource) -> &str {
+        match time {
+            TimeSource::Server => &self.server,
+            TimeSource::Caller => &self.caller,
+        }
+    }
 }
 
 impl Scripts {
-    /// Both versions of `body` (an algorithm's `.lua` file).
+    /// Both versions of `body` (a text that defines `engine(KEYS, ARGV)`).
     pub(crate) fn new(body: &str) -> Self {
+        let hash = Script::new(body).get_hash().to_owned();
+        let tag = &hash[..16];
+        let server = format!("tower_redis_ratelimit_{tag}_server");
+        let caller = format!("tower_redis_ratelimit_{tag}_caller");
+        let mut text = format!("#!lua name=tower_redis_ratelimit_{tag}\n");
+        for (time, name) in [(TimeSource::Server, &server), (TimeSource::Caller, &caller)] {
+            text.push_str("do\n");
+            text.push_str(prelude(time));
+            text.push_str(body);
+            text.push_str(&format!("redis.register_function('{name}', engine)\nend\n"));
+        }
         Self {
             server: Script::new(&source(TimeSource::Server, body)),
             caller: Script::new(&source(TimeSource::Caller, body)),
+            library: Library {
+                text,
+                server,
+                caller,
+            },
         }
     }
 
-    /// The version for `time`.
+    /// The script for `time`.
     pub(crate) fn get(&self, time: TimeSource) -> &Script {
         match time {
             TimeSource::Server => &self.server,
             TimeSource::Caller => &self.caller,
         }
+    }
+
+    /// The library of Redis Functions.
+    pub(crate) fn library(&self) -> &Library {
+        &self.library
     }
 }
 
@@ -173,13 +225,16 @@ pub fn engine_script() -> String {
     source(TimeSource::Server, &super::hosts::engine_body())
 }
 
-/// The text of `body`'s version for `time`.
-fn source(time: TimeSource, body: &str) -> String {
-    let prelude = match time {
+fn prelude(time: TimeSource) -> &'static str {
+    match time {
         TimeSource::Server => SERVER_PRELUDE,
         TimeSource::Caller => CALLER_PRELUDE,
-    };
-    [prelude, body].concat()
+    }
+}
+
+/// The text of `body`'s script for `time` (`EVALSHA`): the body, then the call.
+fn source(time: TimeSource, body: &str) -> String {
+    [prelude(time), body, "return engine(KEYS, ARGV)\n"].concat()
 }
 
 #[cfg(test)]
@@ -189,16 +244,7 @@ mod tests {
     /// Every script: the engine (every algorithm) and the probe.
     fn bodies() -> [(&'static str, String); 2] {
         [
-            (
-                "engine",
-                [
-                    include_str!("../period/period.lua"),
-                    include_str!("../token_bucket/token_bucket.lua"),
-                    include_str!("../rolling/rolling.lua"),
-                    include_str!("engine.lua"),
-                ]
-                .concat(),
-            ),
+            ("engine", super::super::hosts::engine_body()),
             ("probe", include_str!("probe.lua").to_owned()),
         ]
     }
