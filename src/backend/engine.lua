@@ -30,9 +30,123 @@ local algorithms = {
     refund = token_bucket_refund },
   r = { state = rolling_state, step = rolling_step, save = rolling_save, refund = rolling_refund },
 }
+-- The lean check: a check ('c') that every limit admits on its state as the steps would
+-- (the common case), decided in the fewest commands and tables by each algorithm's
+-- X_try, then written by X_commit (a fixed window counts in its try, and is taken back
+-- with period_undo when a later limit does not admit). Returns the engine's reply, or
+-- nil when the general engine below decides (a blocked key, a refusal, a skew, a clock
+-- step), with nothing changed.
+local function lean(KEYS, ARGV)
+  local cost = tonumber(ARGV[2])
+  local n = tonumber(ARGV[3])
+  -- The block: read with the key by a lone token bucket, first otherwise.
+  local block = nil
+  if n == 1 and ARGV[5] == 't' then
+    block = KEYS[2]
+  elseif redis.call('PTTL', KEYS[n + 1]) > 0 then
+    return nil
+  end
+  local now_us = nil
+  local out = { 1, 0 }
+  -- With several limits, what to write (or take back) once every limit admits (or
+  -- one does not): per limit, its letter and its try's values.
+  local pending = nil
+  local at = 5
+  for i = 1, n do
+    local kind = ARGV[at]
+    local argc = tonumber(ARGV[at + 1])
+    local key = KEYS[i]
+    local ok, r1, r2, c1, c2, c3
+    if kind == 'w' then
+      local offset = nil
+      if argc > 2 then
+        offset = tonumber(ARGV[at + 4])
+        now_us = now_us or unix_us(ARGV)
+      end
+      ok, r1, r2 = period_try(key, tonumber(ARGV[at + 2]), tonumber(ARGV[at + 3]), offset,
+        cost, now_us)
+      if ok then
+        out[#out + 1] = 1
+        out[#out + 1] = r1
+        out[#out + 1] = r2
+        c1 = r1
+      end
+    elseif kind == 't' then
+      now_us = now_us or unix_us(ARGV)
+      ok, r1, r2, c1, c2, c3 = token_bucket_try(key, block, tonumber(ARGV[at + 2]),
+        tonumber(ARGV[at + 3]), tonumber(ARGV[at + 4]), cost, now_us)
+      if ok then
+        if n == 1 then
+          token_bucket_commit(key, c1, c2, c3)
+        end
+        out[#out + 1] = 1
+        out[#out + 1] = r1
+        out[#out + 1] = 0
+        out[#out + 1] = r2
+      end
+    elseif kind == 'r' then
+      now_us = now_us or unix_us(ARGV)
+      local buckets, interval = tonumber(ARGV[at + 3]), tonumber(ARGV[at + 4])
+      ok, r1, r2, c1, c2 = rolling_try(key, tonumber(ARGV[at + 2]), buckets, interval, cost,
+        now_us)
+      if ok then
+        if n == 1 then
+          rolling_commit(key, c2, c1, cost, buckets, interval)
+        else
+          c3 = at
+        end
+        out[#out + 1] = 1
+        out[#out + 1] = r1
+        out[#out + 1] = 0
+        out[#out + 1] = r2
+      end
+    end
+    if not ok then
+      if pending then
+        for j = 1, #pending, 5 do
+          if pending[j] == 'w' then
+            -- (A window it started, the count the cost: a key that held nothing.)
+            period_undo(pending[j + 1], cost, pending[j + 2], pending[j + 2] == cost and -1 or 1)
+          end
+        end
+      end
+      return nil
+    end
+    if n > 1 then
+      pending = pending or {}
+      local p = #pending
+      pending[p + 1] = kind
+      pending[p + 2] = key
+      pending[p + 3] = c1
+      pending[p + 4] = c2 or false
+      pending[p + 5] = c3 or false
+    end
+    at = at + 2 + argc
+  end
+  if pending then
+    for j = 1, #pending, 5 do
+      local kind = pending[j]
+      if kind == 't' then
+        token_bucket_commit(pending[j + 1], pending[j + 2], pending[j + 3], pending[j + 4])
+      elseif kind == 'r' then
+        local a = pending[j + 4]
+        rolling_commit(pending[j + 1], pending[j + 3] or nil, pending[j + 2], cost,
+          tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4]))
+      end
+    end
+  end
+  return out
+end
+
 -- The engine: built once per library (Redis Functions), or once per call (EVALSHA).
 local function engine(KEYS, ARGV)
 local op = ARGV[1]
+if op == 'c' then
+  local out = lean(KEYS, ARGV)
+  if out then
+    return out
+  end
+end
 local cost = tonumber(ARGV[2])
 local n = tonumber(ARGV[3])
 -- The lockout (ms) of a check; a reservation's longest wait (µs); a lease's size.

@@ -205,3 +205,56 @@ local function token_bucket_lease(key, a, now_us, cost, size)
   token_bucket_store(key, s)
   return {1, available - take, take, token_bucket_us(s.tat - now, eps)}
 end
+-- The lean check (src/backend/engine.lua): the common case of token_bucket_state and
+-- token_bucket_step in the fewest commands and no tables, deciding exactly as they do.
+-- token_bucket_try(key, block, interval, burst, epoch, cost, now_us) reads the key (and
+-- its block, when given: then a block leaves it to the steps) and returns
+-- true, the tokens left, the µs until full and the new TAT when the bucket admits the
+-- cost with the key's time the server's (no skew, no step back); else false, and the
+-- steps decide (a refusal, a skew, a step back). Nothing is written:
+-- token_bucket_commit(key, tat, now, tau) stores the new TAT as token_bucket_store does.
+local function token_bucket_try(key, block, interval, burst, epoch, cost, now_us)
+  local value
+  if block then
+    -- The key and its block in one command: a block (set) leaves it to the steps.
+    local values = redis.call('MGET', key, block)
+    if values[2] then
+      return false
+    end
+    value = values[1]
+  else
+    value = redis.call('GET', key)
+  end
+  local tat = nil
+  if value then
+    tat = tonumber(value)
+    if tat == nil then
+      return false
+    end
+  end
+  local now = now_us - epoch * 1000000
+  local tau = interval * burst
+  if tat ~= nil and not caller_time and now < tat - tau then
+    return false
+  end
+  if tat == nil or tat < now then
+    tat = now
+  end
+  local eps = token_bucket_eps(now, tau)
+  tat = math.min(tat, now + tau)
+  local new_tat = tat + cost * interval
+  if new_tat - tau - now > eps then
+    return false
+  end
+  local full_in = new_tat - now
+  return true, token_bucket_tokens(tau - full_in, interval, eps), token_bucket_us(full_in, eps),
+    new_tat, now, tau
+end
+
+local function token_bucket_commit(key, tat, now, tau)
+  local ttl = math.max(1, math.ceil((tat - now) / 1000))
+  if caller_time then
+    ttl = ttl + math.max(math.ceil(tau / 1000), 1000)
+  end
+  redis.call('SET', key, string.format('%.4f', tat), 'PX', string.format('%d', ttl))
+end
