@@ -152,7 +152,8 @@ fn script_row(
         run: Arc::new(move |key| {
             let (script, mut conn, args) = (Arc::clone(&script), conn.clone(), Arc::clone(&args));
             Box::pin(async move {
-                let mut invocation = script.key(key);
+                // A key as long as the crate's (`ratelimit:{v1:<key>}:token_bucket:tb`).
+                let mut invocation = script.key(format!("ratelimit:{{v1:{key}}}:peer_script:p"));
                 for arg in args.iter() {
                     invocation.arg(arg);
                 }

@@ -366,6 +366,18 @@ impl Args {
         self
     }
 
+    /// The arguments as one, separated by `separator`.
+    pub(crate) fn joined(&self, separator: u8) -> Vec<u8> {
+        let mut out = Vec::new();
+        for (i, arg) in self.0.iter().enumerate() {
+            if i > 0 {
+                out.push(separator);
+            }
+            out.extend_from_slice(arg);
+        }
+        out
+    }
+
     /// How many arguments, and their bytes in all.
     pub(crate) fn size(&self) -> (usize, usize) {
         (self.0.len(), self.0.iter().map(Vec::len).sum())

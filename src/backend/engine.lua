@@ -11,19 +11,43 @@
 -- 'f' refund: give the cost back to every limit; 'x' reset: forget the key and its
 -- block; 'b' block: refuse the key for `cost` ms; 'v' reserve: one token bucket's
 -- tokens at the earliest time they fit; 'l' lease: at least the cost of one token
--- bucket's tokens, at most ARGV[4], after giving back the unused tokens of the key's
--- expired lease (their count after the limits); 'm' several checks of the key at once, their
--- count in place of the cost and their costs after the limits), cost, the number of
--- limits n, the lockout (ms the key is blocked for when a check is refused; 0: none;
--- for 'v': the longest wait in µs), then per limit
--- its algorithm ('w' fixed window, 't' token bucket, 'r' rolling window), the count of
--- its arguments and the arguments; with the caller's time, that time last.
+-- bucket's tokens, at most ARGV[3], after giving back the unused tokens of the key's
+-- expired lease (their count in ARGV[5]); 'm' several checks of the key at once, their
+-- count in place of the cost and their costs from ARGV[5] on), cost, the lockout (ms
+-- the key is blocked for when a check is refused; 0: none; for 'v': the longest wait in
+-- µs), the limits (one text: per limit its algorithm ('w' fixed window, 't' token
+-- bucket, 'r' rolling window), the count of its arguments and the arguments, separated
+-- by ':'), then the extra numbers; with the caller's time, that time last. The number of
+-- limits n is #KEYS - 1.
 -- Returns {admitted by every limit (1/0), ms the key stays blocked (0: not blocked),
 -- then each limit's reply in order}, once per check for 'm'. With more than one
 -- limit, every limit decides first without spending; only when all of them admit does
 -- each one spend what it decided, so a refusal by any
 -- limit spends nothing (and the limits that would have admitted reply with their
 -- untouched state). A blocked key spends nothing either.
+-- The limits' text (ARGV[4]) read into a list of its words, numbers as numbers. A
+-- limiter sends the same text on every call: with Redis Functions the library keeps
+-- the lists it read (at most 1000 texts; then it starts again), so a call reads none.
+local limit_lists = {}
+local limit_list_count = 0
+local function limits_of(text)
+  local list = limit_lists[text]
+  if list then
+    return list
+  end
+  list = {}
+  for word in string.gmatch(text, '[^:]+') do
+    list[#list + 1] = tonumber(word) or word
+  end
+  if limit_list_count >= 1000 then
+    limit_lists = {}
+    limit_list_count = 0
+  end
+  limit_lists[text] = list
+  limit_list_count = limit_list_count + 1
+  return list
+end
+
 local algorithms = {
   w = { state = period_state, step = period_step, save = period_save, refund = period_refund },
   t = { state = token_bucket_state, step = token_bucket_step, save = token_bucket_save,
@@ -36,12 +60,12 @@ local algorithms = {
 -- with period_undo when a later limit does not admit). Returns the engine's reply, or
 -- nil when the general engine below decides (a blocked key, a refusal, a skew, a clock
 -- step), with nothing changed.
-local function lean(KEYS, ARGV)
+local function lean(KEYS, ARGV, L)
   local cost = tonumber(ARGV[2])
-  local n = tonumber(ARGV[3])
+  local n = #KEYS - 1
   -- The block: read with the key by a lone token bucket, first otherwise.
   local block = nil
-  if n == 1 and ARGV[5] == 't' then
+  if n == 1 and L[1] == 't' then
     block = KEYS[2]
   elseif redis.call('PTTL', KEYS[n + 1]) > 0 then
     return nil
@@ -51,20 +75,19 @@ local function lean(KEYS, ARGV)
   -- With several limits, what to write (or take back) once every limit admits (or
   -- one does not): per limit, its letter and its try's values.
   local pending = nil
-  local at = 5
+  local at = 1
   for i = 1, n do
-    local kind = ARGV[at]
-    local argc = tonumber(ARGV[at + 1])
+    local kind = L[at]
+    local argc = L[at + 1]
     local key = KEYS[i]
     local ok, r1, r2, c1, c2, c3
     if kind == 'w' then
       local offset = nil
       if argc > 2 then
-        offset = tonumber(ARGV[at + 4])
+        offset = L[at + 4]
         now_us = now_us or unix_us(ARGV)
       end
-      ok, r1, r2 = period_try(key, tonumber(ARGV[at + 2]), tonumber(ARGV[at + 3]), offset,
-        cost, now_us)
+      ok, r1, r2 = period_try(key, L[at + 2], L[at + 3], offset, cost, now_us)
       if ok then
         out[#out + 1] = 1
         out[#out + 1] = r1
@@ -73,8 +96,8 @@ local function lean(KEYS, ARGV)
       end
     elseif kind == 't' then
       now_us = now_us or unix_us(ARGV)
-      ok, r1, r2, c1, c2, c3 = token_bucket_try(key, block, tonumber(ARGV[at + 2]),
-        tonumber(ARGV[at + 3]), tonumber(ARGV[at + 4]), cost, now_us)
+      ok, r1, r2, c1, c2, c3 = token_bucket_try(key, block, L[at + 2], L[at + 3], L[at + 4],
+        cost, now_us)
       if ok then
         if n == 1 then
           token_bucket_commit(key, c1, c2, c3)
@@ -86,9 +109,8 @@ local function lean(KEYS, ARGV)
       end
     elseif kind == 'r' then
       now_us = now_us or unix_us(ARGV)
-      local buckets, interval = tonumber(ARGV[at + 3]), tonumber(ARGV[at + 4])
-      ok, r1, r2, c1, c2 = rolling_try(key, tonumber(ARGV[at + 2]), buckets, interval, cost,
-        now_us)
+      local buckets, interval = L[at + 3], L[at + 4]
+      ok, r1, r2, c1, c2 = rolling_try(key, L[at + 2], buckets, interval, cost, now_us)
       if ok then
         if n == 1 then
           rolling_commit(key, c2, c1, cost, buckets, interval)
@@ -131,7 +153,7 @@ local function lean(KEYS, ARGV)
       elseif kind == 'r' then
         local a = pending[j + 4]
         rolling_commit(pending[j + 1], pending[j + 3] or nil, pending[j + 2], cost,
-          tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4]))
+          L[a + 3], L[a + 4])
       end
     end
   end
@@ -141,28 +163,31 @@ end
 -- The engine: built once per library (Redis Functions), or once per call (EVALSHA).
 local function engine(KEYS, ARGV)
 local op = ARGV[1]
+local L = limits_of(ARGV[4])
 if op == 'c' then
-  local out = lean(KEYS, ARGV)
+  local out = lean(KEYS, ARGV, L)
   if out then
     return out
   end
 end
 local cost = tonumber(ARGV[2])
-local n = tonumber(ARGV[3])
+local n = #KEYS - 1
 -- The lockout (ms) of a check; a reservation's longest wait (µs); a lease's size.
-local param = tonumber(ARGV[4])
+local param = tonumber(ARGV[3])
 local block = KEYS[n + 1]
 local limits = {}
-local at = 5
+local at = 1
 for i = 1, n do
-  local argc = tonumber(ARGV[at + 1])
+  local argc = L[at + 1]
   local a = {}
   for j = 1, argc do
-    a[j] = tonumber(ARGV[at + 1 + j])
+    a[j] = L[at + 1 + j]
   end
-  limits[i] = { algorithms[ARGV[at]], a }
+  limits[i] = { algorithms[L[at]], a }
   at = at + 2 + argc
 end
+-- The numbers after the limits' (a lease's unused tokens, coalesced costs).
+at = 5
 local now_us = unix_us(ARGV)
 if op == 'f' or op == 'x' or op == 'b' then
   -- Refund (give `cost` back), reset (forget the key) or block, then say where each

@@ -85,11 +85,14 @@ impl Remote {
         }
     }
 
-    /// The limits' part of the engine's `ARGV` (encoded by `encode` the first time).
+    /// The limits' part of the engine's `ARGV`, one argument (encoded by `encode` the
+    /// first time, its words joined by `:`).
     fn limit_args(&self, encode: impl FnOnce(&mut Args)) -> &Args {
         self.limit_args.get_or_init(|| {
+            let mut words = Args::default();
+            encode(&mut words);
             let mut args = Args::default();
-            encode(&mut args);
+            args.arg(words.joined(b':'));
             args
         })
     }
@@ -343,9 +346,9 @@ pub(crate) fn check<T: Hosts + ?Sized>(store: &Arc<T>, key: &[u8], cost: NonZero
 }
 
 /// One call of the engine for `key` (whose Redis key is `redis_key`): every limit's key
-/// and the block key, then `op`, `count` (a cost, or how many coalesced costs), the
-/// number of limits, `param` (the lockout; a reservation's longest wait; a lease's
-/// size), each limit's arguments, `extra` (the costs of coalesced checks; a lease's
+/// and the block key, then `op`, `count` (a cost, or how many coalesced costs), `param`
+/// (the lockout; a reservation's longest wait; a lease's size), the limits' arguments
+/// (one text), `extra` (the costs of coalesced checks; a lease's
 /// expired unused tokens), and the caller's time
 /// when the backend sends it. The one place that lays out `engine.lua`'s `ARGV`.
 pub(super) fn engine_call<T: Hosts + ?Sized>(
@@ -363,8 +366,8 @@ pub(super) fn engine_call<T: Hosts + ?Sized>(
     let limits = store.limit_count();
     let limit_args = remote.limit_args(|args| store.limit_args(args));
     let (args, bytes) = limit_args.size();
-    // Room for the keys (a set's other keys about as long as the first), four numbers,
-    // the limits' arguments, the extra numbers and the time.
+    // Room for the keys (a set's other keys about as long as the first), three numbers,
+    // the limits' argument, the extra numbers and the time.
     let functions = backend
         .redis_handle()
         .is_some_and(|redis| redis.engine_functions());
@@ -373,13 +376,13 @@ pub(super) fn engine_call<T: Hosts + ?Sized>(
         time,
         functions,
         limits + 1,
-        limits + 1 + 4 + args + extra.len() + 1,
-        (limits + 1) * (redis_key.len() + 8) + 4 * 20 + bytes + extra.len() * 10 + 20,
+        limits + 1 + 3 + args + extra.len() + 1,
+        (limits + 1) * (redis_key.len() + 8) + 3 * 20 + bytes + extra.len() * 10 + 20,
     );
     call.key(redis_key);
     store.extra_keys(key, &mut call);
     call.key_written(|out| remote.block_layout.write_redis_key(key, out));
-    call.arg(op).arg(count).arg(limits).arg(param);
+    call.arg(op).arg(count).arg(param);
     call.args(limit_args);
     for &number in extra {
         call.arg(number);
