@@ -507,3 +507,80 @@ async fn in_process_concurrent_checks_on_a_new_key_admit_exactly_the_quota() {
         assert_eq!(admitted, 50, "round {round}");
     }
 }
+
+/// The engine's two paths: Redis Functions where the server has them (Redis 7 and later:
+/// `FUNCTION LOAD` once, then `FCALL`), `EVALSHA` when the backend is told so (the path
+/// of servers without functions); both decide alike, and a flushed library is loaded
+/// again.
+#[tokio::test]
+async fn the_engine_runs_as_functions_on_redis_7_and_by_evalsha_when_told() {
+    let redis = RedisServer::start();
+    let calls = |command: &str| {
+        let prefix = format!("cmdstat_{command}:calls=");
+        redis
+            .cmd(&["INFO", "commandstats"])
+            .lines()
+            .find_map(|line| line.strip_prefix(prefix.as_str()).map(str::to_owned))
+            .and_then(|rest| rest.split(',').next().map(str::to_owned))
+            .map_or(0, |calls| calls.parse::<u64>().unwrap())
+    };
+    let version = redis.cmd(&["INFO", "server"]);
+    let major: u32 = version
+        .lines()
+        .find_map(|line| line.strip_prefix("redis_version:"))
+        .and_then(|v| v.split('.').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap();
+    let config = PeriodConfig::new(3, Duration::from_secs(60));
+    let functions = limiter(
+        &Backend::builder()
+            .redis_url(redis.url())
+            .engine_functions(true)
+            .deny_cache(0)
+            .build()
+            .unwrap(),
+        config,
+    );
+    let evalsha = limiter(
+        &Backend::builder()
+            .redis_url(redis.url())
+            .engine_functions(false)
+            .deny_cache(0)
+            .build()
+            .unwrap(),
+        config,
+    );
+    // The first check connects (and loads the library), the next ones use it.
+    assert!(functions.check(b"f", ONE).await.is_admitted());
+    let (fcall, eval) = (calls("fcall"), calls("evalsha"));
+    assert!(functions.check(b"f", ONE).await.is_admitted());
+    let d = functions.check(b"f", ONE).await;
+    assert_eq!((d.is_admitted(), d.remaining), (true, 0));
+    assert!(!functions.check(b"f", ONE).await.is_admitted());
+    if major >= 7 {
+        assert_eq!(calls("fcall") - fcall, 3);
+        assert_eq!(calls("evalsha"), eval);
+    }
+    // By EVALSHA, the same decisions.
+    let fcall = calls("fcall");
+    for remaining in [2, 1, 0] {
+        let d = evalsha.check(b"e", ONE).await;
+        assert_eq!((d.is_admitted(), d.remaining), (true, remaining));
+    }
+    assert!(!evalsha.check(b"e", ONE).await.is_admitted());
+    assert_eq!(calls("fcall"), fcall);
+    // A flushed library is loaded again by the next check.
+    redis.flush_scripts();
+    let d = functions.check(b"g", ONE).await;
+    assert_eq!((d.source, d.remaining), (Source::Redis, 2));
+    if major >= 7 {
+        assert_eq!(
+            redis
+                .cmd(&["FUNCTION", "LIST"])
+                .matches("tower_redis_ratelimit_")
+                .count()
+                > 0,
+            true
+        );
+    }
+}
