@@ -19,13 +19,26 @@ use crate::limiter::Check;
 use crate::metrics::RedisMetrics;
 
 /// The engine: every algorithm as a function, and the code that runs one limit or a set
-/// of limits with them (`engine.lua`), in both time versions. One script for every
-/// check, loaded once per connection.
-pub(crate) static ENGINE: LazyLock<Scripts> = LazyLock::new(|| Scripts::new(&engine_body()));
+/// of limits with them, in both time versions, as a script (`EVALSHA`) and as a library
+/// of Redis Functions. Loaded once per connection (script) or per server (library).
+pub(crate) static ENGINE: LazyLock<Scripts> =
+    LazyLock::new(|| Scripts::new(&engine_lean(), &engine_general()));
 
-/// The engine's text without a time prelude: every algorithm's functions, then the
-/// engine, `engine(KEYS, ARGV)`.
-pub(crate) fn engine_body() -> String {
+/// The engine's lean check (`lean.lua`, after each algorithm's lean functions): what a
+/// common check runs, before the general engine's text.
+pub(crate) fn engine_lean() -> String {
+    [
+        include_str!("../period/period_lean.lua"),
+        include_str!("../token_bucket/token_bucket_lean.lua"),
+        include_str!("../rolling/rolling_lean.lua"),
+        include_str!("lean.lua"),
+    ]
+    .concat()
+}
+
+/// The general engine (`engine.lua`, after every algorithm's steps), which defines
+/// `engine(KEYS, ARGV, L)`.
+pub(crate) fn engine_general() -> String {
     [
         include_str!("../period/period.lua"),
         include_str!("../token_bucket/token_bucket.lua"),

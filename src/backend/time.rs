@@ -177,9 +177,11 @@ impl Library {
 }
 
 impl Scripts {
-    /// Both versions of `body` (a text that defines `engine(KEYS, ARGV)`).
-    pub(crate) fn new(body: &str) -> Self {
-        let hash = Script::new(body).get_hash().to_owned();
+    /// Both versions of the engine whose text is `lean` (which defines
+    /// `limits_of(text)` and `lean(KEYS, ARGV, L)`) then `general` (which defines
+    /// `engine(KEYS, ARGV, L)`).
+    pub(crate) fn new(lean: &str, general: &str) -> Self {
+        let hash = Script::new(&[lean, general].concat()).get_hash().to_owned();
         let tag = &hash[..16];
         let server = format!("tower_redis_ratelimit_{tag}_server");
         let caller = format!("tower_redis_ratelimit_{tag}_caller");
@@ -187,12 +189,16 @@ impl Scripts {
         for (time, name) in [(TimeSource::Server, &server), (TimeSource::Caller, &caller)] {
             text.push_str("do\n");
             text.push_str(prelude(time));
-            text.push_str(body);
-            text.push_str(&format!("redis.register_function('{name}', engine)\nend\n"));
+            text.push_str(lean);
+            text.push_str(general);
+            text.push_str(&format!(
+                "redis.register_function('{name}', function(KEYS, ARGV)\n{ENTRY}\
+                 return engine(KEYS, ARGV, L)\nend)\nend\n"
+            ));
         }
         Self {
-            server: Script::new(&source(TimeSource::Server, body)),
-            caller: Script::new(&source(TimeSource::Caller, body)),
+            server: Script::new(&source(TimeSource::Server, lean, general)),
+            caller: Script::new(&source(TimeSource::Caller, lean, general)),
             library: Library {
                 text,
                 server,
@@ -222,7 +228,11 @@ impl Scripts {
 #[doc(hidden)]
 #[must_use]
 pub fn engine_script() -> String {
-    source(TimeSource::Server, &super::hosts::engine_body())
+    source(
+        TimeSource::Server,
+        &super::hosts::engine_lean(),
+        &super::hosts::engine_general(),
+    )
 }
 
 fn prelude(time: TimeSource) -> &'static str {
@@ -232,9 +242,29 @@ fn prelude(time: TimeSource) -> &'static str {
     }
 }
 
-/// The text of `body`'s script for `time` (`EVALSHA`): the body, then the call.
-fn source(time: TimeSource, body: &str) -> String {
-    [prelude(time), body, "return engine(KEYS, ARGV)\n"].concat()
+/// The engine's entry: the limits' words, then the lean check for a check, which returns
+/// when it decides.
+const ENTRY: &str = "\
+local L = limits_of(ARGV[4])
+if ARGV[1] == 'c' then
+  local out = lean(KEYS, ARGV, L)
+  if out then
+    return out
+  end
+end
+";
+
+/// The engine's script for `time` (`EVALSHA`): the lean check, the entry (returning
+/// when the lean check decides), and only then the general engine and its call.
+fn source(time: TimeSource, lean: &str, general: &str) -> String {
+    [
+        prelude(time),
+        lean,
+        ENTRY,
+        general,
+        "return engine(KEYS, ARGV, L)\n",
+    ]
+    .concat()
 }
 
 #[cfg(test)]
@@ -244,7 +274,14 @@ mod tests {
     /// Every script: the engine (every algorithm) and the probe.
     fn bodies() -> [(&'static str, String); 2] {
         [
-            ("engine", super::super::hosts::engine_body()),
+            (
+                "engine",
+                [
+                    super::super::hosts::engine_lean(),
+                    super::super::hosts::engine_general(),
+                ]
+                .concat(),
+            ),
             ("probe", include_str!("probe.lua").to_owned()),
         ]
     }
@@ -268,7 +305,7 @@ mod tests {
     #[test]
     fn the_caller_version_never_calls_time() {
         for (name, body) in bodies() {
-            let caller = source(TimeSource::Caller, &body);
+            let caller = source(TimeSource::Caller, &body, "");
             assert!(
                 !caller.to_ascii_uppercase().contains("'TIME'"),
                 "{name} calls TIME in caller mode"
@@ -276,7 +313,7 @@ mod tests {
             assert!(!calls(&caller).is_empty(), "{name}");
         }
         // The server version of the time-reading bodies does.
-        assert!(source(TimeSource::Server, &bodies()[0].1).contains("redis.call('TIME')"));
+        assert!(source(TimeSource::Server, &bodies()[0].1, "").contains("redis.call('TIME')"));
     }
 
     /// Redis Cluster, Dragonfly and managed servers need every key a script touches in
@@ -298,7 +335,7 @@ mod tests {
         assert_eq!(calls_with_a_key, 3, "state, save, refund");
         for (name, body) in bodies() {
             for time in [TimeSource::Server, TimeSource::Caller] {
-                for call in calls(&source(time, &body)) {
+                for call in calls(&source(time, &body, "")) {
                     let command = call[0].trim_matches('\'').to_ascii_uppercase();
                     if command == "TIME" {
                         assert_eq!(call.len(), 1, "{name}: {call:?}");
@@ -317,7 +354,7 @@ mod tests {
 
     #[test]
     fn the_preludes_differ() {
-        let scripts = Scripts::new("return caller_time");
+        let scripts = Scripts::new("return caller_time", "");
         assert_ne!(
             scripts.get(TimeSource::Server).get_hash(),
             scripts.get(TimeSource::Caller).get_hash()
