@@ -35,10 +35,11 @@ end
 local function lean(KEYS, ARGV, L)
   local cost = tonumber(ARGV[2])
   local n = #KEYS - 1
-  -- The block: read with the key by a lone token bucket, first otherwise.
+  -- The block: read with the first limit's key when that limit is a token bucket
+  -- (one command for both), first otherwise.
   local block = nil
-  if n == 1 and L[1] == 't' then
-    block = KEYS[2]
+  if L[1] == 't' then
+    block = KEYS[n + 1]
   elseif redis.call('PTTL', KEYS[n + 1]) > 0 then
     return nil
   end
@@ -68,8 +69,8 @@ local function lean(KEYS, ARGV, L)
       end
     elseif kind == 't' then
       now_us = now_us or unix_us(ARGV)
-      ok, r1, r2, c1, c2, c3 = token_bucket_try(key, block, L[at + 2], L[at + 3], L[at + 4],
-        cost, now_us)
+      ok, r1, r2, c1, c2, c3 = token_bucket_try(key, i == 1 and block or nil, L[at + 2],
+        L[at + 3], L[at + 4], cost, now_us)
       if ok then
         if n == 1 then
           token_bucket_commit(key, c1, c2, c3)
