@@ -89,8 +89,6 @@ type Run = Arc<dyn Fn(String) -> Pin<Box<dyn Future<Output = u64> + Send>> + Sen
 
 struct Row {
     name: String,
-    /// Decisions per key and pass.
-    decisions: u64,
     run: Run,
 }
 
@@ -98,7 +96,6 @@ fn limiter_row<L: Limiter + 'static>(name: &str, limiter: L) -> Row {
     let limiter = Arc::new(limiter);
     Row {
         name: name.to_owned(),
-        decisions: 1,
         run: Arc::new(move |key| {
             let limiter = Arc::clone(&limiter);
             Box::pin(async move {
@@ -120,7 +117,6 @@ fn batch_row<L: Limiter + 'static>(name: &str, limiter: L, batch: usize) -> Row 
     let limiter = Arc::new(limiter);
     Row {
         name: name.to_owned(),
-        decisions: batch as u64,
         run: Arc::new(move |key| {
             let limiter = Arc::clone(&limiter);
             Box::pin(async move {
@@ -148,7 +144,6 @@ fn script_row(
     let args = Arc::new(args);
     Row {
         name: name.to_owned(),
-        decisions: 1,
         run: Arc::new(move |key| {
             let (script, mut conn, args) = (Arc::clone(&script), conn.clone(), Arc::clone(&args));
             Box::pin(async move {
@@ -214,6 +209,22 @@ async fn script_stats(conn: &mut redis::aio::MultiplexedConnection) -> (u64, u64
         }
     }
     (calls, usec)
+}
+
+/// The CPU time the server has used (user and system), in µs: its whole work, reading
+/// requests and writing replies included (commandstats count the commands only).
+async fn server_cpu_us(conn: &mut redis::aio::MultiplexedConnection) -> f64 {
+    let info: String = redis::cmd("INFO")
+        .arg("cpu")
+        .query_async(conn)
+        .await
+        .expect("INFO");
+    let field = |name: &str| -> f64 {
+        info.lines()
+            .find_map(|line| line.strip_prefix(name))
+            .map_or(0.0, |v| v.trim().parse().unwrap())
+    };
+    (field("used_cpu_user:") + field("used_cpu_sys:")) * 1e6
 }
 
 fn backend(url: &str, functions: bool) -> Backend {
@@ -304,14 +315,16 @@ async fn main() {
         vec![huge.clone(), "60".into()],
     ));
 
-    let mut results: BTreeMap<usize, Vec<(f64, f64)>> = BTreeMap::new();
+    let mut results: BTreeMap<usize, Vec<(f64, f64, f64)>> = BTreeMap::new();
     for round in 0..rounds {
         for (i, row) in rows.iter().enumerate() {
             let prefix = format!("r{i}:");
             cmd(&mut conn, &["FLUSHALL"]).await;
             pass(row, &prefix).await;
             cmd(&mut conn, &["CONFIG", "RESETSTAT"]).await;
+            let cpu = server_cpu_us(&mut conn).await;
             let decisions = pass(row, &prefix).await;
+            let cpu = (server_cpu_us(&mut conn).await - cpu) / decisions as f64;
             let (calls, usec) = script_stats(&mut conn).await;
             let per_decision = usec as f64 / decisions as f64;
             let per_call = usec as f64 / calls.max(1) as f64;
@@ -322,20 +335,25 @@ async fn main() {
             results
                 .entry(i)
                 .or_default()
-                .push((per_decision, calls as f64 / decisions as f64));
-            let _ = row.decisions;
+                .push((per_decision, calls as f64 / decisions as f64, cpu));
         }
     }
-    println!("| decision | Redis µs per decision | decisions/s per Redis core | script calls per decision |");
-    println!("|---|---:|---:|---:|");
+    println!(
+        "| decision | Redis µs per decision (commandstats) | decisions/s per Redis core | \
+         script calls per decision | Redis CPU µs per decision, I/O included |"
+    );
+    println!("|---|---:|---:|---:|---:|");
     for (i, row) in rows.iter().enumerate() {
         let mut r = results[&i].clone();
         r.sort_by(|a, b| a.0.total_cmp(&b.0));
-        let (us, calls) = r[r.len() / 2];
+        let (us, calls, _) = r[r.len() / 2];
+        let mut cpu: Vec<f64> = r.iter().map(|x| x.2).collect();
+        cpu.sort_by(f64::total_cmp);
         println!(
-            "| {} | {us:.2} | {:.0} | {calls:.2} |",
+            "| {} | {us:.2} | {:.0} | {calls:.2} | {:.1} |",
             row.name,
-            1_000_000.0 / us
+            1_000_000.0 / us,
+            cpu[cpu.len() / 2]
         );
     }
 }
