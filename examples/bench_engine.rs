@@ -332,10 +332,11 @@ async fn main() {
                 "round {round} {:<58} {per_decision:6.2} µs/decision {per_call:6.2} µs/call {calls} calls",
                 row.name
             );
-            results
-                .entry(i)
-                .or_default()
-                .push((per_decision, calls as f64 / decisions as f64, cpu));
+            results.entry(i).or_default().push((
+                per_decision,
+                calls as f64 / decisions as f64,
+                cpu,
+            ));
         }
     }
     println!(
