@@ -710,8 +710,10 @@ fn agrees(host: Host, cost: u64, got: &Decision, want: &Answer) -> Result<(), St
         // may say to retry earlier, and a set may name another refusing limit.
         // Its reset is the refusal's, aged: earlier than the model's for a key blocked
         // before any window opened (a window not yet open has a whole period ahead).
+        // (A set's cached refusal that names another refusing limit says that limit's
+        // remaining, not the one the model names.)
         let same = answer.state == want.state
-            && answer.remaining == want.remaining
+            && (answer.remaining == want.remaining || (cost > 1 && answer.limit != want.limit))
             && answer.reset_us <= want.reset_us
             && if cost == 1 {
                 answer.limit == want.limit && answer.retry_us == want.retry_us
