@@ -6,7 +6,7 @@
 //!
 //! - server time: `unix_us()` calls `TIME`;
 //! - caller time: `unix_us(ARGV)` reads the last `ARGV` (microseconds since the Unix
-//!   epoch, appended by [`check`](super::check)). The text of this version holds no `TIME`
+//!   epoch, appended by [`check`](super::check::check())). The text of this version holds no `TIME`
 //!   call at all, so a server that refuses `TIME` in scripts, or scans scripts for it,
 //!   never meets it.
 //!

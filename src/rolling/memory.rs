@@ -1,4 +1,4 @@
-//! The rolling-window limiter's in-process host: per key, a [`Ring`] of `buckets` counts
+//! The rolling-window limiter's in-process host: per key, a [`Ring`](crate::ring::Ring) of `buckets` counts
 //! on a Unix-time grid plus their sum, in the backend's bounded [local store](crate::local).
 //!
 //! [`Counts::hit`] is the whole algorithm, a pure step with the same semantics as
