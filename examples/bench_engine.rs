@@ -227,10 +227,13 @@ async fn server_cpu_us(conn: &mut redis::aio::MultiplexedConnection) -> f64 {
     (field("used_cpu_user:") + field("used_cpu_sys:")) * 1e6
 }
 
-fn backend(url: &str, functions: bool) -> Backend {
-    let builder = Backend::builder()
-        .redis_url(url)
-        .call_timeout(Duration::from_secs(2));
+fn backend(url: &str, cluster: &[String], functions: bool) -> Backend {
+    let builder = if cluster.is_empty() {
+        Backend::builder().redis_url(url)
+    } else {
+        Backend::builder().redis_cluster_urls(cluster.iter().cloned())
+    };
+    let builder = builder.call_timeout(Duration::from_secs(2));
     let builder = if functions {
         builder
     } else {
@@ -290,42 +293,74 @@ async fn main() {
     let rounds: usize = std::env::args()
         .nth(1)
         .map_or(3, |r| r.parse().expect("rounds"));
-    let client = redis::Client::open(url.as_str()).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    // With REDIS_CLUSTER_URLS (comma-separated masters), the crate's rows run on that
+    // Redis Cluster; the figures are summed over its masters.
+    let cluster: Vec<String> = std::env::var("REDIS_CLUSTER_URLS")
+        .map(|urls| urls.split(',').map(str::to_owned).collect())
+        .unwrap_or_default();
+    let node_urls = if cluster.is_empty() {
+        vec![url.clone()]
+    } else {
+        cluster.clone()
+    };
+    let mut nodes = Vec::new();
+    for node in &node_urls {
+        let client = redis::Client::open(node.as_str()).unwrap();
+        nodes.push(client.get_multiplexed_async_connection().await.unwrap());
+    }
+    let conn = nodes[0].clone();
 
     let mut rows = Vec::new();
     let paths: &[(&str, bool)] = &[("functions", true), ("evalsha", false)];
     for &(path, functions) in paths {
-        let backend = backend(&url, functions);
+        let backend = backend(&url, &cluster, functions);
         backend.probe_redis().await.expect("redis");
         rows.extend(crate_rows(&backend, path));
         std::mem::forget(backend);
     }
     let huge = HUGE.to_string();
-    rows.push(script_row(
-        "peer: GCRA (redis_rate)",
-        &conn,
-        GCRA,
-        vec!["1000000".into(), "1000000".into(), "1".into(), "1".into()],
-    ));
-    rows.push(script_row(
-        "peer: INCRBY + EXPIRE (go-zero)",
-        &conn,
-        PERIOD,
-        vec![huge.clone(), "60".into()],
-    ));
+    if cluster.is_empty() {
+        rows.push(script_row(
+            "peer: GCRA (redis_rate)",
+            &conn,
+            GCRA,
+            vec!["1000000".into(), "1000000".into(), "1".into(), "1".into()],
+        ));
+        rows.push(script_row(
+            "peer: INCRBY + EXPIRE (go-zero)",
+            &conn,
+            PERIOD,
+            vec![huge.clone(), "60".into()],
+        ));
+    }
 
     let mut results: BTreeMap<usize, Vec<(f64, f64, f64)>> = BTreeMap::new();
     for round in 0..rounds {
         for (i, row) in rows.iter().enumerate() {
             let prefix = format!("r{i}:");
-            cmd(&mut conn, &["FLUSHALL"]).await;
+            for conn in &mut nodes {
+                cmd(conn, &["FLUSHALL"]).await;
+            }
             pass(row, &prefix).await;
-            cmd(&mut conn, &["CONFIG", "RESETSTAT"]).await;
-            let cpu = server_cpu_us(&mut conn).await;
+            let mut cpu = 0.0;
+            for conn in &mut nodes {
+                cmd(conn, &["CONFIG", "RESETSTAT"]).await;
+                cpu -= server_cpu_us(conn).await;
+            }
             let decisions = pass(row, &prefix).await;
-            let cpu = (server_cpu_us(&mut conn).await - cpu) / decisions as f64;
-            let (calls, usec) = script_stats(&mut conn).await;
+            let (mut calls, mut usec) = (0, 0);
+            let mut shares = Vec::new();
+            for conn in &mut nodes {
+                cpu += server_cpu_us(conn).await;
+                let (c, u) = script_stats(conn).await;
+                calls += c;
+                usec += u;
+                shares.push(c);
+            }
+            let cpu = cpu / decisions as f64;
+            if nodes.len() > 1 {
+                eprintln!("round {round} {}: calls per master {shares:?}", row.name);
+            }
             let per_decision = usec as f64 / decisions as f64;
             let per_call = usec as f64 / calls.max(1) as f64;
             eprintln!(
