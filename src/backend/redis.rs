@@ -100,9 +100,11 @@ impl RedisBackend {
     }
 
     /// Whether checks call the engine as Redis Functions (`FCALL`) rather than by
-    /// `EVALSHA`: once a connection has loaded the library.
+    /// `EVALSHA`: unless the builder turned them off or a connection found the server
+    /// without them (before the first connection, an `FCALL` met with "unknown command"
+    /// runs again by `EVALSHA`).
     pub(crate) fn engine_functions(&self) -> bool {
-        self.functions.load(Ordering::Relaxed) == FUNCTIONS_ON
+        self.functions.load(Ordering::Relaxed) != FUNCTIONS_OFF
     }
 
     pub(crate) fn probe_interval(&self) -> Duration {
@@ -238,20 +240,12 @@ impl RedisBackend {
         tokio::spawn(async move {
             let connect = async {
                 let mut conn = this.connector.connect(timeout).await?;
-                // A new connection may reach a new server (a restart, a failover): load
-                // the scripts in use before any check needs them, so that concurrent
-                // checks do not each meet `NOSCRIPT` and load them again.
-                let scripts = this.scripts.load_full();
-                for script in scripts.iter() {
-                    if let Err(error) = conn.load(script).await {
-                        tracing::debug!(%error, "loading a script on a new connection failed");
-                        break;
-                    }
-                }
                 // The engine as Redis Functions, where the server has them (Redis 7 and
                 // later): loaded once per server, checked on every new connection (a
-                // failover may reach another server).
-                if this.functions.load(Ordering::Relaxed) != FUNCTIONS_OFF {
+                // failover may reach another server). One round trip, as the script's
+                // loading was.
+                let mut functions = this.functions.load(Ordering::Relaxed) != FUNCTIONS_OFF;
+                if functions {
                     match conn.load_library(ENGINE.library()).await {
                         Ok(()) => this.functions.store(FUNCTIONS_ON, Ordering::Relaxed),
                         Err(error) if error.is_io_error() => {
@@ -260,7 +254,22 @@ impl RedisBackend {
                         Err(error) => {
                             tracing::info!(%error, "redis without functions: the engine runs by EVALSHA");
                             this.functions.store(FUNCTIONS_OFF, Ordering::Relaxed);
+                            functions = false;
                         }
+                    }
+                }
+                // A new connection may reach a new server (a restart, a failover): load
+                // the scripts in use before any check needs them, so that concurrent
+                // checks do not each meet `NOSCRIPT` and load them again (the engine's
+                // only when it runs by `EVALSHA`).
+                let scripts = this.scripts.load_full();
+                for script in scripts.iter() {
+                    if functions && ENGINE.holds(script) {
+                        continue;
+                    }
+                    if let Err(error) = conn.load(script).await {
+                        tracing::debug!(%error, "loading a script on a new connection failed");
+                        break;
                     }
                 }
                 Ok::<_, ScriptError>(conn)

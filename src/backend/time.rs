@@ -215,6 +215,11 @@ impl Scripts {
         }
     }
 
+    /// Whether `script` is one of the engine's scripts.
+    pub(crate) fn holds(&self, script: &Script) -> bool {
+        std::ptr::eq(script, &self.server) || std::ptr::eq(script, &self.caller)
+    }
+
     /// The library of Redis Functions.
     pub(crate) fn library(&self) -> &Library {
         &self.library
