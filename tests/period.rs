@@ -580,3 +580,39 @@ async fn the_engine_runs_as_functions_on_redis_7_and_by_evalsha_when_told() {
             .contains("tower_redis_ratelimit_"));
     }
 }
+
+/// A server without Redis Functions (as Redis before 7: here `FUNCTION` and `FCALL` are
+/// renamed away, so the server answers "unknown command"): the engine runs by `EVALSHA`,
+/// decisions as usual, none lost to the failure policy.
+#[tokio::test]
+async fn a_server_without_functions_runs_the_engine_by_evalsha() {
+    let redis = RedisServer::start_with(
+        [
+            "--rename-command",
+            "FUNCTION",
+            "",
+            "--rename-command",
+            "FCALL",
+            "",
+        ]
+        .map(String::from)
+        .to_vec(),
+    );
+    assert!(redis.cmd(&["FCALL", "f", "0"]).contains("unknown command"));
+    let limiter = limiter(
+        &Backend::builder()
+            .redis_url(redis.url())
+            .engine_functions(true)
+            .deny_cache(0)
+            .build()
+            .unwrap(),
+        PeriodConfig::new(3, Duration::from_secs(60)),
+    );
+    for remaining in [2, 1, 0] {
+        let d = limiter.check(b"k", ONE).await;
+        assert_eq!((d.source, d.remaining), (Source::Redis, remaining));
+    }
+    let d = limiter.check(b"k", ONE).await;
+    assert_eq!((d.source, d.is_admitted()), (Source::Redis, false));
+    assert!(redis.command_calls("evalsha") >= 4);
+}
