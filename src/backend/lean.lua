@@ -35,6 +35,44 @@ end
 local function lean(KEYS, ARGV, L)
   local cost = tonumber(ARGV[2])
   local n = #KEYS - 1
+  if n == 1 then
+    -- One limit (L: its letter, its count of arguments, its arguments): the reply made
+    -- at once.
+    local kind, key, block = L[1], KEYS[1], KEYS[2]
+    if kind == 't' then
+      local ok, left, full_in, tat, now, tau = token_bucket_try(key, block, L[3], L[4], L[5],
+        cost, unix_us(ARGV))
+      if not ok then
+        return nil
+      end
+      token_bucket_commit(key, tat, now, tau)
+      return { 1, 0, 1, left, 0, full_in }
+    end
+    if redis.call('PTTL', block) > 0 then
+      return nil
+    end
+    if kind == 'w' then
+      local offset, now_us = nil, nil
+      if L[2] > 2 then
+        offset = L[5]
+        now_us = unix_us(ARGV)
+      end
+      local ok, count, ttl = period_try(key, L[3], L[4], offset, cost, now_us)
+      if not ok then
+        return nil
+      end
+      return { 1, 0, 1, count, ttl }
+    elseif kind == 'r' then
+      local ok, sum, reset, current, dead = rolling_try(key, L[3], L[4], L[5], cost,
+        unix_us(ARGV))
+      if not ok then
+        return nil
+      end
+      rolling_commit(key, dead, current, cost, L[4], L[5])
+      return { 1, 0, 1, sum, 0, reset }
+    end
+    return nil
+  end
   -- The block: read with the first limit's key when that limit is a token bucket
   -- (one command for both), first otherwise.
   local block = nil

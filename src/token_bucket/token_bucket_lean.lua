@@ -77,5 +77,6 @@ local function token_bucket_commit(key, tat, now, tau)
   if caller_time then
     ttl = ttl + math.max(math.ceil(tau / 1000), 1000)
   end
-  redis.call('SET', key, string.format('%.4f', tat), 'PX', string.format('%d', ttl))
+  -- (A whole number of ms below 2^53: Redis writes it without exponent.)
+  redis.call('SET', key, string.format('%.4f', tat), 'PX', ttl)
 end
