@@ -113,13 +113,11 @@ impl Bare {
             .arg(format!("{redis_key}:block"))
             .arg("c")
             .arg(1)
-            .arg(1)
             .arg(0)
-            .arg("t")
-            .arg(3)
-            .arg(self.interval_us)
-            .arg(self.rate)
-            .arg(TAT_EPOCH_SECS)
+            .arg(format!(
+                "t:3:{}:{}:{TAT_EPOCH_SECS}",
+                self.interval_us, self.rate
+            ))
             .query_async(&mut conn)
             .await;
         match reply.as_deref() {

@@ -366,8 +366,9 @@
 //! over the whole cluster by limited key, whatever braces a client puts into its key,
 //! and every limit on one key (a burst limit and a daily quota, say) lives in one slot.
 //! (A hot key is therefore hot on one node for all its limits.) Prefixes and names may
-//! not contain `{` or `}`. Scripts are loaded per node on first use and again after a
-//! failover (`NOSCRIPT` is handled).
+//! not contain `{` or `}`. The engine is loaded on every master (as a library of Redis
+//! Functions on Redis 7 and later, else as a script) on first use and again after a
+//! failover (`NOSCRIPT` and "Function not found" are handled).
 //!
 //! ```no_run
 //! # #[cfg(feature = "cluster")]

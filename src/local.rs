@@ -73,8 +73,8 @@ use quick_cache::sync::{Cache, EntryAction, EntryResult};
 use quick_cache::{Lifecycle, OptionsBuilder, Weighter};
 use siphasher::sip128::{Hasher128, SipHasher13};
 
-use crate::period::memory::Window;
-use crate::rolling::memory::Counts;
+use crate::period::window::Window;
+use crate::rolling::counts::Counts;
 
 /// The default of [`BackendBuilder::max_local_keys`](crate::BackendBuilder::max_local_keys).
 pub(crate) const DEFAULT_MAX_KEYS: u64 = 1_000_000;

@@ -187,14 +187,10 @@ impl RedisMetrics {
     }
 }
 
-/// Records a breaker transition of the Redis backend with key prefix `prefix`.
-pub(crate) fn redis_switch(prefix: &str, to: crate::backend::RedisState) {
-    use crate::backend::RedisState;
-    let to = match to {
-        RedisState::Fallback => "fallback",
-        RedisState::Recovering => "recovering",
-        _ => "redis",
-    };
+/// Records a breaker transition of the Redis backend with key prefix `prefix`, to `to`:
+/// `"redis"`, `"fallback"` or `"recovering"` (the backend names its states, so that
+/// metrics never import the backend).
+pub(crate) fn redis_switch(prefix: &str, to: &'static str) {
     fallback_active(prefix, to != "redis");
     #[cfg(feature = "metrics")]
     metrics::counter!(REDIS_SWITCHES_TOTAL, "prefix" => prefix.to_owned(), "to" => to).increment(1);

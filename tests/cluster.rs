@@ -121,6 +121,7 @@ async fn noscript_on_a_cluster_is_handled() {
     }
     for node in 0..3 {
         assert_eq!(cluster.cmd(node, &["SCRIPT", "FLUSH"]), "OK");
+        assert_eq!(cluster.cmd(node, &["FUNCTION", "FLUSH"]), "OK");
     }
     for key in keys() {
         let d = limiter.check(key.as_bytes(), ONE).await;

@@ -343,10 +343,11 @@ async fn one_redis_command_per_decision() {
     for i in 0..50 {
         limiter.check(format!("k{}", i % 5).as_bytes(), ONE).await;
     }
-    // The script is loaded once, with the connection, then one EVALSHA per check, and
-    // no PING or UNWATCH from checking connections out of the pool.
+    // The engine is loaded once, with the connection (a library of functions, or a
+    // script without them), then one FCALL or EVALSHA per check, and no PING or UNWATCH
+    // from checking connections out of the pool.
     assert_eq!(calls("evalsha"), 50);
-    assert_eq!(calls("script|load"), 1);
+    assert_eq!(calls("script|load") + calls("function|load"), 1);
     assert_eq!(calls("ping"), pings_before);
     assert_eq!(calls("unwatch"), 0);
 }
@@ -506,4 +507,112 @@ async fn in_process_concurrent_checks_on_a_new_key_admit_exactly_the_quota() {
         }
         assert_eq!(admitted, 50, "round {round}");
     }
+}
+
+/// The engine's two paths: Redis Functions where the server has them (Redis 7 and later:
+/// `FUNCTION LOAD` once, then `FCALL`), `EVALSHA` when the backend is told so (the path
+/// of servers without functions); both decide alike, and a flushed library is loaded
+/// again.
+#[tokio::test]
+async fn the_engine_runs_as_functions_on_redis_7_and_by_evalsha_when_told() {
+    let redis = RedisServer::start();
+    let calls = |command: &str| {
+        let prefix = format!("cmdstat_{command}:calls=");
+        redis
+            .cmd(&["INFO", "commandstats"])
+            .lines()
+            .find_map(|line| line.strip_prefix(prefix.as_str()).map(str::to_owned))
+            .and_then(|rest| rest.split(',').next().map(str::to_owned))
+            .map_or(0, |calls| calls.parse::<u64>().unwrap())
+    };
+    let version = redis.cmd(&["INFO", "server"]);
+    let major: u32 = version
+        .lines()
+        .find_map(|line| line.strip_prefix("redis_version:"))
+        .and_then(|v| v.split('.').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap();
+    let config = PeriodConfig::new(3, Duration::from_secs(60));
+    let functions = limiter(
+        &Backend::builder()
+            .redis_url(redis.url())
+            .engine_functions(true)
+            .deny_cache(0)
+            .build()
+            .unwrap(),
+        config,
+    );
+    let evalsha = limiter(
+        &Backend::builder()
+            .redis_url(redis.url())
+            .engine_functions(false)
+            .deny_cache(0)
+            .build()
+            .unwrap(),
+        config,
+    );
+    // The first check connects (and loads the library), the next ones use it.
+    assert!(functions.check(b"f", ONE).await.is_admitted());
+    let (fcall, eval) = (calls("fcall"), calls("evalsha"));
+    assert!(functions.check(b"f", ONE).await.is_admitted());
+    let d = functions.check(b"f", ONE).await;
+    assert_eq!((d.is_admitted(), d.remaining), (true, 0));
+    assert!(!functions.check(b"f", ONE).await.is_admitted());
+    if major >= 7 {
+        assert_eq!(calls("fcall") - fcall, 3);
+        assert_eq!(calls("evalsha"), eval);
+    }
+    // By EVALSHA, the same decisions.
+    let fcall = calls("fcall");
+    for remaining in [2, 1, 0] {
+        let d = evalsha.check(b"e", ONE).await;
+        assert_eq!((d.is_admitted(), d.remaining), (true, remaining));
+    }
+    assert!(!evalsha.check(b"e", ONE).await.is_admitted());
+    assert_eq!(calls("fcall"), fcall);
+    // A flushed library is loaded again by the next check.
+    redis.flush_scripts();
+    let d = functions.check(b"g", ONE).await;
+    assert_eq!((d.source, d.remaining), (Source::Redis, 2));
+    if major >= 7 {
+        assert!(redis
+            .cmd(&["FUNCTION", "LIST"])
+            .contains("tower_redis_ratelimit_"));
+    }
+}
+
+/// A server without Redis Functions (as Redis before 7: here `FUNCTION` and `FCALL` are
+/// renamed away, so the server answers "unknown command"): the engine runs by `EVALSHA`,
+/// decisions as usual, none lost to the failure policy.
+#[tokio::test]
+async fn a_server_without_functions_runs_the_engine_by_evalsha() {
+    let redis = RedisServer::start_with(
+        [
+            "--rename-command",
+            "FUNCTION",
+            "",
+            "--rename-command",
+            "FCALL",
+            "",
+        ]
+        .map(String::from)
+        .to_vec(),
+    );
+    assert!(redis.cmd(&["FCALL", "f", "0"]).contains("unknown command"));
+    let limiter = limiter(
+        &Backend::builder()
+            .redis_url(redis.url())
+            .engine_functions(true)
+            .deny_cache(0)
+            .build()
+            .unwrap(),
+        PeriodConfig::new(3, Duration::from_secs(60)),
+    );
+    for remaining in [2, 1, 0] {
+        let d = limiter.check(b"k", ONE).await;
+        assert_eq!((d.source, d.remaining), (Source::Redis, remaining));
+    }
+    let d = limiter.check(b"k", ONE).await;
+    assert_eq!((d.source, d.is_admitted()), (Source::Redis, false));
+    assert!(redis.command_calls("evalsha") >= 4);
 }

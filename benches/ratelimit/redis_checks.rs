@@ -96,13 +96,12 @@ impl Bucket {
             .arg(format!("{key}:block"))
             .arg("c")
             .arg(1)
-            .arg(1)
             .arg(0)
-            .arg("t")
-            .arg(3)
-            .arg(self.period_secs as f64 * 1e6 / self.rate as f64)
-            .arg(self.rate)
-            .arg(TAT_EPOCH_SECS);
+            .arg(format!(
+                "t:3:{}:{}:{TAT_EPOCH_SECS}",
+                self.period_secs as f64 * 1e6 / self.rate as f64,
+                self.rate
+            ));
         cmd
     }
 }

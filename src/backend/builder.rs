@@ -68,6 +68,8 @@ pub struct BackendBuilder {
     /// See [`time_source`](Self::time_source) (in `time.rs`).
     pub(super) time: TimeSource,
     pub(super) caller_offset_us: i64,
+    /// Whether the engine may run as Redis Functions (see [`Self::engine_functions`]).
+    functions: bool,
     pub(super) manual_clock: Option<crate::clock::ManualClock>,
 }
 
@@ -90,6 +92,8 @@ impl Default for BackendBuilder {
             failover: Failover::default(),
             time: TimeSource::default(),
             caller_offset_us: 0,
+            functions: std::env::var_os("TOWER_REDIS_RATELIMIT_EVALSHA")
+                .is_none_or(|v| v.is_empty()),
             manual_clock: None,
         }
     }
@@ -379,6 +383,17 @@ impl BackendBuilder {
         self
     }
 
+    /// Not part of the API: with `false`, the engine runs by `EVALSHA` even on servers
+    /// with Redis Functions (the default: Functions where the server has them, Redis 7
+    /// and later; `EVALSHA` elsewhere), so that tests and benchmarks cover both paths.
+    /// The environment variable `TOWER_REDIS_RATELIMIT_EVALSHA` (any value) sets the
+    /// default to `false`.
+    #[doc(hidden)]
+    pub fn engine_functions(mut self, enabled: bool) -> Self {
+        self.functions = enabled;
+        self
+    }
+
     /// The deadline of one Redis check, waiting for a connection included (default
     /// 100 ms). A check that takes longer is answered by its layer's failure policy, and
     /// counts as a failure for the [breaker](Self::breaker_failure_ratio).
@@ -539,6 +554,7 @@ impl BackendBuilder {
                 self.call_timeout,
                 self.probe_interval,
                 self.breaker,
+                self.functions,
             ))
         });
         let local = Arc::new(LocalStore::new(self.max_local_keys, &self.prefix));

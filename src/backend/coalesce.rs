@@ -14,9 +14,10 @@ use std::sync::Arc;
 use dashmap::DashMap;
 use tokio::sync::oneshot;
 
+use super::check::engine_call;
 use super::connect::Call;
 use super::deny::PreHashed;
-use super::hosts::{engine_call, Hosts};
+use super::hosts::Hosts;
 use super::redis::RedisBackend;
 
 /// The calls in flight of one limiter, and the checks waiting for them.

@@ -11,6 +11,8 @@ use std::time::Duration;
 use deadpool_redis::redis::{self, ErrorKind, Script, ServerErrorKind, ToRedisArgs};
 
 use super::redis::ScriptError;
+use super::time::{Library, Scripts};
+use super::TimeSource;
 
 /// Certificates for TLS connections (`rediss://`); never shown by `Debug`.
 #[derive(Clone, Default)]
@@ -267,6 +269,8 @@ pub(crate) enum Conn {
 /// script's hash only: keys may be secrets (API keys).
 pub(crate) struct Call {
     script: &'static Script,
+    /// The library the call's function is in, for an `FCALL`.
+    library: Option<&'static Library>,
     cmd: redis::Cmd,
 }
 
@@ -286,7 +290,47 @@ impl Call {
         let hash = script.get_hash();
         let mut cmd = redis::Cmd::with_capacity(3 + args, "EVALSHA".len() + hash.len() + 4 + bytes);
         cmd.arg("EVALSHA").arg(hash).arg(keys);
-        Self { script, cmd }
+        Self {
+            script,
+            library: None,
+            cmd,
+        }
+    }
+
+    /// A call of the engine for `time` with `keys` keys (see [`new`](Self::new)): an
+    /// `FCALL` of its function with `functions`, else an `EVALSHA` of its script.
+    pub(crate) fn engine(
+        scripts: &'static Scripts,
+        time: TimeSource,
+        functions: bool,
+        keys: usize,
+        args: usize,
+        bytes: usize,
+    ) -> Self {
+        if !functions {
+            return Self::new(scripts.get(time), keys, args, bytes);
+        }
+        let library = scripts.library();
+        let name = library.function(time);
+        let mut cmd = redis::Cmd::with_capacity(3 + args, "FCALL".len() + name.len() + 4 + bytes);
+        cmd.arg("FCALL").arg(name).arg(keys);
+        Self {
+            script: scripts.get(time),
+            library: Some(library),
+            cmd,
+        }
+    }
+
+    /// The same call as an `EVALSHA` of the script.
+    fn as_evalsha(&self) -> redis::Cmd {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(self.script.get_hash());
+        for arg in self.cmd.args_iter().skip(2) {
+            if let redis::Arg::Simple(arg) = arg {
+                cmd.arg(arg);
+            }
+        }
+        cmd
     }
 
     /// Adds a key: every key comes before the first argument.
@@ -343,6 +387,18 @@ impl Args {
         self
     }
 
+    /// The arguments as one, separated by `separator`.
+    pub(crate) fn joined(&self, separator: u8) -> Vec<u8> {
+        let mut out = Vec::new();
+        for (i, arg) in self.0.iter().enumerate() {
+            if i > 0 {
+                out.push(separator);
+            }
+            out.extend_from_slice(arg);
+        }
+        out
+    }
+
     /// How many arguments, and their bytes in all.
     pub(crate) fn size(&self) -> (usize, usize) {
         (self.0.len(), self.0.iter().map(Vec::len).sum())
@@ -350,14 +406,51 @@ impl Args {
 }
 
 impl Conn {
-    /// Runs a script call by SHA, loading the script on `NOSCRIPT` and calling again.
+    /// Runs a script call by SHA, loading the script on `NOSCRIPT` and calling again; an
+    /// `FCALL`, loading the library when the server does not have it and calling again
+    /// (or, on a server without Redis Functions, running the script by SHA).
     pub(crate) async fn script(&mut self, call: &Call) -> Result<Vec<i64>, redis::RedisError> {
         match self.query(&call.cmd).await {
             Err(error) if error.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
                 self.load(call.script).await?;
                 self.query(&call.cmd).await
             }
+            Err(error) if call.library.is_some() && function_missing(&error) => {
+                if let Some(library) = call.library {
+                    self.load_library(library).await?;
+                }
+                self.query(&call.cmd).await
+            }
+            Err(error) if call.library.is_some() && unknown_command(&error) => {
+                let cmd = call.as_evalsha();
+                match self.query(&cmd).await {
+                    Err(error) if error.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                        self.load(call.script).await?;
+                        self.query(&cmd).await
+                    }
+                    result => result,
+                }
+            }
             result => result,
+        }
+    }
+
+    /// `FUNCTION LOAD` of `library`; a library of that name already loaded (by another
+    /// instance: the name carries the text's hash) is the same library.
+    pub(crate) async fn load_library(
+        &mut self,
+        library: &Library,
+    ) -> Result<(), redis::RedisError> {
+        let mut cmd = redis::cmd("FUNCTION");
+        cmd.arg("LOAD").arg(&library.text);
+        let result: Result<redis::Value, _> = match self {
+            Self::Single(conn) => cmd.query_async(conn).await,
+            #[cfg(feature = "cluster")]
+            Self::Cluster(conn) => cmd.query_async(conn).await,
+        };
+        match result {
+            Err(error) if error.to_string().contains("already exists") => Ok(()),
+            result => result.map(drop),
         }
     }
 
@@ -377,6 +470,17 @@ impl Conn {
             Self::Cluster(conn) => script.load_async(conn).await,
         }
     }
+}
+
+/// The server has no such function: the library is not loaded there (a new server, a
+/// `FUNCTION FLUSH`).
+fn function_missing(error: &redis::RedisError) -> bool {
+    error.to_string().contains("Function not found")
+}
+
+/// The server does not know the command (`FCALL`, `FUNCTION` before Redis 7).
+pub(crate) fn unknown_command(error: &redis::RedisError) -> bool {
+    error.to_string().contains("unknown command")
 }
 
 #[cfg(test)]

@@ -11,13 +11,14 @@
 -- 'f' refund: give the cost back to every limit; 'x' reset: forget the key and its
 -- block; 'b' block: refuse the key for `cost` ms; 'v' reserve: one token bucket's
 -- tokens at the earliest time they fit; 'l' lease: at least the cost of one token
--- bucket's tokens, at most ARGV[4], after giving back the unused tokens of the key's
--- expired lease (their count after the limits); 'm' several checks of the key at once, their
--- count in place of the cost and their costs after the limits), cost, the number of
--- limits n, the lockout (ms the key is blocked for when a check is refused; 0: none;
--- for 'v': the longest wait in µs), then per limit
--- its algorithm ('w' fixed window, 't' token bucket, 'r' rolling window), the count of
--- its arguments and the arguments; with the caller's time, that time last.
+-- bucket's tokens, at most ARGV[3], after giving back the unused tokens of the key's
+-- expired lease (their count in ARGV[5]); 'm' several checks of the key at once, their
+-- count in place of the cost and their costs from ARGV[5] on), cost, the lockout (ms
+-- the key is blocked for when a check is refused; 0: none; for 'v': the longest wait in
+-- µs), the limits (one text: per limit its algorithm ('w' fixed window, 't' token
+-- bucket, 'r' rolling window), the count of its arguments and the arguments, separated
+-- by ':'), then the extra numbers; with the caller's time, that time last. The number of
+-- limits n is #KEYS - 1.
 -- Returns {admitted by every limit (1/0), ms the key stays blocked (0: not blocked),
 -- then each limit's reply in order}, once per check for 'm'. With more than one
 -- limit, every limit decides first without spending; only when all of them admit does
@@ -30,24 +31,29 @@ local algorithms = {
     refund = token_bucket_refund },
   r = { state = rolling_state, step = rolling_step, save = rolling_save, refund = rolling_refund },
 }
+-- The engine: built once per library (Redis Functions), or once per call (EVALSHA).
+-- `L`: the limits' words (limits_of); the lean check has been tried.
+local function engine(KEYS, ARGV, L)
 local op = ARGV[1]
 local cost = tonumber(ARGV[2])
-local n = tonumber(ARGV[3])
+local n = #KEYS - 1
 -- The lockout (ms) of a check; a reservation's longest wait (µs); a lease's size.
-local param = tonumber(ARGV[4])
+local param = tonumber(ARGV[3])
 local block = KEYS[n + 1]
 local limits = {}
-local at = 5
+local at = 1
 for i = 1, n do
-  local argc = tonumber(ARGV[at + 1])
+  local argc = L[at + 1]
   local a = {}
   for j = 1, argc do
-    a[j] = tonumber(ARGV[at + 1 + j])
+    a[j] = L[at + 1 + j]
   end
-  limits[i] = { algorithms[ARGV[at]], a }
+  limits[i] = { algorithms[L[at]], a }
   at = at + 2 + argc
 end
-local now_us = unix_us()
+-- The numbers after the limits' (a lease's unused tokens, coalesced costs).
+at = 5
+local now_us = unix_us(ARGV)
 if op == 'f' or op == 'x' or op == 'b' then
   -- Refund (give `cost` back), reset (forget the key) or block, then say where each
   -- limit stands: a cost of 0, decided without writing.
@@ -165,3 +171,4 @@ for i = 1, n do
   end
 end
 return out
+end

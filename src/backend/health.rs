@@ -107,6 +107,15 @@ pub enum RedisState {
 }
 
 impl RedisState {
+    /// The state's `to` label in the switches metric.
+    fn metric_label(self) -> &'static str {
+        match self {
+            Self::Healthy => "redis",
+            Self::Fallback => "fallback",
+            Self::Recovering => "recovering",
+        }
+    }
+
     fn from_u8(value: u8) -> Self {
         match value {
             1 => Self::Fallback,
@@ -238,7 +247,7 @@ impl Breaker {
             let away = end.saturating_sub(since);
             self.away_done_ns.fetch_add(away, Ordering::AcqRel);
             self.count_away();
-            crate::metrics::redis_switch(&self.prefix, RedisState::Healthy);
+            crate::metrics::redis_switch(&self.prefix, RedisState::Healthy.metric_label());
             let away = Duration::from_nanos(away);
             tracing::info!(?away, "redis recovered: every check goes to redis again");
         }
@@ -388,7 +397,7 @@ impl Breaker {
                 self.away_since_ns
                     .store(self.now_ns().max(1), Ordering::Release);
             }
-            crate::metrics::redis_switch(&self.prefix, RedisState::Fallback);
+            crate::metrics::redis_switch(&self.prefix, RedisState::Fallback.metric_label());
         }
         opened
     }
@@ -409,7 +418,7 @@ impl Breaker {
             .store(self.now_ns(), Ordering::Release);
         self.state
             .store(RedisState::Recovering.as_u8(), Ordering::Release);
-        crate::metrics::redis_switch(&self.prefix, RedisState::Recovering);
+        crate::metrics::redis_switch(&self.prefix, RedisState::Recovering.metric_label());
     }
 }
 

@@ -14,7 +14,8 @@ use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::hosts::{cached_refusal, conclude, engine_call, unavailable, Hosts};
+use super::check::{cached_refusal, conclude, engine_call, unavailable};
+use super::hosts::Hosts;
 use super::operate::{operate, Operation};
 use super::redis::RedisBackend;
 use crate::decision::{Decision, Source, State};

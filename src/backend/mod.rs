@@ -89,6 +89,7 @@
 
 mod block;
 mod builder;
+mod check;
 mod coalesce;
 mod connect;
 mod deny;
@@ -111,13 +112,14 @@ use crate::local::LocalStore;
 
 pub(crate) use self::block::Blocks;
 pub use self::builder::BackendBuilder;
+pub(crate) use self::check::check;
 pub(crate) use self::connect::{Args, Call};
 use self::deny::DenyCache;
 pub use self::health::{
     RedisState, DEFAULT_BREAKER_FAILURE_RATIO, DEFAULT_BREAKER_MIN_CALLS, DEFAULT_BREAKER_WINDOW,
     DEFAULT_RECOVERY,
 };
-pub(crate) use self::hosts::{check, Hosts, Remote};
+pub(crate) use self::hosts::{Hosts, Remote};
 pub(crate) use self::layout::{Layout, Owner};
 pub(crate) use self::lease::Leases;
 pub(crate) use self::operate::{operate, Operation};

@@ -6,9 +6,10 @@ use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::hosts::{
-    answering, blocked, engine_call, read_reply, refusal_or_standing, unavailable, Hosts,
+use super::check::{
+    answering, blocked, engine_call, read_reply, refusal_or_standing, unavailable,
 };
+use super::hosts::Hosts;
 use super::FailurePolicy;
 use crate::decision::{Decision, Source};
 use crate::limiter::Check;

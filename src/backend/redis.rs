@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, Weak};
 use std::time::Duration;
 
@@ -18,6 +18,7 @@ use super::connect::{Call, Conn, Connector};
 use super::fault::breaks_connection;
 pub(crate) use super::fault::{Fault, ScriptError};
 use super::health::{Breaker, BreakerConfig, Outcome, RedisState};
+use super::hosts::ENGINE;
 
 /// A connection attempt: `None` while under way, then how it ended.
 type Attempt = watch::Receiver<Option<Result<(), ScriptError>>>;
@@ -49,6 +50,10 @@ pub(crate) struct RedisBackend {
     probing: AtomicBool,
     /// The scripts checks have run, loaded on every new connection.
     scripts: ArcSwap<Vec<&'static Script>>,
+    /// Whether the engine runs as Redis Functions: [`FUNCTIONS_UNKNOWN`] until a
+    /// connection has loaded the library ([`FUNCTIONS_ON`]) or found the server without
+    /// them ([`FUNCTIONS_OFF`]); always off when the builder turned them off.
+    functions: AtomicU8,
     log: ErrorLog,
     /// Keys whose errors were logged lately (by hash), and when.
     key_errors: Mutex<HashMap<u128, std::time::Instant>>,
@@ -72,6 +77,7 @@ impl RedisBackend {
         call_timeout: Duration,
         probe_interval: Duration,
         breaker: BreakerConfig,
+        functions: bool,
     ) -> Self {
         Self {
             connector,
@@ -83,9 +89,22 @@ impl RedisBackend {
             breaker: Breaker::new(breaker, call_timeout, prefix.clone()),
             probing: AtomicBool::new(false),
             scripts: ArcSwap::default(),
+            functions: AtomicU8::new(if functions {
+                FUNCTIONS_UNKNOWN
+            } else {
+                FUNCTIONS_OFF
+            }),
             log: ErrorLog::default(),
             key_errors: Mutex::default(),
         }
+    }
+
+    /// Whether checks call the engine as Redis Functions (`FCALL`) rather than by
+    /// `EVALSHA`: unless the builder turned them off or a connection found the server
+    /// without them (before the first connection, an `FCALL` met with "unknown command"
+    /// runs again by `EVALSHA`).
+    pub(crate) fn engine_functions(&self) -> bool {
+        self.functions.load(Ordering::Relaxed) != FUNCTIONS_OFF
     }
 
     pub(crate) fn probe_interval(&self) -> Duration {
@@ -221,11 +240,33 @@ impl RedisBackend {
         tokio::spawn(async move {
             let connect = async {
                 let mut conn = this.connector.connect(timeout).await?;
+                // The engine as Redis Functions, where the server has them (Redis 7 and
+                // later): loaded once per server, checked on every new connection (a
+                // failover may reach another server). One round trip, as the script's
+                // loading was.
+                let mut functions = this.functions.load(Ordering::Relaxed) != FUNCTIONS_OFF;
+                if functions {
+                    match conn.load_library(ENGINE.library()).await {
+                        Ok(()) => this.functions.store(FUNCTIONS_ON, Ordering::Relaxed),
+                        Err(error) if error.is_io_error() => {
+                            tracing::debug!(%error, "loading the engine's functions failed");
+                        }
+                        Err(error) => {
+                            tracing::info!(%error, "redis without functions: the engine runs by EVALSHA");
+                            this.functions.store(FUNCTIONS_OFF, Ordering::Relaxed);
+                            functions = false;
+                        }
+                    }
+                }
                 // A new connection may reach a new server (a restart, a failover): load
                 // the scripts in use before any check needs them, so that concurrent
-                // checks do not each meet `NOSCRIPT` and load them again.
+                // checks do not each meet `NOSCRIPT` and load them again (the engine's
+                // only when it runs by `EVALSHA`).
                 let scripts = this.scripts.load_full();
                 for script in scripts.iter() {
+                    if functions && ENGINE.holds(script) {
+                        continue;
+                    }
                     if let Err(error) = conn.load(script).await {
                         tracing::debug!(%error, "loading a script on a new connection failed");
                         break;
@@ -388,6 +429,13 @@ impl RedisBackend {
             .unwrap_or(Err(ScriptError::Timeout(timeout)))
     }
 }
+
+/// [`RedisBackend::functions`]: not known yet.
+const FUNCTIONS_UNKNOWN: u8 = 0;
+/// [`RedisBackend::functions`]: the engine runs as Redis Functions.
+const FUNCTIONS_ON: u8 = 1;
+/// [`RedisBackend::functions`]: the engine runs by `EVALSHA`.
+const FUNCTIONS_OFF: u8 = 2;
 
 /// Who makes a call or a connection attempt: a check (judged by the breaker's ratio and
 /// streak) or the probe (judged by the streak only: it runs by time, not by traffic).

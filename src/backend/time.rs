@@ -1,17 +1,26 @@
 //! Which clock the Redis scripts read: [`TimeSource`], and the two versions of each
 //! script that it picks between ([`Scripts`]).
 //!
-//! A script body (the engine, the probe) reads time only through `unix_us()`; a short
-//! prelude, one per time source, defines it:
+//! The engine reads time only through `unix_us(ARGV)`; a short prelude, one per time
+//! source, defines it:
 //!
 //! - server time: `unix_us()` calls `TIME`;
-//! - caller time: `unix_us()` reads the last `ARGV` (microseconds since the Unix epoch,
-//!   appended by [`check`](super::check)). The text of this version holds no `TIME`
+//! - caller time: `unix_us(ARGV)` reads the last `ARGV` (microseconds since the Unix
+//!   epoch, appended by [`check`](super::check::check())). The text of this version holds no `TIME`
 //!   call at all, so a server that refuses `TIME` in scripts, or scans scripts for it,
 //!   never meets it.
 //!
 //! `caller_time` tells the body which one it runs in, for the few rules that differ
 //! (see each algorithm's "Clocks" docs).
+//!
+//! The engine runs on one of two paths, the same Lua either way (the body defines
+//! `engine(KEYS, ARGV)`):
+//!
+//! - Redis Functions (Redis 7 and later): one library holds both time versions, loaded
+//!   once per server with `FUNCTION LOAD`; each check is one `FCALL`. The algorithms'
+//!   functions and tables are built once, when the library loads.
+//! - `EVALSHA` (Redis before 7, and servers that refuse `FUNCTION`): the script runs
+//!   the whole body per call, then `engine(KEYS, ARGV)`.
 
 use deadpool_redis::redis::Script;
 
@@ -123,7 +132,7 @@ impl Backend {
 const SERVER_PRELUDE: &str = "\
 -- Time: the Redis server's clock.
 local caller_time = false
-local function unix_us()
+local function unix_us(_)
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
@@ -133,33 +142,87 @@ end
 const CALLER_PRELUDE: &str = "\
 -- Time: the caller's clock, the last ARGV (microseconds since the Unix epoch).
 local caller_time = true
-local function unix_us()
-  return tonumber(ARGV[#ARGV])
+local function unix_us(argv)
+  return tonumber(argv[#argv])
 end
 ";
 
-/// An algorithm's script in both versions: reading `TIME`, or the caller's time.
+/// The engine in both time versions: reading `TIME`, or the caller's time; as a script
+/// for `EVALSHA` each, and as one library of Redis Functions holding both.
 #[derive(Debug)]
 pub(crate) struct Scripts {
     server: Script,
     caller: Script,
+    library: Library,
+}
+
+/// A library of Redis Functions: its text (for `FUNCTION LOAD`) and its functions'
+/// names, one per time version. The names carry a hash of the text, so that instances
+/// running different versions of the crate on one server each call their own.
+#[derive(Debug)]
+pub(crate) struct Library {
+    pub(crate) text: String,
+    server: String,
+    caller: String,
+}
+
+impl Library {
+    /// The name of the function for `time`.
+    pub(crate) fn function(&self, time: TimeSource) -> &str {
+        match time {
+            TimeSource::Server => &self.server,
+            TimeSource::Caller => &self.caller,
+        }
+    }
 }
 
 impl Scripts {
-    /// Both versions of `body` (an algorithm's `.lua` file).
-    pub(crate) fn new(body: &str) -> Self {
+    /// Both versions of the engine whose text is `lean` (which defines
+    /// `limits_of(text)` and `lean(KEYS, ARGV, L)`) then `general` (which defines
+    /// `engine(KEYS, ARGV, L)`).
+    pub(crate) fn new(lean: &str, general: &str) -> Self {
+        let hash = Script::new(&[lean, general].concat()).get_hash().to_owned();
+        let tag = &hash[..16];
+        let server = format!("tower_redis_ratelimit_{tag}_server");
+        let caller = format!("tower_redis_ratelimit_{tag}_caller");
+        let mut text = format!("#!lua name=tower_redis_ratelimit_{tag}\n");
+        for (time, name) in [(TimeSource::Server, &server), (TimeSource::Caller, &caller)] {
+            text.push_str("do\n");
+            text.push_str(prelude(time));
+            text.push_str(lean);
+            text.push_str(general);
+            text.push_str(&format!(
+                "redis.register_function('{name}', function(KEYS, ARGV)\n{ENTRY}\
+                 return engine(KEYS, ARGV, L)\nend)\nend\n"
+            ));
+        }
         Self {
-            server: Script::new(&source(TimeSource::Server, body)),
-            caller: Script::new(&source(TimeSource::Caller, body)),
+            server: Script::new(&source(TimeSource::Server, lean, general)),
+            caller: Script::new(&source(TimeSource::Caller, lean, general)),
+            library: Library {
+                text,
+                server,
+                caller,
+            },
         }
     }
 
-    /// The version for `time`.
+    /// The script for `time`.
     pub(crate) fn get(&self, time: TimeSource) -> &Script {
         match time {
             TimeSource::Server => &self.server,
             TimeSource::Caller => &self.caller,
         }
+    }
+
+    /// Whether `script` is one of the engine's scripts.
+    pub(crate) fn holds(&self, script: &Script) -> bool {
+        std::ptr::eq(script, &self.server) || std::ptr::eq(script, &self.caller)
+    }
+
+    /// The library of Redis Functions.
+    pub(crate) fn library(&self) -> &Library {
+        &self.library
     }
 }
 
@@ -170,16 +233,43 @@ impl Scripts {
 #[doc(hidden)]
 #[must_use]
 pub fn engine_script() -> String {
-    source(TimeSource::Server, &super::hosts::engine_body())
+    source(
+        TimeSource::Server,
+        &super::hosts::engine_lean(),
+        &super::hosts::engine_general(),
+    )
 }
 
-/// The text of `body`'s version for `time`.
-fn source(time: TimeSource, body: &str) -> String {
-    let prelude = match time {
+fn prelude(time: TimeSource) -> &'static str {
+    match time {
         TimeSource::Server => SERVER_PRELUDE,
         TimeSource::Caller => CALLER_PRELUDE,
-    };
-    [prelude, body].concat()
+    }
+}
+
+/// The engine's entry: the limits' words, then the lean check for a check, which returns
+/// when it decides.
+const ENTRY: &str = "\
+local L = limits_of(ARGV[4])
+if ARGV[1] == 'c' then
+  local out = lean(KEYS, ARGV, L)
+  if out then
+    return out
+  end
+end
+";
+
+/// The engine's script for `time` (`EVALSHA`): the lean check, the entry (returning
+/// when the lean check decides), and only then the general engine and its call.
+fn source(time: TimeSource, lean: &str, general: &str) -> String {
+    [
+        prelude(time),
+        lean,
+        ENTRY,
+        general,
+        "return engine(KEYS, ARGV, L)\n",
+    ]
+    .concat()
 }
 
 #[cfg(test)]
@@ -192,10 +282,8 @@ mod tests {
             (
                 "engine",
                 [
-                    include_str!("../period/period.lua"),
-                    include_str!("../token_bucket/token_bucket.lua"),
-                    include_str!("../rolling/rolling.lua"),
-                    include_str!("engine.lua"),
+                    super::super::hosts::engine_lean(),
+                    super::super::hosts::engine_general(),
                 ]
                 .concat(),
             ),
@@ -222,7 +310,7 @@ mod tests {
     #[test]
     fn the_caller_version_never_calls_time() {
         for (name, body) in bodies() {
-            let caller = source(TimeSource::Caller, &body);
+            let caller = source(TimeSource::Caller, &body, "");
             assert!(
                 !caller.to_ascii_uppercase().contains("'TIME'"),
                 "{name} calls TIME in caller mode"
@@ -230,7 +318,7 @@ mod tests {
             assert!(!calls(&caller).is_empty(), "{name}");
         }
         // The server version of the time-reading bodies does.
-        assert!(source(TimeSource::Server, &bodies()[0].1).contains("redis.call('TIME')"));
+        assert!(source(TimeSource::Server, &bodies()[0].1, "").contains("redis.call('TIME')"));
     }
 
     /// Redis Cluster, Dragonfly and managed servers need every key a script touches in
@@ -252,7 +340,7 @@ mod tests {
         assert_eq!(calls_with_a_key, 3, "state, save, refund");
         for (name, body) in bodies() {
             for time in [TimeSource::Server, TimeSource::Caller] {
-                for call in calls(&source(time, &body)) {
+                for call in calls(&source(time, &body, "")) {
                     let command = call[0].trim_matches('\'').to_ascii_uppercase();
                     if command == "TIME" {
                         assert_eq!(call.len(), 1, "{name}: {call:?}");
@@ -271,7 +359,7 @@ mod tests {
 
     #[test]
     fn the_preludes_differ() {
-        let scripts = Scripts::new("return caller_time");
+        let scripts = Scripts::new("return caller_time", "");
         assert_ne!(
             scripts.get(TimeSource::Server).get_hash(),
             scripts.get(TimeSource::Caller).get_hash()

@@ -66,6 +66,7 @@
 //! ```
 
 pub(crate) mod memory;
+pub(crate) mod window;
 
 use std::num::NonZeroU32;
 use std::sync::Arc;

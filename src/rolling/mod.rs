@@ -99,6 +99,7 @@
 //! # let _ = layer; Ok(()) }
 //! ```
 
+pub(crate) mod counts;
 mod limiter;
 pub(crate) mod memory;
 

@@ -52,32 +52,6 @@ local function token_bucket_store(key, s)
   redis.call('SET', key, value, 'PX', string.format('%d', ttl))
 end
 
--- The float noise (µs) of the times of a bucket whose times are about `magnitude` µs:
--- times are doubles of µs since the epoch in a[3] (2^45 µs in 2027, 2^47 by 2030), and
--- a span such as `new_tat - now` or `tau - (tat - now)` carries the rounding of the few
--- sums and products that made it (each at most half a unit in the last place of its
--- magnitude: magnitude * 2^-53), accumulated in the stored TAT over its writes, plus the
--- 0.00005 µs of the stored TAT's four decimals. Eight units in the last place
--- (magnitude * 2^-49: 0.06 µs in 2027) bound it; a fixed 1e-9 token (0.0007 µs at
--- 3 per 2 s) did not, and floor() then lost a token. The in-process host counts in
--- integer nanoseconds (its interval truncated to the nanosecond, its spans exact): a
--- span within the noise of a whole number of intervals is that number there, and so
--- here.
-local function token_bucket_eps(magnitude, tau)
-  return (math.abs(magnitude) + tau) * 2 ^ -49 + 0.0001
-end
-
--- Whole tokens in `span` µs of a bucket (the part of tau not yet spent), within the
--- noise `eps` (token_bucket_eps).
-local function token_bucket_tokens(span, interval, eps)
-  return math.floor((span + eps) / interval)
-end
-
--- `us` (a duration in µs) rounded up to the µs, within the noise `eps`.
-local function token_bucket_us(us, eps)
-  return math.ceil(us - eps)
-end
-
 -- Token bucket as GCRA, as an algorithm of the engine (src/backend/engine.lua), with
 -- a = {emission interval (µs per token, fractional allowed), burst, epoch (whole seconds
 -- since the Unix epoch)}: token_bucket_state(key, a, now_us) reads the key once,

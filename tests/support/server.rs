@@ -370,11 +370,14 @@ impl RedisServer {
         self.node.resume();
     }
 
-    /// `SCRIPT FLUSH`: forget all cached Lua scripts, so the next `EVALSHA`
-    /// gets `NOSCRIPT`.
+    /// `SCRIPT FLUSH` and `FUNCTION FLUSH`: forget all cached Lua scripts and every
+    /// library of functions, so the next `EVALSHA` gets `NOSCRIPT` and the next `FCALL`
+    /// finds no function.
     pub(crate) fn flush_scripts(&self) {
         let reply = self.cmd(&["SCRIPT", "FLUSH"]);
         assert_eq!(reply, "OK", "SCRIPT FLUSH failed: {reply}");
+        let reply = self.cmd(&["FUNCTION", "FLUSH"]);
+        assert_eq!(reply, "OK", "FUNCTION FLUSH failed: {reply}");
     }
 
     /// Sends one command on a fresh blocking connection and returns the
@@ -390,14 +393,22 @@ impl RedisServer {
     }
 
     /// How many times the server ran `command` (lower case, e.g. `evalsha`, `ping`),
-    /// from `INFO commandstats`.
+    /// from `INFO commandstats`. `evalsha` counts the engine's calls on either path:
+    /// `EVALSHA` and `FCALL` (Redis Functions).
     pub(crate) fn command_calls(&self, command: &str) -> u64 {
-        let prefix = format!("cmdstat_{command}:calls=");
-        self.cmd(&["INFO", "commandstats"])
-            .lines()
-            .find_map(|line| line.strip_prefix(prefix.as_str()))
-            .and_then(|rest| rest.split(',').next())
-            .map_or(0, |calls| calls.parse().expect("a number of calls"))
+        let stats = self.cmd(&["INFO", "commandstats"]);
+        let calls = |command: &str| {
+            let prefix = format!("cmdstat_{command}:calls=");
+            stats
+                .lines()
+                .find_map(|line| line.strip_prefix(prefix.as_str()))
+                .and_then(|rest| rest.split(',').next())
+                .map_or(0, |calls| calls.parse::<u64>().expect("a number of calls"))
+        };
+        match command {
+            "evalsha" => calls("evalsha") + calls("fcall"),
+            _ => calls(command),
+        }
     }
 
     /// Like [`cmd`](RedisServer::cmd), returning the decoded reply.

@@ -1,0 +1,173 @@
+-- The lean check, first part of the engine's text (before the general engine,
+-- src/backend/engine.lua): the algorithms' lean functions (X_lean.lua) are placed before
+-- it, after the time prelude. On the EVALSHA path the script returns here when the lean
+-- check decides, so the general engine's functions and tables are never built for it;
+-- with Redis Functions everything is built once per library either way.
+-- The limits' text (ARGV[4]) read into a list of its words, numbers as numbers. A
+-- limiter sends the same text on every call: with Redis Functions the library keeps
+-- the lists it read (at most 1000 texts; then it starts again), so a call reads none.
+local limit_lists = {}
+local limit_list_count = 0
+local function limits_of(text)
+  local list = limit_lists[text]
+  if list then
+    return list
+  end
+  list = {}
+  for word in string.gmatch(text, '[^:]+') do
+    list[#list + 1] = tonumber(word) or word
+  end
+  if limit_list_count >= 1000 then
+    limit_lists = {}
+    limit_list_count = 0
+  end
+  limit_lists[text] = list
+  limit_list_count = limit_list_count + 1
+  return list
+end
+
+-- The lean check: a check ('c') that every limit admits on its state as the steps would
+-- (the common case), decided in the fewest commands and tables by each algorithm's
+-- X_try, then written by X_commit (a fixed window counts in its try, and is taken back
+-- with period_undo when a later limit does not admit). Returns the engine's reply, or
+-- nil when the general engine below decides (a blocked key, a refusal, a skew, a clock
+-- step), with nothing changed.
+local function lean(KEYS, ARGV, L)
+  local cost = tonumber(ARGV[2])
+  local n = #KEYS - 1
+  if n == 1 then
+    -- One limit (L: its letter, its count of arguments, its arguments): the reply made
+    -- at once.
+    local kind, key, block = L[1], KEYS[1], KEYS[2]
+    if kind == 't' then
+      local ok, left, full_in, tat, now, tau = token_bucket_try(key, block, L[3], L[4], L[5],
+        cost, unix_us(ARGV))
+      if not ok then
+        return nil
+      end
+      token_bucket_commit(key, tat, now, tau)
+      return { 1, 0, 1, left, 0, full_in }
+    end
+    if redis.call('PTTL', block) > 0 then
+      return nil
+    end
+    if kind == 'w' then
+      local offset, now_us = nil, nil
+      if L[2] > 2 then
+        offset = L[5]
+        now_us = unix_us(ARGV)
+      end
+      local ok, count, ttl = period_try(key, L[3], L[4], offset, cost, now_us)
+      if not ok then
+        return nil
+      end
+      return { 1, 0, 1, count, ttl }
+    elseif kind == 'r' then
+      local ok, sum, reset, current, dead = rolling_try(key, L[3], L[4], L[5], cost,
+        unix_us(ARGV))
+      if not ok then
+        return nil
+      end
+      rolling_commit(key, dead, current, cost, L[4], L[5])
+      return { 1, 0, 1, sum, 0, reset }
+    end
+    return nil
+  end
+  -- The block: read with the first limit's key when that limit is a token bucket
+  -- (one command for both), first otherwise.
+  local block = nil
+  if L[1] == 't' then
+    block = KEYS[n + 1]
+  elseif redis.call('PTTL', KEYS[n + 1]) > 0 then
+    return nil
+  end
+  local now_us = nil
+  local out = { 1, 0 }
+  -- With several limits, what to write (or take back) once every limit admits (or
+  -- one does not): per limit, its letter and its try's values.
+  local pending = nil
+  local at = 1
+  for i = 1, n do
+    local kind = L[at]
+    local argc = L[at + 1]
+    local key = KEYS[i]
+    local ok, r1, r2, c1, c2, c3
+    if kind == 'w' then
+      local offset = nil
+      if argc > 2 then
+        offset = L[at + 4]
+        now_us = now_us or unix_us(ARGV)
+      end
+      ok, r1, r2 = period_try(key, L[at + 2], L[at + 3], offset, cost, now_us)
+      if ok then
+        out[#out + 1] = 1
+        out[#out + 1] = r1
+        out[#out + 1] = r2
+        c1 = r1
+      end
+    elseif kind == 't' then
+      now_us = now_us or unix_us(ARGV)
+      ok, r1, r2, c1, c2, c3 = token_bucket_try(key, i == 1 and block or nil, L[at + 2],
+        L[at + 3], L[at + 4], cost, now_us)
+      if ok then
+        if n == 1 then
+          token_bucket_commit(key, c1, c2, c3)
+        end
+        out[#out + 1] = 1
+        out[#out + 1] = r1
+        out[#out + 1] = 0
+        out[#out + 1] = r2
+      end
+    elseif kind == 'r' then
+      now_us = now_us or unix_us(ARGV)
+      local buckets, interval = L[at + 3], L[at + 4]
+      ok, r1, r2, c1, c2 = rolling_try(key, L[at + 2], buckets, interval, cost, now_us)
+      if ok then
+        if n == 1 then
+          rolling_commit(key, c2, c1, cost, buckets, interval)
+        else
+          c3 = at
+        end
+        out[#out + 1] = 1
+        out[#out + 1] = r1
+        out[#out + 1] = 0
+        out[#out + 1] = r2
+      end
+    end
+    if not ok then
+      if pending then
+        for j = 1, #pending, 5 do
+          if pending[j] == 'w' then
+            -- (A window it started, the count the cost: a key that held nothing.)
+            period_undo(pending[j + 1], cost, pending[j + 2], pending[j + 2] == cost and -1 or 1)
+          end
+        end
+      end
+      return nil
+    end
+    if n > 1 then
+      pending = pending or {}
+      local p = #pending
+      pending[p + 1] = kind
+      pending[p + 2] = key
+      pending[p + 3] = c1
+      pending[p + 4] = c2 or false
+      pending[p + 5] = c3 or false
+    end
+    at = at + 2 + argc
+  end
+  if pending then
+    for j = 1, #pending, 5 do
+      local kind = pending[j]
+      if kind == 't' then
+        token_bucket_commit(pending[j + 1], pending[j + 2], pending[j + 3], pending[j + 4])
+      elseif kind == 'r' then
+        local a = pending[j + 4]
+        rolling_commit(pending[j + 1], pending[j + 3] or nil, pending[j + 2], cost,
+          L[a + 3], L[a + 4])
+      end
+    end
+  end
+  return out
+end
+

@@ -1,0 +1,82 @@
+-- Token bucket: the lean check (see src/backend/lean.lua) and the float rules it shares
+-- with the general steps (src/token_bucket/token_bucket.lua), placed before them.
+-- The float noise (µs) of the times of a bucket whose times are about `magnitude` µs:
+-- times are doubles of µs since the epoch in a[3] (2^45 µs in 2027, 2^47 by 2030), and
+-- a span such as `new_tat - now` or `tau - (tat - now)` carries the rounding of the few
+-- sums and products that made it (each at most half a unit in the last place of its
+-- magnitude: magnitude * 2^-53), accumulated in the stored TAT over its writes, plus the
+-- 0.00005 µs of the stored TAT's four decimals. Eight units in the last place
+-- (magnitude * 2^-49: 0.06 µs in 2027) bound it; a fixed 1e-9 token (0.0007 µs at
+-- 3 per 2 s) did not, and floor() then lost a token. The in-process host counts in
+-- integer nanoseconds (its interval truncated to the nanosecond, its spans exact): a
+-- span within the noise of a whole number of intervals is that number there, and so
+-- here.
+local function token_bucket_eps(magnitude, tau)
+  return (math.abs(magnitude) + tau) * 2 ^ -49 + 0.0001
+end
+
+-- Whole tokens in `span` µs of a bucket (the part of tau not yet spent), within the
+-- noise `eps` (token_bucket_eps).
+local function token_bucket_tokens(span, interval, eps)
+  return math.floor((span + eps) / interval)
+end
+
+-- `us` (a duration in µs) rounded up to the µs, within the noise `eps`.
+local function token_bucket_us(us, eps)
+  return math.ceil(us - eps)
+end
+
+-- The lean check (src/backend/lean.lua): the common case of token_bucket_state and
+-- token_bucket_step in the fewest commands and no tables, deciding exactly as they do.
+-- token_bucket_try(key, block, interval, burst, epoch, cost, now_us) reads the key (and
+-- its block, when given: then a block leaves it to the steps) and returns
+-- true, the tokens left, the µs until full and the new TAT when the bucket admits the
+-- cost with the key's time the server's (no skew, no step back); else false, and the
+-- steps decide (a refusal, a skew, a step back). Nothing is written:
+-- token_bucket_commit(key, tat, now, tau) stores the new TAT as token_bucket_store does.
+local function token_bucket_try(key, block, interval, burst, epoch, cost, now_us)
+  local value
+  if block then
+    -- The key and its block in one command: a block (set) leaves it to the steps.
+    local values = redis.call('MGET', key, block)
+    if values[2] then
+      return false
+    end
+    value = values[1]
+  else
+    value = redis.call('GET', key)
+  end
+  local tat = nil
+  if value then
+    tat = tonumber(value)
+    if tat == nil then
+      return false
+    end
+  end
+  local now = now_us - epoch * 1000000
+  local tau = interval * burst
+  if tat ~= nil and not caller_time and now < tat - tau then
+    return false
+  end
+  if tat == nil or tat < now then
+    tat = now
+  end
+  local eps = token_bucket_eps(now, tau)
+  tat = math.min(tat, now + tau)
+  local new_tat = tat + cost * interval
+  if new_tat - tau - now > eps then
+    return false
+  end
+  local full_in = new_tat - now
+  return true, token_bucket_tokens(tau - full_in, interval, eps), token_bucket_us(full_in, eps),
+    new_tat, now, tau
+end
+
+local function token_bucket_commit(key, tat, now, tau)
+  local ttl = math.max(1, math.ceil((tat - now) / 1000))
+  if caller_time then
+    ttl = ttl + math.max(math.ceil(tau / 1000), 1000)
+  end
+  -- (A whole number of ms below 2^53: Redis writes it without exponent.)
+  redis.call('SET', key, string.format('%.4f', tat), 'PX', ttl)
+end
