@@ -10,8 +10,7 @@
 //! - answered by Redis (or from a lease): at most the limit, as Redis counts it (a
 //!   fixed window: its quota in its window; a token bucket: its burst plus its rate over
 //!   the run); a step back of the server's clock, then its return, adds nothing to a
-//!   fixed window, and to a token bucket at most the refill of the time between the
-//!   key's last write and the first check after the step; leases add at most N × their
+//!   fixed window (a token bucket: the known gap below); leases add at most N × their
 //!   size;
 //! - answered by an instance's fallback: at most that instance's share of the limit
 //!   (`fallback_share` = 1/N), per instance.
@@ -21,8 +20,8 @@
 //! number of runs (default 2), `BOUND_CLOCK` the clock steps (0: none, 1: every run;
 //! default: half of the runs), `BOUND_LEASE=0` turns the leases off.
 //!
-//! Known gap: the token bucket's bound under clock steps *and* faults is not met yet
-//! (a few tokens per step beyond the documented refill); it is checked only with
+//! Known gap: a token bucket under a step back of the server's clock and its return may
+//! give back up to a burst (its docs say why); that bound is checked only with
 //! `BOUND_STRICT=1`, which fails within a few seeds. The fixed window's bound, and the
 //! token bucket's without clock steps, are checked in every run.
 
@@ -230,13 +229,13 @@ async fn run(seed: u64) -> Result<(), String> {
     // The token bucket: Redis's tokens over the run (its burst, plus its rate over the
     // run and one call timeout); each fallback: its share of both.
     let secs = elapsed.as_secs_f64() + 0.1;
-    // Known gap (issue 22's note): with faults, a token bucket under server clock steps
-    // back and returns has been seen to admit a few tokens per step beyond the refill
-    // of the time between the key's last write and the first check after the step (the
-    // documented cost: an interval, the gap between checks, the longest round trip of
-    // the faults: 250 ms, five tokens a step). Its bound is checked in runs without
-    // steps, and in runs with them only with `BOUND_STRICT=1` (which reproduces the gap
-    // within a few seeds).
+    // Known gap (issue 22's note; the token bucket's "Clocks" docs): a token bucket's
+    // key knows the newest time it has seen only as its TAT minus a refill, so a step
+    // back of the server's clock and its return may give back up to a burst. Its bound
+    // is checked in runs without steps, and in runs with them only with
+    // `BOUND_STRICT=1` (which reproduces the gap within a few seeds), against the
+    // refill of an interval, the gap between checks and the faults' longest round trip
+    // (250 ms, five tokens) per step.
     let per_step = (RATE as f64 * 0.25).ceil() as u64;
     let strict = std::env::var("BOUND_STRICT").is_ok_and(|v| v == "1");
     // Leases: units leased before a span are used in it, N × L at most (the docs).

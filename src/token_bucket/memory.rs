@@ -57,13 +57,12 @@ impl Tat {
     }
 
     /// Writes the TAT `tat` (in the key's time `now_ns`, skew `skew`), as the script's
-    /// store does: the key's time as its floor unless the TAT alone tells it (an exactly
-    /// empty bucket), so that the key's time never goes back.
+    /// store does: the floor only when the TAT alone does not tell it (a reservation).
     fn store(&mut self, tat: u64, now_ns: u64, skew: u64, tau: u64) {
         *self = Self {
             tat: tat.max(now_ns),
             skew,
-            floor_plus_one: if tat != now_ns.saturating_add(tau) {
+            floor_plus_one: if tat > now_ns.saturating_add(tau) {
                 now_ns.saturating_add(1)
             } else {
                 0
@@ -321,14 +320,12 @@ mod tests {
             tat.hit(BUCKET, 1, back + 100 * MS),
             Outcome::Admitted { left: 0, .. }
         ));
-        // A step back of less than a refill keeps the TAT as it is, and the key's time
-        // at its last write: the 3 tokens left then are still there (not 2, as the
-        // clock behind would say), and no more.
+        // A step back of less than a refill keeps the TAT as it is.
         let mut tat = Tat::default();
         tat.hit(BUCKET, 2, T0);
         assert!(matches!(
             tat.hit(BUCKET, 4, T0 - 100 * MS),
-            Outcome::Refused { left: 3, .. }
+            Outcome::Refused { left: 2, .. }
         ));
     }
 

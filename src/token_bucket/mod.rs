@@ -20,27 +20,26 @@
 //!
 //! The arrival time only ever moves forward, so no clock step refills a bucket beyond
 //! what the elapsed time allows. Each key holds the newest time it has seen: its time is
-//! the Redis server's, but never below its floor, the key's time at its last write
-//! (stored with the arrival time, in the same value, unless the arrival time alone tells
-//! it: an exactly empty bucket). When the server's clock steps back below the floor, the
-//! key's time stops there and runs on at the server's rate (the skew is stored with the
-//! arrival time: no extra command), and the arrival time stays in the key's time: so the
-//! step admits nothing more, not even when the clock comes back (the bucket is then as
-//! the key left it), and a refusal never waits more than one full refill (`burst /
-//! rate`), at any moment (a step back of an hour does not refuse a key for an hour).
-//! Once the server's time is at the floor again (the clock came back, or caught up), the
-//! skew is dropped. Costs: the key outlives its expiry by the step while the clock is
-//! behind (the expiry stays in the key's time); refusals write nothing, so the key's
-//! time behind runs from its last write, not from the step: the clock's return gives
-//! back the refill of the time between the key's last write and the step (on a key
-//! refused again and again, about one token; with faults between the instances and
-//! Redis, a few tokens more per step have been seen: a known gap, reproduced by
-//! `BOUND_STRICT=1` in `tests/bound.rs`); a step
-//! back of less than the time since the key's last write is followed, and gives back at
-//! most the refill of the step. A step forward at most refills the bucket early; so does
-//! a return that lands before the newest time a key has seen (it is a step forward from
-//! the time behind). In-process, time is the monotonic clock, which never steps back
-//! (the same rule runs there).
+//! the Redis server's, but never below its floor, the earliest time its state proves it
+//! has seen (the arrival time minus a full refill: an empty bucket; or the time of a
+//! reservation that took the arrival time further). When the server's clock steps back
+//! below the floor, the key's time stops there and runs on at the server's rate (the
+//! skew is stored with the arrival time, in the same value: no extra command), and the
+//! arrival time stays in the key's time: so the step admits nothing more than the floor
+//! allows, and a refusal never waits more than one full refill (`burst / rate`), at any
+//! moment (a step back of an hour does not refuse a key for an hour). Once the server's
+//! time is at the floor again (the clock came back, or caught up), the skew is dropped.
+//! Costs: the key outlives its expiry by the step while the clock is behind (the expiry
+//! stays in the key's time). The floor is a lower bound of the time the key has seen, up
+//! to one refill behind it (a bucket not empty at its last write), so **a step back of
+//! the server's clock and its return may give back up to one burst** (`tests/bound.rs`
+//! reproduces it with `BOUND_CLOCK=1 BOUND_STRICT=1`): storing the key's time at every
+//! write closes it, at a cost in Redis CPU on every check that is not paid yet (a known
+//! gap). A step back of less than what the bucket has refilled is followed the same way.
+//! A step forward at most refills the bucket early; so does a return that lands before
+//! the newest time a key has seen (it is a step forward from the time behind).
+//! In-process, time is the monotonic clock, which never steps back (the same rule runs
+//! there).
 //!
 //! With the callers' clocks ([`TimeSource::Caller`](crate::backend::TimeSource)), say
 //! within `s` of each other, the stored arrival time still never moves back (a caller

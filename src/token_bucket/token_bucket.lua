@@ -27,10 +27,9 @@ local function token_bucket_load(key, a, now_us)
 end
 
 -- Stores state `s` (its TAT in the key's time, its skew, and the key's time as its floor
--- whenever the TAT alone does not tell it, that is unless the bucket is exactly empty:
--- TAT - tau is only a lower bound of the time a key has seen, and a step back of the
--- server's clock below that time but above the bound, then its return, would refill the
--- bucket twice), kept until the bucket
+-- when the TAT alone does not tell it: a reservation beyond tau; otherwise TAT - tau is
+-- the floor, a lower bound of the time the key has seen: see the module docs' "Clocks"
+-- for what that costs, and the lean check's bare TAT, which this keeps), kept until the bucket
 -- is full again on the server's clock: the expiry is the TAT itself as a time of the
 -- server's clock, so a key whose time runs ahead of the server's (a skew) outlives it
 -- by the skew, and is still there when the clock comes back. With callers' clocks, also
@@ -42,7 +41,7 @@ local function token_bucket_store(key, s)
     ttl = ttl + math.max(math.ceil(s.tau / 1000), 1000)
   end
   local value
-  if not caller_time and math.abs(s.tat - s.tau - s.now) > s.eps then
+  if not caller_time and s.tat - s.tau - s.now > s.eps then
     value = string.format('%.4f %d %d', s.tat, s.skew, s.now)
   elseif s.skew > 0 then
     value = string.format('%.4f %d', s.tat, s.skew)
