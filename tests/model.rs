@@ -9,7 +9,9 @@
 //! level refilled continuously, in exact integer arithmetic (scaled by the rate, so no
 //! rounding ever happens); a rolling window is a map of bucket index to count.
 //!
-//! Hosts and paths, each on a fresh limiter name per case:
+//! Hosts and paths, each on a fresh limiter name per case, every third step through a
+//! second limiter of the same name (a handle: on another instance of the same Redis
+//! where instances agree exactly, on the same backend otherwise):
 //! - in process, on a clock the test sets;
 //! - Redis with the server's clock (frozen by the test at each step), no deny cache, no
 //!   coalescing: batches go one by one;
@@ -912,13 +914,23 @@ async fn run(case: &Case, host: Host, serial: u64) -> Result<(), String> {
     let manual = ManualClock::new(T0_MS * 1_000);
     let backend = backend(host, &manual);
     let name = format!("m{serial}-{host:?}");
-    let limiter = limiter(case, &backend, &name);
+    let first = limiter(case, &backend, &name);
+    // A handle: another limiter of the same name, which every third step goes through.
+    // On another instance (its own backend and connections) where instances agree
+    // exactly (Redis without the deny cache); on the same backend otherwise (a process's
+    // deny cache and fallback state are its own).
+    let other = match host {
+        Host::RedisServerTime | Host::RedisCallerTime => self::backend(host, &manual),
+        Host::InProcess | Host::RedisCached | Host::Fallback => backend.clone(),
+    };
+    let second = limiter(case, &other, &name);
     let mut model = Model::new(case);
     let mut now = T0_MS;
     // Whether a reservation was made (see `agrees`).
     let mut reserved = false;
     let mut log = String::new();
     for (step, op) in case.ops.iter().enumerate() {
+        let limiter = if step % 3 == 2 { &second } else { &first };
         manual.set_us(now * 1_000);
         shared()
             .clock
