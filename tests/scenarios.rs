@@ -328,6 +328,24 @@ async fn fixed_window_hosts_agree() {
             ],
         },
         Scenario {
+            // Shrunk from `tests/model.rs`: the hosts answered a blocked key differently,
+            // and its `Retry-After` was the block's even where the limit refused longer.
+            name: "a blocked key says the limit's own wait when it is longer",
+            limiter: period_2_per_second,
+            hosts: Hosts::All,
+            steps: vec![
+                step(0, 2, HitQuota, 0, 1_000, None),
+                with(Op::Block, step(0, 200, OverQuota, 0, 1_000, r(200))),
+                // Blocked, and the window is full until 1 000: retry then, not at 200.
+                step(100, 1, OverQuota, 0, 900, r(900)),
+                with(Op::Peek, step(100, 1, OverQuota, 0, 900, r(900))),
+                // The window emptied: the limit would admit, the block's wait stands.
+                with(Op::Refund, step(150, 2, OverQuota, 0, 1_000, r(50))),
+                step(160, 1, OverQuota, 0, 1_000, r(40)),
+                step(200, 1, Allowed, 1, 1_000, None),
+            ],
+        },
+        Scenario {
             name: "a window starts at its first request",
             limiter: period_5_per_second,
             hosts: Hosts::All,
@@ -503,6 +521,21 @@ async fn token_bucket_hosts_agree() {
                     Op::Reserve(1_000),
                     step(300, 6, ExceedsCapacity, 0, 0, None),
                 ),
+            ],
+        },
+        Scenario {
+            // Shrunk from `tests/model.rs`: a check or peek after a reservation read the
+            // bucket as merely empty and said to retry before the reserved tokens' time.
+            // (With callers' clocks such a TAT may be a caller ahead: not this rule.)
+            name: "tokens reserved beyond the burst count for the checks after them",
+            limiter: bucket_10_per_second_burst_5,
+            hosts: Hosts::NoCallerTime,
+            steps: vec![
+                step(0, 5, HitQuota, 0, 500, None),
+                with(Op::Reserve(300), step(0, 2, HitQuota, 0, 700, r(200))),
+                step(0, 1, OverQuota, 0, 700, r(300)),
+                with(Op::Peek, step(100, 1, OverQuota, 0, 600, r(200))),
+                step(300, 1, HitQuota, 0, 500, None),
             ],
         },
         Scenario {
