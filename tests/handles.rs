@@ -60,6 +60,13 @@ async fn echo(request: Request<String>) -> Result<Response<String>, Infallible> 
     Ok(response)
 }
 
+/// Free: 2 a minute; paid: 5 a minute; by the `Plan` in the request's extensions.
+fn plans() -> Plans<PeriodConfig, Plan, ExtensionPlan<Plan>> {
+    Plans::new(ExtensionPlan::<Plan>::new())
+        .plan(Plan::Free, "free", PeriodConfig::new(2, MINUTE))
+        .plan(Plan::Paid, "paid", PeriodConfig::new(5, MINUTE))
+}
+
 fn backends(redis: &RedisServer) -> [Backend; 2] {
     [redis.uncached_backend(), Backend::in_process()]
 }
@@ -70,10 +77,7 @@ fn backends(redis: &RedisServer) -> [Backend; 2] {
 async fn count_if_gives_back_under_the_plan_that_spent() {
     let redis = RedisServer::start();
     for backend in backends(&redis) {
-        let plans = Plans::new(ExtensionPlan::<Plan>::new())
-            .plan(Plan::Free, "free", PeriodConfig::new(2, MINUTE))
-            .plan(Plan::Paid, "paid", PeriodConfig::new(5, MINUTE));
-        let layer = LayerBuilder::new(&backend, plans)
+        let layer = LayerBuilder::new(&backend, plans())
             .name("login")
             .key(HeaderKey::from_static("x-user"))
             .count_if(CountIf::failures())
@@ -142,10 +146,7 @@ async fn count_if_gives_back_under_a_dynamic_limit() {
 async fn a_plan_limiters_handle_reaches_every_plan() {
     let redis = RedisServer::start();
     for backend in backends(&redis) {
-        let plans = Plans::new(ExtensionPlan::<Plan>::new())
-            .plan(Plan::Free, "free", PeriodConfig::new(2, MINUTE))
-            .plan(Plan::Paid, "paid", PeriodConfig::new(5, MINUTE));
-        let layer = LayerBuilder::new(&backend, plans)
+        let layer = LayerBuilder::new(&backend, plans())
             .name("api")
             .key(HeaderKey::from_static("x-user"))
             .build()

@@ -118,11 +118,13 @@ fn operate_locally<T: Hosts + ?Sized>(
     let local = &*store.remote().backend().inner.local;
     let units = u32::try_from(cost).unwrap_or(u32::MAX);
     let now_us = store.remote().backend().clock().now_us();
-    let blocked_now = store.blocks().until(local, key, || now_us).is_some();
+    // The key's block before the operation (read once; only a reset or a block change
+    // it, and they read it again below).
+    let until = store.blocks().until(local, key, || now_us);
     let decision = match op {
         // While blocked, a peek or a reservation says what a check would: the limit's
         // refusal of the cost, or where the key stands (then the block).
-        Operation::Peek | Operation::Reserve { .. } if blocked_now => {
+        Operation::Peek | Operation::Reserve { .. } if until.is_some() => {
             refusal_or_standing(store, key, units, source)
         }
         Operation::Peek => store.local(key, units, source, false),
@@ -147,7 +149,11 @@ fn operate_locally<T: Hosts + ?Sized>(
             }
         }
     };
-    match store.blocks().until(local, key, || now_us) {
+    let until = match op {
+        Operation::Reset | Operation::Block => store.blocks().until(local, key, || now_us),
+        _ => until,
+    };
+    match until {
         Some(until) => blocked(decision, Duration::from_micros(until - now_us)),
         None => decision,
     }
