@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::connect::{Connector, Tls};
+use super::credentials::{CredentialsProvider, Rotation};
 use super::deny::DenyCache;
 use super::health::BreakerConfig;
 use super::redis::RedisBackend;
@@ -56,6 +57,7 @@ pub struct BackendBuilder {
     tls: Tls,
     #[cfg(feature = "sentinel")]
     master_auth: Option<(String, String)>,
+    credentials: Option<Box<dyn CredentialsProvider>>,
     prefix: String,
     call_timeout: Duration,
     probe_interval: Duration,
@@ -81,6 +83,7 @@ impl Default for BackendBuilder {
             tls: Tls::default(),
             #[cfg(feature = "sentinel")]
             master_auth: None,
+            credentials: None,
             prefix: DEFAULT_PREFIX.to_owned(),
             call_timeout: DEFAULT_CALL_TIMEOUT,
             probe_interval: DEFAULT_PROBE_INTERVAL,
@@ -104,6 +107,7 @@ impl fmt::Debug for BackendBuilder {
         f.debug_struct("BackendBuilder")
             .field("redis", &self.target.as_ref().map(Target::kind))
             .field("tls", &self.tls)
+            .field("credentials_provider", &self.credentials.is_some())
             .field("prefix", &self.prefix)
             .field("call_timeout", &self.call_timeout)
             .field("probe_interval", &self.probe_interval)
@@ -231,6 +235,47 @@ impl BackendBuilder {
         password: impl Into<String>,
     ) -> Self {
         self.master_auth = Some((username.into(), password.into()));
+        self
+    }
+
+    /// Authenticates every connection the backend makes with credentials from
+    /// `provider`, for short-lived tokens (AWS ElastiCache and MemoryDB IAM auth, Azure
+    /// Entra ID) or passwords that rotate. A new connection uses credentials at most
+    /// three quarters through their lifetime (asking the provider for new ones if
+    /// needed); before they expire, the backend asks again and every kept connection
+    /// re-authenticates (`AUTH`, pipelined with its checks: no decision fails at the
+    /// switch). One backend asks the provider once per renewal, however many
+    /// connections it has (a cluster's nodes).
+    ///
+    /// A provider that fails is asked again with a backoff (100 ms doubling to 30 s)
+    /// and logged at most every ten seconds; kept connections stay on their current
+    /// credentials meanwhile, and a new connection fails, which the layers'
+    /// [failure policy](crate::FailurePolicy) answers for.
+    ///
+    /// For connections the backend makes ([`redis_url`](Self::redis_url),
+    /// [`redis_cluster_urls`](Self::redis_cluster_urls), the master of
+    /// [`redis_sentinel`](Self::redis_sentinel)); credentials in a URL are replaced.
+    /// [`build`](Self::build) refuses it with a pool (configure the pool's own
+    /// connections) or with [`sentinel_master_auth`](Self::sentinel_master_auth).
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use tower_redis_ratelimit::{backend::Credentials, Backend};
+    ///
+    /// # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
+    /// let backend = Backend::builder()
+    ///     .redis_url("redis://127.0.0.1:6379")
+    ///     .credentials(|| async {
+    ///         let token = std::env::var("REDIS_TOKEN")?;
+    ///         Ok::<_, std::env::VarError>(
+    ///             Credentials::new("limiter", token).expires_in(Duration::from_secs(900)),
+    ///         )
+    ///     })
+    ///     .build()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn credentials(mut self, provider: impl CredentialsProvider) -> Self {
+        self.credentials = Some(Box::new(provider));
         self
     }
 
@@ -513,6 +558,19 @@ impl BackendBuilder {
                     "more than one of a Redis URL, cluster URLs, sentinels and a pool were given",
             });
         }
+        if self.credentials.is_some() && matches!(self.target, Some(Target::Pool(_))) {
+            return Err(ConfigError::Conflict {
+                reason: "credentials apply to connections the backend makes from URLs, not to \
+                         a pool's: give the pool's own configuration the credentials",
+            });
+        }
+        #[cfg(feature = "sentinel")]
+        if self.credentials.is_some() && self.master_auth.is_some() {
+            return Err(ConfigError::Conflict {
+                reason: "both sentinel_master_auth and a credentials provider were given",
+            });
+        }
+        let credentials = self.credentials.take().map(Rotation::new);
         let invalid = |error: deadpool_redis::redis::RedisError| ConfigError::InvalidRedisUrl {
             reason: error.to_string(),
         };
@@ -521,7 +579,7 @@ impl BackendBuilder {
             Some(Target::Pool(connector)) => Some(connector),
             Some(Target::Url(url)) => {
                 check_url(&url, None)?;
-                Some(Connector::from_url(&url, &self.tls).map_err(invalid)?)
+                Some(Connector::from_url(&url, &self.tls, credentials).map_err(invalid)?)
             }
             #[cfg(feature = "cluster")]
             Some(Target::ClusterUrls(urls)) => {
@@ -533,7 +591,7 @@ impl BackendBuilder {
                 for (i, url) in urls.iter().enumerate() {
                     check_url(url, Some(("cluster URL", i)))?;
                 }
-                Some(Connector::from_cluster_urls(&urls, &self.tls).map_err(invalid)?)
+                Some(Connector::from_cluster_urls(&urls, &self.tls, credentials).map_err(invalid)?)
             }
             #[cfg(feature = "sentinel")]
             Some(Target::Sentinel { master, urls }) => {
@@ -541,8 +599,14 @@ impl BackendBuilder {
                     check_url(url, Some(("sentinel URL", i)))?;
                 }
                 Some(
-                    Connector::from_sentinels(&master, &urls, self.master_auth.as_ref(), &self.tls)
-                        .map_err(invalid)?,
+                    Connector::from_sentinels(
+                        &master,
+                        &urls,
+                        self.master_auth.as_ref(),
+                        &self.tls,
+                        credentials,
+                    )
+                    .map_err(invalid)?,
                 )
             }
         };

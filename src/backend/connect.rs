@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use deadpool_redis::redis::{self, ErrorKind, Script, ServerErrorKind, ToRedisArgs};
 
+use super::credentials::Rotation;
 use super::redis::ScriptError;
 use super::time::{Library, Scripts};
 use super::TimeSource;
@@ -70,8 +71,9 @@ fn without_tls(tls: &Tls) -> Result<(), redis::RedisError> {
 pub(crate) enum Connector {
     /// A user's pool; the backend takes one connection out of it and keeps it.
     Pool(deadpool_redis::Pool),
-    /// A client the backend built from a URL.
-    Client(Box<redis::Client>),
+    /// A client the backend built from a URL, and the credentials its connections
+    /// authenticate with when they rotate.
+    Client(Box<redis::Client>, Option<Rotation>),
     /// A user's cluster pool.
     #[cfg(feature = "cluster")]
     ClusterPool(deadpool_redis::cluster::Pool),
@@ -80,7 +82,10 @@ pub(crate) enum Connector {
     Cluster(Box<redis::cluster::ClusterClient>),
     /// The master a group of sentinels names, asked again for every new connection.
     #[cfg(feature = "sentinel")]
-    Sentinel(Arc<tokio::sync::Mutex<redis::sentinel::SentinelClient>>),
+    Sentinel(
+        Arc<tokio::sync::Mutex<redis::sentinel::SentinelClient>>,
+        Option<Rotation>,
+    ),
 }
 
 impl fmt::Debug for Connector {
@@ -88,13 +93,13 @@ impl fmt::Debug for Connector {
         // Never the URLs: they may hold passwords.
         let kind = match self {
             Self::Pool(_) => "pool",
-            Self::Client(_) => "url",
+            Self::Client(..) => "url",
             #[cfg(feature = "cluster")]
             Self::ClusterPool(_) => "cluster pool",
             #[cfg(feature = "cluster")]
             Self::Cluster(_) => "cluster urls",
             #[cfg(feature = "sentinel")]
-            Self::Sentinel(_) => "sentinel",
+            Self::Sentinel(..) => "sentinel",
         };
         f.debug_struct("Connector").field("kind", &kind).finish()
     }
@@ -107,8 +112,13 @@ fn nodelay() -> redis::io::tcp::TcpSettings {
 }
 
 impl Connector {
-    /// A client for `url` (`redis://` or, with the `tls` feature, `rediss://`).
-    pub(crate) fn from_url(url: &str, tls: &Tls) -> Result<Self, redis::RedisError> {
+    /// A client for `url` (`redis://` or, with the `tls` feature, `rediss://`), whose
+    /// connections authenticate with `credentials` when given.
+    pub(crate) fn from_url(
+        url: &str,
+        tls: &Tls,
+        credentials: Option<Rotation>,
+    ) -> Result<Self, redis::RedisError> {
         let info =
             redis::IntoConnectionInfo::into_connection_info(url)?.set_tcp_settings(nodelay());
         #[cfg(feature = "tls")]
@@ -122,14 +132,22 @@ impl Connector {
             without_tls(tls)?;
             redis::Client::open(info)?
         };
-        Ok(Self::Client(Box::new(client)))
+        Ok(Self::Client(Box::new(client), credentials))
     }
 
     /// A cluster client for the nodes at `urls`.
     #[cfg(feature = "cluster")]
-    pub(crate) fn from_cluster_urls(urls: &[String], tls: &Tls) -> Result<Self, redis::RedisError> {
-        let builder = redis::cluster::ClusterClientBuilder::new(urls.iter().map(String::as_str))
-            .tcp_settings(nodelay());
+    pub(crate) fn from_cluster_urls(
+        urls: &[String],
+        tls: &Tls,
+        credentials: Option<Rotation>,
+    ) -> Result<Self, redis::RedisError> {
+        let mut builder =
+            redis::cluster::ClusterClientBuilder::new(urls.iter().map(String::as_str))
+                .tcp_settings(nodelay());
+        if let Some(credentials) = credentials {
+            builder = builder.set_credentials_provider(credentials);
+        }
         #[cfg(feature = "tls")]
         let builder = if tls.is_empty() {
             builder
@@ -150,6 +168,7 @@ impl Connector {
         urls: &[String],
         master_auth: Option<&(String, String)>,
         tls: &Tls,
+        credentials: Option<Rotation>,
     ) -> Result<Self, redis::RedisError> {
         use redis::sentinel::{SentinelClientBuilder, SentinelServerType};
         let infos = urls
@@ -193,16 +212,17 @@ impl Connector {
         }
         #[cfg(not(feature = "tls"))]
         without_tls(tls)?;
-        Ok(Self::Sentinel(Arc::new(tokio::sync::Mutex::new(
-            builder.build()?,
-        ))))
+        Ok(Self::Sentinel(
+            Arc::new(tokio::sync::Mutex::new(builder.build()?)),
+            credentials,
+        ))
     }
 
     /// Whether connections are made with TLS (`rediss://`), as far as the connector
     /// tells (a pool given by the user does not).
     pub(crate) fn is_tls(&self) -> bool {
         match self {
-            Self::Client(client) => matches!(
+            Self::Client(client, _) => matches!(
                 client.get_connection_info().addr(),
                 redis::ConnectionAddr::TcpTls { .. }
             ),
@@ -218,13 +238,17 @@ impl Connector {
             .set_connection_timeout(Some(timeout))
             // Every call has its own deadline.
             .set_response_timeout(None);
+        let with_credentials = |credentials: &Option<Rotation>| match credentials {
+            Some(credentials) => config.clone().set_credentials_provider(credentials.clone()),
+            None => config.clone(),
+        };
         Ok(match self {
             Self::Pool(pool) => Conn::Single(deadpool_redis::Connection::take(
                 pool.get().await.map_err(ScriptError::from_pool)?,
             )),
-            Self::Client(client) => Conn::Single(
+            Self::Client(client, credentials) => Conn::Single(
                 client
-                    .get_multiplexed_async_connection_with_config(&config)
+                    .get_multiplexed_async_connection_with_config(&with_credentials(credentials))
                     .await
                     .map_err(|error| {
                         // A TLS connection that times out most often waits for a
@@ -243,11 +267,11 @@ impl Connector {
             #[cfg(feature = "cluster")]
             Self::Cluster(client) => Conn::Cluster(client.get_async_connection().await?),
             #[cfg(feature = "sentinel")]
-            Self::Sentinel(client) => Conn::Single(
+            Self::Sentinel(client, credentials) => Conn::Single(
                 client
                     .lock()
                     .await
-                    .get_async_connection_with_config(&config)
+                    .get_async_connection_with_config(&with_credentials(credentials))
                     .await?,
             ),
         })
@@ -489,8 +513,8 @@ mod tests {
 
     #[test]
     fn clients_built_from_urls_set_tcp_nodelay() {
-        let Connector::Client(client) =
-            Connector::from_url("redis://127.0.0.1:6379", &Tls::default()).unwrap()
+        let Connector::Client(client, _) =
+            Connector::from_url("redis://127.0.0.1:6379", &Tls::default(), None).unwrap()
         else {
             panic!("a URL makes a client");
         };

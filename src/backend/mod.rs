@@ -92,6 +92,7 @@ mod builder;
 mod check;
 mod coalesce;
 mod connect;
+mod credentials;
 mod deny;
 mod fault;
 mod health;
@@ -114,6 +115,7 @@ pub(crate) use self::block::Blocks;
 pub use self::builder::BackendBuilder;
 pub(crate) use self::check::check;
 pub(crate) use self::connect::{Args, Call};
+pub use self::credentials::{Credentials, CredentialsFuture, CredentialsProvider};
 use self::deny::DenyCache;
 pub use self::health::{
     RedisState, DEFAULT_BREAKER_FAILURE_RATIO, DEFAULT_BREAKER_MIN_CALLS, DEFAULT_BREAKER_WINDOW,
