@@ -602,6 +602,30 @@
 //! behind. In-process, time is the monotonic clock, which never steps back. Each
 //! algorithm's module says exactly what a step does.
 //!
+//! # Upgrading
+//!
+//! During a rolling deploy, instances of two versions of the crate share one Redis. Both
+//! decide every limit together, exactly, with no pause and no error:
+//!
+//! - every key carries the version of its layout in its hash tag (`{v1:…}`, see
+//!   [Redis keys](crate::backend#redis-keys)), and every state written under one layout
+//!   version is read alike by every release that writes it: a release may add to a
+//!   state (a field another release ignores) but never change what a stored field means;
+//! - a release that must change a state's meaning moves to the next layout version and
+//!   its scripts read the previous version's key when theirs is missing (migrating it in
+//!   the same call), while the older release, which never reads the new keys, goes on
+//!   with its own until it is gone: two versions split a limit for the deploy at most,
+//!   never admit beyond the sum of what each sees, and the changelog says so;
+//! - each release's scripts are loaded under their own hash (`EVALSHA`) or library name
+//!   (Redis Functions), so the two versions' engines live side by side.
+//!
+//! `scripts/two-versions` (part of `scripts/test`) proves it for the previous version
+//! (the commit in `tests/upgrade/BASE`; the release checklist moves it to each release):
+//! the previous version and this one take turns on the same keys (each reading the
+//! other's states) and then run at once, on the server's clock and on the callers', for
+//! a fixed window, a token bucket, a rolling window and a set; every limit admits
+//! exactly its limit and every decision comes from Redis.
+//!
 //! # gRPC
 //!
 //! The same layers wrap a tonic server: `Server::builder().layer(limit)`. With the
