@@ -102,6 +102,7 @@ mod lease;
 mod operate;
 mod redis;
 mod time;
+mod url;
 
 use std::fmt;
 use std::sync::Arc;
