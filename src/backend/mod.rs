@@ -89,6 +89,7 @@
 
 mod block;
 mod builder;
+mod call;
 mod check;
 mod coalesce;
 mod connect;
@@ -114,8 +115,8 @@ use crate::local::LocalStore;
 
 pub(crate) use self::block::Blocks;
 pub use self::builder::BackendBuilder;
+pub(crate) use self::call::{Args, Call};
 pub(crate) use self::check::check;
-pub(crate) use self::connect::{Args, Call};
 pub use self::credentials::{Credentials, CredentialsFuture, CredentialsProvider};
 use self::deny::DenyCache;
 pub use self::health::{
