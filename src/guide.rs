@@ -591,9 +591,12 @@
 //! # Clock steps
 //!
 //! On Redis every instance uses the Redis server's clock (`TIME`), which an NTP step or
-//! a failover to a replica with another clock can move. No algorithm admits more than
-//! its limit when that clock steps back, nor when it comes back, and a step forward at
-//! most ends a window (or refills a bucket) early. Each key holds the newest time it has
+//! a failover to a replica with another clock can move. The fixed and rolling windows
+//! never admit more than their limit when that clock steps back, nor when it comes back;
+//! a token bucket may give back up to one burst on a step back and its return (its key
+//! knows the newest time it has seen only to within one refill: a known gap, see
+//! [its clocks](crate::token_bucket#clocks)). A step forward at most ends a window (or
+//! refills a bucket) early. Each key holds the newest time it has
 //! seen: after a step back its time runs on from there at the server's rate (a skew
 //! stored in the key's own value), and its state and expiry stay in its own time, so the
 //! clock's return finds the key as it left it. The cost: a refusal never waits more than
