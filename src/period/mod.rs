@@ -331,6 +331,16 @@ impl Hosts for PeriodHosts {
         self.windows.refund(key, u64::from(cost), now_us);
     }
 
+    fn local_charge(&self, key: &[u8], cost: u64) {
+        let now_us = self.remote.backend().clock().now_us();
+        let schedule = Schedule {
+            period_us: self.period_ms * 1_000,
+            offset_us: self.offset_ms.map(|ms| ms * 1_000),
+        };
+        self.windows
+            .hit(key, cost, u64::MAX, schedule, now_us, true);
+    }
+
     fn local_reset(&self, key: &[u8]) {
         self.windows.reset(key);
     }
