@@ -108,11 +108,12 @@ where
         let mut settle = None;
         let mut check: Check = match shared.key.extract(&req) {
             Some(key) if key.len() <= shared.options.max_key_len => {
-                if shared.counts_by_outcome() && !shared.options.shadow {
+                if shared.settles() {
                     settle = Some(Settle {
                         key: (*key).into(),
                         cost,
                         policy,
+                        admitted: None,
                     });
                 }
                 shared.limiter.check_policy(policy, &key, cost)
@@ -138,7 +139,11 @@ where
         if let Some(decision) = check.take_ready() {
             shared.record(policy, &decision);
             return if shared.options.shadow {
-                ResponseFuture::inner(self.inner.call(req), None, None)
+                // A shadow layer settles what its check admitted (as it counts).
+                let settle = settle
+                    .filter(|_| decision.is_admitted())
+                    .map(|s| (Arc::clone(shared) as Arc<dyn Respond>, s));
+                ResponseFuture::inner(self.inner.call(req), None, settle)
             } else if decision.is_admitted() {
                 // Known at once: the headers are built here, and the decision moves into
                 // the request, so the future holds no reference to the layer.
@@ -157,11 +162,23 @@ where
             // runs (and is recorded) in a task of its own when there is a runtime.
             if let Ok(runtime) = tokio::runtime::Handle::try_current() {
                 let respond: Arc<dyn Respond> = shared.clone();
+                // Settling waits for the check: only what it admitted is settled.
+                let (admitted, settle) = match settle {
+                    Some(mut settle) => {
+                        let (tx, rx) = tokio::sync::oneshot::channel();
+                        settle.admitted = Some(rx);
+                        (Some(tx), Some((Arc::clone(&respond), settle)))
+                    }
+                    None => (None, None),
+                };
                 runtime.spawn(async move {
                     let decision = check.await;
                     respond.record(policy, &decision);
+                    if let Some(admitted) = admitted {
+                        let _ = admitted.send(decision.is_admitted());
+                    }
                 });
-                return ResponseFuture::inner(self.inner.call(req), None, None);
+                return ResponseFuture::inner(self.inner.call(req), None, settle);
             }
         }
         // The check needs a round trip: hand the ready inner service to the future and
