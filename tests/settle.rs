@@ -452,3 +452,79 @@ async fn two_instances_spend_exactly_what_their_requests_used() {
     let d = standing(&limiter, key).await;
     assert_eq!(d.state, State::OverQuota, "{d:?}");
 }
+
+/// Uploads settle to the bytes the handler read: a chunked one (no `Content-Length`,
+/// estimated at 1) and one that says its length (estimated at it).
+#[tokio::test]
+async fn uploads_settle_to_the_bytes_read() {
+    use axum::routing::post;
+    use axum::Router;
+    use http::header::CONTENT_LENGTH;
+    use hyper_util::client::legacy::Client;
+    use hyper_util::rt::TokioExecutor;
+    use tower_redis_ratelimit::service::CountRequestBytes;
+    use tower_redis_ratelimit::HeaderCost;
+
+    let redis = RedisServer::start();
+    let uploads = PeriodLimitLayer::builder(&redis.uncached_backend())
+        .name("uploads")
+        .quota(10_000)
+        .period(MINUTE)
+        .key(HeaderKey::from_static("x-tenant"))
+        .cost(HeaderCost::new(CONTENT_LENGTH, 1))
+        .settle(Usage::request_bytes())
+        .build()
+        .unwrap();
+    let limiter = uploads.limiter().clone();
+    let app = Router::new()
+        .route(
+            "/upload",
+            post(|body: Bytes| async move { body.len().to_string() }),
+        )
+        .layer(CountRequestBytes)
+        .layer(uploads);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let url = format!("http://{addr}/upload");
+    let key = b"hdr:x-tenant:t";
+
+    // Chunked: 5 000 bytes, estimated at 1.
+    let chunked = Client::builder(TokioExecutor::new()).build_http::<Slow>();
+    let body = Slow {
+        chunks: 10,
+        size: 500,
+        every: Duration::from_millis(1),
+        sleep: None,
+        yielded: Arc::new(AtomicU64::new(0)),
+    };
+    let request = Request::post(&url)
+        .header("x-tenant", "t")
+        .body(body)
+        .unwrap();
+    let response = chunked.request(request).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let read = response.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(&read[..], b"5000");
+    until_remaining(&limiter, key, 5_000).await;
+
+    // 2 000 bytes with their length: estimated and settled at 2 000.
+    let sized = Client::builder(TokioExecutor::new()).build_http::<http_body_util::Full<Bytes>>();
+    let request = Request::post(&url)
+        .header("x-tenant", "t")
+        .body(http_body_util::Full::new(Bytes::from(vec![b'y'; 2_000])))
+        .unwrap();
+    let response = sized.request(request).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    response.into_body().collect().await.unwrap();
+    until_remaining(&limiter, key, 3_000).await;
+
+    // 4 000 more do not fit the 3 000 left: refused before a byte is read.
+    let request = Request::post(&url)
+        .header("x-tenant", "t")
+        .body(http_body_util::Full::new(Bytes::from(vec![b'z'; 4_000])))
+        .unwrap();
+    let response = sized.request(request).await.unwrap();
+    assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(standing(&limiter, key).await.remaining, 3_000);
+}

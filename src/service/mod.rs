@@ -10,6 +10,7 @@
 //! one layer; [`LayerBuilder::shadow`] evaluates a limit without enforcing it.
 
 mod body;
+mod counted;
 mod future;
 mod layer;
 mod outcome;
@@ -31,6 +32,7 @@ use crate::metrics::LayerMetrics;
 use crate::response::{HeaderParts, OnRejection, Ready, Rejection};
 
 pub use self::body::ResponseBody;
+pub use self::counted::{CountRequestBytes, CountRequestBytesService, CountedBody};
 pub use self::future::ResponseFuture;
 pub use self::layer::{Algorithm, LayerBuilder, LimitLayer};
 pub use self::outcome::CountIf;

@@ -85,4 +85,6 @@ pub(crate) struct Settle {
     pub(crate) policy: usize,
     /// A shadow layer's check still in flight: whether it admitted, once known.
     pub(crate) admitted: Option<tokio::sync::oneshot::Receiver<bool>>,
+    /// The request body's bytes, when the layer settles to them.
+    pub(crate) request_bytes: Option<Arc<super::counted::RequestBytes>>,
 }

@@ -11,8 +11,9 @@ use std::task::{Context, Poll};
 use http::{Request, Response};
 use tower_service::Service;
 
+use super::counted::{RequestBytes, RequestBytesSlot};
 use super::future::ResponseFuture;
-use super::{MissingKey, Respond, ResponseBody, Settle, Shared};
+use super::{MissingKey, Respond, ResponseBody, Settle, Shared, Usage};
 use crate::cost::Cost;
 use crate::key::KeyExtractor;
 use crate::limiter::{Check, Limiter};
@@ -114,6 +115,7 @@ where
                         cost,
                         policy,
                         admitted: None,
+                        request_bytes: None,
                     });
                 }
                 shared.limiter.check_policy(policy, &key, cost)
@@ -136,6 +138,20 @@ where
                 }
             }
         };
+        if let Some(settle) = &mut settle {
+            if shared
+                .options
+                .usage
+                .as_ref()
+                .is_some_and(Usage::counts_request)
+            {
+                // The request body's bytes, counted by `CountRequestBytes` inside.
+                let bytes = Arc::new(RequestBytes::default());
+                req.extensions_mut()
+                    .insert(RequestBytesSlot(Arc::clone(&bytes)));
+                settle.request_bytes = Some(bytes);
+            }
+        }
         if let Some(decision) = check.take_ready() {
             shared.record(policy, &decision);
             return if shared.options.shadow {

@@ -55,6 +55,7 @@ enum Read {
     Header(HeaderName),
     Trailer(HeaderName),
     Bytes,
+    RequestBytes,
     Body { keep: usize, read: Box<ReadBody> },
 }
 
@@ -80,6 +81,20 @@ impl Usage {
     #[must_use]
     pub fn bytes() -> Self {
         Self(Arc::new(Read::Bytes))
+    }
+
+    /// The actual cost is the request body's bytes that the handler read, counted by a
+    /// [`CountRequestBytes`](super::CountRequestBytes) layer inside the limit (without
+    /// one, the estimate is kept); settled when the response body ends. Pair it with
+    /// the estimate [`HeaderCost::new(CONTENT_LENGTH, ..)`](crate::HeaderCost).
+    #[must_use]
+    pub fn request_bytes() -> Self {
+        Self(Arc::new(Read::RequestBytes))
+    }
+
+    /// Whether the request's bytes are counted for it.
+    pub(crate) fn counts_request(&self) -> bool {
+        matches!(&*self.0, Read::RequestBytes)
     }
 
     /// The actual cost is what `read` says of the finished body, of which it sees the
@@ -124,6 +139,7 @@ impl fmt::Debug for Usage {
             Read::Header(name) => f.debug_tuple("Usage::header").field(name).finish(),
             Read::Trailer(name) => f.debug_tuple("Usage::trailer").field(name).finish(),
             Read::Bytes => f.write_str("Usage::bytes"),
+            Read::RequestBytes => f.write_str("Usage::request_bytes"),
             Read::Body { keep, .. } => f.debug_tuple("Usage::body").field(keep).finish(),
         }
     }
@@ -254,6 +270,7 @@ impl Meter {
             Read::Header(_) => self.head,
             Read::Trailer(name) => self.trailers.as_ref().and_then(|t| number(t, name)),
             Read::Bytes => Some(self.bytes),
+            Read::RequestBytes => settle.request_bytes.as_ref().and_then(|b| b.read()),
             Read::Body { keep, read } => {
                 let from = self.kept.len().saturating_sub(*keep);
                 read(&Finished {
