@@ -234,18 +234,18 @@ impl SetLimiter {
         let policy_header = join(headers.iter().map(|h| h.policy_value().as_bytes()));
         let first = &policies[0];
         // A member's capacity is its policy's quota: quota, burst or limit.
+        // A member that counts requests spends at most one: it bounds no cost.
+        let per_request: Box<[bool]> = (0..set.limits.len())
+            .map(|i| set.per_request.get(i).copied().unwrap_or(false))
+            .collect();
         let smallest = policies
             .iter()
-            .zip(&set.per_request)
+            .zip(per_request.iter())
             .filter(|(_, &per_request)| !per_request)
             .map(|(p, _)| p)
             .min_by_key(|p| p.quota())
             .unwrap_or(first)
             .clone();
-        // A member that counts requests spends at most one: it bounds no cost.
-        let per_request: Box<[bool]> = (0..set.limits.len())
-            .map(|i| set.per_request.get(i).copied().unwrap_or(false))
-            .collect();
         let capacity = members
             .iter()
             .zip(per_request.iter())
