@@ -528,3 +528,98 @@ async fn uploads_settle_to_the_bytes_read() {
     assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(standing(&limiter, key).await.remaining, 3_000);
 }
+
+/// A body of `data` chunks, then `trailers` if any.
+struct Framed {
+    frames: std::collections::VecDeque<Frame<Bytes>>,
+}
+
+impl Body for Framed {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        Poll::Ready(self.frames.pop_front().map(Ok))
+    }
+}
+
+/// A trailer, and a closure that sees the body's last bytes only.
+#[tokio::test]
+async fn trailers_and_the_end_of_the_body() {
+    let backend = Backend::in_process();
+    let body = |chunks: &[&'static str], trailer: Option<&'static str>| {
+        let mut frames: std::collections::VecDeque<_> = chunks
+            .iter()
+            .map(|c| Frame::data(Bytes::from_static(c.as_bytes())))
+            .collect();
+        if let Some(value) = trailer {
+            let mut trailers = http::HeaderMap::new();
+            trailers.insert("x-units", value.parse().unwrap());
+            frames.push_back(Frame::trailers(trailers));
+        }
+        Framed { frames }
+    };
+    for (name, usage, chunks, trailer, left) in [
+        (
+            "trailer",
+            Usage::trailer(HeaderName::from_static("x-units")),
+            &["ab", "cd"][..],
+            Some("7"),
+            93,
+        ),
+        // No trailer (the body ended first): the estimate of 10 stays.
+        (
+            "no-trailer",
+            Usage::trailer(HeaderName::from_static("x-units")),
+            &["ab"][..],
+            None,
+            90,
+        ),
+        // The closure sees the last 2 bytes of "1234" "56" "78": "78".
+        (
+            "tail",
+            Usage::body(2, |finished| {
+                assert!(finished.is_complete());
+                assert_eq!(finished.bytes(), 8);
+                std::str::from_utf8(finished.body()).ok()?.parse().ok()
+            }),
+            &["1234", "56", "78"][..],
+            None,
+            22,
+        ),
+    ] {
+        let layer = PeriodLimitLayer::builder(&backend)
+            .name(name)
+            .quota(100)
+            .period(MINUTE)
+            .cost(|_: &Request<()>| 10)
+            .settle(usage)
+            .build()
+            .unwrap();
+        let limiter = layer.limiter().clone();
+        let chunks = chunks.to_vec();
+        let mut service =
+            ServiceBuilder::new()
+                .layer(layer)
+                .service(service_fn(move |_req: Request<()>| {
+                    let framed = body(&chunks, trailer);
+                    async move { Ok::<_, Infallible>(Response::new(framed)) }
+                }));
+        let response = service
+            .ready()
+            .await
+            .unwrap()
+            .call(Request::new(()))
+            .await
+            .unwrap();
+        response.into_body().collect().await.unwrap();
+        assert_eq!(
+            standing(&limiter, b"global").await.remaining,
+            left,
+            "{name}"
+        );
+    }
+}
