@@ -72,6 +72,8 @@ end
 -- The numbers after the limits' (a lease's unused tokens, coalesced costs).
 at = 5
 local now_us = unix_us(ARGV)
+-- The states a settlement charged: decided on and saved below, read once.
+local settled = {}
 if op == 'f' or op == 's' or op == 'x' or op == 'b' then
   -- Refund (give `cost` back), settle (give back, or spend past the limit), reset
   -- (forget the key) or block, then say where each limit stands: a cost of 0, decided
@@ -90,9 +92,10 @@ if op == 'f' or op == 's' or op == 'x' or op == 'b' then
       if cost < 0 and not limits[i][3] then
         algorithm.refund(KEYS[i], limits[i][2], now_us, -cost)
       elseif cost > 0 and not limits[i][3] then
+        -- Charged on its state, which the decision below reads and the end saves.
         local s = algorithm.state(KEYS[i], limits[i][2], now_us)
         algorithm.charge(s, cost)
-        algorithm.save(KEYS[i], s)
+        settled[i] = s
       end
     elseif op == 'x' then
       redis.call('DEL', KEYS[i])
@@ -126,7 +129,7 @@ end
 
 -- Each limit's state, read once (the first decision reads it), and the key's block (ms
 -- it stays blocked): every decision of the call steps on these; they are saved once.
-local states = {}
+local states = settled
 local blocked = nil
 
 -- One decision: {admitted, blocked ms, each limit's reply}, appended to `out`.
