@@ -623,3 +623,39 @@ async fn trailers_and_the_end_of_the_body() {
         );
     }
 }
+
+/// A shadow layer counts what an enforcing one would, so it settles what its checks
+/// admitted: in process (decided at once) and on Redis (its check in a task of its own,
+/// the settlement waiting for it).
+#[tokio::test]
+async fn a_shadow_layer_settles_what_it_admitted() {
+    let redis = RedisServer::start();
+    for host in [Host::InProcess, Host::Redis] {
+        let layer = PeriodLimitLayer::builder(&backend(host, &redis))
+            .name(format!("shadow-{host:?}").to_lowercase())
+            .quota(1_000)
+            .period(MINUTE)
+            .cost(|_: &Request<()>| 100)
+            .settle(Usage::bytes())
+            .shadow(true)
+            .build()
+            .unwrap();
+        let limiter = layer.limiter().clone();
+        let mut service = ServiceBuilder::new().layer(layer).service(service_fn(
+            |_req: Request<()>| async move {
+                Ok::<_, Infallible>(Response::new(http_body_util::Full::new(
+                    Bytes::from_static(&[b'x'; 30]),
+                )))
+            },
+        ));
+        let response = service
+            .ready()
+            .await
+            .unwrap()
+            .call(Request::new(()))
+            .await
+            .unwrap();
+        response.into_body().collect().await.unwrap();
+        until_remaining(&limiter, b"global", 970).await;
+    }
+}

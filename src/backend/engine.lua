@@ -84,17 +84,16 @@ if op == 'f' or op == 's' or op == 'x' or op == 'b' then
     redis.call('DEL', block)
   end
   for i = 1, n do
-    local algorithm = limits[i][1]
     if op == 'f' then
-      algorithm.refund(KEYS[i], limits[i][2], now_us, units(i, cost))
+      limits[i][1].refund(KEYS[i], limits[i][2], now_us, units(i, cost))
     elseif op == 's' then
       -- A member that counts requests settles nothing: the request was one.
       if cost < 0 and not limits[i][3] then
-        algorithm.refund(KEYS[i], limits[i][2], now_us, -cost)
+        limits[i][1].refund(KEYS[i], limits[i][2], now_us, -cost)
       elseif cost > 0 and not limits[i][3] then
         -- Charged on its state, which the decision below reads and the end saves.
-        local s = algorithm.state(KEYS[i], limits[i][2], now_us)
-        algorithm.charge(s, cost)
+        local s = limits[i][1].state(KEYS[i], limits[i][2], now_us)
+        limits[i][1].charge(s, cost)
         settled[i] = s
       end
     elseif op == 'x' then
