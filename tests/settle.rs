@@ -659,3 +659,54 @@ async fn a_shadow_layer_settles_what_it_admitted() {
         until_remaining(&limiter, b"global", 970).await;
     }
 }
+
+/// A body that yields `before` chunks of 10 bytes, then panics.
+struct Panicking {
+    before: u32,
+}
+
+impl Body for Panicking {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        assert!(self.before > 0, "the body fails mid-stream");
+        self.before -= 1;
+        Poll::Ready(Some(Ok(Frame::data(Bytes::from_static(&[b'p'; 10])))))
+    }
+}
+
+/// A body that panics mid-stream settles what it produced: the task polling it unwinds,
+/// dropping it.
+#[tokio::test]
+async fn a_panicking_body_settles_what_it_produced() {
+    let layer = PeriodLimitLayer::builder(&Backend::in_process())
+        .name("panics")
+        .quota(1_000)
+        .period(MINUTE)
+        .cost(|_: &Request<()>| 100)
+        .settle(Usage::bytes())
+        .build()
+        .unwrap();
+    let limiter = layer.limiter().clone();
+    let mut service =
+        ServiceBuilder::new()
+            .layer(layer)
+            .service(service_fn(|_req: Request<()>| async move {
+                Ok::<_, Infallible>(Response::new(Panicking { before: 3 }))
+            }));
+    let response = service
+        .ready()
+        .await
+        .unwrap()
+        .call(Request::new(()))
+        .await
+        .unwrap();
+    let polled = tokio::spawn(async move { response.into_body().collect().await.map(|_| ()) });
+    assert!(polled.await.unwrap_err().is_panic());
+    // 3 chunks of 10 bytes went out before the panic.
+    until_remaining(&limiter, b"global", 970).await;
+}
