@@ -23,8 +23,8 @@
 //! ends, the tokens are settled to `usage.total_tokens` from the JSON body or the final
 //! SSE chunk. Fewer go back; more are owed, and the key is refused until the refill has
 //! paid them off. Either limit refusing answers `429` with `Retry-After`. A stream cut
-//! short (the client gone before the usage chunk) keeps its estimate: at least what was
-//! produced, never free.
+//! short (the client gone before the usage chunk) keeps its estimate (the prompt and
+//! `max_tokens`): never free.
 //!
 //! ```text
 //! curl -i http://127.0.0.1:3000/v1/chat/completions -H 'authorization: Bearer k1' \
