@@ -95,7 +95,8 @@ pub trait Limiter: Send + Sync + 'static {
     /// intervals (the refill pays it off); a fixed window's, its count above the quota
     /// (the window's end clears it: the next window starts afresh); a rolling window's,
     /// its sum above the limit (paid off as the oldest buckets expire). Where the key
-    /// stands is a check of no cost: refused while it owes. See the guide's
+    /// stands is a check of no cost: refused while it owes. A `delta` beyond
+    /// `u32::MAX` either way counts as `u32::MAX` (a cost's largest). See the guide's
     /// [Limits on usage](crate::guide#limits-on-usage).
     ///
     /// ```
@@ -334,7 +335,11 @@ macro_rules! hosted_limiter {
             }
 
             fn settle(&self, key: &[u8], delta: i64) -> Option<$crate::limiter::Check> {
-                let op = $crate::backend::Operation::Settle { delta };
+                // A cost is at most `u32::MAX` units, either way.
+                let most = i64::from(u32::MAX);
+                let op = $crate::backend::Operation::Settle {
+                    delta: delta.clamp(-most, most),
+                };
                 Some($crate::backend::operate(&self.$hosts, op, key, 0))
             }
 

@@ -710,3 +710,35 @@ async fn a_panicking_body_settles_what_it_produced() {
     // 3 chunks of 10 bytes went out before the panic.
     until_remaining(&limiter, b"global", 970).await;
 }
+
+/// A settlement beyond a cost's largest counts as the largest, on Redis as in process:
+/// an answer from the store, never an error.
+#[tokio::test]
+async fn a_huge_settlement_is_the_largest_cost() {
+    let redis = RedisServer::start();
+    for host in [Host::InProcess, Host::Redis] {
+        let backend = backend(host, &redis);
+        let name = format!("huge-{host:?}").to_lowercase();
+        let bucket = TokenBucketLimiter::new(
+            &backend,
+            &name,
+            TokenBucketConfig::new(10, Duration::from_secs(1), 10),
+        )
+        .unwrap();
+        let owed = bucket.settle(b"k", i64::MAX).unwrap().await;
+        assert_eq!((owed.state, owed.source), (State::OverQuota, source(host)));
+        // u32::MAX tokens at 10 a second, less the burst.
+        let retry = owed.retry_after.unwrap();
+        let expected = Duration::from_millis(100) * (u32::MAX - 10);
+        assert!(
+            retry <= expected && retry + SEC > expected,
+            "{host:?}: {retry:?}"
+        );
+        let back = bucket.settle(b"k", i64::MIN).unwrap().await;
+        assert_eq!(
+            (back.state, back.remaining),
+            (State::Allowed, 10),
+            "{host:?}"
+        );
+    }
+}
