@@ -742,3 +742,43 @@ async fn a_huge_settlement_is_the_largest_cost() {
         );
     }
 }
+
+/// Per-plan limits settle under the plan that spent the estimate.
+#[tokio::test]
+async fn a_plan_settles_under_its_own_limit() {
+    use tower_redis_ratelimit::{ExtensionPlan, LayerBuilder, Plans};
+
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    enum Plan {
+        Free,
+        Paid,
+    }
+    let plans = Plans::new(ExtensionPlan::<Plan>::new())
+        .plan(Plan::Free, "free", PeriodConfig::new(100, MINUTE))
+        .plan(Plan::Paid, "paid", PeriodConfig::new(1_000, MINUTE));
+    let layer = LayerBuilder::new(&Backend::in_process(), plans)
+        .name("plans")
+        .cost(|_: &Request<()>| 50)
+        .settle(Usage::header(HeaderName::from_static("x-used")))
+        .build()
+        .unwrap();
+    let limiter = layer.limiter();
+    let mut service = ServiceBuilder::new()
+        .layer(layer.clone())
+        .service(service_fn(|_req: Request<()>| async move {
+            Ok::<_, Infallible>(
+                Response::builder()
+                    .header("x-used", "80")
+                    .body(http_body_util::Full::new(Bytes::new()))
+                    .unwrap(),
+            )
+        }));
+    let mut request = Request::new(());
+    request.extensions_mut().insert(Plan::Paid);
+    let response = service.ready().await.unwrap().call(request).await.unwrap();
+    response.into_body().collect().await.unwrap();
+    let paid = limiter.plan(&Plan::Paid).unwrap();
+    until_remaining(paid, b"global", 920).await;
+    let free = limiter.plan(&Plan::Free).unwrap();
+    assert_eq!(standing(free, b"global").await.remaining, 100);
+}
