@@ -60,10 +60,10 @@ pub const MAX_LIMITS: usize = 8;
 const LOCKS: usize = 64;
 
 /// One limit of a [`LimitSet`]: the settings of any algorithm.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct SetMember(Algorithm);
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 enum Algorithm {
     Period(PeriodConfig),
     TokenBucket(TokenBucketConfig),
@@ -184,17 +184,17 @@ impl SetLimiter {
                 });
             }
             let owner = Owner::Member { set: name, limit };
-            let (hosts, policy) = match member.0 {
+            let (hosts, policy) = match &member.0 {
                 Algorithm::Period(config) => {
-                    let limiter = PeriodLimiter::with_owner(backend, owner, config)?;
+                    let limiter = PeriodLimiter::with_owner(backend, owner, config.clone())?;
                     (limiter.hosts(), limiter.policy().clone())
                 }
                 Algorithm::TokenBucket(config) => {
-                    let limiter = TokenBucketLimiter::with_owner(backend, owner, config)?;
+                    let limiter = TokenBucketLimiter::with_owner(backend, owner, *config)?;
                     (limiter.hosts(), limiter.policy().clone())
                 }
                 Algorithm::Rolling(config) => {
-                    let limiter = RollingWindowLimiter::with_owner(backend, owner, config)?;
+                    let limiter = RollingWindowLimiter::with_owner(backend, owner, *config)?;
                     (limiter.hosts(), limiter.policy().clone())
                 }
             };
@@ -356,6 +356,12 @@ impl Hosts for SetHosts {
     fn limit_args(&self, args: &mut Args) {
         for member in self.members.iter() {
             member.limit_args(args);
+        }
+    }
+
+    fn window_args(&self, now_ms: i64, call: &mut Call) {
+        for member in self.members.iter() {
+            member.window_args(now_ms, call);
         }
     }
 

@@ -17,7 +17,9 @@
 -- the key is blocked for when a check is refused; 0: none; for 'v': the longest wait in
 -- µs), the limits (one text: per limit its algorithm ('w' fixed window, 't' token
 -- bucket, 'r' rolling window), the count of its arguments and the arguments, separated
--- by ':'), then the extra numbers; with the caller's time, that time last. The number of
+-- by ':'; a calendar window's third argument is 'c'), four boundaries per calendar
+-- window (src/period/calendar.rs), then the extra numbers; with the caller's time, that
+-- time last. The number of
 -- limits n is #KEYS - 1.
 -- Returns {admitted by every limit (1/0), ms the key stays blocked (0: not blocked),
 -- then each limit's reply in order}, once per check for 'm'. With more than one
@@ -42,17 +44,27 @@ local param = tonumber(ARGV[3])
 local block = KEYS[n + 1]
 local limits = {}
 local at = 1
+-- Calendar windows' boundaries: four numbers each, after the limits' text.
+local bounds_at = 5
 for i = 1, n do
   local argc = L[at + 1]
   local a = {}
   for j = 1, argc do
     a[j] = L[at + 1 + j]
   end
+  if a[3] == 'c' then
+    -- A calendar window (src/period/period.lua): where its boundaries are.
+    a[3] = nil
+    a.argv = ARGV
+    a.bounds = bounds_at
+    bounds_at = bounds_at + 4
+  end
   limits[i] = { algorithms[L[at]], a }
   at = at + 2 + argc
 end
--- The numbers after the limits' (a lease's unused tokens, coalesced costs).
-at = 5
+-- The numbers after the limits' and the boundaries (a lease's unused tokens, coalesced
+-- costs).
+at = bounds_at
 local now_us = unix_us(ARGV)
 if op == 'f' or op == 'x' or op == 'b' then
   -- Refund (give `cost` back), reset (forget the key) or block, then say where each

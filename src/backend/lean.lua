@@ -52,12 +52,16 @@ local function lean(KEYS, ARGV, L)
       return nil
     end
     if kind == 'w' then
-      local offset, now_us = nil, nil
+      local offset, now_us, length, deadline = nil, nil, L[4], nil
       if L[2] > 2 then
         offset = L[5]
         now_us = unix_us(ARGV)
+        if offset == 'c' then
+          -- A calendar window: its boundaries are ARGV[5] to ARGV[8].
+          deadline, length = calendar_window(ARGV, 5, math.floor(now_us / 1000))
+        end
       end
-      local ok, count, ttl = period_try(key, L[3], L[4], offset, cost, now_us)
+      local ok, count, ttl = period_try(key, L[3], length, offset, cost, now_us, deadline)
       if not ok then
         return nil
       end
@@ -82,6 +86,8 @@ local function lean(KEYS, ARGV, L)
     return nil
   end
   local now_us = nil
+  -- Where the next calendar window's boundaries are in ARGV.
+  local bounds_at = 5
   local out = { 1, 0 }
   -- With several limits, what to write (or take back) once every limit admits (or
   -- one does not): per limit, its letter and its try's values.
@@ -93,12 +99,16 @@ local function lean(KEYS, ARGV, L)
     local key = KEYS[i]
     local ok, r1, r2, c1, c2, c3
     if kind == 'w' then
-      local offset = nil
+      local offset, length, deadline = nil, L[at + 3], nil
       if argc > 2 then
         offset = L[at + 4]
         now_us = now_us or unix_us(ARGV)
+        if offset == 'c' then
+          deadline, length = calendar_window(ARGV, bounds_at, math.floor(now_us / 1000))
+          bounds_at = bounds_at + 4
+        end
       end
-      ok, r1, r2 = period_try(key, L[at + 2], L[at + 3], offset, cost, now_us)
+      ok, r1, r2 = period_try(key, L[at + 2], length, offset, cost, now_us, deadline)
       if ok then
         out[#out + 1] = 1
         out[#out + 1] = r1

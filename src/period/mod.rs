@@ -65,15 +65,19 @@
 //! # let _ = layer; Ok(()) }
 //! ```
 
+mod calendar;
 pub(crate) mod memory;
 pub(crate) mod window;
+
+pub use self::calendar::{Calendar, Weekday};
 
 use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::Duration;
 
+use self::calendar::Zoned;
 use self::memory::{Schedule, Windows};
-use crate::backend::{Args, Backend, Hosts, Owner, Remote};
+use crate::backend::{Args, Backend, Call, Hosts, Owner, Remote};
 use crate::decision::{Decision, Policy, Source, State};
 use crate::error::ConfigError;
 
@@ -115,11 +119,12 @@ impl UtcOffset {
 }
 
 /// The settings of a fixed-window limit.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct PeriodConfig {
     pub(crate) quota: u64,
     pub(crate) period: Duration,
     pub(crate) align: Option<UtcOffset>,
+    pub(crate) calendar: Option<Calendar>,
     pub(crate) lockout: Option<Duration>,
 }
 
@@ -131,7 +136,34 @@ impl PeriodConfig {
             quota,
             period,
             align: None,
+            calendar: None,
             lockout: None,
+        }
+    }
+
+    /// `quota` units per window of `calendar`: a local day, week or month in an IANA time
+    /// zone, whatever its length (see [`Calendar`]). The zone is checked when the limit is
+    /// built.
+    ///
+    /// ```
+    /// use tower_redis_ratelimit::period::{Calendar, PeriodConfig, PeriodLimiter};
+    /// use tower_redis_ratelimit::Backend;
+    ///
+    /// # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
+    /// let sms = PeriodConfig::calendar(5, Calendar::day("America/New_York"));
+    /// let limiter = PeriodLimiter::new(&Backend::in_process(), "sms", sms)?;
+    /// # let _ = limiter;
+    /// let unknown = PeriodConfig::calendar(5, Calendar::day("America/Gotham"));
+    /// let error = PeriodLimiter::new(&Backend::in_process(), "sms", unknown).unwrap_err();
+    /// assert!(error.to_string().contains("America/Gotham"));
+    /// # Ok(()) }
+    /// ```
+    #[must_use]
+    pub fn calendar(quota: u64, calendar: Calendar) -> Self {
+        Self {
+            quota,
+            calendar: Some(calendar),
+            ..Self::default()
         }
     }
 
@@ -165,7 +197,10 @@ impl PeriodConfig {
 
     /// The same settings with another quota, for [`dynamic`](crate::dynamic) limits.
     pub(crate) fn with_quota(&self, quota: u64) -> Self {
-        Self { quota, ..*self }
+        Self {
+            quota,
+            ..self.clone()
+        }
     }
 }
 
@@ -184,6 +219,8 @@ struct PeriodHosts {
     local_quota: u64,
     period_ms: u64,
     offset_ms: Option<i64>,
+    /// Calendar windows: the zone's rules, which give each call its window boundaries.
+    calendar: Option<Zoned>,
     windows: Windows,
 }
 
@@ -193,7 +230,8 @@ impl PeriodLimiter {
     /// # Errors
     ///
     /// A [`ConfigError`] for a zero quota, a period under one millisecond or over ten
-    /// years, an offset beyond ±18 hours, or an invalid name.
+    /// years, an offset beyond ±18 hours, an unknown time zone, a calendar with a period
+    /// or an offset, or an invalid name.
     pub fn new(backend: &Backend, name: &str, config: PeriodConfig) -> Result<Self, ConfigError> {
         Self::with_owner(backend, Owner::Own(name), config)
     }
@@ -209,7 +247,26 @@ impl PeriodLimiter {
         if config.quota == 0 {
             return Err(ConfigError::Zero { setting: "quota" });
         }
-        let period_ms = config.period_ms();
+        let calendar = match &config.calendar {
+            None => None,
+            Some(_) if config.period != Duration::ZERO => {
+                return Err(ConfigError::Conflict {
+                    reason: "a calendar window has the calendar's length: set `calendar` or \
+                             `period`, not both",
+                })
+            }
+            Some(_) if config.align.is_some() => {
+                return Err(ConfigError::Conflict {
+                    reason: "a calendar window is aligned to its zone: set `calendar` or \
+                             `align`, not both",
+                })
+            }
+            Some(calendar) => Some(calendar.resolve()?),
+        };
+        let period_ms = match &config.calendar {
+            Some(calendar) => u64::try_from(calendar.nominal().as_millis()).unwrap_or(u64::MAX),
+            None => config.period_ms(),
+        };
         if period_ms == 0 {
             return Err(ConfigError::ZeroDuration { setting: "period" });
         }
@@ -233,6 +290,7 @@ impl PeriodLimiter {
                 local_quota: backend.local_limit(config.quota),
                 period_ms,
                 offset_ms,
+                calendar,
                 windows,
             }),
         })
@@ -287,10 +345,20 @@ impl Hosts for PeriodHosts {
 
     fn limit_args(&self, args: &mut Args) {
         args.arg("w");
-        match self.offset_ms {
-            None => args.arg(2).arg(self.quota).arg(self.period_ms),
-            Some(offset) => args.arg(3).arg(self.quota).arg(self.period_ms).arg(offset),
+        match (self.offset_ms, &self.calendar) {
+            // A calendar window's boundaries follow in each call (`window_args`).
+            (_, Some(_)) => args.arg(3).arg(self.quota).arg(self.period_ms).arg("c"),
+            (None, None) => args.arg(2).arg(self.quota).arg(self.period_ms),
+            (Some(offset), None) => args.arg(3).arg(self.quota).arg(self.period_ms).arg(offset),
         };
+    }
+
+    fn window_args(&self, now_ms: i64, call: &mut Call) {
+        if let Some(calendar) = &self.calendar {
+            for bound in calendar.bounds(now_ms).0 {
+                call.arg(bound);
+            }
+        }
     }
 
     fn reply_len(&self) -> usize {
@@ -314,9 +382,22 @@ impl Hosts for PeriodHosts {
 
     fn local(&self, key: &[u8], cost: u32, source: Source, spend: bool) -> Decision {
         let now_us = self.remote.backend().clock().now_us();
-        let schedule = Schedule {
-            period_us: self.period_ms * 1_000,
-            offset_us: self.offset_ms.map(|ms| ms * 1_000),
+        let schedule = match &self.calendar {
+            None => Schedule {
+                period_us: self.period_ms * 1_000,
+                offset_us: self.offset_ms.map(|ms| ms * 1_000),
+                calendar: None,
+            },
+            Some(calendar) => {
+                let now_ms = i64::try_from(now_us / 1_000).unwrap_or(i64::MAX);
+                let bounds = calendar.bounds(now_ms);
+                let (_, length_ms) = bounds.window(now_ms);
+                Schedule {
+                    period_us: u64::try_from(length_ms).unwrap_or(0) * 1_000,
+                    offset_us: None,
+                    calendar: Some(bounds),
+                }
+            }
         };
         let quota = self.local_quota;
         let hit = self
