@@ -154,11 +154,40 @@ impl Calendar {
             Err(before) => -i64::try_from(before.duration().as_millis()).unwrap_or(i64::MAX),
         };
         let (start, end) = zoned.window(at_ms).ok_or_else(out_of_range)?;
-        let time = |ms: i64| match u64::try_from(ms) {
-            Ok(ms) => UNIX_EPOCH + Duration::from_millis(ms),
-            Err(_) => UNIX_EPOCH - Duration::from_millis(ms.unsigned_abs()),
-        };
-        Ok(time(start)..time(end))
+        Ok(system_time(start)..system_time(end))
+    }
+
+    /// The window that holds the local date `year`-`month`-`day` (the day, week or month
+    /// it falls in), computed by the same code the limiter runs: the `calendar` example
+    /// prints it.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_redis_ratelimit::period::Calendar;
+    ///
+    /// # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
+    /// let february = Calendar::month("Asia/Shanghai").window_on(2028, 2, 10)?;
+    /// let length = february.end.duration_since(february.start).unwrap();
+    /// assert_eq!(length, Duration::from_secs(29 * 86_400));
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] when the zone is unknown or the date does not exist.
+    pub fn window_on(
+        &self,
+        year: i16,
+        month: i8,
+        day: i8,
+    ) -> Result<Range<SystemTime>, ConfigError> {
+        let zoned = self.resolve()?;
+        let date = Date::new(year, month, day).map_err(|error| ConfigError::InvalidValue {
+            setting: "date",
+            reason: format!("{year:04}-{month:02}-{day:02} is not a date ({error})"),
+        })?;
+        let (start, end) = zoned.window_of(date).ok_or_else(out_of_range)?;
+        Ok(system_time(start)..system_time(end))
     }
 
     /// The calendar with its zone's rules, or the [`ConfigError`] naming an unknown zone.
@@ -172,6 +201,14 @@ impl Calendar {
             tz,
             cache: ArcSwap::from_pointee(Bounds([0; 4])),
         })
+    }
+}
+
+/// Unix milliseconds as a [`SystemTime`].
+fn system_time(ms: i64) -> SystemTime {
+    match u64::try_from(ms) {
+        Ok(ms) => UNIX_EPOCH + Duration::from_millis(ms),
+        Err(_) => UNIX_EPOCH - Duration::from_millis(ms.unsigned_abs()),
     }
 }
 
@@ -225,7 +262,11 @@ impl Zoned {
     /// the years jiff covers.
     pub(crate) fn window(&self, at_ms: i64) -> Option<(i64, i64)> {
         let ts = Timestamp::from_millisecond(at_ms).ok()?;
-        let date = ts.to_zoned_datetime(self.tz.clone()).date();
+        self.window_of(ts.to_zoned_datetime(self.tz.clone()).date())
+    }
+
+    /// The window that holds the local `date`: its start and end (Unix ms).
+    fn window_of(&self, date: Date) -> Option<(i64, i64)> {
         let start = self.first_day(date)?;
         let end = self.next_first_day(start)?;
         Some((self.midnight(start)?, self.midnight(end)?))
