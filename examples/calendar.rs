@@ -38,8 +38,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if unit == "day" {
         println!("length: {hours} hours");
     } else {
-        let days = length.as_secs_f64() / 86_400.0;
-        println!("length: {days} days ({hours} hours)");
+        // Whole days, and the hours a DST change adds or takes (a 169-hour week).
+        let days = length.as_secs() / 86_400;
+        let rest = (length.as_secs() % 86_400) as f64 / 3_600.0;
+        match rest {
+            0.0 => println!("length: {days} days ({hours} hours)"),
+            rest if rest > 12.0 => {
+                let short = 24.0 - rest;
+                println!("length: {} days - {short} h ({hours} hours)", days + 1);
+            }
+            rest => println!("length: {days} days + {rest} h ({hours} hours)"),
+        }
     }
     Ok(())
 }

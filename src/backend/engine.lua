@@ -16,11 +16,10 @@
 -- count in place of the cost and their costs from ARGV[5] on), cost, the lockout (ms
 -- the key is blocked for when a check is refused; 0: none; for 'v': the longest wait in
 -- µs), the limits (one text: per limit its algorithm ('w' fixed window, 't' token
--- bucket, 'r' rolling window), the count of its arguments and the arguments, separated
--- by ':'; a calendar window's third argument is 'c'), four boundaries per calendar
--- window (src/period/calendar.rs), then the extra numbers; with the caller's time, that
--- time last. The number of
--- limits n is #KEYS - 1.
+-- bucket, 'r' rolling window, 'c' calendar window: a fixed window whose boundaries the
+-- call sends), the count of its arguments and the arguments, separated by ':'), four
+-- boundaries per calendar window (src/period/calendar.rs), then the extra numbers; with
+-- the caller's time, that time last. The number of limits n is #KEYS - 1.
 -- Returns {admitted by every limit (1/0), ms the key stays blocked (0: not blocked),
 -- then each limit's reply in order}, once per check for 'm'. With more than one
 -- limit, every limit decides first without spending; only when all of them admit does
@@ -29,6 +28,7 @@
 -- untouched state). A blocked key spends nothing either.
 local algorithms = {
   w = { state = period_state, step = period_step, save = period_save, refund = period_refund },
+  c = { state = period_state, step = period_step, save = period_save, refund = period_refund },
   t = { state = token_bucket_state, step = token_bucket_step, save = token_bucket_save,
     refund = token_bucket_refund },
   r = { state = rolling_state, step = rolling_step, save = rolling_save, refund = rolling_refund },
@@ -52,9 +52,8 @@ for i = 1, n do
   for j = 1, argc do
     a[j] = L[at + 1 + j]
   end
-  if a[3] == 'c' then
+  if L[at] == 'c' then
     -- A calendar window (src/period/period.lua): where its boundaries are.
-    a[3] = nil
     a.argv = ARGV
     a.bounds = bounds_at
     bounds_at = bounds_at + 4

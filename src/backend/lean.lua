@@ -52,16 +52,12 @@ local function lean(KEYS, ARGV, L)
       return nil
     end
     if kind == 'w' then
-      local offset, now_us, length, deadline = nil, nil, L[4], nil
+      local offset, now_us = nil, nil
       if L[2] > 2 then
         offset = L[5]
         now_us = unix_us(ARGV)
-        if offset == 'c' then
-          -- A calendar window: its boundaries are ARGV[5] to ARGV[8].
-          deadline, length = calendar_window(ARGV, 5, math.floor(now_us / 1000))
-        end
       end
-      local ok, count, ttl = period_try(key, L[3], length, offset, cost, now_us, deadline)
+      local ok, count, ttl = period_try(key, L[3], L[4], offset, cost, now_us)
       if not ok then
         return nil
       end
@@ -74,6 +70,16 @@ local function lean(KEYS, ARGV, L)
       end
       rolling_commit(key, dead, current, cost, L[4], L[5])
       return { 1, 0, 1, sum, 0, reset }
+    elseif kind == 'c' then
+      -- A calendar window (its boundaries in ARGV[5] to ARGV[8]): a fixed window of the
+      -- length of the window holding now, aligned to its end.
+      local now_us = unix_us(ARGV)
+      local deadline, length = calendar_window(ARGV, 5, math.floor(now_us / 1000))
+      local ok, count, ttl = period_try(key, L[3], length, -deadline, cost, now_us)
+      if not ok then
+        return nil
+      end
+      return { 1, 0, 1, count, ttl }
     end
     return nil
   end
@@ -99,16 +105,12 @@ local function lean(KEYS, ARGV, L)
     local key = KEYS[i]
     local ok, r1, r2, c1, c2, c3
     if kind == 'w' then
-      local offset, length, deadline = nil, L[at + 3], nil
+      local offset = nil
       if argc > 2 then
         offset = L[at + 4]
         now_us = now_us or unix_us(ARGV)
-        if offset == 'c' then
-          deadline, length = calendar_window(ARGV, bounds_at, math.floor(now_us / 1000))
-          bounds_at = bounds_at + 4
-        end
       end
-      ok, r1, r2 = period_try(key, L[at + 2], length, offset, cost, now_us, deadline)
+      ok, r1, r2 = period_try(key, L[at + 2], L[at + 3], offset, cost, now_us)
       if ok then
         out[#out + 1] = 1
         out[#out + 1] = r1
@@ -143,6 +145,20 @@ local function lean(KEYS, ARGV, L)
         out[#out + 1] = 0
         out[#out + 1] = r2
       end
+    elseif kind == 'c' then
+      -- A calendar window: a fixed window aligned to the end of the window holding now.
+      now_us = now_us or unix_us(ARGV)
+      local deadline, length = calendar_window(ARGV, bounds_at, math.floor(now_us / 1000))
+      bounds_at = bounds_at + 4
+      ok, r1, r2 = period_try(key, L[at + 2], length, -deadline, cost, now_us)
+      if ok then
+        out[#out + 1] = 1
+        out[#out + 1] = r1
+        out[#out + 1] = r2
+        c1 = r1
+      end
+      -- Taken back as a fixed window.
+      kind = 'w'
     end
     if not ok then
       if pending then

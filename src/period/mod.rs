@@ -344,12 +344,14 @@ impl Hosts for PeriodHosts {
     }
 
     fn limit_args(&self, args: &mut Args) {
-        args.arg("w");
         match (self.offset_ms, &self.calendar) {
-            // A calendar window's boundaries follow in each call (`window_args`).
-            (_, Some(_)) => args.arg(3).arg(self.quota).arg(self.period_ms).arg("c"),
-            (None, None) => args.arg(2).arg(self.quota).arg(self.period_ms),
-            (Some(offset), None) => args.arg(3).arg(self.quota).arg(self.period_ms).arg(offset),
+            // A calendar window: its boundaries follow in each call (`window_args`).
+            (_, Some(_)) => args.arg("c").arg(2).arg(self.quota).arg(self.period_ms),
+            (None, None) => args.arg("w").arg(2).arg(self.quota).arg(self.period_ms),
+            (Some(offset), None) => {
+                let args = args.arg("w").arg(3).arg(self.quota);
+                args.arg(self.period_ms).arg(offset)
+            }
         };
     }
 

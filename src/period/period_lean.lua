@@ -15,6 +15,9 @@ end
 -- calendar_window(ARGV, at, t) returns the end and the length of the window holding t
 -- (ms); a time outside them (a clock more than a window away from the caller's) gets a
 -- window of the nearest one's length from t on. The same rule as `Bounds::window`.
+-- The lean check runs a calendar window (letter 'c') as an aligned fixed window of that
+-- length whose offset is minus its end: the edge the offset gives is then exactly the
+-- end, since t lies within one length before it.
 local function calendar_window(ARGV, at, t)
   local b0, b1, b2, b3 = tonumber(ARGV[at]), tonumber(ARGV[at + 1]), tonumber(ARGV[at + 2]),
     tonumber(ARGV[at + 3])
@@ -32,13 +35,12 @@ end
 
 -- The lean check (src/backend/lean.lua): the common case of the steps (src/period/period.lua) in the
 -- fewest commands, deciding exactly as they do. period_try(key, quota, length, offset,
--- cost, now_us, deadline) (a calendar window: `offset` true, `length` the length of the
--- window holding now, `deadline` its end) counts the cost at once (INCRBY) and returns true, the count and the ms
+-- cost, now_us) counts the cost at once (INCRBY) and returns true, the count and the ms
 -- until the window ends when the key's window admits it as the steps would; else it
 -- takes the count back and returns false, and the steps decide (a refusal, a new window
 -- over a stale key, a skew, a clock step). A key that held nothing starts its window
 -- here, as period_save would.
-local function period_try(key, quota, length, offset, cost, now_us, deadline)
+local function period_try(key, quota, length, offset, cost, now_us)
   local count = redis.pcall('INCRBY', key, cost)
   if type(count) ~= 'number' then
     -- "count skew": the steps decide.
@@ -52,7 +54,7 @@ local function period_try(key, quota, length, offset, cost, now_us, deadline)
       return true, count, length
     end
     local now = math.floor(now_us / 1000)
-    deadline = deadline or now - ((now + offset) % length) + length
+    local deadline = now - ((now + offset) % length) + length
     if caller_time then
       redis.call('PEXPIRE', key, string.format('%d', deadline - now))
     else
