@@ -8,7 +8,9 @@ use tower_redis_ratelimit::period::{Calendar, Weekday};
 const HOUR: u64 = 3_600;
 
 fn unix(time: SystemTime) -> u64 {
-    time.duration_since(UNIX_EPOCH).expect("after 1970").as_secs()
+    time.duration_since(UNIX_EPOCH)
+        .expect("after 1970")
+        .as_secs()
 }
 
 /// `start` and `end` as Unix seconds, and the length in hours.
@@ -50,7 +52,9 @@ fn a_berlin_week_holds_its_date() {
 
 #[test]
 fn bad_input_is_named() {
-    let error = Calendar::day("Europe/Atlantis").window_on(2026, 1, 1).unwrap_err();
+    let error = Calendar::day("Europe/Atlantis")
+        .window_on(2026, 1, 1)
+        .unwrap_err();
     assert!(error.to_string().contains("Europe/Atlantis"), "{error}");
     assert!(Calendar::day("UTC").window_on(2026, 2, 30).is_err());
 }

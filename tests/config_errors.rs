@@ -5,8 +5,7 @@ use std::time::Duration;
 
 use tower_redis_ratelimit::config::RulesConfig;
 use tower_redis_ratelimit::{
-    period::Calendar, Backend, ConfigError, PeriodLimitLayer, RollingWindowLayer,
-    TokenBucketLayer,
+    period::Calendar, Backend, ConfigError, PeriodLimitLayer, RollingWindowLayer, TokenBucketLayer,
 };
 
 fn parse(text: &str) -> RulesConfig {
@@ -423,7 +422,13 @@ fn calendar_windows_from_a_file() {
         .unwrap_err();
     assert_eq!(unknown, builder);
     assert!(unknown.to_string().contains("America/Gotham"), "{unknown}");
-    assert!(matches!(unknown, ConfigError::InvalidValue { setting: "zone", .. }));
+    assert!(matches!(
+        unknown,
+        ConfigError::InvalidValue {
+            setting: "zone",
+            ..
+        }
+    ));
 
     for (limit, message) in [
         (

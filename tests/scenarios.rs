@@ -834,43 +834,52 @@ fn at(rfc3339: &str) -> i64 {
     ts.as_millisecond() - T0_MS
 }
 
-fn calendar(quota: u64, calendar: Calendar) -> Box<dyn Fn(&Backend, &str) -> Box<dyn Limiter>> {
-    Box::new(move |backend, name| {
-        let config = PeriodConfig::calendar(quota, calendar.clone());
-        Box::new(PeriodLimiter::new(backend, name, config).expect("valid"))
-    })
+/// A limiter of `quota` per window of `calendar`.
+fn calendar(quota: u64, calendar: Calendar, backend: &Backend, name: &str) -> Box<dyn Limiter> {
+    let config = PeriodConfig::calendar(quota, calendar);
+    Box::new(PeriodLimiter::new(backend, name, config).expect("valid"))
 }
 
 fn day_new_york(backend: &Backend, name: &str) -> Box<dyn Limiter> {
-    calendar(2, Calendar::day("America/New_York"))(backend, name)
+    calendar(2, Calendar::day("America/New_York"), backend, name)
 }
 
 fn day_shanghai(backend: &Backend, name: &str) -> Box<dyn Limiter> {
-    calendar(1, Calendar::day("Asia/Shanghai"))(backend, name)
+    calendar(1, Calendar::day("Asia/Shanghai"), backend, name)
 }
 
 fn day_kolkata(backend: &Backend, name: &str) -> Box<dyn Limiter> {
-    calendar(2, Calendar::day("Asia/Kolkata"))(backend, name)
+    calendar(2, Calendar::day("Asia/Kolkata"), backend, name)
 }
 
 fn day_santiago(backend: &Backend, name: &str) -> Box<dyn Limiter> {
-    calendar(2, Calendar::day("America/Santiago"))(backend, name)
+    calendar(2, Calendar::day("America/Santiago"), backend, name)
 }
 
 fn month_utc(backend: &Backend, name: &str) -> Box<dyn Limiter> {
-    calendar(1, Calendar::month("UTC"))(backend, name)
+    calendar(1, Calendar::month("UTC"), backend, name)
 }
 
 fn month_shanghai(backend: &Backend, name: &str) -> Box<dyn Limiter> {
-    calendar(1, Calendar::month("Asia/Shanghai"))(backend, name)
+    calendar(1, Calendar::month("Asia/Shanghai"), backend, name)
 }
 
 fn week_berlin_monday(backend: &Backend, name: &str) -> Box<dyn Limiter> {
-    calendar(1, Calendar::week("Europe/Berlin", Weekday::Monday))(backend, name)
+    calendar(
+        1,
+        Calendar::week("Europe/Berlin", Weekday::Monday),
+        backend,
+        name,
+    )
 }
 
 fn week_new_york_sunday(backend: &Backend, name: &str) -> Box<dyn Limiter> {
-    calendar(1, Calendar::week("America/New_York", Weekday::Sunday))(backend, name)
+    calendar(
+        1,
+        Calendar::week("America/New_York", Weekday::Sunday),
+        backend,
+        name,
+    )
 }
 
 /// 2 per local day in New York and 3 per calendar month in UTC, all or nothing.
@@ -901,8 +910,22 @@ async fn calendar_window_hosts_agree() {
                 step(at("2026-03-07T23:59:59.999-05:00"), 1, Allowed, 1, 1, None),
                 step(at("2026-03-08T00:00:00-05:00"), 1, Allowed, 1, 23 * H, None),
                 // 12:00 EDT: 12 hours left, not 11 (UTC-5) nor 13.
-                step(at("2026-03-08T12:00:00-04:00"), 1, HitQuota, 0, 12 * H, None),
-                step(at("2026-03-08T23:59:59.999-04:00"), 1, OverQuota, 0, 1, r(1)),
+                step(
+                    at("2026-03-08T12:00:00-04:00"),
+                    1,
+                    HitQuota,
+                    0,
+                    12 * H,
+                    None,
+                ),
+                step(
+                    at("2026-03-08T23:59:59.999-04:00"),
+                    1,
+                    OverQuota,
+                    0,
+                    1,
+                    r(1),
+                ),
                 step(at("2026-03-09T00:00:00-04:00"), 1, Allowed, 1, DAY, None),
             ],
         },
@@ -922,7 +945,14 @@ async fn calendar_window_hosts_agree() {
                     22 * H + H / 2,
                     None,
                 ),
-                step(at("2026-11-01T23:59:59.999-05:00"), 1, OverQuota, 0, 1, r(1)),
+                step(
+                    at("2026-11-01T23:59:59.999-05:00"),
+                    1,
+                    OverQuota,
+                    0,
+                    1,
+                    r(1),
+                ),
                 step(at("2026-11-02T00:00:00-05:00"), 1, Allowed, 1, DAY, None),
             ],
         },
@@ -951,7 +981,14 @@ async fn calendar_window_hosts_agree() {
                 step(at("2027-01-15T23:59:59.999+05:30"), 1, Allowed, 1, 1, None),
                 step(at("2027-01-16T00:00:00+05:30"), 1, Allowed, 1, DAY, None),
                 // Midnight UTC is 05:30 local: 18.5 hours left.
-                step(at("2027-01-16T00:00:00Z"), 1, HitQuota, 0, 18 * H + H / 2, None),
+                step(
+                    at("2027-01-16T00:00:00Z"),
+                    1,
+                    HitQuota,
+                    0,
+                    18 * H + H / 2,
+                    None,
+                ),
             ],
         },
         Scenario {
@@ -987,9 +1024,30 @@ async fn calendar_window_hosts_agree() {
             limiter: month_shanghai,
             hosts: Hosts::All,
             steps: vec![
-                step(at("2028-02-10T00:00:00+08:00"), 1, HitQuota, 0, 20 * DAY, None),
-                step(at("2028-02-29T23:59:59.999+08:00"), 1, OverQuota, 0, 1, r(1)),
-                step(at("2028-03-01T00:00:00+08:00"), 1, HitQuota, 0, 31 * DAY, None),
+                step(
+                    at("2028-02-10T00:00:00+08:00"),
+                    1,
+                    HitQuota,
+                    0,
+                    20 * DAY,
+                    None,
+                ),
+                step(
+                    at("2028-02-29T23:59:59.999+08:00"),
+                    1,
+                    OverQuota,
+                    0,
+                    1,
+                    r(1),
+                ),
+                step(
+                    at("2028-03-01T00:00:00+08:00"),
+                    1,
+                    HitQuota,
+                    0,
+                    31 * DAY,
+                    None,
+                ),
             ],
         },
         Scenario {
@@ -998,12 +1056,40 @@ async fn calendar_window_hosts_agree() {
             hosts: Hosts::All,
             steps: vec![
                 // The week of the autumn change: 7 days and an hour.
-                step(at("2026-10-19T00:00:00+02:00"), 1, HitQuota, 0, 7 * DAY + H, None),
-                step(at("2026-10-25T23:59:59.999+01:00"), 1, OverQuota, 0, 1, r(1)),
-                step(at("2026-10-26T00:00:00+01:00"), 1, HitQuota, 0, 7 * DAY, None),
+                step(
+                    at("2026-10-19T00:00:00+02:00"),
+                    1,
+                    HitQuota,
+                    0,
+                    7 * DAY + H,
+                    None,
+                ),
+                step(
+                    at("2026-10-25T23:59:59.999+01:00"),
+                    1,
+                    OverQuota,
+                    0,
+                    1,
+                    r(1),
+                ),
+                step(
+                    at("2026-10-26T00:00:00+01:00"),
+                    1,
+                    HitQuota,
+                    0,
+                    7 * DAY,
+                    None,
+                ),
                 // Sunday 2027-01-17, then Monday.
                 step(at("2027-01-17T23:59:59.999+01:00"), 1, HitQuota, 0, 1, None),
-                step(at("2027-01-18T00:00:00+01:00"), 1, HitQuota, 0, 7 * DAY, None),
+                step(
+                    at("2027-01-18T00:00:00+01:00"),
+                    1,
+                    HitQuota,
+                    0,
+                    7 * DAY,
+                    None,
+                ),
             ],
         },
         Scenario {
@@ -1013,7 +1099,14 @@ async fn calendar_window_hosts_agree() {
             steps: vec![
                 // Saturday 2027-01-16, then Sunday, then Monday (not an edge).
                 step(at("2027-01-16T23:59:59.999-05:00"), 1, HitQuota, 0, 1, None),
-                step(at("2027-01-17T00:00:00-05:00"), 1, HitQuota, 0, 7 * DAY, None),
+                step(
+                    at("2027-01-17T00:00:00-05:00"),
+                    1,
+                    HitQuota,
+                    0,
+                    7 * DAY,
+                    None,
+                ),
                 step(
                     at("2027-01-18T00:00:00-05:00"),
                     1,
@@ -1041,7 +1134,14 @@ async fn calendar_sets_hosts_agree() {
         steps: vec![
             // 17:00Z: 12 hours left of the day, 31 of the month.
             step(at("2027-01-30T12:00:00-05:00"), 1, Allowed, 1, 12 * H, None),
-            step(at("2027-01-30T12:00:00-05:00"), 1, HitQuota, 0, 12 * H, None),
+            step(
+                at("2027-01-30T12:00:00-05:00"),
+                1,
+                HitQuota,
+                0,
+                12 * H,
+                None,
+            ),
             // The day refuses: the month is not spent.
             step(
                 at("2027-01-30T12:00:00-05:00"),
@@ -1052,7 +1152,14 @@ async fn calendar_sets_hosts_agree() {
                 r(12 * H),
             ),
             // A new day; the month's third unit, 19 hours before it ends.
-            step(at("2027-01-31T00:00:00-05:00"), 1, HitQuota, 0, 19 * H, None),
+            step(
+                at("2027-01-31T00:00:00-05:00"),
+                1,
+                HitQuota,
+                0,
+                19 * H,
+                None,
+            ),
             // The month refuses for 7 hours.
             step(
                 at("2027-01-31T12:00:00-05:00"),

@@ -185,7 +185,11 @@ pub struct PeriodLimitConfig {
     /// Units per window.
     pub quota: u64,
     /// The window (none with `calendar`).
-    #[serde(default, with = "humantime_serde", skip_serializing_if = "Duration::is_zero")]
+    #[serde(
+        default,
+        with = "humantime_serde",
+        skip_serializing_if = "Duration::is_zero"
+    )]
     pub period: Duration,
     /// Aligns windows to local time at this UTC offset (`"UTC"`, `"+05:30"`).
     #[serde(default, skip_serializing_if = "Option::is_none")]

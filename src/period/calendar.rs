@@ -31,7 +31,7 @@ pub enum Weekday {
 
 impl Weekday {
     /// Days after Monday (Monday 0, Sunday 6).
-    fn from_monday(self) -> i8 {
+    fn days_after_monday(self) -> i8 {
         self as i8
     }
 }
@@ -304,7 +304,7 @@ impl Zoned {
         match self.unit {
             Unit::Day => Some(date),
             Unit::Week(first) => {
-                let back = (date.weekday().to_monday_zero_offset() - first.from_monday())
+                let back = (date.weekday().to_monday_zero_offset() - first.days_after_monday())
                     .rem_euclid(7);
                 date.checked_sub(Span::new().days(back)).ok()
             }

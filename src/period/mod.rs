@@ -1,5 +1,7 @@
-//! Fixed-window limits: `quota` units per `period` per key, optionally aligned to the
-//! calendar ("5 SMS codes per phone per day, reset at midnight UTC+8").
+//! Fixed-window limits: `quota` units per `period` per key, optionally aligned to a
+//! fixed UTC offset ("5 SMS codes per phone per day, reset at midnight UTC+8"), or
+//! windows that follow the calendar of an IANA time zone ([`Calendar`]: "5 per local day
+//! in America/New_York", 23 or 25 hours on DST days; "10 000 per calendar month").
 //!
 //! The request that uses the last unit of a window is [`State::HitQuota`] (admitted),
 //! later ones [`State::OverQuota`] until the window ends. Rejected requests are not
@@ -37,7 +39,8 @@
 //!
 //! - windows that start at a key's first request never read a clock: a window lasts
 //!   one period of the server's expiry, exactly as with server time, whatever `s`;
-//! - [aligned](PeriodConfig::align) windows end on the edge as the caller that opened
+//! - [aligned](PeriodConfig::align) and [calendar](Calendar) windows end on the edge as
+//!   the caller that opened
 //!   the window sees it: up to `s` early or late, never longer than one period. A caller
 //!   whose clock is behind the one that opened the previous window can open one more
 //!   window, of at most `s`, just before its own view of the edge: a span of one period
@@ -45,6 +48,21 @@
 //!   quotas with two), instead of twice the quota. A refusal lasts until the window's
 //!   key expires: at most `s` past the refused caller's own view of the edge, and never
 //!   more than one period.
+//!
+//! # Calendar windows
+//!
+//! A [`Calendar`] window runs from local midnight to local midnight (of a day, of the
+//! first weekday of a week, of the first of a month) in its zone. The zone's rules are
+//! the caller's: each call sends the engine the boundaries of the window holding the
+//! caller's clock and of the windows on either side (computed with jiff once per window,
+//! then cached), and the engine picks the window of the time it reads, ending the key at
+//! that window's end (`PXAT`, or a time to live with the callers' clocks). The in-process
+//! host picks from the same boundaries by the same rule. So with the server's clock the
+//! Redis server decides which window a request is in, whatever the caller's clock says
+//! (within a window of it: a server clock further away gets a window of the nearest
+//! one's length, starting at its time). Clock steps follow the rules above with the
+//! length of the window holding the time read as the period. With the callers' clocks,
+//! a calendar window behaves as an aligned one.
 //!
 //! A fixed window admits up to twice the quota across a window edge; use
 //! [`TokenBucketLayer`](crate::TokenBucketLayer) or
