@@ -60,10 +60,10 @@ pub const MAX_LIMITS: usize = 8;
 const LOCKS: usize = 64;
 
 /// One limit of a [`LimitSet`]: the settings of any algorithm.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Copy)]
 pub struct SetMember(Algorithm);
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Copy)]
 enum Algorithm {
     Period(PeriodConfig),
     TokenBucket(TokenBucketConfig),
@@ -184,17 +184,17 @@ impl SetLimiter {
                 });
             }
             let owner = Owner::Member { set: name, limit };
-            let (hosts, policy) = match &member.0 {
+            let (hosts, policy) = match member.0 {
                 Algorithm::Period(config) => {
-                    let limiter = PeriodLimiter::with_owner(backend, owner, config.clone())?;
+                    let limiter = PeriodLimiter::with_owner(backend, owner, config)?;
                     (limiter.hosts(), limiter.policy().clone())
                 }
                 Algorithm::TokenBucket(config) => {
-                    let limiter = TokenBucketLimiter::with_owner(backend, owner, *config)?;
+                    let limiter = TokenBucketLimiter::with_owner(backend, owner, config)?;
                     (limiter.hosts(), limiter.policy().clone())
                 }
                 Algorithm::Rolling(config) => {
-                    let limiter = RollingWindowLimiter::with_owner(backend, owner, *config)?;
+                    let limiter = RollingWindowLimiter::with_owner(backend, owner, config)?;
                     (limiter.hosts(), limiter.policy().clone())
                 }
             };

@@ -91,10 +91,27 @@ enum Unit {
 /// assert_eq!(day.end.duration_since(day.start).unwrap(), Duration::from_secs(23 * 3_600));
 /// # Ok(()) }
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Calendar {
     unit: Unit,
-    zone: Arc<str>,
+    /// The zone's name, kept inline so that settings stay `Copy` (IANA names are at most
+    /// about 32 bytes).
+    zone: [u8; MAX_ZONE_LEN],
+    zone_len: u8,
+    /// The name given was longer than [`MAX_ZONE_LEN`]: no zone has such a name.
+    too_long: bool,
+}
+
+/// The longest zone name kept.
+const MAX_ZONE_LEN: usize = 64;
+
+impl std::fmt::Debug for Calendar {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Calendar")
+            .field("unit", &self.unit)
+            .field("zone", &self.zone())
+            .finish()
+    }
 }
 
 impl Calendar {
@@ -117,16 +134,24 @@ impl Calendar {
     }
 
     fn new(unit: Unit, zone: &str) -> Self {
+        let mut len = zone.len().min(MAX_ZONE_LEN);
+        while !zone.is_char_boundary(len) {
+            len -= 1;
+        }
+        let mut bytes = [0; MAX_ZONE_LEN];
+        bytes[..len].copy_from_slice(&zone.as_bytes()[..len]);
         Self {
             unit,
-            zone: Arc::from(zone),
+            zone: bytes,
+            zone_len: u8::try_from(len).unwrap_or(u8::MAX),
+            too_long: len < zone.len(),
         }
     }
 
-    /// The zone's name, as given.
+    /// The zone's name, as given (its first 64 bytes).
     #[must_use]
     pub fn zone(&self) -> &str {
-        &self.zone
+        std::str::from_utf8(&self.zone[..usize::from(self.zone_len)]).unwrap_or_default()
     }
 
     /// The window's nominal length, for the `RateLimit-Policy` header's `w` and the
@@ -192,10 +217,14 @@ impl Calendar {
 
     /// The calendar with its zone's rules, or the [`ConfigError`] naming an unknown zone.
     pub(crate) fn resolve(&self) -> Result<Zoned, ConfigError> {
-        let tz = TimeZone::get(&self.zone).map_err(|error| ConfigError::InvalidValue {
+        let unknown = |why: String| ConfigError::InvalidValue {
             setting: "zone",
-            reason: format!("unknown time zone {:?} ({error})", &*self.zone),
-        })?;
+            reason: format!("unknown time zone {:?} ({why})", self.zone()),
+        };
+        if self.too_long {
+            return Err(unknown(format!("cut: longer than {MAX_ZONE_LEN} bytes")));
+        }
+        let tz = TimeZone::get(self.zone()).map_err(|error| unknown(error.to_string()))?;
         Ok(Zoned {
             unit: self.unit,
             tz,
@@ -405,6 +434,15 @@ mod tests {
     fn unknown_zones_are_named() {
         let error = Calendar::day("Mars/Olympus_Mons").resolve().unwrap_err();
         assert!(error.to_string().contains("Mars/Olympus_Mons"), "{error}");
+        let long = format!("Europe/{}", "é".repeat(40));
+        let calendar = Calendar::day(&long);
+        assert_eq!(calendar.zone().len(), 63, "cut on a character boundary");
+        assert!(calendar
+            .resolve()
+            .unwrap_err()
+            .to_string()
+            .contains("longer than"));
+        assert_eq!(Calendar::day("Asia/Tokyo").zone(), "Asia/Tokyo");
         assert!("Funday".parse::<Weekday>().is_err());
         assert_eq!("SUNDAY".parse::<Weekday>().unwrap(), Weekday::Sunday);
     }

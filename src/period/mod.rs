@@ -137,7 +137,7 @@ impl UtcOffset {
 }
 
 /// The settings of a fixed-window limit.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Copy, Default)]
 pub struct PeriodConfig {
     pub(crate) quota: u64,
     pub(crate) period: Duration,
@@ -215,10 +215,7 @@ impl PeriodConfig {
 
     /// The same settings with another quota, for [`dynamic`](crate::dynamic) limits.
     pub(crate) fn with_quota(&self, quota: u64) -> Self {
-        Self {
-            quota,
-            ..self.clone()
-        }
+        Self { quota, ..*self }
     }
 }
 
