@@ -616,3 +616,46 @@ async fn a_server_without_functions_runs_the_engine_by_evalsha() {
     assert_eq!((d.source, d.is_admitted()), (Source::Redis, false));
     assert!(redis.command_calls("evalsha") >= 4);
 }
+
+/// A calendar window's key expires at the window's true end (`PXAT`, the absolute time
+/// from the zone's rules), and concurrent checks of one key (coalesced into shared calls
+/// while one is in flight: their costs follow the window's boundaries in the engine's
+/// arguments) admit exactly the quota.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calendar_windows_expire_at_their_end_and_admit_the_quota() {
+    use tower_redis_ratelimit::period::Calendar;
+    let redis = RedisServer::start();
+    let backend = Backend::redis(redis.pool());
+    let calendar = Calendar::day("Asia/Kolkata");
+    let limiter = Arc::new(limiter(&backend, PeriodConfig::calendar(25, calendar)));
+    let tasks: Vec<_> = (0..300)
+        .map(|_| {
+            let limiter = Arc::clone(&limiter);
+            tokio::spawn(async move { limiter.check(b"hot", ONE).await })
+        })
+        .collect();
+    let mut admitted = 0;
+    for task in tasks {
+        let decision = task.await.unwrap();
+        assert!(
+            matches!(decision.source, Source::Redis | Source::DenyCache),
+            "{decision:?}"
+        );
+        admitted += usize::from(decision.is_admitted());
+    }
+    assert_eq!(admitted, 25);
+    let window = calendar
+        .window_at(std::time::SystemTime::now())
+        .expect("a window");
+    let end_ms = window
+        .end
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis();
+    let expires = redis.cmd(&["PEXPIRETIME", "ratelimit:{v1:hot}:period:test"]);
+    assert_eq!(
+        expires.trim(),
+        end_ms.to_string(),
+        "the window's end, exactly"
+    );
+}
