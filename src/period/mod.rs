@@ -105,7 +105,7 @@ const MAX_OFFSET_SECS: i32 = 18 * 3_600;
 /// A fixed offset from UTC that windows are aligned to.
 ///
 /// Offsets are fixed: a zone with daylight saving time changes its offset twice a year,
-/// which a fixed offset does not follow.
+/// which a fixed offset does not follow; a [`Calendar`] window does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct UtcOffset {
     seconds: i32,
@@ -198,6 +198,8 @@ impl PeriodConfig {
 
     /// Ends windows on multiples of the period in local time at `offset` (a one-day
     /// period then resets at local midnight) instead of one period after the first hit.
+    /// For days, weeks or months in a zone with daylight saving time, or months of their
+    /// true length, use [`calendar`](Self::calendar).
     #[must_use]
     pub fn align(mut self, offset: UtcOffset) -> Self {
         self.align = Some(offset);
