@@ -538,6 +538,9 @@ async fn the_engine_runs_as_functions_on_redis_7_and_by_evalsha_when_told() {
             .redis_url(redis.url())
             .engine_functions(true)
             .deny_cache(0)
+            // Under load a first call (connecting, loading the library) may take longer
+            // than the default 100 ms, and the fallback would answer it.
+            .call_timeout(Duration::from_secs(10))
             .build()
             .unwrap(),
         config,
@@ -547,6 +550,7 @@ async fn the_engine_runs_as_functions_on_redis_7_and_by_evalsha_when_told() {
             .redis_url(redis.url())
             .engine_functions(false)
             .deny_cache(0)
+            .call_timeout(Duration::from_secs(10))
             .build()
             .unwrap(),
         config,
