@@ -629,7 +629,11 @@ async fn a_server_without_functions_runs_the_engine_by_evalsha() {
 async fn calendar_windows_expire_at_their_end_and_admit_the_quota() {
     use tower_redis_ratelimit::period::Calendar;
     let redis = RedisServer::start();
-    let backend = Backend::redis(redis.pool());
+    let backend = Backend::builder()
+        .redis(redis.pool())
+        .call_timeout(Duration::from_secs(10))
+        .build()
+        .expect("backend");
     let calendar = Calendar::day("Asia/Kolkata");
     let limiter = Arc::new(limiter(&backend, PeriodConfig::calendar(25, calendar)));
     let tasks: Vec<_> = (0..300)

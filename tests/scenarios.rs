@@ -151,7 +151,10 @@ async fn run(
     let manual = ManualClock::new(unix_us(0));
     let builder = Backend::builder()
         .manual_clock(manual.clone())
-        .deny_cache(0);
+        .deny_cache(0)
+        // The table is about decisions, not deadlines: a first call under load
+        // (connecting, loading the engine) must not be answered by the fallback.
+        .call_timeout(Duration::from_secs(10));
     let backend = match host {
         Host::InProcess => builder.build(),
         Host::RedisServerTime => builder.redis(redis.pool()).build(),
@@ -1198,6 +1201,7 @@ async fn calendar_windows_follow_the_server_clock() {
             .manual_clock(manual)
             .caller_clock_offset_us(skew_ms * 1_000)
             .deny_cache(0)
+            .call_timeout(Duration::from_secs(10))
             .redis(redis.pool())
             .build()
             .expect("backend");
