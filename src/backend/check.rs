@@ -153,9 +153,9 @@ pub(super) fn cached_refusal<T: Hosts + ?Sized>(
 /// One call of the engine for `key` (whose Redis key is `redis_key`): every limit's key
 /// and the block key, then `op`, `count` (a cost, or how many coalesced costs), `param`
 /// (the lockout; a reservation's longest wait; a lease's size), the limits' arguments
-/// (one text), each calendar window's four boundaries, `extra` (the costs of coalesced checks; a lease's
-/// expired unused tokens), and the caller's time
-/// when the backend sends it. The one place that lays out `engine.lua`'s `ARGV`.
+/// (one text), each calendar window's four boundaries, `extra` (the costs of coalesced
+/// checks; a lease's expired unused tokens), and the caller's time when the backend
+/// sends it. The one place that lays out `engine.lua`'s `ARGV`.
 pub(super) fn engine_call<T: Hosts + ?Sized>(
     store: &T,
     key: &[u8],

@@ -40,14 +40,13 @@
 //! - windows that start at a key's first request never read a clock: a window lasts
 //!   one period of the server's expiry, exactly as with server time, whatever `s`;
 //! - [aligned](PeriodConfig::align) and [calendar](Calendar) windows end on the edge as
-//!   the caller that opened
-//!   the window sees it: up to `s` early or late, never longer than one period. A caller
-//!   whose clock is behind the one that opened the previous window can open one more
-//!   window, of at most `s`, just before its own view of the edge: a span of one period
-//!   across an edge admits at most `(n + 1) × quota` with `n` distinct clocks (three
-//!   quotas with two), instead of twice the quota. A refusal lasts until the window's
-//!   key expires: at most `s` past the refused caller's own view of the edge, and never
-//!   more than one period.
+//!   the caller that opened the window sees it: up to `s` early or late, never longer
+//!   than one period. A caller whose clock is behind the one that opened the previous
+//!   window can open one more window, of at most `s`, just before its own view of the
+//!   edge: a span of one period across an edge admits at most `(n + 1) × quota` with `n`
+//!   distinct clocks (three quotas with two), instead of twice the quota. A refusal
+//!   lasts until the window's key expires: at most `s` past the refused caller's own
+//!   view of the edge, and never more than one period.
 //!
 //! # Calendar windows
 //!

@@ -1,10 +1,11 @@
 -- Fixed window, as an algorithm of the engine (src/backend/engine.lua), with a = {quota,
 -- period (ms), UTC offset (ms) to align windows to, or nil for windows that start at the
 -- first request; for a calendar window, a.argv and a.bounds: the call's ARGV and where
--- its four boundaries are (calendar_window, src/period/period_lean.lua)}: period_state(key, a, now_us) reads the key once, period_step(s, cost,
--- write) decides a check on that state (with `write`, counting it; nothing goes to
--- Redis), period_save(key, s) writes what the steps changed, once. `key` holds the
--- count, with the window's end as its expiry (counted by the server).
+-- its four boundaries are (calendar_window, src/period/period_lean.lua)}:
+-- period_state(key, a, now_us) reads the key once, period_step(s, cost, write) decides
+-- a check on that state (with `write`, counting it; nothing goes to Redis),
+-- period_save(key, s) writes what the steps changed, once. `key` holds the count, with
+-- the window's end as its expiry (counted by the server).
 -- A step returns {admitted (1/0), count, ms until the window ends}. A rejected request
 -- is not counted. Time is used only to align a new window. Large numbers go to Redis
 -- through string.format('%d') so that they are never written in exponent notation.
