@@ -464,3 +464,11 @@ fn calendar_windows_from_a_file() {
         assert!(error.contains(message), "{limit}: {error}");
     }
 }
+
+/// The rule file the `rules` example serves (a calendar day in Paris among its rules)
+/// reads and builds.
+#[test]
+fn the_example_rule_file_builds() {
+    let config = parse(include_str!("../examples/rules.toml"));
+    config.build().expect("examples/rules.toml builds");
+}
