@@ -16,9 +16,10 @@
 -- count in place of the cost and their costs from ARGV[5] on), cost, the lockout (ms
 -- the key is blocked for when a check is refused; 0: none; for 'v': the longest wait in
 -- µs), the limits (one text: per limit its algorithm ('w' fixed window, 't' token
--- bucket, 'r' rolling window), the count of its arguments and the arguments, separated
--- by ':'), then the extra numbers; with the caller's time, that time last. The number of
--- limits n is #KEYS - 1.
+-- bucket, 'r' rolling window, 'c' calendar window: a fixed window whose boundaries the
+-- call sends), the count of its arguments and the arguments, separated by ':'), four
+-- boundaries per calendar window (src/period/calendar.rs), then the extra numbers; with
+-- the caller's time, that time last. The number of limits n is #KEYS - 1.
 -- Returns {admitted by every limit (1/0), ms the key stays blocked (0: not blocked),
 -- then each limit's reply in order}, once per check for 'm'. With more than one
 -- limit, every limit decides first without spending; only when all of them admit does
@@ -27,6 +28,7 @@
 -- untouched state). A blocked key spends nothing either.
 local algorithms = {
   w = { state = period_state, step = period_step, save = period_save, refund = period_refund },
+  c = { state = period_state, step = period_step, save = period_save, refund = period_refund },
   t = { state = token_bucket_state, step = token_bucket_step, save = token_bucket_save,
     refund = token_bucket_refund },
   r = { state = rolling_state, step = rolling_step, save = rolling_save, refund = rolling_refund },
@@ -42,17 +44,26 @@ local param = tonumber(ARGV[3])
 local block = KEYS[n + 1]
 local limits = {}
 local at = 1
+-- Calendar windows' boundaries: four numbers each, after the limits' text.
+local bounds_at = 5
 for i = 1, n do
   local argc = L[at + 1]
   local a = {}
   for j = 1, argc do
     a[j] = L[at + 1 + j]
   end
+  if L[at] == 'c' then
+    -- A calendar window (src/period/period.lua): where its boundaries are.
+    a.argv = ARGV
+    a.bounds = bounds_at
+    bounds_at = bounds_at + 4
+  end
   limits[i] = { algorithms[L[at]], a }
   at = at + 2 + argc
 end
--- The numbers after the limits' (a lease's unused tokens, coalesced costs).
-at = 5
+-- The numbers after the limits' and the boundaries (a lease's unused tokens, coalesced
+-- costs).
+at = bounds_at
 local now_us = unix_us(ARGV)
 if op == 'f' or op == 'x' or op == 'b' then
   -- Refund (give `cost` back), reset (forget the key) or block, then say where each
