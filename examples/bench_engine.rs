@@ -1,8 +1,9 @@
 //! Redis CPU per decision: the microseconds Redis spends in one engine call
 //! (`INFO commandstats` `usec_per_call` of `EVALSHA` and `FCALL`, after `CONFIG
-//! RESETSTAT`), for each algorithm, a set, a coalesced batch, a lease, a lockout and a
-//! request settled after its response (its check and its settlement), next
-//! to two peer scripts written for this benchmark from their published algorithms: GCRA
+//! RESETSTAT`), for each algorithm (a calendar window too), a set, a coalesced batch, a
+//! lease, a lockout and a request settled after its response (its check and its
+//! settlement), next to two peer scripts written for this benchmark from their
+//! published algorithms: GCRA
 //! as go-redis/redis_rate does it (`GET`, arithmetic on the arrival time, `SET ... EX`)
 //! and a fixed window as go-zero's `PeriodLimit` does it (`INCRBY`, then `EXPIRE` on the
 //! first unit). Run by `scripts/bench-engine`, which starts the `redis-server`.
@@ -25,7 +26,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tower_redis_ratelimit::deadpool_redis::redis;
-use tower_redis_ratelimit::period::{PeriodConfig, PeriodLimiter};
+use tower_redis_ratelimit::period::{Calendar, PeriodConfig, PeriodLimiter};
 use tower_redis_ratelimit::rolling::{RollingConfig, RollingWindowLimiter};
 use tower_redis_ratelimit::set::{LimitSet, SetLimiter};
 use tower_redis_ratelimit::token_bucket::{TokenBucketConfig, TokenBucketLimiter};
@@ -277,6 +278,15 @@ fn crate_rows(backend: &Backend, path: &str) -> Vec<Row> {
         limiter_row(
             &p("fixed window"),
             PeriodLimiter::new(backend, "fw", PeriodConfig::new(HUGE, MINUTE)).unwrap(),
+        ),
+        limiter_row(
+            &p("calendar window (a day in America/New_York)"),
+            PeriodLimiter::new(
+                backend,
+                "cw",
+                PeriodConfig::calendar(HUGE, Calendar::day("America/New_York")),
+            )
+            .unwrap(),
         ),
         limiter_row(
             &p("rolling window, 10 buckets"),

@@ -1,5 +1,5 @@
 //! Guides: choosing an algorithm and a key, stacking limits, sets of limits decided
-//! all or nothing, limiters in your own code, counting by outcome, limits on usage, lockouts, hot keys, limits
+//! all or nothing, calendar windows (days, weeks and months in a time zone), limiters in your own code, counting by outcome, limits on usage, lockouts, hot keys, limits
 //! from your own store, trying a limit in shadow mode, limits on outgoing requests, running behind a proxy, on Redis Cluster, when Redis fails, on gRPC, and
 //! watching it all. This module has no items, only documentation.
 //!
@@ -7,7 +7,7 @@
 //!
 //! | you want | use | because |
 //! |---|---|---|
-//! | a quota per calendar period ("1000 per day, reset at midnight") | [`PeriodLimitLayer`](crate::PeriodLimitLayer) with [`align`](crate::LayerBuilder::align) | one counter per key; windows end at fixed times everybody can predict |
+//! | a quota per calendar period ("1000 per day, reset at midnight") | [`PeriodLimitLayer`](crate::PeriodLimitLayer) with a [`calendar`](crate::LayerBuilder::calendar) (a day, week or month in an IANA zone) or [`align`](crate::LayerBuilder::align) (a fixed UTC offset) | one counter per key; windows end at fixed times everybody can predict |
 //! | an API rate that tolerates short bursts | [`TokenBucketLayer`](crate::TokenBucketLayer) | smooth: a steady `rate` with up to `burst` at once; weighted costs |
 //! | "at most N in any minute", no matter when the minute starts | [`RollingWindowLayer`](crate::RollingWindowLayer) | no doubling at window edges, at the cost of one counter per bucket |
 //! | several limits on one route | one layer each, [stacked](#stacked-limits) | each limit keeps its own algorithm and key |
@@ -142,6 +142,77 @@
 //!
 //! On Redis Cluster a set needs nothing more: its keys share the limited key's hash tag,
 //! so one slot.
+//!
+//! # Calendar windows
+//!
+//! Quotas are sold per day in the customer's zone and per month on a plan, and a fixed
+//! period gets both wrong: a day in `America/New_York` lasts 23 hours on 2026-03-08 and
+//! 25 on 2026-11-01, a month 28 to 31 days. A [`Calendar`](crate::period::Calendar)
+//! window is a local day, week (from the weekday you choose) or month in an IANA zone,
+//! from local midnight to local midnight whatever the zone's offset does in between;
+//! `RateLimit` and `Retry-After` count to its true end. The zone's name is checked when
+//! the layer is built (an unknown zone is a `ConfigError` naming it). Check a zone's rules
+//! with `cargo run --example calendar -- day America/New_York 2026-03-08` (the window's
+//! start and end in UTC, and its 23 hours).
+//!
+//! 10 000 requests per month per merchant, months in UTC:
+//!
+//! ```
+//! use tower_redis_ratelimit::{key::HeaderKey, period::Calendar, Backend, PeriodLimitLayer};
+//!
+//! # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
+//! let monthly = PeriodLimitLayer::builder(&Backend::in_process())
+//!     .name("monthly")
+//!     .quota(10_000)
+//!     .calendar(Calendar::month("UTC"))
+//!     .key(HeaderKey::from_static("x-merchant-id"))
+//!     .build()?;
+//! # let _ = monthly; Ok(()) }
+//! ```
+//!
+//! 5 SMS codes per phone per day in the customer's zone: one plan per zone you serve
+//! ([`Plans`](crate::Plans)), picked from the zone your authentication layer found (here
+//! a header); a request from a zone not listed falls under the first plan. Each plan is
+//! its own limit (`sms.America/New_York`), and a phone has one zone, so its count lives
+//! in one place. Put the two limits of a plan in a [set](#several-limits-at-once-all-or-nothing)
+//! to mix them: a day in the zone and a month, both spent only when both admit.
+//!
+//! ```
+//! use http::request::Parts;
+//! use tower_redis_ratelimit::key::HeaderKey;
+//! use tower_redis_ratelimit::period::{Calendar, PeriodConfig};
+//! use tower_redis_ratelimit::{Backend, LayerBuilder, Plans};
+//!
+//! # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
+//! const ZONES: [&str; 3] = ["America/New_York", "Europe/Berlin", "Asia/Kolkata"];
+//! let zone = |parts: &Parts| {
+//!     let zone = parts.headers.get("x-customer-zone")?.to_str().ok()?;
+//!     ZONES.into_iter().find(|known| *known == zone)
+//! };
+//! let mut plans = Plans::new(zone);
+//! for zone in ZONES {
+//!     plans = plans.plan(zone, zone, PeriodConfig::calendar(5, Calendar::day(zone)));
+//! }
+//! let sms = LayerBuilder::new(&Backend::in_process(), plans)
+//!     .name("sms")
+//!     .key(HeaderKey::from_static("x-phone"))
+//!     .build()?;
+//! # let _ = sms; Ok(()) }
+//! ```
+//!
+//! The windows are the same on both hosts. Each call sends the Redis script the
+//! boundaries of three windows around the caller's clock (the one before, the current
+//! one, the next), computed from the zone's rules with [jiff](https://docs.rs/jiff) and
+//! cached until the window ends; the script picks the window of the time it reads (the
+//! Redis server's, or the caller's with [`TimeSource::Caller`](crate::backend::TimeSource))
+//! and the key expires at that window's end (`PXAT`). So with the server's clock, the
+//! server decides which day a request falls in, even when the caller's clock is off by
+//! seconds; with the callers' clocks, an edge is as precise as the clocks (see the table
+//! in [clock steps](#clock-steps)). Zone rules come from the system's time zone database
+//! (`/usr/share/zoneinfo`), or from the copy built into the crate where the system has
+//! none: keep it current on every instance, since instances with different rules for a
+//! zone disagree on its windows. The `RateLimit-Policy` header's `w` is the nominal
+//! length: 86400 for a day, 604800 for a week, 2592000 (30 days) for a month.
 //!
 //! # Limiters in your own code
 //!
@@ -510,7 +581,7 @@
 //! | algorithm | a caller ahead by `s` | a caller behind by `s` |
 //! |---|---|---|
 //! | [fixed window](crate::period#clocks), not aligned | no effect: a window is the key's expiry, counted by the server | no effect |
-//! | fixed window, [aligned](crate::period::PeriodConfig::align) | ends the windows it opens up to `s` early | opens one more window of at most `s` before its view of the edge: at most `(n + 1) × quota` across an edge with `n` distinct clocks; refused up to `s` past its view of the edge |
+//! | fixed window, [aligned](crate::period::PeriodConfig::align) or [calendar](crate::period::Calendar) | ends the windows it opens up to `s` early | opens one more window of at most `s` before its view of the edge: at most `(n + 1) × quota` across an edge with `n` distinct clocks; refused up to `s` past its view of the edge |
 //! | [token bucket](crate::token_bucket#clocks) | takes up to `rate × s` tokens early: at most `burst + rate × (L + s)` over any span `L` (for `s` up to `max(refill time, 1 s)`) | sees up to `rate × s` fewer tokens: refused, and told to retry, up to `s` longer; the arrival time never moves back |
 //! | [rolling window](crate::rolling#clocks) | forgets units up to `s` early: at most `limit` in any span of `(buckets - 1) × interval - s` | counts from the newest bucket (buckets never move back): a unit counts up to one window plus `s` |
 //!

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use crate::backend::Backend;
 use crate::error::ConfigError;
-use crate::period::{PeriodConfig, PeriodLimiter, UtcOffset};
+use crate::period::{Calendar, PeriodConfig, PeriodLimiter, UtcOffset};
 use crate::rolling::{RollingConfig, RollingWindowLimiter};
 use crate::service::{Algorithm, LayerBuilder, LimitLayer};
 use crate::set::{LimitSet, SetLimiter, SetMember};
@@ -50,6 +50,27 @@ impl<K, C, R> LayerBuilder<PeriodConfig, K, C, R> {
     /// Aligns windows to the calendar in a fixed UTC offset; see [`PeriodConfig::align`].
     pub fn align(mut self, offset: UtcOffset) -> Self {
         self.algorithm.align = Some(offset);
+        self
+    }
+
+    /// Windows that follow the calendar of an IANA time zone (a local day, week or
+    /// month), in place of [`period`](Self::period); see [`Calendar`].
+    ///
+    /// ```
+    /// use tower_redis_ratelimit::{key::HeaderKey, period::Calendar, Backend, PeriodLimitLayer};
+    ///
+    /// # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
+    /// // 5 SMS codes per phone per local day in New York (23 or 25 hours on DST days).
+    /// let layer = PeriodLimitLayer::builder(&Backend::in_process())
+    ///     .name("sms")
+    ///     .quota(5)
+    ///     .calendar(Calendar::day("America/New_York"))
+    ///     .key(HeaderKey::from_static("x-phone"))
+    ///     .build()?;
+    /// # let _ = layer; Ok(()) }
+    /// ```
+    pub fn calendar(mut self, calendar: Calendar) -> Self {
+        self.algorithm.calendar = Some(calendar);
         self
     }
 

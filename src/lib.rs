@@ -9,7 +9,7 @@
 //!
 //! | layer | limits | for |
 //! |---|---|---|
-//! | [`PeriodLimitLayer`] | `quota` per fixed `period`, optionally aligned to the calendar | daily quotas, "5 SMS codes per phone per day" |
+//! | [`PeriodLimitLayer`] | `quota` per fixed `period`, optionally aligned to a UTC offset, or per local day, week or month of an IANA zone ([`Calendar`](period::Calendar)) | daily quotas, "5 SMS codes per phone per day in the customer's zone", "10 000 per month" |
 //! | [`TokenBucketLayer`] | `rate` per `period` with bursts up to `burst`, weighted costs | API rate limits that tolerate short bursts |
 //! | [`RollingWindowLayer`] | at most `limit` within any window of `buckets` x `interval` | limits with no 2x burst at window edges |
 //!

@@ -414,6 +414,12 @@ impl Hosts for SetHosts {
         }
     }
 
+    fn window_args(&self, now_ms: i64, call: &mut Call) {
+        for member in self.members.iter() {
+            member.window_args(now_ms, call);
+        }
+    }
+
     fn reply_len(&self) -> usize {
         self.members.iter().map(|m| m.reply_len()).sum()
     }

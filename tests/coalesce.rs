@@ -8,7 +8,7 @@ use std::num::NonZeroU32;
 use std::time::Duration;
 
 use support::RedisServer;
-use tower_redis_ratelimit::period::{PeriodConfig, PeriodLimiter, UtcOffset};
+use tower_redis_ratelimit::period::{Calendar, PeriodConfig, PeriodLimiter, UtcOffset};
 use tower_redis_ratelimit::rolling::{RollingConfig, RollingWindowLimiter};
 use tower_redis_ratelimit::set::{LimitSet, SetLimiter};
 use tower_redis_ratelimit::token_bucket::{TokenBucketConfig, TokenBucketLimiter};
@@ -48,7 +48,32 @@ fn limiters(backend: &Backend) -> Vec<(&'static str, Box<dyn Limiter>)> {
                 .unwrap(),
             ),
         ),
+        (
+            // The engine's arguments hold the window's boundaries before the costs.
+            "calendar",
+            Box::new(
+                PeriodLimiter::new(backend, "c", PeriodConfig::calendar(20, month())).unwrap(),
+            ),
+        ),
+        (
+            "calendar set",
+            Box::new(
+                SetLimiter::new(
+                    backend,
+                    "cs",
+                    LimitSet::new()
+                        .limit("burst", TokenBucketConfig::new(1, HOUR, 20))
+                        .limit("month", PeriodConfig::calendar(15, month())),
+                )
+                .unwrap(),
+            ),
+        ),
     ]
+}
+
+/// A calendar month in UTC: it ends during a run once in a month of runs at most.
+fn month() -> Calendar {
+    Calendar::month("UTC")
 }
 
 /// 40 costs from 1 to 4, and one above every limit.

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use tower_redis_ratelimit::config::RulesConfig;
 use tower_redis_ratelimit::{
-    Backend, ConfigError, PeriodLimitLayer, RollingWindowLayer, TokenBucketLayer,
+    period::Calendar, Backend, ConfigError, PeriodLimitLayer, RollingWindowLayer, TokenBucketLayer,
 };
 
 fn parse(text: &str) -> RulesConfig {
@@ -395,4 +395,80 @@ fn redis_url_errors_say_what_is_wrong() {
             "invalid Redis URL: cluster URL #2: port 70000 is out of range: expected 1 to 65535"
         );
     }
+}
+
+/// Calendar windows from a file: a zone the database does not know is the builder's own
+/// error naming it; the calendar's names are checked when the file is built.
+#[test]
+fn calendar_windows_from_a_file() {
+    let rule = |limit: &str| format!("[[rules]]\nname = \"sms\"\nlimit = {limit}\n");
+    let ok = parse(&rule(
+        r#"{ algorithm = "period", quota = 5, calendar = "day", zone = "America/New_York" }"#,
+    ));
+    ok.build().expect("a day in New York builds");
+    let week = parse(&rule(
+        r#"{ algorithm = "period", quota = 5, calendar = "week", zone = "Europe/Berlin", week_starts = "sunday" }"#,
+    ));
+    week.build().expect("a week from Sunday builds");
+
+    let unknown = build_error(&rule(
+        r#"{ algorithm = "period", quota = 5, calendar = "day", zone = "America/Gotham" }"#,
+    ));
+    let builder = PeriodLimitLayer::builder(&Backend::in_process())
+        .name("sms")
+        .quota(5)
+        .calendar(Calendar::day("America/Gotham"))
+        .build()
+        .unwrap_err();
+    assert_eq!(unknown, builder);
+    assert!(unknown.to_string().contains("America/Gotham"), "{unknown}");
+    assert!(matches!(
+        unknown,
+        ConfigError::InvalidValue {
+            setting: "zone",
+            ..
+        }
+    ));
+
+    for (limit, message) in [
+        (
+            r#"{ algorithm = "period", quota = 5, calendar = "day" }"#,
+            "`zone` is required",
+        ),
+        (
+            r#"{ algorithm = "period", quota = 5, calendar = "fortnight", zone = "UTC" }"#,
+            "\"fortnight\"",
+        ),
+        (
+            r#"{ algorithm = "period", quota = 5, calendar = "week", zone = "UTC", week_starts = "caturday" }"#,
+            "\"caturday\"",
+        ),
+        (
+            r#"{ algorithm = "period", quota = 5, calendar = "day", zone = "UTC", week_starts = "monday" }"#,
+            "`week_starts`",
+        ),
+        (
+            r#"{ algorithm = "period", quota = 5, calendar = "day", zone = "UTC", period = "1day" }"#,
+            "`period`, not both",
+        ),
+        (
+            r#"{ algorithm = "period", quota = 5, calendar = "day", zone = "UTC", align = "+01:00" }"#,
+            "`align`, not both",
+        ),
+        (
+            r#"{ algorithm = "period", quota = 5, zone = "UTC" }"#,
+            "`calendar` is required",
+        ),
+    ] {
+        let error = build_error(&rule(limit)).to_string();
+        assert!(error.contains(message), "{limit}: {error}");
+    }
+}
+
+/// The rule file the `rules` example serves (a calendar day in Paris among its rules)
+/// reads and builds.
+#[test]
+fn the_example_rule_file_builds() {
+    let config = parse(include_str!("../examples/rules.toml"));
+    config.build().expect("examples/rules.toml builds");
 }

@@ -45,13 +45,14 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use support::{RedisServer, ServerClock};
 use tower_redis_ratelimit::backend::{ManualClock, TimeSource};
-use tower_redis_ratelimit::period::{PeriodConfig, PeriodLimiter, UtcOffset};
+use tower_redis_ratelimit::period::{Calendar, PeriodConfig, PeriodLimiter, UtcOffset};
 use tower_redis_ratelimit::rolling::{RollingConfig, RollingWindowLimiter};
 use tower_redis_ratelimit::set::{LimitSet, SetLimiter};
 use tower_redis_ratelimit::token_bucket::{TokenBucketConfig, TokenBucketLimiter};
 use tower_redis_ratelimit::{Backend, Decision, Limiter, Source, State};
 
-/// 2027-01-15T08:00:00Z in milliseconds: every step is a whole millisecond after it.
+/// 2027-01-15T08:00:00Z in milliseconds (midnight in America/Los_Angeles): every step is
+/// a whole millisecond after it.
 const T0_MS: u64 = 1_800_000_000_000;
 
 // ---------------------------------------------------------------------------
@@ -67,6 +68,10 @@ enum Limit {
         quota: u64,
         period_ms: u64,
         align: Option<i32>,
+        /// A calendar day in America/Los_Angeles (`period_ms` a day, `align` -8 h): the
+        /// cases run on 2027-01-15 from local midnight ([`T0_MS`]), where it is that
+        /// aligned window.
+        calendar: bool,
     },
     Bucket {
         rate: u64,
@@ -128,8 +133,15 @@ fn limit() -> impl Strategy<Value = Limit> {
             .prop_map(|(quota, period_ms, align)| Limit::Period {
                 quota,
                 period_ms,
-                align
+                align,
+                calendar: false,
             }),
+        (1..=5u64).prop_map(|quota| Limit::Period {
+            quota,
+            period_ms: 86_400_000,
+            align: Some(-28_800),
+            calendar: true,
+        }),
         (
             // Rates whose emission interval is a whole number of microseconds, and
             // fractional ones (3 per 2 s: 666 666.67 µs).
@@ -315,6 +327,7 @@ impl Model {
                     quota,
                     period_ms,
                     align,
+                    ..
                 },
             ) => {
                 // A new window ends one period from now, or at the next edge of the
@@ -891,10 +904,14 @@ fn period_config(limit: Limit) -> PeriodConfig {
         quota,
         period_ms,
         align,
+        calendar,
     } = limit
     else {
         unreachable!("a fixed window")
     };
+    if calendar {
+        return PeriodConfig::calendar(quota, Calendar::day("America/Los_Angeles"));
+    }
     let config = PeriodConfig::new(quota, Duration::from_millis(period_ms));
     match align {
         Some(seconds) => config.align(UtcOffset::from_seconds(seconds)),

@@ -538,6 +538,9 @@ async fn the_engine_runs_as_functions_on_redis_7_and_by_evalsha_when_told() {
             .redis_url(redis.url())
             .engine_functions(true)
             .deny_cache(0)
+            // Under load a first call (connecting, loading the library) may take longer
+            // than the default 100 ms, and the fallback would answer it.
+            .call_timeout(Duration::from_secs(10))
             .build()
             .unwrap(),
         config,
@@ -547,6 +550,7 @@ async fn the_engine_runs_as_functions_on_redis_7_and_by_evalsha_when_told() {
             .redis_url(redis.url())
             .engine_functions(false)
             .deny_cache(0)
+            .call_timeout(Duration::from_secs(10))
             .build()
             .unwrap(),
         config,
@@ -615,4 +619,51 @@ async fn a_server_without_functions_runs_the_engine_by_evalsha() {
     let d = limiter.check(b"k", ONE).await;
     assert_eq!((d.source, d.is_admitted()), (Source::Redis, false));
     assert!(redis.command_calls("evalsha") >= 4);
+}
+
+/// A calendar window's key expires at the window's true end (`PXAT`, the absolute time
+/// from the zone's rules), and concurrent checks of one key (coalesced into shared calls
+/// while one is in flight: their costs follow the window's boundaries in the engine's
+/// arguments) admit exactly the quota.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calendar_windows_expire_at_their_end_and_admit_the_quota() {
+    use tower_redis_ratelimit::period::Calendar;
+    let redis = RedisServer::start();
+    let backend = Backend::builder()
+        .redis(redis.pool())
+        .call_timeout(Duration::from_secs(10))
+        .build()
+        .expect("backend");
+    let calendar = Calendar::day("Asia/Kolkata");
+    let limiter = Arc::new(limiter(&backend, PeriodConfig::calendar(25, calendar)));
+    let tasks: Vec<_> = (0..300)
+        .map(|_| {
+            let limiter = Arc::clone(&limiter);
+            tokio::spawn(async move { limiter.check(b"hot", ONE).await })
+        })
+        .collect();
+    let mut admitted = 0;
+    for task in tasks {
+        let decision = task.await.unwrap();
+        assert!(
+            matches!(decision.source, Source::Redis | Source::DenyCache),
+            "{decision:?}"
+        );
+        admitted += usize::from(decision.is_admitted());
+    }
+    assert_eq!(admitted, 25);
+    let window = calendar
+        .window_at(std::time::SystemTime::now())
+        .expect("a window");
+    let end_ms = window
+        .end
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis();
+    let expires = redis.cmd(&["PEXPIRETIME", "ratelimit:{v1:hot}:period:test"]);
+    assert_eq!(
+        expires.trim(),
+        end_ms.to_string(),
+        "the window's end, exactly"
+    );
 }

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use support::{RedisServer, ServerClock};
 use tower_redis_ratelimit::backend::{ManualClock, TimeSource};
-use tower_redis_ratelimit::period::{PeriodConfig, PeriodLimiter, UtcOffset};
+use tower_redis_ratelimit::period::{Calendar, PeriodConfig, PeriodLimiter, UtcOffset, Weekday};
 use tower_redis_ratelimit::rolling::{RollingConfig, RollingWindowLimiter};
 use tower_redis_ratelimit::set::{LimitSet, SetLimiter};
 use tower_redis_ratelimit::token_bucket::{TokenBucketConfig, TokenBucketLimiter};
@@ -153,7 +153,10 @@ async fn run(
     let manual = ManualClock::new(unix_us(0));
     let builder = Backend::builder()
         .manual_clock(manual.clone())
-        .deny_cache(0);
+        .deny_cache(0)
+        // The table is about decisions, not deadlines: a first call under load
+        // (connecting, loading the engine) must not be answered by the fallback.
+        .call_timeout(Duration::from_secs(10));
     let backend = match host {
         Host::InProcess => builder.build(),
         Host::RedisServerTime => builder.redis(redis.pool()).build(),
@@ -928,4 +931,397 @@ async fn limit_set_hosts_agree() {
         },
     ])
     .await;
+}
+
+// ---------------------------------------------------------------------------
+// Calendar windows (fixed windows in an IANA time zone)
+// ---------------------------------------------------------------------------
+
+/// `rfc3339` (with its offset written out, so that no zone rule is needed to read it) as
+/// a step's time: milliseconds from [`T0_MS`].
+fn at(rfc3339: &str) -> i64 {
+    let ts: jiff::Timestamp = rfc3339.parse().expect("an RFC 3339 time");
+    ts.as_millisecond() - T0_MS
+}
+
+/// A limiter of `quota` per window of `calendar`.
+fn calendar(quota: u64, calendar: Calendar, backend: &Backend, name: &str) -> Box<dyn Limiter> {
+    let config = PeriodConfig::calendar(quota, calendar);
+    Box::new(PeriodLimiter::new(backend, name, config).expect("valid"))
+}
+
+fn day_new_york(backend: &Backend, name: &str) -> Box<dyn Limiter> {
+    calendar(2, Calendar::day("America/New_York"), backend, name)
+}
+
+fn day_shanghai(backend: &Backend, name: &str) -> Box<dyn Limiter> {
+    calendar(1, Calendar::day("Asia/Shanghai"), backend, name)
+}
+
+fn day_kolkata(backend: &Backend, name: &str) -> Box<dyn Limiter> {
+    calendar(2, Calendar::day("Asia/Kolkata"), backend, name)
+}
+
+fn day_santiago(backend: &Backend, name: &str) -> Box<dyn Limiter> {
+    calendar(2, Calendar::day("America/Santiago"), backend, name)
+}
+
+fn month_utc(backend: &Backend, name: &str) -> Box<dyn Limiter> {
+    calendar(1, Calendar::month("UTC"), backend, name)
+}
+
+fn month_shanghai(backend: &Backend, name: &str) -> Box<dyn Limiter> {
+    calendar(1, Calendar::month("Asia/Shanghai"), backend, name)
+}
+
+fn week_berlin_monday(backend: &Backend, name: &str) -> Box<dyn Limiter> {
+    calendar(
+        1,
+        Calendar::week("Europe/Berlin", Weekday::Monday),
+        backend,
+        name,
+    )
+}
+
+fn week_new_york_sunday(backend: &Backend, name: &str) -> Box<dyn Limiter> {
+    calendar(
+        1,
+        Calendar::week("America/New_York", Weekday::Sunday),
+        backend,
+        name,
+    )
+}
+
+/// 2 per local day in New York and 3 per calendar month in UTC, all or nothing.
+fn set_day_new_york_month_utc(backend: &Backend, name: &str) -> Box<dyn Limiter> {
+    let set = LimitSet::new()
+        .limit(
+            "daily",
+            PeriodConfig::calendar(2, Calendar::day("America/New_York")),
+        )
+        .limit("monthly", PeriodConfig::calendar(3, Calendar::month("UTC")));
+    Box::new(SetLimiter::new(backend, name, set).expect("valid"))
+}
+
+/// Windows from local midnight to local midnight in the zone, however long the day, week
+/// or month: on the in-process host and on Redis (the server's clock frozen at each step,
+/// and the caller's clock), each `Retry-After` and reset counting to the true end.
+#[tokio::test]
+async fn calendar_window_hosts_agree() {
+    let r = Some;
+    const H: u64 = 3_600_000;
+    const DAY: u64 = 24 * H;
+    run_table(&[
+        Scenario {
+            name: "New York's spring day lasts 23 hours",
+            limiter: day_new_york,
+            hosts: Hosts::All,
+            steps: vec![
+                step(at("2026-03-07T23:59:59.999-05:00"), 1, Allowed, 1, 1, None),
+                step(at("2026-03-08T00:00:00-05:00"), 1, Allowed, 1, 23 * H, None),
+                // 12:00 EDT: 12 hours left, not 11 (UTC-5) nor 13.
+                step(
+                    at("2026-03-08T12:00:00-04:00"),
+                    1,
+                    HitQuota,
+                    0,
+                    12 * H,
+                    None,
+                ),
+                step(
+                    at("2026-03-08T23:59:59.999-04:00"),
+                    1,
+                    OverQuota,
+                    0,
+                    1,
+                    r(1),
+                ),
+                step(at("2026-03-09T00:00:00-04:00"), 1, Allowed, 1, DAY, None),
+            ],
+        },
+        Scenario {
+            name: "New York's autumn day lasts 25 hours",
+            limiter: day_new_york,
+            hosts: Hosts::All,
+            steps: vec![
+                step(at("2026-10-31T23:59:59.999-04:00"), 1, Allowed, 1, 1, None),
+                step(at("2026-11-01T00:00:00-04:00"), 1, Allowed, 1, 25 * H, None),
+                // The second 01:30 (EST), 2.5 hours into the day.
+                step(
+                    at("2026-11-01T01:30:00-05:00"),
+                    1,
+                    HitQuota,
+                    0,
+                    22 * H + H / 2,
+                    None,
+                ),
+                step(
+                    at("2026-11-01T23:59:59.999-05:00"),
+                    1,
+                    OverQuota,
+                    0,
+                    1,
+                    r(1),
+                ),
+                step(at("2026-11-02T00:00:00-05:00"), 1, Allowed, 1, DAY, None),
+            ],
+        },
+        Scenario {
+            name: "a zone without daylight saving time (Asia/Shanghai)",
+            limiter: day_shanghai,
+            hosts: Hosts::All,
+            steps: vec![
+                step(at("2027-01-15T23:59:59.999+08:00"), 1, HitQuota, 0, 1, None),
+                step(at("2027-01-16T00:00:00+08:00"), 1, HitQuota, 0, DAY, None),
+                step(
+                    at("2027-01-16T12:00:00+08:00"),
+                    1,
+                    OverQuota,
+                    0,
+                    12 * H,
+                    r(12 * H),
+                ),
+            ],
+        },
+        Scenario {
+            name: "a half-hour zone (Asia/Kolkata)",
+            limiter: day_kolkata,
+            hosts: Hosts::All,
+            steps: vec![
+                step(at("2027-01-15T23:59:59.999+05:30"), 1, Allowed, 1, 1, None),
+                step(at("2027-01-16T00:00:00+05:30"), 1, Allowed, 1, DAY, None),
+                // Midnight UTC is 05:30 local: 18.5 hours left.
+                step(
+                    at("2027-01-16T00:00:00Z"),
+                    1,
+                    HitQuota,
+                    0,
+                    18 * H + H / 2,
+                    None,
+                ),
+            ],
+        },
+        Scenario {
+            name: "daylight saving time starting at midnight (America/Santiago)",
+            limiter: day_santiago,
+            hosts: Hosts::All,
+            steps: vec![
+                step(at("2026-09-05T23:59:59.999-04:00"), 1, Allowed, 1, 1, None),
+                // Midnight does not exist on 2026-09-06: the day starts at 01:00 -03.
+                step(at("2026-09-06T01:00:00-03:00"), 1, Allowed, 1, 23 * H, None),
+                step(at("2026-09-06T23:59:59.999-03:00"), 1, HitQuota, 0, 1, None),
+                step(at("2026-09-07T00:00:00-03:00"), 1, Allowed, 1, DAY, None),
+            ],
+        },
+        Scenario {
+            name: "months of 28, 31 and 30 days, and a leap February",
+            limiter: month_utc,
+            hosts: Hosts::All,
+            steps: vec![
+                step(at("2027-02-01T00:00:00Z"), 1, HitQuota, 0, 28 * DAY, None),
+                step(at("2027-02-28T23:59:59.999Z"), 1, OverQuota, 0, 1, r(1)),
+                step(at("2027-03-01T00:00:00Z"), 1, HitQuota, 0, 31 * DAY, None),
+                step(at("2027-03-31T23:59:59.999Z"), 1, OverQuota, 0, 1, r(1)),
+                step(at("2027-04-01T00:00:00Z"), 1, HitQuota, 0, 30 * DAY, None),
+                step(at("2027-04-30T23:59:59.999Z"), 1, OverQuota, 0, 1, r(1)),
+                step(at("2028-02-01T00:00:00Z"), 1, HitQuota, 0, 29 * DAY, None),
+                step(at("2028-02-29T23:59:59.999Z"), 1, OverQuota, 0, 1, r(1)),
+                step(at("2028-03-01T00:00:00Z"), 1, HitQuota, 0, 31 * DAY, None),
+            ],
+        },
+        Scenario {
+            name: "a leap February in Asia/Shanghai",
+            limiter: month_shanghai,
+            hosts: Hosts::All,
+            steps: vec![
+                step(
+                    at("2028-02-10T00:00:00+08:00"),
+                    1,
+                    HitQuota,
+                    0,
+                    20 * DAY,
+                    None,
+                ),
+                step(
+                    at("2028-02-29T23:59:59.999+08:00"),
+                    1,
+                    OverQuota,
+                    0,
+                    1,
+                    r(1),
+                ),
+                step(
+                    at("2028-03-01T00:00:00+08:00"),
+                    1,
+                    HitQuota,
+                    0,
+                    31 * DAY,
+                    None,
+                ),
+            ],
+        },
+        Scenario {
+            name: "weeks starting Monday (Europe/Berlin)",
+            limiter: week_berlin_monday,
+            hosts: Hosts::All,
+            steps: vec![
+                // The week of the autumn change: 7 days and an hour.
+                step(
+                    at("2026-10-19T00:00:00+02:00"),
+                    1,
+                    HitQuota,
+                    0,
+                    7 * DAY + H,
+                    None,
+                ),
+                step(
+                    at("2026-10-25T23:59:59.999+01:00"),
+                    1,
+                    OverQuota,
+                    0,
+                    1,
+                    r(1),
+                ),
+                step(
+                    at("2026-10-26T00:00:00+01:00"),
+                    1,
+                    HitQuota,
+                    0,
+                    7 * DAY,
+                    None,
+                ),
+                // Sunday 2027-01-17, then Monday.
+                step(at("2027-01-17T23:59:59.999+01:00"), 1, HitQuota, 0, 1, None),
+                step(
+                    at("2027-01-18T00:00:00+01:00"),
+                    1,
+                    HitQuota,
+                    0,
+                    7 * DAY,
+                    None,
+                ),
+            ],
+        },
+        Scenario {
+            name: "weeks starting Sunday (America/New_York)",
+            limiter: week_new_york_sunday,
+            hosts: Hosts::All,
+            steps: vec![
+                // Saturday 2027-01-16, then Sunday, then Monday (not an edge).
+                step(at("2027-01-16T23:59:59.999-05:00"), 1, HitQuota, 0, 1, None),
+                step(
+                    at("2027-01-17T00:00:00-05:00"),
+                    1,
+                    HitQuota,
+                    0,
+                    7 * DAY,
+                    None,
+                ),
+                step(
+                    at("2027-01-18T00:00:00-05:00"),
+                    1,
+                    OverQuota,
+                    0,
+                    6 * DAY,
+                    r(6 * DAY),
+                ),
+            ],
+        },
+    ])
+    .await;
+}
+
+/// A set mixing a day in a zone with a calendar month: a refusal by either spends
+/// neither; each limit's window ends on its own calendar.
+#[tokio::test]
+async fn calendar_sets_hosts_agree() {
+    let r = Some;
+    const H: u64 = 3_600_000;
+    run_table(&[Scenario {
+        name: "2 per day in New York and 3 per month in UTC",
+        limiter: set_day_new_york_month_utc,
+        hosts: Hosts::All,
+        steps: vec![
+            // 17:00Z: 12 hours left of the day, 31 of the month.
+            step(at("2027-01-30T12:00:00-05:00"), 1, Allowed, 1, 12 * H, None),
+            step(
+                at("2027-01-30T12:00:00-05:00"),
+                1,
+                HitQuota,
+                0,
+                12 * H,
+                None,
+            ),
+            // The day refuses: the month is not spent.
+            step(
+                at("2027-01-30T12:00:00-05:00"),
+                1,
+                OverQuota,
+                0,
+                12 * H,
+                r(12 * H),
+            ),
+            // A new day; the month's third unit, 19 hours before it ends.
+            step(
+                at("2027-01-31T00:00:00-05:00"),
+                1,
+                HitQuota,
+                0,
+                19 * H,
+                None,
+            ),
+            // The month refuses for 7 hours.
+            step(
+                at("2027-01-31T12:00:00-05:00"),
+                1,
+                OverQuota,
+                0,
+                7 * H,
+                r(7 * H),
+            ),
+            // February in UTC, still January 31 in New York: the day's second unit.
+            step(at("2027-02-01T00:00:00Z"), 1, HitQuota, 0, 5 * H, None),
+        ],
+    }])
+    .await;
+}
+
+/// On the server's clock, the Redis server decides which window a time is in, whatever
+/// the caller's clock says: the caller sends the boundaries around its own time (the
+/// window before, its own, the next), and the engine picks the window of `TIME` among
+/// them. Two callers 2 s on either side of the server agree with it.
+#[tokio::test]
+async fn calendar_windows_follow_the_server_clock() {
+    const H: u64 = 3_600_000;
+    let (redis, clock) = RedisServer::start_with_clock();
+    // Midnight in New York on the 23-hour day.
+    let midnight = T0_MS + at("2026-03-08T00:00:00-05:00");
+    for (skew_ms, server_ms, reset_ms) in [
+        // The caller is 2 s behind: it thinks it is 23:59:58.5 on March 7.
+        (-2_000, midnight + 500, 23 * H - 500),
+        // The caller is 2 s ahead: it thinks the new day began a second ago.
+        (2_000, midnight - 1_000, 1_000),
+    ] {
+        let server_us = server_ms * 1_000;
+        let manual = ManualClock::new(u64::try_from(server_us).expect("after 1970"));
+        let backend = Backend::builder()
+            .manual_clock(manual)
+            .caller_clock_offset_us(skew_ms * 1_000)
+            .deny_cache(0)
+            .call_timeout(Duration::from_secs(10))
+            .redis(redis.pool())
+            .build()
+            .expect("backend");
+        let limiter = day_new_york(&backend, &format!("server-clock-{skew_ms}"));
+        clock.freeze_at(server_us);
+        let decision = limiter.check(b"k", NonZeroU32::MIN).await;
+        assert_eq!(decision.source, Source::Redis);
+        assert_eq!(decision.state, Allowed);
+        assert_eq!(
+            decision.reset,
+            Duration::from_millis(reset_ms),
+            "caller {skew_ms} ms off the server"
+        );
+    }
+    clock.set_offset_us(0);
 }

@@ -153,9 +153,9 @@ pub(super) fn cached_refusal<T: Hosts + ?Sized>(
 /// One call of the engine for `key` (whose Redis key is `redis_key`): every limit's key
 /// and the block key, then `op`, `count` (a cost, or how many coalesced costs), `param`
 /// (the lockout; a reservation's longest wait; a lease's size), the limits' arguments
-/// (one text), `extra` (the costs of coalesced checks; a lease's
-/// expired unused tokens), and the caller's time
-/// when the backend sends it. The one place that lays out `engine.lua`'s `ARGV`.
+/// (one text), each calendar window's four boundaries, `extra` (the costs of coalesced
+/// checks; a lease's expired unused tokens), and the caller's time when the backend
+/// sends it. The one place that lays out `engine.lua`'s `ARGV`.
 pub(super) fn engine_call<T: Hosts + ?Sized>(
     store: &T,
     key: &[u8],
@@ -189,6 +189,10 @@ pub(super) fn engine_call<T: Hosts + ?Sized>(
     call.key_written(|out| remote.block_layout.write_redis_key(key, out));
     call.arg(op).arg(count).arg(param);
     call.args(limit_args);
+    // Calendar windows: their boundaries around this host's clock (the engine picks the
+    // window of the time it reads: the server's, or the caller's sent below).
+    let now_ms = i64::try_from(backend.caller_now_us() / 1_000).unwrap_or(i64::MAX);
+    store.window_args(now_ms, &mut call);
     for &number in extra {
         call.arg(number);
     }

@@ -18,10 +18,12 @@
 -- count in place of the cost and their costs from ARGV[5] on), cost, the lockout (ms
 -- the key is blocked for when a check is refused; 0: none; for 'v': the longest wait in
 -- µs), the limits (one text: per limit its algorithm ('w' fixed window, 't' token
--- bucket, 'r' rolling window; in capitals, a set's member that counts requests, not
--- cost: 1 for any cost, 0 for a cost of 0, nothing settled), the count of its
--- arguments and the arguments, separated by ':'), then the extra numbers; with the caller's time, that time last. The number of
--- limits n is #KEYS - 1.
+-- bucket, 'r' rolling window, 'c' calendar window: a fixed window whose boundaries the
+-- call sends; in capitals, a set's member that counts requests, not cost: 1 for any
+-- cost, 0 for a cost of 0, nothing settled), the count of its arguments and the
+-- arguments, separated by ':'), four boundaries per calendar window
+-- (src/period/calendar.rs), then the extra numbers; with the caller's time, that time
+-- last. The number of limits n is #KEYS - 1.
 -- Returns {admitted by every limit (1/0), ms the key stays blocked (0: not blocked),
 -- then each limit's reply in order}, once per check for 'm'. With more than one
 -- limit, every limit decides first without spending; only when all of them admit does
@@ -31,6 +33,8 @@
 local algorithms = {
   w = { state = period_state, step = period_step, save = period_save, refund = period_refund,
     charge = period_charge },
+  c = { state = period_state, step = period_step, save = period_save, refund = period_refund,
+    charge = period_charge },
   t = { state = token_bucket_state, step = token_bucket_step, save = token_bucket_save,
     refund = token_bucket_refund, charge = token_bucket_charge },
   r = { state = rolling_state, step = rolling_step, save = rolling_save, refund = rolling_refund,
@@ -38,6 +42,7 @@ local algorithms = {
 }
 -- A member that counts requests: the same algorithm.
 algorithms.W = algorithms.w
+algorithms.C = algorithms.c
 algorithms.T = algorithms.t
 algorithms.R = algorithms.r
 -- The engine: built once per library (Redis Functions), or once per call (EVALSHA).
@@ -51,6 +56,8 @@ local param = tonumber(ARGV[3])
 local block = KEYS[n + 1]
 local limits = {}
 local at = 1
+-- Calendar windows' boundaries: four numbers each, after the limits' text.
+local bounds_at = 5
 for i = 1, n do
   local argc = L[at + 1]
   local a = {}
@@ -58,7 +65,14 @@ for i = 1, n do
     a[j] = L[at + 1 + j]
   end
   local letter = L[at]
-  limits[i] = { algorithms[letter], a, letter == 'W' or letter == 'T' or letter == 'R' }
+  if letter == 'c' or letter == 'C' then
+    -- A calendar window (src/period/period.lua): where its boundaries are.
+    a.argv = ARGV
+    a.bounds = bounds_at
+    bounds_at = bounds_at + 4
+  end
+  limits[i] = { algorithms[letter], a,
+    letter == 'W' or letter == 'C' or letter == 'T' or letter == 'R' }
   at = at + 2 + argc
 end
 -- What limit i spends of a request's cost: the cost, or for a member that counts
@@ -69,8 +83,9 @@ local function units(i, c)
   end
   return c
 end
--- The numbers after the limits' (a lease's unused tokens, coalesced costs).
-at = 5
+-- The numbers after the limits' and the boundaries (a lease's unused tokens, coalesced
+-- costs).
+at = bounds_at
 local now_us = unix_us(ARGV)
 -- The states a settlement charged: decided on and saved below, read once.
 local settled = {}

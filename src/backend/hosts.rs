@@ -184,6 +184,12 @@ pub(crate) trait Hosts: Send + Sync + 'static {
     /// arguments and the arguments (see `engine.lua`). Encoded once per limiter
     /// ([`Remote::limit_args`]).
     fn limit_args(&self, args: &mut Args);
+    /// The numbers each call sends after the limits' text, for limits whose arguments
+    /// change with time: a calendar window's four boundaries around `now_ms` (the
+    /// caller's clock, Unix ms), in the order of the limits. None by default.
+    fn window_args(&self, now_ms: i64, call: &mut Call) {
+        let _ = (now_ms, call);
+    }
     /// How many numbers this limit's reply holds (its admitted flag first).
     fn reply_len(&self) -> usize;
     /// Reads this limit's part of the engine's reply; `None` when it is not of the

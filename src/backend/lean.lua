@@ -70,6 +70,16 @@ local function lean(KEYS, ARGV, L)
       end
       rolling_commit(key, dead, current, cost, L[4], L[5])
       return { 1, 0, 1, sum, 0, reset }
+    elseif kind == 'c' then
+      -- A calendar window (its boundaries in ARGV[5] to ARGV[8]): a fixed window of the
+      -- length of the window holding now, aligned to its end.
+      local now_us = unix_us(ARGV)
+      local deadline, length = calendar_window(ARGV, 5, math.floor(now_us / 1000))
+      local ok, count, ttl = period_try(key, L[3], length, -deadline, cost, now_us)
+      if not ok then
+        return nil
+      end
+      return { 1, 0, 1, count, ttl }
     end
     return nil
   end
@@ -82,6 +92,8 @@ local function lean(KEYS, ARGV, L)
     return nil
   end
   local now_us = nil
+  -- Where the next calendar window's boundaries are in ARGV.
+  local bounds_at = 5
   local out = { 1, 0 }
   -- With several limits, what to write (or take back) once every limit admits (or
   -- one does not): per limit, its letter, its try's values and what it spent.
@@ -94,7 +106,7 @@ local function lean(KEYS, ARGV, L)
     local ok, r1, r2, c1, c2, c3
     -- A member that counts requests (its letter in capitals) spends one.
     local cost = cost
-    if kind == 'W' or kind == 'T' or kind == 'R' then
+    if kind == 'W' or kind == 'C' or kind == 'T' or kind == 'R' then
       kind = string.lower(kind)
       cost = 1
     end
@@ -139,6 +151,20 @@ local function lean(KEYS, ARGV, L)
         out[#out + 1] = 0
         out[#out + 1] = r2
       end
+    elseif kind == 'c' then
+      -- A calendar window: a fixed window aligned to the end of the window holding now.
+      now_us = now_us or unix_us(ARGV)
+      local deadline, length = calendar_window(ARGV, bounds_at, math.floor(now_us / 1000))
+      bounds_at = bounds_at + 4
+      ok, r1, r2 = period_try(key, L[at + 2], length, -deadline, cost, now_us)
+      if ok then
+        out[#out + 1] = 1
+        out[#out + 1] = r1
+        out[#out + 1] = r2
+        c1 = r1
+      end
+      -- Taken back as a fixed window.
+      kind = 'w'
     end
     if not ok then
       if pending then

@@ -12,7 +12,7 @@ use crate::backend::{Backend, FailurePolicy};
 use crate::cost::FixedCost;
 use crate::error::ConfigError;
 use crate::limiter::Limiter;
-use crate::period::{PeriodConfig, PeriodLimiter, UtcOffset};
+use crate::period::{Calendar, PeriodConfig, PeriodLimiter, UtcOffset, Weekday};
 use crate::rolling::{RollingConfig, RollingWindowLimiter};
 use crate::service::{Algorithm, LayerBuilder, LimitLayer, MissingKey};
 use crate::token_bucket::{TokenBucketConfig, TokenBucketLimiter};
@@ -151,12 +151,20 @@ impl RuleConfig {
 ///
 /// | `algorithm` | parameters | built as |
 /// |---|---|---|
-/// | `"period"` | `quota`, `period`, optional `align` (`"UTC"`, `"+05:30"`, `"-08:00"`) | [`PeriodConfig`] |
+/// | `"period"` | `quota`, `period`, optional `align` (`"UTC"`, `"+05:30"`, `"-08:00"`); or `quota`, `calendar` (`"day"`, `"week"`, `"month"`), `zone` (an IANA name) and for weeks `week_starts` (default `"monday"`) | [`PeriodConfig`] |
 /// | `"token_bucket"` | `rate`, `per` (default `"1s"`), `burst` | [`TokenBucketConfig`] |
 /// | `"rolling_window"` | `limit`, `buckets`, `interval` | [`RollingConfig`] |
 ///
 /// Durations are [`humantime`](https://docs.rs/humantime) strings: `"100ms"`, `"2s"`,
 /// `"1m"`, `"1day"`, `"1h 30m"`.
+///
+/// ```toml
+/// # 5 SMS codes per phone per local day in New York (23 or 25 hours on DST days).
+/// algorithm = "period"
+/// quota = 5
+/// calendar = "day"
+/// zone = "America/New_York"
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(tag = "algorithm", rename_all = "snake_case")]
 #[non_exhaustive]
@@ -176,12 +184,78 @@ pub enum LimitConfig {
 pub struct PeriodLimitConfig {
     /// Units per window.
     pub quota: u64,
-    /// The window.
-    #[serde(with = "humantime_serde")]
+    /// The window (none with `calendar`).
+    #[serde(
+        default,
+        with = "humantime_serde",
+        skip_serializing_if = "Duration::is_zero"
+    )]
     pub period: Duration,
     /// Aligns windows to local time at this UTC offset (`"UTC"`, `"+05:30"`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub align: Option<String>,
+    /// Calendar windows in place of `period`: `"day"`, `"week"` or `"month"` in `zone`
+    /// ([`Calendar`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub calendar: Option<String>,
+    /// The IANA time zone of `calendar` (`"America/New_York"`, `"UTC"`); required with it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zone: Option<String>,
+    /// The first day of a `"week"` calendar (`"monday"` to `"sunday"`; default
+    /// `"monday"`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub week_starts: Option<String>,
+}
+
+impl PeriodLimitConfig {
+    /// The limiter's settings, with the calendar's names parsed (the zone itself is
+    /// checked when the limiter is built).
+    fn settings(&self) -> Result<PeriodConfig, ConfigError> {
+        let calendar = match (&self.calendar, &self.zone) {
+            (None, None) if self.week_starts.is_none() => None,
+            (None, _) => {
+                return Err(ConfigError::Missing {
+                    setting: "calendar",
+                })
+            }
+            (Some(_), None) => return Err(ConfigError::Missing { setting: "zone" }),
+            (Some(unit), Some(zone)) => Some(match unit.as_str() {
+                "week" => {
+                    let first = match &self.week_starts {
+                        Some(day) => day.parse()?,
+                        None => Weekday::Monday,
+                    };
+                    Calendar::week(zone, first)
+                }
+                _ if self.week_starts.is_some() => {
+                    return Err(ConfigError::Conflict {
+                        reason: "`week_starts` is for a \"week\" calendar",
+                    })
+                }
+                "day" => Calendar::day(zone),
+                "month" => Calendar::month(zone),
+                other => {
+                    return Err(ConfigError::InvalidValue {
+                        setting: "calendar",
+                        reason: format!("{other:?} is not \"day\", \"week\" or \"month\""),
+                    })
+                }
+            }),
+        };
+        let mut config = match calendar {
+            Some(calendar) => {
+                let mut config = PeriodConfig::calendar(self.quota, calendar);
+                // A period given too is the limiter's to refuse.
+                config.period = self.period;
+                config
+            }
+            None => PeriodConfig::new(self.quota, self.period),
+        };
+        if let Some(offset) = &self.align {
+            config = config.align(parse_offset(offset)?);
+        }
+        Ok(config)
+    }
 }
 
 /// The parameters of [`LimitConfig::TokenBucket`].
@@ -223,6 +297,22 @@ impl LimitConfig {
             quota,
             period,
             align: None,
+            calendar: None,
+            zone: None,
+            week_starts: None,
+        })
+    }
+
+    /// A fixed window of `quota` per local `calendar` unit (`"day"`, `"week"` or
+    /// `"month"`) in the IANA time `zone`.
+    pub fn calendar(quota: u64, calendar: &str, zone: &str) -> Self {
+        Self::Period(PeriodLimitConfig {
+            quota,
+            period: Duration::ZERO,
+            align: None,
+            calendar: Some(calendar.to_owned()),
+            zone: Some(zone.to_owned()),
+            week_starts: None,
         })
     }
 
@@ -247,13 +337,7 @@ impl Algorithm for LimitConfig {
 
     fn build(self, backend: &Backend, name: &str) -> Result<Self::Limiter, ConfigError> {
         Ok(match self {
-            Self::Period(c) => {
-                let mut config = PeriodConfig::new(c.quota, c.period);
-                if let Some(offset) = &c.align {
-                    config = config.align(parse_offset(offset)?);
-                }
-                Arc::new(PeriodLimiter::new(backend, name, config)?)
-            }
+            Self::Period(c) => Arc::new(PeriodLimiter::new(backend, name, c.settings()?)?),
             Self::TokenBucket(c) => Arc::new(TokenBucketLimiter::new(
                 backend,
                 name,

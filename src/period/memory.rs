@@ -68,6 +68,7 @@ mod tests {
         let schedule = Schedule {
             period_us: day,
             offset_us: Some(8 * 3_600 * 1_000_000),
+            calendar: None,
         };
         // 2026-11-22T15:30:00Z is 23:30 in UTC+8: the window ends 30 minutes later.
         let now = 1_795_361_400 * SEC;
@@ -75,6 +76,7 @@ mod tests {
         let west = Schedule {
             period_us: day,
             offset_us: Some(-5 * 3_600 * 1_000_000),
+            calendar: None,
         };
         // 15:30Z is 10:30 in UTC-5: 13.5 hours to go.
         assert_eq!(west.window_end(now), now + 48_600 * SEC);
@@ -87,6 +89,7 @@ mod tests {
     const SCHEDULE: Schedule = Schedule {
         period_us: SEC,
         offset_us: None,
+        calendar: None,
     };
 
     #[test]

@@ -1,5 +1,7 @@
-//! Fixed-window limits: `quota` units per `period` per key, optionally aligned to the
-//! calendar ("5 SMS codes per phone per day, reset at midnight UTC+8").
+//! Fixed-window limits: `quota` units per `period` per key, optionally aligned to a
+//! fixed UTC offset ("5 SMS codes per phone per day, reset at midnight UTC+8"), or
+//! windows that follow the calendar of an IANA time zone ([`Calendar`]: "5 per local day
+//! in America/New_York", 23 or 25 hours on DST days; "10 000 per calendar month").
 //!
 //! The request that uses the last unit of a window is [`State::HitQuota`] (admitted),
 //! later ones [`State::OverQuota`] until the window ends. Rejected requests are not
@@ -37,14 +39,29 @@
 //!
 //! - windows that start at a key's first request never read a clock: a window lasts
 //!   one period of the server's expiry, exactly as with server time, whatever `s`;
-//! - [aligned](PeriodConfig::align) windows end on the edge as the caller that opened
-//!   the window sees it: up to `s` early or late, never longer than one period. A caller
-//!   whose clock is behind the one that opened the previous window can open one more
-//!   window, of at most `s`, just before its own view of the edge: a span of one period
-//!   across an edge admits at most `(n + 1) × quota` with `n` distinct clocks (three
-//!   quotas with two), instead of twice the quota. A refusal lasts until the window's
-//!   key expires: at most `s` past the refused caller's own view of the edge, and never
-//!   more than one period.
+//! - [aligned](PeriodConfig::align) and [calendar](Calendar) windows end on the edge as
+//!   the caller that opened the window sees it: up to `s` early or late, never longer
+//!   than one period. A caller whose clock is behind the one that opened the previous
+//!   window can open one more window, of at most `s`, just before its own view of the
+//!   edge: a span of one period across an edge admits at most `(n + 1) × quota` with `n`
+//!   distinct clocks (three quotas with two), instead of twice the quota. A refusal
+//!   lasts until the window's key expires: at most `s` past the refused caller's own
+//!   view of the edge, and never more than one period.
+//!
+//! # Calendar windows
+//!
+//! A [`Calendar`] window runs from local midnight to local midnight (of a day, of the
+//! first weekday of a week, of the first of a month) in its zone. The zone's rules are
+//! the caller's: each call sends the engine the boundaries of the window holding the
+//! caller's clock and of the windows on either side (computed with jiff once per window,
+//! then cached), and the engine picks the window of the time it reads, ending the key at
+//! that window's end (`PXAT`, or a time to live with the callers' clocks). The in-process
+//! host picks from the same boundaries by the same rule. So with the server's clock the
+//! Redis server decides which window a request is in, whatever the caller's clock says
+//! (within a window of it: a server clock further away gets a window of the nearest
+//! one's length, starting at its time). Clock steps follow the rules above with the
+//! length of the window holding the time read as the period. With the callers' clocks,
+//! a calendar window behaves as an aligned one.
 //!
 //! A fixed window admits up to twice the quota across a window edge; use
 //! [`TokenBucketLayer`](crate::TokenBucketLayer) or
@@ -65,15 +82,19 @@
 //! # let _ = layer; Ok(()) }
 //! ```
 
+mod calendar;
 pub(crate) mod memory;
 pub(crate) mod window;
+
+pub use self::calendar::{Calendar, Weekday};
 
 use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::Duration;
 
+use self::calendar::Zoned;
 use self::memory::{Schedule, Windows};
-use crate::backend::{Args, Backend, Hosts, Owner, Remote};
+use crate::backend::{Args, Backend, Call, Hosts, Owner, Remote};
 use crate::decision::{Decision, Policy, Source, State};
 use crate::error::ConfigError;
 
@@ -83,7 +104,7 @@ const MAX_OFFSET_SECS: i32 = 18 * 3_600;
 /// A fixed offset from UTC that windows are aligned to.
 ///
 /// Offsets are fixed: a zone with daylight saving time changes its offset twice a year,
-/// which a fixed offset does not follow.
+/// which a fixed offset does not follow; a [`Calendar`] window does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct UtcOffset {
     seconds: i32,
@@ -120,6 +141,7 @@ pub struct PeriodConfig {
     pub(crate) quota: u64,
     pub(crate) period: Duration,
     pub(crate) align: Option<UtcOffset>,
+    pub(crate) calendar: Option<Calendar>,
     pub(crate) lockout: Option<Duration>,
 }
 
@@ -131,7 +153,34 @@ impl PeriodConfig {
             quota,
             period,
             align: None,
+            calendar: None,
             lockout: None,
+        }
+    }
+
+    /// `quota` units per window of `calendar`: a local day, week or month in an IANA time
+    /// zone, whatever its length (see [`Calendar`]). The zone is checked when the limit is
+    /// built.
+    ///
+    /// ```
+    /// use tower_redis_ratelimit::period::{Calendar, PeriodConfig, PeriodLimiter};
+    /// use tower_redis_ratelimit::Backend;
+    ///
+    /// # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
+    /// let sms = PeriodConfig::calendar(5, Calendar::day("America/New_York"));
+    /// let limiter = PeriodLimiter::new(&Backend::in_process(), "sms", sms)?;
+    /// # let _ = limiter;
+    /// let unknown = PeriodConfig::calendar(5, Calendar::day("America/Gotham"));
+    /// let error = PeriodLimiter::new(&Backend::in_process(), "sms", unknown).unwrap_err();
+    /// assert!(error.to_string().contains("America/Gotham"));
+    /// # Ok(()) }
+    /// ```
+    #[must_use]
+    pub fn calendar(quota: u64, calendar: Calendar) -> Self {
+        Self {
+            quota,
+            calendar: Some(calendar),
+            ..Self::default()
         }
     }
 
@@ -148,6 +197,8 @@ impl PeriodConfig {
 
     /// Ends windows on multiples of the period in local time at `offset` (a one-day
     /// period then resets at local midnight) instead of one period after the first hit.
+    /// For days, weeks or months in a zone with daylight saving time, or months of their
+    /// true length, use [`calendar`](Self::calendar).
     #[must_use]
     pub fn align(mut self, offset: UtcOffset) -> Self {
         self.align = Some(offset);
@@ -184,6 +235,8 @@ struct PeriodHosts {
     local_quota: u64,
     period_ms: u64,
     offset_ms: Option<i64>,
+    /// Calendar windows: the zone's rules, which give each call its window boundaries.
+    calendar: Option<Zoned>,
     windows: Windows,
 }
 
@@ -193,7 +246,8 @@ impl PeriodLimiter {
     /// # Errors
     ///
     /// A [`ConfigError`] for a zero quota, a period under one millisecond or over ten
-    /// years, an offset beyond ±18 hours, or an invalid name.
+    /// years, an offset beyond ±18 hours, an unknown time zone, a calendar with a period
+    /// or an offset, or an invalid name.
     pub fn new(backend: &Backend, name: &str, config: PeriodConfig) -> Result<Self, ConfigError> {
         Self::with_owner(backend, Owner::Own(name), config)
     }
@@ -209,7 +263,26 @@ impl PeriodLimiter {
         if config.quota == 0 {
             return Err(ConfigError::Zero { setting: "quota" });
         }
-        let period_ms = config.period_ms();
+        let calendar = match &config.calendar {
+            None => None,
+            Some(_) if config.period != Duration::ZERO => {
+                return Err(ConfigError::Conflict {
+                    reason: "a calendar window has the calendar's length: set `calendar` or \
+                             `period`, not both",
+                })
+            }
+            Some(_) if config.align.is_some() => {
+                return Err(ConfigError::Conflict {
+                    reason: "a calendar window is aligned to its zone: set `calendar` or \
+                             `align`, not both",
+                })
+            }
+            Some(calendar) => Some(calendar.resolve()?),
+        };
+        let period_ms = match &config.calendar {
+            Some(calendar) => u64::try_from(calendar.nominal().as_millis()).unwrap_or(u64::MAX),
+            None => config.period_ms(),
+        };
         if period_ms == 0 {
             return Err(ConfigError::ZeroDuration { setting: "period" });
         }
@@ -233,6 +306,7 @@ impl PeriodLimiter {
                 local_quota: backend.local_limit(config.quota),
                 period_ms,
                 offset_ms,
+                calendar,
                 windows,
             }),
         })
@@ -266,6 +340,30 @@ impl PeriodHosts {
     }
 }
 
+impl PeriodHosts {
+    /// How the in-process window open at `now_us` is chosen: by the period (and its
+    /// alignment), or by the calendar.
+    fn schedule(&self, now_us: u64) -> Schedule {
+        match &self.calendar {
+            None => Schedule {
+                period_us: self.period_ms * 1_000,
+                offset_us: self.offset_ms.map(|ms| ms * 1_000),
+                calendar: None,
+            },
+            Some(calendar) => {
+                let now_ms = i64::try_from(now_us / 1_000).unwrap_or(i64::MAX);
+                let bounds = calendar.bounds(now_ms);
+                let (_, length_ms) = bounds.window(now_ms);
+                Schedule {
+                    period_us: u64::try_from(length_ms).unwrap_or(0) * 1_000,
+                    offset_us: None,
+                    calendar: Some(bounds),
+                }
+            }
+        }
+    }
+}
+
 impl Hosts for PeriodHosts {
     fn remote(&self) -> &Remote {
         &self.remote
@@ -286,11 +384,23 @@ impl Hosts for PeriodHosts {
     }
 
     fn limit_args(&self, args: &mut Args) {
-        args.arg("w");
-        match self.offset_ms {
-            None => args.arg(2).arg(self.quota).arg(self.period_ms),
-            Some(offset) => args.arg(3).arg(self.quota).arg(self.period_ms).arg(offset),
+        match (self.offset_ms, &self.calendar) {
+            // A calendar window: its boundaries follow in each call (`window_args`).
+            (_, Some(_)) => args.arg("c").arg(2).arg(self.quota).arg(self.period_ms),
+            (None, None) => args.arg("w").arg(2).arg(self.quota).arg(self.period_ms),
+            (Some(offset), None) => {
+                let args = args.arg("w").arg(3).arg(self.quota);
+                args.arg(self.period_ms).arg(offset)
+            }
         };
+    }
+
+    fn window_args(&self, now_ms: i64, call: &mut Call) {
+        if let Some(calendar) = &self.calendar {
+            for bound in calendar.bounds(now_ms).0 {
+                call.arg(bound);
+            }
+        }
     }
 
     fn reply_len(&self) -> usize {
@@ -314,10 +424,7 @@ impl Hosts for PeriodHosts {
 
     fn local(&self, key: &[u8], cost: u32, source: Source, spend: bool) -> Decision {
         let now_us = self.remote.backend().clock().now_us();
-        let schedule = Schedule {
-            period_us: self.period_ms * 1_000,
-            offset_us: self.offset_ms.map(|ms| ms * 1_000),
-        };
+        let schedule = self.schedule(now_us);
         let quota = self.local_quota;
         let hit = self
             .windows
@@ -333,10 +440,7 @@ impl Hosts for PeriodHosts {
 
     fn local_charge(&self, key: &[u8], cost: u64) {
         let now_us = self.remote.backend().clock().now_us();
-        let schedule = Schedule {
-            period_us: self.period_ms * 1_000,
-            offset_us: self.offset_ms.map(|ms| ms * 1_000),
-        };
+        let schedule = self.schedule(now_us);
         self.windows
             .hit(key, cost, u64::MAX, schedule, now_us, true);
     }

@@ -1,9 +1,11 @@
 -- Fixed window, as an algorithm of the engine (src/backend/engine.lua), with a = {quota,
 -- period (ms), UTC offset (ms) to align windows to, or nil for windows that start at the
--- first request}: period_state(key, a, now_us) reads the key once, period_step(s, cost,
--- write) decides a check on that state (with `write`, counting it; nothing goes to
--- Redis), period_save(key, s) writes what the steps changed, once. `key` holds the
--- count, with the window's end as its expiry (counted by the server).
+-- first request; for a calendar window, a.argv and a.bounds: the call's ARGV and where
+-- its four boundaries are (calendar_window, src/period/period_lean.lua)}:
+-- period_state(key, a, now_us) reads the key once, period_step(s, cost, write) decides
+-- a check on that state (with `write`, counting it; nothing goes to Redis),
+-- period_save(key, s) writes what the steps changed, once. `key` holds the count, with
+-- the window's end as its expiry (counted by the server).
 -- A step returns {admitted (1/0), count, ms until the window ends}. A rejected request
 -- is not counted. Time is used only to align a new window. Large numbers go to Redis
 -- through string.format('%d') so that they are never written in exponent notation.
@@ -19,8 +21,15 @@
 -- caught up), the skew is dropped. A step forward ends a window early. With the callers'
 -- clocks, a window more than a period away is cut to end within one period (as the
 -- server's expiry cannot tell a step back of the server's clock from anything else).
+-- A calendar window's period is the length of the window that holds the time read (the
+-- server's, or the caller's); a new window ends at the end of the window holding the
+-- key's time.
 local function period_state(key, a, now_us)
   local quota, length, offset = a[1], a[2], a[3]
+  if a.bounds then
+    local _
+    _, length = calendar_window(a.argv, a.bounds, math.floor(now_us / 1000))
+  end
   local raw = redis.call('GET', key)
   local count, skew = 0, 0
   if raw then
@@ -52,7 +61,11 @@ local function period_state(key, a, now_us)
   if s.fresh then
     -- A new window, or a counter that lost its expiry (it must not live forever).
     s.count = 0
-    if offset then
+    if a.bounds then
+      local now = math.floor(now_us / 1000) + s.skew
+      s.deadline = calendar_window(a.argv, a.bounds, now)
+      s.ttl = s.deadline - now
+    elseif offset then
       local now = math.floor(now_us / 1000) + s.skew
       s.deadline = now - ((now + offset) % length) + length
       s.ttl = s.deadline - now

@@ -10,6 +10,29 @@ local function period_undo(key, cost, count, ttl)
   end
 end
 
+-- Calendar windows (src/period/calendar.rs): the caller sends four boundaries (Unix ms,
+-- b0 < b1 < b2 < b3: the window before its own, its own, the next) from ARGV[at] on.
+-- calendar_window(ARGV, at, t) returns the end and the length of the window holding t
+-- (ms); a time outside them (a clock more than a window away from the caller's) gets a
+-- window of the nearest one's length from t on. The same rule as `Bounds::window`.
+-- The lean check runs a calendar window (letter 'c') as an aligned fixed window of that
+-- length whose offset is minus its end: the edge the offset gives is then exactly the
+-- end, since t lies within one length before it.
+local function calendar_window(ARGV, at, t)
+  local b0, b1, b2, b3 = tonumber(ARGV[at]), tonumber(ARGV[at + 1]), tonumber(ARGV[at + 2]),
+    tonumber(ARGV[at + 3])
+  if t < b0 then
+    return t + b1 - b0, b1 - b0
+  elseif t < b1 then
+    return b1, b1 - b0
+  elseif t < b2 then
+    return b2, b2 - b1
+  elseif t < b3 then
+    return b3, b3 - b2
+  end
+  return t + b3 - b2, b3 - b2
+end
+
 -- The lean check (src/backend/lean.lua): the common case of the steps (src/period/period.lua) in the
 -- fewest commands, deciding exactly as they do. period_try(key, quota, length, offset,
 -- cost, now_us) counts the cost at once (INCRBY) and returns true, the count and the ms

@@ -2,17 +2,33 @@
 //! what the backend's [local store](crate::local) keeps per key, with no access to the
 //! store itself ([`Windows`](super::memory::Windows) does that).
 
+use super::calendar::Bounds;
+
 /// How a window's deadline is chosen.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Schedule {
+    /// The period; for a calendar window, the length of the window holding the clock's
+    /// time (as the engine takes it).
     pub(crate) period_us: u64,
     /// Align window ends to multiples of the period in this UTC offset.
     pub(crate) offset_us: Option<i64>,
+    /// Calendar windows: the boundaries around the clock's time.
+    pub(crate) calendar: Option<Bounds>,
 }
 
 impl Schedule {
     /// The end of a window that starts at `now_us`.
     pub(crate) fn window_end(&self, now_us: u64) -> u64 {
+        if let Some(bounds) = self.calendar {
+            let now_ms = i64::try_from(now_us / 1_000).unwrap_or(i64::MAX);
+            let (end_ms, length_ms) = bounds.window(now_ms);
+            return if bounds.0[0] <= now_ms && now_ms < bounds.0[3] {
+                u64::try_from(end_ms).unwrap_or(0).saturating_mul(1_000)
+            } else {
+                // Beyond the boundaries: one window's length from now on.
+                now_us.saturating_add(u64::try_from(length_ms).unwrap_or(0) * 1_000)
+            };
+        }
         match self.offset_us {
             None => now_us.saturating_add(self.period_us),
             Some(offset) => {
