@@ -1013,6 +1013,51 @@ async fn calendar_window_hosts_agree() {
     const DAY: u64 = 24 * H;
     run_table(&[
         Scenario {
+            name: "a settlement on a 23-hour day owes until its true end",
+            limiter: day_new_york,
+            hosts: Hosts::All,
+            steps: vec![
+                step(at("2026-03-08T12:00:00-04:00"), 1, Allowed, 1, 12 * H, None),
+                // 4 of 2: owed until local midnight, 12 hours on.
+                with(
+                    Op::Settle(3),
+                    step(
+                        at("2026-03-08T12:00:00-04:00"),
+                        0,
+                        OverQuota,
+                        0,
+                        12 * H,
+                        r(12 * H),
+                    ),
+                ),
+                step(
+                    at("2026-03-08T23:59:59.999-04:00"),
+                    1,
+                    OverQuota,
+                    0,
+                    1,
+                    r(1),
+                ),
+                step(at("2026-03-09T00:00:00-04:00"), 1, Allowed, 1, DAY, None),
+                with(
+                    Op::Settle(-1),
+                    step(at("2026-03-09T00:00:00-04:00"), 0, Allowed, 2, DAY, None),
+                ),
+                // A settlement on a key with no window opens the day's.
+                with(
+                    Op::Settle(5),
+                    step(
+                        at("2026-03-09T06:00:00-04:00"),
+                        0,
+                        OverQuota,
+                        0,
+                        18 * H,
+                        r(18 * H),
+                    ),
+                ),
+            ],
+        },
+        Scenario {
             name: "New York's spring day lasts 23 hours",
             limiter: day_new_york,
             hosts: Hosts::All,
