@@ -82,6 +82,7 @@ mod decision;
 pub mod dynamic;
 mod error;
 pub mod guide;
+pub mod in_flight;
 pub mod key;
 mod layers;
 mod limiter;
@@ -106,6 +107,7 @@ pub use crate::backend::{Backend, BackendBuilder, FailurePolicy};
 pub use crate::cost::{Cost, FixedCost, UnitCost};
 pub use crate::decision::{Decision, Decisions, Policy, Source, State};
 pub use crate::error::ConfigError;
+pub use crate::in_flight::InFlightLimitLayer;
 pub use crate::layers::{LimitSetLayer, PeriodLimitLayer, RollingWindowLayer, TokenBucketLayer};
 pub use crate::limiter::{Check, Limiter};
 #[cfg(feature = "grpc")]
