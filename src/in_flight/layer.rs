@@ -313,6 +313,8 @@ where
 impl<K: Send + Sync + 'static, R: OnRejection> Shared<K, R> {
     /// Acts on an acquisition: the slot to hold (none when the failure policy admits
     /// without one), with the decision in the request's extensions; or the rejection.
+    // Moved once per request; a box would cost an allocation per refusal.
+    #[allow(clippy::result_large_err)]
     fn decide(
         &self,
         req: &mut http::request::Parts,
@@ -423,6 +425,7 @@ fn admit(extensions: &mut http::Extensions, decision: Decision) {
 /// The part of [`Shared`] the future needs once a round trip answered, without its
 /// type parameters.
 trait Decide: Send + Sync + 'static {
+    #[allow(clippy::result_large_err)]
     fn decide(
         &self,
         req: &mut http::request::Parts,

@@ -277,6 +277,8 @@ impl fmt::Debug for Slot {
 }
 
 impl Slot {
+    // A refusal is the decision itself (as `acquire` answers), moved once.
+    #[allow(clippy::result_large_err)]
     fn from_acquired(
         slots: Arc<Slots>,
         (decision, held): host::Acquired,
