@@ -563,3 +563,30 @@ async fn a_shadow_layer_serves_everything_and_holds_slots() {
         .await;
     }
 }
+
+/// The renewal is batched: one call per key every third of a lease, whatever the number
+/// of slots held on it.
+#[tokio::test]
+async fn renewal_is_one_call_per_key_whatever_the_slots() {
+    let redis = RedisServer::start();
+    let lease = Duration::from_millis(600);
+    let config = InFlightConfig::new(5).lease(lease);
+    let limiter = InFlightLimiter::new(&backend(&redis.url()), "batch", config).unwrap();
+    let mut slots = Vec::new();
+    for key in [b"a", b"b"] {
+        for _ in 0..5 {
+            slots.push(limiter.acquire(key).await.unwrap());
+        }
+    }
+    let before = redis.command_calls("evalsha");
+    tokio::time::sleep(lease * 2).await;
+    let calls = redis.command_calls("evalsha") - before;
+    // Two leases: about 6 renewals of each key (12 calls), where renewing each slot
+    // would make 60.
+    assert!(
+        (6..=16).contains(&calls),
+        "{calls} calls to renew 10 slots on 2 keys"
+    );
+    assert_eq!(limiter.in_flight(b"a").await, 5);
+    drop(slots);
+}
