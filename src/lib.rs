@@ -12,6 +12,7 @@
 //! | [`PeriodLimitLayer`] | `quota` per fixed `period`, optionally aligned to the calendar | daily quotas, "5 SMS codes per phone per day" |
 //! | [`TokenBucketLayer`] | `rate` per `period` with bursts up to `burst`, weighted costs | API rate limits that tolerate short bursts |
 //! | [`RollingWindowLayer`] | at most `limit` within any window of `buckets` x `interval` | limits with no 2x burst at window edges |
+//! | [`InFlightLimitLayer`] | at most `slots` requests of one key in flight at once, held until the response body ends | exports, streams, expensive queries: "2 exports per merchant at a time" ([`in_flight`]) |
 //!
 //! Every layer is built on a [`Backend`]: [`Backend::in_process`] keeps limits in this
 //! process; [`Backend::redis`] keeps them in Redis (through a [`deadpool_redis`] pool,

@@ -1,7 +1,7 @@
 //! Shared in-flight limits: at most N requests of one key running at once, across every
 //! instance sharing a Redis.
 //!
-//! [`InFlightLimitLayer`](crate::InFlightLimitLayer) takes a *slot* of the request's key
+//! [`InFlightLimitLayer`] takes a *slot* of the request's key
 //! before calling the inner service and holds it until the response **body** ends (or
 //! fails, or is dropped): a streamed export or a server-sent-event stream holds its slot
 //! while it streams, which tower's `ConcurrencyLimit` (released when the response
@@ -48,7 +48,7 @@
 //!
 //! A slot frees when a running request ends, which nobody can foresee: a refusal says
 //! `Retry-After:` [`retry_after`](InFlightConfig::retry_after) (default one second),
-//! rounded up to whole seconds. The [`Decision`](crate::Decision) of an admitted request
+//! rounded up to whole seconds. The [`Decision`] of an admitted request
 //! (in its extensions) says how many slots were left (`remaining`) of `limit`.
 //!
 //! # While Redis is out
