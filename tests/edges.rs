@@ -201,16 +201,19 @@ async fn exports_are_limited_in_flight_in_process() {
 async fn exports_are_limited_in_flight_across_instances_on_redis() {
     let redis = RedisServer::start();
     let lease = Duration::from_millis(300);
-    let instance = || {
+    let mut apps = Vec::new();
+    for _ in 0..2 {
         let backend = Backend::builder()
             .redis_url(redis.url())
             .prefix("tenants")
             .call_timeout(Duration::from_millis(500))
             .build()
             .unwrap();
-        tenants::app_with_export_lease(&backend, lease).unwrap()
-    };
-    exports_in_flight([instance(), instance()]).await;
+        // Connected first: no export may fall back for want of a connection.
+        backend.probe_redis().await.unwrap();
+        apps.push(tenants::app_with_export_lease(&backend, lease).unwrap());
+    }
+    exports_in_flight(apps.try_into().unwrap()).await;
 }
 
 #[tokio::test]

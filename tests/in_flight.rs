@@ -19,18 +19,22 @@ use support::proxy::FaultProxy;
 use support::RedisServer;
 use tokio::time::Instant;
 use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
+use tower_redis_ratelimit::backend::TimeSource;
 use tower_redis_ratelimit::in_flight::{InFlightConfig, InFlightLimiter};
 use tower_redis_ratelimit::key::HeaderKey;
 use tower_redis_ratelimit::{Backend, FailurePolicy, InFlightLimitLayer, Source, State};
 
-/// A backend of its own (its own connection) on `url`, with generous deadlines: the
-/// renewals of these tests must not miss on a loaded machine.
-fn backend(url: &str) -> Backend {
-    Backend::builder()
+/// A backend of its own (its own connection, made before its first call) on `url`,
+/// with generous deadlines: the renewals of these tests must not miss on a loaded
+/// machine, and no call may fall back for want of a connection.
+async fn backend(url: &str) -> Backend {
+    let backend = Backend::builder()
         .redis_url(url)
         .call_timeout(Duration::from_millis(500))
         .build()
-        .unwrap()
+        .unwrap();
+    backend.probe_redis().await.unwrap();
+    backend
 }
 
 /// Polls `f` until it is true, for at most `within`.
@@ -54,9 +58,9 @@ async fn eventually<F: std::future::Future<Output = bool>>(
 async fn three_instances_never_run_more_than_the_limit() {
     let redis = RedisServer::start();
     let backends = [
-        backend(&redis.url()),
-        backend(&redis.url()),
-        backend(&redis.url()),
+        backend(&redis.url()).await,
+        backend(&redis.url()).await,
+        backend(&redis.url()).await,
     ];
     three_times_fifty(&backends).await;
 }
@@ -209,7 +213,7 @@ fn merchant(id: &str) -> Request<()> {
 async fn a_stream_longer_than_the_lease_keeps_its_slot() {
     let redis = RedisServer::start();
     let lease = Duration::from_millis(600);
-    let (svc, senders) = streaming(&backend(&redis.url()), lease);
+    let (svc, senders) = streaming(&backend(&redis.url()).await, lease);
     let response = svc.clone().oneshot(merchant("m1")).await.unwrap();
     assert_eq!(response.status(), StatusCode::OK);
     let mut body = response.into_body();
@@ -247,7 +251,7 @@ async fn a_stream_longer_than_the_lease_keeps_its_slot() {
 #[tokio::test]
 async fn the_slot_is_held_until_the_body_ends() {
     let redis = RedisServer::start();
-    let (svc, senders) = streaming(&backend(&redis.url()), Duration::from_secs(10));
+    let (svc, senders) = streaming(&backend(&redis.url()).await, Duration::from_secs(10));
     let first = svc.clone().oneshot(merchant("m")).await.unwrap();
     assert_eq!(first.status(), StatusCode::OK);
     // Time for a slot given back with the response (the mistake this test catches) to
@@ -270,7 +274,7 @@ async fn the_slot_is_held_until_the_body_ends() {
 #[tokio::test]
 async fn cancel_and_drop_give_the_slot_back() {
     let redis = RedisServer::start();
-    let backend = backend(&redis.url());
+    let backend = backend(&redis.url()).await;
     let lease = Duration::from_secs(30);
     let limiter =
         InFlightLimiter::new(&backend, "cancel", InFlightConfig::new(1).lease(lease)).unwrap();
@@ -336,7 +340,7 @@ async fn in_flight_child_holds_slots() {
     let url = std::env::var(CHILD_URL).expect("started by a_killed_process_slots_come_back");
     let lease_ms: u64 = std::env::var(CHILD_LEASE_MS).unwrap().parse().unwrap();
     let config = InFlightConfig::new(2).lease(Duration::from_millis(lease_ms));
-    let limiter = InFlightLimiter::new(&backend(&url), "jobs", config).unwrap();
+    let limiter = InFlightLimiter::new(&backend(&url).await, "jobs", config).unwrap();
     let _one = limiter.acquire(b"k").await.unwrap();
     let _two = limiter.acquire(b"k").await.unwrap();
     println!("HOLDING");
@@ -377,7 +381,7 @@ async fn a_killed_process_slots_come_back_within_one_lease() {
         panic!("the child process never held its slots");
     }
     let config = InFlightConfig::new(2).lease(lease);
-    let limiter = InFlightLimiter::new(&backend(&redis.url()), "jobs", config).unwrap();
+    let limiter = InFlightLimiter::new(&backend(&redis.url()).await, "jobs", config).unwrap();
     assert_eq!(limiter.in_flight(b"k").await, 2);
     // Two leases later the living child still holds both (it renews them).
     tokio::time::sleep(lease * 2).await;
@@ -421,7 +425,7 @@ async fn while_redis_is_out_the_failure_policy_decides() {
     let proxy = FaultProxy::start(redis.port());
     let backend = Backend::builder()
         .redis_url(proxy.url())
-        .call_timeout(Duration::from_millis(100))
+        .call_timeout(Duration::from_millis(500))
         .probe_interval(Duration::from_millis(100))
         .recovery(Duration::from_millis(100))
         .build()
@@ -436,6 +440,8 @@ async fn while_redis_is_out_the_failure_policy_decides() {
             .unwrap();
         layer.limiter().clone()
     };
+    // Connected before the first slot, which must go to Redis.
+    backend.probe_redis().await.unwrap();
     let fallback = limiter(FailurePolicy::Fallback);
     let open = limiter(FailurePolicy::FailOpen);
     let closed = limiter(FailurePolicy::FailClosed);
@@ -480,7 +486,26 @@ async fn while_redis_is_out_the_failure_policy_decides() {
 async fn the_two_hosts_decide_alike() {
     let redis = RedisServer::start();
     let mut runs = Vec::new();
-    for backend in [backend(&redis.url()), Backend::in_process()] {
+    let evalsha = Backend::builder()
+        .redis_url(redis.url())
+        .engine_functions(false)
+        .build()
+        .unwrap();
+    let caller_time = Backend::builder()
+        .redis_url(redis.url())
+        .prefix("caller")
+        .time_source(TimeSource::Caller)
+        .build()
+        .unwrap();
+    evalsha.probe_redis().await.unwrap();
+    caller_time.probe_redis().await.unwrap();
+    // Redis Functions, EVALSHA, the caller's clock, and in process.
+    for backend in [
+        backend(&redis.url()).await,
+        evalsha,
+        caller_time,
+        Backend::in_process(),
+    ] {
         let limiter = InFlightLimiter::new(&backend, "table", InFlightConfig::new(3)).unwrap();
         let mut held = Vec::new();
         let mut seen = Vec::new();
@@ -522,7 +547,12 @@ async fn the_two_hosts_decide_alike() {
             (true, State::Allowed, 3, 1, None),
         ]
     );
-    assert_eq!(runs[0], runs[1]);
+    for run in &runs[1..] {
+        assert_eq!(&runs[0], run);
+    }
+    // Both paths ran: the library was loaded, and the script by SHA.
+    assert!(redis.command_calls("fcall") > 0);
+    assert!(redis.command_calls("evalsha") > redis.command_calls("fcall"));
 }
 
 /// A shadow layer serves every request, and holds a slot for each admitted one as an
@@ -530,7 +560,7 @@ async fn the_two_hosts_decide_alike() {
 #[tokio::test]
 async fn a_shadow_layer_serves_everything_and_holds_slots() {
     let redis = RedisServer::start();
-    for backend in [backend(&redis.url()), Backend::in_process()] {
+    for backend in [backend(&redis.url()).await, Backend::in_process()] {
         let layer = InFlightLimitLayer::builder(&backend)
             .name("shadow")
             .slots(1)
@@ -571,7 +601,7 @@ async fn renewal_is_one_call_per_key_whatever_the_slots() {
     let redis = RedisServer::start();
     let lease = Duration::from_millis(600);
     let config = InFlightConfig::new(5).lease(lease);
-    let limiter = InFlightLimiter::new(&backend(&redis.url()), "batch", config).unwrap();
+    let limiter = InFlightLimiter::new(&backend(&redis.url()).await, "batch", config).unwrap();
     let mut slots = Vec::new();
     for key in [b"a", b"b"] {
         for _ in 0..5 {

@@ -144,7 +144,6 @@ impl Slots {
             redis_key: Some(redis_key),
             id,
         };
-        let key: Box<[u8]> = key.into();
         Acquire::Pending(Box::pin(async move {
             let reply = redis.eval(&call).await.ok();
             let this = Arc::clone(&pending.slots);
@@ -160,7 +159,12 @@ impl Slots {
                     let decision = this.admitted(held, Source::Redis);
                     (decision, Some(Held::Redis { redis_key, id }))
                 }
-                _ => this.unavailable(&key),
+                // The key, read back from the Redis key (only on this failure path).
+                _ => {
+                    let redis_key = pending.redis_key.as_deref().unwrap_or_default();
+                    let key = this.layout.key_of(redis_key).unwrap_or_default();
+                    this.unavailable(&key)
+                }
             }
         }))
     }
@@ -445,5 +449,27 @@ impl Future for Acquire {
             Self::Ready(ready) => Poll::Ready(ready.take().expect("polled after completion")),
             Self::Pending(future) => future.as_mut().poll(cx),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// Redis Cluster and managed servers need every key a script touches in `KEYS`: each
+    /// call of the in-flight script touches `key`, which is `KEYS[1]`.
+    #[test]
+    fn every_key_the_script_touches_is_declared() {
+        let lua = include_str!("in_flight.lua");
+        assert!(lua.contains("local key = KEYS[1]"));
+        let mut calls = 0;
+        for (at, open) in lua.match_indices("redis.call(") {
+            let args = &lua[at + open.len()..];
+            let args = &args[..args.find(')').expect("a closing parenthesis")];
+            let mut args = args.split(',').map(str::trim);
+            let command = args.next().unwrap();
+            assert_ne!(command, "'TIME'", "the time comes from the prelude");
+            assert_eq!(args.next(), Some("key"), "{command} touches another key");
+            calls += 1;
+        }
+        assert_eq!(calls, 12);
     }
 }
