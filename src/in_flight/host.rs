@@ -15,6 +15,7 @@ use smallvec::SmallVec;
 
 use crate::backend::{Backend, Call, FailurePolicy, Layout, Owner, Scripts, TimeSource};
 use crate::decision::{Decision, Source, State};
+use crate::metrics::RedisMetrics;
 
 /// The in-flight script in both time versions, as a library of Redis Functions (loaded
 /// on a server's first call) and as a script for `EVALSHA`.
@@ -90,6 +91,10 @@ pub(crate) struct Slots {
     /// The Redis slots held here, by Redis key: what the renewal renews.
     held: DashMap<Box<[u8]>, SmallVec<[u64; 4]>>,
     renewing: AtomicBool,
+    /// The policy name, for the metrics.
+    name: String,
+    /// The duration of the calls that take slots.
+    metrics: RedisMetrics,
 }
 
 impl Slots {
@@ -121,6 +126,8 @@ impl Slots {
             next_id: AtomicU64::new(0),
             held: DashMap::new(),
             renewing: AtomicBool::new(false),
+            name: name.to_owned(),
+            metrics: RedisMetrics::default(),
         }
     }
 
@@ -145,8 +152,10 @@ impl Slots {
             id,
         };
         Acquire::Pending(Box::pin(async move {
+            let started = std::time::Instant::now();
             let reply = redis.eval(&call).await.ok();
             let this = Arc::clone(&pending.slots);
+            this.metrics.duration(&this.name, started.elapsed());
             match reply.as_deref() {
                 Some(&[admitted, held]) => {
                     let held = u64::try_from(held).unwrap_or(0);

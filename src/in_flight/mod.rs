@@ -63,6 +63,16 @@
 //! fallback is given back in this process; one taken on Redis is given back on Redis
 //! (or runs out there).
 //!
+//! # Metrics
+//!
+//! As for the other layers (feature `metrics`): every request is counted in
+//! [`REQUESTS_TOTAL`](crate::metrics::REQUESTS_TOTAL) under the layer's name, by outcome
+//! (a refusal, a shadow refusal, a missing key; a request that took the last slot also
+//! in [`NEAR_LIMIT_TOTAL`](crate::metrics::NEAR_LIMIT_TOTAL)), fallback decisions in
+//! [`FALLBACK_DECISIONS_TOTAL`](crate::metrics::FALLBACK_DECISIONS_TOTAL), and each call
+//! that takes a slot on Redis in
+//! [`REDIS_DURATION_SECONDS`](crate::metrics::REDIS_DURATION_SECONDS).
+//!
 //! # Shadow mode
 //!
 //! A [shadow](InFlightLayerBuilder::shadow) layer takes and holds slots as an enforcing
