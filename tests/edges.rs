@@ -715,4 +715,34 @@ mod metrics_recorded {
             1
         );
     }
+
+    /// The in-flight layer of `GET /export` counts its requests as every layer does.
+    #[tokio::test]
+    async fn in_flight_requests_are_counted() {
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        let _guard = metrics::set_default_local_recorder(&recorder);
+
+        let app = tenants::app(&Backend::in_process()).unwrap();
+        let first = start_export(&app, Some(10_000), "m").await;
+        let second = start_export(&app, Some(10_000), "m").await;
+        let refused = start_export(&app, Some(0), "m").await;
+        assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+        let (response, _) = send(&app, Method::GET, "/export", &[FREE]).await;
+        assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+        drop((first, second));
+
+        let c = counters(&snapshotter);
+        let requests = |outcome: &str| {
+            get(
+                &c,
+                &format!("{REQUESTS_TOTAL}{{outcome={outcome},policy=export}}"),
+            )
+        };
+        assert_eq!(requests("admitted"), 2);
+        assert_eq!(requests("rejected"), 1);
+        assert_eq!(requests("missing_key"), 1);
+        // The second took the last slot.
+        assert_eq!(get(&c, &format!("{NEAR_LIMIT_TOTAL}{{policy=export}}")), 1);
+    }
 }
