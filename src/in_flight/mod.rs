@@ -48,7 +48,9 @@
 //!
 //! A slot frees when a running request ends, which nobody can foresee: a refusal says
 //! `Retry-After:` [`retry_after`](InFlightConfig::retry_after) (default one second),
-//! rounded up to whole seconds. The [`Decision`] of an admitted request
+//! rounded up to whole seconds. No `RateLimit` or `RateLimit-Policy` headers are added:
+//! they describe rates, and a count of requests running is not one. The [`Decision`]
+//! of an admitted request
 //! (in its extensions) says how many slots were left (`remaining`) of `limit`.
 //!
 //! # While Redis is out
