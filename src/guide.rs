@@ -428,6 +428,7 @@
 //! |---|---|---|
 //! | TLS, custom CA, mutual TLS (feature `tls`, rustls: no system OpenSSL) | `redis_url("rediss://user:password@host:port")`, [`tls_ca_pem`](crate::BackendBuilder::tls_ca_pem), [`tls_client_auth_pem`](crate::BackendBuilder::tls_client_auth_pem) | single node, on a `redis-server` with a TLS port and certificates the test makes; TLS to a cluster is configured the same way but not tested |
 //! | ACL user and password | in the URL | yes, with TLS |
+//! | Short-lived tokens, rotating passwords (ElastiCache and MemoryDB IAM auth, Azure Entra ID) | [`credentials(provider)`](crate::BackendBuilder::credentials): an async function returning a user, a token and its expiry; new connections use current credentials, kept connections re-authenticate (`AUTH`) at three quarters of a token's lifetime | single node, on a `redis-server` whose ACL users and passwords the test changes under traffic: no failed decision, the same connection re-authenticated; a failing provider hands the decisions to the failure policy with one log line per 10 s. Cluster and Sentinel connections take the provider the same way (redis-rs re-authenticates each node's connection) but are not tested with it |
 //! | Redis Sentinel (feature `sentinel`) | [`redis_sentinel(master, sentinel_urls)`](crate::BackendBuilder::redis_sentinel), [`sentinel_master_auth`](crate::BackendBuilder::sentinel_master_auth) | a master, a replica and three sentinels; the master is killed under traffic |
 //! | Valkey, Dragonfly, managed Redis | the same URLs; for servers that refuse `TIME` in scripts or answer it uselessly (Dragonfly returns 0, ElastiCache Serverless), [`time_source(TimeSource::Caller)`](crate::BackendBuilder::time_source) | not tested against Valkey, Dragonfly or any managed service (none is installed here). What is tested, on `redis-server`: in caller mode no script calls `TIME` (`INFO commandstats`), two instances share a limit exactly, the bounds below hold with two instances whose clocks differ, and a server clock an hour off changes nothing. Every script declares every key it touches in `KEYS` (checked by a unit test) |
 //!
@@ -624,9 +625,12 @@
 //! # Clock steps
 //!
 //! On Redis every instance uses the Redis server's clock (`TIME`), which an NTP step or
-//! a failover to a replica with another clock can move. No algorithm admits more than
-//! its limit when that clock steps back, nor when it comes back, and a step forward at
-//! most ends a window (or refills a bucket) early. Each key holds the newest time it has
+//! a failover to a replica with another clock can move. The fixed and rolling windows
+//! never admit more than their limit when that clock steps back, nor when it comes back;
+//! a token bucket may give back up to one burst on a step back and its return (its key
+//! knows the newest time it has seen only to within one refill: a known gap, see
+//! [its clocks](crate::token_bucket#clocks)). A step forward at most ends a window (or
+//! refills a bucket) early. Each key holds the newest time it has
 //! seen: after a step back its time runs on from there at the server's rate (a skew
 //! stored in the key's own value), and its state and expiry stay in its own time, so the
 //! clock's return finds the key as it left it. The cost: a refusal never waits more than
@@ -634,6 +638,30 @@
 //! moment, and a key's Redis state outlives its expiry by the step while the clock is
 //! behind. In-process, time is the monotonic clock, which never steps back. Each
 //! algorithm's module says exactly what a step does.
+//!
+//! # Upgrading
+//!
+//! During a rolling deploy, instances of two versions of the crate share one Redis. Both
+//! decide every limit together, exactly, with no pause and no error:
+//!
+//! - every key carries the version of its layout in its hash tag (`{v1:…}`, see
+//!   [Redis keys](crate::backend#redis-keys)), and every state written under one layout
+//!   version is read alike by every release that writes it: a release may add to a
+//!   state (a field another release ignores) but never change what a stored field means;
+//! - a release that must change a state's meaning moves to the next layout version and
+//!   its scripts read the previous version's key when theirs is missing (migrating it in
+//!   the same call), while the older release, which never reads the new keys, goes on
+//!   with its own until it is gone: two versions split a limit for the deploy at most,
+//!   never admit beyond the sum of what each sees, and the changelog says so;
+//! - each release's scripts are loaded under their own hash (`EVALSHA`) or library name
+//!   (Redis Functions), so the two versions' engines live side by side.
+//!
+//! `scripts/two-versions` (part of `scripts/test`) proves it for the previous version
+//! (the commit in `tests/upgrade/BASE`; the release checklist moves it to each release):
+//! the previous version and this one take turns on the same keys (each reading the
+//! other's states) and then run at once, on the server's clock and on the callers', for
+//! a fixed window, a token bucket, a rolling window and a set; every limit admits
+//! exactly its limit and every decision comes from Redis.
 //!
 //! # gRPC
 //!

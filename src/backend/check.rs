@@ -14,8 +14,8 @@ use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::call::Call;
 use super::coalesce::{Leader, Turn};
-use super::connect::Call;
 use super::deny::Denied;
 use super::hosts::{Hosts, CHECK, ENGINE};
 use super::lease::check_leased;

@@ -14,8 +14,8 @@ use std::sync::Arc;
 use dashmap::DashMap;
 use tokio::sync::oneshot;
 
+use super::call::Call;
 use super::check::engine_call;
-use super::connect::Call;
 use super::deny::PreHashed;
 use super::hosts::Hosts;
 use super::redis::RedisBackend;

@@ -8,11 +8,12 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use deadpool_redis::redis::{self, ErrorKind, Script, ServerErrorKind, ToRedisArgs};
+use deadpool_redis::redis::{self, ErrorKind, Script, ServerErrorKind};
 
+use super::call::Call;
+use super::credentials::Rotation;
 use super::redis::ScriptError;
-use super::time::{Library, Scripts};
-use super::TimeSource;
+use super::time::Library;
 
 /// Certificates for TLS connections (`rediss://`); never shown by `Debug`.
 #[derive(Clone, Default)]
@@ -70,8 +71,9 @@ fn without_tls(tls: &Tls) -> Result<(), redis::RedisError> {
 pub(crate) enum Connector {
     /// A user's pool; the backend takes one connection out of it and keeps it.
     Pool(deadpool_redis::Pool),
-    /// A client the backend built from a URL.
-    Client(Box<redis::Client>),
+    /// A client the backend built from a URL, and the credentials its connections
+    /// authenticate with when they rotate.
+    Client(Box<redis::Client>, Option<Rotation>),
     /// A user's cluster pool.
     #[cfg(feature = "cluster")]
     ClusterPool(deadpool_redis::cluster::Pool),
@@ -80,7 +82,10 @@ pub(crate) enum Connector {
     Cluster(Box<redis::cluster::ClusterClient>),
     /// The master a group of sentinels names, asked again for every new connection.
     #[cfg(feature = "sentinel")]
-    Sentinel(Arc<tokio::sync::Mutex<redis::sentinel::SentinelClient>>),
+    Sentinel(
+        Arc<tokio::sync::Mutex<redis::sentinel::SentinelClient>>,
+        Option<Rotation>,
+    ),
 }
 
 impl fmt::Debug for Connector {
@@ -88,13 +93,13 @@ impl fmt::Debug for Connector {
         // Never the URLs: they may hold passwords.
         let kind = match self {
             Self::Pool(_) => "pool",
-            Self::Client(_) => "url",
+            Self::Client(..) => "url",
             #[cfg(feature = "cluster")]
             Self::ClusterPool(_) => "cluster pool",
             #[cfg(feature = "cluster")]
             Self::Cluster(_) => "cluster urls",
             #[cfg(feature = "sentinel")]
-            Self::Sentinel(_) => "sentinel",
+            Self::Sentinel(..) => "sentinel",
         };
         f.debug_struct("Connector").field("kind", &kind).finish()
     }
@@ -107,8 +112,13 @@ fn nodelay() -> redis::io::tcp::TcpSettings {
 }
 
 impl Connector {
-    /// A client for `url` (`redis://` or, with the `tls` feature, `rediss://`).
-    pub(crate) fn from_url(url: &str, tls: &Tls) -> Result<Self, redis::RedisError> {
+    /// A client for `url` (`redis://` or, with the `tls` feature, `rediss://`), whose
+    /// connections authenticate with `credentials` when given.
+    pub(crate) fn from_url(
+        url: &str,
+        tls: &Tls,
+        credentials: Option<Rotation>,
+    ) -> Result<Self, redis::RedisError> {
         let info =
             redis::IntoConnectionInfo::into_connection_info(url)?.set_tcp_settings(nodelay());
         #[cfg(feature = "tls")]
@@ -122,14 +132,22 @@ impl Connector {
             without_tls(tls)?;
             redis::Client::open(info)?
         };
-        Ok(Self::Client(Box::new(client)))
+        Ok(Self::Client(Box::new(client), credentials))
     }
 
     /// A cluster client for the nodes at `urls`.
     #[cfg(feature = "cluster")]
-    pub(crate) fn from_cluster_urls(urls: &[String], tls: &Tls) -> Result<Self, redis::RedisError> {
-        let builder = redis::cluster::ClusterClientBuilder::new(urls.iter().map(String::as_str))
-            .tcp_settings(nodelay());
+    pub(crate) fn from_cluster_urls(
+        urls: &[String],
+        tls: &Tls,
+        credentials: Option<Rotation>,
+    ) -> Result<Self, redis::RedisError> {
+        let mut builder =
+            redis::cluster::ClusterClientBuilder::new(urls.iter().map(String::as_str))
+                .tcp_settings(nodelay());
+        if let Some(credentials) = credentials {
+            builder = builder.set_credentials_provider(credentials);
+        }
         #[cfg(feature = "tls")]
         let builder = if tls.is_empty() {
             builder
@@ -150,6 +168,7 @@ impl Connector {
         urls: &[String],
         master_auth: Option<&(String, String)>,
         tls: &Tls,
+        credentials: Option<Rotation>,
     ) -> Result<Self, redis::RedisError> {
         use redis::sentinel::{SentinelClientBuilder, SentinelServerType};
         let infos = urls
@@ -193,16 +212,17 @@ impl Connector {
         }
         #[cfg(not(feature = "tls"))]
         without_tls(tls)?;
-        Ok(Self::Sentinel(Arc::new(tokio::sync::Mutex::new(
-            builder.build()?,
-        ))))
+        Ok(Self::Sentinel(
+            Arc::new(tokio::sync::Mutex::new(builder.build()?)),
+            credentials,
+        ))
     }
 
     /// Whether connections are made with TLS (`rediss://`), as far as the connector
     /// tells (a pool given by the user does not).
     pub(crate) fn is_tls(&self) -> bool {
         match self {
-            Self::Client(client) => matches!(
+            Self::Client(client, _) => matches!(
                 client.get_connection_info().addr(),
                 redis::ConnectionAddr::TcpTls { .. }
             ),
@@ -218,13 +238,17 @@ impl Connector {
             .set_connection_timeout(Some(timeout))
             // Every call has its own deadline.
             .set_response_timeout(None);
+        let with_credentials = |credentials: &Option<Rotation>| match credentials {
+            Some(credentials) => config.clone().set_credentials_provider(credentials.clone()),
+            None => config.clone(),
+        };
         Ok(match self {
             Self::Pool(pool) => Conn::Single(deadpool_redis::Connection::take(
                 pool.get().await.map_err(ScriptError::from_pool)?,
             )),
-            Self::Client(client) => Conn::Single(
+            Self::Client(client, credentials) => Conn::Single(
                 client
-                    .get_multiplexed_async_connection_with_config(&config)
+                    .get_multiplexed_async_connection_with_config(&with_credentials(credentials))
                     .await
                     .map_err(|error| {
                         // A TLS connection that times out most often waits for a
@@ -243,11 +267,11 @@ impl Connector {
             #[cfg(feature = "cluster")]
             Self::Cluster(client) => Conn::Cluster(client.get_async_connection().await?),
             #[cfg(feature = "sentinel")]
-            Self::Sentinel(client) => Conn::Single(
+            Self::Sentinel(client, credentials) => Conn::Single(
                 client
                     .lock()
                     .await
-                    .get_async_connection_with_config(&config)
+                    .get_async_connection_with_config(&with_credentials(credentials))
                     .await?,
             ),
         })
@@ -260,149 +284,6 @@ pub(crate) enum Conn {
     Single(redis::aio::MultiplexedConnection),
     #[cfg(feature = "cluster")]
     Cluster(redis::cluster_async::ClusterConnection),
-}
-
-/// A script call as it goes to Redis: `EVALSHA`, the script's hash, the number of keys,
-/// the keys, then the arguments, each written into one buffer as it is added (redis-rs's
-/// `Cmd`: two allocations per call, where a `ScriptInvocation` makes one per argument and
-/// copies them all again), and the script to load on `NOSCRIPT`. Its `Debug` shows the
-/// script's hash only: keys may be secrets (API keys).
-pub(crate) struct Call {
-    script: &'static Script,
-    /// The library the call's function is in, for an `FCALL`.
-    library: Option<&'static Library>,
-    cmd: redis::Cmd,
-}
-
-impl fmt::Debug for Call {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Call")
-            .field("script", &self.script.get_hash())
-            .finish_non_exhaustive()
-    }
-}
-
-impl Call {
-    /// A call of `script` with `keys` keys (added next, before any argument), with room
-    /// for `args` keys and arguments of `bytes` bytes in all, so that a call whose size
-    /// is known is written without growing its buffers.
-    pub(crate) fn new(script: &'static Script, keys: usize, args: usize, bytes: usize) -> Self {
-        let hash = script.get_hash();
-        let mut cmd = redis::Cmd::with_capacity(3 + args, "EVALSHA".len() + hash.len() + 4 + bytes);
-        cmd.arg("EVALSHA").arg(hash).arg(keys);
-        Self {
-            script,
-            library: None,
-            cmd,
-        }
-    }
-
-    /// A call of the engine for `time` with `keys` keys (see [`new`](Self::new)): an
-    /// `FCALL` of its function with `functions`, else an `EVALSHA` of its script.
-    pub(crate) fn engine(
-        scripts: &'static Scripts,
-        time: TimeSource,
-        functions: bool,
-        keys: usize,
-        args: usize,
-        bytes: usize,
-    ) -> Self {
-        if !functions {
-            return Self::new(scripts.get(time), keys, args, bytes);
-        }
-        let library = scripts.library();
-        let name = library.function(time);
-        let mut cmd = redis::Cmd::with_capacity(3 + args, "FCALL".len() + name.len() + 4 + bytes);
-        cmd.arg("FCALL").arg(name).arg(keys);
-        Self {
-            script: scripts.get(time),
-            library: Some(library),
-            cmd,
-        }
-    }
-
-    /// The same call as an `EVALSHA` of the script.
-    fn as_evalsha(&self) -> redis::Cmd {
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(self.script.get_hash());
-        for arg in self.cmd.args_iter().skip(2) {
-            if let redis::Arg::Simple(arg) = arg {
-                cmd.arg(arg);
-            }
-        }
-        cmd
-    }
-
-    /// Adds a key: every key comes before the first argument.
-    pub(crate) fn key(&mut self, key: &[u8]) -> &mut Self {
-        self.cmd.arg(key);
-        self
-    }
-
-    /// Adds a key that `write` writes straight into the call (no copy of it is built
-    /// first).
-    pub(crate) fn key_written(&mut self, write: impl Fn(&mut dyn std::io::Write)) -> &mut Self {
-        self.cmd.arg(WrittenBy(write));
-        self
-    }
-
-    /// Adds arguments encoded beforehand.
-    pub(crate) fn args(&mut self, args: &Args) -> &mut Self {
-        for arg in &args.0 {
-            self.cmd.arg(&arg[..]);
-        }
-        self
-    }
-
-    /// Adds an argument.
-    pub(crate) fn arg(&mut self, arg: impl ToRedisArgs) -> &mut Self {
-        self.cmd.arg(arg);
-        self
-    }
-
-    pub(crate) fn script(&self) -> &'static Script {
-        self.script
-    }
-}
-
-/// One argument, written by a function straight into the command's buffer.
-struct WrittenBy<F>(F);
-
-impl<F: Fn(&mut dyn std::io::Write)> ToRedisArgs for WrittenBy<F> {
-    fn write_redis_args<W: ?Sized + redis::RedisWrite>(&self, out: &mut W) {
-        let mut arg = out.writer_for_next_arg();
-        (self.0)(&mut arg);
-    }
-}
-
-/// Arguments encoded once (a limiter's part of a script's arguments, which never
-/// changes), then added to every call as bytes.
-#[derive(Debug, Default)]
-pub(crate) struct Args(Vec<Vec<u8>>);
-
-impl Args {
-    /// Adds an argument.
-    pub(crate) fn arg(&mut self, arg: impl ToRedisArgs) -> &mut Self {
-        self.0.extend(arg.to_redis_args());
-        self
-    }
-
-    /// The arguments as one, separated by `separator`.
-    pub(crate) fn joined(&self, separator: u8) -> Vec<u8> {
-        let mut out = Vec::new();
-        for (i, arg) in self.0.iter().enumerate() {
-            if i > 0 {
-                out.push(separator);
-            }
-            out.extend_from_slice(arg);
-        }
-        out
-    }
-
-    /// How many arguments, and their bytes in all.
-    pub(crate) fn size(&self) -> (usize, usize) {
-        (self.0.len(), self.0.iter().map(Vec::len).sum())
-    }
 }
 
 impl Conn {
@@ -489,8 +370,8 @@ mod tests {
 
     #[test]
     fn clients_built_from_urls_set_tcp_nodelay() {
-        let Connector::Client(client) =
-            Connector::from_url("redis://127.0.0.1:6379", &Tls::default()).unwrap()
+        let Connector::Client(client, _) =
+            Connector::from_url("redis://127.0.0.1:6379", &Tls::default(), None).unwrap()
         else {
             panic!("a URL makes a client");
         };

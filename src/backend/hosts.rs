@@ -8,8 +8,8 @@ use std::sync::{Arc, LazyLock, OnceLock};
 use std::time::Duration;
 
 use super::block::Blocks;
+use super::call::{Args, Call};
 use super::coalesce::Coalescer;
-use super::connect::{Args, Call};
 use super::layout::{Layout, Owner};
 use super::lease::Leases;
 use super::redis::ScriptError;

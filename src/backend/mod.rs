@@ -90,9 +90,11 @@
 
 mod block;
 mod builder;
+mod call;
 mod check;
 mod coalesce;
 mod connect;
+mod credentials;
 mod deny;
 mod fault;
 mod health;
@@ -102,6 +104,7 @@ mod lease;
 mod operate;
 mod redis;
 mod time;
+mod url;
 
 use std::fmt;
 use std::sync::Arc;
@@ -113,8 +116,9 @@ use crate::local::LocalStore;
 
 pub(crate) use self::block::Blocks;
 pub use self::builder::BackendBuilder;
+pub(crate) use self::call::{Args, Call};
 pub(crate) use self::check::check;
-pub(crate) use self::connect::{Args, Call};
+pub use self::credentials::{Credentials, CredentialsFuture, CredentialsProvider};
 use self::deny::DenyCache;
 pub use self::health::{
     RedisState, DEFAULT_BREAKER_FAILURE_RATIO, DEFAULT_BREAKER_MIN_CALLS, DEFAULT_BREAKER_WINDOW,

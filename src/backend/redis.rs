@@ -14,7 +14,8 @@ use arc_swap::{ArcSwap, ArcSwapOption};
 use deadpool_redis::redis::Script;
 use tokio::sync::watch;
 
-use super::connect::{Call, Conn, Connector};
+use super::call::Call;
+use super::connect::{Conn, Connector};
 use super::fault::breaks_connection;
 pub(crate) use super::fault::{Fault, ScriptError};
 use super::health::{Breaker, BreakerConfig, Outcome, RedisState};

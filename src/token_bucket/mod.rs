@@ -33,9 +33,12 @@
 //! stays in the key's time). The floor is a lower bound of the time the key has seen, up
 //! to one refill behind it (a bucket not empty at its last write), so **a step back of
 //! the server's clock and its return may give back up to one burst** (`tests/bound.rs`
-//! reproduces it with `BOUND_CLOCK=1 BOUND_STRICT=1`): storing the key's time at every
-//! write closes it, at a cost in Redis CPU on every check that is not paid yet (a known
-//! gap). A step back of less than what the bucket has refilled is followed the same way.
+//! reproduces it with `BOUND_CLOCK=1 BOUND_STRICT=1`), a known gap. Storing the key's
+//! time at every write would narrow it (at a cost in Redis CPU on every check), not
+//! close it: a bucket that was full had no key at all (it expires when full), so a step
+//! back then spends up to a burst in the behind time, and the clock's return reads it as
+//! refilled by the step (at most a burst). Only a time that every key of the server
+//! shares would close it: one more read per check, in another hash slot on a cluster. A step back of less than what the bucket has refilled is followed the same way.
 //! A step forward at most refills the bucket early; so does a return that lands before
 //! the newest time a key has seen (it is a step forward from the time behind).
 //! In-process, time is the monotonic clock, which never steps back (the same rule runs
