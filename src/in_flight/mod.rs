@@ -81,18 +81,20 @@
 //! one would (in a task of its own, never making the request wait) and records every
 //! refusal in the [metrics](crate::metrics), but serves every request.
 
+mod future;
 mod host;
 mod layer;
+mod service;
 
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use self::future::{InFlightBody, InFlightFuture};
 use self::host::{Acquire, Held, Slots};
-pub use self::layer::{
-    InFlightBody, InFlightFuture, InFlightLayerBuilder, InFlightLimitLayer, InFlightService,
-};
+pub use self::layer::{InFlightLayerBuilder, InFlightLimitLayer};
+pub use self::service::InFlightService;
 use crate::backend::Backend;
 use crate::decision::{Decision, Policy};
 use crate::error::ConfigError;
