@@ -299,7 +299,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let addr = listener.local_addr()?;
     println!(
         "serving on http://{addr}\n\
-         try: for i in $(seq 12); do curl -s -H 'authorization: Bearer free-token' http://{addr}/profile; done"
+         try: for i in $(seq 12); do curl -s -H 'authorization: Bearer free-token' http://{addr}/profile; done\n\
+         and: for i in 1 2 3; do curl -s -H 'authorization: Bearer free-token' -H 'x-merchant-id: m1' 'http://{addr}/export?ms=3000' & done; wait"
     );
     axum::serve(listener, app(&backend)?).await?;
     Ok(())
