@@ -620,3 +620,39 @@ async fn renewal_is_one_call_per_key_whatever_the_slots() {
     assert_eq!(limiter.in_flight(b"a").await, 5);
     drop(slots);
 }
+
+/// A limiter used from one runtime, then another (the first one gone, its renewal task
+/// with it): the renewal starts again on the second.
+#[test]
+fn the_renewal_survives_its_first_runtime() {
+    let redis = RedisServer::start();
+    let runtime = || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    };
+    let lease = Duration::from_millis(600);
+    let limiter = runtime().block_on(async {
+        let backend = backend(&redis.url()).await;
+        let limiter =
+            InFlightLimiter::new(&backend, "runtimes", InFlightConfig::new(1).lease(lease))
+                .unwrap();
+        drop(limiter.acquire(b"k").await.unwrap());
+        // The release goes in the background, on this runtime.
+        eventually(Duration::from_secs(5), || async {
+            limiter.in_flight(b"k").await == 0
+        })
+        .await;
+        limiter
+    });
+    runtime().block_on(async {
+        let slot = limiter.acquire(b"k").await.unwrap();
+        tokio::time::sleep(lease * 2).await;
+        assert!(
+            limiter.acquire(b"k").await.is_err(),
+            "the lease was not renewed"
+        );
+        drop(slot);
+    });
+}

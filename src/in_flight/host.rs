@@ -391,6 +391,9 @@ impl Slots {
 
 /// The renewal of one limiter's Redis slots: every `every`, while the limiter exists.
 async fn renew(slots: Weak<Slots>, every: Duration) {
+    // Should this task end with its runtime (a limiter used from several runtimes), the
+    // next slot held starts another.
+    let _running = Running(slots.clone());
     let mut ticks = tokio::time::interval(every);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     ticks.tick().await;
@@ -403,6 +406,17 @@ async fn renew(slots: Weak<Slots>, every: Duration) {
             continue;
         }
         slots.renew_all().await;
+    }
+}
+
+/// Marks the renewal task as running while it lives.
+struct Running(Weak<Slots>);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(slots) = self.0.upgrade() {
+            slots.renewing.store(false, Ordering::Release);
+        }
     }
 }
 

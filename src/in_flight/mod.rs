@@ -40,6 +40,10 @@
 //! key after that finds them expired, and no sweeper is needed. The set itself expires
 //! with its longest lease.
 //!
+//! Giving a slot back and renewing run as tasks on the tokio runtime the request ran
+//! on; without one (a slot dropped outside any runtime), the slot's lease runs out on
+//! its own.
+//!
 //! Choose a lease well above a renewal's round trip and your longest pause (a lease of
 //! 10 s renews every 3.3 s), and short enough that a dead instance's slots come back
 //! soon enough.
