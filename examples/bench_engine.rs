@@ -1,9 +1,9 @@
 //! Redis CPU per decision: the microseconds Redis spends in one engine call
 //! (`INFO commandstats` `usec_per_call` of `EVALSHA` and `FCALL`, after `CONFIG
 //! RESETSTAT`), for each algorithm (a calendar window too), a set, a coalesced batch, a
-//! lease, a lockout and a request settled after its response (its check and its
-//! settlement), next to two peer scripts written for this benchmark from their
-//! published algorithms: GCRA
+//! lease, a lockout, an in-flight slot (acquire and release, and with renewals while
+//! held) and a request settled after its response (its check and its settlement), next
+//! to two peer scripts written for this benchmark from their published algorithms: GCRA
 //! as go-redis/redis_rate does it (`GET`, arithmetic on the arrival time, `SET ... EX`)
 //! and a fixed window as go-zero's `PeriodLimit` does it (`INCRBY`, then `EXPIRE` on the
 //! first unit). Run by `scripts/bench-engine`, which starts the `redis-server`.
@@ -26,6 +26,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tower_redis_ratelimit::deadpool_redis::redis;
+use tower_redis_ratelimit::in_flight::{InFlightConfig, InFlightLimiter};
 use tower_redis_ratelimit::period::{Calendar, PeriodConfig, PeriodLimiter};
 use tower_redis_ratelimit::rolling::{RollingConfig, RollingWindowLimiter};
 use tower_redis_ratelimit::set::{LimitSet, SetLimiter};
@@ -92,6 +93,9 @@ type Run = Arc<dyn Fn(String) -> Pin<Box<dyn Future<Output = u64> + Send>> + Sen
 struct Row {
     name: String,
     run: Run,
+    /// Whether the row's calls finish in the background (an in-flight slot's release):
+    /// the stats are read once they are done.
+    background: bool,
 }
 
 fn limiter_row<L: Limiter + 'static>(name: &str, limiter: L) -> Row {
@@ -110,6 +114,30 @@ fn limiter_row<L: Limiter + 'static>(name: &str, limiter: L) -> Row {
                 1
             })
         }),
+        background: false,
+    }
+}
+
+/// An in-flight slot per key: taken (one call), held `hold`, then given back (one call,
+/// in the background), with the renewals of a lease of `lease` meanwhile.
+fn in_flight_row(backend: &Backend, name: &str, hold: Duration, lease: Duration) -> Row {
+    let config = InFlightConfig::new(HUGE).lease(lease);
+    let limiter = InFlightLimiter::new(backend, name.split(' ').next().unwrap(), config).unwrap();
+    Row {
+        name: name.to_owned(),
+        run: Arc::new(move |key| {
+            let limiter = limiter.clone();
+            Box::pin(async move {
+                let slot = limiter.acquire(key.as_bytes()).await.expect("a slot");
+                assert_eq!(slot.decision().source, Source::Redis);
+                if !hold.is_zero() {
+                    tokio::time::sleep(hold).await;
+                }
+                drop(slot);
+                1
+            })
+        }),
+        background: true,
     }
 }
 
@@ -133,6 +161,8 @@ fn settle_row<L: Limiter + 'static>(name: &str, limiter: L, estimate: u32, delta
                 1
             })
         }),
+        // The settlement is awaited here (a layer sends it in the background).
+        background: false,
     }
 }
 
@@ -155,6 +185,7 @@ fn batch_row<L: Limiter + 'static>(name: &str, limiter: L, batch: usize) -> Row 
                 batch as u64
             })
         }),
+        background: false,
     }
 }
 
@@ -184,6 +215,7 @@ fn script_row(
                 1
             })
         }),
+        background: false,
     }
 }
 
@@ -341,6 +373,18 @@ fn crate_rows(backend: &Backend, path: &str) -> Vec<Row> {
             TokenBucketLimiter::new(backend, "tbs", tb.lease(50, Duration::from_millis(1)))
                 .unwrap(),
         ),
+        in_flight_row(
+            backend,
+            &p("inflight slot: acquire + release"),
+            Duration::ZERO,
+            Duration::from_secs(10),
+        ),
+        in_flight_row(
+            backend,
+            &p("inflightrenew slot held 20 ms, lease 30 ms (renewed every 10 ms)"),
+            Duration::from_millis(20),
+            Duration::from_millis(30),
+        ),
     ]
 }
 
@@ -405,6 +449,10 @@ async fn main() {
                 cpu -= server_cpu_us(conn).await;
             }
             let decisions = pass(row, &prefix).await;
+            if row.background {
+                // The last releases (and renewals) are sent in the background.
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
             let (mut calls, mut usec) = (0, 0);
             let mut shares = Vec::new();
             for conn in &mut nodes {

@@ -16,16 +16,25 @@
 //! | `GET /search` | a burst of 3 (one more per second) and a daily quota of 100, stacked | user |
 //! | `POST /payments` | 20/min | `x-merchant-id` header |
 //! | `GET /reports` | 2 per second and 10 per day, one atomic pair: a request either counts against both or against neither (one script call on Redis) | `x-merchant-id` header |
-//! | all of the above but `/reports` | 30/min in shadow mode: logged and counted, never enforced | user |
+//! | `GET /export?ms=N` | at most 2 in flight at once, across every instance on `REDIS_URL`: the export streams rows for N ms (default 1000), and holds its slot until the last row is sent | `x-merchant-id` header |
+//! | all of the above but `/reports` and `/export` | 30/min in shadow mode: logged and counted, never enforced | user |
+//!
+//! An export's slot is a lease of `EXPORT_LEASE_MS` (default 10 000) on Redis, renewed
+//! while the export runs: an instance that dies mid-export gives its slots back within
+//! one lease.
 //!
 //! Try `curl -i -H 'authorization: Bearer free-token' http://127.0.0.1:3001/profile`.
 //! `PORT` overrides the port (3001).
 
 use std::fmt;
+use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
-use axum::extract::Request;
+use axum::body::Bytes;
+use axum::extract::{Query, Request};
 use axum::http::StatusCode;
 use axum::middleware::{self, Next};
 use axum::response::Response;
@@ -36,8 +45,8 @@ use tower_redis_ratelimit::key::{ExtensionKey, HeaderKey};
 use tower_redis_ratelimit::period::{PeriodConfig, UtcOffset};
 use tower_redis_ratelimit::token_bucket::TokenBucketConfig;
 use tower_redis_ratelimit::{
-    Backend, ConfigError, Decision, ExtensionPlan, LayerBuilder, LimitSetLayer, PeriodLimitLayer,
-    Plans, TokenBucketLayer,
+    Backend, ConfigError, Decision, ExtensionPlan, InFlightLimitLayer, LayerBuilder, LimitSetLayer,
+    PeriodLimitLayer, Plans, TokenBucketLayer,
 };
 
 /// The authenticated user, put into the request extensions by [`authenticate`].
@@ -76,12 +85,36 @@ pub async fn authenticate(mut req: Request, next: Next) -> Result<Response, Stat
     Ok(next.run(req).await)
 }
 
-/// The whole application, limited on `backend`.
+/// The lease of an export's slot: `EXPORT_LEASE_MS` milliseconds, 10 000 by default (or
+/// when it is not a number).
+pub fn export_lease() -> Duration {
+    let ms = std::env::var("EXPORT_LEASE_MS")
+        .ok()
+        .and_then(|ms| ms.parse().ok())
+        .unwrap_or(10_000);
+    Duration::from_millis(ms)
+}
+
+/// The whole application, limited on `backend`, with an export's lease from
+/// [`export_lease`].
 ///
 /// # Errors
 ///
 /// A [`ConfigError`] if a limit is misconfigured.
 pub fn app(backend: &Backend) -> Result<Router, ConfigError> {
+    app_with_export_lease(backend, export_lease())
+}
+
+/// The whole application, limited on `backend`, an export's slot a lease of
+/// `export_lease`.
+///
+/// # Errors
+///
+/// A [`ConfigError`] if a limit is misconfigured (a zero lease).
+pub fn app_with_export_lease(
+    backend: &Backend,
+    export_lease: Duration,
+) -> Result<Router, ConfigError> {
     let minute = Duration::from_secs(60);
     let user = || ExtensionKey::<UserId>::new();
 
@@ -150,10 +183,72 @@ pub fn app(backend: &Backend) -> Result<Router, ConfigError> {
         )
         .route("/payments", post(report).layer(per_merchant))
         .layer(trial);
-    let per_merchant_pair = Router::new().route("/reports", get(merchant_report).layer(reports));
+    // At most 2 exports of one merchant at once, across every instance: a slot is held
+    // until the export's last row is sent, renewed while it runs.
+    let exports = InFlightLimitLayer::builder(backend)
+        .name("export")
+        .slots(2)
+        .lease(export_lease)
+        .key(HeaderKey::from_static("x-merchant-id"))
+        .build()?;
+
+    let per_merchant_pair = Router::new()
+        .route("/reports", get(merchant_report).layer(reports))
+        .route("/export", get(export).layer(exports));
     Ok(per_user
         .merge(per_merchant_pair)
         .layer(middleware::from_fn(authenticate)))
+}
+
+/// The query of `GET /export`.
+#[derive(Debug, serde::Deserialize)]
+pub struct ExportQuery {
+    /// How long the export runs, in milliseconds (default 1000).
+    pub ms: Option<u64>,
+}
+
+/// An export that works for `ms` milliseconds, streaming a row every 100 ms.
+async fn export(Query(query): Query<ExportQuery>) -> axum::body::Body {
+    let ms = query.ms.unwrap_or(1_000);
+    axum::body::Body::new(Rows {
+        next: 0,
+        until: tokio::time::Instant::now() + Duration::from_millis(ms),
+        sleep: Box::pin(tokio::time::sleep(Duration::ZERO)),
+    })
+}
+
+/// The rows of an export: `row <n>` every 100 ms until `until`, then `done`.
+struct Rows {
+    next: u64,
+    until: tokio::time::Instant,
+    sleep: Pin<Box<tokio::time::Sleep>>,
+}
+
+impl http_body::Body for Rows {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+        if self.next == u64::MAX {
+            return Poll::Ready(None);
+        }
+        std::task::ready!(self.sleep.as_mut().poll(cx));
+        let now = tokio::time::Instant::now();
+        let row = if now >= self.until {
+            self.next = u64::MAX;
+            "done\n".to_owned()
+        } else {
+            let row = format!("row {}\n", self.next);
+            self.next += 1;
+            let next = (now + Duration::from_millis(100)).min(self.until);
+            self.sleep.as_mut().reset(next);
+            row
+        };
+        Poll::Ready(Some(Ok(http_body::Frame::data(Bytes::from(row)))))
+    }
 }
 
 /// Tells the merchant where it stands against the tighter of its two limits.
@@ -204,7 +299,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let addr = listener.local_addr()?;
     println!(
         "serving on http://{addr}\n\
-         try: for i in $(seq 12); do curl -s -H 'authorization: Bearer free-token' http://{addr}/profile; done"
+         try: for i in $(seq 12); do curl -s -H 'authorization: Bearer free-token' http://{addr}/profile; done\n\
+         and: for i in 1 2 3; do curl -s -H 'authorization: Bearer free-token' -H 'x-merchant-id: m1' 'http://{addr}/export?ms=3000' & done; wait"
     );
     axum::serve(listener, app(&backend)?).await?;
     Ok(())

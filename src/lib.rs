@@ -12,6 +12,7 @@
 //! | [`PeriodLimitLayer`] | `quota` per fixed `period`, optionally aligned to a UTC offset, or per local day, week or month of an IANA zone ([`Calendar`](period::Calendar)) | daily quotas, "5 SMS codes per phone per day in the customer's zone", "10 000 per month" |
 //! | [`TokenBucketLayer`] | `rate` per `period` with bursts up to `burst`, weighted costs | API rate limits that tolerate short bursts |
 //! | [`RollingWindowLayer`] | at most `limit` within any window of `buckets` x `interval` | limits with no 2x burst at window edges |
+//! | [`InFlightLimitLayer`] | at most `slots` requests of one key in flight at once, held until the response body ends | exports, streams, expensive queries: "2 exports per merchant at a time" ([`in_flight`]) |
 //!
 //! Every layer is built on a [`Backend`]: [`Backend::in_process`] keeps limits in this
 //! process; [`Backend::redis`] keeps them in Redis (through a [`deadpool_redis`] pool,
@@ -82,6 +83,7 @@ mod decision;
 pub mod dynamic;
 mod error;
 pub mod guide;
+pub mod in_flight;
 pub mod key;
 mod layers;
 mod limiter;
@@ -106,6 +108,7 @@ pub use crate::backend::{Backend, BackendBuilder, FailurePolicy};
 pub use crate::cost::{Cost, FixedCost, HeaderCost, UnitCost};
 pub use crate::decision::{Decision, Decisions, Policy, Source, State};
 pub use crate::error::ConfigError;
+pub use crate::in_flight::InFlightLimitLayer;
 pub use crate::layers::{LimitSetLayer, PeriodLimitLayer, RollingWindowLayer, TokenBucketLayer};
 pub use crate::limiter::{Check, Limiter};
 #[cfg(feature = "grpc")]

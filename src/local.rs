@@ -282,6 +282,9 @@ impl Lifecycle<Key, Slot> for Evictions {
     }
 }
 
+/// State of any type kept by [`LocalStore::shared`].
+type SharedState = Arc<dyn std::any::Any + Send + Sync>;
+
 /// The bounded in-process state of one backend.
 pub(crate) struct LocalStore {
     cache: Cache<Key, Slot, Weigh, KeyBits, Evictions>,
@@ -290,6 +293,9 @@ pub(crate) struct LocalStore {
     evictions: Evictions,
     /// Flags shared by the limiters of one name (whether a key was ever blocked), by id.
     flags: std::sync::Mutex<std::collections::HashMap<u64, Arc<std::sync::atomic::AtomicBool>>>,
+    /// State shared by the limiters of one name that lives outside the bounded cache (the
+    /// [in-flight](crate::in_flight) counts, which must never be evicted), by id.
+    shared: std::sync::Mutex<std::collections::HashMap<u64, SharedState>>,
     max_keys: u64,
     /// The bound of one shard: no single key may weigh more.
     shard_capacity: u64,
@@ -340,6 +346,7 @@ impl LocalStore {
             },
             evictions,
             flags: std::sync::Mutex::default(),
+            shared: std::sync::Mutex::default(),
             max_keys,
             shard_capacity,
         }
@@ -353,6 +360,27 @@ impl LocalStore {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         Arc::clone(flags.entry(id).or_default())
+    }
+
+    /// The state of type `T` of `id`, shared by every caller asking for the same id and
+    /// type (taken when a limiter is built, never on a check).
+    pub(crate) fn shared<T: Default + Send + Sync + 'static>(&self, id: u64) -> Arc<T> {
+        let mut shared = self
+            .shared
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let state = shared
+            .entry(id)
+            .or_insert_with(|| Arc::new(T::default()) as SharedState);
+        match Arc::clone(state).downcast::<T>() {
+            Ok(state) => state,
+            // Another type under the same id: never with ids from `Layout::local_id`.
+            Err(_) => {
+                let state = Arc::new(T::default());
+                shared.insert(id, Arc::clone(&state) as SharedState);
+                state
+            }
+        }
     }
 
     /// Whether a key of `weight` fits in the store at all.

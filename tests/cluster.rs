@@ -171,3 +171,47 @@ async fn a_set_of_limits_decides_in_one_slot() {
         assert_eq!(admitted(&limiter, &key, 4).await, 2, "key {key:?}");
     }
 }
+
+/// In-flight slots on a cluster: each key's set in its own slot, taken, renewed past
+/// their lease and given back, through `FCALL` routed by the key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_flight_slots_on_keys_over_all_slots() {
+    use tower_redis_ratelimit::in_flight::{InFlightConfig, InFlightLimiter};
+
+    let cluster = RedisCluster::start(3);
+    let pool = cluster::Config::from_urls(cluster.urls())
+        .create_pool(Some(Runtime::Tokio1))
+        .unwrap();
+    let backend = Backend::builder()
+        .redis_cluster(pool)
+        .call_timeout(Duration::from_millis(500))
+        .build()
+        .unwrap();
+    backend.probe_redis().await.unwrap();
+    let lease = Duration::from_millis(600);
+    let limiter =
+        InFlightLimiter::new(&backend, "jobs", InFlightConfig::new(2).lease(lease)).unwrap();
+    let mut held = Vec::new();
+    for key in keys() {
+        for _ in 0..2 {
+            let slot = limiter.acquire(key.as_bytes()).await.unwrap();
+            assert_eq!(slot.decision().source, Source::Redis, "key {key:?}");
+            held.push(slot);
+        }
+        let refused = limiter.acquire(key.as_bytes()).await.unwrap_err();
+        assert_eq!(refused.source, Source::Redis, "key {key:?}");
+    }
+    // Past two leases, the renewal (one call per key, to the key's master) kept them.
+    tokio::time::sleep(lease * 2).await;
+    for key in keys() {
+        assert_eq!(limiter.in_flight(key.as_bytes()).await, 2, "key {key:?}");
+    }
+    drop(held);
+    for key in keys() {
+        let start = std::time::Instant::now();
+        while limiter.in_flight(key.as_bytes()).await != 0 {
+            assert!(start.elapsed() < Duration::from_secs(5), "key {key:?}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}

@@ -112,6 +112,110 @@ async fn per_user_and_per_plan_limits_on_redis() {
     );
 }
 
+/// `GET /export?ms=N` of the `tenants` example, for merchant `m` through `app`: the
+/// response as soon as it starts (its body still streaming).
+async fn start_export(app: &Router, ms: Option<u64>, m: &str) -> Response<axum::body::Body> {
+    let path = ms.map_or("/export".to_owned(), |ms| format!("/export?ms={ms}"));
+    let req = Request::get(path)
+        .header(FREE.0, FREE.1)
+        .header("x-merchant-id", m)
+        .body(Body::empty())
+        .unwrap();
+    app.clone().oneshot(req).await.unwrap()
+}
+
+/// At most 2 exports of one merchant in flight across `apps` (instances sharing a
+/// backend or a Redis): a slot is held until the export's last row is sent.
+async fn exports_in_flight(apps: [Router; 2]) {
+    let started = Instant::now();
+    let first = start_export(&apps[0], Some(800), "m-1").await;
+    let second = start_export(&apps[1], Some(800), "m-1").await;
+    assert_eq!(first.status(), StatusCode::OK);
+    assert_eq!(second.status(), StatusCode::OK);
+    for app in &apps {
+        let (response, _) = support::http::read(start_export(app, Some(0), "m-1").await).await;
+        assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(value(response.headers(), &header::RETRY_AFTER), "1");
+    }
+    // Another merchant has slots of its own.
+    let (response, body) = support::http::read(start_export(&apps[0], Some(0), "m-2").await).await;
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(body, "done\n");
+    // Past a lease of the Redis test (300 ms), the exports still hold their slots.
+    tokio::time::sleep(Duration::from_millis(450)).await;
+    let (response, _) = support::http::read(start_export(&apps[1], Some(0), "m-1").await).await;
+    assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+    // The exports stream their rows for their whole time.
+    let (_, rows) = support::http::read(first).await;
+    assert!(
+        rows.starts_with("row 0\nrow 1\n") && rows.ends_with("done\n"),
+        "{rows}"
+    );
+    let (_, _) = support::http::read(second).await;
+    assert!(started.elapsed() >= Duration::from_millis(800));
+    // Both slots come back once the bodies end.
+    let start = Instant::now();
+    loop {
+        let (response, _) = support::http::read(start_export(&apps[1], Some(0), "m-1").await).await;
+        if response.status() == StatusCode::OK {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "the slots never came back"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test]
+async fn exports_are_limited_in_flight_in_process() {
+    let backend = Backend::in_process();
+    let lease = Duration::from_secs(10);
+    let apps = [
+        tenants::app_with_export_lease(&backend, lease).unwrap(),
+        tenants::app_with_export_lease(&backend, lease).unwrap(),
+    ];
+    exports_in_flight(apps).await;
+    // Without `ms`, an export works for one second.
+    let started = Instant::now();
+    let (response, body) =
+        support::http::read(start_export(&tenants::app(&backend).unwrap(), None, "m-3").await)
+            .await;
+    assert_eq!(response.status(), StatusCode::OK);
+    assert!(
+        started.elapsed() >= Duration::from_millis(1_000),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(
+        body.contains("row 9\n") && body.ends_with("done\n"),
+        "{body}"
+    );
+    assert!(tenants::app_with_export_lease(&backend, Duration::ZERO).is_err());
+}
+
+/// Two instances on one Redis, each with its own connection, and a lease (300 ms)
+/// shorter than the exports (800 ms): the renewal keeps their slots.
+#[tokio::test]
+async fn exports_are_limited_in_flight_across_instances_on_redis() {
+    let redis = RedisServer::start();
+    let lease = Duration::from_millis(300);
+    let mut apps = Vec::new();
+    for _ in 0..2 {
+        let backend = Backend::builder()
+            .redis_url(redis.url())
+            .prefix("tenants")
+            .call_timeout(Duration::from_millis(500))
+            .build()
+            .unwrap();
+        // Connected first: no export may fall back for want of a connection.
+        backend.probe_redis().await.unwrap();
+        apps.push(tenants::app_with_export_lease(&backend, lease).unwrap());
+    }
+    exports_in_flight(apps.try_into().unwrap()).await;
+}
+
 #[tokio::test]
 async fn per_merchant_limits_key_on_the_merchant_header() {
     let app = tenants::app(&Backend::in_process()).unwrap();
@@ -610,5 +714,35 @@ mod metrics_recorded {
             ),
             1
         );
+    }
+
+    /// The in-flight layer of `GET /export` counts its requests as every layer does.
+    #[tokio::test]
+    async fn in_flight_requests_are_counted() {
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        let _guard = metrics::set_default_local_recorder(&recorder);
+
+        let app = tenants::app(&Backend::in_process()).unwrap();
+        let first = start_export(&app, Some(10_000), "m").await;
+        let second = start_export(&app, Some(10_000), "m").await;
+        let refused = start_export(&app, Some(0), "m").await;
+        assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+        let (response, _) = send(&app, Method::GET, "/export", &[FREE]).await;
+        assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+        drop((first, second));
+
+        let c = counters(&snapshotter);
+        let requests = |outcome: &str| {
+            get(
+                &c,
+                &format!("{REQUESTS_TOTAL}{{outcome={outcome},policy=export}}"),
+            )
+        };
+        assert_eq!(requests("admitted"), 2);
+        assert_eq!(requests("rejected"), 1);
+        assert_eq!(requests("missing_key"), 1);
+        // The second took the last slot.
+        assert_eq!(get(&c, &format!("{NEAR_LIMIT_TOTAL}{{policy=export}}")), 1);
     }
 }

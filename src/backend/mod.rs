@@ -13,7 +13,8 @@
 //! # Redis keys
 //!
 //! Each limited key of each limiter is one Redis key (a string for the fixed window and
-//! the token bucket, a hash for the rolling window), laid out as (layout version 1):
+//! the token bucket, a hash for the rolling window, a sorted set of leases for an
+//! [in-flight](crate::in_flight) limit), laid out as (layout version 1):
 //!
 //! ```text
 //! <prefix>:{v1:<escaped key>}:<algorithm>:<name>
@@ -25,7 +26,7 @@
 //! - `<escaped key>` is the key's bytes (as the [key extractor](crate::key) made them,
 //!   tag included) with `%` written `%25`, `{` written `%7B` and `}` written `%7D`, every
 //!   other byte (`:`, bytes that are not UTF-8, ...) kept as it is;
-//! - `<algorithm>` is `period`, `token` or `rolling`, and `<name>` the limiter's
+//! - `<algorithm>` is `period`, `token`, `rolling` or `inflight`, and `<name>` the limiter's
 //!   [name](crate::LayerBuilder::name).
 //!
 //! For example, the `sms` fixed-window limit of the client with API key `k1` is

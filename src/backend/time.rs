@@ -122,7 +122,7 @@ impl Backend {
     }
 
     /// The time sent to the scripts with [`TimeSource::Caller`]: Unix microseconds.
-    pub(super) fn caller_now_us(&self) -> u64 {
+    pub(crate) fn caller_now_us(&self) -> u64 {
         let now_us = self.clock().now_us();
         now_us.saturating_add_signed(self.inner.caller_offset_us)
     }
@@ -199,6 +199,38 @@ impl Scripts {
         Self {
             server: Script::new(&source(TimeSource::Server, lean, general)),
             caller: Script::new(&source(TimeSource::Caller, lean, general)),
+            library: Library {
+                text,
+                server,
+                caller,
+            },
+        }
+    }
+
+    /// Both versions of a script of its own, apart from the engine, whose `body` defines
+    /// `engine(KEYS, ARGV)` (the [in-flight](crate::in_flight) slots): the same two
+    /// paths as the engine's, a library of Redis Functions loaded on first use, or the
+    /// script by `EVALSHA`.
+    pub(crate) fn standalone(body: &str) -> Self {
+        let hash = Script::new(body).get_hash().to_owned();
+        let tag = &hash[..16];
+        let server = format!("tower_redis_ratelimit_{tag}_server");
+        let caller = format!("tower_redis_ratelimit_{tag}_caller");
+        let mut text = format!("#!lua name=tower_redis_ratelimit_{tag}\n");
+        for (time, name) in [(TimeSource::Server, &server), (TimeSource::Caller, &caller)] {
+            text.push_str("do\n");
+            text.push_str(prelude(time));
+            text.push_str(body);
+            text.push_str(&format!(
+                "redis.register_function('{name}', function(KEYS, ARGV)\n\
+                 return engine(KEYS, ARGV)\nend)\nend\n"
+            ));
+        }
+        let script =
+            |time| Script::new(&[prelude(time), body, "return engine(KEYS, ARGV)\n"].concat());
+        Self {
+            server: script(TimeSource::Server),
+            caller: script(TimeSource::Caller),
             library: Library {
                 text,
                 server,

@@ -427,3 +427,45 @@ fn check_key_fits<K: 'static>(key: &K, max_key_len: usize) -> Result<(), ConfigE
     }
     Ok(())
 }
+
+/// A builder's shared settings, checked, for a layer that is not a [`LimitLayer`] (the
+/// [in-flight](crate::in_flight) layer, whose slots outlive the check).
+pub(crate) struct Checked<A, K, R> {
+    pub(crate) backend: Backend,
+    pub(crate) algorithm: A,
+    pub(crate) name: String,
+    pub(crate) key: K,
+    pub(crate) rejection: R,
+    pub(crate) options: Options,
+}
+
+impl<A, K: 'static, C, R> LayerBuilder<A, K, C, R> {
+    /// Checks the settings every layer shares (name, failure settings, key length, the
+    /// missing-key fallback), as [`build`](Self::build) does.
+    pub(crate) fn checked(self) -> Result<Checked<A, K, R>, ConfigError> {
+        let name = self.name.ok_or(ConfigError::Missing { setting: "name" })?;
+        self.backend.failover().validate()?;
+        validate_name("name", &name)?;
+        if self.options.max_key_len == 0 {
+            return Err(ConfigError::Zero {
+                setting: "max_key_len",
+            });
+        }
+        if let MissingKey::Key(key) = &self.options.missing_key {
+            if key.len() > self.options.max_key_len {
+                return Err(ConfigError::Conflict {
+                    reason: "the missing-key fallback key is longer than `max_key_len`",
+                });
+            }
+        }
+        check_key_fits(&self.key, self.options.max_key_len)?;
+        Ok(Checked {
+            backend: self.backend,
+            algorithm: self.algorithm,
+            name,
+            key: self.key,
+            rejection: self.rejection,
+            options: self.options,
+        })
+    }
+}

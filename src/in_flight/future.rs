@@ -1,0 +1,237 @@
+//! The response future of [`InFlightService`](super::InFlightService), and the body
+//! that holds the request's slot until it ends.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body::{Body, Frame, SizeHint};
+use pin_project_lite::pin_project;
+use tower_service::Service;
+
+use super::host::Acquire;
+use super::service::{decide_on, Decide};
+use super::Slot;
+
+/// What a response holds until its body ends: a slot, or the sender whose drop tells a
+/// shadow slot's task to give it back. Held only to be dropped.
+#[allow(dead_code)]
+pub(super) enum Guard {
+    Slot(Slot),
+    Shadow(tokio::sync::oneshot::Sender<()>),
+}
+
+pin_project! {
+    /// The response future of [`InFlightService`](super::InFlightService): waits for the slot when it needs a
+    /// round trip, then runs the inner service (the slot goes with its body) or yields
+    /// the rejection.
+    pub struct InFlightFuture<S, B>
+    where
+        S: Service<Request<B>>,
+    {
+        #[pin]
+        state: FutureState<S, B>,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum FutureState<S, B>
+    where
+        S: Service<Request<B>>,
+    {
+        Acquire {
+            acquire: Acquire,
+            request: Option<Request<B>>,
+            service: Option<S>,
+            decide: Arc<dyn Decide>,
+        },
+        Inner {
+            #[pin]
+            future: S::Future,
+            guard: Option<Guard>,
+        },
+        Done {
+            response: Option<Response<Bytes>>,
+        },
+    }
+}
+
+impl<S: Service<Request<B>>, B> InFlightFuture<S, B> {
+    /// Waits for `acquire`, then acts on it with `decide`: `request` to `service`, or
+    /// the rejection.
+    pub(super) fn acquire(
+        acquire: Acquire,
+        request: Request<B>,
+        service: S,
+        decide: Arc<dyn Decide>,
+    ) -> Self {
+        Self {
+            state: FutureState::Acquire {
+                acquire,
+                request: Some(request),
+                service: Some(service),
+                decide,
+            },
+        }
+    }
+
+    pub(super) fn inner(future: S::Future, guard: Option<Guard>) -> Self {
+        Self {
+            state: FutureState::Inner { future, guard },
+        }
+    }
+
+    pub(super) fn done(response: Response<Bytes>) -> Self {
+        Self {
+            state: FutureState::Done {
+                response: Some(response),
+            },
+        }
+    }
+}
+
+impl<S, B, ResBody> Future for InFlightFuture<S, B>
+where
+    S: Service<Request<B>, Response = Response<ResBody>>,
+{
+    type Output = Result<Response<InFlightBody<ResBody>>, S::Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        loop {
+            match this.state.as_mut().project() {
+                StateProj::Acquire {
+                    acquire,
+                    request,
+                    service,
+                    decide,
+                } => {
+                    let acquired = ready!(Pin::new(acquire).poll(cx));
+                    let request = request.take().expect("polled after completion");
+                    let (request, decided) = decide_on(&**decide, request, acquired);
+                    match decided {
+                        Ok(slot) => {
+                            let mut service = service.take().expect("polled after completion");
+                            let future = service.call(request);
+                            this.state.set(FutureState::Inner {
+                                future,
+                                guard: slot.map(Guard::Slot),
+                            });
+                        }
+                        Err(response) => this.state.set(FutureState::Done {
+                            response: Some(response),
+                        }),
+                    }
+                }
+                StateProj::Inner { future, guard } => {
+                    // An error drops the guard with the future: the slot is given back.
+                    let response = ready!(future.poll(cx))?;
+                    let guard = guard.take();
+                    return Poll::Ready(Ok(response.map(|body| InFlightBody {
+                        kind: Kind::Inner { body, guard },
+                    })));
+                }
+                StateProj::Done { response } => {
+                    let response = response.take().expect("polled after completion");
+                    return Poll::Ready(Ok(response.map(|data| InFlightBody {
+                        kind: Kind::Rejection {
+                            data: (!data.is_empty()).then_some(data),
+                        },
+                    })));
+                }
+            }
+        }
+    }
+}
+
+impl<S: Service<Request<B>>, B> fmt::Debug for InFlightFuture<S, B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = match &self.state {
+            FutureState::Acquire { .. } => "acquire",
+            FutureState::Inner { .. } => "inner",
+            FutureState::Done { .. } => "done",
+        };
+        f.debug_struct("InFlightFuture")
+            .field("state", &state)
+            .finish_non_exhaustive()
+    }
+}
+
+pin_project! {
+    /// The body of a response from [`InFlightService`](super::InFlightService): the inner body, holding the
+    /// request's slot until it ends, fails or is dropped; or a rejection's body.
+    pub struct InFlightBody<B> {
+        #[pin]
+        kind: Kind<B>,
+    }
+}
+
+pin_project! {
+    #[project = KindProj]
+    enum Kind<B> {
+        Inner {
+            #[pin]
+            body: B,
+            guard: Option<Guard>,
+        },
+        Rejection {
+            data: Option<Bytes>,
+        },
+    }
+}
+
+impl<B> fmt::Debug for InFlightBody<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let holds = matches!(&self.kind, Kind::Inner { guard: Some(_), .. });
+        f.debug_struct("InFlightBody")
+            .field("holds_slot", &holds)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<B> Body for InFlightBody<B>
+where
+    B: Body<Data = Bytes>,
+{
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+        match self.project().kind.project() {
+            KindProj::Inner { mut body, guard } => {
+                let frame = ready!(body.as_mut().poll_frame(cx));
+                // The end, or an error: the slot goes back now, not when the server
+                // drops the body.
+                if !matches!(frame, Some(Ok(_))) || body.is_end_stream() {
+                    guard.take();
+                }
+                Poll::Ready(frame)
+            }
+            KindProj::Rejection { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match &self.kind {
+            Kind::Inner { body, .. } => body.is_end_stream(),
+            Kind::Rejection { data } => data.is_none(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.kind {
+            Kind::Inner { body, .. } => body.size_hint(),
+            Kind::Rejection { data } => {
+                SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
+            }
+        }
+    }
+}

@@ -1,0 +1,55 @@
+-- In-flight slots: one sorted set per limited key, whose members are the slots held
+-- (16-byte ids: the holding instance, then a counter) and whose scores are the slots'
+-- lease expiries in milliseconds of the script's clock (`unix_us`). A slot not renewed
+-- before its expiry is gone at the next call on its key: no sweeper.
+--
+-- KEYS[1] = the key's set.
+-- ARGV[1] = the operation: 'a' acquire, 'r' release, 'n' renew, 'p' peek;
+-- ARGV[2] = the slots of the limit; ARGV[3] = the lease in milliseconds;
+-- ARGV[4..] = slot ids (acquire, release: one; renew: every slot this instance holds on
+-- the key); then, with the caller's clock, its time.
+-- Reply: {admitted (1) or refused (0), slots held after the call}.
+local function engine(KEYS, ARGV)
+  local key = KEYS[1]
+  local op = ARGV[1]
+  local slots = tonumber(ARGV[2])
+  local lease = tonumber(ARGV[3])
+  local now = math.floor(unix_us(ARGV) / 1000)
+  local last = #ARGV
+  if caller_time then
+    last = last - 1
+  end
+  -- Leases that ran out: their holders died (or lost Redis for a whole lease).
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
+  if op == 'a' then
+    local held = redis.call('ZCARD', key)
+    if held >= slots then
+      return {0, held}
+    end
+    redis.call('ZADD', key, now + lease, ARGV[4])
+    -- The set lives as long as its longest lease.
+    if redis.call('PTTL', key) < lease then
+      redis.call('PEXPIRE', key, lease)
+    end
+    return {1, held + 1}
+  elseif op == 'r' then
+    redis.call('ZREM', key, ARGV[4])
+    return {1, redis.call('ZCARD', key)}
+  elseif op == 'n' then
+    -- Only slots still held are renewed (XX): a lease that ran out stays given back.
+    local members = {}
+    for i = 4, last do
+      members[#members + 1] = now + lease
+      members[#members + 1] = ARGV[i]
+    end
+    if #members > 0 then
+      redis.call('ZADD', key, 'XX', unpack(members))
+    end
+    local held = redis.call('ZCARD', key)
+    if held > 0 and redis.call('PTTL', key) < lease then
+      redis.call('PEXPIRE', key, lease)
+    end
+    return {1, held}
+  end
+  return {1, redis.call('ZCARD', key)}
+end

@@ -1,0 +1,199 @@
+//! [`InFlightLimitLayer`] and its builder: the slots, the lease and the settings every
+//! layer has, checked when the layer is built.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tower_layer::Layer;
+
+use super::service::InFlightService;
+use super::{InFlightConfig, InFlightLimiter};
+use crate::backend::{Backend, FailurePolicy};
+use crate::error::ConfigError;
+use crate::key::GlobalKey;
+use crate::metrics::LayerMetrics;
+use crate::response::{DefaultRejection, OnRejection};
+use crate::service::{LayerBuilder, MissingKey, MissingKeyWarning};
+
+/// A layer that allows at most N requests of one key in flight at once, across every
+/// instance sharing the backend's Redis; see the [`in_flight`](super) module.
+pub struct InFlightLimitLayer<K = GlobalKey, R = DefaultRejection> {
+    shared: Arc<Shared<K, R>>,
+}
+
+/// Everything the services of one layer share.
+pub(super) struct Shared<K, R> {
+    pub(super) limiter: InFlightLimiter,
+    pub(super) key: K,
+    pub(super) rejection: R,
+    pub(super) options: crate::service::Options,
+    pub(super) metrics: LayerMetrics,
+    pub(super) missing_warning: MissingKeyWarning,
+}
+
+impl InFlightLimitLayer {
+    /// Starts building an in-flight layer on `backend`.
+    pub fn builder(backend: &Backend) -> InFlightLayerBuilder {
+        InFlightLayerBuilder {
+            inner: LayerBuilder::new(backend, InFlightConfig::default()),
+        }
+    }
+}
+
+impl<K, R> InFlightLimitLayer<K, R> {
+    /// The limiter every service of this layer asks (a handle for
+    /// [`in_flight`](InFlightLimiter::in_flight)).
+    pub fn limiter(&self) -> &InFlightLimiter {
+        &self.shared.limiter
+    }
+}
+
+impl<K, R> Clone for InFlightLimitLayer<K, R> {
+    fn clone(&self) -> Self {
+        Self {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+impl<K, R> fmt::Debug for InFlightLimitLayer<K, R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("InFlightLimitLayer")
+            .field("limiter", &self.shared.limiter)
+            .field("shadow", &self.shared.options.shadow)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, K, R> Layer<S> for InFlightLimitLayer<K, R> {
+    type Service = InFlightService<S, K, R>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        InFlightService::new(inner, Arc::clone(&self.shared))
+    }
+}
+
+/// Builds an [`InFlightLimitLayer`]: the slots and lease, then the key, rejection and
+/// failure settings every layer has. Nothing is checked until [`build`](Self::build).
+#[must_use = "a builder does nothing until `build` is called"]
+pub struct InFlightLayerBuilder<K = GlobalKey, R = DefaultRejection> {
+    inner: LayerBuilder<InFlightConfig, K, crate::UnitCost, R>,
+}
+
+impl<K, R> fmt::Debug for InFlightLayerBuilder<K, R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("InFlightLayerBuilder")
+            .field("config", &self.inner.algorithm)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<K, R> InFlightLayerBuilder<K, R> {
+    /// At most `slots` requests of one key in flight (required, at least 1).
+    pub fn slots(mut self, slots: u64) -> Self {
+        self.inner.algorithm.slots = slots;
+        self
+    }
+
+    /// How long a slot on Redis outlives the process holding it (default 10 s); see
+    /// [`InFlightConfig::lease`].
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.inner.algorithm.lease = lease;
+        self
+    }
+
+    /// The `Retry-After` of a refusal (default 1 s); see
+    /// [`InFlightConfig::retry_after`].
+    pub fn retry_after(mut self, retry_after: Duration) -> Self {
+        self.inner.algorithm.retry_after = retry_after;
+        self
+    }
+
+    /// The limit's name (required); see [`LayerBuilder::name`].
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.inner = self.inner.name(name);
+        self
+    }
+
+    /// How requests are told apart (default: one [`GlobalKey`] for all requests).
+    pub fn key<K2>(self, key: K2) -> InFlightLayerBuilder<K2, R> {
+        InFlightLayerBuilder {
+            inner: self.inner.key(key),
+        }
+    }
+
+    /// The response for refused requests (default: [`DefaultRejection`], a plain 429).
+    /// The layer adds `Retry-After`.
+    pub fn on_rejection<R2>(self, rejection: R2) -> InFlightLayerBuilder<K, R2> {
+        InFlightLayerBuilder {
+            inner: self.inner.on_rejection(rejection),
+        }
+    }
+
+    /// Whether admitted requests carry their [`Decision`](crate::Decision) in the request extensions
+    /// (default: yes).
+    pub fn decision_extension(mut self, enabled: bool) -> Self {
+        self.inner = self.inner.decision_extension(enabled);
+        self
+    }
+
+    /// Shadow mode (default: off): take and hold slots, record refusals, refuse nothing;
+    /// see [`LayerBuilder::shadow`].
+    pub fn shadow(mut self, enabled: bool) -> Self {
+        self.inner = self.inner.shadow(enabled);
+        self
+    }
+
+    /// What to do when no key can be extracted (default: reject with 400).
+    pub fn on_missing_key(mut self, missing_key: MissingKey) -> Self {
+        self.inner = self.inner.on_missing_key(missing_key);
+        self
+    }
+
+    /// The longest key accepted, in bytes (default: 256).
+    pub fn max_key_len(mut self, max_key_len: usize) -> Self {
+        self.inner = self.inner.max_key_len(max_key_len);
+        self
+    }
+
+    /// What this layer answers while Redis is unreachable (default: the backend's).
+    pub fn on_redis_failure(mut self, policy: FailurePolicy) -> Self {
+        self.inner = self.inner.on_redis_failure(policy);
+        self
+    }
+
+    /// The fraction of the slots each instance takes in the in-process fallback while
+    /// Redis is unreachable (at least one slot); see
+    /// [`BackendBuilder::fallback_share`](crate::BackendBuilder::fallback_share).
+    pub fn fallback_share(mut self, share: f64) -> Self {
+        self.inner = self.inner.fallback_share(share);
+        self
+    }
+
+    /// Checks every setting and builds the layer.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] for a missing or invalid name, zero slots, a zero lease or
+    /// `retry_after`, a zero maximum key length, or invalid failure settings.
+    pub fn build(self) -> Result<InFlightLimitLayer<K, R>, ConfigError>
+    where
+        K: Send + Sync + 'static,
+        R: OnRejection,
+    {
+        let checked = self.inner.checked()?;
+        let limiter = InFlightLimiter::new(&checked.backend, &checked.name, checked.algorithm)?;
+        let metrics = LayerMetrics::new(std::slice::from_ref(limiter.policy()));
+        Ok(InFlightLimitLayer {
+            shared: Arc::new(Shared {
+                limiter,
+                key: checked.key,
+                rejection: checked.rejection,
+                options: checked.options,
+                metrics,
+                missing_warning: MissingKeyWarning::new(std::any::type_name::<K>()),
+            }),
+        })
+    }
+}

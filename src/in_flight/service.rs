@@ -1,0 +1,261 @@
+//! [`InFlightService`]: takes a slot of the request's key (at once in process, in the
+//! response future after a round trip), then calls the inner service with the slot
+//! going along with the response body, or answers the rejection.
+
+use std::fmt;
+use std::mem;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::{Request, Response};
+use tower_service::Service;
+
+use super::future::{Guard, InFlightBody, InFlightFuture};
+use super::host::{Acquire, Acquired};
+use super::layer::Shared;
+use super::Slot;
+use crate::decision::Decision;
+use crate::key::KeyExtractor;
+use crate::response::{missing_key, OnRejection, Rejection};
+use crate::service::MissingKey;
+
+/// Holds at most N requests of one key in flight; built by [`InFlightLimitLayer`](super::InFlightLimitLayer).
+/// Readiness is the inner service's.
+pub struct InFlightService<S, K, R> {
+    inner: S,
+    shared: Arc<Shared<K, R>>,
+}
+
+impl<S, K, R> InFlightService<S, K, R> {
+    pub(super) fn new(inner: S, shared: Arc<Shared<K, R>>) -> Self {
+        Self { inner, shared }
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// Consumes `self`, returning the inner service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<S: Clone, K, R> Clone for InFlightService<S, K, R> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+impl<S: fmt::Debug, K, R> fmt::Debug for InFlightService<S, K, R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("InFlightService")
+            .field("inner", &self.inner)
+            .field("limiter", &self.shared.limiter)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, K, R, ReqBody, ResBody> Service<Request<ReqBody>> for InFlightService<S, K, R>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
+    K: KeyExtractor<ReqBody>,
+    R: OnRejection,
+{
+    type Response = Response<InFlightBody<ResBody>>;
+    type Error = S::Error;
+    type Future = InFlightFuture<S, ReqBody>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
+        let shared = &self.shared;
+        let shadow = shared.options.shadow;
+        let mut acquire = match shared.key.extract(&req) {
+            Some(key) if key.len() <= shared.options.max_key_len => {
+                shared.limiter.acquire_raw(&key)
+            }
+            key => {
+                shared.missing_key(key.is_some());
+                match &shared.options.missing_key {
+                    MissingKey::Reject(status) if !shadow => {
+                        return InFlightFuture::done(missing_key(*status, req.headers()));
+                    }
+                    MissingKey::Reject(_) | MissingKey::Allow => {
+                        return InFlightFuture::inner(self.inner.call(req), None);
+                    }
+                    MissingKey::Key(key) => shared.limiter.acquire_raw(key.as_bytes()),
+                }
+            }
+        };
+        if shadow {
+            return InFlightFuture::inner(self.inner.call(req), shared.shadow(acquire));
+        }
+        if let Some(acquired) = acquire.take_ready() {
+            let (req, decided) = decide_on(&**shared, req, acquired);
+            return match decided {
+                Ok(slot) => InFlightFuture::inner(self.inner.call(req), slot.map(Guard::Slot)),
+                Err(response) => InFlightFuture::done(response),
+            };
+        }
+        let clone = self.inner.clone();
+        let inner = mem::replace(&mut self.inner, clone);
+        InFlightFuture::acquire(acquire, req, inner, Arc::clone(shared) as Arc<dyn Decide>)
+    }
+}
+
+impl<K: Send + Sync + 'static, R: OnRejection> Shared<K, R> {
+    /// Acts on an acquisition: the slot to hold (none when the failure policy admits
+    /// without one), with the decision in the request's extensions; or the rejection.
+    // Moved once per request; a box would cost an allocation per refusal.
+    #[allow(clippy::result_large_err)]
+    fn decide(
+        &self,
+        req: &mut http::request::Parts,
+        (decision, held): Acquired,
+    ) -> Result<Option<Slot>, Response<Bytes>> {
+        self.metrics.decision(0, &decision, false);
+        let slots = Arc::clone(self.limiter.slots());
+        if !decision.is_admitted() {
+            tracing::debug!(
+                policy = self.limiter.policy().name(),
+                retry_after = ?decision.retry_after,
+                source = ?decision.source,
+                "request refused by the in-flight limit"
+            );
+            return Err(self.reject(req, &decision));
+        }
+        if self.options.decision_extension {
+            admit(&mut req.extensions, decision.clone());
+        }
+        Ok(Slot::from_acquired(slots, (decision, held)).ok())
+    }
+
+    fn reject(&self, req: &http::request::Parts, decision: &Decision) -> Response<Bytes> {
+        let mut response = self.rejection.on_rejection(&Rejection {
+            decision,
+            policy: self.limiter.policy(),
+            method: &req.method,
+            uri: &req.uri,
+            headers: &req.headers,
+        });
+        if let Some(retry) = decision.retry_after {
+            let secs = (retry.as_secs() + u64::from(retry.subsec_nanos() > 0)).max(1);
+            response
+                .headers_mut()
+                .insert(http::header::RETRY_AFTER, http::HeaderValue::from(secs));
+        }
+        response
+    }
+
+    /// A shadow layer's slot: taken in a task of its own, held until the body ends
+    /// (the guard's sender dropped), and only recorded.
+    fn shadow(self: &Arc<Self>, mut acquire: Acquire) -> Option<Guard> {
+        let (done, ended) = tokio::sync::oneshot::channel::<()>();
+        let slots = Arc::clone(self.limiter.slots());
+        if let Some(acquired) = acquire.take_ready() {
+            self.record_shadow(&acquired.0);
+            let slot = Slot::from_acquired(slots, acquired).ok()?;
+            return Some(Guard::Slot(slot));
+        }
+        let runtime = tokio::runtime::Handle::try_current().ok()?;
+        let this = Arc::clone(self);
+        runtime.spawn(async move {
+            let acquired = acquire.await;
+            this.record_shadow(&acquired.0);
+            let slot = Slot::from_acquired(slots, acquired);
+            let _ = ended.await;
+            drop(slot);
+        });
+        Some(Guard::Shadow(done))
+    }
+
+    fn record_shadow(&self, decision: &Decision) {
+        self.metrics.decision(0, decision, true);
+        if !decision.is_admitted() {
+            tracing::info!(
+                policy = self.limiter.policy().name(),
+                source = ?decision.source,
+                "shadow mode: every in-flight slot taken, request served anyway"
+            );
+        }
+    }
+
+    fn missing_key(&self, too_long: bool) {
+        self.metrics.missing_key(0);
+        let refused = matches!(self.options.missing_key, MissingKey::Reject(_));
+        if !refused {
+            return;
+        }
+        if let Some(suppressed) = self.missing_warning.due() {
+            tracing::warn!(
+                policy = self.limiter.policy().name(),
+                extractor = self.missing_warning.extractor(),
+                too_long,
+                suppressed,
+                "no usable in-flight key: the key extractor found nothing in the request \
+                 (or a key longer than `max_key_len`)"
+            );
+        }
+    }
+}
+
+/// Puts an admitted request's decision into its extensions; stacked layers also list
+/// every decision (see [`Decisions`](crate::Decisions)).
+fn admit(extensions: &mut http::Extensions, decision: Decision) {
+    if let Some(outer) = extensions.insert(decision) {
+        let Some(decision) = extensions.get::<Decision>().cloned() else {
+            return;
+        };
+        match extensions.get_mut::<crate::Decisions>() {
+            Some(all) => all.0.push(decision),
+            None => {
+                extensions.insert(crate::Decisions(vec![outer, decision]));
+            }
+        }
+    }
+}
+
+/// The part of [`Shared`] the future needs once a round trip answered, without its
+/// type parameters.
+pub(super) trait Decide: Send + Sync + 'static {
+    #[allow(clippy::result_large_err)]
+    fn decide(
+        &self,
+        req: &mut http::request::Parts,
+        acquired: Acquired,
+    ) -> Result<Option<Slot>, Response<Bytes>>;
+}
+
+impl<K: Send + Sync + 'static, R: OnRejection> Decide for Shared<K, R> {
+    fn decide(
+        &self,
+        req: &mut http::request::Parts,
+        acquired: Acquired,
+    ) -> Result<Option<Slot>, Response<Bytes>> {
+        Shared::decide(self, req, acquired)
+    }
+}
+
+/// Acts on `acquired` for the request `req` (its head apart from its body, and back).
+pub(super) fn decide_on<B>(
+    decide: &dyn Decide,
+    req: Request<B>,
+    acquired: Acquired,
+) -> (Request<B>, Result<Option<Slot>, Response<Bytes>>) {
+    let (mut parts, body) = req.into_parts();
+    let decided = decide.decide(&mut parts, acquired);
+    (Request::from_parts(parts, body), decided)
+}
