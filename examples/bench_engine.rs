@@ -1,9 +1,9 @@
 //! Redis CPU per decision: the microseconds Redis spends in one engine call
 //! (`INFO commandstats` `usec_per_call` of `EVALSHA` and `FCALL`, after `CONFIG
 //! RESETSTAT`), for each algorithm (a calendar window too), a set, a coalesced batch, a
-//! lease, a lockout and an in-flight slot (acquire and release, and with renewals while
-//! held), next to two peer scripts written for this benchmark from their published
-//! algorithms: GCRA
+//! lease, a lockout, an in-flight slot (acquire and release, and with renewals while
+//! held) and a request settled after its response (its check and its settlement), next
+//! to two peer scripts written for this benchmark from their published algorithms: GCRA
 //! as go-redis/redis_rate does it (`GET`, arithmetic on the arrival time, `SET ... EX`)
 //! and a fixed window as go-zero's `PeriodLimit` does it (`INCRBY`, then `EXPIRE` on the
 //! first unit). Run by `scripts/bench-engine`, which starts the `redis-server`.
@@ -138,6 +138,31 @@ fn in_flight_row(backend: &Backend, name: &str, hold: Duration, lease: Duration)
             })
         }),
         background: true,
+    }
+}
+
+/// A settled request: a check of `estimate`, then (its response ended) a settlement of
+/// `delta`, each one engine call.
+fn settle_row<L: Limiter + 'static>(name: &str, limiter: L, estimate: u32, delta: i64) -> Row {
+    let limiter = Arc::new(limiter);
+    let estimate = NonZeroU32::new(estimate).expect("an estimate above 0");
+    Row {
+        name: name.to_owned(),
+        run: Arc::new(move |key| {
+            let limiter = Arc::clone(&limiter);
+            Box::pin(async move {
+                let decision = limiter.check(key.as_bytes(), estimate).await;
+                assert!(decision.is_admitted(), "refused: {decision:?}");
+                let settled = limiter
+                    .settle(key.as_bytes(), delta)
+                    .expect("settles")
+                    .await;
+                assert_eq!(settled.source, Source::Redis, "{settled:?}");
+                1
+            })
+        }),
+        // The settlement is awaited here (a layer sends it in the background).
+        background: false,
     }
 }
 
@@ -319,6 +344,29 @@ fn crate_rows(backend: &Backend, path: &str) -> Vec<Row> {
             &p("token bucket, coalesced (8 at once, per decision)"),
             TokenBucketLimiter::new(backend, "tbc", tb).unwrap(),
             8,
+        ),
+        settle_row(
+            &p("settled request, token bucket: check 100, settle +20"),
+            TokenBucketLimiter::new(backend, "tbu", tb).unwrap(),
+            100,
+            20,
+        ),
+        settle_row(
+            &p("settled request, token bucket: check 100, settle -20"),
+            TokenBucketLimiter::new(backend, "tbd", tb).unwrap(),
+            100,
+            -20,
+        ),
+        settle_row(
+            &p("settled request, set requests + tokens: check 100, settle +20"),
+            SetLimiter::new(
+                backend,
+                "llm",
+                LimitSet::new().requests("rpm", tb).limit("tpm", tb),
+            )
+            .unwrap(),
+            100,
+            20,
         ),
         limiter_row(
             &p("token bucket, lease call (50 tokens)"),

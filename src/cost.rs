@@ -49,3 +49,43 @@ impl<B> Cost<B> for FixedCost {
         self.0
     }
 }
+
+/// The cost is a whole number in a request header (`Content-Length` for the bytes a
+/// request sends, `x-max-tokens` for an estimate), or `default` when the header is
+/// missing or not a number (larger numbers are cut to `u32::MAX`).
+///
+/// With [`LayerBuilder::settle`](crate::LayerBuilder::settle), it is the estimate the
+/// check spends until the response says what the request really cost.
+///
+/// ```
+/// use http::{header::CONTENT_LENGTH, Request};
+/// use tower_redis_ratelimit::{Cost, HeaderCost};
+///
+/// let cost = HeaderCost::new(CONTENT_LENGTH, 1);
+/// let upload = Request::post("/").header("content-length", "2048").body(()).unwrap();
+/// assert_eq!(cost.cost(&upload), 2_048);
+/// assert_eq!(cost.cost(&Request::new(())), 1);
+/// ```
+#[derive(Debug, Clone)]
+pub struct HeaderCost {
+    name: http::HeaderName,
+    default: u32,
+}
+
+impl HeaderCost {
+    /// The cost in header `name`, else `default`.
+    #[must_use]
+    pub fn new(name: http::HeaderName, default: u32) -> Self {
+        Self { name, default }
+    }
+}
+
+impl<B> Cost<B> for HeaderCost {
+    fn cost(&self, req: &Request<B>) -> u32 {
+        req.headers()
+            .get(&self.name)
+            .and_then(|value| value.to_str().ok())
+            .and_then(|text| text.trim().parse::<u64>().ok())
+            .map_or(self.default, |cost| u32::try_from(cost).unwrap_or(u32::MAX))
+    }
+}

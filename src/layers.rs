@@ -288,7 +288,29 @@ impl<K, C, R> LayerBuilder<LimitSet, K, C, R> {
     /// Adds the limit `name` with the settings of any algorithm (at least one is
     /// required); see [`LimitSet::limit`].
     pub fn limit(mut self, name: impl Into<String>, limit: impl Into<SetMember>) -> Self {
-        self.algorithm.limits.push((name.into(), limit.into()));
+        self.algorithm = std::mem::take(&mut self.algorithm).limit(name, limit);
+        self
+    }
+
+    /// Adds the limit `name` that counts requests, not their cost (one unit each, never
+    /// settled); see [`LimitSet::requests`].
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_redis_ratelimit::period::PeriodConfig;
+    /// use tower_redis_ratelimit::{Backend, LimitSetLayer};
+    ///
+    /// # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
+    /// let minute = Duration::from_secs(60);
+    /// let llm = LimitSetLayer::builder(&Backend::in_process())
+    ///     .name("llm")
+    ///     .requests("rpm", PeriodConfig::new(60, minute))
+    ///     .limit("tpm", PeriodConfig::new(10_000, minute))
+    ///     .build()?;
+    /// # let _ = llm; Ok(()) }
+    /// ```
+    pub fn requests(mut self, name: impl Into<String>, limit: impl Into<SetMember>) -> Self {
+        self.algorithm = std::mem::take(&mut self.algorithm).requests(name, limit);
         self
     }
 

@@ -105,7 +105,7 @@ pub use deadpool_redis;
 pub use ipnet;
 
 pub use crate::backend::{Backend, BackendBuilder, FailurePolicy};
-pub use crate::cost::{Cost, FixedCost, UnitCost};
+pub use crate::cost::{Cost, FixedCost, HeaderCost, UnitCost};
 pub use crate::decision::{Decision, Decisions, Policy, Source, State};
 pub use crate::error::ConfigError;
 pub use crate::in_flight::InFlightLimitLayer;

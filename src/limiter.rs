@@ -84,6 +84,54 @@ pub trait Limiter: Send + Sync + 'static {
         self.refund(key, cost)
     }
 
+    /// Settles a request on `key` to what it really cost, `delta` units more (above 0)
+    /// or fewer (below 0) than it spent when it was checked, in one call; says where
+    /// the key stands then. `None` when this limiter cannot (the default).
+    ///
+    /// Fewer: the difference goes back, as [`refund`](Self::refund). More: the extra
+    /// is spent whatever the limit says, even past it: the key then *owes* units (its
+    /// debt), and its checks are refused, with a `retry_after` saying when the debt is
+    /// paid off, until then. A token bucket's debt is its TAT beyond `now + burst`
+    /// intervals (the refill pays it off); a fixed window's, its count above the quota
+    /// (the window's end clears it: the next window starts afresh); a rolling window's,
+    /// its sum above the limit (paid off as the oldest buckets expire). Where the key
+    /// stands is a check of no cost: refused while it owes. A `delta` beyond
+    /// `u32::MAX` either way counts as `u32::MAX` (a cost's largest). See the guide's
+    /// [Limits on usage](crate::guide#limits-on-usage).
+    ///
+    /// ```
+    /// use std::num::NonZeroU32;
+    /// use std::time::Duration;
+    /// use tower_redis_ratelimit::period::{PeriodConfig, PeriodLimiter};
+    /// use tower_redis_ratelimit::{Backend, Limiter};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
+    /// let tokens = PeriodLimiter::new(
+    ///     &Backend::in_process(),
+    ///     "tokens",
+    ///     PeriodConfig::new(1_000, Duration::from_secs(60)),
+    /// )?;
+    /// // An estimate of 300 tokens, then the response said 1 100.
+    /// assert!(tokens.check(b"alice", NonZeroU32::new(300).unwrap()).await.is_admitted());
+    /// let owed = tokens.settle(b"alice", 800).unwrap().await;
+    /// assert!(!owed.is_admitted(), "100 tokens over: refused until the minute ends");
+    /// # Ok(()) }
+    /// ```
+    fn settle(&self, key: &[u8], delta: i64) -> Option<Check> {
+        let _ = (key, delta);
+        None
+    }
+
+    /// Settles `key` by `delta` under the policy at `index` in
+    /// [`policies`](Self::policies) (the one [`check_policy`](Self::check_policy) spent
+    /// the units under): what a layer that settles after the response calls. The
+    /// default ignores `index` and calls [`settle`](Self::settle).
+    fn settle_policy(&self, index: usize, key: &[u8], delta: i64) -> Option<Check> {
+        let _ = index;
+        self.settle(key, delta)
+    }
+
     /// Forgets `key` (an administrator lifting a limit), and says where it stands then.
     /// `None` when this limiter cannot (the default).
     fn reset(&self, key: &[u8]) -> Option<Check> {
@@ -148,6 +196,14 @@ impl<L: Limiter + ?Sized> Limiter for std::sync::Arc<L> {
 
     fn refund_policy(&self, index: usize, key: &[u8], cost: NonZeroU32) -> Option<Check> {
         (**self).refund_policy(index, key, cost)
+    }
+
+    fn settle(&self, key: &[u8], delta: i64) -> Option<Check> {
+        (**self).settle(key, delta)
+    }
+
+    fn settle_policy(&self, index: usize, key: &[u8], delta: i64) -> Option<Check> {
+        (**self).settle_policy(index, key, delta)
     }
 
     fn reset(&self, key: &[u8]) -> Option<Check> {
@@ -276,6 +332,15 @@ macro_rules! hosted_limiter {
             ) -> Option<$crate::limiter::Check> {
                 let op = $crate::backend::Operation::Refund;
                 Some($crate::backend::operate(&self.$hosts, op, key, u64::from(cost.get())))
+            }
+
+            fn settle(&self, key: &[u8], delta: i64) -> Option<$crate::limiter::Check> {
+                // A cost is at most `u32::MAX` units, either way.
+                let most = i64::from(u32::MAX);
+                let op = $crate::backend::Operation::Settle {
+                    delta: delta.clamp(-most, most),
+                };
+                Some($crate::backend::operate(&self.$hosts, op, key, 0))
             }
 
             fn reset(&self, key: &[u8]) -> Option<$crate::limiter::Check> {

@@ -16,6 +16,7 @@
 //! | `ratelimit_redis_switches_total` | counter | `prefix`, `to` | breaker transitions of a Redis backend: `to` is `fallback` (judged unusable), `recovering` (a probe succeeded) or `redis` (recovered) |
 //! | `ratelimit_redis_fallback_seconds_total` | counter | `prefix` | time a Redis backend spent away from Redis (fallback and recovery), in whole seconds, counted while it lasts (every probe interval) and when it ends |
 //! | `ratelimit_redis_duration_seconds` | histogram | `policy` | the time of each Redis check, pool wait included |
+//! | `ratelimit_settled_units_total` | counter | `policy`, `direction` | units settled after responses ([`Usage`](crate::service::Usage)): `direction` is `charged` (actual costs above the estimates) or `returned` (below) |
 //! | `ratelimit_local_evictions_total` | counter | `prefix` | keys dropped from a backend's (by key prefix) full in-process state to make room for new ones (see [`max_local_keys`](crate::BackendBuilder::max_local_keys)) |
 //!
 //! The outcomes of `ratelimit_requests_total` exclude each other, so their sum is the
@@ -66,6 +67,10 @@ pub const REDIS_SWITCHES_TOTAL: &str = "ratelimit_redis_switches_total";
 pub const REDIS_FALLBACK_SECONDS_TOTAL: &str = "ratelimit_redis_fallback_seconds_total";
 /// The time of each Redis check in seconds, by `policy` (histogram).
 pub const REDIS_DURATION_SECONDS: &str = "ratelimit_redis_duration_seconds";
+
+/// Units settled after responses, by `policy` and `direction` (`charged`: spent beyond
+/// the estimates; `returned`: given back) (counter).
+pub const SETTLED_UNITS_TOTAL: &str = "ratelimit_settled_units_total";
 
 /// Keys dropped from a backend's full in-process state, by `prefix` (counter).
 pub const LOCAL_EVICTIONS_TOTAL: &str = "ratelimit_local_evictions_total";
@@ -204,6 +209,19 @@ pub(crate) fn redis_away(prefix: &str, seconds: u64) {
         .increment(seconds);
     #[cfg(not(feature = "metrics"))]
     let _ = (prefix, seconds);
+}
+
+/// Records a settlement of `delta` units (above 0 charged, below 0 returned) under
+/// policy `policy`.
+pub(crate) fn settled(policy: &str, delta: i64) {
+    #[cfg(feature = "metrics")]
+    {
+        let direction = if delta > 0 { "charged" } else { "returned" };
+        metrics::counter!(SETTLED_UNITS_TOTAL, "policy" => policy.to_owned(), "direction" => direction)
+            .increment(delta.unsigned_abs());
+    }
+    #[cfg(not(feature = "metrics"))]
+    let _ = (policy, delta);
 }
 
 /// Records a failed Redis check of policy `policy`; `kind` is `transport`, `server` or

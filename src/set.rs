@@ -92,6 +92,8 @@ impl From<RollingConfig> for SetMember {
 #[derive(Debug, Clone, Default)]
 pub struct LimitSet {
     pub(crate) limits: Vec<(String, SetMember)>,
+    /// Per limit, in order: whether it counts requests (one each) rather than cost.
+    pub(crate) per_request: Vec<bool>,
     pub(crate) lockout: Option<Duration>,
 }
 
@@ -108,6 +110,31 @@ impl LimitSet {
     #[must_use]
     pub fn limit(mut self, name: impl Into<String>, limit: impl Into<SetMember>) -> Self {
         self.limits.push((name.into(), limit.into()));
+        self.per_request.push(false);
+        self
+    }
+
+    /// Adds the limit `name` that counts requests, not their cost: each admitted request
+    /// spends one unit of it, whatever its cost (a cost of 0 is free), and settling
+    /// after the response ([`Limiter::settle`]) leaves it alone. With a limit that counts
+    /// cost, it makes the pair LLM APIs publish, decided all or nothing: requests per
+    /// minute and tokens per minute.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_redis_ratelimit::period::PeriodConfig;
+    /// use tower_redis_ratelimit::set::LimitSet;
+    ///
+    /// let minute = Duration::from_secs(60);
+    /// let set = LimitSet::new()
+    ///     .requests("rpm", PeriodConfig::new(60, minute))
+    ///     .limit("tpm", PeriodConfig::new(10_000, minute));
+    /// # let _ = set;
+    /// ```
+    #[must_use]
+    pub fn requests(mut self, name: impl Into<String>, limit: impl Into<SetMember>) -> Self {
+        self.limits.push((name.into(), limit.into()));
+        self.per_request.push(true);
         self
     }
 
@@ -128,6 +155,8 @@ pub struct SetLimiter {
 
 struct SetHosts {
     members: Box<[Arc<dyn Hosts>]>,
+    /// Per member: whether it counts requests (one each) rather than cost.
+    per_request: Box<[bool]>,
     /// Each member's header pieces, in order.
     headers: Box<[HeaderParts]>,
     /// The members' policies: the first one is the set's (for metrics, under the set's
@@ -205,20 +234,30 @@ impl SetLimiter {
         let policy_header = join(headers.iter().map(|h| h.policy_value().as_bytes()));
         let first = &policies[0];
         // A member's capacity is its policy's quota: quota, burst or limit.
+        // A member that counts requests spends at most one: it bounds no cost.
+        let per_request: Box<[bool]> = (0..set.limits.len())
+            .map(|i| set.per_request.get(i).copied().unwrap_or(false))
+            .collect();
         let smallest = policies
             .iter()
+            .zip(per_request.iter())
+            .filter(|(_, &per_request)| !per_request)
+            .map(|(p, _)| p)
             .min_by_key(|p| p.quota())
             .unwrap_or(first)
             .clone();
         let capacity = members
             .iter()
-            .map(|m| m.capacity())
+            .zip(per_request.iter())
+            .filter(|(_, &per_request)| !per_request)
+            .map(|(m, _)| m.capacity())
             .min()
-            .unwrap_or_default();
+            .unwrap_or(u64::from(u32::MAX));
         let blocks = members[0].remote().set_blocks(lockout);
         Ok(Self {
             hosts: Arc::new(SetHosts {
                 members: members.into(),
+                per_request,
                 headers,
                 policy: Policy::new(name, first.quota(), first.window()),
                 policy_header,
@@ -299,6 +338,16 @@ impl SetHosts {
         Some(decisions)
     }
 
+    /// What member `i` spends of a request's cost: the cost, or one for a member that
+    /// counts requests (none for a cost of 0), as the engine's `units`.
+    fn units(&self, i: usize, cost: u32) -> u32 {
+        if self.per_request[i] {
+            cost.min(1)
+        } else {
+            cost
+        }
+    }
+
     fn lock(&self, key: &[u8]) -> std::sync::MutexGuard<'_, ()> {
         let index = (self.hasher.hash_one(key) % LOCKS as u64) as usize;
         // A panic while holding a set lock leaves no state half-written (each member's
@@ -326,8 +375,9 @@ impl Hosts for SetHosts {
         let decisions: Vec<_> = self
             .members
             .iter()
-            .map(|m| {
-                if m.capacity() == self.capacity {
+            .zip(self.per_request.iter())
+            .map(|(m, &per_request)| {
+                if m.capacity() == self.capacity && !per_request {
                     m.exceeds_capacity(source)
                 } else {
                     Decision::new(
@@ -354,8 +404,13 @@ impl Hosts for SetHosts {
     }
 
     fn limit_args(&self, args: &mut Args) {
-        for member in self.members.iter() {
+        for (member, &per_request) in self.members.iter().zip(self.per_request.iter()) {
+            let letter = args.len();
             member.limit_args(args);
+            if per_request {
+                // A member that counts requests: its letter in capitals.
+                args.capitalize(letter);
+            }
         }
     }
 
@@ -386,12 +441,13 @@ impl Hosts for SetHosts {
         let mut decisions: Vec<_> = self
             .members
             .iter()
-            .map(|m| m.local(key, cost, source, false))
+            .enumerate()
+            .map(|(i, m)| m.local(key, self.units(i, cost), source, false))
             .collect();
         let admitted = decisions.iter().all(Decision::is_admitted);
-        for (member, decision) in self.members.iter().zip(&mut decisions) {
+        for (i, (member, decision)) in self.members.iter().zip(&mut decisions).enumerate() {
             if admitted && spend {
-                *decision = member.local(key, cost, source, true);
+                *decision = member.local(key, self.units(i, cost), source, true);
             } else if !admitted && decision.is_admitted() {
                 // Refused by another limit: this one stands where it was.
                 *decision = member.local(key, 0, source, false);
@@ -402,8 +458,22 @@ impl Hosts for SetHosts {
 
     fn local_refund(&self, key: &[u8], cost: u32) {
         let _guard = self.lock(key);
-        for member in self.members.iter() {
-            member.local_refund(key, cost);
+        for (i, member) in self.members.iter().enumerate() {
+            member.local_refund(key, self.units(i, cost));
+        }
+    }
+
+    fn local_charge(&self, key: &[u8], cost: u64) {
+        self.local_settle(key, i64::try_from(cost).unwrap_or(i64::MAX));
+    }
+
+    /// Settles the members that count cost; those that count requests are left alone.
+    fn local_settle(&self, key: &[u8], delta: i64) {
+        let _guard = self.lock(key);
+        for (member, &per_request) in self.members.iter().zip(self.per_request.iter()) {
+            if !per_request {
+                member.local_settle(key, delta);
+            }
         }
     }
 

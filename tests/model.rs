@@ -1,5 +1,6 @@
 //! Every path decided like one model (issue 22): generated sequences of operations
-//! (checks, peeks, refunds, resets, blocks, concurrent batches, time passing) on one
+//! (checks, peeks, refunds, settlements, resets, blocks, concurrent batches, time
+//! passing) on one
 //! limit or a set of up to three limits of mixed algorithms, with costs up to above the
 //! capacity, run through every host and path, and compared with a reference model
 //! field by field (state, limit, remaining, reset and retry-after, to the microsecond).
@@ -108,6 +109,8 @@ enum Op {
     Batch(Vec<u32>),
     /// Reserves the cost at most this many milliseconds ahead (a token bucket alone).
     Reserve(u32, u64),
+    /// Settles the key by this many units: spent past the limit (debt), or given back.
+    Settle(i64),
 }
 
 #[derive(Debug, Clone)]
@@ -173,8 +176,13 @@ fn limit() -> impl Strategy<Value = Limit> {
     ]
 }
 
-fn op(capacity: u32) -> impl Strategy<Value = Op> {
+/// The operations on a limit (or set) of `capacity`; settlements above 0 only with
+/// `debt` (no token bucket: the callers' clocks read a bucket's debt beyond an empty
+/// bucket as an empty bucket, as documented, which this model does not).
+fn op(capacity: u32, debt: bool) -> impl Strategy<Value = Op> {
     let cost = 1..=capacity + 1;
+    let most = i64::from(capacity);
+    let settle = -most..=if debt { 2 * most } else { 0 };
     prop_oneof![
         6 => cost.clone().prop_map(Op::Check),
         2 => cost.clone().prop_map(Op::Peek),
@@ -186,6 +194,7 @@ fn op(capacity: u32) -> impl Strategy<Value = Op> {
         1 => prop::collection::vec(cost.clone(), 2..=4).prop_map(Op::Batch),
         1 => (cost, prop::sample::select(vec![0u64, 100, 1_000, 5_000]))
             .prop_map(|(cost, wait)| Op::Reserve(cost, wait)),
+        2 => settle.prop_map(Op::Settle),
     ]
 }
 
@@ -200,7 +209,8 @@ fn case() -> impl Strategy<Value = Case> {
             let set = set || limits.len() > 1;
             let capacity = limits.iter().map(|l| l.capacity()).min().unwrap_or(1);
             let capacity = u32::try_from(capacity).expect("small");
-            prop::collection::vec(op(capacity), 1..=40).prop_map(move |ops| Case {
+            let debt = !limits.iter().any(|l| matches!(l, Limit::Bucket { .. }));
+            prop::collection::vec(op(capacity, debt), 1..=40).prop_map(move |ops| Case {
                 limits: limits.clone(),
                 set,
                 lockout_ms,
@@ -336,7 +346,8 @@ impl Model {
                 };
                 let reset = u128::from(end - now) * 1_000;
                 if count + cost > quota {
-                    return answer(false, quota, quota - count, reset, Some(reset));
+                    let left = quota.saturating_sub(count);
+                    return answer(false, quota, left, reset, Some(reset));
                 }
                 if spend && cost > 0 {
                     *window = Some((count + cost, end));
@@ -408,7 +419,7 @@ impl Model {
                     .keys()
                     .next_back()
                     .map_or(0, |&newest| ms((newest + buckets) * interval_ms));
-                answer(false, limit, limit - sum, reset, Some(retry))
+                answer(false, limit, limit.saturating_sub(sum), reset, Some(retry))
             }
             _ => unreachable!("a limit's state is of its algorithm"),
         }
@@ -653,6 +664,71 @@ impl Model {
     fn refund(&mut self, now: u64, cost: u64) -> Answer {
         for i in 0..self.limits.len() {
             self.refund_one(i, now, cost);
+        }
+        self.stands(now)
+    }
+
+    /// Spends `cost` of limit `i` at `now` (ms), whatever it holds: a window's count
+    /// above its quota, a TAT beyond a full burst ahead, a sum above the limit.
+    fn charge_one(&mut self, i: usize, now: u64, cost: u64) {
+        let limit = self.limits[i];
+        match (&mut self.kept[i], limit) {
+            (
+                Kept::Window(window),
+                Limit::Period {
+                    period_ms, align, ..
+                },
+            ) => {
+                let (count, end) = match *window {
+                    Some((count, end)) if end > now => (count, end),
+                    _ => {
+                        let end = match align {
+                            None => now + period_ms,
+                            Some(offset) => {
+                                let local = i128::from(now) + i128::from(offset) * 1_000;
+                                let into = local.rem_euclid(i128::from(period_ms));
+                                now - u64::try_from(into).expect("small") + period_ms
+                            }
+                        };
+                        (0, end)
+                    }
+                };
+                *window = Some((count + cost, end));
+            }
+            (
+                Kept::Tat(tat),
+                Limit::Bucket {
+                    rate, period_ms, ..
+                },
+            ) => {
+                let now = u128::from(now) * 1_000 * u128::from(rate);
+                let current = tat.map_or(now, |t| t.max(now));
+                *tat = Some(current + u128::from(cost) * u128::from(period_ms) * 1_000);
+            }
+            (
+                Kept::Buckets(counts),
+                Limit::Rolling {
+                    buckets,
+                    interval_ms,
+                    ..
+                },
+            ) => {
+                let current = now / interval_ms;
+                counts.retain(|&index, _| index + buckets > current);
+                *counts.entry(current).or_default() += cost;
+            }
+            _ => unreachable!("a limit's state is of its algorithm"),
+        }
+    }
+
+    /// Settles every limit by `delta`: spent past the limit above 0, given back below.
+    fn settle(&mut self, now: u64, delta: i64) -> Answer {
+        for i in 0..self.limits.len() {
+            if delta > 0 {
+                self.charge_one(i, now, delta.unsigned_abs());
+            } else if delta < 0 {
+                self.refund_one(i, now, delta.unsigned_abs());
+            }
         }
         self.stands(now)
     }
@@ -978,6 +1054,11 @@ async fn run(case: &Case, host: Host, serial: u64) -> Result<(), String> {
                 0,
                 limiter.reset(key).expect("built-in").await,
                 model.reset(now),
+            )],
+            Op::Settle(delta) => vec![(
+                0,
+                limiter.settle(key, *delta).expect("built-in").await,
+                model.settle(now, *delta),
             )],
             Op::Block(ms) => vec![(
                 0,

@@ -39,6 +39,8 @@ enum Op {
     Block,
     /// Reserves `cost` units at most this many milliseconds ahead.
     Reserve(u64),
+    /// Settles the key by this many units (spent past the limit, or given back).
+    Settle(i64),
 }
 
 /// One operation (a check unless said otherwise): at `at` ms from [`T0_MS`], `cost`
@@ -175,6 +177,7 @@ async fn run(
             Op::Check => limiter.check(b"k", cost).await,
             Op::Peek => limiter.peek(b"k", cost).expect("built-in").await,
             Op::Refund => limiter.refund(b"k", cost).expect("built-in").await,
+            Op::Settle(delta) => limiter.settle(b"k", delta).expect("built-in").await,
             Op::Reset => limiter.reset(b"k").expect("built-in").await,
             Op::Reserve(max_wait_ms) => {
                 let max_wait = Duration::from_millis(max_wait_ms);
@@ -311,6 +314,28 @@ async fn fixed_window_hosts_agree() {
                 step(50, 1, Allowed, 4, 1_000, None),
                 with(Op::Reset, step(60, 0, Allowed, 5, 1_000, None)),
                 step(70, 5, HitQuota, 0, 1_000, None),
+            ],
+        },
+        Scenario {
+            name: "settle down and up: debt until the window's end",
+            limiter: period_5_per_second,
+            hosts: Hosts::All,
+            steps: vec![
+                step(0, 3, Allowed, 2, 1_000, None),
+                with(Op::Settle(-1), step(10, 0, Allowed, 3, 990, None)),
+                // 7 of 5: the key owes 2 until the window ends.
+                with(Op::Settle(5), step(20, 0, OverQuota, 0, 980, r(980))),
+                step(30, 1, OverQuota, 0, 970, r(970)),
+                with(Op::Peek, step(40, 1, OverQuota, 0, 960, r(960))),
+                // The debt ends with its window.
+                step(1_000, 1, Allowed, 4, 1_000, None),
+                with(Op::Settle(2), step(1_100, 0, Allowed, 2, 900, None)),
+                // More back than was spent: the window is emptied and forgotten.
+                with(Op::Settle(-10), step(1_200, 0, Allowed, 5, 1_000, None)),
+                // A settlement on a key with no window starts one.
+                with(Op::Settle(6), step(3_000, 0, OverQuota, 0, 1_000, r(1_000))),
+                step(3_999, 1, OverQuota, 0, 1, r(1)),
+                step(4_000, 5, HitQuota, 0, 1_000, None),
             ],
         },
         Scenario {
@@ -509,6 +534,29 @@ async fn token_bucket_hosts_agree() {
             ],
         },
         Scenario {
+            // Not the callers' clocks: a caller reads a TAT beyond an empty bucket as an
+            // empty bucket (as it does a reservation's), so its debt is at most a refill.
+            name: "settle down and up: debt until the refill pays it off",
+            limiter: bucket_10_per_second_burst_5,
+            hosts: Hosts::NoCallerTime,
+            steps: vec![
+                step(0, 3, Allowed, 2, 300, None),
+                with(Op::Settle(-1), step(0, 0, Allowed, 3, 200, None)),
+                // 6 more: the TAT is 300 ms beyond an empty bucket.
+                with(Op::Settle(6), step(0, 0, OverQuota, 0, 800, r(300))),
+                step(100, 1, OverQuota, 0, 700, r(300)),
+                // Paid off at 300 ms; a token is back at 400 ms.
+                with(Op::Settle(0), step(300, 0, HitQuota, 0, 500, None)),
+                with(Op::Peek, step(300, 1, OverQuota, 0, 500, r(100))),
+                step(400, 1, HitQuota, 0, 500, None),
+                // More back than was taken: full, never beyond.
+                with(Op::Settle(-20), step(400, 0, Allowed, 5, 0, None)),
+                // A settlement on a full bucket.
+                with(Op::Settle(7), step(HOUR, 0, OverQuota, 0, 700, r(200))),
+                step(HOUR + 300, 1, HitQuota, 0, 500, None),
+            ],
+        },
+        Scenario {
             name: "reservations",
             limiter: bucket_10_per_second_burst_5,
             hosts: Hosts::All,
@@ -692,6 +740,23 @@ async fn rolling_window_hosts_agree() {
             ],
         },
         Scenario {
+            name: "settle down and up: debt until the oldest buckets expire",
+            limiter: rolling_5_per_10x100ms,
+            hosts: Hosts::All,
+            steps: vec![
+                step(0, 2, Allowed, 3, 1_000, None),
+                // 4 more in the bucket of 100 ms: 6 of 5 until the bucket of 0 ms goes.
+                with(Op::Settle(4), step(150, 0, OverQuota, 0, 950, r(850))),
+                step(200, 1, OverQuota, 0, 900, r(800)),
+                // 3 back, off the newest bucket.
+                with(Op::Settle(-3), step(300, 0, Allowed, 2, 1_000, None)),
+                // 9 in the bucket of 1000 ms (the one of 0 ms has gone): 10 of 5.
+                with(Op::Settle(9), step(1_000, 0, OverQuota, 0, 1_000, r(1_000))),
+                step(1_100, 1, OverQuota, 0, 900, r(900)),
+                step(2_000, 5, HitQuota, 0, 1_000, None),
+            ],
+        },
+        Scenario {
             name: "refused costs are not counted",
             limiter: rolling_5_per_10x100ms,
             hosts: Hosts::All,
@@ -772,6 +837,15 @@ fn set_bucket_and_rolling(backend: &Backend, name: &str) -> Box<dyn Limiter> {
     Box::new(SetLimiter::new(backend, name, set).expect("valid"))
 }
 
+/// 3 requests per second, whatever their cost, and 10 units per second: the pair LLM
+/// APIs publish (requests and tokens per minute), scaled down.
+fn set_requests_and_tokens(backend: &Backend, name: &str) -> Box<dyn Limiter> {
+    let set = LimitSet::new()
+        .requests("rpm", PeriodConfig::new(3, SEC))
+        .limit("tpm", PeriodConfig::new(10, SEC));
+    Box::new(SetLimiter::new(backend, name, set).expect("valid"))
+}
+
 /// A set's decision is the admitting limit with the least left, or the refusing limit
 /// with the longest wait; a refusal by any limit spends none of them.
 #[tokio::test]
@@ -806,6 +880,39 @@ async fn limit_set_hosts_agree() {
                 with(Op::Peek, step(20, 1, OverQuota, 0, 1_000, r(1_000))),
                 with(Op::Reset, step(30, 0, Allowed, 2, 1_000, None)),
                 step(30, 2, HitQuota, 0, 1_000, None),
+            ],
+        },
+        Scenario {
+            name: "requests and tokens: a settlement reaches the tokens only",
+            limiter: set_requests_and_tokens,
+            hosts: Hosts::All,
+            steps: vec![
+                // One request of the 3, 4 tokens of the 10.
+                step(0, 4, Allowed, 2, 1_000, None),
+                // 12 tokens of 10: the key owes 2 until the window ends.
+                with(Op::Settle(8), step(10, 0, OverQuota, 0, 990, r(990))),
+                step(20, 1, OverQuota, 0, 980, r(980)),
+                step(1_000, 5, Allowed, 2, 1_000, None),
+                with(Op::Settle(-5), step(1_010, 0, Allowed, 2, 990, None)),
+                step(1_020, 9, Allowed, 1, 980, None),
+                // The tokens refuse: the request is not counted either.
+                step(1_030, 2, OverQuota, 1, 990, r(990)),
+                step(1_040, 1, HitQuota, 0, 960, None),
+                step(1_050, 1, OverQuota, 0, 970, r(970)),
+            ],
+        },
+        Scenario {
+            name: "a settlement reaches every limit that counts cost",
+            limiter: set_bucket_and_rolling,
+            hosts: Hosts::NoCallerTime,
+            steps: vec![
+                step(0, 1, Allowed, 1, 100, None),
+                // 2 more: the bucket owes one token (100 ms); the rolling window is
+                // full (3 of 3).
+                with(Op::Settle(2), step(0, 0, OverQuota, 0, 300, r(100))),
+                with(Op::Settle(-1), step(0, 0, HitQuota, 0, 200, None)),
+                step(0, 1, OverQuota, 0, 200, r(100)),
+                step(1_000, 2, HitQuota, 0, 200, None),
             ],
         },
         Scenario {
@@ -905,6 +1012,51 @@ async fn calendar_window_hosts_agree() {
     const H: u64 = 3_600_000;
     const DAY: u64 = 24 * H;
     run_table(&[
+        Scenario {
+            name: "a settlement on a 23-hour day owes until its true end",
+            limiter: day_new_york,
+            hosts: Hosts::All,
+            steps: vec![
+                step(at("2026-03-08T12:00:00-04:00"), 1, Allowed, 1, 12 * H, None),
+                // 4 of 2: owed until local midnight, 12 hours on.
+                with(
+                    Op::Settle(3),
+                    step(
+                        at("2026-03-08T12:00:00-04:00"),
+                        0,
+                        OverQuota,
+                        0,
+                        12 * H,
+                        r(12 * H),
+                    ),
+                ),
+                step(
+                    at("2026-03-08T23:59:59.999-04:00"),
+                    1,
+                    OverQuota,
+                    0,
+                    1,
+                    r(1),
+                ),
+                step(at("2026-03-09T00:00:00-04:00"), 1, Allowed, 1, DAY, None),
+                with(
+                    Op::Settle(-1),
+                    step(at("2026-03-09T00:00:00-04:00"), 0, Allowed, 2, DAY, None),
+                ),
+                // A settlement on a key with no window opens the day's.
+                with(
+                    Op::Settle(5),
+                    step(
+                        at("2026-03-09T06:00:00-04:00"),
+                        0,
+                        OverQuota,
+                        0,
+                        18 * H,
+                        r(18 * H),
+                    ),
+                ),
+            ],
+        },
         Scenario {
             name: "New York's spring day lasts 23 hours",
             limiter: day_new_york,

@@ -134,6 +134,19 @@ impl Args {
         self
     }
 
+    /// How many arguments.
+    pub(crate) fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Writes the argument at `index` in capitals (a set's member that counts requests:
+    /// its algorithm's letter).
+    pub(crate) fn capitalize(&mut self, index: usize) {
+        if let Some(arg) = self.0.get_mut(index) {
+            arg.make_ascii_uppercase();
+        }
+    }
+
     /// The arguments as one, separated by `separator`.
     pub(crate) fn joined(&self, separator: u8) -> Vec<u8> {
         let mut out = Vec::new();

@@ -161,7 +161,7 @@ pub(super) fn engine_call<T: Hosts + ?Sized>(
     key: &[u8],
     redis_key: &[u8],
     op: &str,
-    count: u64,
+    count: impl deadpool_redis::redis::ToRedisArgs,
     param: u64,
     extra: &[u32],
 ) -> Call {

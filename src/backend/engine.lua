@@ -8,7 +8,9 @@
 -- KEYS: one key per limit, in order, then the key's block (on Redis Cluster, all in one
 -- slot: they share the limited key's hash tag).
 -- ARGV: op ('c' check: spend when every limit admits; 'p' peek: decide, spend nothing;
--- 'f' refund: give the cost back to every limit; 'x' reset: forget the key and its
+-- 'f' refund: give the cost back to every limit; 's' settle: the cost is a signed
+-- delta, given back when below 0 (as 'f'), spent whatever the limits say when above 0
+-- (debt: see each algorithm's X_charge); 'x' reset: forget the key and its
 -- block; 'b' block: refuse the key for `cost` ms; 'v' reserve: one token bucket's
 -- tokens at the earliest time they fit; 'l' lease: at least the cost of one token
 -- bucket's tokens, at most ARGV[3], after giving back the unused tokens of the key's
@@ -17,9 +19,11 @@
 -- the key is blocked for when a check is refused; 0: none; for 'v': the longest wait in
 -- µs), the limits (one text: per limit its algorithm ('w' fixed window, 't' token
 -- bucket, 'r' rolling window, 'c' calendar window: a fixed window whose boundaries the
--- call sends), the count of its arguments and the arguments, separated by ':'), four
--- boundaries per calendar window (src/period/calendar.rs), then the extra numbers; with
--- the caller's time, that time last. The number of limits n is #KEYS - 1.
+-- call sends; in capitals, a set's member that counts requests, not cost: 1 for any
+-- cost, 0 for a cost of 0, nothing settled), the count of its arguments and the
+-- arguments, separated by ':'), four boundaries per calendar window
+-- (src/period/calendar.rs), then the extra numbers; with the caller's time, that time
+-- last. The number of limits n is #KEYS - 1.
 -- Returns {admitted by every limit (1/0), ms the key stays blocked (0: not blocked),
 -- then each limit's reply in order}, once per check for 'm'. With more than one
 -- limit, every limit decides first without spending; only when all of them admit does
@@ -27,12 +31,20 @@
 -- limit spends nothing (and the limits that would have admitted reply with their
 -- untouched state). A blocked key spends nothing either.
 local algorithms = {
-  w = { state = period_state, step = period_step, save = period_save, refund = period_refund },
-  c = { state = period_state, step = period_step, save = period_save, refund = period_refund },
+  w = { state = period_state, step = period_step, save = period_save, refund = period_refund,
+    charge = period_charge },
+  c = { state = period_state, step = period_step, save = period_save, refund = period_refund,
+    charge = period_charge },
   t = { state = token_bucket_state, step = token_bucket_step, save = token_bucket_save,
-    refund = token_bucket_refund },
-  r = { state = rolling_state, step = rolling_step, save = rolling_save, refund = rolling_refund },
+    refund = token_bucket_refund, charge = token_bucket_charge },
+  r = { state = rolling_state, step = rolling_step, save = rolling_save, refund = rolling_refund,
+    charge = rolling_charge },
 }
+-- A member that counts requests: the same algorithm.
+algorithms.W = algorithms.w
+algorithms.C = algorithms.c
+algorithms.T = algorithms.t
+algorithms.R = algorithms.r
 -- The engine: built once per library (Redis Functions), or once per call (EVALSHA).
 -- `L`: the limits' words (limits_of); the lean check has been tried.
 local function engine(KEYS, ARGV, L)
@@ -52,22 +64,35 @@ for i = 1, n do
   for j = 1, argc do
     a[j] = L[at + 1 + j]
   end
-  if L[at] == 'c' then
+  local letter = L[at]
+  if letter == 'c' or letter == 'C' then
     -- A calendar window (src/period/period.lua): where its boundaries are.
     a.argv = ARGV
     a.bounds = bounds_at
     bounds_at = bounds_at + 4
   end
-  limits[i] = { algorithms[L[at]], a }
+  limits[i] = { algorithms[letter], a,
+    letter == 'W' or letter == 'C' or letter == 'T' or letter == 'R' }
   at = at + 2 + argc
+end
+-- What limit i spends of a request's cost: the cost, or for a member that counts
+-- requests, one (none for a cost of 0).
+local function units(i, c)
+  if limits[i][3] and c > 1 then
+    return 1
+  end
+  return c
 end
 -- The numbers after the limits' and the boundaries (a lease's unused tokens, coalesced
 -- costs).
 at = bounds_at
 local now_us = unix_us(ARGV)
-if op == 'f' or op == 'x' or op == 'b' then
-  -- Refund (give `cost` back), reset (forget the key) or block, then say where each
-  -- limit stands: a cost of 0, decided without writing.
+-- The states a settlement charged: decided on and saved below, read once.
+local settled = {}
+if op == 'f' or op == 's' or op == 'x' or op == 'b' then
+  -- Refund (give `cost` back), settle (give back, or spend past the limit), reset
+  -- (forget the key) or block, then say where each limit stands: a cost of 0, decided
+  -- without writing.
   if op == 'b' then
     redis.call('SET', block, '1', 'PX', string.format('%d', cost))
   elseif op == 'x' then
@@ -75,7 +100,17 @@ if op == 'f' or op == 'x' or op == 'b' then
   end
   for i = 1, n do
     if op == 'f' then
-      limits[i][1].refund(KEYS[i], limits[i][2], now_us, cost)
+      limits[i][1].refund(KEYS[i], limits[i][2], now_us, units(i, cost))
+    elseif op == 's' then
+      -- A member that counts requests settles nothing: the request was one.
+      if cost < 0 and not limits[i][3] then
+        limits[i][1].refund(KEYS[i], limits[i][2], now_us, -cost)
+      elseif cost > 0 and not limits[i][3] then
+        -- Charged on its state, which the decision below reads and the end saves.
+        local s = limits[i][1].state(KEYS[i], limits[i][2], now_us)
+        limits[i][1].charge(s, cost)
+        settled[i] = s
+      end
     elseif op == 'x' then
       redis.call('DEL', KEYS[i])
     end
@@ -108,7 +143,7 @@ end
 
 -- Each limit's state, read once (the first decision reads it), and the key's block (ms
 -- it stays blocked): every decision of the call steps on these; they are saved once.
-local states = {}
+local states = settled
 local blocked = nil
 
 -- One decision: {admitted, blocked ms, each limit's reply}, appended to `out`.
@@ -129,7 +164,7 @@ local function decide(op, cost, out)
     if states[i] == nil then
       states[i] = limits[i][1].state(KEYS[i], limits[i][2], now_us)
     end
-    replies[i] = limits[i][1].step(states[i], cost, spend and n == 1)
+    replies[i] = limits[i][1].step(states[i], units(i, cost), spend and n == 1)
     if replies[i][1] == 0 then
       admitted = 0
     end
@@ -137,7 +172,7 @@ local function decide(op, cost, out)
   if spend and n > 1 and admitted == 1 then
     -- Every limit admits: each spends what it decided.
     for i = 1, n do
-      limits[i][1].step(states[i], cost, true)
+      limits[i][1].step(states[i], units(i, cost), true)
     end
   elseif (n > 1 and admitted == 0) or blocked > 0 then
     -- Refused (or blocked): a limit that would have admitted says where it stands,

@@ -221,6 +221,18 @@ pub(crate) trait Hosts: Send + Sync + 'static {
     }
     /// Gives `cost` units back to `key` in the in-process state.
     fn local_refund(&self, key: &[u8], cost: u32);
+    /// Spends `cost` units of `key` in the in-process state whatever the limit says
+    /// (above the limit, the key owes them: see each algorithm's `X_charge` in Lua).
+    fn local_charge(&self, key: &[u8], cost: u64);
+    /// Settles `key` by `delta` units in the in-process state: spends them past the
+    /// limit when above 0, gives them back when below (the engine's `'s'`).
+    fn local_settle(&self, key: &[u8], delta: i64) {
+        if delta > 0 {
+            self.local_charge(key, delta.unsigned_abs());
+        } else if delta < 0 {
+            self.local_refund(key, u32::try_from(delta.unsigned_abs()).unwrap_or(u32::MAX));
+        }
+    }
     /// Forgets `key` in the in-process state.
     fn local_reset(&self, key: &[u8]);
     /// Takes `cost` units at the earliest time they fit, at most `max_wait_us` away,

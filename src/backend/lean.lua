@@ -86,7 +86,7 @@ local function lean(KEYS, ARGV, L)
   -- The block: read with the first limit's key when that limit is a token bucket
   -- (one command for both), first otherwise.
   local block = nil
-  if L[1] == 't' then
+  if L[1] == 't' or L[1] == 'T' then
     block = KEYS[n + 1]
   elseif redis.call('PTTL', KEYS[n + 1]) > 0 then
     return nil
@@ -96,7 +96,7 @@ local function lean(KEYS, ARGV, L)
   local bounds_at = 5
   local out = { 1, 0 }
   -- With several limits, what to write (or take back) once every limit admits (or
-  -- one does not): per limit, its letter and its try's values.
+  -- one does not): per limit, its letter, its try's values and what it spent.
   local pending = nil
   local at = 1
   for i = 1, n do
@@ -104,6 +104,12 @@ local function lean(KEYS, ARGV, L)
     local argc = L[at + 1]
     local key = KEYS[i]
     local ok, r1, r2, c1, c2, c3
+    -- A member that counts requests (its letter in capitals) spends one.
+    local cost = cost
+    if kind == 'W' or kind == 'C' or kind == 'T' or kind == 'R' then
+      kind = string.lower(kind)
+      cost = 1
+    end
     if kind == 'w' then
       local offset = nil
       if argc > 2 then
@@ -162,10 +168,11 @@ local function lean(KEYS, ARGV, L)
     end
     if not ok then
       if pending then
-        for j = 1, #pending, 5 do
+        for j = 1, #pending, 6 do
           if pending[j] == 'w' then
             -- (A window it started, the count the cost: a key that held nothing.)
-            period_undo(pending[j + 1], cost, pending[j + 2], pending[j + 2] == cost and -1 or 1)
+            local spent = pending[j + 5]
+            period_undo(pending[j + 1], spent, pending[j + 2], pending[j + 2] == spent and -1 or 1)
           end
         end
       end
@@ -179,17 +186,18 @@ local function lean(KEYS, ARGV, L)
       pending[p + 3] = c1
       pending[p + 4] = c2 or false
       pending[p + 5] = c3 or false
+      pending[p + 6] = cost
     end
     at = at + 2 + argc
   end
   if pending then
-    for j = 1, #pending, 5 do
+    for j = 1, #pending, 6 do
       local kind = pending[j]
       if kind == 't' then
         token_bucket_commit(pending[j + 1], pending[j + 2], pending[j + 3], pending[j + 4])
       elseif kind == 'r' then
         local a = pending[j + 4]
-        rolling_commit(pending[j + 1], pending[j + 3] or nil, pending[j + 2], cost,
+        rolling_commit(pending[j + 1], pending[j + 3] or nil, pending[j + 2], pending[j + 5],
           L[a + 3], L[a + 4])
       end
     end

@@ -1,5 +1,5 @@
 //! The operations on a key other than a check, for the limiter handles: peek, refund,
-//! reset, block and reserve, each one engine call on Redis (or answered by the
+//! settle, reset, block and reserve, each one engine call on Redis (or answered by the
 //! in-process state while Redis cannot), sharing the check's script and keys.
 
 use std::num::NonZeroU32;
@@ -19,6 +19,10 @@ pub(crate) enum Operation {
     Peek,
     /// Gives the cost back.
     Refund,
+    /// Settles a request to what it really cost: `delta` units more than it spent
+    /// (spent whatever the limit says: above the limit, the key owes them), or fewer
+    /// (given back).
+    Settle { delta: i64 },
     /// Forgets the key (and lifts its block).
     Reset,
     /// Refuses the key for the cost, in milliseconds.
@@ -34,6 +38,7 @@ impl Operation {
         match self {
             Self::Peek => "p",
             Self::Refund => "f",
+            Self::Settle { .. } => "s",
             Self::Reset => "x",
             Self::Block => "b",
             Self::Reserve { .. } => "v",
@@ -74,7 +79,12 @@ pub(crate) fn operate<T: Hosts + ?Sized>(
         Operation::Reserve { max_wait_us } => max_wait_us,
         _ => store.blocks().lockout_ms(),
     };
-    let call = engine_call(&**store, key, &redis_key, op.letter(), cost, param, &[]);
+    let call = match op {
+        Operation::Settle { delta } => {
+            engine_call(&**store, key, &redis_key, op.letter(), delta, param, &[])
+        }
+        _ => engine_call(&**store, key, &redis_key, op.letter(), cost, param, &[]),
+    };
     let store = Arc::clone(store);
     let redis = Arc::clone(redis);
     let key = key.to_vec();
@@ -130,6 +140,10 @@ fn operate_locally<T: Hosts + ?Sized>(
         Operation::Peek => store.local(key, units, source, false),
         Operation::Refund => {
             store.local_refund(key, units);
+            store.local(key, 0, source, false)
+        }
+        Operation::Settle { delta } => {
+            store.local_settle(key, delta);
             store.local(key, 0, source, false)
         }
         Operation::Reset => {

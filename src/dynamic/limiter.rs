@@ -377,6 +377,11 @@ impl<A: WithLimit, S: LimitSource> Limiter for DynamicLimiter<A, S> {
         self.shared.with_limiter(key, |l| l.refund(key, cost))
     }
 
+    /// Settles under `key`'s known limit.
+    fn settle(&self, key: &[u8], delta: i64) -> Option<Check> {
+        self.shared.with_limiter(key, |l| l.settle(key, delta))
+    }
+
     /// Forgets `key` (its state is one whatever its limit).
     fn reset(&self, key: &[u8]) -> Option<Check> {
         self.shared.with_limiter(key, |l| l.reset(key))

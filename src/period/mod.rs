@@ -340,6 +340,30 @@ impl PeriodHosts {
     }
 }
 
+impl PeriodHosts {
+    /// How the in-process window open at `now_us` is chosen: by the period (and its
+    /// alignment), or by the calendar.
+    fn schedule(&self, now_us: u64) -> Schedule {
+        match &self.calendar {
+            None => Schedule {
+                period_us: self.period_ms * 1_000,
+                offset_us: self.offset_ms.map(|ms| ms * 1_000),
+                calendar: None,
+            },
+            Some(calendar) => {
+                let now_ms = i64::try_from(now_us / 1_000).unwrap_or(i64::MAX);
+                let bounds = calendar.bounds(now_ms);
+                let (_, length_ms) = bounds.window(now_ms);
+                Schedule {
+                    period_us: u64::try_from(length_ms).unwrap_or(0) * 1_000,
+                    offset_us: None,
+                    calendar: Some(bounds),
+                }
+            }
+        }
+    }
+}
+
 impl Hosts for PeriodHosts {
     fn remote(&self) -> &Remote {
         &self.remote
@@ -400,23 +424,7 @@ impl Hosts for PeriodHosts {
 
     fn local(&self, key: &[u8], cost: u32, source: Source, spend: bool) -> Decision {
         let now_us = self.remote.backend().clock().now_us();
-        let schedule = match &self.calendar {
-            None => Schedule {
-                period_us: self.period_ms * 1_000,
-                offset_us: self.offset_ms.map(|ms| ms * 1_000),
-                calendar: None,
-            },
-            Some(calendar) => {
-                let now_ms = i64::try_from(now_us / 1_000).unwrap_or(i64::MAX);
-                let bounds = calendar.bounds(now_ms);
-                let (_, length_ms) = bounds.window(now_ms);
-                Schedule {
-                    period_us: u64::try_from(length_ms).unwrap_or(0) * 1_000,
-                    offset_us: None,
-                    calendar: Some(bounds),
-                }
-            }
-        };
+        let schedule = self.schedule(now_us);
         let quota = self.local_quota;
         let hit = self
             .windows
@@ -428,6 +436,13 @@ impl Hosts for PeriodHosts {
     fn local_refund(&self, key: &[u8], cost: u32) {
         let now_us = self.remote.backend().clock().now_us();
         self.windows.refund(key, u64::from(cost), now_us);
+    }
+
+    fn local_charge(&self, key: &[u8], cost: u64) {
+        let now_us = self.remote.backend().clock().now_us();
+        let schedule = self.schedule(now_us);
+        self.windows
+            .hit(key, cost, u64::MAX, schedule, now_us, true);
     }
 
     fn local_reset(&self, key: &[u8]) {

@@ -128,6 +128,16 @@ local function period_save(key, s)
     redis.call('SET', key, s.count, 'PX', string.format('%d', s.ttl))
   end
 end
+-- period_charge(s, cost): counts `cost` on state `s` whatever the quota says (a
+-- settlement's extra cost): a count above the quota is debt, which refuses the key
+-- until the window ends; the next window starts afresh (the debt ends with its window).
+local function period_charge(s, cost)
+  if s.stepped or s.skew ~= s.stored_skew then
+    s.rekey = true
+  end
+  s.count = s.count + cost
+  s.added = s.added + cost
+end
 -- period_refund(key, a, now_us, cost): gives `cost` units back to the current window (a
 -- window emptied by it is deleted: the next request starts a new one).
 local function period_refund(key, a, now_us, cost)

@@ -265,6 +265,11 @@ impl Hosts for RollingHosts {
         self.rings.refund(key, u64::from(cost), now_us);
     }
 
+    fn local_charge(&self, key: &[u8], cost: u64) {
+        let now_us = self.remote.backend().clock().now_us();
+        self.rings.hit(key, cost, u64::MAX, now_us, true);
+    }
+
     fn local_reset(&self, key: &[u8]) {
         self.rings.reset(key);
     }

@@ -142,6 +142,19 @@ local function rolling_save(key, s)
     redis.call('PEXPIRE', key, string.format('%d', (s.buckets + 1 + s.skew) * s.interval))
   end
 end
+-- rolling_charge(s, cost): counts `cost` in the current bucket of state `s` whatever
+-- the limit says (a settlement's extra cost): a sum above the limit is debt, which
+-- refuses the key until enough of the oldest buckets have expired.
+local function rolling_charge(s, cost)
+  s.housekeep = true
+  s.added = s.added + cost
+  s.sum = s.sum + cost
+  if not s.live[s.current] then
+    s.live[s.current] = 0
+    s.indices[#s.indices + 1] = s.current
+  end
+  s.live[s.current] = s.live[s.current] + cost
+end
 -- rolling_refund(key, a, now_us, cost): takes `cost` units off the newest buckets first
 -- (the units spent last), deleting the buckets it empties; expired buckets are left to
 -- the next check.

@@ -1,4 +1,5 @@
-//! The response body of a rate-limited service: the inner body, or a rejection's.
+//! The response body of a rate-limited service: the inner body (metered when the layer
+//! settles after the response), or a rejection's.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -6,6 +7,8 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
+
+use super::usage::Meter;
 
 pin_project! {
     /// The body of a response from [`LimitService`](crate::LimitService): the inner service's
@@ -24,6 +27,8 @@ pin_project! {
         Inner {
             #[pin]
             body: B,
+            // Only when the layer settles after the response: what settles it at the end.
+            meter: Option<Box<Meter>>,
         },
         Rejection {
             data: Option<Bytes>,
@@ -32,9 +37,9 @@ pin_project! {
 }
 
 impl<B> ResponseBody<B> {
-    pub(crate) fn inner(body: B) -> Self {
+    pub(crate) fn inner(body: B, meter: Option<Box<Meter>>) -> Self {
         Self {
-            kind: Kind::Inner { body },
+            kind: Kind::Inner { body, meter },
         }
     }
 
@@ -59,21 +64,42 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
         match self.project().kind.project() {
-            KindProj::Inner { body } => body.poll_frame(cx),
+            KindProj::Inner { mut body, meter } => {
+                let polled = body.as_mut().poll_frame(cx);
+                if let Some(meter) = meter {
+                    match &polled {
+                        Poll::Ready(Some(Ok(frame))) => {
+                            if let Some(data) = frame.data_ref() {
+                                meter.data(data);
+                            } else if let Some(trailers) = frame.trailers_ref() {
+                                meter.trailers(trailers);
+                            }
+                            // A body that says it has ended may not be polled again.
+                            if body.is_end_stream() {
+                                meter.finish(true);
+                            }
+                        }
+                        Poll::Ready(Some(Err(_))) => meter.finish(false),
+                        Poll::Ready(None) => meter.finish(true),
+                        Poll::Pending => {}
+                    }
+                }
+                polled
+            }
             KindProj::Rejection { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
         }
     }
 
     fn is_end_stream(&self) -> bool {
         match &self.kind {
-            Kind::Inner { body } => body.is_end_stream(),
+            Kind::Inner { body, .. } => body.is_end_stream(),
             Kind::Rejection { data } => data.is_none(),
         }
     }
 
     fn size_hint(&self) -> SizeHint {
         match &self.kind {
-            Kind::Inner { body } => body.size_hint(),
+            Kind::Inner { body, .. } => body.size_hint(),
             Kind::Rejection { data } => {
                 SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
             }

@@ -49,7 +49,8 @@ pin_project! {
             #[pin]
             future: S::Future,
             headers: Option<Ready>,
-            // Only with counting by outcome: what gives the units back after the response.
+            // Only when the layer settles after the response (counting by outcome, usage):
+            // what settles the request's units.
             settle: Option<(Arc<dyn Respond>, Settle)>,
         },
         Done {
@@ -132,10 +133,15 @@ where
                     if respond.is_shadow() {
                         let mut service = service.take().expect("polled after completion");
                         let future = service.call(request);
+                        // A shadow layer settles what its check admitted (as it counts).
+                        let settle = settle
+                            .take()
+                            .filter(|_| decision.is_admitted())
+                            .map(|s| (Arc::clone(respond), s));
                         this.state.set(State::Inner {
                             future,
                             headers: None,
-                            settle: None,
+                            settle,
                         });
                     } else if decision.is_admitted() {
                         let mut service = service.take().expect("polled after completion");
@@ -167,23 +173,21 @@ where
                     settle,
                 } => {
                     let result = ready!(future.poll(cx));
-                    if let Some((respond, settle)) = settle.take() {
-                        match &result {
-                            Ok(response) => {
-                                respond.settle(response.status(), response.headers(), settle);
-                            }
-                            Err(_) => respond.settle(
-                                http::StatusCode::INTERNAL_SERVER_ERROR,
-                                &http::HeaderMap::new(),
-                                settle,
-                            ),
+                    let meter = settle.take().and_then(|(respond, settle)| match &result {
+                        Ok(response) => {
+                            respond.settle(response.status(), response.headers(), settle)
                         }
-                    }
+                        Err(_) => respond.settle(
+                            http::StatusCode::INTERNAL_SERVER_ERROR,
+                            &http::HeaderMap::new(),
+                            settle,
+                        ),
+                    });
                     let mut response = result?;
                     if let Some(headers) = headers.take() {
                         headers.apply(response.headers_mut());
                     }
-                    return Poll::Ready(Ok(response.map(ResponseBody::inner)));
+                    return Poll::Ready(Ok(response.map(|body| ResponseBody::inner(body, meter))));
                 }
                 StateProj::Done { response } => {
                     let response = response.take().expect("polled after completion");

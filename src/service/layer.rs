@@ -242,6 +242,43 @@ impl<A, K, C, R> LayerBuilder<A, K, C, R> {
         self
     }
 
+    /// Settles each admitted request to what it really cost, read from its response by
+    /// `usage`, when the response body ends (see [`Usage`](crate::service::Usage) and
+    /// the guide's [Limits on usage](crate::guide#limits-on-usage)).
+    ///
+    /// The check spends the request's [cost](Self::cost) as an estimate; at the end of
+    /// the body, one call settles the difference: less gives units back, more spends
+    /// them past the limit (the key then owes them, and is refused until they are paid
+    /// off: `Retry-After` says when). A body cut short (a client gone, an error, a
+    /// panic) settles what it produced; a request whose actual cost cannot be read
+    /// keeps its estimate. Needs a limiter that can settle (the built-in ones, sets,
+    /// plans). A [shadow](Self::shadow) layer settles what its checks admitted, as it
+    /// counts them; with [`count_if`](Self::count_if), a response that does not count
+    /// is refunded instead.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use http::{HeaderName, Request};
+    /// use tower_redis_ratelimit::service::Usage;
+    /// use tower_redis_ratelimit::{key::HeaderKey, Backend, TokenBucketLayer};
+    ///
+    /// # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
+    /// // 1000 rows a minute: 100 reserved per query, settled to `x-rows`.
+    /// let layer = TokenBucketLayer::builder(&Backend::in_process())
+    ///     .name("rows")
+    ///     .rate(1_000, Duration::from_secs(60))
+    ///     .burst(1_000)
+    ///     .key(HeaderKey::from_static("x-tenant"))
+    ///     .cost(|_: &Request<()>| 100)
+    ///     .settle(Usage::header(HeaderName::from_static("x-rows")))
+    ///     .build()?;
+    /// # let _ = layer; Ok(()) }
+    /// ```
+    pub fn settle(mut self, usage: crate::service::Usage) -> Self {
+        self.options.usage = Some(usage);
+        self
+    }
+
     /// What to do when no key can be extracted (default: reject with 400).
     pub fn on_missing_key(mut self, missing_key: MissingKey) -> Self {
         self.options.missing_key = missing_key;

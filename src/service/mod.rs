@@ -10,15 +10,18 @@
 //! one layer; [`LayerBuilder::shadow`] evaluates a limit without enforcing it.
 
 mod body;
+mod counted;
 mod future;
 mod layer;
 mod outcome;
 mod plan;
 #[allow(clippy::module_inception)]
 mod service;
+mod usage;
 mod warn;
 
 use std::borrow::Cow;
+use std::sync::Arc;
 
 use bytes::Bytes;
 use http::{Response, StatusCode};
@@ -29,12 +32,15 @@ use crate::metrics::LayerMetrics;
 use crate::response::{HeaderParts, OnRejection, Ready, Rejection};
 
 pub use self::body::ResponseBody;
+pub use self::counted::{CountRequestBytes, CountRequestBytesService, CountedBody};
 pub use self::future::ResponseFuture;
 pub use self::layer::{Algorithm, LayerBuilder, LimitLayer};
 pub use self::outcome::CountIf;
 use self::outcome::Settle;
 pub use self::plan::{ExtensionPlan, PlanLimiter, Plans, SelectPlan};
 pub use self::service::LimitService;
+use self::usage::Meter;
+pub use self::usage::{Finished, Usage};
 pub(crate) use self::warn::MissingKeyWarning;
 pub use self::warn::MISSING_KEY_WARNING_INTERVAL;
 
@@ -98,6 +104,7 @@ pub(crate) struct Options {
     pub(crate) missing_key: MissingKey,
     pub(crate) max_key_len: usize,
     pub(crate) count_if: Option<CountIf>,
+    pub(crate) usage: Option<Usage>,
 }
 
 impl Default for Options {
@@ -109,6 +116,7 @@ impl Default for Options {
             missing_key: MissingKey::default(),
             max_key_len: layer::DEFAULT_MAX_KEY_LEN,
             count_if: None,
+            usage: None,
         }
     }
 }
@@ -182,11 +190,21 @@ pub(crate) trait Respond: Send + Sync + 'static {
     /// Prepares an admitted request for the inner service: its [`Decision`] goes into
     /// the request extensions unless the layer was told not to.
     fn admit(&self, extensions: &mut http::Extensions, decision: Decision);
-    /// Whether admitted requests may be refunded by their outcome ([`CountIf`]).
-    fn counts_by_outcome(&self) -> bool;
+    /// Whether admitted requests are settled after their response: refunded by their
+    /// outcome ([`CountIf`]), or settled to their usage ([`Usage`]).
+    fn settles(&self) -> bool;
     /// After an admitted request's response: gives its units back if the response does
-    /// not count.
-    fn settle(&self, status: http::StatusCode, headers: &http::HeaderMap, settle: Settle);
+    /// not count; otherwise hands `settle` back, with a meter for the response body
+    /// when the layer settles to usage.
+    fn settle(
+        self: Arc<Self>,
+        status: http::StatusCode,
+        headers: &http::HeaderMap,
+        settle: Settle,
+    ) -> Option<Box<Meter>>;
+    /// Settles an admitted request by `delta` units (one call of the limiter, in the
+    /// background when it needs a round trip).
+    fn settle_usage(&self, settle: &Settle, delta: i64);
 }
 
 impl<L, K, C, R> Respond for Shared<L, K, C, R>
@@ -274,29 +292,53 @@ where
         }
     }
 
-    fn counts_by_outcome(&self) -> bool {
-        self.options.count_if.is_some()
+    fn settles(&self) -> bool {
+        (self.options.count_if.is_some() && !self.options.shadow) || self.options.usage.is_some()
     }
 
-    fn settle(&self, status: http::StatusCode, headers: &http::HeaderMap, settle: Settle) {
-        let Some(count_if) = &self.options.count_if else {
-            return;
-        };
-        if count_if.counts(status, headers) {
+    fn settle(
+        self: Arc<Self>,
+        status: http::StatusCode,
+        headers: &http::HeaderMap,
+        settle: Settle,
+    ) -> Option<Box<Meter>> {
+        match &self.options.count_if {
+            Some(count_if) if !self.options.shadow && !count_if.counts(status, headers) => {
+                let refund = self
+                    .limiter
+                    .refund_policy(settle.policy, &settle.key, settle.cost);
+                in_background(refund);
+                None
+            }
+            _ => {
+                let usage = self.options.usage.clone()?;
+                Some(Box::new(Meter::new(self, settle, usage, headers)))
+            }
+        }
+    }
+
+    fn settle_usage(&self, settle: &Settle, delta: i64) {
+        if delta == 0 {
             return;
         }
-        let refund = self
-            .limiter
-            .refund_policy(settle.policy, &settle.key, settle.cost);
-        let Some(mut refund) = refund else {
-            return;
-        };
-        if refund.take_ready().is_some() {
-            return;
-        }
-        // On Redis: one round trip in the background, so the response does not wait.
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(refund);
-        }
+        crate::metrics::settled(self.limiter.policies()[settle.policy].name(), delta);
+        in_background(
+            self.limiter
+                .settle_policy(settle.policy, &settle.key, delta),
+        );
+    }
+}
+
+/// Runs a check made after the response (a refund, a settlement): at once in process,
+/// on Redis in the background (one round trip), so the response does not wait.
+fn in_background(check: Option<crate::limiter::Check>) {
+    let Some(mut check) = check else {
+        return;
+    };
+    if check.take_ready().is_some() {
+        return;
+    }
+    if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+        runtime.spawn(check);
     }
 }

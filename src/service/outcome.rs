@@ -74,11 +74,17 @@ impl fmt::Debug for CountIf {
     }
 }
 
-/// What a response future keeps to give an admitted request's units back.
+/// What a response future keeps to settle an admitted request after its response:
+/// give its units back ([`CountIf`]), or settle them to what it really cost
+/// ([`Usage`](super::Usage)).
 #[derive(Debug)]
 pub(crate) struct Settle {
     pub(crate) key: Box<[u8]>,
     pub(crate) cost: NonZeroU32,
     /// The policy the units were spent under (a plan's, for per-plan limits).
     pub(crate) policy: usize,
+    /// A shadow layer's check still in flight: whether it admitted, once known.
+    pub(crate) admitted: Option<tokio::sync::oneshot::Receiver<bool>>,
+    /// The request body's bytes, when the layer settles to them.
+    pub(crate) request_bytes: Option<Arc<super::counted::RequestBytes>>,
 }

@@ -286,6 +286,17 @@ where
         self.limiter(index).refund(key, cost)
     }
 
+    /// Settles under the default (first) plan; a layer that settles after the response
+    /// settles under the plan that spent the units
+    /// ([`settle_policy`](Limiter::settle_policy)).
+    fn settle(&self, key: &[u8], delta: i64) -> Option<Check> {
+        self.plans[0].1.settle(key, delta)
+    }
+
+    fn settle_policy(&self, index: usize, key: &[u8], delta: i64) -> Option<Check> {
+        self.limiter(index).settle(key, delta)
+    }
+
     /// Forgets `key` under every plan (a key's plan may change), and says where it
     /// stands under the default one.
     fn reset(&self, key: &[u8]) -> Option<Check> {

@@ -11,8 +11,9 @@ use std::task::{Context, Poll};
 use http::{Request, Response};
 use tower_service::Service;
 
+use super::counted::{RequestBytes, RequestBytesSlot};
 use super::future::ResponseFuture;
-use super::{MissingKey, Respond, ResponseBody, Settle, Shared};
+use super::{MissingKey, Respond, ResponseBody, Settle, Shared, Usage};
 use crate::cost::Cost;
 use crate::key::KeyExtractor;
 use crate::limiter::{Check, Limiter};
@@ -108,11 +109,13 @@ where
         let mut settle = None;
         let mut check: Check = match shared.key.extract(&req) {
             Some(key) if key.len() <= shared.options.max_key_len => {
-                if shared.counts_by_outcome() && !shared.options.shadow {
+                if shared.settles() {
                     settle = Some(Settle {
                         key: (*key).into(),
                         cost,
                         policy,
+                        admitted: None,
+                        request_bytes: None,
                     });
                 }
                 shared.limiter.check_policy(policy, &key, cost)
@@ -135,10 +138,28 @@ where
                 }
             }
         };
+        if let Some(settle) = &mut settle {
+            if shared
+                .options
+                .usage
+                .as_ref()
+                .is_some_and(Usage::counts_request)
+            {
+                // The request body's bytes, counted by `CountRequestBytes` inside.
+                let bytes = Arc::new(RequestBytes::default());
+                req.extensions_mut()
+                    .insert(RequestBytesSlot(Arc::clone(&bytes)));
+                settle.request_bytes = Some(bytes);
+            }
+        }
         if let Some(decision) = check.take_ready() {
             shared.record(policy, &decision);
             return if shared.options.shadow {
-                ResponseFuture::inner(self.inner.call(req), None, None)
+                // A shadow layer settles what its check admitted (as it counts).
+                let settle = settle
+                    .filter(|_| decision.is_admitted())
+                    .map(|s| (Arc::clone(shared) as Arc<dyn Respond>, s));
+                ResponseFuture::inner(self.inner.call(req), None, settle)
             } else if decision.is_admitted() {
                 // Known at once: the headers are built here, and the decision moves into
                 // the request, so the future holds no reference to the layer.
@@ -157,11 +178,23 @@ where
             // runs (and is recorded) in a task of its own when there is a runtime.
             if let Ok(runtime) = tokio::runtime::Handle::try_current() {
                 let respond: Arc<dyn Respond> = shared.clone();
+                // Settling waits for the check: only what it admitted is settled.
+                let (admitted, settle) = match settle {
+                    Some(mut settle) => {
+                        let (tx, rx) = tokio::sync::oneshot::channel();
+                        settle.admitted = Some(rx);
+                        (Some(tx), Some((Arc::clone(&respond), settle)))
+                    }
+                    None => (None, None),
+                };
                 runtime.spawn(async move {
                     let decision = check.await;
                     respond.record(policy, &decision);
+                    if let Some(admitted) = admitted {
+                        let _ = admitted.send(decision.is_admitted());
+                    }
                 });
-                return ResponseFuture::inner(self.inner.call(req), None, None);
+                return ResponseFuture::inner(self.inner.call(req), None, settle);
             }
         }
         // The check needs a round trip: hand the ready inner service to the future and

@@ -144,6 +144,22 @@ impl Tat {
         }
     }
 
+    /// Spends `cost` tokens at `now_ns` whatever the bucket holds (as the script's
+    /// `token_bucket_charge`): a TAT taken beyond `now + tau` is debt, which the next
+    /// hits refuse until the time has paid it off.
+    pub(crate) fn charge(&mut self, bucket: Bucket, cost: u64, now_ns: u64) {
+        let interval = bucket.interval_ns.max(1);
+        let tau = interval.saturating_mul(bucket.burst);
+        let (now_ns, skew) = self.key_now(tau, now_ns);
+        let tat = self.tat.max(now_ns);
+        self.store(
+            tat.saturating_add(cost.saturating_mul(interval)),
+            now_ns,
+            skew,
+            tau,
+        );
+    }
+
     /// Puts `cost` tokens back at `now_ns`: TAT moves back by their intervals, never
     /// below the key's time (as in the script; a bucket full again is forgotten).
     pub(crate) fn refund(&mut self, bucket: Bucket, cost: u64, now_ns: u64) {
@@ -216,6 +232,14 @@ impl Buckets {
         self.store.modify(self.key(key), |tat: &mut Tat| {
             tat.refund(bucket, cost, now_ns)
         });
+    }
+
+    /// Spends `cost` tokens of `key`'s bucket whatever it holds (see [`Tat::charge`]).
+    pub(crate) fn charge(&self, key: &[u8], bucket: Bucket, cost: u64, now_ns: u64) {
+        self.store
+            .update(self.key(key), Tat::default, |tat: &mut Tat| {
+                tat.charge(bucket, cost, now_ns)
+            });
     }
 
     /// Forgets `key`'s bucket.

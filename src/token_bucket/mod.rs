@@ -418,6 +418,11 @@ impl Hosts for TokenBucketHosts {
             .refund(key, self.local, u64::from(cost), now_ns);
     }
 
+    fn local_charge(&self, key: &[u8], cost: u64) {
+        let now_ns = self.remote.backend().clock().elapsed_ns();
+        self.buckets.charge(key, self.local, cost, now_ns);
+    }
+
     fn local_reset(&self, key: &[u8]) {
         self.buckets.reset(key);
     }

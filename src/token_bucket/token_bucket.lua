@@ -127,6 +127,17 @@ local function token_bucket_save(key, s)
     token_bucket_store(key, s)
   end
 end
+-- token_bucket_charge(s, cost): spends `cost` tokens on state `s` whatever the bucket
+-- holds (a settlement's extra cost): a TAT taken beyond now + tau is debt, which the
+-- next steps refuse until the time has paid it off (their wait says when). Never
+-- clamped to a caller's clock: a charge only moves the TAT on.
+local function token_bucket_charge(s, cost)
+  s.tat = s.tat + cost * s.interval
+  s.spent = true
+  if s.skew ~= s.stored_skew then
+    s.rekey = true
+  end
+end
 -- token_bucket_refund(key, a, now_us, cost): puts `cost` tokens back (TAT moves back by
 -- their intervals, never below the key's time; a bucket full again is deleted).
 local function token_bucket_refund(key, a, now_us, cost)
