@@ -9,16 +9,11 @@
 //! with one request at a time costs exactly what it did: one call each, no waiting.
 
 use std::num::NonZeroU32;
-use std::sync::Arc;
 
 use dashmap::DashMap;
 use tokio::sync::oneshot;
 
-use super::call::Call;
-use super::check::engine_call;
 use super::deny::PreHashed;
-use super::hosts::Hosts;
-use super::redis::RedisBackend;
 
 /// The calls in flight of one limiter, and the checks waiting for them.
 #[derive(Debug, Default)]
@@ -74,89 +69,6 @@ impl Coalescer {
             false
         });
         waiting
-    }
-}
-
-/// A check that makes its own call: what the call's future needs, and, with
-/// coalescing, the key's turn. Once that call is over (or the check is dropped), the
-/// checks that queued meanwhile go to Redis together, and so on until nobody waits.
-pub(crate) struct Leader<T: Hosts + ?Sized> {
-    pub(crate) store: Arc<T>,
-    pub(crate) redis: Arc<RedisBackend>,
-    pub(crate) redis_key: Vec<u8>,
-    /// The key's hash in the coalescer, when this check took the key's turn.
-    pub(crate) turn: Option<u128>,
-}
-
-impl<T: Hosts + ?Sized> Drop for Leader<T> {
-    fn drop(&mut self) {
-        let Some(hash) = self.turn else {
-            return;
-        };
-        let waiting = self.store.remote().coalescer().next(hash);
-        if waiting.is_empty() {
-            return;
-        }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            // No runtime to call from: the waiting checks answer by the failure policy.
-            for check in waiting {
-                let _ = check.reply.send(None);
-            }
-            let _ = self.store.remote().coalescer().next(hash);
-            return;
-        };
-        let store = Arc::clone(&self.store);
-        let redis = Arc::clone(&self.redis);
-        let redis_key = std::mem::take(&mut self.redis_key);
-        runtime.spawn(calls(store, redis, redis_key, hash, waiting));
-    }
-}
-
-/// One call per queue of waiting checks of `redis_key` (hashing to `hash`), until
-/// nobody waits.
-async fn calls<T: Hosts + ?Sized>(
-    store: Arc<T>,
-    redis: Arc<RedisBackend>,
-    redis_key: Vec<u8>,
-    hash: u128,
-    mut waiting: Vec<Waiting>,
-) {
-    let remote = store.remote();
-    let part = 2 + store.reply_len();
-    let lockout = store.blocks().lockout_ms();
-    // The limited key, read back from the Redis key (a set's other keys are built from it).
-    let key = remote.key_of(&redis_key).map(|key| key.into_owned());
-    while !waiting.is_empty() {
-        let costs: Vec<u32> = waiting.iter().map(|check| check.cost.get()).collect();
-        let count = costs.len() as u64;
-        let call: Option<Call> = key
-            .as_deref()
-            .map(|key| engine_call(&*store, key, &redis_key, "m", count, lockout, &costs));
-        let result = match &call {
-            Some(call) => {
-                let started = std::time::Instant::now();
-                let result = redis.eval(call).await;
-                remote.record_duration(started.elapsed());
-                if let Err(error) = &result {
-                    remote.record_error(error);
-                }
-                result.ok()
-            }
-            None => None,
-        };
-        match result {
-            Some(reply) if reply.len() == part * waiting.len() => {
-                for (check, part) in waiting.drain(..).zip(reply.chunks(part)) {
-                    let _ = check.reply.send(Some(part.to_vec()));
-                }
-            }
-            _ => {
-                for check in waiting.drain(..) {
-                    let _ = check.reply.send(None);
-                }
-            }
-        }
-        waiting = remote.coalescer().next(hash);
     }
 }
 

@@ -12,7 +12,7 @@ use deadpool_redis::redis::{self, ErrorKind, Script, ServerErrorKind};
 
 use super::call::Call;
 use super::credentials::Rotation;
-use super::redis::ScriptError;
+use super::fault::ScriptError;
 use super::time::Library;
 
 /// Certificates for TLS connections (`rediss://`); never shown by `Debug`.

@@ -1,10 +1,9 @@
 //! The limits' two hosts: [`Hosts`] is one algorithm's two hosts (its Redis script and
-//! its in-process state), [`Remote`] what one limiter needs of the backend, and
-//! [`ENGINE`] the engine's text. A check's journey through them is in `check.rs`
-//! ([`check`](super::check::check())).
+//! its in-process state), and [`Remote`] what one limiter needs of the backend. A
+//! check's journey through them is in `check.rs` ([`check`](super::check::check())).
 
 use std::num::NonZeroU32;
-use std::sync::{Arc, LazyLock, OnceLock};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use super::block::Blocks;
@@ -13,42 +12,9 @@ use super::coalesce::Coalescer;
 use super::layout::{Layout, Owner};
 use super::lease::Leases;
 use super::redis::ScriptError;
-use super::{Backend, Scripts};
+use super::Backend;
 use crate::decision::{Decision, Source};
 use crate::metrics::RedisMetrics;
-
-/// The engine: every algorithm as a function, and the code that runs one limit or a set
-/// of limits with them, in both time versions, as a script (`EVALSHA`) and as a library
-/// of Redis Functions. Loaded once per connection (script) or per server (library).
-pub(crate) static ENGINE: LazyLock<Scripts> =
-    LazyLock::new(|| Scripts::new(&engine_lean(), &engine_general()));
-
-/// The engine's lean check (`lean.lua`, after each algorithm's lean functions): what a
-/// common check runs, before the general engine's text.
-pub(crate) fn engine_lean() -> String {
-    [
-        include_str!("../period/period_lean.lua"),
-        include_str!("../token_bucket/token_bucket_lean.lua"),
-        include_str!("../rolling/rolling_lean.lua"),
-        include_str!("lean.lua"),
-    ]
-    .concat()
-}
-
-/// The general engine (`engine.lua`, after every algorithm's steps), which defines
-/// `engine(KEYS, ARGV, L)`.
-pub(crate) fn engine_general() -> String {
-    [
-        include_str!("../period/period.lua"),
-        include_str!("../token_bucket/token_bucket.lua"),
-        include_str!("../rolling/rolling.lua"),
-        include_str!("engine.lua"),
-    ]
-    .concat()
-}
-
-/// The engine's operation that spends when every limit admits.
-pub(crate) const CHECK: &str = "c";
 
 /// What one limiter needs of the backend: the handle, its Redis key layout, and its
 /// Redis metrics.

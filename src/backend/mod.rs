@@ -88,6 +88,7 @@
 //! `<prefix>:token:*` and `<prefix>:rolling:*` (with `SCAN`, on every master of a
 //! cluster).
 
+mod answer;
 mod block;
 mod builder;
 mod call;
@@ -96,6 +97,7 @@ mod coalesce;
 mod connect;
 mod credentials;
 mod deny;
+mod engine;
 mod fault;
 mod health;
 mod hosts;
@@ -120,6 +122,8 @@ pub(crate) use self::call::{Args, Call};
 pub(crate) use self::check::check;
 pub use self::credentials::{Credentials, CredentialsFuture, CredentialsProvider};
 use self::deny::DenyCache;
+#[doc(hidden)]
+pub use self::engine::engine_script;
 pub use self::health::{
     RedisState, DEFAULT_BREAKER_FAILURE_RATIO, DEFAULT_BREAKER_MIN_CALLS, DEFAULT_BREAKER_WINDOW,
     DEFAULT_RECOVERY,
@@ -129,8 +133,6 @@ pub(crate) use self::layout::{Layout, Owner};
 pub(crate) use self::lease::Leases;
 pub(crate) use self::operate::{operate, Operation};
 use self::redis::{Fault, RedisBackend};
-#[doc(hidden)]
-pub use self::time::engine_script;
 pub(crate) use self::time::Scripts;
 pub use self::time::TimeSource;
 #[doc(hidden)]

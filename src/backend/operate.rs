@@ -6,7 +6,9 @@ use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::check::{answering, blocked, engine_call, read_reply, refusal_or_standing, unavailable};
+use super::answer::{
+    answering, blocked, engine_call, read_reply, refusal_or_standing, unavailable,
+};
 use super::hosts::Hosts;
 use super::FailurePolicy;
 use crate::decision::{Decision, Source};

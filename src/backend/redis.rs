@@ -16,10 +16,10 @@ use tokio::sync::watch;
 
 use super::call::Call;
 use super::connect::{Conn, Connector};
+use super::engine::ENGINE;
 use super::fault::breaks_connection;
 pub(crate) use super::fault::{Fault, ScriptError};
 use super::health::{Breaker, BreakerConfig, Outcome, RedisState};
-use super::hosts::ENGINE;
 
 /// A connection attempt: `None` while under way, then how it ended.
 type Attempt = watch::Receiver<Option<Result<(), ScriptError>>>;

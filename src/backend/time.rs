@@ -258,20 +258,6 @@ impl Scripts {
     }
 }
 
-/// Not part of the API: the text of the script every check runs, in the version that
-/// reads the server's time, so that benchmarks can time a bare `EVALSHA` of the very
-/// same script (`KEYS`: the limit's key, then `<key>:block`; `ARGV`: see
-/// `src/backend/engine.lua`).
-#[doc(hidden)]
-#[must_use]
-pub fn engine_script() -> String {
-    source(
-        TimeSource::Server,
-        &super::hosts::engine_lean(),
-        &super::hosts::engine_general(),
-    )
-}
-
 fn prelude(time: TimeSource) -> &'static str {
     match time {
         TimeSource::Server => SERVER_PRELUDE,
@@ -293,7 +279,7 @@ end
 
 /// The engine's script for `time` (`EVALSHA`): the lean check, the entry (returning
 /// when the lean check decides), and only then the general engine and its call.
-fn source(time: TimeSource, lean: &str, general: &str) -> String {
+pub(super) fn source(time: TimeSource, lean: &str, general: &str) -> String {
     [
         prelude(time),
         lean,
@@ -314,8 +300,8 @@ mod tests {
             (
                 "engine",
                 [
-                    super::super::hosts::engine_lean(),
-                    super::super::hosts::engine_general(),
+                    super::super::engine::engine_lean(),
+                    super::super::engine::engine_general(),
                 ]
                 .concat(),
             ),
