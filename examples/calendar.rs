@@ -16,7 +16,18 @@ use tower_redis_ratelimit::period::{Calendar, Weekday};
 
 const USAGE: &str = "usage: calendar day|week|month ZONE YYYY-MM-DD [FIRST-WEEKDAY]";
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
+fn main() -> std::process::ExitCode {
+    match run() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            // The error's message (an unknown zone names it), not its `Debug` form.
+            eprintln!("error: {error}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let [unit, zone, date, rest @ ..] = args.as_slice() else {
         return Err(USAGE.into());
