@@ -327,23 +327,16 @@ impl<A, K, C, R> LayerBuilder<A, K, C, R> {
         C: Send + Sync + 'static,
         R: OnRejection,
     {
-        let name = self.name.ok_or(ConfigError::Missing { setting: "name" })?;
-        self.backend.failover().validate()?;
-        validate_name("name", &name)?;
-        if self.options.max_key_len == 0 {
-            return Err(ConfigError::Zero {
-                setting: "max_key_len",
-            });
-        }
-        if let MissingKey::Key(key) = &self.options.missing_key {
-            if key.len() > self.options.max_key_len {
-                return Err(ConfigError::Conflict {
-                    reason: "the missing-key fallback key is longer than `max_key_len`",
-                });
-            }
-        }
-        check_key_fits(&self.key, self.options.max_key_len)?;
-        let limiter = self.algorithm.build(&self.backend, &name)?;
+        let Checked {
+            backend,
+            algorithm,
+            name,
+            key,
+            cost,
+            rejection,
+            options,
+        } = self.checked()?;
+        let limiter = algorithm.build(&backend, &name)?;
         let policies = limiter.policies();
         if policies.is_empty() {
             return Err(ConfigError::Missing { setting: "policy" });
@@ -356,17 +349,17 @@ impl<A, K, C, R> LayerBuilder<A, K, C, R> {
         let members = (&limiter as &dyn Any)
             .downcast_ref::<crate::set::SetLimiter>()
             .map(crate::set::SetLimiter::smallest_member);
-        check_fixed_cost(&self.cost, policies.iter().chain(members), &self.backend)?;
+        check_fixed_cost(&cost, policies.iter().chain(members), &backend)?;
         let headers = policies.iter().map(HeaderParts::new).collect();
         let metrics = LayerMetrics::new(policies);
         Ok(LimitLayer {
             shared: Arc::new(Shared {
                 limiter,
-                key: self.key,
-                cost: self.cost,
-                rejection: self.rejection,
+                key,
+                cost,
+                rejection,
                 headers,
-                options: self.options,
+                options,
                 metrics,
                 missing_warning: super::MissingKeyWarning::new(std::any::type_name::<K>()),
             }),
@@ -428,13 +421,14 @@ fn check_key_fits<K: 'static>(key: &K, max_key_len: usize) -> Result<(), ConfigE
     Ok(())
 }
 
-/// A builder's shared settings, checked, for a layer that is not a [`LimitLayer`] (the
-/// [in-flight](crate::in_flight) layer, whose slots outlive the check).
-pub(crate) struct Checked<A, K, R> {
+/// A builder's shared settings, checked: what [`build`](LayerBuilder::build) makes a
+/// [`LimitLayer`] of, and the [in-flight](crate::in_flight) layer its own.
+pub(crate) struct Checked<A, K, C, R> {
     pub(crate) backend: Backend,
     pub(crate) algorithm: A,
     pub(crate) name: String,
     pub(crate) key: K,
+    pub(crate) cost: C,
     pub(crate) rejection: R,
     pub(crate) options: Options,
 }
@@ -442,7 +436,7 @@ pub(crate) struct Checked<A, K, R> {
 impl<A, K: 'static, C, R> LayerBuilder<A, K, C, R> {
     /// Checks the settings every layer shares (name, failure settings, key length, the
     /// missing-key fallback), as [`build`](Self::build) does.
-    pub(crate) fn checked(self) -> Result<Checked<A, K, R>, ConfigError> {
+    pub(crate) fn checked(self) -> Result<Checked<A, K, C, R>, ConfigError> {
         let name = self.name.ok_or(ConfigError::Missing { setting: "name" })?;
         self.backend.failover().validate()?;
         validate_name("name", &name)?;
@@ -464,6 +458,7 @@ impl<A, K: 'static, C, R> LayerBuilder<A, K, C, R> {
             algorithm: self.algorithm,
             name,
             key: self.key,
+            cost: self.cost,
             rejection: self.rejection,
             options: self.options,
         })
