@@ -215,3 +215,94 @@ async fn in_flight_slots_on_keys_over_all_slots() {
         }
     }
 }
+
+/// Rotating credentials on a cluster: every node's connection re-authenticates with the
+/// provider's new user, and the old user's removal from every node fails no decision.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rotating_credentials_reauthenticate_every_nodes_connection() {
+    use std::sync::{Arc, Mutex};
+    use tower_redis_ratelimit::backend::Credentials;
+
+    let cluster = RedisCluster::start(3);
+    let add_user = |user: &str, password: &str| {
+        for node in 0..3 {
+            let reply = cluster.cmd(
+                node,
+                &[
+                    "ACL",
+                    "SETUSER",
+                    user,
+                    "on",
+                    &format!(">{password}"),
+                    "~*",
+                    "&*",
+                    "+@all",
+                ],
+            );
+            assert_eq!(reply, "OK", "node {node}: {reply}");
+        }
+    };
+    let users_on = |node: usize, user: &str| {
+        let needle = format!(" user={user} ");
+        cluster
+            .cmd(node, &["CLIENT", "LIST"])
+            .lines()
+            .filter(|line| line.contains(&needle))
+            .count()
+    };
+    add_user("app-blue", "blue-1");
+    let current = Arc::new(Mutex::new(("app-blue", "blue-1")));
+    let issued = Arc::clone(&current);
+    let backend = Backend::builder()
+        .redis_cluster_urls(cluster.urls())
+        .call_timeout(Duration::from_secs(2))
+        .credentials(move || {
+            let (user, password) = *issued.lock().unwrap();
+            async move {
+                Ok::<_, std::io::Error>(
+                    Credentials::new(user, password).expires_in(Duration::from_millis(800)),
+                )
+            }
+        })
+        .build()
+        .unwrap();
+    let limiter = PeriodLimiter::new(
+        &backend,
+        "rotating",
+        PeriodConfig::new(1_000_000, Duration::from_secs(60)),
+    )
+    .unwrap();
+    let check_all = |limiter: PeriodLimiter| async move {
+        for key in keys() {
+            let d = limiter.check(key.as_bytes(), ONE).await;
+            assert_eq!(d.source, Source::Redis, "key {key:?}: {d:?}");
+        }
+    };
+    check_all(limiter.clone()).await;
+    for node in 0..3 {
+        assert!(
+            users_on(node, "app-blue") > 0,
+            "node {node}: no app-blue connection"
+        );
+    }
+
+    add_user("app-green", "green-2");
+    *current.lock().unwrap() = ("app-green", "green-2");
+    let start = std::time::Instant::now();
+    while (0..3).any(|node| users_on(node, "app-blue") > 0) {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "connections still on app-blue"
+        );
+        check_all(limiter.clone()).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for node in 0..3 {
+        assert_eq!(cluster.cmd(node, &["ACL", "DELUSER", "app-blue"]), "1");
+    }
+    for _ in 0..5 {
+        check_all(limiter.clone()).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(backend.redis_switches(), Some(0));
+}
