@@ -1,13 +1,12 @@
 //! The Redis side of a backend: one kept multiplexed connection (replaced by one
-//! connection attempt at a time), scripts run by SHA under a deadline, each outcome
-//! judged by the breaker, and the one probe that runs from the first failure of a
-//! streak until Redis answers again (the breaker open or not), so that Redis is judged
-//! by time whatever the traffic.
+//! connection attempt at a time), scripts run by SHA under a deadline, and each outcome
+//! judged by the breaker; the probe that runs from the first failure of a streak until
+//! Redis answers again is `redis/probe.rs`.
 
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
-use std::sync::{Arc, LazyLock, Mutex, Weak};
+use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
 
 use arc_swap::{ArcSwap, ArcSwapOption};
@@ -21,11 +20,10 @@ use super::fault::breaks_connection;
 pub(crate) use super::fault::{Fault, ScriptError};
 use super::health::{Breaker, BreakerConfig, Outcome, RedisState};
 
+mod probe;
+
 /// A connection attempt: `None` while under way, then how it ended.
 type Attempt = watch::Receiver<Option<Result<(), ScriptError>>>;
-
-/// The probe: one write, so a server that answers but refuses writes stays in fallback.
-static PROBE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("probe.lua")));
 
 /// How long a connection attempt may take, at least: it runs in the background, so a
 /// far Redis (a round trip near the call timeout) can still be connected to.
@@ -347,30 +345,6 @@ impl RedisBackend {
         }
     }
 
-    /// Whether the probe has work: the breaker is open, or failures have come since
-    /// Redis last answered.
-    fn needs_probe(&self) -> bool {
-        self.state() == RedisState::Fallback || self.breaker.failing()
-    }
-
-    fn start_probe(self: &Arc<Self>) {
-        if self.probing.swap(true, Ordering::AcqRel) {
-            return;
-        }
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => {
-                runtime.spawn(probe(Arc::downgrade(self), self.probe_interval));
-            }
-            // No runtime to probe from: try Redis again on the next check.
-            Err(_) => {
-                self.probing.store(false, Ordering::Release);
-                if self.state() == RedisState::Fallback {
-                    self.breaker.start_recovery();
-                }
-            }
-        }
-    }
-
     /// Logs an error that concerns one key, at most once per key per summary interval,
     /// with the key hashed (keys may be secrets).
     pub(crate) fn key_error(&self, key_hash: u128, error: &ScriptError) {
@@ -396,39 +370,6 @@ impl RedisBackend {
             "redis error for one key: answering it by the failure policy"
         );
     }
-
-    /// One probe: the write script on the kept connection, one round trip.
-    async fn probe_once(self: &Arc<Self>) -> Result<(), ScriptError> {
-        self.register(&PROBE);
-        probed(self.call(&self.probe_call(), By::Probe).await?)
-    }
-
-    fn probe_call(&self) -> Call {
-        let mut call = Call::new(&PROBE, 1, 2, self.probe_key.len() + 20);
-        call.key(self.probe_key.as_bytes())
-            .arg(self.probe_interval.as_millis().max(1000) as u64);
-        call
-    }
-
-    /// Connects now (if no connection is kept) and runs the probe, with the connection
-    /// attempt's deadline rather than a check's: whether checks can go to Redis, for a
-    /// start-up check. The breaker is left as it is.
-    pub(crate) async fn verify(self: &Arc<Self>) -> Result<(), ScriptError> {
-        self.register(&PROBE);
-        let call = self.probe_call();
-        let timeout = self.connect_timeout();
-        let deadline = tokio::time::Instant::now() + timeout;
-        let mut conn = match tokio::time::timeout_at(deadline, self.connection(By::Check)).await {
-            Ok(conn) => conn?,
-            // A TLS connection still not made most often waits for a handshake that a
-            // plaintext server never answers: say so.
-            Err(_) if self.connector.is_tls() => return Err(ScriptError::TlsHandshake(timeout)),
-            Err(_) => return Err(ScriptError::Connecting(timeout)),
-        };
-        tokio::time::timeout_at(deadline, async { probed(conn.script(&call).await?) })
-            .await
-            .unwrap_or(Err(ScriptError::Timeout(timeout)))
-    }
 }
 
 /// [`RedisBackend::functions`]: not known yet.
@@ -441,71 +382,9 @@ const FUNCTIONS_OFF: u8 = 2;
 /// Who makes a call or a connection attempt: a check (judged by the breaker's ratio and
 /// streak) or the probe (judged by the streak only: it runs by time, not by traffic).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum By {
+pub(super) enum By {
     Check,
     Probe,
-}
-
-/// Reads the probe's reply.
-fn probed(reply: Vec<i64>) -> Result<(), ScriptError> {
-    if reply.first() == Some(&1) {
-        Ok(())
-    } else {
-        Err(ScriptError::Reply(reply))
-    }
-}
-
-/// Probes Redis every `interval` while the backend needs it (the breaker is open, or a
-/// streak of failures is under way), until a probe succeeds or the backend is dropped.
-/// Its failures count toward the streak while the breaker is closed, so that a quiet
-/// service is judged within two probes of its first failure; its success ends a streak,
-/// or starts the recovery.
-async fn probe(weak: Weak<RedisBackend>, interval: Duration) {
-    let mut failures = 0u64;
-    loop {
-        tokio::time::sleep(interval).await;
-        let Some(backend) = weak.upgrade() else {
-            return;
-        };
-        backend.breaker.count_away();
-        if !backend.needs_probe() {
-            backend.probing.store(false, Ordering::Release);
-            // A failure between the test and the store found the probe running: go on.
-            if !backend.needs_probe() || backend.probing.swap(true, Ordering::AcqRel) {
-                return;
-            }
-            continue;
-        }
-        let result = backend.probe_once().await;
-        let open = backend.state() == RedisState::Fallback;
-        match result {
-            Ok(()) if open => {
-                backend.probing.store(false, Ordering::Release);
-                backend.breaker.start_recovery();
-                tracing::info!(
-                    failed_probes = failures,
-                    "redis answers again: moving checks back to redis"
-                );
-                // Close the recovery when it is over, also without checks to notice.
-                let recovery = backend.breaker.recovery();
-                drop(backend);
-                tokio::time::sleep(recovery).await;
-                if let Some(backend) = weak.upgrade() {
-                    backend.state();
-                }
-                return;
-            }
-            Ok(()) => {
-                backend.breaker.note(Outcome::Success);
-            }
-            Err(error) => {
-                failures += 1;
-                tracing::debug!(%error, fault = error.fault().label(), "redis probe failed");
-                // Counted as a check's failure would be (nothing is judged while open).
-                backend.count(&error);
-            }
-        }
-    }
 }
 
 /// Repeated errors, summarised in one `warn` at most every [`SUMMARY_INTERVAL`].
