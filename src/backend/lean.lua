@@ -95,9 +95,10 @@ local function lean(KEYS, ARGV, L)
   -- Where the next calendar window's boundaries are in ARGV.
   local bounds_at = 5
   local out = { 1, 0 }
-  -- With several limits, what to write (or take back) once every limit admits (or
-  -- one does not): per limit, its letter, its try's values and what it spent.
-  local pending = nil
+  -- Several limits (one returned above): what to write (or take back) once every
+  -- limit admits (or one does not): per limit, its letter, its try's values and what it
+  -- spent.
+  local pending = {}
   local at = 1
   for i = 1, n do
     local kind = L[at]
@@ -110,13 +111,23 @@ local function lean(KEYS, ARGV, L)
       kind = string.lower(kind)
       cost = 1
     end
-    if kind == 'w' then
-      local offset = nil
-      if argc > 2 then
+    if kind == 'w' or kind == 'c' then
+      -- A fixed window; a calendar window is one aligned to the end of the window
+      -- holding now (its boundaries in ARGV, four per calendar member), taken back as a
+      -- fixed window.
+      local length, offset = L[at + 3], nil
+      if kind == 'c' then
+        now_us = now_us or unix_us(ARGV)
+        local deadline
+        deadline, length = calendar_window(ARGV, bounds_at, math.floor(now_us / 1000))
+        bounds_at = bounds_at + 4
+        offset = -deadline
+        kind = 'w'
+      elseif argc > 2 then
         offset = L[at + 4]
         now_us = now_us or unix_us(ARGV)
       end
-      ok, r1, r2 = period_try(key, L[at + 2], L[at + 3], offset, cost, now_us)
+      ok, r1, r2 = period_try(key, L[at + 2], length, offset, cost, now_us)
       if ok then
         out[#out + 1] = 1
         out[#out + 1] = r1
@@ -128,9 +139,6 @@ local function lean(KEYS, ARGV, L)
       ok, r1, r2, c1, c2, c3 = token_bucket_try(key, i == 1 and block or nil, L[at + 2],
         L[at + 3], L[at + 4], cost, now_us)
       if ok then
-        if n == 1 then
-          token_bucket_commit(key, c1, c2, c3)
-        end
         out[#out + 1] = 1
         out[#out + 1] = r1
         out[#out + 1] = 0
@@ -138,68 +146,42 @@ local function lean(KEYS, ARGV, L)
       end
     elseif kind == 'r' then
       now_us = now_us or unix_us(ARGV)
-      local buckets, interval = L[at + 3], L[at + 4]
-      ok, r1, r2, c1, c2 = rolling_try(key, L[at + 2], buckets, interval, cost, now_us)
+      ok, r1, r2, c1, c2 = rolling_try(key, L[at + 2], L[at + 3], L[at + 4], cost, now_us)
       if ok then
-        if n == 1 then
-          rolling_commit(key, c2, c1, cost, buckets, interval)
-        else
-          c3 = at
-        end
+        c3 = at
         out[#out + 1] = 1
         out[#out + 1] = r1
         out[#out + 1] = 0
         out[#out + 1] = r2
       end
-    elseif kind == 'c' then
-      -- A calendar window: a fixed window aligned to the end of the window holding now.
-      now_us = now_us or unix_us(ARGV)
-      local deadline, length = calendar_window(ARGV, bounds_at, math.floor(now_us / 1000))
-      bounds_at = bounds_at + 4
-      ok, r1, r2 = period_try(key, L[at + 2], length, -deadline, cost, now_us)
-      if ok then
-        out[#out + 1] = 1
-        out[#out + 1] = r1
-        out[#out + 1] = r2
-        c1 = r1
-      end
-      -- Taken back as a fixed window.
-      kind = 'w'
     end
     if not ok then
-      if pending then
-        for j = 1, #pending, 6 do
-          if pending[j] == 'w' then
-            -- (A window it started, the count the cost: a key that held nothing.)
-            local spent = pending[j + 5]
-            period_undo(pending[j + 1], spent, pending[j + 2], pending[j + 2] == spent and -1 or 1)
-          end
+      for j = 1, #pending, 6 do
+        if pending[j] == 'w' then
+          -- (A window it started, the count the cost: a key that held nothing.)
+          local spent = pending[j + 5]
+          period_undo(pending[j + 1], spent, pending[j + 2], pending[j + 2] == spent and -1 or 1)
         end
       end
       return nil
     end
-    if n > 1 then
-      pending = pending or {}
-      local p = #pending
-      pending[p + 1] = kind
-      pending[p + 2] = key
-      pending[p + 3] = c1
-      pending[p + 4] = c2 or false
-      pending[p + 5] = c3 or false
-      pending[p + 6] = cost
-    end
+    local p = #pending
+    pending[p + 1] = kind
+    pending[p + 2] = key
+    pending[p + 3] = c1
+    pending[p + 4] = c2 or false
+    pending[p + 5] = c3 or false
+    pending[p + 6] = cost
     at = at + 2 + argc
   end
-  if pending then
-    for j = 1, #pending, 6 do
-      local kind = pending[j]
-      if kind == 't' then
-        token_bucket_commit(pending[j + 1], pending[j + 2], pending[j + 3], pending[j + 4])
-      elseif kind == 'r' then
-        local a = pending[j + 4]
-        rolling_commit(pending[j + 1], pending[j + 3] or nil, pending[j + 2], pending[j + 5],
-          L[a + 3], L[a + 4])
-      end
+  for j = 1, #pending, 6 do
+    local kind = pending[j]
+    if kind == 't' then
+      token_bucket_commit(pending[j + 1], pending[j + 2], pending[j + 3], pending[j + 4])
+    elseif kind == 'r' then
+      local a = pending[j + 4]
+      rolling_commit(pending[j + 1], pending[j + 3] or nil, pending[j + 2], pending[j + 5],
+        L[a + 3], L[a + 4])
     end
   end
   return out
