@@ -111,9 +111,7 @@ impl Bare {
             .arg(2)
             .arg(&redis_key)
             .arg(format!("{redis_key}:block"))
-            .arg("c")
-            .arg(1)
-            .arg(0)
+            .arg("c:1:0")
             .arg(format!(
                 "t:3:{}:{}:{TAT_EPOCH_SECS}",
                 self.interval_us, self.rate
@@ -121,7 +119,9 @@ impl Bare {
             .query_async(&mut conn)
             .await;
         match reply.as_deref() {
-            Ok([1, ..]) => (StatusCode::OK, "ok"),
+            Ok(reply) if tower_redis_ratelimit::backend::engine_admits(reply) => {
+                (StatusCode::OK, "ok")
+            }
             Ok(_) => (StatusCode::TOO_MANY_REQUESTS, "refused\n"),
             Err(_) => (StatusCode::BAD_GATEWAY, "redis error\n"),
         }

@@ -106,6 +106,40 @@ async fn concurrent_checks_never_admit_more_than_each_limit() {
     }
 }
 
+/// The engine packs an admit's reply into one number when its values fit (`lean.lua`);
+/// limits whose counts and times do not fit (a quota of 2^40 over a year, the largest
+/// burst refilled over a year) get the table instead, one limit or a set, and decide as
+/// the in-process host does.
+#[tokio::test]
+async fn replies_too_large_to_pack_decide_alike() {
+    let redis = RedisServer::start();
+    let year = 365 * DAY;
+    let huge = PeriodConfig::new(1 << 40, year);
+    let bucket = TokenBucketConfig::new(u32::MAX.into(), year, u32::MAX.into());
+    let mut answers = Vec::new();
+    for backend in [redis.uncached_backend(), Backend::in_process()] {
+        let single =
+            tower_redis_ratelimit::period::PeriodLimiter::new(&backend, "huge", huge).unwrap();
+        let set = LimitSet::new().limit("huge", huge).limit("bucket", bucket);
+        let set = SetLimiter::new(&backend, "pair", set).unwrap();
+        let mut seen = Vec::new();
+        for cost in [1, 5, 1_000_000] {
+            let cost = NonZeroU32::new(cost).unwrap();
+            for decision in [single.check(b"k", cost).await, set.check(b"k", cost).await] {
+                assert_ne!(decision.source, Source::Fallback, "{decision:?}");
+                seen.push((decision.state, decision.remaining, decision.reset));
+            }
+        }
+        answers.push(seen);
+    }
+    for (redis, local) in answers[0].iter().zip(&answers[1]) {
+        assert_eq!((redis.0, redis.1), (local.0, local.1), "{answers:?}");
+        // (The hosts read their clocks a moment apart.)
+        assert!(redis.2.abs_diff(local.2) < 2 * SEC, "{answers:?}");
+    }
+    assert_eq!(answers[0][4].1, (1 << 40) - 1_000_006, "{answers:?}");
+}
+
 /// Every limit of a set is in `RateLimit-Policy` and `RateLimit`, in order, on admitted
 /// and refused responses; `Retry-After` is the longest wait among the refusing limits.
 #[tokio::test]

@@ -64,17 +64,18 @@ pub(super) fn cached_refusal<T: Hosts + ?Sized>(
 }
 
 /// One call of the engine for `key` (whose Redis key is `redis_key`): every limit's key
-/// and the block key, then `op`, `count` (a cost, or how many coalesced costs), `param`
-/// (the lockout; a reservation's longest wait; a lease's size), the limits' arguments
-/// (one text), each calendar window's four boundaries, `extra` (the costs of coalesced
-/// checks; a lease's expired unused tokens), and the caller's time when the backend
-/// sends it. The one place that lays out `engine.lua`'s `ARGV`.
+/// and the block key, then the head (one text `op:count:param`: `count` a cost, or how
+/// many coalesced costs; `param` the lockout, a reservation's longest wait or a lease's
+/// size), the limits' arguments (one text), each calendar window's four boundaries,
+/// `extra` (the costs of coalesced checks; a lease's expired unused tokens), and the
+/// caller's time when the backend sends it. The one place that lays out `engine.lua`'s
+/// `ARGV`.
 pub(super) fn engine_call<T: Hosts + ?Sized>(
     store: &T,
     key: &[u8],
     redis_key: &[u8],
     op: &str,
-    count: impl deadpool_redis::redis::ToRedisArgs,
+    count: impl std::fmt::Display,
     param: u64,
     extra: &[u32],
 ) -> Call {
@@ -84,8 +85,8 @@ pub(super) fn engine_call<T: Hosts + ?Sized>(
     let limits = store.limit_count();
     let limit_args = remote.limit_args(|args| store.limit_args(args));
     let (args, bytes) = limit_args.size();
-    // Room for the keys (a set's other keys about as long as the first), three numbers,
-    // the limits' argument, the extra numbers and the time.
+    // Room for the keys (a set's other keys about as long as the first), the head (three
+    // numbers), the limits' argument, the extra numbers and the time.
     let functions = backend
         .redis_handle()
         .is_some_and(|redis| redis.engine_functions());
@@ -94,13 +95,16 @@ pub(super) fn engine_call<T: Hosts + ?Sized>(
         time,
         functions,
         limits + 1,
-        limits + 1 + 3 + args + extra.len() + 1,
+        limits + 1 + 1 + args + extra.len() + 1,
         (limits + 1) * (redis_key.len() + 8) + 3 * 20 + bytes + extra.len() * 10 + 20,
     );
     call.key(redis_key);
     store.extra_keys(key, &mut call);
-    call.key_written(|out| remote.block_layout.write_redis_key(key, out));
-    call.arg(op).arg(count).arg(param);
+    call.written(|out| remote.block_layout.write_redis_key(key, out));
+    call.written(|out| {
+        // (Writing into the call's buffer does not fail.)
+        let _ = write!(out, "{op}:{count}:{param}");
+    });
     call.args(limit_args);
     // Calendar windows: their boundaries around this host's clock (the engine picks the
     // window of the time it reads: the server's, or the caller's sent below).

@@ -86,9 +86,9 @@ impl Call {
         self
     }
 
-    /// Adds a key that `write` writes straight into the call (no copy of it is built
-    /// first).
-    pub(crate) fn key_written(&mut self, write: impl Fn(&mut dyn std::io::Write)) -> &mut Self {
+    /// Adds a key or an argument that `write` writes straight into the call (no copy of
+    /// it is built first).
+    pub(crate) fn written(&mut self, write: impl Fn(&mut dyn std::io::Write)) -> &mut Self {
         self.cmd.arg(WrittenBy(write));
         self
     }

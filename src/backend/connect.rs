@@ -336,11 +336,12 @@ impl Conn {
     }
 
     async fn query(&mut self, cmd: &redis::Cmd) -> Result<Vec<i64>, redis::RedisError> {
-        match self {
-            Self::Single(conn) => cmd.query_async(conn).await,
+        let value: redis::Value = match self {
+            Self::Single(conn) => cmd.query_async(conn).await?,
             #[cfg(feature = "cluster")]
-            Self::Cluster(conn) => cmd.query_async(conn).await,
-        }
+            Self::Cluster(conn) => cmd.query_async(conn).await?,
+        };
+        super::engine::reply_numbers(value)
     }
 
     /// `SCRIPT LOAD`.

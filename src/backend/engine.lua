@@ -7,23 +7,27 @@
 -- writes it at most once, however many checks it decides (coalesced checks, 'm').
 -- KEYS: one key per limit, in order, then the key's block (on Redis Cluster, all in one
 -- slot: they share the limited key's hash tag).
--- ARGV: op ('c' check: spend when every limit admits; 'p' peek: decide, spend nothing;
--- 'f' refund: give the cost back to every limit; 's' settle: the cost is a signed
--- delta, given back when below 0 (as 'f'), spent whatever the limits say when above 0
--- (debt: see each algorithm's X_charge); 'x' reset: forget the key and its
--- block; 'b' block: refuse the key for `cost` ms; 'v' reserve: one token bucket's
--- tokens at the earliest time they fit; 'l' lease: at least the cost of one token
--- bucket's tokens, at most ARGV[3], after giving back the unused tokens of the key's
--- expired lease (their count in ARGV[5]); 'm' several checks of the key at once, their
--- count in place of the cost and their costs from ARGV[5] on), cost, the lockout (ms
--- the key is blocked for when a check is refused; 0: none; for 'v': the longest wait in
--- µs), the limits (one text: per limit its algorithm ('w' fixed window, 't' token
+-- ARGV: first the head, one text 'op:count:param':
+-- - op: 'c' check: spend when every limit admits; 'p' peek: decide, spend nothing;
+--   'f' refund: give the cost back to every limit; 's' settle: the cost is a signed
+--   delta, given back when below 0 (as 'f'), spent whatever the limits say when above
+--   0 (debt: see each algorithm's X_charge); 'x' reset: forget the key and its block;
+--   'b' block: refuse the key for `cost` ms; 'v' reserve: one token bucket's tokens at
+--   the earliest time they fit; 'l' lease: at least the cost of one token bucket's
+--   tokens, at most `param`, after giving back the unused tokens of the key's expired
+--   lease (their count the first extra number); 'm' several checks of the key at once,
+--   their count in place of the cost and their costs the extra numbers;
+-- - count: the cost;
+-- - param: the lockout (ms the key is blocked for when a check is refused; 0: none;
+--   for 'v': the longest wait in µs; for 'l': the lease's size).
+-- Then the limits (one text: per limit its algorithm ('w' fixed window, 't' token
 -- bucket, 'r' rolling window, 'c' calendar window: a fixed window whose boundaries the
 -- call sends; in capitals, a set's member that counts requests, not cost: 1 for any
 -- cost, 0 for a cost of 0, nothing settled), the count of its arguments and the
 -- arguments, separated by ':'), four boundaries per calendar window
 -- (src/period/calendar.rs), then the extra numbers; with the caller's time, that time
--- last. The number of limits n is #KEYS - 1.
+-- last. The number of limits n is #KEYS - 1. (Two texts rather than a word per
+-- argument: Redis spends about a microsecond per argument of a call.)
 -- Returns {admitted by every limit (1/0), ms the key stays blocked (0: not blocked),
 -- then each limit's reply in order}, once per check for 'm'. With more than one
 -- limit, every limit decides first without spending; only when all of them admit does
@@ -46,18 +50,18 @@ algorithms.C = algorithms.c
 algorithms.T = algorithms.t
 algorithms.R = algorithms.r
 -- The engine: built once per library (Redis Functions), or once per call (EVALSHA).
--- `L`: the limits' words (limits_of); the lean check has been tried.
-local function engine(KEYS, ARGV, L)
-local op = ARGV[1]
-local cost = tonumber(ARGV[2])
+-- `L`: the limits' words, `H` the head's (list_of); the lean check has been tried.
+local function engine(KEYS, ARGV, L, H)
+local op = H[1]
+local cost = H[2]
 local n = #KEYS - 1
 -- The lockout (ms) of a check; a reservation's longest wait (µs); a lease's size.
-local param = tonumber(ARGV[3])
+local param = H[3]
 local block = KEYS[n + 1]
 local limits = {}
 local at = 1
 -- Calendar windows' boundaries: four numbers each, after the limits' text.
-local bounds_at = 5
+local bounds_at = 3
 for i = 1, n do
   local argc = L[at + 1]
   local a = {}
@@ -203,7 +207,7 @@ end
 
 local out = {}
 if op == 'm' then
-  -- Coalesced checks of one key, in arrival order: ARGV[2] is their count, their costs
+  -- Coalesced checks of one key, in arrival order: `cost` is their count, their costs
   -- follow the limits' arguments. Each decides as if it were its own call.
   for j = 1, cost do
     decide('c', tonumber(ARGV[at + j - 1]), out)

@@ -100,7 +100,7 @@ impl Remote {
 
     /// Adds the Redis key of `key` to `call`, written straight into it.
     pub(crate) fn add_redis_key(&self, key: &[u8], call: &mut Call) {
-        call.key_written(|out| self.layout.write_redis_key(key, out));
+        call.written(|out| self.layout.write_redis_key(key, out));
     }
 
     /// The key whose Redis key is `redis_key`, if it is one of this limiter's.

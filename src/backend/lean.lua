@@ -3,13 +3,17 @@
 -- it, after the time prelude. On the EVALSHA path the script returns here when the lean
 -- check decides, so the general engine's functions and tables are never built for it;
 -- with Redis Functions everything is built once per library either way.
--- The limits' text (ARGV[4]) read into a list of its words, numbers as numbers. A
--- limiter sends the same text on every call: with Redis Functions the library keeps
--- the lists it read (at most 1000 texts; then it starts again), so a call reads none.
-local limit_lists = {}
-local limit_list_count = 0
-local function limits_of(text)
-  local list = limit_lists[text]
+-- The call's two texts, each read into a list of its words (numbers as numbers):
+-- ARGV[1], the head ('op:count:param': see src/backend/engine.lua), and ARGV[2], the
+-- limits. A limiter sends the same texts on almost every call: with Redis Functions
+-- the library keeps the lists it read (at most 1000 texts of each kind; then it starts
+-- again), so a call reads none. A limits' list also holds what the lean check reads of
+-- each limit: `kinds`, `starts`, `requests`, and the bits of its capacity (`bits`) and
+-- 2^bits (`scales`) for packed replies.
+local texts = { {}, {} }
+local text_counts = { 0, 0 }
+local function list_of(kind, text)
+  local list = texts[kind][text]
   if list then
     return list
   end
@@ -17,71 +21,174 @@ local function limits_of(text)
   for word in string.gmatch(text, '[^:]+') do
     list[#list + 1] = tonumber(word) or word
   end
-  if limit_list_count >= 1000 then
-    limit_lists = {}
-    limit_list_count = 0
+  if kind == 2 then
+    -- Per limit: its letter in lower case, where its words start, whether it counts
+    -- requests (its letter in capitals), and its capacity's bits (a token bucket's
+    -- burst, its second argument, else its first).
+    local kinds, starts, requests, bits, scales = {}, {}, {}, {}, {}
+    local at = 1
+    while at <= #list do
+      local kind = string.lower(list[at])
+      local capacity = list[at + (kind == 't' and 3 or 2)]
+      local b, scale = 0, 1
+      while scale <= capacity do
+        b, scale = b + 1, scale * 2
+      end
+      local i = #kinds + 1
+      kinds[i], starts[i], requests[i], bits[i], scales[i] = kind, at, kind ~= list[at], b,
+        scale
+      at = at + 2 + list[at + 1]
+    end
+    list.kinds, list.starts, list.requests, list.bits, list.scales = kinds, starts, requests,
+      bits, scales
   end
-  limit_lists[text] = list
-  limit_list_count = limit_list_count + 1
+  if text_counts[kind] >= 1000 then
+    texts[kind] = {}
+    text_counts[kind] = 0
+  end
+  texts[kind][text] = list
+  text_counts[kind] = text_counts[kind] + 1
   return list
+end
+
+-- Packed replies: a limit's lean admit is one negative integer (for Redis a table
+-- reply costs more than the check's commands): limit i's n (remaining or count: at most
+-- its capacity, so within its bits), its t (ms or µs) and its shape (0: a fixed
+-- window's {1, n, t}; 1: {1, n, 0, t}), as -(v + 1) where
+-- v = (t * 2^bits + n) * 128 + shape * 64 + bits, when v is below 2^53 (else the reply
+-- is the table). Written out where it is made (a call costs Redis as much as ten
+-- operations); read back by `engine::unpacked` (src/backend/engine.rs).
+
+-- The lean check of a set's limits from limit i on (n limits; `block`: the block key
+-- to read with limit i's key; `now_us`: the time when read; ARGV[bounds_at]: the next
+-- calendar window's boundaries): limit i tries, then the limits after it, and only
+-- when they all admit does limit i write (or, when one does not, take back what it
+-- counted). Returns the reply, a table of each limit's packed reply, or nil (the
+-- general engine decides; also when a reply is too large to pack). Each limit's values
+-- wait in its call's locals (a table for them costs Redis more).
+local function lean_from(KEYS, ARGV, L, cost, n, i, block, now_us, bounds_at)
+  local kind, at, key = L.kinds[i], L.starts[i], KEYS[i]
+  -- A member that counts requests spends one.
+  local spent = L.requests[i] and 1 or cost
+  local ok, r1, r2, c1, c2, c3
+  local shape = 1
+  if kind == 'w' or kind == 'c' then
+    -- A fixed window; a calendar window is one aligned to the end of the window holding
+    -- now (its boundaries in ARGV, four per calendar member), taken back as a fixed
+    -- window.
+    local length, offset = L[at + 3], nil
+    if kind == 'c' then
+      now_us = now_us or unix_us(ARGV)
+      local deadline
+      deadline, length = calendar_window(ARGV, bounds_at, math.floor(now_us / 1000))
+      bounds_at = bounds_at + 4
+      offset = -deadline
+      kind = 'w'
+    elseif L[at + 1] > 2 then
+      offset = L[at + 4]
+      now_us = now_us or unix_us(ARGV)
+    end
+    ok, r1, r2 = period_try(key, L[at + 2], length, offset, spent, now_us)
+    shape = 0
+  elseif kind == 't' then
+    now_us = now_us or unix_us(ARGV)
+    ok, r1, r2, c1, c2, c3 = token_bucket_try(key, block, L[at + 2], L[at + 3], L[at + 4],
+      spent, now_us)
+  else
+    now_us = now_us or unix_us(ARGV)
+    ok, r1, r2, c1, c2 = rolling_try(key, L[at + 2], L[at + 3], L[at + 4], spent, now_us)
+  end
+  if not ok then
+    return nil
+  end
+  -- (Packed: see above.)
+  local reply = (r2 * L.scales[i] + r1) * 128 + shape * 64 + L.bits[i]
+  local out = nil
+  if reply >= 9007199254740992 then
+    reply = nil
+  elseif i == n then
+    out = n == 2 and { false, false } or {}
+  else
+    out = lean_from(KEYS, ARGV, L, cost, n, i + 1, nil, now_us, bounds_at)
+  end
+  if not out then
+    -- A later limit does not admit (or a reply is too large to pack): what a fixed
+    -- window counted is taken back. (A window it started, the count the cost: a key
+    -- that held nothing.)
+    if kind == 'w' then
+      period_undo(key, spent, r1, r1 == spent and -1 or 1)
+    end
+    return nil
+  end
+  if kind == 't' then
+    token_bucket_commit(key, c1, c2, c3)
+  elseif kind == 'r' then
+    rolling_commit(key, c2, c1, spent, L[at + 3], L[at + 4])
+  end
+  out[i] = -reply - 1
+  return out
 end
 
 -- The lean check: a check ('c') that every limit admits on its state as the steps would
 -- (the common case), decided in the fewest commands and tables by each algorithm's
 -- X_try, then written by X_commit (a fixed window counts in its try, and is taken back
--- with period_undo when a later limit does not admit). Returns the engine's reply, or
--- nil when the general engine below decides (a blocked key, a refusal, a skew, a clock
--- step), with nothing changed.
-local function lean(KEYS, ARGV, L)
-  local cost = tonumber(ARGV[2])
+-- with period_undo when a later limit does not admit). Returns the engine's reply
+-- (packed: one limit's as a number, a set's as a table of numbers), or nil when the
+-- general engine below decides (a blocked key, a refusal, a skew, a clock step), with
+-- nothing changed.
+local function lean(KEYS, ARGV, L, cost)
   local n = #KEYS - 1
   if n == 1 then
     -- One limit (L: its letter, its count of arguments, its arguments): the reply made
     -- at once.
     local kind, key, block = L[1], KEYS[1], KEYS[2]
+    local ok, count, t, shape
     if kind == 't' then
-      local ok, left, full_in, tat, now, tau = token_bucket_try(key, block, L[3], L[4], L[5],
-        cost, unix_us(ARGV))
-      if not ok then
-        return nil
-      end
-      token_bucket_commit(key, tat, now, tau)
-      return { 1, 0, 1, left, 0, full_in }
-    end
-    if redis.call('PTTL', block) > 0 then
-      return nil
-    end
-    if kind == 'w' then
-      local offset, now_us = nil, nil
-      if L[2] > 2 then
-        offset = L[5]
-        now_us = unix_us(ARGV)
-      end
-      local ok, count, ttl = period_try(key, L[3], L[4], offset, cost, now_us)
-      if not ok then
-        return nil
-      end
-      return { 1, 0, 1, count, ttl }
-    elseif kind == 'r' then
-      local ok, sum, reset, current, dead = rolling_try(key, L[3], L[4], L[5], cost,
+      local tat, now, tau
+      ok, count, t, tat, now, tau = token_bucket_try(key, block, L[3], L[4], L[5], cost,
         unix_us(ARGV))
       if not ok then
         return nil
       end
-      rolling_commit(key, dead, current, cost, L[4], L[5])
-      return { 1, 0, 1, sum, 0, reset }
-    elseif kind == 'c' then
-      -- A calendar window (its boundaries in ARGV[5] to ARGV[8]): a fixed window of the
-      -- length of the window holding now, aligned to its end.
-      local now_us = unix_us(ARGV)
-      local deadline, length = calendar_window(ARGV, 5, math.floor(now_us / 1000))
-      local ok, count, ttl = period_try(key, L[3], length, -deadline, cost, now_us)
+      token_bucket_commit(key, tat, now, tau)
+      shape = 1
+    else
+      if redis.call('PTTL', block) > 0 then
+        return nil
+      end
+      if kind == 'w' then
+        -- (L[5]: the offset of an aligned window, nil for one that starts at the first
+        -- request.)
+        local offset = L[5]
+        ok, count, t = period_try(key, L[3], L[4], offset, cost, offset and unix_us(ARGV))
+        shape = 0
+      elseif kind == 'r' then
+        local current, dead
+        ok, count, t, current, dead = rolling_try(key, L[3], L[4], L[5], cost, unix_us(ARGV))
+        if ok then
+          rolling_commit(key, dead, current, cost, L[4], L[5])
+        end
+        shape = 1
+      elseif kind == 'c' then
+        -- A calendar window (its boundaries in ARGV[3] to ARGV[6]): a fixed window of the
+        -- length of the window holding now, aligned to its end.
+        local now_us = unix_us(ARGV)
+        local deadline, length = calendar_window(ARGV, 3, math.floor(now_us / 1000))
+        ok, count, t = period_try(key, L[3], length, -deadline, cost, now_us)
+        shape = 0
+      end
       if not ok then
         return nil
       end
-      return { 1, 0, 1, count, ttl }
     end
-    return nil
+    -- (Packed: see above.)
+    local reply = (t * L.scales[1] + count) * 128 + shape * 64 + L.bits[1]
+    if reply < 9007199254740992 then
+      return -reply - 1
+    elseif shape == 0 then
+      return { 1, 0, 1, count, t }
+    end
+    return { 1, 0, 1, count, 0, t }
   end
   -- The block: read with the first limit's key when that limit is a token bucket
   -- (one command for both), first otherwise.
@@ -91,99 +198,5 @@ local function lean(KEYS, ARGV, L)
   elseif redis.call('PTTL', KEYS[n + 1]) > 0 then
     return nil
   end
-  local now_us = nil
-  -- Where the next calendar window's boundaries are in ARGV.
-  local bounds_at = 5
-  local out = { 1, 0 }
-  -- Several limits (one returned above): what to write (or take back) once every
-  -- limit admits (or one does not): per limit, its letter, its try's values and what it
-  -- spent.
-  local pending = {}
-  local at = 1
-  for i = 1, n do
-    local kind = L[at]
-    local argc = L[at + 1]
-    local key = KEYS[i]
-    local ok, r1, r2, c1, c2, c3
-    -- A member that counts requests (its letter in capitals) spends one.
-    local cost = cost
-    if kind == 'W' or kind == 'C' or kind == 'T' or kind == 'R' then
-      kind = string.lower(kind)
-      cost = 1
-    end
-    if kind == 'w' or kind == 'c' then
-      -- A fixed window; a calendar window is one aligned to the end of the window
-      -- holding now (its boundaries in ARGV, four per calendar member), taken back as a
-      -- fixed window.
-      local length, offset = L[at + 3], nil
-      if kind == 'c' then
-        now_us = now_us or unix_us(ARGV)
-        local deadline
-        deadline, length = calendar_window(ARGV, bounds_at, math.floor(now_us / 1000))
-        bounds_at = bounds_at + 4
-        offset = -deadline
-        kind = 'w'
-      elseif argc > 2 then
-        offset = L[at + 4]
-        now_us = now_us or unix_us(ARGV)
-      end
-      ok, r1, r2 = period_try(key, L[at + 2], length, offset, cost, now_us)
-      if ok then
-        out[#out + 1] = 1
-        out[#out + 1] = r1
-        out[#out + 1] = r2
-        c1 = r1
-      end
-    elseif kind == 't' then
-      now_us = now_us or unix_us(ARGV)
-      ok, r1, r2, c1, c2, c3 = token_bucket_try(key, i == 1 and block or nil, L[at + 2],
-        L[at + 3], L[at + 4], cost, now_us)
-      if ok then
-        out[#out + 1] = 1
-        out[#out + 1] = r1
-        out[#out + 1] = 0
-        out[#out + 1] = r2
-      end
-    elseif kind == 'r' then
-      now_us = now_us or unix_us(ARGV)
-      ok, r1, r2, c1, c2 = rolling_try(key, L[at + 2], L[at + 3], L[at + 4], cost, now_us)
-      if ok then
-        c3 = at
-        out[#out + 1] = 1
-        out[#out + 1] = r1
-        out[#out + 1] = 0
-        out[#out + 1] = r2
-      end
-    end
-    if not ok then
-      for j = 1, #pending, 6 do
-        if pending[j] == 'w' then
-          -- (A window it started, the count the cost: a key that held nothing.)
-          local spent = pending[j + 5]
-          period_undo(pending[j + 1], spent, pending[j + 2], pending[j + 2] == spent and -1 or 1)
-        end
-      end
-      return nil
-    end
-    local p = #pending
-    pending[p + 1] = kind
-    pending[p + 2] = key
-    pending[p + 3] = c1
-    pending[p + 4] = c2 or false
-    pending[p + 5] = c3 or false
-    pending[p + 6] = cost
-    at = at + 2 + argc
-  end
-  for j = 1, #pending, 6 do
-    local kind = pending[j]
-    if kind == 't' then
-      token_bucket_commit(pending[j + 1], pending[j + 2], pending[j + 3], pending[j + 4])
-    elseif kind == 'r' then
-      local a = pending[j + 4]
-      rolling_commit(pending[j + 1], pending[j + 3] or nil, pending[j + 2], pending[j + 5],
-        L[a + 3], L[a + 4])
-    end
-  end
-  return out
+  return lean_from(KEYS, ARGV, L, cost, n, 1, block, nil, 3)
 end
-

@@ -123,7 +123,7 @@ pub(crate) use self::check::check;
 pub use self::credentials::{Credentials, CredentialsFuture, CredentialsProvider};
 use self::deny::DenyCache;
 #[doc(hidden)]
-pub use self::engine::engine_script;
+pub use self::engine::{engine_admits, engine_script};
 pub use self::health::{
     RedisState, DEFAULT_BREAKER_FAILURE_RATIO, DEFAULT_BREAKER_MIN_CALLS, DEFAULT_BREAKER_WINDOW,
     DEFAULT_RECOVERY,

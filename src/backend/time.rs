@@ -134,7 +134,8 @@ const SERVER_PRELUDE: &str = "\
 local caller_time = false
 local function unix_us(_)
   local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+  -- (Arithmetic reads TIME's numbers: tonumber() would cost Redis three times as much.)
+  return t[1] * 1000000 + t[2]
 end
 ";
 
@@ -178,8 +179,8 @@ impl Library {
 
 impl Scripts {
     /// Both versions of the engine whose text is `lean` (which defines
-    /// `limits_of(text)` and `lean(KEYS, ARGV, L)`) then `general` (which defines
-    /// `engine(KEYS, ARGV, L)`).
+    /// `list_of(kind, text)` and `lean(KEYS, ARGV, L, cost)`) then `general` (which
+    /// defines `engine(KEYS, ARGV, L, H)`).
     pub(crate) fn new(lean: &str, general: &str) -> Self {
         let hash = Script::new(&[lean, general].concat()).get_hash().to_owned();
         let tag = &hash[..16];
@@ -193,7 +194,7 @@ impl Scripts {
             text.push_str(general);
             text.push_str(&format!(
                 "redis.register_function('{name}', function(KEYS, ARGV)\n{ENTRY}\
-                 return engine(KEYS, ARGV, L)\nend)\nend\n"
+                 return engine(KEYS, ARGV, L, H)\nend)\nend\n"
             ));
         }
         Self {
@@ -265,12 +266,14 @@ fn prelude(time: TimeSource) -> &'static str {
     }
 }
 
-/// The engine's entry: the limits' words, then the lean check for a check, which returns
+/// The engine's entry: the head's and the limits' words (read from the library's lists
+/// when it holds them, without a call), then the lean check for a check, which returns
 /// when it decides.
 const ENTRY: &str = "\
-local L = limits_of(ARGV[4])
-if ARGV[1] == 'c' then
-  local out = lean(KEYS, ARGV, L)
+local H = texts[1][ARGV[1]] or list_of(1, ARGV[1])
+local L = texts[2][ARGV[2]] or list_of(2, ARGV[2])
+if H[1] == 'c' then
+  local out = lean(KEYS, ARGV, L, H[2])
   if out then
     return out
   end
@@ -285,7 +288,7 @@ pub(super) fn source(time: TimeSource, lean: &str, general: &str) -> String {
         lean,
         ENTRY,
         general,
-        "return engine(KEYS, ARGV, L)\n",
+        "return engine(KEYS, ARGV, L, H)\n",
     ]
     .concat()
 }

@@ -38,8 +38,8 @@ local function rolling_state(key, a, now_us)
   for i = 1, #fields, 2 do
     local index = tonumber(fields[i])
     local count = tonumber(fields[i + 1])
-    if index and count and count > 0 and count == math.floor(count)
-        and index == math.floor(index) and (newest == nil or index > newest) then
+    if index and count and count > 0 and count % 1 == 0 and index % 1 == 0
+        and (newest == nil or index > newest) then
       newest = index
     elseif fields[i] == 's' then
       stored_skew = count or 0
@@ -65,8 +65,8 @@ local function rolling_state(key, a, now_us)
   for i = 1, #fields, 2 do
     local index = tonumber(fields[i])
     local count = tonumber(fields[i + 1])
-    if index and count and count > 0 and count == math.floor(count)
-        and index == math.floor(index) and index >= oldest then
+    if index and count and count > 0 and count % 1 == 0 and index % 1 == 0
+        and index >= oldest then
       sum = sum + count
       if not live[index] then
         live[index] = 0

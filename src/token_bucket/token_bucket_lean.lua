@@ -61,22 +61,31 @@ local function token_bucket_try(key, block, interval, burst, epoch, cost, now_us
   if tat == nil or tat < now then
     tat = now
   end
-  local eps = token_bucket_eps(now, tau)
-  tat = math.min(tat, now + tau)
+  -- (token_bucket_eps, token_bucket_tokens and token_bucket_us written out: for Redis
+  -- a call of a function costs as much as ten operations.)
+  local eps = ((now < 0 and -now or now) + tau) * 2 ^ -49 + 0.0001
+  if tat > now + tau then
+    tat = now + tau
+  end
   local new_tat = tat + cost * interval
   if new_tat - tau - now > eps then
     return false
   end
   local full_in = new_tat - now
-  return true, token_bucket_tokens(tau - full_in, interval, eps), token_bucket_us(full_in, eps),
-    new_tat, now, tau
+  return true, math.floor((tau - full_in + eps) / interval), math.ceil(full_in - eps), new_tat,
+    now, tau
 end
 
+-- The TAT goes to Redis as a number, which Redis writes with 17 significant digits: the
+-- very double, read back alike by every release (the steps write four decimals).
 local function token_bucket_commit(key, tat, now, tau)
-  local ttl = math.max(1, math.ceil((tat - now) / 1000))
+  local ttl = math.ceil((tat - now) / 1000)
+  if ttl < 1 then
+    ttl = 1
+  end
   if caller_time then
     ttl = ttl + math.max(math.ceil(tau / 1000), 1000)
   end
   -- (A whole number of ms below 2^53: Redis writes it without exponent.)
-  redis.call('SET', key, string.format('%.4f', tat), 'PX', ttl)
+  redis.call('SET', key, tat, 'PX', ttl)
 end
