@@ -33,8 +33,9 @@
 //! --test model` (see `BENCHMARKS.md`). A failure prints the shrunk case and its seed.
 
 mod support;
+#[path = "model/kept.rs"]
+mod kept;
 
-use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -43,6 +44,7 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
+use kept::Kept;
 use support::{RedisServer, ServerClock};
 use tower_redis_ratelimit::backend::{ManualClock, TimeSource};
 use tower_redis_ratelimit::period::{Calendar, PeriodConfig, PeriodLimiter, UtcOffset};
@@ -249,17 +251,6 @@ impl Answer {
     }
 }
 
-/// One limit's state.
-#[derive(Debug, Clone)]
-enum Kept {
-    /// A fixed window: its count and its end (ms), if one is open.
-    Window(Option<(u64, u64)>),
-    /// A token bucket: its theoretical arrival time, in µs × rate (exact).
-    Tat(Option<u128>),
-    /// A rolling window: count per bucket index.
-    Buckets(BTreeMap<u64, u64>),
-}
-
 #[derive(Debug, Clone)]
 struct Model {
     limits: Vec<Limit>,
@@ -302,11 +293,7 @@ impl Model {
         let kept = case
             .limits
             .iter()
-            .map(|l| match l {
-                Limit::Period { .. } => Kept::Window(None),
-                Limit::Bucket { .. } => Kept::Tat(None),
-                Limit::Rolling { .. } => Kept::Buckets(BTreeMap::new()),
-            })
+            .map(|&l| Kept::new(l))
             .collect();
         Self {
             limits: case.limits.clone(),
@@ -317,167 +304,14 @@ impl Model {
         }
     }
 
-    /// One limit deciding `cost` at `now` (ms), spending it if admitted and `spend`.
-    fn decide_one(&mut self, i: usize, now: u64, cost: u64, spend: bool) -> Answer {
-        let limit = self.limits[i];
-        match (&mut self.kept[i], limit) {
-            (
-                Kept::Window(window),
-                Limit::Period {
-                    quota,
-                    period_ms,
-                    align,
-                    ..
-                },
-            ) => {
-                // A new window ends one period from now, or at the next edge of the
-                // periods counted from midnight at the offset.
-                let fresh_end = match align {
-                    None => now + period_ms,
-                    Some(offset) => {
-                        let local = i128::from(now) + i128::from(offset) * 1_000;
-                        let into = local.rem_euclid(i128::from(period_ms));
-                        now - u64::try_from(into).expect("small") + period_ms
-                    }
-                };
-                let (count, end) = match *window {
-                    Some((count, end)) if end > now => (count, end),
-                    _ => (0, fresh_end),
-                };
-                let reset = u128::from(end - now) * 1_000;
-                if count + cost > quota {
-                    let left = quota.saturating_sub(count);
-                    return answer(false, quota, left, reset, Some(reset));
-                }
-                if spend && cost > 0 {
-                    *window = Some((count + cost, end));
-                }
-                answer(true, quota, quota - count - cost, reset, None)
-            }
-            (
-                Kept::Tat(tat),
-                Limit::Bucket {
-                    rate,
-                    period_ms,
-                    burst,
-                },
-            ) => {
-                // Everything in µs × rate: the emission interval is `period_us` exactly.
-                let (rate, interval) = (u128::from(rate), u128::from(period_ms) * 1_000);
-                let tau = interval * u128::from(burst);
-                let now = u128::from(now) * 1_000 * rate;
-                let current = tat.map_or(now, |t| t.max(now));
-                let next = current + u128::from(cost) * interval;
-                if next > tau + now {
-                    let wait = next - tau - now;
-                    let left = (tau + now).saturating_sub(current) / interval;
-                    return answer(
-                        false,
-                        burst,
-                        left as u64,
-                        div_ceil(current - now, rate),
-                        Some(div_ceil(wait, rate)),
-                    );
-                }
-                if spend && cost > 0 {
-                    *tat = Some(next);
-                }
-                let left = (tau - (next - now)) / interval;
-                answer(true, burst, left as u64, div_ceil(next - now, rate), None)
-            }
-            (
-                Kept::Buckets(counts),
-                Limit::Rolling {
-                    limit,
-                    buckets,
-                    interval_ms,
-                },
-            ) => {
-                let current = now / interval_ms;
-                // Live buckets: index above current - buckets.
-                counts.retain(|&index, _| index + buckets > current);
-                let sum: u64 = counts.values().sum();
-                let ms = |t: u64| u128::from(t - now) * 1_000;
-                if sum + cost <= limit {
-                    if spend && cost > 0 {
-                        *counts.entry(current).or_default() += cost;
-                    }
-                    let reset = ms((current + buckets) * interval_ms);
-                    return answer(true, limit, limit - sum - cost, reset, None);
-                }
-                let need = sum + cost - limit;
-                let mut freed = 0;
-                let mut retry = 0;
-                for (&index, &count) in counts.iter() {
-                    freed += count;
-                    if freed >= need {
-                        retry = ms((index + buckets) * interval_ms);
-                        break;
-                    }
-                }
-                let reset = counts
-                    .keys()
-                    .next_back()
-                    .map_or(0, |&newest| ms((newest + buckets) * interval_ms));
-                answer(false, limit, limit.saturating_sub(sum), reset, Some(retry))
-            }
-            _ => unreachable!("a limit's state is of its algorithm"),
-        }
+    /// One limit deciding `cost` at `now` (ms); with `write` (a check's writing
+    /// step), spending it if admitted.
+    fn decide_one(&mut self, i: usize, now: u64, cost: u64, write: bool) -> Answer {
+        self.kept[i].decide(self.limits[i], now, cost, write)
     }
 
     fn refund_one(&mut self, i: usize, now: u64, cost: u64) {
-        let limit = self.limits[i];
-        match (&mut self.kept[i], limit) {
-            (Kept::Window(window), Limit::Period { .. }) => {
-                if let Some((count, end)) = *window {
-                    if end > now {
-                        *window = (count > cost).then(|| (count - cost, end));
-                    }
-                }
-            }
-            (
-                Kept::Tat(tat),
-                Limit::Bucket {
-                    rate, period_ms, ..
-                },
-            ) => {
-                let now = u128::from(now) * 1_000 * u128::from(rate);
-                if let Some(t) = *tat {
-                    if t > now {
-                        let back =
-                            t.saturating_sub(u128::from(cost) * u128::from(period_ms) * 1_000);
-                        let t = back.max(now);
-                        *tat = (t > now).then_some(t);
-                    }
-                }
-            }
-            (
-                Kept::Buckets(counts),
-                Limit::Rolling {
-                    buckets,
-                    interval_ms,
-                    ..
-                },
-            ) => {
-                let current = now / interval_ms;
-                counts.retain(|&index, _| index + buckets > current);
-                let mut cost = cost;
-                let newest_first: Vec<u64> = counts.keys().rev().copied().collect();
-                for index in newest_first {
-                    if cost == 0 {
-                        break;
-                    }
-                    let count = counts.get_mut(&index).expect("listed");
-                    let take = cost.min(*count);
-                    *count -= take;
-                    cost -= take;
-                    if *count == 0 {
-                        counts.remove(&index);
-                    }
-                }
-            }
-            _ => unreachable!("a limit's state is of its algorithm"),
-        }
+        self.kept[i].refund(self.limits[i], now, cost);
     }
 
     /// The one decision of every limit: a set's two passes, then its combination.
@@ -606,14 +440,9 @@ impl Model {
     /// A token bucket alone reserving `cost` at most `max_wait_ms` ahead; `None` for
     /// other limits (they cannot reserve).
     fn reserve(&mut self, now: u64, cost: u64, max_wait_ms: u64) -> Option<Answer> {
-        let (rate, period_ms, burst) = match self.limits[..] {
-            [Limit::Bucket {
-                rate,
-                period_ms,
-                burst,
-            }] if !self.set => (rate, period_ms, burst),
-            _ => return None,
-        };
+        if self.set || !matches!(self.limits[..], [Limit::Bucket { .. }]) {
+            return None;
+        }
         if let Some(answer) = self.exceeds_capacity(cost) {
             return Some(answer);
         }
@@ -621,33 +450,7 @@ impl Model {
             let answer = self.refusal_or_standing(now, cost);
             return Some(self.blocked(now, answer));
         }
-        let Kept::Tat(tat) = &mut self.kept[0] else {
-            unreachable!("a token bucket")
-        };
-        let (rate, interval) = (u128::from(rate), u128::from(period_ms) * 1_000);
-        let tau = interval * u128::from(burst);
-        let now = u128::from(now) * 1_000 * rate;
-        let current = tat.map_or(now, |t| t.max(now));
-        let next = current + u128::from(cost) * interval;
-        let wait = next.saturating_sub(tau + now);
-        if wait > u128::from(max_wait_ms) * 1_000 * rate {
-            let left = (tau + now).saturating_sub(current) / interval;
-            return Some(answer(
-                false,
-                burst,
-                left as u64,
-                div_ceil(current - now, rate),
-                Some(div_ceil(wait, rate)),
-            ));
-        }
-        *tat = Some(next);
-        // Left at the reserved time; the wait before using the tokens.
-        let left = ((tau + wait) - (next - now)) / interval;
-        let mut reserved = answer(true, burst, left as u64, div_ceil(next - now, rate), None);
-        if wait > 0 {
-            reserved.retry_us = Some(div_ceil(wait, rate));
-        }
-        Some(reserved)
+        Some(self.kept[0].reserve(self.limits[0], now, cost, max_wait_ms))
     }
 
     fn peek(&mut self, now: u64, cost: u64) -> Answer {
@@ -668,57 +471,9 @@ impl Model {
         self.stands(now)
     }
 
-    /// Spends `cost` of limit `i` at `now` (ms), whatever it holds: a window's count
-    /// above its quota, a TAT beyond a full burst ahead, a sum above the limit.
+    /// Spends `cost` of limit `i` at `now` (ms), whatever it holds.
     fn charge_one(&mut self, i: usize, now: u64, cost: u64) {
-        let limit = self.limits[i];
-        match (&mut self.kept[i], limit) {
-            (
-                Kept::Window(window),
-                Limit::Period {
-                    period_ms, align, ..
-                },
-            ) => {
-                let (count, end) = match *window {
-                    Some((count, end)) if end > now => (count, end),
-                    _ => {
-                        let end = match align {
-                            None => now + period_ms,
-                            Some(offset) => {
-                                let local = i128::from(now) + i128::from(offset) * 1_000;
-                                let into = local.rem_euclid(i128::from(period_ms));
-                                now - u64::try_from(into).expect("small") + period_ms
-                            }
-                        };
-                        (0, end)
-                    }
-                };
-                *window = Some((count + cost, end));
-            }
-            (
-                Kept::Tat(tat),
-                Limit::Bucket {
-                    rate, period_ms, ..
-                },
-            ) => {
-                let now = u128::from(now) * 1_000 * u128::from(rate);
-                let current = tat.map_or(now, |t| t.max(now));
-                *tat = Some(current + u128::from(cost) * u128::from(period_ms) * 1_000);
-            }
-            (
-                Kept::Buckets(counts),
-                Limit::Rolling {
-                    buckets,
-                    interval_ms,
-                    ..
-                },
-            ) => {
-                let current = now / interval_ms;
-                counts.retain(|&index, _| index + buckets > current);
-                *counts.entry(current).or_default() += cost;
-            }
-            _ => unreachable!("a limit's state is of its algorithm"),
-        }
+        self.kept[i].charge(self.limits[i], now, cost);
     }
 
     /// Settles every limit by `delta`: spent past the limit above 0, given back below.
