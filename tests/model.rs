@@ -32,9 +32,9 @@
 //! `scripts/test`); a release runs `PROPTEST_CASES=2000 cargo nextest run --all-features
 //! --test model` (see `BENCHMARKS.md`). A failure prints the shrunk case and its seed.
 
-mod support;
 #[path = "model/kept.rs"]
 mod kept;
+mod support;
 
 use std::fmt::Write as _;
 use std::num::NonZeroU32;
@@ -42,9 +42,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::time::Duration;
 
+use kept::Kept;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
-use kept::Kept;
 use support::{RedisServer, ServerClock};
 use tower_redis_ratelimit::backend::{ManualClock, TimeSource};
 use tower_redis_ratelimit::period::{Calendar, PeriodConfig, PeriodLimiter, UtcOffset};
@@ -113,6 +113,10 @@ enum Op {
     Reserve(u32, u64),
     /// Settles the key by this many units: spent past the limit (debt), or given back.
     Settle(i64),
+    /// The Redis server's clock steps by this many milliseconds (negative: back).
+    Step(i64),
+    /// The Redis server's clock comes back to the true time (after its steps).
+    Return,
 }
 
 #[derive(Debug, Clone)]
@@ -197,6 +201,9 @@ fn op(capacity: u32, debt: bool) -> impl Strategy<Value = Op> {
         1 => (cost, prop::sample::select(vec![0u64, 100, 1_000, 5_000]))
             .prop_map(|(cost, wait)| Op::Reserve(cost, wait)),
         2 => settle.prop_map(Op::Settle),
+        1 => prop::sample::select(vec![-20_000i64, -5_000, -1_500, -400, -1, 1, 250, 2_000, 12_000])
+            .prop_map(Op::Step),
+        1 => Just(Op::Return),
     ]
 }
 
@@ -290,11 +297,7 @@ fn answer(
 
 impl Model {
     fn new(case: &Case) -> Self {
-        let kept = case
-            .limits
-            .iter()
-            .map(|&l| Kept::new(l))
-            .collect();
+        let kept = case.limits.iter().map(|&l| Kept::new(l)).collect();
         Self {
             limits: case.limits.clone(),
             set: case.set,
@@ -499,6 +502,17 @@ impl Model {
         self.stands(now)
     }
 
+    /// Forgets what expired before `now` (Redis deletes a key once its time is past its
+    /// expiry: a step back after that does not bring it back).
+    fn expire(&mut self, now: u64) {
+        if now > self.blocked_until {
+            self.blocked_until = 0;
+        }
+        for kept in &mut self.kept {
+            kept.expire(now);
+        }
+    }
+
     fn block(&mut self, now: u64, ms: u64) -> Answer {
         self.blocked_until = now + ms;
         self.stands(now)
@@ -687,6 +701,7 @@ fn agrees(
     host: Host,
     case: &Case,
     reserved: bool,
+    drift_us: u128,
     cost: u64,
     got: &Decision,
     want: &Answer,
@@ -719,6 +734,28 @@ fn agrees(
             Ok(())
         } else {
             Err(format!("expected {want:?}"))
+        };
+    }
+    if got.source == Source::DenyCache && host == Host::RedisCached && drift_us > 0 {
+        // The server's clock stepped while the refusal may have been cached: the cached
+        // refusal is Redis's, aged by this process's clock, which did not step. So its
+        // waits may be off by the steps (a step forward may have ended the window, or
+        // refilled the bucket, early on Redis: the model may even admit), for at most
+        // the cache's maximum age.
+        let near = |got: Option<u128>, want: Option<u128>| match (got, want) {
+            (Some(got), Some(want)) => got.abs_diff(want) <= drift_us || (set && got <= want),
+            _ => false,
+        };
+        let same = answer.state == State::OverQuota
+            && (want.admitted()
+                || (near(answer.retry_us, want.retry_us)
+                    && answer.reset_us <= want.reset_us + drift_us));
+        return if same {
+            Ok(())
+        } else {
+            Err(format!(
+                "expected {want:?} (from the deny cache, the server's clock stepped)"
+            ))
         };
     }
     if got.source == Source::DenyCache && host == Host::RedisCached {
@@ -774,61 +811,87 @@ async fn run(case: &Case, host: Host, serial: u64) -> Result<(), String> {
     let second = limiter(case, &other, &name);
     let mut model = Model::new(case);
     let mut now = T0_MS;
+    // The server clock's steps (ms), and the time on the host's clock: the server's on
+    // the hosts that read it, the true (monotonic) time elsewhere.
+    let mut offset = 0i64;
+    // When it stepped, and by how much (ms).
+    let mut steps: Vec<(u64, u64)> = Vec::new();
+    let stepped = matches!(host, Host::RedisServerTime | Host::RedisCached);
     // Whether a reservation was made (see `agrees`).
     let mut reserved = false;
     let mut log = String::new();
     for (step, op) in case.ops.iter().enumerate() {
         let limiter = if step % 3 == 2 { &second } else { &first };
-        manual.set_us(now * 1_000);
-        shared()
-            .clock
-            .freeze_at(i64::try_from(now * 1_000).expect("fits"));
+        let t = if stepped {
+            now.checked_add_signed(offset).expect("after the epoch")
+        } else {
+            now
+        };
+        if !matches!(op, Op::Wait(_) | Op::Step(_) | Op::Return) {
+            // The server's clock is at the times of the operations only (so its keys
+            // expire at those times, as the model's do).
+            manual.set_us(now * 1_000);
+            shared()
+                .clock
+                .freeze_at(i64::try_from(t * 1_000).expect("fits"));
+            model.expire(t);
+        }
         let key: &[u8] = b"k";
         let one = |cost: u32| NonZeroU32::new(cost).expect("a cost of one or more");
-        let results: Vec<(u64, Decision, Answer)> = match op {
+        let results: Vec<(u64, Answer, Decision)> = match op {
             Op::Wait(ms) => {
                 now += ms;
                 continue;
             }
-            Op::Check(cost) => vec![(
-                u64::from(*cost),
-                limiter.check(key, one(*cost)).await,
-                model.check(now, u64::from(*cost)),
-            )],
+            Op::Step(ms) => {
+                offset += ms;
+                steps.push((now, ms.unsigned_abs()));
+                continue;
+            }
+            Op::Return => {
+                steps.push((now, offset.unsigned_abs()));
+                offset = 0;
+                continue;
+            }
+            Op::Check(cost) => {
+                let decision = limiter.check(key, one(*cost)).await;
+                let cost = u64::from(*cost);
+                vec![(cost, check(&mut model, t, cost, &decision), decision)]
+            }
             Op::Peek(cost) => vec![(
                 u64::from(*cost),
+                model.peek(t, u64::from(*cost)),
                 limiter.peek(key, one(*cost)).expect("built-in").await,
-                model.peek(now, u64::from(*cost)),
             )],
             Op::Refund(cost) => vec![(
                 0,
+                model.refund(t, u64::from(*cost)),
                 limiter.refund(key, one(*cost)).expect("built-in").await,
-                model.refund(now, u64::from(*cost)),
             )],
             Op::Reset => vec![(
                 0,
+                model.reset(t),
                 limiter.reset(key).expect("built-in").await,
-                model.reset(now),
             )],
             Op::Settle(delta) => vec![(
                 0,
+                model.settle(t, *delta),
                 limiter.settle(key, *delta).expect("built-in").await,
-                model.settle(now, *delta),
             )],
             Op::Block(ms) => vec![(
                 0,
+                model.block(t, *ms),
                 limiter
                     .block(key, Duration::from_millis(*ms))
                     .expect("built-in")
                     .await,
-                model.block(now, *ms),
             )],
             Op::Reserve(cost, max_wait_ms) => {
                 reserved = true;
                 let max_wait = Duration::from_millis(*max_wait_ms);
                 let got = limiter.reserve(key, one(*cost), max_wait);
-                match (got, model.reserve(now, u64::from(*cost), *max_wait_ms)) {
-                    (Some(check), Some(want)) => vec![(u64::from(*cost), check.await, want)],
+                match (got, model.reserve(t, u64::from(*cost), *max_wait_ms)) {
+                    (Some(check), Some(want)) => vec![(u64::from(*cost), want, check.await)],
                     (None, None) => continue,
                     (got, want) => {
                         return Err(format!(
@@ -853,13 +916,19 @@ async fn run(case: &Case, host: Host, serial: u64) -> Result<(), String> {
                 costs
                     .iter()
                     .zip(decisions)
-                    .map(|(&c, d)| (u64::from(c), d, model.check(now, u64::from(c))))
+                    .map(|(&c, d)| (u64::from(c), check(&mut model, t, u64::from(c), &d), d))
                     .collect()
             }
         };
-        for (cost, decision, want) in results {
+        // The server clock's steps within a deny-cache entry's life (see `agrees`).
+        let drift_us: u128 = steps
+            .iter()
+            .filter(|(at, _)| at + DENY_CACHE_MAX_AGE_MS > now)
+            .map(|(_, by)| u128::from(*by) * 1_000)
+            .sum();
+        for (cost, want, decision) in results {
             let _ = writeln!(log, "  #{step} at +{} ms {op:?}: {decision:?}", now - T0_MS);
-            if let Err(why) = agrees(host, case, reserved, cost, &decision, &want) {
+            if let Err(why) = agrees(host, case, reserved, drift_us, cost, &decision, &want) {
                 return Err(format!(
                     "{host:?}, step #{step} ({op:?} at +{} ms): got {:?}, {why}\n{log}",
                     now - T0_MS,
@@ -869,6 +938,21 @@ async fn run(case: &Case, host: Host, serial: u64) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// The deny cache's longest answer from one refusal (the backend's default).
+const DENY_CACHE_MAX_AGE_MS: u64 = 1_000;
+
+/// The model's check of `cost` at `t` where the host decided `got`: a refusal answered
+/// from the deny cache never reached Redis, so the model keeps nothing of it (neither a
+/// spending, judged by `agrees`, nor a skew or a lockout written by a refusal).
+fn check(model: &mut Model, t: u64, cost: u64, got: &Decision) -> Answer {
+    let before = model.clone();
+    let want = model.check(t, cost);
+    if got.source == Source::DenyCache {
+        *model = before;
+    }
+    want
 }
 
 /// Polls `checks` together, in order, until all are done.

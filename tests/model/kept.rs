@@ -154,7 +154,12 @@ fn bucket_params(limit: Limit) -> (u128, u128, u128, u64) {
     };
     // In µs × rate: the emission interval is the period in µs, exactly.
     let interval = u128::from(period_ms) * 1_000;
-    (u128::from(rate), interval, interval * u128::from(burst), burst)
+    (
+        u128::from(rate),
+        interval,
+        interval * u128::from(burst),
+        burst,
+    )
 }
 
 /// A token bucket as a check reads it at `t`: the key's time and its TAT (at least it).
@@ -246,6 +251,23 @@ impl Kept {
             Limit::Period { .. } => Self::Window(None),
             Limit::Bucket { .. } => Self::Tat(None),
             Limit::Rolling { .. } => Self::Buckets(Ring::default()),
+        }
+    }
+
+    /// Forgets the key if it expired before `t`.
+    pub(crate) fn expire(&mut self, t: u64) {
+        match self {
+            Self::Window(window) => {
+                if window.is_some_and(|w| t > w.end) {
+                    *window = None;
+                }
+            }
+            Self::Tat(bucket) => {
+                if bucket.is_some_and(|b| t > b.expiry) {
+                    *bucket = None;
+                }
+            }
+            Self::Buckets(ring) => ring.expire(t),
         }
     }
 
