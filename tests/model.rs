@@ -42,7 +42,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use kept::Kept;
+use kept::{Clock, Kept};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use support::{RedisServer, ServerClock};
@@ -126,6 +126,9 @@ struct Case {
     set: bool,
     /// The limit's (or set's) lockout, in milliseconds.
     lockout_ms: Option<u64>,
+    /// With the callers' clocks, how far the second instance's clock is ahead of the
+    /// first's (ms; negative: behind).
+    caller_skew_ms: i64,
     ops: Vec<Op>,
 }
 
@@ -209,20 +212,23 @@ fn op(capacity: u32, debt: bool) -> impl Strategy<Value = Op> {
 
 fn case() -> impl Strategy<Value = Case> {
     let lockout = prop::option::weighted(0.2, prop::sample::select(vec![200u64, 1_500]));
+    let skew = prop::sample::select(vec![0i64, 0, -2_500, -250, -1, 1, 40, 1_500]);
     (
         prop::collection::vec(limit(), 1..=3),
         any::<bool>(),
         lockout,
+        skew,
     )
-        .prop_flat_map(|(limits, set, lockout_ms)| {
+        .prop_flat_map(|(limits, set, lockout_ms, caller_skew_ms)| {
             let set = set || limits.len() > 1;
             let capacity = limits.iter().map(|l| l.capacity()).min().unwrap_or(1);
             let capacity = u32::try_from(capacity).expect("small");
-            let debt = !limits.iter().any(|l| matches!(l, Limit::Bucket { .. }));
+            let debt = true;
             prop::collection::vec(op(capacity, debt), 1..=40).prop_map(move |ops| Case {
                 limits: limits.clone(),
                 set,
                 lockout_ms,
+                caller_skew_ms,
                 ops,
             })
         })
@@ -266,6 +272,10 @@ struct Model {
     kept: Vec<Kept>,
     /// Blocked until (ms).
     blocked_until: u64,
+    /// The callers' clocks: the algorithms read `read`, the caller's clock (ms), and
+    /// keys expire by the server's.
+    caller: bool,
+    read: u64,
 }
 
 fn div_ceil(a: u128, b: u128) -> u128 {
@@ -304,17 +314,30 @@ impl Model {
             lockout_ms: case.lockout_ms.unwrap_or(0),
             kept,
             blocked_until: 0,
+            caller: false,
+            read: 0,
+        }
+    }
+
+    /// The clocks of an operation at `now` on the server's clock.
+    fn clock(&self, now: u64) -> Clock {
+        Clock {
+            server: now,
+            now: if self.caller { self.read } else { now },
+            caller: self.caller,
         }
     }
 
     /// One limit deciding `cost` at `now` (ms); with `write` (a check's writing
     /// step), spending it if admitted.
     fn decide_one(&mut self, i: usize, now: u64, cost: u64, write: bool) -> Answer {
-        self.kept[i].decide(self.limits[i], now, cost, write)
+        let clock = self.clock(now);
+        self.kept[i].decide(self.limits[i], clock, cost, write)
     }
 
     fn refund_one(&mut self, i: usize, now: u64, cost: u64) {
-        self.kept[i].refund(self.limits[i], now, cost);
+        let clock = self.clock(now);
+        self.kept[i].refund(self.limits[i], clock, cost);
     }
 
     /// The one decision of every limit: a set's two passes, then its combination.
@@ -453,7 +476,8 @@ impl Model {
             let answer = self.refusal_or_standing(now, cost);
             return Some(self.blocked(now, answer));
         }
-        Some(self.kept[0].reserve(self.limits[0], now, cost, max_wait_ms))
+        let clock = self.clock(now);
+        Some(self.kept[0].reserve(self.limits[0], clock, cost, max_wait_ms))
     }
 
     fn peek(&mut self, now: u64, cost: u64) -> Answer {
@@ -476,7 +500,8 @@ impl Model {
 
     /// Spends `cost` of limit `i` at `now` (ms), whatever it holds.
     fn charge_one(&mut self, i: usize, now: u64, cost: u64) {
-        self.kept[i].charge(self.limits[i], now, cost);
+        let clock = self.clock(now);
+        self.kept[i].charge(self.limits[i], clock, cost);
     }
 
     /// Settles every limit by `delta`: spent past the limit above 0, given back below.
@@ -493,12 +518,15 @@ impl Model {
 
     fn reset(&mut self, now: u64) -> Answer {
         let lockout_ms = self.lockout_ms;
+        let (caller, read) = (self.caller, self.read);
         *self = Self::new(&Case {
             limits: self.limits.clone(),
             set: self.set,
             lockout_ms: Some(lockout_ms),
+            caller_skew_ms: 0,
             ops: Vec::new(),
         });
+        (self.caller, self.read) = (caller, read);
         self.stands(now)
     }
 
@@ -544,6 +572,8 @@ const HOSTS: [Host; 5] = [
 struct Shared {
     redis: RedisServer,
     clock: ServerClock,
+    /// A pool of the test's own, for `sweep`.
+    sweeper: deadpool_redis::Pool,
     /// A loopback port nothing listens on.
     dead_port: u16,
 }
@@ -553,6 +583,7 @@ fn shared() -> &'static Shared {
     SHARED.get_or_init(|| {
         let (redis, clock) = RedisServer::start_with_clock();
         Shared {
+            sweeper: redis.pool(),
             redis,
             clock,
             dead_port: support::free_port(),
@@ -560,11 +591,14 @@ fn shared() -> &'static Shared {
     })
 }
 
-fn backend(host: Host, manual: &ManualClock) -> Backend {
+/// A backend for `host`; with the callers' clocks, its clock `ahead_ms` ahead of
+/// `manual`.
+fn backend(host: Host, manual: &ManualClock, ahead_ms: i64) -> Backend {
     let shared = shared();
     // A generous deadline: a loaded machine must not turn a slow call into a fallback.
     let builder = Backend::builder()
         .manual_clock(manual.clone())
+        .caller_clock_offset_us(ahead_ms * 1_000)
         .call_timeout(Duration::from_secs(5));
     match host {
         Host::InProcess => builder.build(),
@@ -700,7 +734,6 @@ fn expected_source(host: Host) -> Source {
 fn agrees(
     host: Host,
     case: &Case,
-    reserved: bool,
     drift_us: u128,
     cost: u64,
     got: &Decision,
@@ -708,54 +741,12 @@ fn agrees(
 ) -> Result<(), String> {
     let set = case.set;
     let answer = Answer::of(got);
-    if host == Host::RedisCallerTime
-        && reserved
-        && !want.admitted()
-        && (!answer.admitted() || cost == 0)
-    {
-        // With callers' clocks, a TAT beyond the horizon may be a caller ahead as well as
-        // a reservation: it reads as an empty bucket, so a refusal after a reservation
-        // may say to retry earlier than the reservation allows, and where the key
-        // stands (cost 0) may read as just full (never admitting a unit more).
-        return if answer.remaining == want.remaining
-            && answer.retry_us <= want.retry_us
-            && answer.reset_us <= want.reset_us
-        {
-            Ok(())
-        } else {
-            Err(format!(
-                "expected {want:?} (after a reservation, callers' clocks)"
-            ))
-        };
-    }
     if want.state == State::ExceedsCapacity {
         // Who answers depends on the breaker's state, not the check.
         return if answer == *want {
             Ok(())
         } else {
             Err(format!("expected {want:?}"))
-        };
-    }
-    if got.source == Source::DenyCache && host == Host::RedisCached && drift_us > 0 {
-        // The server's clock stepped while the refusal may have been cached: the cached
-        // refusal is Redis's, aged by this process's clock, which did not step. So its
-        // waits may be off by the steps (a step forward may have ended the window, or
-        // refilled the bucket, early on Redis: the model may even admit), for at most
-        // the cache's maximum age.
-        let near = |got: Option<u128>, want: Option<u128>| match (got, want) {
-            (Some(got), Some(want)) => got.abs_diff(want) <= drift_us || (set && got <= want),
-            _ => false,
-        };
-        let same = answer.state == State::OverQuota
-            && (want.admitted()
-                || (near(answer.retry_us, want.retry_us)
-                    && answer.reset_us <= want.reset_us + drift_us));
-        return if same {
-            Ok(())
-        } else {
-            Err(format!(
-                "expected {want:?} (from the deny cache, the server's clock stepped)"
-            ))
         };
     }
     if got.source == Source::DenyCache && host == Host::RedisCached {
@@ -779,7 +770,21 @@ fn agrees(
                 // The reset is the cached refusal's (for one unit), not this cost's.
                 answer.remaining == want.remaining && answer.retry_us <= want.retry_us
             };
-        return if same {
+        // The server's clock stepped while the refusal may have been cached: the cached
+        // refusal is Redis's, aged by this process's clock, which did not step. So its
+        // waits may be off by the steps (a step forward may have ended the window, or
+        // refilled the bucket, early on Redis: the model may even admit), for at most
+        // the cache's maximum age.
+        let near = |got: Option<u128>, want: Option<u128>| match (got, want) {
+            (Some(got), Some(want)) => got.abs_diff(want) <= drift_us,
+            _ => false,
+        };
+        let stepped = drift_us > 0
+            && answer.state == State::OverQuota
+            && (want.admitted()
+                || (near(answer.retry_us, want.retry_us)
+                    && answer.reset_us <= want.reset_us + drift_us));
+        return if same || stepped {
             Ok(())
         } else {
             Err(format!("expected {want:?} (from the deny cache)"))
@@ -797,7 +802,7 @@ fn agrees(
 /// Runs `case` on `host` next to the model: the first difference, described.
 async fn run(case: &Case, host: Host, serial: u64) -> Result<(), String> {
     let manual = ManualClock::new(T0_MS * 1_000);
-    let backend = backend(host, &manual);
+    let backend = backend(host, &manual, 0);
     let name = format!("m{serial}-{host:?}");
     let first = limiter(case, &backend, &name);
     // A handle: another limiter of the same name, which every third step goes through.
@@ -805,7 +810,9 @@ async fn run(case: &Case, host: Host, serial: u64) -> Result<(), String> {
     // exactly (Redis without the deny cache); on the same backend otherwise (a process's
     // deny cache and fallback state are its own).
     let other = match host {
-        Host::RedisServerTime | Host::RedisCallerTime => self::backend(host, &manual),
+        Host::RedisServerTime => self::backend(host, &manual, 0),
+        // An instance whose clock is not the first's.
+        Host::RedisCallerTime => self::backend(host, &manual, case.caller_skew_ms),
         Host::InProcess | Host::RedisCached | Host::Fallback => backend.clone(),
     };
     let second = limiter(case, &other, &name);
@@ -816,9 +823,20 @@ async fn run(case: &Case, host: Host, serial: u64) -> Result<(), String> {
     let mut offset = 0i64;
     // When it stepped, and by how much (ms).
     let mut steps: Vec<(u64, u64)> = Vec::new();
-    let stepped = matches!(host, Host::RedisServerTime | Host::RedisCached);
-    // Whether a reservation was made (see `agrees`).
-    let mut reserved = false;
+    let stepped = matches!(
+        host,
+        Host::RedisServerTime | Host::RedisCached | Host::RedisCallerTime
+    );
+    model.caller = host == Host::RedisCallerTime;
+    let redis = !matches!(host, Host::InProcess | Host::Fallback);
+    if redis {
+        // Only this run's keys, for `sweep`.
+        let mut conn = shared().sweeper.get().await.expect("a connection");
+        let () = deadpool_redis::redis::cmd("FLUSHALL")
+            .query_async(&mut conn)
+            .await
+            .expect("FLUSHALL");
+    }
     let mut log = String::new();
     for (step, op) in case.ops.iter().enumerate() {
         let limiter = if step % 3 == 2 { &second } else { &first };
@@ -835,6 +853,16 @@ async fn run(case: &Case, host: Host, serial: u64) -> Result<(), String> {
                 .clock
                 .freeze_at(i64::try_from(t * 1_000).expect("fits"));
             model.expire(t);
+            if redis {
+                sweep().await;
+            }
+            // The caller's clock: the first instance's is the true time.
+            let ahead = if step % 3 == 2 {
+                case.caller_skew_ms
+            } else {
+                0
+            };
+            model.read = now.checked_add_signed(ahead).expect("after the epoch");
         }
         let key: &[u8] = b"k";
         let one = |cost: u32| NonZeroU32::new(cost).expect("a cost of one or more");
@@ -887,7 +915,6 @@ async fn run(case: &Case, host: Host, serial: u64) -> Result<(), String> {
                     .await,
             )],
             Op::Reserve(cost, max_wait_ms) => {
-                reserved = true;
                 let max_wait = Duration::from_millis(*max_wait_ms);
                 let got = limiter.reserve(key, one(*cost), max_wait);
                 match (got, model.reserve(t, u64::from(*cost), *max_wait_ms)) {
@@ -928,7 +955,7 @@ async fn run(case: &Case, host: Host, serial: u64) -> Result<(), String> {
             .sum();
         for (cost, want, decision) in results {
             let _ = writeln!(log, "  #{step} at +{} ms {op:?}: {decision:?}", now - T0_MS);
-            if let Err(why) = agrees(host, case, reserved, drift_us, cost, &decision, &want) {
+            if let Err(why) = agrees(host, case, drift_us, cost, &decision, &want) {
                 return Err(format!(
                     "{host:?}, step #{step} ({op:?} at +{} ms): got {:?}, {why}\n{log}",
                     now - T0_MS,
@@ -938,6 +965,28 @@ async fn run(case: &Case, host: Host, serial: u64) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// Deletes the keys that expired by the server's (frozen) time, as the model forgets
+/// them at each operation: Redis deletes an expired key when it is read, or when its
+/// expiry cycle happens to run, and a step back after that would tell which. `SCAN`
+/// deletes the expired keys it meets; the database holds this run's keys only.
+async fn sweep() {
+    let mut conn = shared().sweeper.get().await.expect("a connection");
+    let mut cursor = 0u64;
+    loop {
+        let (next, _keys): (u64, Vec<Vec<u8>>) = deadpool_redis::redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("COUNT")
+            .arg(1_000)
+            .query_async(&mut conn)
+            .await
+            .expect("SCAN");
+        if next == 0 {
+            return;
+        }
+        cursor = next;
+    }
 }
 
 /// The deny cache's longest answer from one refusal (the backend's default).

@@ -12,6 +12,16 @@ use std::collections::BTreeMap;
 
 use super::{answer, div_ceil, Answer, Limit};
 
+/// The clocks of one operation (ms): the Redis server's (or the in-process host's),
+/// which keys expire by, and the one the algorithm reads: the same, or with the
+/// callers' clocks (`caller`), the caller's.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Clock {
+    pub(crate) server: u64,
+    pub(crate) now: u64,
+    pub(crate) caller: bool,
+}
+
 /// A fixed window's key.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Window {
@@ -69,21 +79,27 @@ struct WindowView {
     skew: u64,
     stored: u64,
     fresh: bool,
+    /// The callers' clocks: an end more than a period away, cut to one period.
+    cut: bool,
 }
 
 impl WindowView {
-    fn at(window: Option<Window>, limit: Limit, t: u64) -> Self {
+    fn at(window: Option<Window>, limit: Limit, c: Clock) -> Self {
         let Limit::Period {
             period_ms, align, ..
         } = limit
         else {
             unreachable!("a fixed window")
         };
-        let live = window.filter(|w| w.end > t);
+        let live = window.filter(|w| w.end > c.server);
         let (mut count, stored) = live.map_or((0, 0), |w| (w.count, w.skew));
-        let ttl = live.map_or(0, |w| w.end - t);
+        let ttl = live.map_or(0, |w| w.end - c.server);
         let (mut skew, mut rem, mut fresh) = (0, ttl, live.is_none());
-        if !fresh && ttl > period_ms {
+        let cut = !fresh && ttl > period_ms && c.caller;
+        if cut {
+            // The callers' clocks: cut to one period (written by a writing step).
+            rem = period_ms;
+        } else if !fresh && ttl > period_ms {
             // An end more than a period away: the clock stepped back. The key's time is
             // at least the window's end minus a period, running on from there.
             skew = stored.max(ttl - period_ms);
@@ -92,7 +108,7 @@ impl WindowView {
         }
         if fresh {
             count = 0;
-            let key_now = t + skew;
+            let key_now = c.now + skew;
             rem = match align {
                 None => period_ms,
                 Some(offset) => edge(key_now, period_ms, offset) - key_now,
@@ -104,11 +120,25 @@ impl WindowView {
             skew,
             stored,
             fresh,
+            cut,
         }
     }
 
+    /// Whether a writing step writes the key even if it adds nothing.
+    fn rekey(&self) -> bool {
+        self.cut || self.skew != self.stored
+    }
+
     /// Writes `added` units and the skew (`rekey`: it changed) as the key stores them.
-    fn save(&self, window: &mut Option<Window>, t: u64, added: u64, rekey: bool) {
+    fn save(&self, window: &mut Option<Window>, c: Clock, added: u64, rekey: bool) {
+        let t = c.server;
+        if self.cut && rekey {
+            // Cut to one period from now, the count kept (and what this step added).
+            let w = window.as_mut().expect("a live window");
+            w.count = self.count + added;
+            w.end = t + self.rem;
+            return;
+        }
         if self.skew > 0 || self.stored > 0 {
             if self.fresh {
                 if added > 0 {
@@ -171,18 +201,18 @@ struct BucketView {
 }
 
 impl BucketView {
-    fn at(bucket: Option<Bucket>, limit: Limit, t: u64) -> Self {
+    fn at(bucket: Option<Bucket>, limit: Limit, c: Clock) -> Self {
         let (rate, _, tau, _) = bucket_params(limit);
-        let live = bucket.filter(|b| b.expiry >= t);
-        let server = u128::from(t) * 1_000 * rate;
+        let live = bucket.filter(|b| b.expiry >= c.server);
+        let read = u128::from(c.now) * 1_000 * rate;
         let stored = live.map_or(0, |b| b.skew);
-        let (mut now, mut skew) = (server, 0);
-        if let Some(b) = live {
+        let (mut now, mut skew) = (read, 0);
+        if let Some(b) = live.filter(|_| !c.caller) {
             // The floor: the earliest time the state proves the key has seen.
             let floor = b.floor.map_or(b.tat.saturating_sub(tau), |f| f * rate);
             if now < floor {
                 skew = stored.max(u64::try_from(div_ceil(floor - now, rate)).expect("small"));
-                now = server + u128::from(skew) * rate;
+                now = read + u128::from(skew) * rate;
             }
         }
         let tat = live.map_or(now, |b| b.tat.max(now));
@@ -194,16 +224,30 @@ impl BucketView {
         }
     }
 
-    fn store(&self, bucket: &mut Option<Bucket>, limit: Limit, t: u64, tat: u128) {
+    /// With the callers' clocks, a caller's view of the TAT: never beyond an empty bucket.
+    fn clamped(&self, limit: Limit, c: Clock) -> u128 {
+        let (_, _, tau, _) = bucket_params(limit);
+        if c.caller {
+            self.tat.min(self.now + tau)
+        } else {
+            self.tat
+        }
+    }
+
+    fn store(&self, bucket: &mut Option<Bucket>, limit: Limit, c: Clock, tat: u128) {
         let (rate, _, tau, _) = bucket_params(limit);
-        let server = u128::from(t) * 1_000 * rate;
-        // Kept until the TAT as a time of the host's clock (whole ms, at least one).
-        let ttl = div_ceil(tat - server, 1_000 * rate).max(1);
+        let read = u128::from(c.now) * 1_000 * rate;
+        // Kept until the TAT as a time of the clock read (whole ms, at least one); with
+        // the callers' clocks, a full refill (at least 1 s) longer.
+        let mut ttl = div_ceil(tat - read, 1_000 * rate).max(1);
+        if c.caller {
+            ttl += div_ceil(tau, 1_000 * rate).max(1_000);
+        }
         *bucket = Some(Bucket {
             tat,
             skew: self.skew,
-            floor: (tat > tau + self.now).then(|| self.now / rate),
-            expiry: t + u64::try_from(ttl).expect("small"),
+            floor: (!c.caller && tat > tau + self.now).then(|| self.now / rate),
+            expiry: c.server + u64::try_from(ttl).expect("small"),
         });
     }
 }
@@ -216,17 +260,21 @@ impl Ring {
     }
 
     /// The key's current bucket and time at `t`, and its skew (buckets).
-    fn current(&self, interval_ms: u64, t: u64) -> (u64, u64, u64) {
-        let current = t / interval_ms;
-        let skew = match self.counts.keys().next_back() {
-            Some(&newest) if newest > current => self.skew.max(newest - current),
-            _ => 0,
-        };
-        (current + skew, t + skew * interval_ms, skew)
+    fn current(&self, interval_ms: u64, c: Clock) -> (u64, u64, u64) {
+        let current = c.now / interval_ms;
+        match self.counts.keys().next_back() {
+            // The callers' clocks: a caller behind counts from the newest bucket.
+            Some(&newest) if newest > current && c.caller => (newest, c.now, 0),
+            Some(&newest) if newest > current => {
+                let skew = self.skew.max(newest - current);
+                (current + skew, c.now + skew * interval_ms, skew)
+            }
+            _ => (current, c.now, 0),
+        }
     }
 
     /// A writing step: dead buckets deleted, the skew stored, `added` counted.
-    fn save(&mut self, limit: Limit, t: u64, added: u64) {
+    fn save(&mut self, limit: Limit, c: Clock, added: u64) {
         let Limit::Rolling {
             buckets,
             interval_ms,
@@ -235,12 +283,12 @@ impl Ring {
         else {
             unreachable!("a rolling window")
         };
-        let (current, _, skew) = self.current(interval_ms, t);
+        let (current, _, skew) = self.current(interval_ms, c);
         self.counts.retain(|&index, _| index + buckets > current);
         self.skew = skew;
         if added > 0 {
             *self.counts.entry(current).or_default() += added;
-            self.expiry = t + (buckets + 1 + skew) * interval_ms;
+            self.expiry = c.server + (buckets + 1 + skew) * interval_ms;
         }
     }
 }
@@ -273,30 +321,30 @@ impl Kept {
 
     /// Decides `cost` at `t`; with `write` (a check's writing step), spends it if
     /// admitted and stores a changed skew.
-    pub(crate) fn decide(&mut self, limit: Limit, t: u64, cost: u64, write: bool) -> Answer {
+    pub(crate) fn decide(&mut self, limit: Limit, c: Clock, cost: u64, write: bool) -> Answer {
         match (self, limit) {
             (Self::Window(window), Limit::Period { quota, .. }) => {
-                let view = WindowView::at(*window, limit, t);
+                let view = WindowView::at(*window, limit, c);
                 let reset = u128::from(view.rem) * 1_000;
-                let rekey = write && view.skew != view.stored;
+                let rekey = write && view.rekey();
                 if view.count + cost > quota {
-                    view.save(window, t, 0, rekey);
+                    view.save(window, c, 0, rekey);
                     let left = quota.saturating_sub(view.count);
                     return answer(false, quota, left, reset, Some(reset));
                 }
                 if write {
-                    view.save(window, t, cost, rekey);
+                    view.save(window, c, cost, rekey);
                 }
                 answer(true, quota, quota - view.count - cost, reset, None)
             }
             (Self::Tat(bucket), Limit::Bucket { .. }) => {
                 let (rate, interval, tau, burst) = bucket_params(limit);
-                let view = BucketView::at(*bucket, limit, t);
-                let (now, current) = (view.now, view.tat);
+                let view = BucketView::at(*bucket, limit, c);
+                let (now, current) = (view.now, view.clamped(limit, c));
                 let next = current + u128::from(cost) * interval;
                 if next > tau + now {
                     if write && view.skew != view.stored {
-                        view.store(bucket, limit, t, current);
+                        view.store(bucket, limit, c, current);
                     }
                     let wait = next - tau - now;
                     let left = (tau + now).saturating_sub(current) / interval;
@@ -309,7 +357,7 @@ impl Kept {
                     );
                 }
                 if write {
-                    view.store(bucket, limit, t, next);
+                    view.store(bucket, limit, c, next);
                 }
                 let left = (tau - (next - now)) / interval;
                 answer(true, burst, left as u64, div_ceil(next - now, rate), None)
@@ -322,8 +370,8 @@ impl Kept {
                     interval_ms,
                 },
             ) => {
-                ring.expire(t);
-                let (current, now, _) = ring.current(interval_ms, t);
+                ring.expire(c.server);
+                let (current, now, _) = ring.current(interval_ms, c);
                 let live = |index: u64| index + buckets > current;
                 let sum: u64 = ring
                     .counts
@@ -334,7 +382,7 @@ impl Kept {
                 let ms = |end: u64| u128::from(end - now) * 1_000;
                 if sum + cost <= most {
                     if write {
-                        ring.save(limit, t, cost);
+                        ring.save(limit, c, cost);
                     }
                     let reset = ms((current + buckets) * interval_ms);
                     return answer(true, most, most - sum - cost, reset, None);
@@ -352,7 +400,7 @@ impl Kept {
                 }
                 let reset = newest.map_or(0, |newest| ms((newest + buckets) * interval_ms));
                 if write {
-                    ring.save(limit, t, 0);
+                    ring.save(limit, c, 0);
                 }
                 answer(false, most, most.saturating_sub(sum), reset, Some(retry))
             }
@@ -361,10 +409,10 @@ impl Kept {
     }
 
     /// Gives `cost` back at `t`.
-    pub(crate) fn refund(&mut self, limit: Limit, t: u64, cost: u64) {
+    pub(crate) fn refund(&mut self, limit: Limit, c: Clock, cost: u64) {
         match (self, limit) {
             (Self::Window(window), Limit::Period { .. }) => {
-                if let Some(w) = window.filter(|w| w.end > t) {
+                if let Some(w) = window.filter(|w| w.end > c.server) {
                     *window = (w.count > cost).then(|| Window {
                         count: w.count - cost,
                         ..w
@@ -373,14 +421,14 @@ impl Kept {
             }
             (Self::Tat(bucket), Limit::Bucket { .. }) => {
                 let (_, interval, _, _) = bucket_params(limit);
-                let view = BucketView::at(*bucket, limit, t);
+                let view = BucketView::at(*bucket, limit, c);
                 if view.tat > view.now {
                     let back = view
                         .tat
                         .saturating_sub(u128::from(cost) * interval)
                         .max(view.now);
                     if back > view.now {
-                        view.store(bucket, limit, t, back);
+                        view.store(bucket, limit, c, back);
                     } else {
                         *bucket = None;
                     }
@@ -394,9 +442,9 @@ impl Kept {
                     ..
                 },
             ) => {
-                ring.expire(t);
+                ring.expire(c.server);
                 // The stored skew, as it is (buckets "in the future" count too).
-                let current = t / interval_ms + ring.skew;
+                let current = c.now / interval_ms + ring.skew;
                 let mut cost = cost;
                 let newest_first: Vec<u64> = ring
                     .counts
@@ -424,38 +472,44 @@ impl Kept {
 
     /// Spends `cost` at `t` whatever the limit holds: a window's count above its quota,
     /// a TAT beyond a full burst ahead, a sum above the limit.
-    pub(crate) fn charge(&mut self, limit: Limit, t: u64, cost: u64) {
+    pub(crate) fn charge(&mut self, limit: Limit, c: Clock, cost: u64) {
         match (self, limit) {
             (Self::Window(window), Limit::Period { .. }) => {
-                let view = WindowView::at(*window, limit, t);
-                view.save(window, t, cost, view.skew != view.stored);
+                let view = WindowView::at(*window, limit, c);
+                view.save(window, c, cost, view.rekey());
             }
             (Self::Tat(bucket), Limit::Bucket { .. }) => {
                 let (_, interval, _, _) = bucket_params(limit);
-                let view = BucketView::at(*bucket, limit, t);
-                view.store(bucket, limit, t, view.tat + u128::from(cost) * interval);
+                let view = BucketView::at(*bucket, limit, c);
+                view.store(bucket, limit, c, view.tat + u128::from(cost) * interval);
             }
             (Self::Buckets(ring), Limit::Rolling { .. }) => {
-                ring.expire(t);
-                ring.save(limit, t, cost);
+                ring.expire(c.server);
+                ring.save(limit, c, cost);
             }
             _ => unreachable!("a limit's state is of its algorithm"),
         }
     }
 
     /// A token bucket reserving `cost` at most `max_wait_ms` ahead, at `t`.
-    pub(crate) fn reserve(&mut self, limit: Limit, t: u64, cost: u64, max_wait_ms: u64) -> Answer {
+    pub(crate) fn reserve(
+        &mut self,
+        limit: Limit,
+        c: Clock,
+        cost: u64,
+        max_wait_ms: u64,
+    ) -> Answer {
         let Self::Tat(bucket) = self else {
             unreachable!("a token bucket")
         };
         let (rate, interval, tau, burst) = bucket_params(limit);
-        let view = BucketView::at(*bucket, limit, t);
+        let view = BucketView::at(*bucket, limit, c);
         let (now, current) = (view.now, view.tat);
         let next = current + u128::from(cost) * interval;
         let wait = next.saturating_sub(tau + now);
         if wait > u128::from(max_wait_ms) * 1_000 * rate {
             if view.skew != view.stored {
-                view.store(bucket, limit, t, current);
+                view.store(bucket, limit, c, current);
             }
             let left = (tau + now).saturating_sub(current) / interval;
             return answer(
@@ -466,7 +520,7 @@ impl Kept {
                 Some(div_ceil(wait, rate)),
             );
         }
-        view.store(bucket, limit, t, next);
+        view.store(bucket, limit, c, next);
         // Left at the reserved time; the wait before using the tokens.
         let left = ((tau + wait) - (next - now)) / interval;
         let mut reserved = answer(true, burst, left as u64, div_ceil(next - now, rate), None);
