@@ -1,36 +1,57 @@
 //! Every path decided like one model (issue 22): generated sequences of operations
-//! (checks, peeks, refunds, settlements, resets, blocks, concurrent batches, time
-//! passing) on one
-//! limit or a set of up to three limits of mixed algorithms, with costs up to above the
-//! capacity, run through every host and path, and compared with a reference model
-//! field by field (state, limit, remaining, reset and retry-after, to the microsecond).
+//! (checks, peeks, refunds, settlements, resets, blocks, reservations, concurrent
+//! batches, time passing, steps of the Redis server's clock back and forward and its
+//! return to the true time) on one limit or a set of up to three limits of mixed
+//! algorithms, with costs up to above the capacity, run through every host and path,
+//! and compared with a reference model field by field (state, limit, remaining, reset
+//! and retry-after, to the microsecond).
 //!
-//! The reference model below is the plainest statement of each algorithm, written apart
-//! from the crate's steps: a fixed window is a count and an end; a token bucket is a
-//! level refilled continuously, in exact integer arithmetic (scaled by the rate, so no
-//! rounding ever happens); a rolling window is a map of bucket index to count.
+//! The reference model is the plainest statement of each algorithm, written apart from
+//! the crate's steps: a fixed window is a count and an end; a token bucket is a level
+//! refilled continuously, in exact integer arithmetic (scaled by the rate, so no
+//! rounding ever happens); a rolling window is a map of bucket index to count. What it
+//! keeps of each key, and the documented clock rules, are in `model/kept.rs`: each key
+//! holds the newest time it has seen (its time is the clock's plus a skew, taken from
+//! its floor: a window's end minus a period, a bucket's TAT minus a burst or a
+//! reservation's time, a rolling window's newest bucket), its expiry is a time of the
+//! server's clock (a key expired there is gone, skew and all: a step back does not bring
+//! it back), and with the callers' clocks a caller behind reads a TAT as at most an
+//! empty bucket and counts from the newest bucket, and a window more than a period away
+//! is cut to one period. The token bucket's documented gap (up to one burst given back
+//! by a step back and its return: a full bucket has no key, and the floor is a lower
+//! bound) is the model's too, since it states the rules the crate documents: the
+//! comparison stays exact.
 //!
 //! Hosts and paths, each on a fresh limiter name per case, every third step through a
 //! second limiter of the same name (a handle: on another instance of the same Redis
-//! where instances agree exactly, on the same backend otherwise):
-//! - in process, on a clock the test sets;
-//! - Redis with the server's clock (frozen by the test at each step), no deny cache, no
-//!   coalescing: batches go one by one;
-//! - Redis with the caller's clock (the same time, sent by the backend);
-//! - Redis with the deny cache and coalescing (the defaults): batches go at once and
-//!   queue behind the first call;
-//! - the fallback: a Redis backend whose Redis never answers (a closed port).
+//! where instances agree exactly, on the same backend otherwise), and what each sees of
+//! the clocks (the true time only moves on; the server's clock is the true time plus the
+//! steps, frozen by the test at each operation):
+//! - in process, on a clock the test sets: the true time. In-process time is monotonic,
+//!   so a step of the wall clock is never seen: the model runs on the true time;
+//! - Redis with the server's clock, no deny cache, no coalescing (batches go one by
+//!   one): the model runs on the server's clock, steps and all;
+//! - Redis with the callers' clocks: the algorithms read the caller's clock (the first
+//!   instance's is the true time; the second's is `caller_skew_ms` off it, from −2.5 s
+//!   to +1.5 s), keys and blocks expire on the server's clock, which steps;
+//! - Redis with the deny cache and coalescing (the defaults; batches go at once and
+//!   queue behind the first call): the server's clock, as above;
+//! - the fallback: a Redis backend whose Redis never answers (a closed port): in-process
+//!   state on the true time.
 //!
 //! Allowed differences, as documented: a refusal answered from the deny cache is the
 //! one Redis gave to a one-unit check, aged, so for a larger cost its retry-after may be
 //! earlier than the model's (and a set's may name another of its limits, whose states
-//! move while the refusal is cached), and its
-//! reset may be earlier when the key was blocked before a window opened; a decision
-//! above the capacity says `Redis` or `Fallback` by the breaker's state.
+//! move while the refusal is cached), and its reset may be earlier when the key was
+//! blocked before a window opened; it is aged by the process's clock, which no step of
+//! the server's moves, so within the cache's maximum age (1 s) after steps its waits may
+//! differ from the model's by up to the steps' sizes, and it may refuse where the model
+//! admits (a step forward ended a window early on Redis). A decision above the capacity
+//! says `Redis` or `Fallback` by the breaker's state. Nothing else may differ.
 //!
 //! `PROPTEST_CASES` sets the number of cases (default 48 here: a short run in
-//! `scripts/test`); a release runs `PROPTEST_CASES=2000 cargo nextest run --all-features
-//! --test model` (see `BENCHMARKS.md`). A failure prints the shrunk case and its seed.
+//! `scripts/test`); a release runs `PROPTEST_CASES=1000 cargo test --all-features
+//! --test model` (see `BENCHMARKS.md`). A failure prints the shrunk case.
 
 #[path = "model/kept.rs"]
 mod kept;
