@@ -45,8 +45,9 @@
 //! move while the refusal is cached), and its reset may be earlier when the key was
 //! blocked before a window opened; it is aged by the process's clock, which no step of
 //! the server's moves, so within the cache's maximum age (1 s) after steps its waits may
-//! differ from the model's by up to the steps' sizes, and it may refuse where the model
-//! admits (a step forward ended a window early on Redis). A decision above the capacity
+//! differ from the model's by up to the steps' sizes (plus a rolling window's interval:
+//! a key's time moves by whole buckets), and it may refuse where the model admits (a
+//! step forward ended a window early on Redis). A decision above the capacity
 //! says `Redis` or `Fallback` by the breaker's state. Nothing else may differ.
 //!
 //! `PROPTEST_CASES` sets the number of cases (default 48 here: a short run in
@@ -844,6 +845,11 @@ async fn run(case: &Case, host: Host, serial: u64) -> Result<(), String> {
     let mut offset = 0i64;
     // When it stepped, and by how much (ms).
     let mut steps: Vec<(u64, u64)> = Vec::new();
+    let interval_ms = |limit: &Limit| match limit {
+        Limit::Rolling { interval_ms, .. } => *interval_ms,
+        _ => 0,
+    };
+    let granularity_ms = case.limits.iter().map(interval_ms).max().unwrap_or(0);
     let stepped = matches!(
         host,
         Host::RedisServerTime | Host::RedisCached | Host::RedisCallerTime
@@ -968,12 +974,18 @@ async fn run(case: &Case, host: Host, serial: u64) -> Result<(), String> {
                     .collect()
             }
         };
-        // The server clock's steps within a deny-cache entry's life (see `agrees`).
-        let drift_us: u128 = steps
+        // The server clock's steps within a deny-cache entry's life (see `agrees`), and
+        // then a rolling window's interval: a key's time moves by whole buckets.
+        let stepped_us: u128 = steps
             .iter()
             .filter(|(at, _)| at + DENY_CACHE_MAX_AGE_MS > now)
             .map(|(_, by)| u128::from(*by) * 1_000)
             .sum();
+        let drift_us = if stepped_us > 0 {
+            stepped_us + u128::from(granularity_ms) * 1_000
+        } else {
+            0
+        };
         for (cost, want, decision) in results {
             let _ = writeln!(log, "  #{step} at +{} ms {op:?}: {decision:?}", now - T0_MS);
             if let Err(why) = agrees(host, case, drift_us, cost, &decision, &want) {
