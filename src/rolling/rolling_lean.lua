@@ -8,8 +8,8 @@
 -- with the key's time the server's (no skew field, no bucket ahead of now); else false,
 -- and the steps decide (a refusal, a skew, a step back). Nothing is written:
 -- rolling_commit(key, dead, current, cost, buckets, interval) writes what rolling_save
--- would (the key's expiry only when the current bucket starts: it outlives every
--- bucket then).
+-- would (with the server's clock, the key's expiry only when the current bucket starts:
+-- it outlives every bucket then).
 local function rolling_try(key, limit, buckets, interval, cost, now_us)
   local now = math.floor(now_us / 1000)
   local current = math.floor(now / interval)
@@ -53,8 +53,11 @@ local function rolling_commit(key, dead, current, cost, buckets, interval)
     end
   end
   -- The key's expiry is set when its current bucket starts: a window and a bucket past
-  -- then, so past the end of every bucket it holds.
-  if redis.call('HINCRBY', key, string.format('%d', current), cost) == cost then
+  -- then, so past the end of every bucket it holds. With the callers' clocks, at every
+  -- admission: buckets follow the caller's clock and the expiry the server's, so one
+  -- set at a bucket's start (by a caller ahead, or while the server's clock was behind)
+  -- may end before the bucket does.
+  if redis.call('HINCRBY', key, string.format('%d', current), cost) == cost or caller_time then
     redis.call('PEXPIRE', key, string.format('%d', (buckets + 1) * interval))
   end
 end
