@@ -52,8 +52,8 @@
 //! says `Redis` or `Fallback` by the breaker's state. Nothing else may differ.
 //!
 //! `PROPTEST_CASES` sets the number of cases (default 48 here: a short run in
-//! `scripts/test`); a release runs `PROPTEST_CASES=1000 cargo test --all-features
-//! --test model` (see `BENCHMARKS.md`). A failure prints the shrunk case.
+//! `scripts/test`); a release runs `PROPTEST_CASES=3000 cargo test --all-features
+//! --test model` (about 2 minutes; see `BENCHMARKS.md`). A failure prints the shrunk case.
 
 #[path = "model/kept.rs"]
 mod kept;
