@@ -1,12 +1,16 @@
 //! What the reference model of `tests/model.rs` keeps of one limit, and how each
 //! algorithm decides on it at a time of its host's clock, clock steps included.
 //!
-//! Times are milliseconds of the host's clock: the monotonic one in process (never
-//! stepped), the Redis server's on Redis (stepped back and forward by the test). Each
-//! key keeps the newest time it has seen as the documented rules say (the "Clocks"
-//! sections of `src/period`, `src/token_bucket` and `src/rolling`): its time is the
-//! host's plus a skew, stored with its state, and its Redis expiry is a time of the
-//! host's clock, so a key expired on that clock is gone, skew and all.
+//! Times are milliseconds of the host's clocks ([`Clock`]): the monotonic one in
+//! process (never stepped); on Redis the server's (stepped back and forward by the
+//! test), which keys expire by, and the one the algorithm reads: the server's too, or
+//! with the callers' clocks the caller's. Each key keeps the newest time it has seen as
+//! the documented rules say (the "Clocks" sections of `src/period`, `src/token_bucket`
+//! and `src/rolling`): its time is the server's plus a skew, stored with its state, and
+//! its Redis expiry is a time of the server's clock, so a key expired on that clock is
+//! gone, skew and all. With the callers' clocks there is no skew: a caller behind reads
+//! a TAT as at most an empty bucket and counts from a rolling window's newest bucket,
+//! and a window's end more than a period away is cut to one period.
 
 use std::collections::BTreeMap;
 
