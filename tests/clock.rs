@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use support::RedisServer;
 use tokio::time::Instant;
-use tower_redis_ratelimit::backend::TimeSource;
+use tower_redis_ratelimit::backend::{ManualClock, TimeSource};
 use tower_redis_ratelimit::period::{PeriodConfig, PeriodLimiter, UtcOffset};
 use tower_redis_ratelimit::rolling::{RollingConfig, RollingWindowLimiter};
 use tower_redis_ratelimit::token_bucket::{TokenBucketConfig, TokenBucketLimiter};
@@ -326,4 +326,40 @@ async fn period_a_step_back_and_return_admits_nothing_more() {
         let admitted = back_and_return(&limiter, &clock, 120_000_000, 50_000).await;
         assert_eq!(admitted, (5, 0, 0), "{name}");
     }
+}
+
+/// With the callers' clocks, a rolling window's hash is kept a window and an interval
+/// past its last admission on the server's clock, whatever that clock did before. 2 per
+/// 250 ms (one bucket): the caller's clock at `T` (a bucket's start) while the server's
+/// is 400 ms behind, one admitted (the hash then expires 100 ms after `T` on the
+/// server's clock); the server's clock comes back, one more at `T + 1 ms`; at
+/// `T + 101 ms` the bucket still holds both and refuses. Before the fix, the lean check
+/// re-expired the hash only with a bucket's first unit, so the hash expired at
+/// `T + 100 ms` and two more were admitted in that bucket. Found by the model-based test
+/// (tests/model.rs: a step back of the server's clock, a check, the return, checks).
+#[tokio::test]
+async fn rolling_callers_clocks_keep_the_hash_past_every_admission() {
+    let (redis, clock) = RedisServer::start_with_clock();
+    let manual = ManualClock::new(u64::try_from(T_US).unwrap());
+    let backend = Backend::builder()
+        .redis(redis.pool())
+        .time_source(TimeSource::Caller)
+        .manual_clock(manual.clone())
+        .deny_cache(0)
+        .build()
+        .unwrap();
+    let config = RollingConfig::new(2, 1, Duration::from_millis(250));
+    let limiter = RollingWindowLimiter::new(&backend, "r", config).unwrap();
+    let at = |ms: i64, server_behind_ms: i64| {
+        manual.set_us(u64::try_from(T_US + ms * 1_000).unwrap());
+        clock.freeze_at(T_US + (ms - server_behind_ms) * 1_000);
+    };
+    at(0, 400);
+    assert!(check(&limiter, "k").await.is_admitted());
+    at(1, 0);
+    assert!(check(&limiter, "k").await.is_admitted());
+    at(101, 0);
+    let refused = check(&limiter, "k").await;
+    assert!(!refused.is_admitted(), "{refused:?}");
+    assert_eq!(refused.retry_after, Some(Duration::from_millis(149)));
 }

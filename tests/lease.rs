@@ -131,3 +131,38 @@ async fn an_expired_lease_is_given_back_by_the_call_that_takes_the_next() {
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert_eq!(redis.command_calls("evalsha") - calls, 1);
 }
+
+/// A lease and a lockout on one token bucket conflict: a check answered from a lease
+/// never reaches Redis, and a refusal of the check that takes a lease never locked the
+/// key out (the engine's lease call has no room for the lockout), so the lockout was
+/// silently ignored on Redis. The combination is refused when the limiter (or layer) is
+/// built, on any backend.
+#[test]
+fn a_lease_and_a_lockout_conflict() {
+    use tower_redis_ratelimit::{Backend, ConfigError, TokenBucketLayer};
+    let config = TokenBucketConfig::new(1, Duration::from_secs(1), 2)
+        .lease(1, Duration::from_secs(30))
+        .lockout(Duration::from_secs(60));
+    for backend in [
+        Backend::in_process(),
+        Backend::builder()
+            .redis_url("redis://127.0.0.1:1")
+            .build()
+            .unwrap(),
+    ] {
+        let limiter = TokenBucketLimiter::new(&backend, "both", config);
+        assert!(
+            matches!(limiter, Err(ConfigError::Conflict { .. })),
+            "{:?}",
+            limiter.err()
+        );
+        let layer = TokenBucketLayer::builder(&backend)
+            .name("both")
+            .rate(1, Duration::from_secs(1))
+            .burst(2)
+            .lease(1, Duration::from_secs(30))
+            .lockout(Duration::from_secs(60))
+            .build();
+        assert!(matches!(layer, Err(ConfigError::Conflict { .. })));
+    }
+}

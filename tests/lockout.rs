@@ -76,7 +76,8 @@ async fn a_block_refuses_every_limit_of_a_set_on_every_instance() {
 }
 
 /// Every layer builder has the settings of its algorithm's config: a lockout on each,
-/// leases on the token bucket. In process, a key refused once is locked out.
+/// leases on the token bucket (not with a lockout: see tests/lease.rs). In process, a
+/// key refused once is locked out.
 #[tokio::test]
 async fn the_layer_builders_have_lockout_and_lease() {
     use tower_redis_ratelimit::{
@@ -94,10 +95,16 @@ async fn the_layer_builders_have_lockout_and_lease() {
         .name("t")
         .rate(1_000, Duration::from_secs(1))
         .burst(1)
-        .lease(1, Duration::from_millis(100))
         .lockout(MINUTE)
         .build()
         .unwrap();
+    let leased = TokenBucketLayer::builder(&backend)
+        .name("leased")
+        .rate(1_000, Duration::from_secs(1))
+        .burst(1)
+        .lease(1, Duration::from_millis(100))
+        .build();
+    assert!(leased.is_ok());
     let rolling = RollingWindowLayer::builder(&backend)
         .name("r")
         .limit(1)

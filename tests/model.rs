@@ -1,46 +1,71 @@
 //! Every path decided like one model (issue 22): generated sequences of operations
-//! (checks, peeks, refunds, settlements, resets, blocks, concurrent batches, time
-//! passing) on one
-//! limit or a set of up to three limits of mixed algorithms, with costs up to above the
-//! capacity, run through every host and path, and compared with a reference model
-//! field by field (state, limit, remaining, reset and retry-after, to the microsecond).
+//! (checks, peeks, refunds, settlements, resets, blocks, reservations, concurrent
+//! batches, time passing, steps of the Redis server's clock back and forward and its
+//! return to the true time) on one limit or a set of up to three limits of mixed
+//! algorithms, with costs up to above the capacity, run through every host and path,
+//! and compared with a reference model field by field (state, limit, remaining, reset
+//! and retry-after, to the microsecond).
 //!
-//! The reference model below is the plainest statement of each algorithm, written apart
-//! from the crate's steps: a fixed window is a count and an end; a token bucket is a
-//! level refilled continuously, in exact integer arithmetic (scaled by the rate, so no
-//! rounding ever happens); a rolling window is a map of bucket index to count.
+//! The reference model is the plainest statement of each algorithm, written apart from
+//! the crate's steps: a fixed window is a count and an end; a token bucket is a level
+//! refilled continuously, in exact integer arithmetic (scaled by the rate, so no
+//! rounding ever happens); a rolling window is a map of bucket index to count. What it
+//! keeps of each key, and the documented clock rules, are in `model/kept.rs`: each key
+//! holds the newest time it has seen (its time is the clock's plus a skew, taken from
+//! its floor: a window's end minus a period, a bucket's TAT minus a burst or a
+//! reservation's time, a rolling window's newest bucket), its expiry is a time of the
+//! server's clock (a key expired there is gone, skew and all: a step back does not bring
+//! it back), and with the callers' clocks a caller behind reads a TAT as at most an
+//! empty bucket and counts from the newest bucket, and a window more than a period away
+//! is cut to one period. The token bucket's documented gap (up to one burst given back
+//! by a step back and its return: a full bucket has no key, and the floor is a lower
+//! bound) is the model's too, since it states the rules the crate documents: the
+//! comparison stays exact.
 //!
 //! Hosts and paths, each on a fresh limiter name per case, every third step through a
 //! second limiter of the same name (a handle: on another instance of the same Redis
-//! where instances agree exactly, on the same backend otherwise):
-//! - in process, on a clock the test sets;
-//! - Redis with the server's clock (frozen by the test at each step), no deny cache, no
-//!   coalescing: batches go one by one;
-//! - Redis with the caller's clock (the same time, sent by the backend);
-//! - Redis with the deny cache and coalescing (the defaults): batches go at once and
-//!   queue behind the first call;
-//! - the fallback: a Redis backend whose Redis never answers (a closed port).
+//! where instances agree exactly, on the same backend otherwise), and what each sees of
+//! the clocks (the true time only moves on; the server's clock is the true time plus the
+//! steps, frozen by the test at each operation):
+//! - in process, on a clock the test sets: the true time. In-process time is monotonic,
+//!   so a step of the wall clock is never seen: the model runs on the true time;
+//! - Redis with the server's clock, no deny cache, no coalescing (batches go one by
+//!   one): the model runs on the server's clock, steps and all;
+//! - Redis with the callers' clocks: the algorithms read the caller's clock (the first
+//!   instance's is the true time; the second's is `caller_skew_ms` off it, from −2.5 s
+//!   to +1.5 s), keys and blocks expire on the server's clock, which steps;
+//! - Redis with the deny cache and coalescing (the defaults; batches go at once and
+//!   queue behind the first call): the server's clock, as above;
+//! - the fallback: a Redis backend whose Redis never answers (a closed port): in-process
+//!   state on the true time.
 //!
 //! Allowed differences, as documented: a refusal answered from the deny cache is the
 //! one Redis gave to a one-unit check, aged, so for a larger cost its retry-after may be
 //! earlier than the model's (and a set's may name another of its limits, whose states
-//! move while the refusal is cached), and its
-//! reset may be earlier when the key was blocked before a window opened; a decision
-//! above the capacity says `Redis` or `Fallback` by the breaker's state.
+//! move while the refusal is cached), and its reset may be earlier when the key was
+//! blocked before a window opened; it is aged by the process's clock, which no step of
+//! the server's moves, so within the cache's maximum age (1 s) after steps its wait may
+//! differ from the model's by up to the steps' sizes (plus a rolling window's interval:
+//! a key's time moves by whole buckets), its reset may be another window's (a step
+//! across a window's edge), and it may refuse where the model admits (a step forward
+//! ended a window early on Redis). A decision above the capacity
+//! says `Redis` or `Fallback` by the breaker's state. Nothing else may differ.
 //!
 //! `PROPTEST_CASES` sets the number of cases (default 48 here: a short run in
-//! `scripts/test`); a release runs `PROPTEST_CASES=2000 cargo nextest run --all-features
-//! --test model` (see `BENCHMARKS.md`). A failure prints the shrunk case and its seed.
+//! `scripts/test`); a release runs `PROPTEST_CASES=3000 cargo test --all-features
+//! --test model` (about 2 minutes; see `BENCHMARKS.md`). A failure prints the shrunk case.
 
+#[path = "model/kept.rs"]
+mod kept;
 mod support;
 
-use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::time::Duration;
 
+use kept::{Clock, Kept};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use support::{RedisServer, ServerClock};
@@ -111,6 +136,10 @@ enum Op {
     Reserve(u32, u64),
     /// Settles the key by this many units: spent past the limit (debt), or given back.
     Settle(i64),
+    /// The Redis server's clock steps by this many milliseconds (negative: back).
+    Step(i64),
+    /// The Redis server's clock comes back to the true time (after its steps).
+    Return,
 }
 
 #[derive(Debug, Clone)]
@@ -120,6 +149,9 @@ struct Case {
     set: bool,
     /// The limit's (or set's) lockout, in milliseconds.
     lockout_ms: Option<u64>,
+    /// With the callers' clocks, how far the second instance's clock is ahead of the
+    /// first's (ms; negative: behind).
+    caller_skew_ms: i64,
     ops: Vec<Op>,
 }
 
@@ -176,13 +208,13 @@ fn limit() -> impl Strategy<Value = Limit> {
     ]
 }
 
-/// The operations on a limit (or set) of `capacity`; settlements above 0 only with
-/// `debt` (no token bucket: the callers' clocks read a bucket's debt beyond an empty
-/// bucket as an empty bucket, as documented, which this model does not).
-fn op(capacity: u32, debt: bool) -> impl Strategy<Value = Op> {
+/// The operations on a limit (or set) of `capacity`: settlements up to twice it past
+/// the limit (debt; a caller's clock behind reads a bucket's debt as an empty bucket, as
+/// the model does), steps of the Redis server's clock and its return.
+fn op(capacity: u32) -> impl Strategy<Value = Op> {
     let cost = 1..=capacity + 1;
     let most = i64::from(capacity);
-    let settle = -most..=if debt { 2 * most } else { 0 };
+    let settle = -most..=2 * most;
     prop_oneof![
         6 => cost.clone().prop_map(Op::Check),
         2 => cost.clone().prop_map(Op::Peek),
@@ -195,25 +227,30 @@ fn op(capacity: u32, debt: bool) -> impl Strategy<Value = Op> {
         1 => (cost, prop::sample::select(vec![0u64, 100, 1_000, 5_000]))
             .prop_map(|(cost, wait)| Op::Reserve(cost, wait)),
         2 => settle.prop_map(Op::Settle),
+        1 => prop::sample::select(vec![-20_000i64, -5_000, -1_500, -400, -1, 1, 250, 2_000, 12_000])
+            .prop_map(Op::Step),
+        1 => Just(Op::Return),
     ]
 }
 
 fn case() -> impl Strategy<Value = Case> {
     let lockout = prop::option::weighted(0.2, prop::sample::select(vec![200u64, 1_500]));
+    let skew = prop::sample::select(vec![0i64, 0, -2_500, -250, -1, 1, 40, 1_500]);
     (
         prop::collection::vec(limit(), 1..=3),
         any::<bool>(),
         lockout,
+        skew,
     )
-        .prop_flat_map(|(limits, set, lockout_ms)| {
+        .prop_flat_map(|(limits, set, lockout_ms, caller_skew_ms)| {
             let set = set || limits.len() > 1;
             let capacity = limits.iter().map(|l| l.capacity()).min().unwrap_or(1);
             let capacity = u32::try_from(capacity).expect("small");
-            let debt = !limits.iter().any(|l| matches!(l, Limit::Bucket { .. }));
-            prop::collection::vec(op(capacity, debt), 1..=40).prop_map(move |ops| Case {
+            prop::collection::vec(op(capacity), 1..=40).prop_map(move |ops| Case {
                 limits: limits.clone(),
                 set,
                 lockout_ms,
+                caller_skew_ms,
                 ops,
             })
         })
@@ -249,17 +286,6 @@ impl Answer {
     }
 }
 
-/// One limit's state.
-#[derive(Debug, Clone)]
-enum Kept {
-    /// A fixed window: its count and its end (ms), if one is open.
-    Window(Option<(u64, u64)>),
-    /// A token bucket: its theoretical arrival time, in µs × rate (exact).
-    Tat(Option<u128>),
-    /// A rolling window: count per bucket index.
-    Buckets(BTreeMap<u64, u64>),
-}
-
 #[derive(Debug, Clone)]
 struct Model {
     limits: Vec<Limit>,
@@ -268,6 +294,10 @@ struct Model {
     kept: Vec<Kept>,
     /// Blocked until (ms).
     blocked_until: u64,
+    /// The callers' clocks: the algorithms read `read`, the caller's clock (ms), and
+    /// keys expire by the server's.
+    caller: bool,
+    read: u64,
 }
 
 fn div_ceil(a: u128, b: u128) -> u128 {
@@ -299,185 +329,37 @@ fn answer(
 
 impl Model {
     fn new(case: &Case) -> Self {
-        let kept = case
-            .limits
-            .iter()
-            .map(|l| match l {
-                Limit::Period { .. } => Kept::Window(None),
-                Limit::Bucket { .. } => Kept::Tat(None),
-                Limit::Rolling { .. } => Kept::Buckets(BTreeMap::new()),
-            })
-            .collect();
+        let kept = case.limits.iter().map(|&l| Kept::new(l)).collect();
         Self {
             limits: case.limits.clone(),
             set: case.set,
             lockout_ms: case.lockout_ms.unwrap_or(0),
             kept,
             blocked_until: 0,
+            caller: false,
+            read: 0,
         }
     }
 
-    /// One limit deciding `cost` at `now` (ms), spending it if admitted and `spend`.
-    fn decide_one(&mut self, i: usize, now: u64, cost: u64, spend: bool) -> Answer {
-        let limit = self.limits[i];
-        match (&mut self.kept[i], limit) {
-            (
-                Kept::Window(window),
-                Limit::Period {
-                    quota,
-                    period_ms,
-                    align,
-                    ..
-                },
-            ) => {
-                // A new window ends one period from now, or at the next edge of the
-                // periods counted from midnight at the offset.
-                let fresh_end = match align {
-                    None => now + period_ms,
-                    Some(offset) => {
-                        let local = i128::from(now) + i128::from(offset) * 1_000;
-                        let into = local.rem_euclid(i128::from(period_ms));
-                        now - u64::try_from(into).expect("small") + period_ms
-                    }
-                };
-                let (count, end) = match *window {
-                    Some((count, end)) if end > now => (count, end),
-                    _ => (0, fresh_end),
-                };
-                let reset = u128::from(end - now) * 1_000;
-                if count + cost > quota {
-                    let left = quota.saturating_sub(count);
-                    return answer(false, quota, left, reset, Some(reset));
-                }
-                if spend && cost > 0 {
-                    *window = Some((count + cost, end));
-                }
-                answer(true, quota, quota - count - cost, reset, None)
-            }
-            (
-                Kept::Tat(tat),
-                Limit::Bucket {
-                    rate,
-                    period_ms,
-                    burst,
-                },
-            ) => {
-                // Everything in µs × rate: the emission interval is `period_us` exactly.
-                let (rate, interval) = (u128::from(rate), u128::from(period_ms) * 1_000);
-                let tau = interval * u128::from(burst);
-                let now = u128::from(now) * 1_000 * rate;
-                let current = tat.map_or(now, |t| t.max(now));
-                let next = current + u128::from(cost) * interval;
-                if next > tau + now {
-                    let wait = next - tau - now;
-                    let left = (tau + now).saturating_sub(current) / interval;
-                    return answer(
-                        false,
-                        burst,
-                        left as u64,
-                        div_ceil(current - now, rate),
-                        Some(div_ceil(wait, rate)),
-                    );
-                }
-                if spend && cost > 0 {
-                    *tat = Some(next);
-                }
-                let left = (tau - (next - now)) / interval;
-                answer(true, burst, left as u64, div_ceil(next - now, rate), None)
-            }
-            (
-                Kept::Buckets(counts),
-                Limit::Rolling {
-                    limit,
-                    buckets,
-                    interval_ms,
-                },
-            ) => {
-                let current = now / interval_ms;
-                // Live buckets: index above current - buckets.
-                counts.retain(|&index, _| index + buckets > current);
-                let sum: u64 = counts.values().sum();
-                let ms = |t: u64| u128::from(t - now) * 1_000;
-                if sum + cost <= limit {
-                    if spend && cost > 0 {
-                        *counts.entry(current).or_default() += cost;
-                    }
-                    let reset = ms((current + buckets) * interval_ms);
-                    return answer(true, limit, limit - sum - cost, reset, None);
-                }
-                let need = sum + cost - limit;
-                let mut freed = 0;
-                let mut retry = 0;
-                for (&index, &count) in counts.iter() {
-                    freed += count;
-                    if freed >= need {
-                        retry = ms((index + buckets) * interval_ms);
-                        break;
-                    }
-                }
-                let reset = counts
-                    .keys()
-                    .next_back()
-                    .map_or(0, |&newest| ms((newest + buckets) * interval_ms));
-                answer(false, limit, limit.saturating_sub(sum), reset, Some(retry))
-            }
-            _ => unreachable!("a limit's state is of its algorithm"),
+    /// The clocks of an operation at `now` on the server's clock.
+    fn clock(&self, now: u64) -> Clock {
+        Clock {
+            server: now,
+            now: if self.caller { self.read } else { now },
+            caller: self.caller,
         }
+    }
+
+    /// One limit deciding `cost` at `now` (ms); with `write` (a check's writing
+    /// step), spending it if admitted.
+    fn decide_one(&mut self, i: usize, now: u64, cost: u64, write: bool) -> Answer {
+        let clock = self.clock(now);
+        self.kept[i].decide(self.limits[i], clock, cost, write)
     }
 
     fn refund_one(&mut self, i: usize, now: u64, cost: u64) {
-        let limit = self.limits[i];
-        match (&mut self.kept[i], limit) {
-            (Kept::Window(window), Limit::Period { .. }) => {
-                if let Some((count, end)) = *window {
-                    if end > now {
-                        *window = (count > cost).then(|| (count - cost, end));
-                    }
-                }
-            }
-            (
-                Kept::Tat(tat),
-                Limit::Bucket {
-                    rate, period_ms, ..
-                },
-            ) => {
-                let now = u128::from(now) * 1_000 * u128::from(rate);
-                if let Some(t) = *tat {
-                    if t > now {
-                        let back =
-                            t.saturating_sub(u128::from(cost) * u128::from(period_ms) * 1_000);
-                        let t = back.max(now);
-                        *tat = (t > now).then_some(t);
-                    }
-                }
-            }
-            (
-                Kept::Buckets(counts),
-                Limit::Rolling {
-                    buckets,
-                    interval_ms,
-                    ..
-                },
-            ) => {
-                let current = now / interval_ms;
-                counts.retain(|&index, _| index + buckets > current);
-                let mut cost = cost;
-                let newest_first: Vec<u64> = counts.keys().rev().copied().collect();
-                for index in newest_first {
-                    if cost == 0 {
-                        break;
-                    }
-                    let count = counts.get_mut(&index).expect("listed");
-                    let take = cost.min(*count);
-                    *count -= take;
-                    cost -= take;
-                    if *count == 0 {
-                        counts.remove(&index);
-                    }
-                }
-            }
-            _ => unreachable!("a limit's state is of its algorithm"),
-        }
+        let clock = self.clock(now);
+        self.kept[i].refund(self.limits[i], clock, cost);
     }
 
     /// The one decision of every limit: a set's two passes, then its combination.
@@ -606,14 +488,9 @@ impl Model {
     /// A token bucket alone reserving `cost` at most `max_wait_ms` ahead; `None` for
     /// other limits (they cannot reserve).
     fn reserve(&mut self, now: u64, cost: u64, max_wait_ms: u64) -> Option<Answer> {
-        let (rate, period_ms, burst) = match self.limits[..] {
-            [Limit::Bucket {
-                rate,
-                period_ms,
-                burst,
-            }] if !self.set => (rate, period_ms, burst),
-            _ => return None,
-        };
+        if self.set || !matches!(self.limits[..], [Limit::Bucket { .. }]) {
+            return None;
+        }
         if let Some(answer) = self.exceeds_capacity(cost) {
             return Some(answer);
         }
@@ -621,33 +498,8 @@ impl Model {
             let answer = self.refusal_or_standing(now, cost);
             return Some(self.blocked(now, answer));
         }
-        let Kept::Tat(tat) = &mut self.kept[0] else {
-            unreachable!("a token bucket")
-        };
-        let (rate, interval) = (u128::from(rate), u128::from(period_ms) * 1_000);
-        let tau = interval * u128::from(burst);
-        let now = u128::from(now) * 1_000 * rate;
-        let current = tat.map_or(now, |t| t.max(now));
-        let next = current + u128::from(cost) * interval;
-        let wait = next.saturating_sub(tau + now);
-        if wait > u128::from(max_wait_ms) * 1_000 * rate {
-            let left = (tau + now).saturating_sub(current) / interval;
-            return Some(answer(
-                false,
-                burst,
-                left as u64,
-                div_ceil(current - now, rate),
-                Some(div_ceil(wait, rate)),
-            ));
-        }
-        *tat = Some(next);
-        // Left at the reserved time; the wait before using the tokens.
-        let left = ((tau + wait) - (next - now)) / interval;
-        let mut reserved = answer(true, burst, left as u64, div_ceil(next - now, rate), None);
-        if wait > 0 {
-            reserved.retry_us = Some(div_ceil(wait, rate));
-        }
-        Some(reserved)
+        let clock = self.clock(now);
+        Some(self.kept[0].reserve(self.limits[0], clock, cost, max_wait_ms))
     }
 
     fn peek(&mut self, now: u64, cost: u64) -> Answer {
@@ -668,57 +520,10 @@ impl Model {
         self.stands(now)
     }
 
-    /// Spends `cost` of limit `i` at `now` (ms), whatever it holds: a window's count
-    /// above its quota, a TAT beyond a full burst ahead, a sum above the limit.
+    /// Spends `cost` of limit `i` at `now` (ms), whatever it holds.
     fn charge_one(&mut self, i: usize, now: u64, cost: u64) {
-        let limit = self.limits[i];
-        match (&mut self.kept[i], limit) {
-            (
-                Kept::Window(window),
-                Limit::Period {
-                    period_ms, align, ..
-                },
-            ) => {
-                let (count, end) = match *window {
-                    Some((count, end)) if end > now => (count, end),
-                    _ => {
-                        let end = match align {
-                            None => now + period_ms,
-                            Some(offset) => {
-                                let local = i128::from(now) + i128::from(offset) * 1_000;
-                                let into = local.rem_euclid(i128::from(period_ms));
-                                now - u64::try_from(into).expect("small") + period_ms
-                            }
-                        };
-                        (0, end)
-                    }
-                };
-                *window = Some((count + cost, end));
-            }
-            (
-                Kept::Tat(tat),
-                Limit::Bucket {
-                    rate, period_ms, ..
-                },
-            ) => {
-                let now = u128::from(now) * 1_000 * u128::from(rate);
-                let current = tat.map_or(now, |t| t.max(now));
-                *tat = Some(current + u128::from(cost) * u128::from(period_ms) * 1_000);
-            }
-            (
-                Kept::Buckets(counts),
-                Limit::Rolling {
-                    buckets,
-                    interval_ms,
-                    ..
-                },
-            ) => {
-                let current = now / interval_ms;
-                counts.retain(|&index, _| index + buckets > current);
-                *counts.entry(current).or_default() += cost;
-            }
-            _ => unreachable!("a limit's state is of its algorithm"),
-        }
+        let clock = self.clock(now);
+        self.kept[i].charge(self.limits[i], clock, cost);
     }
 
     /// Settles every limit by `delta`: spent past the limit above 0, given back below.
@@ -735,13 +540,27 @@ impl Model {
 
     fn reset(&mut self, now: u64) -> Answer {
         let lockout_ms = self.lockout_ms;
+        let (caller, read) = (self.caller, self.read);
         *self = Self::new(&Case {
             limits: self.limits.clone(),
             set: self.set,
             lockout_ms: Some(lockout_ms),
+            caller_skew_ms: 0,
             ops: Vec::new(),
         });
+        (self.caller, self.read) = (caller, read);
         self.stands(now)
+    }
+
+    /// Forgets what expired before `now` (Redis deletes a key once its time is past its
+    /// expiry: a step back after that does not bring it back).
+    fn expire(&mut self, now: u64) {
+        if now > self.blocked_until {
+            self.blocked_until = 0;
+        }
+        for kept in &mut self.kept {
+            kept.expire(now);
+        }
     }
 
     fn block(&mut self, now: u64, ms: u64) -> Answer {
@@ -775,6 +594,8 @@ const HOSTS: [Host; 5] = [
 struct Shared {
     redis: RedisServer,
     clock: ServerClock,
+    /// A pool of the test's own, for `sweep`.
+    sweeper: deadpool_redis::Pool,
     /// A loopback port nothing listens on.
     dead_port: u16,
 }
@@ -784,6 +605,7 @@ fn shared() -> &'static Shared {
     SHARED.get_or_init(|| {
         let (redis, clock) = RedisServer::start_with_clock();
         Shared {
+            sweeper: redis.pool(),
             redis,
             clock,
             dead_port: support::free_port(),
@@ -791,11 +613,14 @@ fn shared() -> &'static Shared {
     })
 }
 
-fn backend(host: Host, manual: &ManualClock) -> Backend {
+/// A backend for `host`; with the callers' clocks, its clock `ahead_ms` ahead of
+/// `manual`.
+fn backend(host: Host, manual: &ManualClock, ahead_ms: i64) -> Backend {
     let shared = shared();
     // A generous deadline: a loaded machine must not turn a slow call into a fallback.
     let builder = Backend::builder()
         .manual_clock(manual.clone())
+        .caller_clock_offset_us(ahead_ms * 1_000)
         .call_timeout(Duration::from_secs(5));
     match host {
         Host::InProcess => builder.build(),
@@ -931,33 +756,13 @@ fn expected_source(host: Host) -> Source {
 fn agrees(
     host: Host,
     case: &Case,
-    reserved: bool,
+    drift_us: u128,
     cost: u64,
     got: &Decision,
     want: &Answer,
 ) -> Result<(), String> {
     let set = case.set;
     let answer = Answer::of(got);
-    if host == Host::RedisCallerTime
-        && reserved
-        && !want.admitted()
-        && (!answer.admitted() || cost == 0)
-    {
-        // With callers' clocks, a TAT beyond the horizon may be a caller ahead as well as
-        // a reservation: it reads as an empty bucket, so a refusal after a reservation
-        // may say to retry earlier than the reservation allows, and where the key
-        // stands (cost 0) may read as just full (never admitting a unit more).
-        return if answer.remaining == want.remaining
-            && answer.retry_us <= want.retry_us
-            && answer.reset_us <= want.reset_us
-        {
-            Ok(())
-        } else {
-            Err(format!(
-                "expected {want:?} (after a reservation, callers' clocks)"
-            ))
-        };
-    }
     if want.state == State::ExceedsCapacity {
         // Who answers depends on the breaker's state, not the check.
         return if answer == *want {
@@ -987,7 +792,20 @@ fn agrees(
                 // The reset is the cached refusal's (for one unit), not this cost's.
                 answer.remaining == want.remaining && answer.retry_us <= want.retry_us
             };
-        return if same {
+        // The server's clock stepped while the refusal may have been cached: the cached
+        // refusal is Redis's, aged by this process's clock, which did not step. So its
+        // wait may be off by the steps (a step forward may have ended the window, or
+        // refilled the bucket, early on Redis: the model may even admit), for at most
+        // the cache's maximum age, and its reset may be another window's (a step across
+        // a window's edge leaves the window the refusal saw): it is not compared.
+        let near = |got: Option<u128>, want: Option<u128>| match (got, want) {
+            (Some(got), Some(want)) => got.abs_diff(want) <= drift_us,
+            _ => false,
+        };
+        let stepped = drift_us > 0
+            && answer.state == State::OverQuota
+            && (want.admitted() || near(answer.retry_us, want.retry_us));
+        return if same || stepped {
             Ok(())
         } else {
             Err(format!("expected {want:?} (from the deny cache)"))
@@ -1005,7 +823,7 @@ fn agrees(
 /// Runs `case` on `host` next to the model: the first difference, described.
 async fn run(case: &Case, host: Host, serial: u64) -> Result<(), String> {
     let manual = ManualClock::new(T0_MS * 1_000);
-    let backend = backend(host, &manual);
+    let backend = backend(host, &manual, 0);
     let name = format!("m{serial}-{host:?}");
     let first = limiter(case, &backend, &name);
     // A handle: another limiter of the same name, which every third step goes through.
@@ -1013,67 +831,120 @@ async fn run(case: &Case, host: Host, serial: u64) -> Result<(), String> {
     // exactly (Redis without the deny cache); on the same backend otherwise (a process's
     // deny cache and fallback state are its own).
     let other = match host {
-        Host::RedisServerTime | Host::RedisCallerTime => self::backend(host, &manual),
+        Host::RedisServerTime => self::backend(host, &manual, 0),
+        // An instance whose clock is not the first's.
+        Host::RedisCallerTime => self::backend(host, &manual, case.caller_skew_ms),
         Host::InProcess | Host::RedisCached | Host::Fallback => backend.clone(),
     };
     let second = limiter(case, &other, &name);
     let mut model = Model::new(case);
     let mut now = T0_MS;
-    // Whether a reservation was made (see `agrees`).
-    let mut reserved = false;
+    // The server clock's steps (ms), and the time on the host's clock: the server's on
+    // the hosts that read it, the true (monotonic) time elsewhere.
+    let mut offset = 0i64;
+    // When it stepped, and by how much (ms).
+    let mut steps: Vec<(u64, u64)> = Vec::new();
+    let interval_ms = |limit: &Limit| match limit {
+        Limit::Rolling { interval_ms, .. } => *interval_ms,
+        _ => 0,
+    };
+    let granularity_ms = case.limits.iter().map(interval_ms).max().unwrap_or(0);
+    let stepped = matches!(
+        host,
+        Host::RedisServerTime | Host::RedisCached | Host::RedisCallerTime
+    );
+    model.caller = host == Host::RedisCallerTime;
+    let redis = !matches!(host, Host::InProcess | Host::Fallback);
+    if redis {
+        // Only this run's keys, for `sweep`.
+        let mut conn = shared().sweeper.get().await.expect("a connection");
+        let () = deadpool_redis::redis::cmd("FLUSHALL")
+            .query_async(&mut conn)
+            .await
+            .expect("FLUSHALL");
+    }
     let mut log = String::new();
     for (step, op) in case.ops.iter().enumerate() {
         let limiter = if step % 3 == 2 { &second } else { &first };
-        manual.set_us(now * 1_000);
-        shared()
-            .clock
-            .freeze_at(i64::try_from(now * 1_000).expect("fits"));
+        let t = if stepped {
+            now.checked_add_signed(offset).expect("after the epoch")
+        } else {
+            now
+        };
+        if !matches!(op, Op::Wait(_) | Op::Step(_) | Op::Return) {
+            // The server's clock is at the times of the operations only (so its keys
+            // expire at those times, as the model's do).
+            manual.set_us(now * 1_000);
+            shared()
+                .clock
+                .freeze_at(i64::try_from(t * 1_000).expect("fits"));
+            model.expire(t);
+            if redis {
+                sweep().await;
+            }
+            // The caller's clock: the first instance's is the true time.
+            let ahead = if step % 3 == 2 {
+                case.caller_skew_ms
+            } else {
+                0
+            };
+            model.read = now.checked_add_signed(ahead).expect("after the epoch");
+        }
         let key: &[u8] = b"k";
         let one = |cost: u32| NonZeroU32::new(cost).expect("a cost of one or more");
-        let results: Vec<(u64, Decision, Answer)> = match op {
+        let results: Vec<(u64, Answer, Decision)> = match op {
             Op::Wait(ms) => {
                 now += ms;
                 continue;
             }
-            Op::Check(cost) => vec![(
-                u64::from(*cost),
-                limiter.check(key, one(*cost)).await,
-                model.check(now, u64::from(*cost)),
-            )],
+            Op::Step(ms) => {
+                offset += ms;
+                steps.push((now, ms.unsigned_abs()));
+                continue;
+            }
+            Op::Return => {
+                steps.push((now, offset.unsigned_abs()));
+                offset = 0;
+                continue;
+            }
+            Op::Check(cost) => {
+                let decision = limiter.check(key, one(*cost)).await;
+                let cost = u64::from(*cost);
+                vec![(cost, check(&mut model, t, cost, &decision), decision)]
+            }
             Op::Peek(cost) => vec![(
                 u64::from(*cost),
+                model.peek(t, u64::from(*cost)),
                 limiter.peek(key, one(*cost)).expect("built-in").await,
-                model.peek(now, u64::from(*cost)),
             )],
             Op::Refund(cost) => vec![(
                 0,
+                model.refund(t, u64::from(*cost)),
                 limiter.refund(key, one(*cost)).expect("built-in").await,
-                model.refund(now, u64::from(*cost)),
             )],
             Op::Reset => vec![(
                 0,
+                model.reset(t),
                 limiter.reset(key).expect("built-in").await,
-                model.reset(now),
             )],
             Op::Settle(delta) => vec![(
                 0,
+                model.settle(t, *delta),
                 limiter.settle(key, *delta).expect("built-in").await,
-                model.settle(now, *delta),
             )],
             Op::Block(ms) => vec![(
                 0,
+                model.block(t, *ms),
                 limiter
                     .block(key, Duration::from_millis(*ms))
                     .expect("built-in")
                     .await,
-                model.block(now, *ms),
             )],
             Op::Reserve(cost, max_wait_ms) => {
-                reserved = true;
                 let max_wait = Duration::from_millis(*max_wait_ms);
                 let got = limiter.reserve(key, one(*cost), max_wait);
-                match (got, model.reserve(now, u64::from(*cost), *max_wait_ms)) {
-                    (Some(check), Some(want)) => vec![(u64::from(*cost), check.await, want)],
+                match (got, model.reserve(t, u64::from(*cost), *max_wait_ms)) {
+                    (Some(check), Some(want)) => vec![(u64::from(*cost), want, check.await)],
                     (None, None) => continue,
                     (got, want) => {
                         return Err(format!(
@@ -1098,13 +969,25 @@ async fn run(case: &Case, host: Host, serial: u64) -> Result<(), String> {
                 costs
                     .iter()
                     .zip(decisions)
-                    .map(|(&c, d)| (u64::from(c), d, model.check(now, u64::from(c))))
+                    .map(|(&c, d)| (u64::from(c), check(&mut model, t, u64::from(c), &d), d))
                     .collect()
             }
         };
-        for (cost, decision, want) in results {
+        // The server clock's steps within a deny-cache entry's life (see `agrees`), and
+        // then a rolling window's interval: a key's time moves by whole buckets.
+        let stepped_us: u128 = steps
+            .iter()
+            .filter(|(at, _)| at + DENY_CACHE_MAX_AGE_MS > now)
+            .map(|(_, by)| u128::from(*by) * 1_000)
+            .sum();
+        let drift_us = if stepped_us > 0 {
+            stepped_us + u128::from(granularity_ms) * 1_000
+        } else {
+            0
+        };
+        for (cost, want, decision) in results {
             let _ = writeln!(log, "  #{step} at +{} ms {op:?}: {decision:?}", now - T0_MS);
-            if let Err(why) = agrees(host, case, reserved, cost, &decision, &want) {
+            if let Err(why) = agrees(host, case, drift_us, cost, &decision, &want) {
                 return Err(format!(
                     "{host:?}, step #{step} ({op:?} at +{} ms): got {:?}, {why}\n{log}",
                     now - T0_MS,
@@ -1114,6 +997,43 @@ async fn run(case: &Case, host: Host, serial: u64) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// Deletes the keys that expired by the server's (frozen) time, as the model forgets
+/// them at each operation: Redis deletes an expired key when it is read, or when its
+/// expiry cycle happens to run, and a step back after that would tell which. `SCAN`
+/// deletes the expired keys it meets; the database holds this run's keys only.
+async fn sweep() {
+    let mut conn = shared().sweeper.get().await.expect("a connection");
+    let mut cursor = 0u64;
+    loop {
+        let (next, _keys): (u64, Vec<Vec<u8>>) = deadpool_redis::redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("COUNT")
+            .arg(1_000)
+            .query_async(&mut conn)
+            .await
+            .expect("SCAN");
+        if next == 0 {
+            return;
+        }
+        cursor = next;
+    }
+}
+
+/// The deny cache's longest answer from one refusal (the backend's default).
+const DENY_CACHE_MAX_AGE_MS: u64 = 1_000;
+
+/// The model's check of `cost` at `t` where the host decided `got`: a refusal answered
+/// from the deny cache never reached Redis, so the model keeps nothing of it (neither a
+/// spending, judged by `agrees`, nor a skew or a lockout written by a refusal).
+fn check(model: &mut Model, t: u64, cost: u64, got: &Decision) -> Answer {
+    let before = model.clone();
+    let want = model.check(t, cost);
+    if got.source == Source::DenyCache {
+        *model = before;
+    }
+    want
 }
 
 /// Polls `checks` together, in order, until all are done.

@@ -56,8 +56,9 @@
 //! Bucket indices come from the Redis server's clock. Each key holds the newest time it
 //! has seen: when the clock steps back (an NTP step, a failover to a replica whose clock
 //! is behind), a key's newest bucket is "in the future", and the key's time moves up to
-//! that bucket, as if no time had passed between the last request and the step, then
-//! runs on at the server's rate (the skew, in buckets, is one more field of the key's
+//! that bucket by whole buckets (to the server's offset within its own bucket: at most
+//! one interval past the last request, as if at most one interval had passed between
+//! the last request and the step), then runs on at the server's rate (the skew, in buckets, is one more field of the key's
 //! hash: no extra command, except one write when it changes). The buckets and the hash's
 //! expiry stay in the key's time: so a step back of any size never admits more than the
 //! limit, not even when the clock comes back (the window is then as the key left it),
@@ -65,7 +66,9 @@
 //! reaches the newest bucket again (the clock came back, or caught up), the skew is
 //! dropped. Costs: a key's hash outlives its window by the step while the clock is
 //! behind; a step back within the newest bucket's span is followed (units counted then
-//! may expire up to that step early). A step forward expires buckets early (at most a
+//! may expire up to that step early), and one across a bucket's edge moves the key's
+//! time by whole buckets (units may expire up to one interval early: a step back of
+//! 1 ms just after an edge of 250 ms buckets puts the key's time 249 ms ahead). A step forward expires buckets early (at most a
 //! window's worth of counts); so does a return that lands before the newest bucket a key
 //! has seen (it is a step forward from the time behind). The in-process state runs the
 //! same rule; its clock is monotonic, so it only ever sees steps forward (a paused tokio

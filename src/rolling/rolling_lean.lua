@@ -8,8 +8,9 @@
 -- with the key's time the server's (no skew field, no bucket ahead of now); else false,
 -- and the steps decide (a refusal, a skew, a step back). Nothing is written:
 -- rolling_commit(key, dead, current, cost, buckets, interval) writes what rolling_save
--- would (the key's expiry only when the current bucket starts: it outlives every
--- bucket then).
+-- would (with the server's clock, the key's expiry only when the current bucket starts:
+-- it outlives every bucket then).
+
 -- The units of the key's fields (HGETALL) in buckets from oldest to current, and its
 -- dead fields (nil when none); nil when the steps decide (a skew field, a bucket ahead
 -- of current). The numbers are read by arithmetic on the strings: a field that is no
@@ -72,10 +73,12 @@ local function rolling_commit(key, dead, current, cost, buckets, interval)
     end
   end
   -- The key's expiry is set when its current bucket starts: a window and a bucket past
-  -- then, so past the end of every bucket it holds.
-  -- (Whole numbers below 10^17 as numbers: Redis writes them in decimal digits, as
-  -- string.format('%d') does.)
-  if redis.call('HINCRBY', key, current, cost) == cost then
+  -- then, so past the end of every bucket it holds. With the callers' clocks, at every
+  -- admission: buckets follow the caller's clock and the expiry the server's, so one
+  -- set at a bucket's start (by a caller ahead, or while the server's clock was behind)
+  -- may end before the bucket does. (Whole numbers below 10^17 as numbers: Redis writes
+  -- them in decimal digits, as string.format('%d') does.)
+  if redis.call('HINCRBY', key, current, cost) == cost or caller_time then
     redis.call('PEXPIRE', key, (buckets + 1) * interval)
   end
 end

@@ -137,7 +137,9 @@ impl TokenBucketConfig {
     /// beyond the limit overall, but a token may be used up to `lifetime` after it was
     /// taken: over any window, N instances admit at most the limit plus N × `size`.
     /// Off by default: exactness is the default promise. `size` from 1 to the burst,
-    /// `lifetime` at least one millisecond.
+    /// `lifetime` at least one millisecond. Not with a [`lockout`](Self::lockout) (a
+    /// check answered from a lease never reaches Redis to lock a key out): the limiter
+    /// is then refused with [`ConfigError::Conflict`].
     ///
     /// ```
     /// use std::time::Duration;
@@ -158,7 +160,7 @@ impl TokenBucketConfig {
     /// check of the key is refused until then, spending nothing, with the lock's end as
     /// its `Retry-After`. Kept in Redis next to the limit's key, so every instance
     /// honours it; a lock already running is not extended by further refusals. At least
-    /// one millisecond.
+    /// one millisecond; not with a [`lease`](Self::lease) ([`ConfigError::Conflict`]).
     #[must_use]
     pub fn lockout(mut self, duration: Duration) -> Self {
         self.lockout = Some(duration);
@@ -254,6 +256,14 @@ impl TokenBucketLimiter {
         }
         let refill = Duration::from_nanos(u64::try_from(refill_ns).unwrap_or(u64::MAX));
         let lockout = crate::error::validate_lockout(config.lockout)?;
+        if config.lease.is_some() && lockout.is_some() {
+            // A check answered from a lease never reaches Redis, and the call that takes
+            // a lease cannot lock a key out: the lockout would silently do nothing.
+            return Err(ConfigError::Conflict {
+                reason: "a token bucket's lease and lockout: checks answered from a lease \
+                         never lock a key out; choose one",
+            });
+        }
         let remote = Remote::new(backend, "token", owner, lockout);
         let leases = match config.lease {
             None => None,
