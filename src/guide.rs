@@ -805,8 +805,10 @@
 //! clock's return finds the key as it left it. The cost: a refusal never waits more than
 //! one window (one refill for a token bucket, one period for a fixed window) at any
 //! moment, and a key's Redis state outlives its expiry by the step while the clock is
-//! behind. In-process, time is the monotonic clock, which never steps back. Each
-//! algorithm's module says exactly what a step does.
+//! behind. Blocks and lockouts are not held in a key's time: a block ends when its key
+//! expires on the server's clock, so a step back lengthens a running block by the step
+//! (and a step forward shortens it). In-process, time is the monotonic clock, which
+//! never steps back. Each algorithm's module says exactly what a step does.
 //!
 //! # Upgrading
 //!
