@@ -218,4 +218,6 @@ pub use self::request::MatchedPathKey;
 pub use self::request::{ExtensionKey, GlobalKey, HeaderKey, PathKey};
 
 #[cfg(test)]
+mod ip_tests;
+#[cfg(test)]
 mod tests;
