@@ -7,40 +7,38 @@
 -- ARGV[1], the head ('op:count:param': see src/backend/engine.lua), and ARGV[2], the
 -- limits. A limiter sends the same texts on almost every call: with Redis Functions
 -- the library keeps the lists it read (at most 1000 texts of each kind; then it starts
--- again), so a call reads none. A limits' list also holds what the lean check reads of
--- each limit: `kinds`, `starts`, `requests`, and the bits of its capacity (`bits`) and
--- 2^bits (`scales`) for packed replies.
+-- again), so a call reads none (by EVALSHA, each call reads its two). A limits' list
+-- also holds what the lean check reads of each limit, five words per limit in `per`:
+-- its letter in lower case, where its words start, whether it counts requests (its
+-- letter in capitals), and for packed replies the bits of its capacity (a token
+-- bucket's burst, its second argument, else its first: 2^(bits-1) <= capacity <
+-- 2^bits, from math.frexp) and 2^bits.
 local texts = { {}, {} }
 local text_counts = { 0, 0 }
 local function list_of(kind, text)
-  local list = texts[kind][text]
-  if list then
-    return list
-  end
-  list = {}
-  for word in string.gmatch(text, '[^:]+') do
-    list[#list + 1] = tonumber(word) or word
-  end
-  if kind == 2 then
-    -- Per limit: its letter in lower case, where its words start, whether it counts
-    -- requests (its letter in capitals), and its capacity's bits (a token bucket's
-    -- burst, its second argument, else its first).
-    local kinds, starts, requests, bits, scales = {}, {}, {}, {}, {}
+  local list = nil
+  if kind == 1 then
+    -- (The client writes the head: its two numbers are read by arithmetic, which
+    -- costs Redis less than tonumber().)
+    local op, count, param = string.match(text, '^(%a+):(%-?%d+):(%d+)$')
+    list = { op, count + 0, param + 0 }
+  else
+    list = {}
+    for word in string.gmatch(text, '[^:]+') do
+      list[#list + 1] = tonumber(word) or word
+    end
+    local per = {}
     local at = 1
     while at <= #list do
-      local kind = string.lower(list[at])
-      local capacity = list[at + (kind == 't' and 3 or 2)]
-      local b, scale = 0, 1
-      while scale <= capacity do
-        b, scale = b + 1, scale * 2
-      end
-      local i = #kinds + 1
-      kinds[i], starts[i], requests[i], bits[i], scales[i] = kind, at, kind ~= list[at], b,
-        scale
+      local letter = list[at]
+      local kind = string.lower(letter)
+      local _, bits = math.frexp(list[at + (kind == 't' and 3 or 2)])
+      local p = #per
+      per[p + 1], per[p + 2], per[p + 3], per[p + 4], per[p + 5] = kind, at, kind ~= letter,
+        bits, 2 ^ bits
       at = at + 2 + list[at + 1]
     end
-    list.kinds, list.starts, list.requests, list.bits, list.scales = kinds, starts, requests,
-      bits, scales
+    list.per = per
   end
   if text_counts[kind] >= 1000 then
     texts[kind] = {}
@@ -67,9 +65,10 @@ end
 -- general engine decides; also when a reply is too large to pack). Each limit's values
 -- wait in its call's locals (a table for them costs Redis more).
 local function lean_from(KEYS, ARGV, L, cost, n, i, block, now_us, bounds_at)
-  local kind, at, key = L.kinds[i], L.starts[i], KEYS[i]
+  local per, p = L.per, i * 5 - 5
+  local kind, at, key = per[p + 1], per[p + 2], KEYS[i]
   -- A member that counts requests spends one.
-  local spent = L.requests[i] and 1 or cost
+  local spent = per[p + 3] and 1 or cost
   local ok, r1, r2, c1, c2, c3
   local shape = 1
   if kind == 'w' or kind == 'c' then
@@ -102,7 +101,7 @@ local function lean_from(KEYS, ARGV, L, cost, n, i, block, now_us, bounds_at)
     return nil
   end
   -- (Packed: see above.)
-  local reply = (r2 * L.scales[i] + r1) * 128 + shape * 64 + L.bits[i]
+  local reply = (r2 * per[p + 5] + r1) * 128 + shape * 64 + per[p + 4]
   local out = nil
   if reply >= 9007199254740992 then
     reply = nil
@@ -182,7 +181,8 @@ local function lean(KEYS, ARGV, L, cost)
       end
     end
     -- (Packed: see above.)
-    local reply = (t * L.scales[1] + count) * 128 + shape * 64 + L.bits[1]
+    local per = L.per
+    local reply = (t * per[5] + count) * 128 + shape * 64 + per[4]
     if reply < 9007199254740992 then
       return -reply - 1
     elseif shape == 0 then
