@@ -180,7 +180,11 @@ fn held(name: &str, redis: &RedisServer) -> (TokenBucketLimiter, TokenBucketLimi
 /// Takes a lease on `limiter` and spends one of its tokens: 2 tokens stay leased.
 async fn take_lease(limiter: &TokenBucketLimiter) {
     let first = limiter.check(b"k", ONE).await;
-    assert_eq!((first.source, first.remaining), (Source::Redis, 9), "{first:?}");
+    assert_eq!(
+        (first.source, first.remaining),
+        (Source::Redis, 9),
+        "{first:?}"
+    );
     let second = limiter.check(b"k", ONE).await;
     assert_eq!(
         (second.source, second.remaining),
@@ -217,7 +221,10 @@ async fn a_block_ends_the_lease_held() {
     tokio::time::sleep(Duration::from_millis(800)).await;
     assert_eq!(admitted(&a, 5).await, 0);
     assert_eq!(admitted(&b, 5).await, 0);
-    assert!(blocked_at.elapsed() < block, "too slow to see the block running");
+    assert!(
+        blocked_at.elapsed() < block,
+        "too slow to see the block running"
+    );
     tokio::time::sleep((block + Duration::from_millis(500)).saturating_sub(blocked_at.elapsed()))
         .await;
     // 2 admitted before the block, Redis holds 6 and the lease's 2 came back: 8 more.
@@ -248,7 +255,11 @@ async fn a_reset_ends_the_lease_held() {
     let (a, _) = held("reset", &redis);
     take_lease(&a).await;
     let fresh = a.reset(b"k").unwrap().await;
-    assert_eq!((fresh.state, fresh.remaining), (State::Allowed, 10), "{fresh:?}");
+    assert_eq!(
+        (fresh.state, fresh.remaining),
+        (State::Allowed, 10),
+        "{fresh:?}"
+    );
     assert_eq!(admitted(&a, 20).await, 10);
 }
 
@@ -267,7 +278,11 @@ async fn a_refund_with_a_lease_held_goes_to_the_bucket() {
         "{refunded:?}"
     );
     let next = a.check(b"k", ONE).await;
-    assert_eq!((next.source, next.remaining), (Source::Lease, 1), "{next:?}");
+    assert_eq!(
+        (next.source, next.remaining),
+        (Source::Lease, 1),
+        "{next:?}"
+    );
     // 2 admitted before the refund, 1 after: 11 in all, the burst plus the refund.
     assert_eq!(admitted(&a, 20).await, 8);
 }
@@ -292,13 +307,21 @@ async fn a_peek_with_a_lease_held_answers_as_a_check_would() {
     }
     let two = NonZeroU32::new(2).unwrap();
     let peek = a.peek(b"k", two).unwrap().await;
-    assert_eq!((peek.state, peek.remaining), (State::HitQuota, 0), "{peek:?}");
+    assert_eq!(
+        (peek.state, peek.remaining),
+        (State::HitQuota, 0),
+        "{peek:?}"
+    );
     let three = NonZeroU32::new(3).unwrap();
     let beyond = a.peek(b"k", three).unwrap().await;
     assert!(!beyond.is_admitted(), "{beyond:?}");
     assert!(!a.check(b"k", three).await.is_admitted());
     let check = a.check(b"k", two).await;
-    assert_eq!((check.state, check.source), (State::HitQuota, Source::Lease), "{check:?}");
+    assert_eq!(
+        (check.state, check.source),
+        (State::HitQuota, Source::Lease),
+        "{check:?}"
+    );
     let empty = a.peek(b"k", ONE).unwrap().await;
     assert_eq!(empty.state, State::OverQuota, "{empty:?}");
 }
