@@ -409,7 +409,10 @@
 //!   key's next checks from them. Leases shrink near the limit, where they are exact;
 //!   over any window N instances admit at most the limit plus N × the lease size. Use
 //!   them for high limits on many keys where a few extra requests per window do not
-//!   matter, never for a login or payment limit.
+//!   matter, never for a login or payment limit. A [`block`](crate::Limiter::block) or
+//!   [`reset`](crate::Limiter::reset) ends the lease of the instance that calls it at
+//!   once; another instance may still answer its lease (at most its size, within its
+//!   lifetime), then asks Redis and is refused by the block.
 //!
 //! # Limits from your own store
 //!

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use support::RedisServer;
 use tower_redis_ratelimit::token_bucket::{TokenBucketConfig, TokenBucketLimiter};
-use tower_redis_ratelimit::{Limiter, Source};
+use tower_redis_ratelimit::{Limiter, Source, State};
 
 const ONE: NonZeroU32 = NonZeroU32::MIN;
 const HOUR: Duration = Duration::from_secs(3_600);
@@ -165,4 +165,163 @@ fn a_lease_and_a_lockout_conflict() {
             .build();
         assert!(matches!(layer, Err(ConfigError::Conflict { .. })));
     }
+}
+
+/// The handles with a lease held (issue 22). A bucket of 10 that does not refill
+/// (1 per hour), leases of up to 4 for 30 s: the first check takes 4 tokens (Redis
+/// keeps 6; 3 stay leased), the second is answered from the lease (2 left).
+fn held(name: &str, redis: &RedisServer) -> (TokenBucketLimiter, TokenBucketLimiter) {
+    let config = TokenBucketConfig::new(1, HOUR, 10).lease(4, Duration::from_secs(30));
+    let a = TokenBucketLimiter::new(&redis.uncached_backend(), name, config).unwrap();
+    let b = TokenBucketLimiter::new(&redis.uncached_backend(), name, config).unwrap();
+    (a, b)
+}
+
+/// Takes a lease on `limiter` and spends one of its tokens: 2 tokens stay leased.
+async fn take_lease(limiter: &TokenBucketLimiter) {
+    let first = limiter.check(b"k", ONE).await;
+    assert_eq!(
+        (first.source, first.remaining),
+        (Source::Redis, 9),
+        "{first:?}"
+    );
+    let second = limiter.check(b"k", ONE).await;
+    assert_eq!(
+        (second.source, second.remaining),
+        (Source::Lease, 2),
+        "{second:?}"
+    );
+}
+
+/// How many of `n` checks of `limiter` are admitted.
+async fn admitted(limiter: &TokenBucketLimiter, n: usize) -> usize {
+    let mut admitted = 0;
+    for _ in 0..n {
+        admitted += usize::from(limiter.check(b"k", ONE).await.is_admitted());
+    }
+    admitted
+}
+
+/// A block ends this process's lease of the key: refused at once and for the block's
+/// duration, here and on another instance; the lease's unused tokens go back to the
+/// bucket, so after the block exactly the rest of the burst is admitted.
+#[tokio::test]
+async fn a_block_ends_the_lease_held() {
+    let redis = RedisServer::start();
+    let (a, b) = held("block", &redis);
+    take_lease(&a).await;
+    let block = Duration::from_secs(2);
+    let blocked_at = Instant::now();
+    a.block(b"k", block).unwrap().await;
+    for limiter in [&a, &b] {
+        let refused = limiter.check(b"k", ONE).await;
+        assert!(!refused.is_admitted(), "{refused:?}");
+        assert!(refused.retry_after > Some(Duration::ZERO), "{refused:?}");
+    }
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert_eq!(admitted(&a, 5).await, 0);
+    assert_eq!(admitted(&b, 5).await, 0);
+    assert!(
+        blocked_at.elapsed() < block,
+        "too slow to see the block running"
+    );
+    tokio::time::sleep((block + Duration::from_millis(500)).saturating_sub(blocked_at.elapsed()))
+        .await;
+    // 2 admitted before the block, Redis holds 6 and the lease's 2 came back: 8 more.
+    assert_eq!(admitted(&a, 20).await, 8);
+}
+
+/// A block while another instance holds a lease: that instance answers its lease's
+/// tokens (at most the lease size, within its lifetime: the documented bound), then
+/// refuses for the block's duration; the blocking instance refuses at once.
+#[tokio::test]
+async fn a_block_on_another_instance_bounds_its_lease() {
+    let redis = RedisServer::start();
+    let (a, b) = held("block-other", &redis);
+    take_lease(&b).await;
+    a.block(b"k", Duration::from_secs(60)).unwrap().await;
+    assert_eq!(admitted(&a, 5).await, 0);
+    let from_lease = admitted(&b, 5).await;
+    assert!(from_lease <= 2, "{from_lease} admitted from a lease of 2");
+    assert_eq!(admitted(&b, 5).await, 0);
+    assert_eq!(admitted(&a, 5).await, 0);
+}
+
+/// A reset ends this process's lease of the key: the key starts afresh, and no more
+/// than a full burst is admitted after it, counting what the lease would have answered.
+#[tokio::test]
+async fn a_reset_ends_the_lease_held() {
+    let redis = RedisServer::start();
+    let (a, _) = held("reset", &redis);
+    take_lease(&a).await;
+    let fresh = a.reset(b"k").unwrap().await;
+    assert_eq!(
+        (fresh.state, fresh.remaining),
+        (State::Allowed, 10),
+        "{fresh:?}"
+    );
+    assert_eq!(admitted(&a, 20).await, 10);
+}
+
+/// A refund with a lease held goes to the shared bucket on Redis and says where that
+/// bucket stands; the lease is left as it is (its tokens are still answered): the key
+/// admits the burst plus what was refunded, exactly.
+#[tokio::test]
+async fn a_refund_with_a_lease_held_goes_to_the_bucket() {
+    let redis = RedisServer::start();
+    let (a, _) = held("refund", &redis);
+    take_lease(&a).await;
+    let refunded = a.refund(b"k", ONE).unwrap().await;
+    assert_eq!(
+        (refunded.source, refunded.remaining),
+        (Source::Redis, 7),
+        "{refunded:?}"
+    );
+    let next = a.check(b"k", ONE).await;
+    assert_eq!(
+        (next.source, next.remaining),
+        (Source::Lease, 1),
+        "{next:?}"
+    );
+    // 2 admitted before the refund, 1 after: 11 in all, the burst plus the refund.
+    assert_eq!(admitted(&a, 20).await, 8);
+}
+
+/// A peek says what a check would answer: from this process's lease when it covers
+/// the cost (spending nothing), even when the shared bucket on Redis is empty; from
+/// Redis otherwise.
+#[tokio::test]
+async fn a_peek_with_a_lease_held_answers_as_a_check_would() {
+    let redis = RedisServer::start();
+    let (a, b) = held("peek", &redis);
+    take_lease(&a).await;
+    // The other instance empties the shared bucket: its 6 tokens.
+    assert_eq!(admitted(&b, 10).await, 6);
+    for _ in 0..3 {
+        let peek = a.peek(b"k", ONE).unwrap().await;
+        assert_eq!(
+            (peek.state, peek.remaining, peek.source),
+            (State::Allowed, 1, Source::Lease),
+            "{peek:?}"
+        );
+    }
+    let two = NonZeroU32::new(2).unwrap();
+    let peek = a.peek(b"k", two).unwrap().await;
+    assert_eq!(
+        (peek.state, peek.remaining),
+        (State::HitQuota, 0),
+        "{peek:?}"
+    );
+    let three = NonZeroU32::new(3).unwrap();
+    let beyond = a.peek(b"k", three).unwrap().await;
+    assert!(!beyond.is_admitted(), "{beyond:?}");
+    assert!(!a.check(b"k", three).await.is_admitted());
+    let check = a.check(b"k", two).await;
+    assert_eq!(
+        (check.state, check.source),
+        (State::HitQuota, Source::Lease),
+        "{check:?}"
+    );
+    let empty = a.peek(b"k", ONE).unwrap().await;
+    assert_eq!(empty.state, State::OverQuota, "{empty:?}");
 }

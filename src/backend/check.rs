@@ -19,7 +19,7 @@ use super::call::Call;
 use super::coalesce::{Turn, Waiting};
 use super::engine::CHECK;
 use super::hosts::Hosts;
-use super::lease::{Leases, Take};
+use super::lease::{self, Leases, Take};
 use super::operate::{operate, Operation};
 use super::redis::RedisBackend;
 use crate::decision::{Decision, Source, State};
@@ -203,20 +203,7 @@ fn check_leased<T: Hosts + ?Sized>(
     let now_us = backend.clock().now_us();
     let lease_key = leases.key(local, key);
     let unused = match leases.take(local, lease_key, u64::from(cost.get()), now_us) {
-        Take::Taken(left) => {
-            let state = if left == 0 {
-                State::HitQuota
-            } else {
-                State::Allowed
-            };
-            return Check::ready(Decision::new(
-                state,
-                store.capacity(),
-                left,
-                Duration::ZERO,
-                Source::Lease,
-            ));
-        }
+        Take::Taken(left) => return Check::ready(lease::answer(store.capacity(), left)),
         Take::Missing(unused) => unused,
     };
     // An expired lease's unused tokens go back with the call that takes the next lease,

@@ -8,10 +8,12 @@
 //! is never exceeded overall; a leased unit is only used later, up to the lease's
 //! lifetime. Over any window, N instances with leases of size L admit at most the
 //! limit plus N × L. A lease that expires unused is refunded to the bucket. Leases live
-//! in the backend's bounded local store.
+//! in the backend's bounded local store. The handles see them too (`operate.rs`): a
+//! peek answers from the key's lease as a check would, and a block or a reset ends it.
 
 use std::time::Duration;
 
+use crate::decision::{Decision, Source, State};
 use crate::local::{Key, Lease, LocalStore};
 
 /// One limiter's leases: their size and lifetime, and their entries in the local store.
@@ -65,6 +67,24 @@ impl Leases {
         })
     }
 
+    /// What [`take`](Self::take) of `cost` would leave of `key`'s running lease,
+    /// spending nothing: `None` when no running lease covers the cost.
+    pub(super) fn peek(&self, store: &LocalStore, key: Key, cost: u64, now_us: u64) -> Option<u64> {
+        store.peek(key, Lease::default, |lease: &mut Lease| {
+            (lease.expires_us > now_us && lease.units >= cost).then(|| lease.units - cost)
+        })
+    }
+
+    /// Ends `key`'s lease (a block or a reset of the key): the units it still held,
+    /// running or expired, are the caller's to give back or forget.
+    pub(super) fn end(&self, store: &LocalStore, key: Key) -> u64 {
+        let mut units = 0;
+        store.modify(key, |lease: &mut Lease| {
+            units = std::mem::take(lease).units;
+        });
+        units
+    }
+
     pub(super) fn keep(&self, store: &LocalStore, key: Key, units: u64, now_us: u64) {
         let expires_us = now_us.saturating_add(self.lifetime_us);
         store.update(key, Lease::default, |lease: &mut Lease| {
@@ -80,6 +100,16 @@ impl Leases {
             };
         });
     }
+}
+
+/// A check's answer from a lease: `left` units of it after the cost.
+pub(super) fn answer(capacity: u64, left: u64) -> Decision {
+    let state = if left == 0 {
+        State::HitQuota
+    } else {
+        State::Allowed
+    };
+    Decision::new(state, capacity, left, Duration::ZERO, Source::Lease)
 }
 
 #[cfg(test)]
@@ -105,5 +135,17 @@ mod tests {
             Take::Missing(0)
         ));
         assert!(matches!(leases.take(&store, other, 1, 0), Take::Missing(0)));
+        // A peek spends nothing; an end hands over what is left, once.
+        leases.keep(&store, k, 4, 20_000);
+        assert_eq!(leases.peek(&store, k, 3, 20_000), Some(1));
+        assert_eq!(leases.peek(&store, k, 5, 20_000), None);
+        assert_eq!(leases.peek(&store, k, 4, 30_000), None);
+        assert_eq!(leases.end(&store, k), 4);
+        assert_eq!(leases.end(&store, k), 0);
+        assert!(matches!(
+            leases.take(&store, k, 1, 20_000),
+            Take::Missing(0)
+        ));
+        assert_eq!(leases.end(&store, other), 0);
     }
 }

@@ -1,6 +1,8 @@
 //! The operations on a key other than a check, for the limiter handles: peek, refund,
 //! settle, reset, block and reserve, each one engine call on Redis (or answered by the
-//! in-process state while Redis cannot), sharing the check's script and keys.
+//! in-process state while Redis cannot), sharing the check's script and keys; with a
+//! token bucket's leases, a peek may answer from this process's lease, and a block or
+//! a reset ends it (a block giving its unused tokens back first, a second call).
 
 use std::num::NonZeroU32;
 use std::sync::Arc;
@@ -10,6 +12,7 @@ use super::answer::{
     answering, blocked, engine_call, read_reply, refusal_or_standing, unavailable,
 };
 use super::hosts::Hosts;
+use super::lease;
 use super::FailurePolicy;
 use crate::decision::{Decision, Source};
 use crate::limiter::Check;
@@ -67,7 +70,31 @@ pub(crate) fn operate<T: Hosts + ?Sized>(
     let Some(redis) = redis else {
         return Check::ready(operate_locally(&**store, op, key, cost, Source::InProcess));
     };
+    // This process's lease of the key (token buckets with leases; see `lease.rs`): a
+    // peek answers from it as a check would; a block or a reset ends it, so that no
+    // leased token is answered past the block or on top of the fresh bucket. A block's
+    // unused tokens go back to the bucket (as an expiring lease's do), a reset's are
+    // forgotten (the bucket starts full).
+    let mut unused = 0;
+    if let Some(leases) = store.leases() {
+        let local = &*backend.inner.local;
+        let lease_key = leases.key(local, key);
+        match op {
+            Operation::Peek => {
+                let now_us = backend.clock().now_us();
+                if let Some(left) = leases.peek(local, lease_key, cost, now_us) {
+                    return Check::ready(lease::answer(store.capacity(), left));
+                }
+            }
+            Operation::Block => unused = leases.end(local, lease_key),
+            Operation::Reset => {
+                leases.end(local, lease_key);
+            }
+            _ => {}
+        }
+    }
     if !redis.admit() {
+        // Redis cannot take a block's unused tokens back now: they are forgotten.
         return Check::ready(operate_unavailable(&**store, op, key, cost));
     }
     let redis_key = remote.redis_key(key);
@@ -87,10 +114,19 @@ pub(crate) fn operate<T: Hosts + ?Sized>(
         }
         _ => engine_call(&**store, key, &redis_key, op.letter(), cost, param, &[]),
     };
+    // A block's unused leased tokens go back first, so that its answer counts them.
+    let give_back = (unused > 0).then(|| {
+        let refund = Operation::Refund.letter();
+        engine_call(&**store, key, &redis_key, refund, unused, param, &[])
+    });
     let store = Arc::clone(store);
     let redis = Arc::clone(redis);
     let key = key.to_vec();
     Check::pending(async move {
+        if let Some(give_back) = give_back {
+            // Lost with a failed call, as an expired lease's would be.
+            let _ = redis.eval(&give_back).await;
+        }
         let reply = redis.eval(&call).await;
         let decision = reply.ok().and_then(|reply| {
             let cost = u32::try_from(cost).ok().and_then(NonZeroU32::new);

@@ -141,6 +141,18 @@ impl TokenBucketConfig {
     /// check answered from a lease never reaches Redis to lock a key out): the limiter
     /// is then refused with [`ConfigError::Conflict`].
     ///
+    /// The handles ([`Limiter`](crate::Limiter)) and this process's lease of a key:
+    /// [`peek`](crate::Limiter::peek) answers from the lease when it covers the cost,
+    /// as the check would (spending nothing), and from Redis otherwise;
+    /// [`block`](crate::Limiter::block) ends the lease, giving its unused tokens back to
+    /// the bucket first, so the key is refused at once;
+    /// [`reset`](crate::Limiter::reset) ends it and forgets its tokens (the bucket starts
+    /// full, and no more than a burst is admitted after it);
+    /// [`refund`](crate::Limiter::refund) gives the tokens to the shared bucket and
+    /// leaves the lease as it is. Another instance's lease is its own: after a block or
+    /// a reset there it may still answer the tokens it holds (at most `size`, within
+    /// `lifetime`, as in the bound above) before it asks Redis again.
+    ///
     /// ```
     /// use std::time::Duration;
     /// use tower_redis_ratelimit::token_bucket::TokenBucketConfig;
