@@ -59,13 +59,14 @@ async fn a_high_failure_ratio_opens() {
     assert!(!b.admit());
 }
 
-#[tokio::test(start_paused = true)]
-async fn few_calls_that_all_fail_open_after_the_streak_span() {
+/// Three failures `gap` apart, with nothing answered between them: the third opens the
+/// breaker as a streak.
+async fn three_failures_apart_are_a_streak(gap: Duration) {
     let b = breaker();
     assert_eq!(b.record(Outcome::Failure), None);
-    tokio::time::advance(Duration::from_millis(150)).await;
+    tokio::time::advance(gap).await;
     assert_eq!(b.record(Outcome::Failure), None);
-    tokio::time::advance(Duration::from_millis(150)).await;
+    tokio::time::advance(gap).await;
     let trip = b.record(Outcome::Failure);
     assert!(
         matches!(trip, Some(Trip::Streak { failures: 3, .. })),
@@ -75,19 +76,14 @@ async fn few_calls_that_all_fail_open_after_the_streak_span() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn few_calls_that_all_fail_open_after_the_streak_span() {
+    three_failures_apart_are_a_streak(Duration::from_millis(150)).await;
+}
+
+#[tokio::test(start_paused = true)]
 async fn failures_far_apart_with_nothing_answered_between_are_a_streak() {
     // A quiet service: a check every 5 s, and Redis answers none of them.
-    let b = breaker();
-    assert_eq!(b.record(Outcome::Failure), None);
-    tokio::time::advance(Duration::from_secs(5)).await;
-    assert_eq!(b.record(Outcome::Failure), None);
-    tokio::time::advance(Duration::from_secs(5)).await;
-    let trip = b.record(Outcome::Failure);
-    assert!(
-        matches!(trip, Some(Trip::Streak { failures: 3, .. })),
-        "{trip:?}"
-    );
-    assert_eq!(b.state(), RedisState::Fallback);
+    three_failures_apart_are_a_streak(Duration::from_secs(5)).await;
 }
 
 #[tokio::test(start_paused = true)]
