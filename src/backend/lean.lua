@@ -4,8 +4,8 @@
 -- check decides, so the general engine's functions and tables are never built for it;
 -- with Redis Functions everything is built once per library either way.
 -- The call's two texts, each read into a list of its words (numbers as numbers):
--- ARGV[1], the head ('op:count:param': see src/backend/engine.lua), and ARGV[2], the
--- limits. A limiter sends the same texts on almost every call: with Redis Functions
+-- ARGV[1], the head ('op:count:param': see src/backend/engine.lua; its list holds the
+-- count as written too, for commands), and ARGV[2], the limits. A limiter sends the same texts on almost every call: with Redis Functions
 -- the library keeps the lists it read (at most 1000 texts of each kind; then it starts
 -- again), so a call reads none (by EVALSHA, each call reads its two). A limits' list
 -- also holds what the lean check reads of each limit, five words per limit in `per`:
@@ -21,7 +21,7 @@ local function list_of(kind, text)
     -- (The client writes the head: its two numbers are read by arithmetic, which
     -- costs Redis less than tonumber().)
     local op, count, param = string.match(text, '^(%a+):(%-?%d+):(%d+)$')
-    list = { op, count + 0, param + 0 }
+    list = { op, count + 0, param + 0, count }
   else
     list = {}
     for word in string.gmatch(text, '[^:]+') do
@@ -64,11 +64,14 @@ end
 -- counted). Returns the reply, a table of each limit's packed reply, or nil (the
 -- general engine decides; also when a reply is too large to pack). Each limit's values
 -- wait in its call's locals (a table for them costs Redis more).
-local function lean_from(KEYS, ARGV, L, cost, n, i, block, now_us, bounds_at)
+local function lean_from(KEYS, ARGV, L, H, n, i, block, now_us, bounds_at)
   local per, p = L.per, i * 5 - 5
   local kind, at, key = per[p + 1], per[p + 2], KEYS[i]
   -- A member that counts requests spends one.
-  local spent = per[p + 3] and 1 or cost
+  local spent, spent_text = H[2], H[4]
+  if per[p + 3] then
+    spent, spent_text = 1, '1'
+  end
   local ok, r1, r2, c1, c2, c3
   local shape = 1
   if kind == 'w' or kind == 'c' then
@@ -87,7 +90,7 @@ local function lean_from(KEYS, ARGV, L, cost, n, i, block, now_us, bounds_at)
       offset = L[at + 4]
       now_us = now_us or unix_us(ARGV)
     end
-    ok, r1, r2 = period_try(key, L[at + 2], length, offset, spent, now_us)
+    ok, r1, r2 = period_try(key, L[at + 2], length, offset, spent, spent_text, now_us)
     shape = 0
   elseif kind == 't' then
     now_us = now_us or unix_us(ARGV)
@@ -108,7 +111,7 @@ local function lean_from(KEYS, ARGV, L, cost, n, i, block, now_us, bounds_at)
   elseif i == n then
     out = n == 2 and { false, false } or {}
   else
-    out = lean_from(KEYS, ARGV, L, cost, n, i + 1, nil, now_us, bounds_at)
+    out = lean_from(KEYS, ARGV, L, H, n, i + 1, nil, now_us, bounds_at)
   end
   if not out then
     -- A later limit does not admit (or a reply is too large to pack): what a fixed
@@ -134,10 +137,11 @@ end
 -- with period_undo when a later limit does not admit). Returns the engine's reply
 -- (packed: one limit's as a number, a set's as a table of numbers), or nil when the
 -- general engine below decides (a blocked key, a refusal, a skew, a clock step), with
--- nothing changed.
-local function lean(KEYS, ARGV, L, cost)
+-- nothing changed. (H: the head's list, whose second word is the cost.)
+local function lean(KEYS, ARGV, L, H)
   local n = #KEYS - 1
   if n == 1 then
+    local cost = H[2]
     -- One limit (L: its letter, its count of arguments, its arguments): the reply made
     -- at once.
     local kind, key, block = L[1], KEYS[1], KEYS[2]
@@ -159,7 +163,8 @@ local function lean(KEYS, ARGV, L, cost)
         -- (L[5]: the offset of an aligned window, nil for one that starts at the first
         -- request.)
         local offset = L[5]
-        ok, count, t = period_try(key, L[3], L[4], offset, cost, offset and unix_us(ARGV))
+        ok, count, t = period_try(key, L[3], L[4], offset, cost, H[4],
+          offset and unix_us(ARGV))
         shape = 0
       elseif kind == 'r' then
         local current, dead
@@ -173,7 +178,7 @@ local function lean(KEYS, ARGV, L, cost)
         -- length of the window holding now, aligned to its end.
         local now_us = unix_us(ARGV)
         local deadline, length = calendar_window(ARGV, 3, math.floor(now_us / 1000))
-        ok, count, t = period_try(key, L[3], length, -deadline, cost, now_us)
+        ok, count, t = period_try(key, L[3], length, -deadline, cost, H[4], now_us)
         shape = 0
       end
       if not ok then
@@ -198,5 +203,5 @@ local function lean(KEYS, ARGV, L, cost)
   elseif redis.call('PTTL', KEYS[n + 1]) > 0 then
     return nil
   end
-  return lean_from(KEYS, ARGV, L, cost, n, 1, block, nil, 3)
+  return lean_from(KEYS, ARGV, L, H, n, 1, block, nil, 3)
 end

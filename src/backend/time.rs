@@ -179,7 +179,7 @@ impl Library {
 
 impl Scripts {
     /// Both versions of the engine whose text is `lean` (which defines
-    /// `list_of(kind, text)` and `lean(KEYS, ARGV, L, cost)`) then `general` (which
+    /// `list_of(kind, text)` and `lean(KEYS, ARGV, L, H)`) then `general` (which
     /// defines `engine(KEYS, ARGV, L, H)`).
     pub(crate) fn new(lean: &str, general: &str) -> Self {
         let hash = Script::new(&[lean, general].concat()).get_hash().to_owned();
@@ -273,7 +273,7 @@ const ENTRY: &str = "\
 local H = texts[1][ARGV[1]] or list_of(1, ARGV[1])
 local L = texts[2][ARGV[2]] or list_of(2, ARGV[2])
 if H[1] == 'c' then
-  local out = lean(KEYS, ARGV, L, H[2])
+  local out = lean(KEYS, ARGV, L, H)
   if out then
     return out
   end
