@@ -125,7 +125,7 @@ local function lean_from(KEYS, ARGV, L, H, n, i, block, now_us, bounds_at)
   if kind == 't' then
     token_bucket_commit(key, c1, c2, c3)
   elseif kind == 'r' then
-    rolling_commit(key, c2, c1, spent, L[at + 3], L[at + 4])
+    rolling_commit(key, c2, c1, spent, spent_text, L[at + 3], L[at + 4])
   end
   out[i] = -reply - 1
   return out
@@ -170,7 +170,7 @@ local function lean(KEYS, ARGV, L, H)
         local current, dead
         ok, count, t, current, dead = rolling_try(key, L[3], L[4], L[5], cost, unix_us(ARGV))
         if ok then
-          rolling_commit(key, dead, current, cost, L[4], L[5])
+          rolling_commit(key, dead, current, cost, H[4], L[4], L[5])
         end
         shape = 1
       elseif kind == 'c' then

@@ -7,9 +7,9 @@
 -- current bucket and the dead fields (nil when none) when the window admits the cost
 -- with the key's time the server's (no skew field, no bucket ahead of now); else false,
 -- and the steps decide (a refusal, a skew, a step back). Nothing is written:
--- rolling_commit(key, dead, current, cost, buckets, interval) writes what rolling_save
--- would (with the server's clock, the key's expiry only when the current bucket starts:
--- it outlives every bucket then).
+-- rolling_commit(key, dead, current, cost, cost_text, buckets, interval) writes what
+-- rolling_save would (with the server's clock, the key's expiry only when the current
+-- bucket starts: it outlives every bucket then).
 
 -- The units of the key's fields (HGETALL) in buckets from oldest to current, and its
 -- dead fields (nil when none); nil when the steps decide (a skew field, a bucket ahead
@@ -66,7 +66,7 @@ local function rolling_try(key, limit, buckets, interval, cost, now_us)
   return true, sum + cost, (current + buckets) * interval - now, current, dead
 end
 
-local function rolling_commit(key, dead, current, cost, buckets, interval)
+local function rolling_commit(key, dead, current, cost, cost_text, buckets, interval)
   if dead then
     for i = 1, #dead, 500 do
       redis.call('HDEL', key, unpack(dead, i, math.min(i + 499, #dead)))
@@ -77,8 +77,9 @@ local function rolling_commit(key, dead, current, cost, buckets, interval)
   -- admission: buckets follow the caller's clock and the expiry the server's, so one
   -- set at a bucket's start (by a caller ahead, or while the server's clock was behind)
   -- may end before the bucket does. (Whole numbers below 10^17 as numbers: Redis writes
-  -- them in decimal digits, as string.format('%d') does.)
-  if redis.call('HINCRBY', key, current, cost) == cost or caller_time then
+  -- them in decimal digits, as string.format('%d') does. The cost goes as the client
+  -- wrote it, `cost_text`: Redis 7.0 writes a number with snprintf, which costs more.)
+  if redis.call('HINCRBY', key, current, cost_text) == cost or caller_time then
     redis.call('PEXPIRE', key, (buckets + 1) * interval)
   end
 end
