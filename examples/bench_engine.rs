@@ -1,22 +1,32 @@
 //! Redis CPU per decision: the microseconds Redis spends in one engine call
-//! (`INFO commandstats` `usec_per_call` of `EVALSHA` and `FCALL`, after `CONFIG
-//! RESETSTAT`), for each algorithm (a calendar window too), a set, a coalesced batch, a
+//! (`INFO commandstats` `usec` of `EVALSHA` and `FCALL`, the difference around each
+//! pass), for each algorithm (a calendar window too), a set, a coalesced batch, a
 //! lease, a lockout, an in-flight slot (acquire and release, and with renewals while
 //! held) and a request settled after its response (its check and its settlement), next
 //! to two peer scripts written for this benchmark from their published algorithms: GCRA
 //! as go-redis/redis_rate does it (`GET`, arithmetic on the arrival time, `SET ... EX`)
 //! and a fixed window as go-zero's `PeriodLimit` does it (`INCRBY`, then `EXPIRE` on the
-//! first unit). Run by `scripts/bench-engine`, which starts the `redis-server`.
+//! first unit). Two floor scripts hold only the commands a token bucket and a set of a
+//! token bucket and a fixed window run in the crate's engine, with the call's shape the
+//! crate sends: what any script making those decisions from the same stored state pays.
+//! Run by `scripts/bench-engine`, which starts the `redis-server`.
 //!
 //! ```text
 //! REDIS_URL=redis://127.0.0.1:PORT cargo run --release --example bench_engine -- [rounds]
 //! ```
 //!
-//! Every row checks 10 000 keys twice (a warm-up pass creates them; then `CONFIG
-//! RESETSTAT` and the measured pass), 64 checks in flight, nothing refused. Rows take
-//! turns, round after round (default 3); the median round of each row is printed. The
-//! crate's rows run on each path the server takes: Redis Functions (`FCALL`, Redis 7
-//! and later) and `EVALSHA`.
+//! Every row checks 10 000 keys twice, 64 checks in flight, nothing refused, in ten
+//! slices of 1 000 keys in which the rows take turns (after a `FLUSHALL`), so that rows
+//! compared share the machine's moments: for each slice, a warm-up pass creates its
+//! keys, then the measured pass checks them again (rows whose calls end in the
+//! background, the in-flight slots, run their 10 000 keys whole, after). Round after round (default 3); the median round of each
+//! row is printed, then the targets' ratios (the median of each round's ratio). The crate's rows run on each path the server takes: Redis Functions
+//! (`FCALL`, Redis 7 and later) and `EVALSHA`.
+//!
+//! With `BENCH_CALLGRIND=1`, `scripts/bench-engine` runs the `redis-server` under
+//! valgrind's callgrind and each row also reports the instructions Redis ran per
+//! decision: exact counts, free of the timing noise of a shared machine (one round is
+//! enough), at the price of a server about fifty times slower.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -34,6 +44,8 @@ use tower_redis_ratelimit::token_bucket::{TokenBucketConfig, TokenBucketLimiter}
 use tower_redis_ratelimit::{Backend, Limiter, Source};
 
 const KEYS: usize = 10_000;
+/// The slices of the keys in which rows take turns (see `main`).
+const SLICES: usize = 10;
 const IN_FLIGHT: usize = 64;
 const ONE: NonZeroU32 = NonZeroU32::MIN;
 const MINUTE: Duration = Duration::from_secs(60);
@@ -86,6 +98,152 @@ else
   return 0
 end
 ";
+
+/// The floor of a token bucket: the commands the crate's engine runs for one (`MGET` of
+/// the key and its block, `TIME`, `SET ... PX`) and nothing else, called with the shape
+/// of the crate's call (two keys, two texts). Written for this benchmark.
+const FLOOR_TOKEN: &str = r"
+local v = redis.call('MGET', KEYS[1], KEYS[2])
+local t = redis.call('TIME')
+local now = t[1] * 1000000 + t[2]
+local tat = tonumber(v[1]) or now
+if tat < now then tat = now end
+tat = tat + 1
+redis.call('SET', KEYS[1], tat, 'PX', 1000)
+return -(tat - now) - 1
+";
+
+/// The floor of a set of a token bucket and a fixed window: the commands the crate's
+/// engine runs for it (the token bucket's, then `INCRBY` and `PTTL` of the window: its
+/// count and its end) and a reply of each limit's numbers, called with the shape of the
+/// crate's call (three keys, two texts). Written for this benchmark.
+const FLOOR_SET: &str = r"
+local v = redis.call('MGET', KEYS[1], KEYS[3])
+local t = redis.call('TIME')
+local now = t[1] * 1000000 + t[2]
+local count = redis.call('INCRBY', KEYS[2], '1')
+local ttl = redis.call('PTTL', KEYS[2])
+if ttl < 0 then
+  redis.call('PEXPIRE', KEYS[2], 60000)
+  ttl = 60000
+end
+local tat = tonumber(v[1]) or now
+if tat < now then tat = now end
+tat = tat + 1
+redis.call('SET', KEYS[1], tat, 'PX', 1000)
+return { -(tat - now) - 1, -(count * 65536 + ttl) - 1 }
+";
+
+/// The targets' ratios: (what, numerator row, denominator row, target).
+const RATIOS: &[(&str, &str, &str, &str)] = &[
+    (
+        "token bucket / GCRA",
+        "token bucket [functions]",
+        "peer: GCRA (redis_rate)",
+        "<= 1.0",
+    ),
+    (
+        "rolling window / GCRA",
+        "rolling window, 10 buckets [functions]",
+        "peer: GCRA (redis_rate)",
+        "<= 1.0",
+    ),
+    (
+        "fixed window / go-zero",
+        "fixed window [functions]",
+        "peer: INCRBY + EXPIRE (go-zero)",
+        "<= 1.5",
+    ),
+    (
+        "set / token bucket",
+        "set: token bucket + fixed window [functions]",
+        "token bucket [functions]",
+        "<= 1.5",
+    ),
+    (
+        "floor: set / token bucket",
+        "floor: set (token bucket + fixed window), its commands only",
+        "floor: token bucket, its commands only",
+        "",
+    ),
+    (
+        "lockout / token bucket",
+        "token bucket, lockout (never blocked) [functions]",
+        "token bucket [functions]",
+        "<= 1.0",
+    ),
+];
+
+/// The instructions the `redis-server` runs, counted by valgrind's callgrind (its pid
+/// and output directory in `BENCH_CALLGRIND_PID` and `BENCH_CALLGRIND_DIR`, set by
+/// `scripts/bench-engine`).
+struct Callgrind {
+    pid: String,
+    dir: std::path::PathBuf,
+}
+
+impl Callgrind {
+    fn from_env() -> Option<Self> {
+        Some(Self {
+            pid: std::env::var("BENCH_CALLGRIND_PID").ok()?,
+            dir: std::env::var("BENCH_CALLGRIND_DIR").ok()?.into(),
+        })
+    }
+
+    fn control(&self, option: &str) {
+        let status = std::process::Command::new("callgrind_control")
+            .args([option, &self.pid])
+            .stdout(std::process::Stdio::null())
+            .status()
+            .expect("callgrind_control");
+        assert!(status.success(), "callgrind_control {option}: {status}");
+    }
+
+    /// Counts from zero.
+    fn zero(&self) {
+        self.control("-z");
+    }
+
+    /// The instructions run since `zero`, from the dump this writes (then removed).
+    fn instructions(&self) -> f64 {
+        self.control("-d");
+        let dump = std::fs::read_dir(&self.dir)
+            .expect("the callgrind directory")
+            .map(|entry| entry.unwrap().path())
+            .filter(|path| {
+                path.file_name()
+                    .and_then(|name| name.to_str())
+                    .is_some_and(|name| {
+                        name.starts_with("callgrind.out.") && name.matches('.').count() == 3
+                    })
+            })
+            .max_by_key(|path| std::fs::metadata(path).unwrap().modified().unwrap())
+            .expect("a callgrind dump");
+        let text = std::fs::read_to_string(&dump).unwrap();
+        std::fs::remove_file(&dump).unwrap();
+        text.lines()
+            .find_map(|line| {
+                line.strip_prefix("summary:")
+                    .or_else(|| line.strip_prefix("totals:"))
+            })
+            .and_then(|n| n.split_whitespace().next())
+            .and_then(|n| n.parse().ok())
+            .expect("a total in the callgrind dump")
+    }
+}
+
+/// One row's figures in one round, per decision.
+#[derive(Clone, Copy)]
+struct Sample {
+    /// Redis µs (commandstats).
+    us: f64,
+    /// Script calls.
+    calls: f64,
+    /// Redis CPU µs, I/O included.
+    cpu: f64,
+    /// Instructions Redis ran (with callgrind).
+    instructions: Option<f64>,
+}
 
 /// What one row runs for a key.
 type Run = Arc<dyn Fn(String) -> Pin<Box<dyn Future<Output = u64> + Send>> + Send + Sync>;
@@ -193,6 +351,7 @@ fn script_row(
     name: &str,
     conn: &redis::aio::MultiplexedConnection,
     script: &str,
+    keys: &'static [&'static str],
     args: Vec<String>,
 ) -> Row {
     let script = Arc::new(redis::Script::new(script));
@@ -203,8 +362,11 @@ fn script_row(
         run: Arc::new(move |key| {
             let (script, mut conn, args) = (Arc::clone(&script), conn.clone(), Arc::clone(&args));
             Box::pin(async move {
-                // A key as long as the crate's (`ratelimit:{v1:<key>}:token_bucket:tb`).
-                let mut invocation = script.key(format!("ratelimit:{{v1:{key}}}:peer_script:p"));
+                // Keys as long as the crate's (`ratelimit:{v1:<key>}:token_bucket:tb`).
+                let mut invocation = script.prepare_invoke();
+                for name in keys {
+                    invocation.key(format!("ratelimit:{{v1:{key}}}:{name}"));
+                }
                 for arg in args.iter() {
                     invocation.arg(arg);
                 }
@@ -219,10 +381,10 @@ fn script_row(
     }
 }
 
-async fn pass(row: &Row, prefix: &str) -> u64 {
+async fn pass(row: &Row, prefix: &str, keys: std::ops::Range<usize>) -> u64 {
     let mut tasks = tokio::task::JoinSet::new();
     let mut sum = 0;
-    for i in 0..KEYS {
+    for i in keys {
         if tasks.len() >= IN_FLIGHT {
             sum += tasks.join_next().await.unwrap().unwrap();
         }
@@ -232,6 +394,61 @@ async fn pass(row: &Row, prefix: &str) -> u64 {
         sum += n.unwrap();
     }
     sum
+}
+
+/// A row's figures summed over its slices in one round.
+#[derive(Clone, Default)]
+struct Totals {
+    decisions: u64,
+    calls: u64,
+    usec: u64,
+    /// Redis CPU µs, I/O included.
+    cpu: f64,
+    instructions: Option<f64>,
+    /// Script calls per master (Cluster).
+    shares: Vec<u64>,
+}
+
+/// Runs the row on `keys` twice, a warm-up pass (which creates the keys) then the
+/// measured pass, and adds what Redis spent in the second to `total`: the differences
+/// of the servers' script stats and CPU time (and of callgrind's count) around it.
+async fn measure(
+    row: &Row,
+    i: usize,
+    keys: std::ops::Range<usize>,
+    nodes: &mut [redis::aio::MultiplexedConnection],
+    callgrind: Option<&Callgrind>,
+    total: &mut Totals,
+) {
+    let prefix = format!("r{i}:");
+    pass(row, &prefix, keys.clone()).await;
+    if row.background {
+        // The last releases (and renewals) are sent in the background.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let mut before = Vec::new();
+    for conn in nodes.iter_mut() {
+        before.push((script_stats(conn).await, server_cpu_us(conn).await));
+    }
+    if let Some(callgrind) = callgrind {
+        callgrind.zero();
+    }
+    total.decisions += pass(row, &prefix, keys).await;
+    if row.background {
+        // The last releases (and renewals) are sent in the background.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    if let Some(callgrind) = callgrind {
+        *total.instructions.get_or_insert(0.0) += callgrind.instructions();
+    }
+    total.shares.resize(nodes.len(), 0);
+    for (n, (conn, ((calls, usec), cpu))) in nodes.iter_mut().zip(before).enumerate() {
+        let (calls_after, usec_after) = script_stats(conn).await;
+        total.cpu += server_cpu_us(conn).await - cpu;
+        total.calls += calls_after - calls;
+        total.usec += usec_after - usec;
+        total.shares[n] += calls_after - calls;
+    }
 }
 
 async fn cmd(conn: &mut redis::aio::MultiplexedConnection, args: &[&str]) -> redis::Value {
@@ -425,76 +642,151 @@ async fn main() {
             "peer: GCRA (redis_rate)",
             &conn,
             GCRA,
+            &["peer_script:p"],
             vec!["1000000".into(), "1000000".into(), "1".into(), "1".into()],
         ));
         rows.push(script_row(
             "peer: INCRBY + EXPIRE (go-zero)",
             &conn,
             PERIOD,
+            &["peer_script:p"],
             vec![huge.clone(), "60".into()],
+        ));
+        // The crate's texts for these limits (`tb` and `MINUTE` of `crate_rows`).
+        let texts = |limits: &str| vec!["c:1:0".to_owned(), limits.to_owned()];
+        let token = "t:3:1.0:1000000:1767225600";
+        rows.push(script_row(
+            "floor: token bucket, its commands only",
+            &conn,
+            FLOOR_TOKEN,
+            &["token:floor", "block:token:floor"],
+            texts(token),
+        ));
+        rows.push(script_row(
+            "floor: set (token bucket + fixed window), its commands only",
+            &conn,
+            FLOOR_SET,
+            &["set:floor:token", "set:floor:period", "block:set:floor"],
+            texts(&format!("{token}:w:2:{HUGE}:60000")),
         ));
     }
 
-    let mut results: BTreeMap<usize, Vec<(f64, f64, f64)>> = BTreeMap::new();
+    let callgrind = Callgrind::from_env();
+    let mut results: BTreeMap<usize, Vec<Sample>> = BTreeMap::new();
     for round in 0..rounds {
+        for conn in &mut nodes {
+            cmd(conn, &["FLUSHALL"]).await;
+        }
+        // Rows take turns slice by slice, so that the rows a ratio compares share
+        // the machine's moments (its noise is most of the spread between rounds); rows
+        // whose calls end in the background run their pass whole, after.
+        let mut totals = vec![Totals::default(); rows.len()];
+        for slice in 0..SLICES {
+            for k in 0..rows.len() {
+                let i = (k + slice) % rows.len();
+                if !rows[i].background {
+                    let keys = slice * KEYS / SLICES..(slice + 1) * KEYS / SLICES;
+                    measure(
+                        &rows[i],
+                        i,
+                        keys,
+                        &mut nodes,
+                        callgrind.as_ref(),
+                        &mut totals[i],
+                    )
+                    .await;
+                }
+            }
+        }
         for (i, row) in rows.iter().enumerate() {
-            let prefix = format!("r{i}:");
-            for conn in &mut nodes {
-                cmd(conn, &["FLUSHALL"]).await;
-            }
-            pass(row, &prefix).await;
-            let mut cpu = 0.0;
-            for conn in &mut nodes {
-                cmd(conn, &["CONFIG", "RESETSTAT"]).await;
-                cpu -= server_cpu_us(conn).await;
-            }
-            let decisions = pass(row, &prefix).await;
             if row.background {
-                // The last releases (and renewals) are sent in the background.
-                tokio::time::sleep(Duration::from_millis(500)).await;
+                measure(
+                    row,
+                    i,
+                    0..KEYS,
+                    &mut nodes,
+                    callgrind.as_ref(),
+                    &mut totals[i],
+                )
+                .await;
             }
-            let (mut calls, mut usec) = (0, 0);
-            let mut shares = Vec::new();
-            for conn in &mut nodes {
-                cpu += server_cpu_us(conn).await;
-                let (c, u) = script_stats(conn).await;
-                calls += c;
-                usec += u;
-                shares.push(c);
-            }
-            let cpu = cpu / decisions as f64;
+        }
+        for (i, (row, total)) in rows.iter().zip(&totals).enumerate() {
+            let decisions = total.decisions as f64;
             if nodes.len() > 1 {
-                eprintln!("round {round} {}: calls per master {shares:?}", row.name);
+                eprintln!(
+                    "round {round} {}: calls per master {:?}",
+                    row.name, total.shares
+                );
             }
-            let per_decision = usec as f64 / decisions as f64;
-            let per_call = usec as f64 / calls.max(1) as f64;
+            let per_decision = total.usec as f64 / decisions;
+            let per_call = total.usec as f64 / total.calls.max(1) as f64;
             eprintln!(
-                "round {round} {:<58} {per_decision:6.2} µs/decision {per_call:6.2} µs/call {calls} calls",
-                row.name
+                "round {round} {:<58} {per_decision:6.2} µs/decision {per_call:6.2} µs/call {} calls",
+                row.name, total.calls
             );
-            results.entry(i).or_default().push((
-                per_decision,
-                calls as f64 / decisions as f64,
-                cpu,
-            ));
+            results.entry(i).or_default().push(Sample {
+                us: per_decision,
+                calls: total.calls as f64 / decisions,
+                cpu: total.cpu / decisions,
+                instructions: total.instructions.map(|n| n / decisions),
+            });
         }
     }
+    // With callgrind: the instructions per decision (of the median round), a column more.
+    let counted = callgrind.is_some();
+    let (head, rule) = if counted {
+        (" instructions per decision (callgrind) |", "---:|")
+    } else {
+        ("", "")
+    };
     println!(
         "| decision | Redis µs per decision (commandstats) | decisions/s per Redis core | \
-         script calls per decision | Redis CPU µs per decision, I/O included |"
+         script calls per decision | Redis CPU µs per decision, I/O included |{head}"
     );
-    println!("|---|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|{rule}");
     for (i, row) in rows.iter().enumerate() {
         let mut r = results[&i].clone();
-        r.sort_by(|a, b| a.0.total_cmp(&b.0));
-        let (us, calls, _) = r[r.len() / 2];
-        let mut cpu: Vec<f64> = r.iter().map(|x| x.2).collect();
+        r.sort_by(|a, b| a.us.total_cmp(&b.us));
+        let Sample {
+            us,
+            calls,
+            instructions,
+            ..
+        } = r[r.len() / 2];
+        let mut cpu: Vec<f64> = r.iter().map(|x| x.cpu).collect();
         cpu.sort_by(f64::total_cmp);
+        let counted = instructions.map_or(String::new(), |n| format!(" {n:.0} |"));
         println!(
-            "| {} | {us:.2} | {:.0} | {calls:.2} | {:.1} |",
+            "| {} | {us:.2} | {:.0} | {calls:.2} | {:.1} |{counted}",
             row.name,
             1_000_000.0 / us,
             cpu[cpu.len() / 2]
+        );
+    }
+    println!();
+    println!("| ratio (median of the rounds' ratios) | ratio | each round | target |{head}");
+    println!("|---|---:|---|---|{rule}");
+    let row_of = |name: &str| rows.iter().position(|row| row.name == name);
+    for &(what, over, under, target) in RATIOS {
+        let (Some(over), Some(under)) = (row_of(over), row_of(under)) else {
+            continue;
+        };
+        let pairs = || results[&over].iter().zip(&results[&under]);
+        let mut ratios: Vec<f64> = pairs().map(|(a, b)| a.us / b.us).collect();
+        let each: Vec<String> = ratios.iter().map(|r| format!("{r:.2}")).collect();
+        ratios.sort_by(f64::total_cmp);
+        let mut counted: Vec<f64> = pairs()
+            .filter_map(|(a, b)| Some(a.instructions? / b.instructions?))
+            .collect();
+        counted.sort_by(f64::total_cmp);
+        let counted = counted
+            .get(counted.len() / 2)
+            .map_or(String::new(), |r| format!(" {r:.2} |"));
+        println!(
+            "| {what} | {:.2} | {} | {target} |{counted}",
+            ratios[ratios.len() / 2],
+            each.join(", ")
         );
     }
 }
