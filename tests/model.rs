@@ -66,7 +66,7 @@ mod support;
 use std::fmt::Write as _;
 use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 use kept::{Clock, Kept};
@@ -612,7 +612,10 @@ const HOSTS: [Host; 5] = [
 ];
 
 struct Shared {
-    redis: RedisServer,
+    /// Taken out (and so stopped) by `StopServer` when the test ends.
+    redis: Mutex<Option<RedisServer>>,
+    /// The server's URL, for the backends' pools.
+    url: String,
     clock: ServerClock,
     /// A pool of the test's own, for `sweep`.
     sweeper: deadpool_redis::Pool,
@@ -620,17 +623,43 @@ struct Shared {
     dead_port: u16,
 }
 
+static SHARED: OnceLock<Shared> = OnceLock::new();
+
 fn shared() -> &'static Shared {
-    static SHARED: OnceLock<Shared> = OnceLock::new();
     SHARED.get_or_init(|| {
         let (redis, clock) = RedisServer::start_with_clock();
         Shared {
             sweeper: redis.pool(),
-            redis,
+            url: redis.url(),
+            redis: Mutex::new(Some(redis)),
             clock,
             dead_port: support::free_port(),
         }
     })
+}
+
+/// A pool of its own on the shared server, for one backend.
+fn pool() -> deadpool_redis::Pool {
+    deadpool_redis::Config::from_url(shared().url.as_str())
+        .create_pool(Some(deadpool_redis::Runtime::Tokio1))
+        .expect("a pool")
+}
+
+/// Stops the shared server when the test ends, passed or failed: a static is never
+/// dropped, and the server would outlive the test's process.
+struct StopServer;
+
+impl Drop for StopServer {
+    fn drop(&mut self) {
+        if let Some(shared) = SHARED.get() {
+            let server = shared
+                .redis
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take();
+            drop(server);
+        }
+    }
 }
 
 /// A backend for `host`; with the callers' clocks, its clock `ahead_ms` ahead of
@@ -644,18 +673,14 @@ fn backend(host: Host, manual: &ManualClock, ahead_ms: i64) -> Backend {
         .call_timeout(Duration::from_secs(5));
     match host {
         Host::InProcess => builder.build(),
-        Host::RedisServerTime => builder
-            .redis(shared.redis.pool())
-            .deny_cache(0)
-            .coalesce(false)
-            .build(),
+        Host::RedisServerTime => builder.redis(pool()).deny_cache(0).coalesce(false).build(),
         Host::RedisCallerTime => builder
-            .redis(shared.redis.pool())
+            .redis(pool())
             .deny_cache(0)
             .coalesce(false)
             .time_source(TimeSource::Caller)
             .build(),
-        Host::RedisCached => builder.redis(shared.redis.pool()).build(),
+        Host::RedisCached => builder.redis(pool()).build(),
         Host::Fallback => builder
             .redis_url(format!("redis://127.0.0.1:{}", shared.dead_port))
             .build(),
@@ -1182,6 +1207,7 @@ async fn futures_join(checks: Vec<tower_redis_ratelimit::Check>) -> Vec<Decision
 
 #[test]
 fn every_host_and_path_decides_like_the_model() {
+    let _stop = StopServer;
     let cases = std::env::var("PROPTEST_CASES")
         .ok()
         .and_then(|n| n.parse().ok())
