@@ -373,7 +373,7 @@ fn script_row(
                 let _: redis::Value = invocation
                     .invoke_async(&mut conn)
                     .await
-                    .expect("peer script");
+                    .expect("a script row's call");
                 1
             })
         }),

@@ -614,8 +614,6 @@ const HOSTS: [Host; 5] = [
 struct Shared {
     /// Taken out (and so stopped) by `StopServer` when the test ends.
     redis: Mutex<Option<RedisServer>>,
-    /// The server's URL, for the backends' pools.
-    url: String,
     clock: ServerClock,
     /// A pool of the test's own, for `sweep`.
     sweeper: deadpool_redis::Pool,
@@ -630,7 +628,6 @@ fn shared() -> &'static Shared {
         let (redis, clock) = RedisServer::start_with_clock();
         Shared {
             sweeper: redis.pool(),
-            url: redis.url(),
             redis: Mutex::new(Some(redis)),
             clock,
             dead_port: support::free_port(),
@@ -640,9 +637,13 @@ fn shared() -> &'static Shared {
 
 /// A pool of its own on the shared server, for one backend.
 fn pool() -> deadpool_redis::Pool {
-    deadpool_redis::Config::from_url(shared().url.as_str())
-        .create_pool(Some(deadpool_redis::Runtime::Tokio1))
-        .expect("a pool")
+    shared()
+        .redis
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .as_ref()
+        .expect("the shared server runs until the test ends")
+        .pool()
 }
 
 /// Stops the shared server when the test ends, passed or failed: a static is never

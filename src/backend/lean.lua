@@ -5,9 +5,10 @@
 -- with Redis Functions everything is built once per library either way.
 -- The call's two texts, each read into a list of its words (numbers as numbers):
 -- ARGV[1], the head ('op:count:param': see src/backend/engine.lua; its list holds the
--- count as written too, for commands), and ARGV[2], the limits. A limiter sends the same texts on almost every call: with Redis Functions
--- the library keeps the lists it read (at most 1000 texts of each kind; then it starts
--- again), so a call reads none (by EVALSHA, each call reads its two). A limits' list
+-- count as written too, for commands), and ARGV[2], the limits. A limiter sends the
+-- same texts on almost every call: with Redis Functions the library keeps the lists it
+-- read (at most 1000 texts of each kind; then it starts again), so a call reads none
+-- (by EVALSHA, each call reads its two). A limits' list
 -- also holds what the lean check reads of each limit, five words per limit in `per`:
 -- its letter in lower case, where its words start, whether it counts requests (its
 -- letter in capitals), and for packed replies the bits of its capacity (a token

@@ -33,15 +33,15 @@ local function calendar_window(ARGV, at, t)
   return t + b3 - b2, b3 - b2
 end
 
--- The lean check (src/backend/lean.lua): the common case of the steps (src/period/period.lua) in the
--- fewest commands, deciding exactly as they do. period_try(key, quota, length, offset,
--- cost, cost_text, now_us) counts the cost at once (INCRBY, with the cost as the
--- client wrote it: Redis 7.0 writes a number argument with snprintf, which costs more
--- than the command) and returns true, the count and the ms
--- until the window ends when the key's window admits it as the steps would; else it
--- takes the count back and returns false, and the steps decide (a refusal, a new window
--- over a stale key, a skew, a clock step). A key that held nothing starts its window
--- here, as period_save would.
+-- The lean check (src/backend/lean.lua): the common case of the steps
+-- (src/period/period.lua) in the fewest commands, deciding exactly as they do.
+-- period_try(key, quota, length, offset, cost, cost_text, now_us) counts the cost at
+-- once (INCRBY, with the cost as the client wrote it: Redis 7.0 writes a number
+-- argument with snprintf, which costs more than the command) and returns true, the
+-- count and the ms until the window ends when the key's window admits it as the steps
+-- would; else it takes the count back and returns false, and the steps decide (a
+-- refusal, a new window over a stale key, a skew, a clock step). A key that held
+-- nothing starts its window here, as period_save would.
 local function period_try(key, quota, length, offset, cost, cost_text, now_us)
   local count = redis.pcall('INCRBY', key, cost_text)
   if type(count) ~= 'number' then
