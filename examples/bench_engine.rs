@@ -400,13 +400,26 @@ async fn pass(row: &Row, prefix: &str, keys: std::ops::Range<usize>) -> u64 {
 #[derive(Clone, Default)]
 struct Totals {
     decisions: u64,
-    calls: u64,
     usec: u64,
     /// Redis CPU µs, I/O included.
     cpu: f64,
     instructions: Option<f64>,
-    /// Script calls per master (Cluster).
+    /// Script calls per master (one on a single server).
     shares: Vec<u64>,
+}
+
+impl Totals {
+    fn calls(&self) -> u64 {
+        self.shares.iter().sum()
+    }
+}
+
+/// After a pass of a row whose calls end in the background (an in-flight slot's
+/// release, its renewals): waits for the last of them.
+async fn background_ends(row: &Row) {
+    if row.background {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
 }
 
 /// Runs the row on `keys` twice, a warm-up pass (which creates the keys) then the
@@ -422,10 +435,7 @@ async fn measure(
 ) {
     let prefix = format!("r{i}:");
     pass(row, &prefix, keys.clone()).await;
-    if row.background {
-        // The last releases (and renewals) are sent in the background.
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    background_ends(row).await;
     let mut before = Vec::new();
     for conn in nodes.iter_mut() {
         before.push((script_stats(conn).await, server_cpu_us(conn).await));
@@ -434,10 +444,7 @@ async fn measure(
         callgrind.zero();
     }
     total.decisions += pass(row, &prefix, keys).await;
-    if row.background {
-        // The last releases (and renewals) are sent in the background.
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    background_ends(row).await;
     if let Some(callgrind) = callgrind {
         *total.instructions.get_or_insert(0.0) += callgrind.instructions();
     }
@@ -445,7 +452,6 @@ async fn measure(
     for (n, (conn, ((calls, usec), cpu))) in nodes.iter_mut().zip(before).enumerate() {
         let (calls_after, usec_after) = script_stats(conn).await;
         total.cpu += server_cpu_us(conn).await - cpu;
-        total.calls += calls_after - calls;
         total.usec += usec_after - usec;
         total.shares[n] += calls_after - calls;
     }
@@ -720,22 +726,22 @@ async fn main() {
                 );
             }
             let per_decision = total.usec as f64 / decisions;
-            let per_call = total.usec as f64 / total.calls.max(1) as f64;
+            let calls = total.calls();
+            let per_call = total.usec as f64 / calls.max(1) as f64;
             eprintln!(
                 "round {round} {:<58} {per_decision:6.2} µs/decision {per_call:6.2} µs/call {} calls",
-                row.name, total.calls
+                row.name, calls
             );
             results.entry(i).or_default().push(Sample {
                 us: per_decision,
-                calls: total.calls as f64 / decisions,
+                calls: calls as f64 / decisions,
                 cpu: total.cpu / decisions,
                 instructions: total.instructions.map(|n| n / decisions),
             });
         }
     }
     // With callgrind: the instructions per decision (of the median round), a column more.
-    let counted = callgrind.is_some();
-    let (head, rule) = if counted {
+    let (head, rule) = if callgrind.is_some() {
         (" instructions per decision (callgrind) |", "---:|")
     } else {
         ("", "")
