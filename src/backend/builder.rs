@@ -6,15 +6,16 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::connect::Tls;
-use super::credentials::CredentialsProvider;
-use super::deny::DenyCache;
-use super::health::BreakerConfig;
+use super::decide::deny::DenyCache;
+use super::decide::engine::ENGINE;
+use super::redis::connect::Tls;
+use super::redis::credentials::CredentialsProvider;
+use super::redis::health::BreakerConfig;
+use super::redis::time::TimeSource;
 use super::redis::RedisBackend;
 use super::{
-    Backend, Failover, FailurePolicy, Inner, TimeSource, DEFAULT_CALL_TIMEOUT,
-    DEFAULT_DENY_CACHE_CAPACITY, DEFAULT_DENY_CACHE_MAX_AGE, DEFAULT_MAX_LOCAL_KEYS,
-    DEFAULT_PREFIX, DEFAULT_PROBE_INTERVAL,
+    Backend, Failover, FailurePolicy, Inner, DEFAULT_CALL_TIMEOUT, DEFAULT_DENY_CACHE_CAPACITY,
+    DEFAULT_DENY_CACHE_MAX_AGE, DEFAULT_MAX_LOCAL_KEYS, DEFAULT_PREFIX, DEFAULT_PROBE_INTERVAL,
 };
 use crate::clock::Clock;
 use crate::error::{validate_name, ConfigError};
@@ -339,6 +340,7 @@ impl BackendBuilder {
                 self.call_timeout,
                 self.probe_interval,
                 self.breaker,
+                &ENGINE,
                 self.functions,
             ))
         });
@@ -356,5 +358,72 @@ impl BackendBuilder {
             }),
             failover: self.failover,
         })
+    }
+}
+
+impl BackendBuilder {
+    /// Where the Redis scripts take the current time from (default
+    /// [`TimeSource::Server`], the Redis server's `TIME`). [`TimeSource::Caller`] sends
+    /// this backend's clock to every script as one more argument instead, and no script
+    /// calls `TIME`: for servers that refuse `TIME` in scripts or answer it uselessly
+    /// (ElastiCache Serverless; Dragonfly returns 0). Instances whose clocks differ then
+    /// keep each algorithm's guarantees within a documented bound (see [`TimeSource`]);
+    /// every instance on one Redis must use the same setting.
+    ///
+    /// ```
+    /// use tower_redis_ratelimit::{backend::TimeSource, Backend};
+    ///
+    /// # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
+    /// let backend = Backend::builder()
+    ///     .redis_url("redis://dragonfly.internal:6379")
+    ///     .time_source(TimeSource::Caller)
+    ///     .build()?;
+    /// # let _ = backend; Ok(()) }
+    /// ```
+    pub fn time_source(mut self, time: TimeSource) -> Self {
+        self.time = time;
+        self
+    }
+
+    /// Not part of the API: moves the clock that [`TimeSource::Caller`] sends to the
+    /// scripts by `offset_us` microseconds (negative: behind), so that tests can run
+    /// instances whose clocks differ.
+    #[doc(hidden)]
+    pub fn caller_clock_offset_us(mut self, offset_us: i64) -> Self {
+        self.caller_offset_us = offset_us;
+        self
+    }
+
+    /// Not part of the API: the in-process state (and the caller's time sent to the
+    /// scripts) reads `clock`, which the tests set, instead of tokio's clock.
+    #[doc(hidden)]
+    pub fn manual_clock(mut self, clock: crate::clock::ManualClock) -> Self {
+        self.manual_clock = Some(clock);
+        self
+    }
+}
+
+/// The ways to build a backend.
+impl Backend {
+    /// A backend that keeps every limit in this process.
+    #[must_use]
+    pub fn in_process() -> Self {
+        Self::builder()
+            .build()
+            .expect("the default configuration is valid")
+    }
+
+    /// A Redis backend on `pool` with the default settings.
+    #[must_use]
+    pub fn redis(pool: deadpool_redis::Pool) -> Self {
+        Self::builder()
+            .redis(pool)
+            .build()
+            .expect("the default configuration is valid")
+    }
+
+    /// Starts configuring a backend.
+    pub fn builder() -> BackendBuilder {
+        BackendBuilder::default()
     }
 }

@@ -88,53 +88,38 @@
 //! `<prefix>:token:*` and `<prefix>:rolling:*` (with `SCAN`, on every master of a
 //! cluster).
 
-mod answer;
-mod block;
 mod builder;
-mod call;
-mod check;
-mod coalesce;
-mod connect;
-mod credentials;
-mod deny;
-mod engine;
-mod fault;
-mod health;
-mod hosts;
-mod layout;
-mod lease;
-mod operate;
-mod redis;
-mod time;
-mod url;
+pub(crate) mod decide;
+pub(crate) mod redis;
 
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use self::decide::deny::DenyCache;
+use self::redis::fault::Fault;
+use self::redis::RedisBackend;
 use crate::clock::Clock;
 use crate::error::ConfigError;
 use crate::local::LocalStore;
 
-pub(crate) use self::block::Blocks;
 pub use self::builder::BackendBuilder;
-pub(crate) use self::call::{Args, Call};
-pub(crate) use self::check::check;
-pub use self::credentials::{Credentials, CredentialsFuture, CredentialsProvider};
-use self::deny::DenyCache;
+pub(crate) use self::decide::block::Blocks;
+pub(crate) use self::decide::check::check;
 #[doc(hidden)]
-pub use self::engine::{engine_admits, engine_script};
-pub use self::health::{
+pub use self::decide::engine::{engine_admits, engine_script};
+pub(crate) use self::decide::hosts::{Hosts, Remote};
+pub(crate) use self::decide::layout::{Layout, Owner};
+pub(crate) use self::decide::lease::Leases;
+pub(crate) use self::decide::operate::{operate, Operation};
+pub(crate) use self::redis::call::{Args, Call};
+pub use self::redis::credentials::{Credentials, CredentialsFuture, CredentialsProvider};
+pub use self::redis::health::{
     RedisState, DEFAULT_BREAKER_FAILURE_RATIO, DEFAULT_BREAKER_MIN_CALLS, DEFAULT_BREAKER_WINDOW,
     DEFAULT_RECOVERY,
 };
-pub(crate) use self::hosts::{Hosts, Remote};
-pub(crate) use self::layout::{Layout, Owner};
-pub(crate) use self::lease::Leases;
-pub(crate) use self::operate::{operate, Operation};
-use self::redis::{Fault, RedisBackend};
-pub(crate) use self::time::Scripts;
-pub use self::time::TimeSource;
+pub(crate) use self::redis::time::Scripts;
+pub use self::redis::time::TimeSource;
 #[doc(hidden)]
 pub use crate::clock::ManualClock;
 
@@ -273,28 +258,6 @@ struct Inner {
 }
 
 impl Backend {
-    /// A backend that keeps every limit in this process.
-    #[must_use]
-    pub fn in_process() -> Self {
-        Self::builder()
-            .build()
-            .expect("the default configuration is valid")
-    }
-
-    /// A Redis backend on `pool` with the default settings.
-    #[must_use]
-    pub fn redis(pool: deadpool_redis::Pool) -> Self {
-        Self::builder()
-            .redis(pool)
-            .build()
-            .expect("the default configuration is valid")
-    }
-
-    /// Starts configuring a backend.
-    pub fn builder() -> BackendBuilder {
-        BackendBuilder::default()
-    }
-
     /// Whether limits are kept in Redis (possibly answered by the fallback right now).
     #[must_use]
     pub fn is_redis(&self) -> bool {
@@ -411,6 +374,21 @@ impl Backend {
     /// The Redis key layout of one limiter's keys (see [Redis keys](self#redis-keys)).
     pub(crate) fn layout(&self, kind: &str, owner: Owner<'_>) -> Layout {
         Layout::new(&self.inner.prefix, kind, owner)
+    }
+}
+
+impl Backend {
+    /// Where the Redis scripts take the time from (see
+    /// [`BackendBuilder::time_source`]).
+    #[must_use]
+    pub fn time_source(&self) -> TimeSource {
+        self.inner.time
+    }
+
+    /// The time sent to the scripts with [`TimeSource::Caller`]: Unix microseconds.
+    pub(crate) fn caller_now_us(&self) -> u64 {
+        let now_us = self.clock().now_us();
+        now_us.saturating_add_signed(self.inner.caller_offset_us)
     }
 }
 

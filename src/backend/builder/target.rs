@@ -3,9 +3,9 @@
 //! connector the backend connects with when it is built.
 
 use super::BackendBuilder;
-use crate::backend::connect::Connector;
-use crate::backend::credentials::{CredentialsProvider, Rotation};
-use crate::backend::url::check_url;
+use crate::backend::redis::connect::Connector;
+use crate::backend::redis::credentials::{CredentialsProvider, Rotation};
+use crate::backend::redis::url::check_url;
 use crate::error::ConfigError;
 
 /// Where Redis is, as given to the builder.

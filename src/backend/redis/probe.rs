@@ -9,10 +9,13 @@ use std::time::Duration;
 
 use deadpool_redis::redis::Script;
 
-use super::{By, Call, Outcome, RedisBackend, RedisState, ScriptError};
+use super::call::Call;
+use super::fault::ScriptError;
+use super::health::{Outcome, RedisState};
+use super::{By, RedisBackend};
 
 /// The probe: one write, so a server that answers but refuses writes stays in fallback.
-static PROBE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../probe.lua")));
+static PROBE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("probe.lua")));
 
 impl RedisBackend {
     /// Whether the probe has work: the breaker is open, or failures have come since

@@ -6,8 +6,7 @@ use std::fmt;
 
 use deadpool_redis::redis::{self, Script, ToRedisArgs};
 
-use super::time::{Library, Scripts};
-use super::TimeSource;
+use super::time::{Library, Scripts, TimeSource};
 
 /// A script call as it goes to Redis: `EVALSHA`, the script's hash, the number of keys,
 /// the keys, then the arguments, each written into one buffer as it is added (redis-rs's
@@ -19,6 +18,19 @@ pub(crate) struct Call {
     /// The library the call's function is in, for an `FCALL`.
     pub(super) library: Option<&'static Library>,
     pub(super) cmd: redis::Cmd,
+    /// Reads the script's reply as numbers.
+    pub(super) read: ReadReply,
+}
+
+/// How a script's reply is read as numbers: a table of integers for most scripts
+/// ([`plain_numbers`]); the engine packs some replies tighter and reads them back.
+pub(crate) type ReadReply = fn(redis::Value) -> redis::RedisResult<Vec<i64>>;
+
+/// A script's reply read as it is: a table of integers (or one integer).
+pub(crate) fn plain_numbers(value: redis::Value) -> redis::RedisResult<Vec<i64>> {
+    Ok(<Vec<i64> as redis::FromRedisValue>::from_redis_value(
+        value,
+    )?)
 }
 
 impl fmt::Debug for Call {
@@ -41,6 +53,7 @@ impl Call {
             script,
             library: None,
             cmd,
+            read: plain_numbers,
         }
     }
 
@@ -55,7 +68,9 @@ impl Call {
         bytes: usize,
     ) -> Self {
         if !functions {
-            return Self::new(scripts.get(time), keys, args, bytes);
+            let mut call = Self::new(scripts.get(time), keys, args, bytes);
+            call.read = scripts.read();
+            return call;
         }
         let library = scripts.library();
         let name = library.function(time);
@@ -65,6 +80,7 @@ impl Call {
             script: scripts.get(time),
             library: Some(library),
             cmd,
+            read: scripts.read(),
         }
     }
 

@@ -8,7 +8,7 @@ use crate::error::ConfigError;
 /// wrong (the scheme, the host, the port, a cargo feature) instead of "did not parse".
 /// `which` names one URL of several (`cluster URL`, its index). Never puts the URL's
 /// user information (a password) into the message.
-pub(super) fn check_url(url: &str, which: Option<(&str, usize)>) -> Result<(), ConfigError> {
+pub(crate) fn check_url(url: &str, which: Option<(&str, usize)>) -> Result<(), ConfigError> {
     url_problem(url, cfg!(feature = "tls")).map_or(Ok(()), |reason| {
         Err(ConfigError::InvalidRedisUrl {
             reason: match which {

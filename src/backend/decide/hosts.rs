@@ -7,12 +7,12 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use super::block::Blocks;
-use super::call::{Args, Call};
 use super::coalesce::Coalescer;
 use super::layout::{Layout, Owner};
 use super::lease::Leases;
-use super::redis::ScriptError;
-use super::Backend;
+use crate::backend::redis::call::{Args, Call};
+use crate::backend::redis::fault::ScriptError;
+use crate::backend::Backend;
 use crate::decision::{Decision, Source};
 use crate::metrics::RedisMetrics;
 

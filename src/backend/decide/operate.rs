@@ -1,19 +1,21 @@
 //! The operations on a key other than a check, for the limiter handles: peek, refund,
 //! settle, reset, block and reserve, each one engine call on Redis (or answered by the
-//! in-process state while Redis cannot), sharing the check's script and keys; with a
-//! token bucket's leases, a peek may answer from this process's lease, and a block or
-//! a reset ends it (a block giving its unused tokens back first, a second call).
+//! in-process state while Redis cannot). They take the check's steps from `check.rs`
+//! (the engine call, the reply, the failure policy), in the same order; with a token
+//! bucket's leases, a peek may answer from this process's lease, and a block or a reset
+//! ends it (a block giving its unused tokens back first, a second call).
 
 use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::answer::{
-    answering, blocked, engine_call, read_reply, refusal_or_standing, unavailable,
+use super::check::{
+    answering, blocked, engine_call, forget_refusal, read_reply, refusal_or_standing, unavailable,
 };
+use super::engine::{BLOCK, PEEK, REFUND, RESERVE, RESET, SETTLE};
 use super::hosts::Hosts;
 use super::lease;
-use super::FailurePolicy;
+use crate::backend::FailurePolicy;
 use crate::decision::{Decision, Source};
 use crate::limiter::Check;
 
@@ -41,12 +43,12 @@ impl Operation {
     /// The engine's letter for it.
     fn letter(self) -> &'static str {
         match self {
-            Self::Peek => "p",
-            Self::Refund => "f",
-            Self::Settle { .. } => "s",
-            Self::Reset => "x",
-            Self::Block => "b",
-            Self::Reserve { .. } => "v",
+            Self::Peek => PEEK,
+            Self::Refund => REFUND,
+            Self::Settle { .. } => SETTLE,
+            Self::Reset => RESET,
+            Self::Block => BLOCK,
+            Self::Reserve { .. } => RESERVE,
         }
     }
 }
@@ -98,11 +100,8 @@ pub(crate) fn operate<T: Hosts + ?Sized>(
         return Check::ready(operate_unavailable(&**store, op, key, cost));
     }
     let redis_key = remote.redis_key(key);
-    let deny = &backend.inner.deny;
-    // A refund, reset, block or reservation changes what Redis would answer: forget the
-    // cached refusal.
-    if !matches!(op, Operation::Peek) && deny.is_enabled() {
-        deny.remove(deny.hash(&redis_key));
+    if op != Operation::Peek {
+        forget_refusal(&**store, &redis_key);
     }
     let param = match op {
         Operation::Reserve { max_wait_us } => max_wait_us,
@@ -115,10 +114,8 @@ pub(crate) fn operate<T: Hosts + ?Sized>(
         _ => engine_call(&**store, key, &redis_key, op.letter(), cost, param, &[]),
     };
     // A block's unused leased tokens go back first, so that its answer counts them.
-    let give_back = (unused > 0).then(|| {
-        let refund = Operation::Refund.letter();
-        engine_call(&**store, key, &redis_key, refund, unused, param, &[])
-    });
+    let give_back =
+        (unused > 0).then(|| engine_call(&**store, key, &redis_key, REFUND, unused, param, &[]));
     let store = Arc::clone(store);
     let redis = Arc::clone(redis);
     let key = key.to_vec();

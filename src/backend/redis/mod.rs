@@ -13,14 +13,20 @@ use arc_swap::{ArcSwap, ArcSwapOption};
 use deadpool_redis::redis::Script;
 use tokio::sync::watch;
 
-use super::call::Call;
-use super::connect::{Conn, Connector};
-use super::engine::ENGINE;
-use super::fault::breaks_connection;
-pub(crate) use super::fault::{Fault, ScriptError};
-use super::health::{Breaker, BreakerConfig, Outcome, RedisState};
+use self::call::Call;
+use self::connect::{Conn, Connector};
+use self::fault::{breaks_connection, Fault, ScriptError};
+use self::health::{Breaker, BreakerConfig, Outcome, RedisState};
+use self::time::Scripts;
 
+pub(crate) mod call;
+pub(crate) mod connect;
+pub(crate) mod credentials;
+pub(crate) mod fault;
+pub(crate) mod health;
 mod probe;
+pub(crate) mod time;
+pub(crate) mod url;
 
 /// A connection attempt: `None` while under way, then how it ended.
 type Attempt = watch::Receiver<Option<Result<(), ScriptError>>>;
@@ -47,6 +53,9 @@ pub(crate) struct RedisBackend {
     probe_interval: Duration,
     breaker: Breaker,
     probing: AtomicBool,
+    /// The engine: its library is loaded on every new connection where the server has
+    /// Redis Functions.
+    engine: &'static Scripts,
     /// The scripts checks have run, loaded on every new connection.
     scripts: ArcSwap<Vec<&'static Script>>,
     /// Whether the engine runs as Redis Functions: [`FUNCTIONS_UNKNOWN`] until a
@@ -76,6 +85,7 @@ impl RedisBackend {
         call_timeout: Duration,
         probe_interval: Duration,
         breaker: BreakerConfig,
+        engine: &'static Scripts,
         functions: bool,
     ) -> Self {
         Self {
@@ -87,6 +97,7 @@ impl RedisBackend {
             probe_interval,
             breaker: Breaker::new(breaker, call_timeout, prefix.clone()),
             probing: AtomicBool::new(false),
+            engine,
             scripts: ArcSwap::default(),
             functions: AtomicU8::new(if functions {
                 FUNCTIONS_UNKNOWN
@@ -245,7 +256,7 @@ impl RedisBackend {
                 // loading was.
                 let mut functions = this.functions.load(Ordering::Relaxed) != FUNCTIONS_OFF;
                 if functions {
-                    match conn.load_library(ENGINE.library()).await {
+                    match conn.load_library(this.engine.library()).await {
                         Ok(()) => this.functions.store(FUNCTIONS_ON, Ordering::Relaxed),
                         Err(error) if error.is_io_error() => {
                             tracing::debug!(%error, "loading the engine's functions failed");
@@ -263,7 +274,7 @@ impl RedisBackend {
                 // only when it runs by `EVALSHA`).
                 let scripts = this.scripts.load_full();
                 for script in scripts.iter() {
-                    if functions && ENGINE.holds(script) {
+                    if functions && this.engine.holds(script) {
                         continue;
                     }
                     if let Err(error) = conn.load(script).await {

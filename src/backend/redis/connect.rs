@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use deadpool_redis::redis::{self, ErrorKind, Script, ServerErrorKind};
 
-use super::call::Call;
+use super::call::{Call, ReadReply};
 use super::credentials::Rotation;
 use super::fault::ScriptError;
 use super::time::Library;
@@ -291,23 +291,23 @@ impl Conn {
     /// `FCALL`, loading the library when the server does not have it and calling again
     /// (or, on a server without Redis Functions, running the script by SHA).
     pub(crate) async fn script(&mut self, call: &Call) -> Result<Vec<i64>, redis::RedisError> {
-        match self.query(&call.cmd).await {
+        match self.query(&call.cmd, call.read).await {
             Err(error) if error.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
                 self.load(call.script).await?;
-                self.query(&call.cmd).await
+                self.query(&call.cmd, call.read).await
             }
             Err(error) if call.library.is_some() && function_missing(&error) => {
                 if let Some(library) = call.library {
                     self.load_library(library).await?;
                 }
-                self.query(&call.cmd).await
+                self.query(&call.cmd, call.read).await
             }
             Err(error) if call.library.is_some() && unknown_command(&error) => {
                 let cmd = call.as_evalsha();
-                match self.query(&cmd).await {
+                match self.query(&cmd, call.read).await {
                     Err(error) if error.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
                         self.load(call.script).await?;
-                        self.query(&cmd).await
+                        self.query(&cmd, call.read).await
                     }
                     result => result,
                 }
@@ -335,13 +335,17 @@ impl Conn {
         }
     }
 
-    async fn query(&mut self, cmd: &redis::Cmd) -> Result<Vec<i64>, redis::RedisError> {
+    async fn query(
+        &mut self,
+        cmd: &redis::Cmd,
+        read: ReadReply,
+    ) -> Result<Vec<i64>, redis::RedisError> {
         let value: redis::Value = match self {
             Self::Single(conn) => cmd.query_async(conn).await?,
             #[cfg(feature = "cluster")]
             Self::Cluster(conn) => cmd.query_async(conn).await?,
         };
-        super::engine::reply_numbers(value)
+        read(value)
     }
 
     /// `SCRIPT LOAD`.

@@ -1,0 +1,600 @@
+//! A check's journey, top-down in this one file, each step a call down and back:
+//!
+//! 1. [`check`] routes it: a cost above capacity is refused at once; without Redis the
+//!    in-process host answers ([`local_check`]); a token bucket with leases goes by
+//!    [`check_leased`]; while the breaker keeps calls from Redis, the failure policy
+//!    answers ([`unavailable`]).
+//! 2. The deny cache ([`cached_refusal`]): a key Redis refused moments ago is refused
+//!    without a round trip.
+//! 3. Coalescing: a check of a key already in flight queues in the limiter's
+//!    [`Coalescer`](super::coalesce::Coalescer); the [`Leader`] of the key sends the
+//!    queue with the next call when its own is over ([`calls`]).
+//! 4. The engine call ([`engine_call`]): one round trip, `FCALL` or `EVALSHA`, on the
+//!    connection the Redis room keeps and judges ([`RedisBackend::eval`]).
+//! 5. The conclusion ([`conclude`]): the reply read into a decision ([`read_reply`]),
+//!    a refusal remembered in the deny cache; a failed call answered by the failure
+//!    policy ([`unavailable`]), which in [`FailurePolicy::Fallback`] is the in-process
+//!    host ([`local_check`]).
+//!
+//! The handles' other operations (`operate.rs`) take the same steps from here; nothing
+//! here calls them. Each algorithm's two hosts are `hosts.rs`'s [`Hosts`].
+
+use std::num::NonZeroU32;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::coalesce::{Turn, Waiting};
+use super::deny::Denied;
+use super::engine::{BATCH, CHECK, ENGINE, LEASE, REFUND};
+use super::hosts::Hosts;
+use super::lease::{self, Leases, Take};
+use crate::backend::redis::call::Call;
+use crate::backend::redis::fault::{Fault, ScriptError};
+use crate::backend::redis::time::TimeSource;
+use crate::backend::redis::RedisBackend;
+use crate::backend::{FailurePolicy, DEFAULT_PROBE_INTERVAL};
+use crate::decision::{Decision, Source, State};
+use crate::limiter::Check;
+
+/// Answers a check from Redis when the breaker lets it through (one round trip, run by
+/// SHA), by the layer's [`FailurePolicy`] otherwise; a failed round trip is answered by
+/// the failure policy too, and counts toward the breaker unless it concerns only its key.
+/// A key Redis refused recently is refused from the deny cache without a round trip.
+pub(crate) fn check<T: Hosts + ?Sized>(store: &Arc<T>, key: &[u8], cost: NonZeroU32) -> Check {
+    let remote = store.remote();
+    let backend = &remote.backend;
+    let redis = backend.redis_handle();
+    if u64::from(cost.get()) > store.capacity() {
+        return Check::ready(store.exceeds_capacity(answering(redis)));
+    }
+    let Some(redis) = redis else {
+        return Check::ready(local_check(&**store, key, cost.get(), Source::InProcess));
+    };
+    if let Some(leases) = store.leases() {
+        return check_leased(store, leases, redis, key, cost);
+    }
+    if !redis.admit() {
+        return Check::ready(unavailable(&**store, key, cost));
+    }
+    let redis_key = remote.redis_key(key);
+    let deny_key = match cached_refusal(&**store, &redis_key) {
+        Ok(deny_key) => deny_key,
+        Err(refused) => return Check::ready(refused),
+    };
+    let turn = if backend.inner.coalesce {
+        let hash = deny_key.unwrap_or_else(|| backend.inner.deny.hash(&redis_key));
+        match remote.coalescer.turn(hash, cost) {
+            Turn::Wait(part) => {
+                // Another check of this key is in flight: this one goes with the next call.
+                let store = Arc::clone(store);
+                let redis = Arc::clone(redis);
+                return Check::pending(async move {
+                    let part = part.await.ok().flatten().ok_or(None);
+                    conclude(&*store, &redis, part, &redis_key, cost, deny_key)
+                });
+            }
+            Turn::Lead => Some(hash),
+        }
+    } else {
+        None
+    };
+    // Only a check that goes to Redis itself builds the call.
+    let lockout = store.blocks().lockout_ms();
+    let call = engine_call(
+        &**store,
+        key,
+        &redis_key,
+        CHECK,
+        u64::from(cost.get()),
+        lockout,
+        &[],
+    );
+    let leader = Leader {
+        store: Arc::clone(store),
+        redis: Arc::clone(redis),
+        redis_key,
+        turn,
+    };
+    Check::pending(async move {
+        let remote = leader.store.remote();
+        let started = std::time::Instant::now();
+        let result = leader.redis.eval(&call).await;
+        remote.metrics.duration(&remote.name, started.elapsed());
+        let decision = conclude(
+            &*leader.store,
+            &leader.redis,
+            result.map_err(Some),
+            &leader.redis_key,
+            cost,
+            deny_key,
+        );
+        // The checks of this key that queued meanwhile go now.
+        drop(leader);
+        decision
+    })
+}
+
+/// A check of a limiter with leases: from the key's lease in process when it covers
+/// the cost, else one round trip that takes a new lease (and gives an expired lease's
+/// unused units back with it, or by themselves when this check makes no call).
+fn check_leased<T: Hosts + ?Sized>(
+    store: &Arc<T>,
+    leases: &Leases,
+    redis: &Arc<RedisBackend>,
+    key: &[u8],
+    cost: NonZeroU32,
+) -> Check {
+    let remote = store.remote();
+    let backend = remote.backend();
+    // Borrowed, not cloned: no shared reference count touched per check.
+    let local = &*backend.inner.local;
+    let now_us = backend.clock().now_us();
+    let lease_key = leases.key(local, key);
+    let unused = match leases.take(local, lease_key, u64::from(cost.get()), now_us) {
+        Take::Taken(left) => return Check::ready(lease::answer(store.capacity(), left)),
+        Take::Missing(unused) => unused,
+    };
+    let unused = u32::try_from(unused).unwrap_or(u32::MAX);
+    if !redis.admit() {
+        // Redis takes no call: the unused tokens go back to the in-process state.
+        if unused > 0 {
+            store.local_refund(key, unused);
+        }
+        return Check::ready(unavailable(&**store, key, cost));
+    }
+    let redis_key = remote.redis_key(key);
+    // A key Redis refused moments ago is refused here until then, as without leases.
+    let deny_key = match cached_refusal(&**store, &redis_key) {
+        Ok(deny_key) => deny_key,
+        Err(refused) => {
+            give_back(store, redis, key, &redis_key, unused);
+            return Check::ready(refused);
+        }
+    };
+    let call = engine_call(
+        &**store,
+        key,
+        &redis_key,
+        LEASE,
+        u64::from(cost.get()),
+        leases.size,
+        &[unused],
+    );
+    let store = Arc::clone(store);
+    let redis = Arc::clone(redis);
+    let size = leases.size;
+    Check::pending(async move {
+        let remote = store.remote();
+        let started = std::time::Instant::now();
+        let result = redis.eval(&call).await;
+        remote.record_duration(started.elapsed());
+        // An admitted lease: `{1, 0, 1, left, taken, full in}`; the check keeps its
+        // cost, the rest is the lease.
+        if let Ok(reply) = &result {
+            if let &[1, 0, 1, left, taken, full_us] = reply.as_slice() {
+                let taken = u64::try_from(taken).unwrap_or(0).min(size.max(1));
+                let backend = remote.backend();
+                let leftover = taken.saturating_sub(u64::from(cost.get()));
+                if let Some(leases) = store.leases() {
+                    let now_us = backend.clock().now_us();
+                    leases.keep(&backend.inner.local, lease_key, leftover, now_us);
+                }
+                let left = u64::try_from(left).unwrap_or(0);
+                let state = if left + leftover == 0 {
+                    State::HitQuota
+                } else {
+                    State::Allowed
+                };
+                let reset = Duration::from_micros(u64::try_from(full_us).unwrap_or(0));
+                return Decision::new(
+                    state,
+                    store.capacity(),
+                    left + leftover,
+                    reset,
+                    Source::Redis,
+                );
+            }
+        }
+        conclude(
+            &*store,
+            &redis,
+            result.map_err(Some),
+            &redis_key,
+            cost,
+            deny_key,
+        )
+    })
+}
+
+/// Gives an expired lease's `unused` tokens back to `key` by themselves, as a handle's
+/// refund does: to Redis in the background (forgetting the key's cached refusal, which
+/// a refund may lift), or to the in-process state when that call fails.
+fn give_back<T: Hosts + ?Sized>(
+    store: &Arc<T>,
+    redis: &Arc<RedisBackend>,
+    key: &[u8],
+    redis_key: &[u8],
+    unused: u32,
+) {
+    let Some(units) = NonZeroU32::new(unused) else {
+        return;
+    };
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    forget_refusal(&**store, redis_key);
+    let lockout = store.blocks().lockout_ms();
+    let call = engine_call(&**store, key, redis_key, REFUND, unused, lockout, &[]);
+    let store = Arc::clone(store);
+    let redis = Arc::clone(redis);
+    let key = key.to_vec();
+    runtime.spawn(async move {
+        let reply = redis.eval(&call).await;
+        if reply
+            .ok()
+            .and_then(|reply| read_reply(&*store, &reply, units))
+            .is_none()
+        {
+            store.local_refund(&key, unused);
+        }
+    });
+}
+
+/// The deny cache's entry for `redis_key`: `Err` with the refusal when Redis refused the
+/// key moments ago until a time not reached yet; else `Ok` with the key's hash in the
+/// cache (to remember a refusal to come), or `None` when the cache is off. (A refusal
+/// is the rare, flooded case: its size does not matter.)
+#[allow(clippy::result_large_err)]
+pub(super) fn cached_refusal<T: Hosts + ?Sized>(
+    store: &T,
+    redis_key: &[u8],
+) -> Result<Option<u128>, Decision> {
+    let backend = store.remote().backend();
+    let deny = &backend.inner.deny;
+    if !deny.is_enabled() {
+        return Ok(None);
+    }
+    let hash = deny.hash(redis_key);
+    let now_us = backend.clock().now_us();
+    let Some(denied) = deny.get(hash, now_us) else {
+        return Ok(Some(hash));
+    };
+    let us = |t: u64| Duration::from_micros(t.saturating_sub(now_us));
+    // A set's limits as Redis gave them, aged by the time since: every limit in the
+    // headers, as in Redis's answer.
+    let elapsed = Duration::from_micros(now_us.saturating_sub(denied.made_us));
+    let combined = denied.members.as_deref().and_then(|members| {
+        let aged: Vec<Decision> = members
+            .iter()
+            .map(|member| {
+                let mut member = member.clone();
+                member.reset = member.reset.saturating_sub(elapsed);
+                member.retry_after = member.retry_after.map(|r| r.saturating_sub(elapsed));
+                member.source = Source::DenyCache;
+                member
+            })
+            .collect();
+        store.combine_members(&aged)
+    });
+    let decision = combined.unwrap_or_else(|| {
+        Decision::new(
+            State::OverQuota,
+            store.capacity(),
+            0,
+            us(denied.reset_us),
+            Source::DenyCache,
+        )
+    });
+    Err(blocked(decision, us(denied.retry_us)))
+}
+
+/// Forgets the deny cache's refusal of `redis_key`: a refund, a reset, a block or a
+/// reservation changes what Redis would answer.
+pub(super) fn forget_refusal<T: Hosts + ?Sized>(store: &T, redis_key: &[u8]) {
+    let deny = &store.remote().backend().inner.deny;
+    if deny.is_enabled() {
+        deny.remove(deny.hash(redis_key));
+    }
+}
+
+/// A check that makes its own call: what the call's future needs, and, with
+/// coalescing, the key's turn. Once that call is over (or the check is dropped), the
+/// checks that queued meanwhile go to Redis together, and so on until nobody waits.
+struct Leader<T: Hosts + ?Sized> {
+    store: Arc<T>,
+    redis: Arc<RedisBackend>,
+    redis_key: Vec<u8>,
+    /// The key's hash in the coalescer, when this check took the key's turn.
+    turn: Option<u128>,
+}
+
+impl<T: Hosts + ?Sized> Drop for Leader<T> {
+    fn drop(&mut self) {
+        let Some(hash) = self.turn else {
+            return;
+        };
+        let waiting = self.store.remote().coalescer().next(hash);
+        if waiting.is_empty() {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            // No runtime to call from: the waiting checks answer by the failure policy.
+            for check in waiting {
+                let _ = check.reply.send(None);
+            }
+            let _ = self.store.remote().coalescer().next(hash);
+            return;
+        };
+        let store = Arc::clone(&self.store);
+        let redis = Arc::clone(&self.redis);
+        let redis_key = std::mem::take(&mut self.redis_key);
+        runtime.spawn(calls(store, redis, redis_key, hash, waiting));
+    }
+}
+
+/// One call per queue of waiting checks of `redis_key` (hashing to `hash`), until
+/// nobody waits.
+async fn calls<T: Hosts + ?Sized>(
+    store: Arc<T>,
+    redis: Arc<RedisBackend>,
+    redis_key: Vec<u8>,
+    hash: u128,
+    mut waiting: Vec<Waiting>,
+) {
+    let remote = store.remote();
+    let part = 2 + store.reply_len();
+    let lockout = store.blocks().lockout_ms();
+    // The limited key, read back from the Redis key (a set's other keys are built from it).
+    let key = remote.key_of(&redis_key).map(|key| key.into_owned());
+    while !waiting.is_empty() {
+        let costs: Vec<u32> = waiting.iter().map(|check| check.cost.get()).collect();
+        let count = costs.len() as u64;
+        let call: Option<Call> = key
+            .as_deref()
+            .map(|key| engine_call(&*store, key, &redis_key, BATCH, count, lockout, &costs));
+        let result = match &call {
+            Some(call) => {
+                let started = std::time::Instant::now();
+                let result = redis.eval(call).await;
+                remote.record_duration(started.elapsed());
+                if let Err(error) = &result {
+                    remote.record_error(error);
+                }
+                result.ok()
+            }
+            None => None,
+        };
+        match result {
+            Some(reply) if reply.len() == part * waiting.len() => {
+                for (check, part) in waiting.drain(..).zip(reply.chunks(part)) {
+                    let _ = check.reply.send(Some(part.to_vec()));
+                }
+            }
+            _ => {
+                for check in waiting.drain(..) {
+                    let _ = check.reply.send(None);
+                }
+            }
+        }
+        waiting = remote.coalescer().next(hash);
+    }
+}
+
+/// One call of the engine for `key` (whose Redis key is `redis_key`): every limit's key
+/// and the block key, then the head (one text `op:count:param`: `count` a cost, or how
+/// many coalesced costs; `param` the lockout, a reservation's longest wait or a lease's
+/// size), the limits' arguments (one text), each calendar window's four boundaries,
+/// `extra` (the costs of coalesced checks; a lease's expired unused tokens), and the
+/// caller's time when the backend sends it. The one place that lays out `engine.lua`'s
+/// `ARGV`.
+pub(super) fn engine_call<T: Hosts + ?Sized>(
+    store: &T,
+    key: &[u8],
+    redis_key: &[u8],
+    op: &str,
+    count: impl std::fmt::Display,
+    param: u64,
+    extra: &[u32],
+) -> Call {
+    let remote = store.remote();
+    let backend = remote.backend();
+    let time = backend.inner.time;
+    let limits = store.limit_count();
+    let limit_args = remote.limit_args(|args| store.limit_args(args));
+    let (args, bytes) = limit_args.size();
+    // Room for the keys (a set's other keys about as long as the first), the head (three
+    // numbers), the limits' argument, the extra numbers and the time.
+    let functions = backend
+        .redis_handle()
+        .is_some_and(|redis| redis.engine_functions());
+    let mut call = Call::engine(
+        &ENGINE,
+        time,
+        functions,
+        limits + 1,
+        limits + 1 + 1 + args + extra.len() + 1,
+        (limits + 1) * (redis_key.len() + 8) + 3 * 20 + bytes + extra.len() * 10 + 20,
+    );
+    call.key(redis_key);
+    store.extra_keys(key, &mut call);
+    call.written(|out| remote.block_layout.write_redis_key(key, out));
+    call.written(|out| {
+        // (Writing into the call's buffer does not fail.)
+        let _ = write!(out, "{op}:{count}:{param}");
+    });
+    call.args(limit_args);
+    // Calendar windows: their boundaries around this host's clock (the engine picks the
+    // window of the time it reads: the server's, or the caller's sent below).
+    let now_ms = i64::try_from(backend.caller_now_us() / 1_000).unwrap_or(i64::MAX);
+    store.window_args(now_ms, &mut call);
+    for &number in extra {
+        call.arg(number);
+    }
+    if time == TimeSource::Caller {
+        call.arg(backend.caller_now_us());
+    }
+    call
+}
+
+/// A check's decision from its part of the engine's reply (caching a refusal in the
+/// deny cache), or, when the call failed (`Err(Some)`: the error; `Err(None)`: reported
+/// by the call this check went with), from the failure policy.
+fn conclude<T: Hosts + ?Sized>(
+    store: &T,
+    redis: &Arc<RedisBackend>,
+    reply: Result<Vec<i64>, Option<ScriptError>>,
+    redis_key: &[u8],
+    cost: NonZeroU32,
+    deny_key: Option<u128>,
+) -> Decision {
+    let remote = store.remote();
+    let error = match reply {
+        Ok(reply) => match read_reply(store, &reply, cost) {
+            Some(decision) => {
+                if let (Some(hash), Some(retry), 1) = (deny_key, decision.retry_after, cost.get()) {
+                    let backend = &remote.backend;
+                    let deny = &backend.inner.deny;
+                    let now_us = backend.clock().now_us();
+                    let at = |d: Duration| {
+                        now_us.saturating_add(u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+                    };
+                    // With a lockout, only a refusal decided by Redis starts one: the
+                    // cache answers no longer than the running lock, so that the next
+                    // refusal after it goes to Redis and locks the key out again.
+                    let mut until_us = deny.answer_until(now_us, at(retry));
+                    let locked_ms = reply.get(1).and_then(|&ms| u64::try_from(ms).ok());
+                    if let (true, Some(ms @ 1..)) = (store.blocks().lockout_ms() > 0, locked_ms) {
+                        until_us = until_us.min(at(Duration::from_millis(ms)));
+                    }
+                    let denied = Denied {
+                        until_us,
+                        retry_us: at(retry),
+                        reset_us: at(decision.reset),
+                        made_us: now_us,
+                        members: store.member_decisions(reply.get(2..).unwrap_or_default(), cost),
+                    };
+                    deny.insert(hash, denied, now_us);
+                }
+                return decision;
+            }
+            None => Some(ScriptError::Reply(reply)),
+        },
+        Err(error) => error,
+    };
+    if let Some(error) = error {
+        let fault = error.fault();
+        crate::metrics::redis_error(&remote.name, fault.label());
+        if fault == Fault::Key {
+            redis.key_error(remote.backend.inner.deny.hash(redis_key), &error);
+        }
+    }
+    // The key, read back from the Redis key (only on this failure path).
+    let key = remote.layout().key_of(redis_key).unwrap_or_default();
+    unavailable(store, &key, cost)
+}
+
+/// The engine's reply: `{admitted, blocked ms, each limit's reply}`.
+pub(super) fn read_reply<T: Hosts + ?Sized>(
+    store: &T,
+    reply: &[i64],
+    cost: NonZeroU32,
+) -> Option<Decision> {
+    let blocked_ms = u64::try_from(*reply.get(1)?).ok()?;
+    let decision = store.decide(reply.get(2..)?, cost)?;
+    Some(if blocked_ms > 0 {
+        blocked(decision, Duration::from_millis(blocked_ms))
+    } else {
+        decision
+    })
+}
+
+/// The answer while Redis is unreachable, by the layer's failure policy.
+pub(super) fn unavailable<T: Hosts + ?Sized>(store: &T, key: &[u8], cost: NonZeroU32) -> Decision {
+    let backend = &store.remote().backend;
+    match backend.failover.policy {
+        FailurePolicy::Fallback => local_check(store, key, cost.get(), Source::Fallback),
+        FailurePolicy::FailOpen => {
+            let limit = store.capacity();
+            Decision::new(
+                State::Allowed,
+                limit,
+                limit,
+                Duration::ZERO,
+                Source::FailOpen,
+            )
+        }
+        FailurePolicy::FailClosed => {
+            let retry = backend
+                .redis_handle()
+                .map_or(DEFAULT_PROBE_INTERVAL, |r| r.probe_interval());
+            Decision::new(
+                State::OverQuota,
+                store.capacity(),
+                0,
+                retry,
+                Source::FailClosed,
+            )
+            .with_retry_after(retry)
+        }
+    }
+}
+
+/// A check on the in-process state: refused while the key is blocked (spending
+/// nothing), and a refusal starts the limit's lockout.
+fn local_check<T: Hosts + ?Sized>(store: &T, key: &[u8], cost: u32, source: Source) -> Decision {
+    let blocks = store.blocks();
+    let local = &*store.remote().backend.inner.local;
+    let now_us = || store.remote().backend.clock().now_us();
+    if let Some(until) = blocks.until(local, key, now_us) {
+        let decision = refusal_or_standing(store, key, cost, source);
+        return blocked(
+            decision,
+            Duration::from_micros(until.saturating_sub(now_us())),
+        );
+    }
+    let decision = store.local(key, cost, source, true);
+    if decision.is_admitted() || decision.state == State::ExceedsCapacity {
+        return decision;
+    }
+    let now = now_us();
+    match blocks.lock_out(local, key, now) {
+        Some(until) => blocked(decision, Duration::from_micros(until.saturating_sub(now))),
+        None => decision,
+    }
+}
+
+/// What a blocked key's check says before the block is applied, spending nothing: the
+/// limit's refusal of `cost` if it would refuse it (so the wait is the longer of the
+/// block's and the limit's own), else where the key stands (as the engine does).
+pub(super) fn refusal_or_standing<T: Hosts + ?Sized>(
+    store: &T,
+    key: &[u8],
+    cost: u32,
+    source: Source,
+) -> Decision {
+    let decision = store.local(key, cost, source, false);
+    if decision.is_admitted() {
+        store.local(key, 0, source, false)
+    } else {
+        decision
+    }
+}
+
+/// `decision` for a key blocked for `wait` more: refused, with nothing left until then.
+pub(super) fn blocked(mut decision: Decision, wait: Duration) -> Decision {
+    decision.state = State::OverQuota;
+    decision.remaining = 0;
+    decision.reset = decision.reset.max(wait);
+    decision.retry_after = Some(decision.retry_after.map_or(wait, |r| r.max(wait)));
+    decision
+}
+
+/// Who answers a check that needs no store (a cost above capacity): Redis while it is
+/// healthy, the fallback while it is not, the process without Redis.
+pub(super) fn answering(redis: Option<&Arc<RedisBackend>>) -> Source {
+    match redis {
+        None => Source::InProcess,
+        Some(redis) if redis.is_healthy() => Source::Redis,
+        Some(_) => Source::Fallback,
+    }
+}

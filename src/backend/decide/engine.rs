@@ -1,0 +1,277 @@
+//! The engine's text: every algorithm's Lua (its lean check and its general steps) and
+//! the engine that runs one limit or a set with them, as one script per time source and
+//! one library of Redis Functions ([`ENGINE`]).
+
+use std::sync::LazyLock;
+
+use deadpool_redis::redis::{self, FromRedisValue, Value};
+
+use crate::backend::redis::time::{Body, Scripts, TimeSource};
+
+/// The engine: every algorithm as a function, and the code that runs one limit or a set
+/// of limits with them, in both time versions, as a script (`EVALSHA`) and as a library
+/// of Redis Functions. Loaded once per connection (script) or per server (library).
+pub(crate) static ENGINE: LazyLock<Scripts> = LazyLock::new(|| {
+    let (lean, general) = (engine_lean(), engine_general());
+    Scripts::new(body(&lean, &general), reply_numbers)
+});
+
+/// The engine's entry: the head's and the limits' words (read from the library's lists
+/// when it holds them, without a call), then the lean check for a check, which returns
+/// when it decides.
+const ENTRY: &str = "\
+local H = texts[1][ARGV[1]] or list_of(1, ARGV[1])
+local L = texts[2][ARGV[2]] or list_of(2, ARGV[2])
+if H[1] == 'c' then
+  local out = lean(KEYS, ARGV, L, H)
+  if out then
+    return out
+  end
+end
+";
+
+/// The engine's text in the parts the two paths arrange: the lean check (`lean`),
+/// the entry, which returns when the lean check decides, and only then the general
+/// engine (`general`) and its call.
+fn body<'a>(lean: &'a str, general: &'a str) -> Body<'a> {
+    Body {
+        head: lean,
+        entry: ENTRY,
+        tail: general,
+        last: "return engine(KEYS, ARGV, L, H)\n",
+    }
+}
+
+/// The engine's lean check (`lean.lua`, after each algorithm's lean functions): what a
+/// common check runs, before the general engine's text.
+pub(crate) fn engine_lean() -> String {
+    [
+        include_str!("../../period/period_lean.lua"),
+        include_str!("../../token_bucket/token_bucket_lean.lua"),
+        include_str!("../../rolling/rolling_lean.lua"),
+        include_str!("lean.lua"),
+    ]
+    .concat()
+}
+
+/// The general engine (`engine.lua`, after every algorithm's steps), which defines
+/// `engine(KEYS, ARGV, L, H)`.
+pub(crate) fn engine_general() -> String {
+    [
+        include_str!("../../period/period.lua"),
+        include_str!("../../token_bucket/token_bucket.lua"),
+        include_str!("../../rolling/rolling.lua"),
+        include_str!("engine.lua"),
+    ]
+    .concat()
+}
+
+/// A script's reply as numbers: for the engine, its table, with a lean check's packed
+/// admits read back into the table they stand for (`packed` in `lean.lua`: one limit's
+/// reply is a negative number, a set's a table of them); other scripts' tables never
+/// start with a negative number.
+pub(crate) fn reply_numbers(value: Value) -> redis::RedisResult<Vec<i64>> {
+    match value {
+        Value::Int(packed) if packed < 0 => Ok(unpacked([packed].into_iter(), 1)),
+        Value::Array(items) if matches!(items.first(), Some(Value::Int(first)) if *first < 0) => {
+            let count = items.len();
+            let limits = items.into_iter().map(|item| match item {
+                Value::Int(packed) => packed,
+                // (Not the engine's: read as nothing admitted, which no decision reads.)
+                _ => 0,
+            });
+            Ok(unpacked(limits, count))
+        }
+        value => Ok(Vec::<i64>::from_redis_value(value)?),
+    }
+}
+
+/// The engine's reply `{1, 0, each limit's reply}` from `count` limits' packed admits:
+/// each `-((t * 2^bits + n) * 128 + shape * 64 + bits) - 1`, whose reply is `{1, n, t}`
+/// (shape 0, a fixed window's) or `{1, n, 0, t}` (shape 1).
+fn unpacked(limits: impl Iterator<Item = i64>, count: usize) -> Vec<i64> {
+    let mut out = Vec::with_capacity(2 + 4 * count);
+    out.extend([1, 0]);
+    for packed in limits {
+        let word = -(packed.saturating_add(1));
+        let bits = word & 63;
+        let rest = word >> 7;
+        let n = rest & ((1_i64 << bits.min(62)) - 1);
+        out.extend([1, n]);
+        if word & 64 != 0 {
+            out.push(0);
+        }
+        out.push(rest >> bits);
+    }
+    out
+}
+
+/// Not part of the API: whether a reply of [`engine_script`] (read as numbers by
+/// redis-rs) admits: its table's first number is 1, or it is a lean check's packed
+/// admit (negative).
+#[doc(hidden)]
+#[must_use]
+pub fn engine_admits(reply: &[i64]) -> bool {
+    matches!(reply.first(), Some(&first) if first == 1 || first < 0)
+}
+
+/// The engine's operations (the first word of its head, see `engine.lua`): a check,
+/// which spends when every limit admits.
+pub(crate) const CHECK: &str = "c";
+/// A batch of coalesced checks of one key, each decided as its own check.
+pub(crate) const BATCH: &str = "m";
+/// A check that takes a lease (see `lease.rs`).
+pub(crate) const LEASE: &str = "l";
+/// What a check would answer, spending nothing.
+pub(crate) const PEEK: &str = "p";
+/// Gives units back.
+pub(crate) const REFUND: &str = "f";
+/// Settles a request to what it really cost.
+pub(crate) const SETTLE: &str = "s";
+/// Forgets the key and lifts its block.
+pub(crate) const RESET: &str = "x";
+/// Blocks the key.
+pub(crate) const BLOCK: &str = "b";
+/// Takes units at the earliest time they fit.
+pub(crate) const RESERVE: &str = "v";
+
+/// Not part of the API: the text of the script every check runs, in the version that
+/// reads the server's time, so that benchmarks can time a bare `EVALSHA` of the very
+/// same script (`KEYS`: the limit's key, then `<key>:block`; `ARGV`: see
+/// `src/backend/decide/engine.lua`).
+#[doc(hidden)]
+#[must_use]
+pub fn engine_script() -> String {
+    let (lean, general) = (engine_lean(), engine_general());
+    body(&lean, &general).source(TimeSource::Server)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every script: the engine (every algorithm) and the probe.
+    fn bodies() -> [(&'static str, String); 2] {
+        [
+            ("engine", [engine_lean(), engine_general()].concat()),
+            ("probe", include_str!("../redis/probe.lua").to_owned()),
+        ]
+    }
+
+    /// The arguments of every `redis.call(...)` and `redis.pcall(...)` in `lua`, as written.
+    fn calls(lua: &str) -> Vec<Vec<String>> {
+        ["redis.call(", "redis.pcall("]
+            .iter()
+            .flat_map(|pattern| lua.match_indices(pattern))
+            .map(|(at, open)| {
+                let rest = &lua[at + open.len()..];
+                let end = rest.find(')').expect("a closing parenthesis");
+                rest[..end]
+                    .split(',')
+                    .map(|arg| arg.trim().to_owned())
+                    .collect()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_caller_version_never_calls_time() {
+        for (name, body) in bodies() {
+            let caller = Body::standalone(&body).source(TimeSource::Caller);
+            assert!(
+                !caller.to_ascii_uppercase().contains("'TIME'"),
+                "{name} calls TIME in caller mode"
+            );
+            assert!(!calls(&caller).is_empty(), "{name}");
+        }
+        // The server version of the time-reading bodies does.
+        assert!(Body::standalone(&bodies()[0].1)
+            .source(TimeSource::Server)
+            .contains("redis.call('TIME')"));
+    }
+
+    /// Redis Cluster, Dragonfly and managed servers need every key a script touches in
+    /// `KEYS`: each call's key argument is `KEYS[n]`, `key` in an algorithm's function
+    /// (which the engine only ever calls with `KEYS[i]`), or the engine's `block`
+    /// (`KEYS[n + 1]`).
+    #[test]
+    fn every_key_a_script_touches_is_declared() {
+        let engine = include_str!("engine.lua");
+        let mut calls_with_a_key = 0;
+        for (at, _) in engine.match_indices("limits[i][1].") {
+            let call = &engine[at + "limits[i][1].".len()..];
+            let (function, args) = call.split_once('(').expect("a call");
+            if function != "step" && function != "charge" {
+                assert!(args.starts_with("KEYS[i], "), "{}", &call[..40]);
+                calls_with_a_key += 1;
+            }
+        }
+        assert_eq!(
+            calls_with_a_key, 5,
+            "state, save, refund, and a settlement's refund and state"
+        );
+        for (name, body) in bodies() {
+            for time in [TimeSource::Server, TimeSource::Caller] {
+                for call in calls(&Body::standalone(&body).source(time)) {
+                    let command = call[0].trim_matches('\'').to_ascii_uppercase();
+                    if command == "TIME" {
+                        assert_eq!(call.len(), 1, "{name}: {call:?}");
+                        continue;
+                    }
+                    assert!(
+                        call.get(1).is_some_and(|key| {
+                            key.starts_with("KEYS[") || key == "key" || key == "block"
+                        }),
+                        "{name}: {call:?} touches a key not taken from KEYS"
+                    );
+                }
+            }
+        }
+    }
+
+    /// A limit's admit packed as `lean.lua` packs it.
+    fn packed(n: i64, t: i64, shape: i64, bits: i64) -> i64 {
+        -((((t << bits) + n) << 7) + (shape << 6) + bits) - 1
+    }
+
+    #[test]
+    fn packed_admits_read_back_into_the_engine_table() {
+        // A fixed window (count 7 of a quota of 100: 7 bits; 59 s left).
+        assert_eq!(
+            reply_numbers(Value::Int(packed(7, 59_000, 0, 7))).unwrap(),
+            [1, 0, 1, 7, 59_000]
+        );
+        // A token bucket (no tokens left of a burst of 1: 1 bit; 1 s until full).
+        assert_eq!(
+            reply_numbers(Value::Int(packed(0, 1_000_000, 1, 1))).unwrap(),
+            [1, 0, 1, 0, 0, 1_000_000]
+        );
+        // A set: each limit packed, in order; the largest values that fit.
+        let (n, t) = ((1 << 20) - 1, (1 << 26) - 1);
+        assert_eq!(
+            reply_numbers(Value::Array(vec![
+                Value::Int(packed(5, 2, 1, 3)),
+                Value::Int(packed(n, t, 0, 20)),
+            ]))
+            .unwrap(),
+            [1, 0, 1, 5, 0, 2, 1, n, t]
+        );
+    }
+
+    #[test]
+    fn tables_pass_through() {
+        let table = || Value::Array(vec![Value::Int(0), Value::Int(250), Value::Int(1)]);
+        assert_eq!(reply_numbers(table()).unwrap(), [0, 250, 1]);
+        // (No script answers a number that is not a packed admit: an error, as before.)
+        assert!(reply_numbers(Value::Int(5)).is_err());
+        assert!(reply_numbers(Value::Nil).unwrap().is_empty());
+    }
+
+    #[test]
+    fn admits_are_told_from_refusals() {
+        assert!(engine_admits(&[1, 0, 1, 5, 100]));
+        assert!(engine_admits(&[packed(5, 100, 0, 3)]));
+        assert!(!engine_admits(&[0, 0, 0, 5, 100]));
+        assert!(!engine_admits(&[]));
+    }
+}

@@ -1,0 +1,18 @@
+//! Deciding: a check's journey ([`check`](check::check())) and the handles' other
+//! operations ([`operate`](operate::operate())), on each algorithm's two hosts
+//! ([`Hosts`](hosts::Hosts): its Lua in the engine, its in-process state), with the
+//! pieces they share: the engine's text, the deny cache, coalescing, leases, blocks
+//! and the Redis key layout.
+//!
+//! This room uses the Redis connection ([`backend::redis`](super::redis)) to send its
+//! calls; the connection knows nothing of it.
+
+pub(crate) mod block;
+pub(crate) mod check;
+pub(crate) mod coalesce;
+pub(crate) mod deny;
+pub(crate) mod engine;
+pub(crate) mod hosts;
+pub(crate) mod layout;
+pub(crate) mod lease;
+pub(crate) mod operate;

@@ -1,0 +1,238 @@
+//! Which clock the Redis scripts read: [`TimeSource`], and the two versions of each
+//! script that it picks between ([`Scripts`]).
+//!
+//! The engine reads time only through `unix_us(ARGV)`; a short prelude, one per time
+//! source, defines it:
+//!
+//! - server time: `unix_us()` calls `TIME`;
+//! - caller time: `unix_us(ARGV)` reads the last `ARGV` (microseconds since the Unix
+//!   epoch, appended to every call of such a script). The text of this version holds
+//!   no `TIME` call at all, so a server that refuses `TIME` in scripts, or scans scripts for it,
+//!   never meets it.
+//!
+//! `caller_time` tells the body which one it runs in, for the few rules that differ
+//! (see each algorithm's "Clocks" docs).
+//!
+//! The engine runs on one of two paths, the same Lua either way (the body defines
+//! `engine(KEYS, ARGV)`):
+//!
+//! - Redis Functions (Redis 7 and later): one library holds both time versions, loaded
+//!   once per server with `FUNCTION LOAD`; each check is one `FCALL`. The algorithms'
+//!   functions and tables are built once, when the library loads.
+//! - `EVALSHA` (Redis before 7, and servers that refuse `FUNCTION`): the script runs
+//!   the whole body per call, then `engine(KEYS, ARGV)`.
+
+use deadpool_redis::redis::Script;
+
+use super::call::{plain_numbers, ReadReply};
+
+/// Where the Redis scripts take the current time from; see
+/// [`BackendBuilder::time_source`](crate::BackendBuilder::time_source).
+///
+/// ```
+/// use tower_redis_ratelimit::{backend::TimeSource, Backend};
+///
+/// # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
+/// // Dragonfly, ElastiCache Serverless: no `TIME` in scripts.
+/// let backend = Backend::builder()
+///     .redis_url("redis://127.0.0.1:6379")
+///     .time_source(TimeSource::Caller)
+///     .build()?;
+/// assert_eq!(backend.time_source(), TimeSource::Caller);
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Deserialize, serde::Serialize),
+    serde(rename_all = "snake_case")
+)]
+#[non_exhaustive]
+pub enum TimeSource {
+    /// The Redis server's clock, read with `TIME` inside each script (the default): one
+    /// clock for every instance, so skewed application hosts change nothing. Needs a
+    /// server whose scripts may call `TIME` and get the real time (Redis 5 and later;
+    /// Valkey, a fork of Redis 7.2, should behave alike but is not tested here).
+    #[default]
+    Server,
+    /// The caller's clock, sent to each script as one more argument (its only cost: one
+    /// more short argument per check); no script ever calls `TIME`. For servers that
+    /// refuse `TIME` in scripts or answer it uselessly (ElastiCache Serverless; Dragonfly
+    /// returns 0).
+    ///
+    /// The clock is the backend's own: the host's Unix time when the backend was built,
+    /// advanced by the monotonic clock (tokio's, so a paused tokio clock drives it in
+    /// tests), so it never steps back. Instances whose clocks differ by up to `s` (their
+    /// hosts' wall-clock difference when their backends were built, plus the time a check
+    /// takes to reach Redis, below the [call timeout](crate::BackendBuilder::call_timeout))
+    /// keep each algorithm's guarantees within a bound of `s`: see "Clocks" in the
+    /// [fixed window](crate::period#clocks), [token bucket](crate::token_bucket#clocks)
+    /// and [rolling window](crate::rolling#clocks) docs. Keep hosts on NTP.
+    Caller,
+}
+
+/// Sets `unix_us()` and `caller_time` for a script body, from `TIME`.
+const SERVER_PRELUDE: &str = "\
+-- Time: the Redis server's clock.
+local caller_time = false
+local function unix_us(_)
+  local t = redis.call('TIME')
+  -- (Arithmetic reads TIME's numbers: tonumber() would cost Redis three times as much.)
+  return t[1] * 1000000 + t[2]
+end
+";
+
+/// Sets `unix_us()` and `caller_time` for a script body, from the last `ARGV`.
+const CALLER_PRELUDE: &str = "\
+-- Time: the caller's clock, the last ARGV (microseconds since the Unix epoch).
+local caller_time = true
+local function unix_us(argv)
+  return tonumber(argv[#argv])
+end
+";
+
+/// A script in both time versions (reading `TIME`, or the caller's time): as a script
+/// for `EVALSHA` each, and as one library of Redis Functions holding both.
+#[derive(Debug)]
+pub(crate) struct Scripts {
+    server: Script,
+    caller: Script,
+    library: Library,
+    read: ReadReply,
+}
+
+/// A library of Redis Functions: its text (for `FUNCTION LOAD`) and its functions'
+/// names, one per time version. The names carry a hash of the text, so that instances
+/// running different versions of the crate on one server each call their own.
+#[derive(Debug)]
+pub(crate) struct Library {
+    pub(crate) text: String,
+    server: String,
+    caller: String,
+}
+
+impl Library {
+    /// The name of the function for `time`.
+    pub(crate) fn function(&self, time: TimeSource) -> &str {
+        match time {
+            TimeSource::Server => &self.server,
+            TimeSource::Caller => &self.caller,
+        }
+    }
+}
+
+/// A script's text in the parts that the two paths arrange differently. By `EVALSHA`,
+/// each call runs `head`, `entry`, `tail` then `last` (so an `entry` that returns
+/// spares the call defining `tail`); as Redis Functions, `head` and `tail` run once
+/// when the library loads and each call runs `entry` then `last`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Body<'a> {
+    pub(crate) head: &'a str,
+    pub(crate) entry: &'a str,
+    pub(crate) tail: &'a str,
+    /// The statement that returns the reply.
+    pub(crate) last: &'a str,
+}
+
+impl<'a> Body<'a> {
+    /// A script whose `body` defines `engine(KEYS, ARGV)`, which each call returns.
+    pub(crate) fn standalone(body: &'a str) -> Self {
+        Self {
+            head: body,
+            entry: "",
+            tail: "",
+            last: "return engine(KEYS, ARGV)\n",
+        }
+    }
+
+    /// The script for `EVALSHA` that reads the time from `time`.
+    pub(crate) fn source(&self, time: TimeSource) -> String {
+        [prelude(time), self.head, self.entry, self.tail, self.last].concat()
+    }
+}
+
+impl Scripts {
+    /// Both versions of `body`, whose replies `read` reads.
+    pub(crate) fn new(body: Body<'_>, read: ReadReply) -> Self {
+        let hash = Script::new(&[body.head, body.tail].concat())
+            .get_hash()
+            .to_owned();
+        let tag = &hash[..16];
+        let server = format!("tower_redis_ratelimit_{tag}_server");
+        let caller = format!("tower_redis_ratelimit_{tag}_caller");
+        let mut text = format!("#!lua name=tower_redis_ratelimit_{tag}\n");
+        for (time, name) in [(TimeSource::Server, &server), (TimeSource::Caller, &caller)] {
+            text.push_str("do\n");
+            text.push_str(prelude(time));
+            text.push_str(body.head);
+            text.push_str(body.tail);
+            text.push_str(&format!(
+                "redis.register_function('{name}', function(KEYS, ARGV)\n{}{}end)\nend\n",
+                body.entry, body.last
+            ));
+        }
+        Self {
+            server: Script::new(&body.source(TimeSource::Server)),
+            caller: Script::new(&body.source(TimeSource::Caller)),
+            library: Library {
+                text,
+                server,
+                caller,
+            },
+            read,
+        }
+    }
+
+    /// Both versions of a script of its own, apart from the engine, whose `body` defines
+    /// `engine(KEYS, ARGV)` (the [in-flight](crate::in_flight) slots): the same two
+    /// paths as the engine's, a library of Redis Functions loaded on first use, or the
+    /// script by `EVALSHA`.
+    pub(crate) fn standalone(body: &str) -> Self {
+        Self::new(Body::standalone(body), plain_numbers)
+    }
+
+    /// The script for `time`.
+    pub(crate) fn get(&self, time: TimeSource) -> &Script {
+        match time {
+            TimeSource::Server => &self.server,
+            TimeSource::Caller => &self.caller,
+        }
+    }
+
+    /// Whether `script` is one of these scripts.
+    pub(crate) fn holds(&self, script: &Script) -> bool {
+        std::ptr::eq(script, &self.server) || std::ptr::eq(script, &self.caller)
+    }
+
+    /// The library of Redis Functions.
+    pub(crate) fn library(&self) -> &Library {
+        &self.library
+    }
+
+    /// How the replies of these scripts are read.
+    pub(crate) fn read(&self) -> ReadReply {
+        self.read
+    }
+}
+
+fn prelude(time: TimeSource) -> &'static str {
+    match time {
+        TimeSource::Server => SERVER_PRELUDE,
+        TimeSource::Caller => CALLER_PRELUDE,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_preludes_differ() {
+        let scripts = Scripts::standalone("return caller_time");
+        assert_ne!(
+            scripts.get(TimeSource::Server).get_hash(),
+            scripts.get(TimeSource::Caller).get_hash()
+        );
+        assert_eq!(TimeSource::default(), TimeSource::Server);
+    }
+}
