@@ -290,7 +290,7 @@ async fn a_failing_provider_follows_the_failure_policy_and_logs_once() {
     let logged = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
     let lines = logged
         .lines()
-        .filter(|line| line.contains("backend::credentials"))
+        .filter(|line| line.contains("backend::redis::credentials"))
         .count();
     assert_eq!(lines, 1, "one line per ten seconds:\n{logged}");
     assert!(logged.contains("the token service is down"), "{logged}");

@@ -30,7 +30,7 @@ pub(crate) struct Blocks {
 
 impl Blocks {
     /// The blocks under `id` in `store` (the name's: see
-    /// [`Layout::local_id`](super::Layout::local_id)), with `lockout`.
+    /// [`Layout::local_id`](super::layout::Layout::local_id)), with `lockout`.
     pub(crate) fn new(store: &LocalStore, id: u64, lockout: Option<Duration>) -> Self {
         let lockout_ms = lockout.map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
         let seen = store.flag(id);

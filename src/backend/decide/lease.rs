@@ -34,7 +34,7 @@ pub(super) enum Take {
 
 impl Leases {
     /// Leases of `size` for `lifetime`, under `id` in the local store (the limiter's
-    /// name's: see [`Layout::local_id`](super::Layout::local_id)).
+    /// name's: see [`Layout::local_id`](super::layout::Layout::local_id)).
     pub(crate) fn new(id: u64, size: u64, lifetime: Duration) -> Self {
         Self {
             id,
