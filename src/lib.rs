@@ -51,8 +51,23 @@
 //! # let _ = app; Ok(()) }
 //! ```
 //!
-//! The [`guide`] covers choosing an algorithm and a key, per-plan and stacked limits,
-//! limits from your own store ([`dynamic`]), shadow mode, running behind a proxy, Redis Cluster, failure modes, gRPC and metrics.
+//! The [`guide`] has one page per topic:
+//!
+//! - [choosing an algorithm](guide::algorithms);
+//! - [choosing a key](guide::keys), and limits from your own store ([`dynamic`]);
+//! - [stacked limits, and sets of limits decided all or nothing](guide::stacking);
+//! - [calendar windows](guide::calendar): days, weeks and months in a time zone;
+//! - [limiters in your own code](guide::limiters);
+//! - [counting by outcome, usage and settlement, lockouts](guide::usage);
+//! - [in-flight limits](guide::in_flight);
+//! - [outbound limits](guide::outbound);
+//! - [running behind a proxy](guide::proxies);
+//! - [Redis deployments](guide::deployments): Cluster, TLS, ACL users, Sentinel, hot keys;
+//! - [failure modes](guide::failure_modes): Redis failures, key floods, clock steps;
+//! - [gRPC](guide::grpc);
+//! - [operations](guide::operations): shadow mode, configuration as data, upgrading,
+//!   metrics;
+//! - [the crate's layout](guide::architecture).
 //!
 //! # Feature flags
 //!

@@ -97,7 +97,7 @@ pub trait Limiter: Send + Sync + 'static {
     /// its sum above the limit (paid off as the oldest buckets expire). Where the key
     /// stands is a check of no cost: refused while it owes. A `delta` beyond
     /// `u32::MAX` either way counts as `u32::MAX` (a cost's largest). See the guide's
-    /// [Limits on usage](crate::guide#limits-on-usage).
+    /// [Limits on usage](crate::guide::usage#limits-on-usage).
     ///
     /// ```
     /// use std::num::NonZeroU32;

@@ -20,7 +20,7 @@
 //!
 //! A request refused by an outer layer never reaches the inner ones, so its headers
 //! list the outer policies only; `Retry-After` holds the longest wait of the refusing
-//! policies. See [the guide](crate::guide#stacked-limits) for which limit to put
+//! policies. See [the guide](crate::guide::stacking#stacked-limits) for which limit to put
 //! outermost.
 //!
 //! The module is split by concern: the [`Rejection`] a handler sees and the

@@ -244,7 +244,7 @@ impl<A, K, C, R> LayerBuilder<A, K, C, R> {
 
     /// Settles each admitted request to what it really cost, read from its response by
     /// `usage`, when the response body ends (see [`Usage`](crate::service::Usage) and
-    /// the guide's [Limits on usage](crate::guide#limits-on-usage)).
+    /// the guide's [Limits on usage](crate::guide::usage#limits-on-usage)).
     ///
     /// The check spends the request's [cost](Self::cost) as an estimate; at the end of
     /// the body, one call settles the difference: less gives units back, more spends

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use http::{HeaderMap, StatusCode};
 
 /// Which responses count against the limit; see the guide's
-/// [Counting by outcome](crate::guide#counting-by-outcome). A layer without one counts
+/// [Counting by outcome](crate::guide::usage#counting-by-outcome). A layer without one counts
 /// every admitted request.
 ///
 /// ```

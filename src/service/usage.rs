@@ -24,7 +24,7 @@ use super::Respond;
 
 /// How an admitted request's actual cost is read from its response, to settle the
 /// limit to it when the response body ends; see [`LayerBuilder::settle`] and the
-/// guide's [Limits on usage](crate::guide#limits-on-usage).
+/// guide's [Limits on usage](crate::guide::usage#limits-on-usage).
 ///
 /// The actual cost is in the limit's units (tokens, bytes, rows...). When it cannot be
 /// read (a missing or invalid header, a client gone before the trailers, a closure

@@ -1,0 +1,20 @@
+//! The crate's layout: its layers and modules, from the top down.
+//!
+//! # How the crate is built
+//!
+//! From the top down, each layer only uses the ones below it:
+//!
+//! | layer | modules | what it does |
+//! |---|---|---|
+//! | faces | `lib.rs`, `layers.rs`, [`config`](crate::config) | the layers users build (`PeriodLimitLayer`, ...), their settings, rules as data |
+//! | the service | [`service`](crate::service) | one generic [`LimitService`](crate::LimitService) and its future: key, cost, check, then the inner service or the rejection |
+//! | the client side | [`outbound`](crate::outbound) | a [`Waiter`](crate::outbound::Waiter) over any `Limiter` (one first-in, first-out queue per key, sleeping for the refusal's retry-after) and the layer that waits before calling a client |
+//! | the edges | [`response`](crate::response), [`key`](crate::key) | what clients see (HTTP `429`, gRPC `RESOURCE_EXHAUSTED`, the `RateLimit` headers) and which bucket a request counts against |
+//! | algorithms | [`period`](crate::period), [`token_bucket`](crate::token_bucket), [`rolling`](crate::rolling) | each a pure step (stored state, now, cost, settings) -> (state, decision), with two hosts: a Lua script and the in-process state |
+//! | the backend | [`backend`](crate::backend), `local.rs`, `clock.rs` | where state lives: the Redis host (connection, breaker, probe, deny cache, key layout, time source) and the bounded in-process host |
+//! | building blocks | [`ring`](crate::ring) | the pure ring of time buckets under the rolling-window limiter's in-process host and the breaker's [`RollingWindow`](crate::ring::RollingWindow); uses nothing else of the crate |
+//!
+//! Every algorithm implements [`Limiter`](crate::Limiter), the one thing the service
+//! asks. An algorithm's two hosts are proven to decide alike by one table of scenarios
+//! per algorithm (`tests/scenarios.rs`), run against the in-process host and against the
+//! script on a real `redis-server` whose clock the test sets at each step.

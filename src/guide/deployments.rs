@@ -1,0 +1,99 @@
+//! Redis deployments: Cluster, TLS, ACL users, Sentinel, managed servers, and hot keys.
+//!
+//! # Redis Cluster
+//!
+//! With the `cluster` feature, give the backend the nodes' URLs with
+//! `BackendBuilder::redis_cluster_urls` (the backend connects itself, with
+//! `TCP_NODELAY`), or a `deadpool_redis::cluster` pool with
+//! `BackendBuilder::redis_cluster`. Every check is one script on one Redis key,
+//! `<prefix>:{v1:<escaped key>}:<algorithm>:<name>` (the [layout](crate::backend#redis-keys)),
+//! so it runs on the node that owns that key's slot; there are no cross-slot operations
+//! and no hash tags to plan. The crate writes the hash tag itself: the braces hold the
+//! layout version and the limited key, with any `{`, `}` or `%` in the key escaped
+//! (`%7B`, `%7D`, `%25`), so a key's slot depends on the limited key alone. Keys spread
+//! over the whole cluster by limited key, whatever braces a client puts into its key,
+//! and every limit on one key (a burst limit and a daily quota, say) lives in one slot.
+//! (A hot key is therefore hot on one node for all its limits.) Prefixes and names may
+//! not contain `{` or `}`. The engine is loaded on every master (as a library of Redis
+//! Functions on Redis 7 and later, else as a script) on first use and again after a
+//! failover (`NOSCRIPT` and "Function not found" are handled).
+//!
+//! ```no_run
+//! # #[cfg(feature = "cluster")]
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use tower_redis_ratelimit::deadpool_redis::{cluster, Runtime};
+//! use tower_redis_ratelimit::Backend;
+//!
+//! let pool = cluster::Config::from_urls(vec![
+//!     "redis://10.0.0.1:6379".to_owned(),
+//!     "redis://10.0.0.2:6379".to_owned(),
+//!     "redis://10.0.0.3:6379".to_owned(),
+//! ])
+//! .create_pool(Some(Runtime::Tokio1))?;
+//! let backend = Backend::builder().redis_cluster(pool).build()?;
+//! # let _ = backend; Ok(()) }
+//! # #[cfg(not(feature = "cluster"))]
+//! # fn main() {}
+//! ```
+//!
+//! # TLS, ACL users and Sentinel
+//!
+//! | deployment | how | tested here |
+//! |---|---|---|
+//! | TLS, custom CA, mutual TLS (feature `tls`, rustls: no system OpenSSL) | `redis_url("rediss://user:password@host:port")`, [`tls_ca_pem`](crate::BackendBuilder::tls_ca_pem), [`tls_client_auth_pem`](crate::BackendBuilder::tls_client_auth_pem) | single node, on a `redis-server` with a TLS port and certificates the test makes; TLS to a cluster is configured the same way but not tested |
+//! | ACL user and password | in the URL | yes, with TLS |
+//! | Short-lived tokens, rotating passwords (ElastiCache and MemoryDB IAM auth, Azure Entra ID) | [`credentials(provider)`](crate::BackendBuilder::credentials): an async function returning a user, a token and its expiry; new connections use current credentials, kept connections re-authenticate (`AUTH`) at three quarters of a token's lifetime | single node, on a `redis-server` whose ACL users and passwords the test changes under traffic: no failed decision, the same connection re-authenticated; a failing provider hands the decisions to the failure policy with one log line per 10 s. A three-master cluster: every node's connections move to the new user, and removing the old one fails no decision. Sentinel's master connection takes the provider the same way but is not tested with it |
+//! | Redis Sentinel (feature `sentinel`) | [`redis_sentinel(master, sentinel_urls)`](crate::BackendBuilder::redis_sentinel), [`sentinel_master_auth`](crate::BackendBuilder::sentinel_master_auth) | a master, a replica and three sentinels; the master is killed under traffic |
+//! | Valkey, Dragonfly, managed Redis | the same URLs; for servers that refuse `TIME` in scripts or answer it uselessly (Dragonfly returns 0, ElastiCache Serverless), [`time_source(TimeSource::Caller)`](crate::BackendBuilder::time_source) | not tested against Valkey, Dragonfly or any managed service (none is installed here). What is tested, on `redis-server`: in caller mode no script calls `TIME` (`INFO commandstats`), two instances share a limit exactly, the bounds below hold with two instances whose clocks differ, and a server clock an hour off changes nothing. Every script declares every key it touches in `KEYS` (checked by a unit test) |
+//!
+//! Credentials never reach logs or `Debug` output: the builder and the backend show the
+//! kind of connection, not its URL; errors are what Redis said. Call
+//! [`Backend::probe_redis`](crate::Backend::probe_redis) at start-up to fail or warn early
+//! on a wrong password or certificate; otherwise a refused login is a server-wide fault:
+//! the breaker opens, one `warn` says why, and the failure policies answer.
+//!
+//! With [`TimeSource::Caller`](crate::backend::TimeSource), every instance sends its own
+//! clock, so instances whose clocks differ by up to `s` (their hosts' difference, plus
+//! the time a check takes to reach Redis) bend each limit by at most `s`; every
+//! instance on one Redis must use the same time source:
+//!
+//! | algorithm | a caller ahead by `s` | a caller behind by `s` |
+//! |---|---|---|
+//! | [fixed window](crate::period#clocks), not aligned | no effect: a window is the key's expiry, counted by the server | no effect |
+//! | fixed window, [aligned](crate::period::PeriodConfig::align) or [calendar](crate::period::Calendar) | ends the windows it opens up to `s` early | opens one more window of at most `s` before its view of the edge: at most `(n + 1) × quota` across an edge with `n` distinct clocks; refused up to `s` past its view of the edge |
+//! | [token bucket](crate::token_bucket#clocks) | takes up to `rate × s` tokens early: at most `burst + rate × (L + s)` over any span `L` (for `s` up to `max(refill time, 1 s)`) | sees up to `rate × s` fewer tokens: refused, and told to retry, up to `s` longer; the arrival time never moves back |
+//! | [rolling window](crate::rolling#clocks) | forgets units up to `s` early: at most `limit` in any span of `(buckets - 1) × interval - s` | counts from the newest bucket (buckets never move back): a unit counts up to one window plus `s` |
+//!
+//! After a Sentinel failover, the counts the old master had not replicated yet are lost
+//! with it: those keys may admit that many requests again. The backend notices the
+//! failover when its connection to the old master fails, and asks the sentinels again on
+//! the next connection; meanwhile the failure policies answer. A *manual* failover
+//! (`SENTINEL FAILOVER`) leaves the old master running and writable: the backend keeps
+//! using it until a call fails or the pool makes a new connection and the sentinels name
+//! the new master (about 11 s in a test with the default settings), and what it counts
+//! there meanwhile is lost when the old master becomes a replica (179 admissions under
+//! load in that test). Those keys may admit that many requests again after the switch:
+//! the same bound as an unreplicated count, for a longer while.
+//!
+//! # Hot keys: coalescing and leases
+//!
+//! One Redis round trip per request is the ceiling of an exact distributed limit. Two
+//! things go past it:
+//!
+//! - **Coalescing** (on by default, exact;
+//!   [`BackendBuilder::coalesce`](crate::BackendBuilder::coalesce)): while a check of a
+//!   key waits for Redis, the checks of that key arriving meanwhile in this process
+//!   queue and go together in one script call, decided in arrival order exactly as one
+//!   call each. A hot key under many concurrent requests costs about two calls per round
+//!   trip instead of one per request; a key with one request at a time costs what it
+//!   did.
+//! - **Leases** (opt-in, approximate; token buckets:
+//!   [`TokenBucketConfig::lease`](crate::token_bucket::TokenBucketConfig::lease)): a
+//!   check that goes to Redis takes a few tokens at once and this process answers the
+//!   key's next checks from them. Leases shrink near the limit, where they are exact;
+//!   over any window N instances admit at most the limit plus N × the lease size. Use
+//!   them for high limits on many keys where a few extra requests per window do not
+//!   matter, never for a login or payment limit. A [`block`](crate::Limiter::block) or
+//!   [`reset`](crate::Limiter::reset) ends the lease of the instance that calls it at
+//!   once; another instance may still answer its lease (at most its size, within its
+//!   lifetime), then asks Redis and is refused by the block.

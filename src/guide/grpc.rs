@@ -1,0 +1,51 @@
+//! gRPC: the same layers on a tonic server.
+//!
+//! # gRPC
+//!
+//! The same layers wrap a tonic server: `Server::builder().layer(limit)`. With the
+//! `grpc` feature, refused calls get the gRPC answer (`RESOURCE_EXHAUSTED`, trailers-only,
+//! with `RetryInfo` and `QuotaFailure` details), keys come from metadata with
+//! [`HeaderKey`](crate::key::HeaderKey), and admitted calls carry the `RateLimit`
+//! headers as initial metadata. See the `grpc` module and the `grpc`
+//! example (`cargo run --example grpc --features grpc`), a health service that any
+//! standard gRPC health client can exhaust.
+//!
+//! [`PeerIp`](crate::key::PeerIp) reads tonic's `TcpConnectInfo` (with the `grpc`
+//! feature), so calls without an API key can be limited per client address, as in the
+//! `grpc` example.
+//!
+//! **Authentication goes before the limit.** To limit per authenticated client with
+//! [`ExtensionKey`](crate::key::ExtensionKey), the interceptor that puts the client into
+//! the request extensions must run first: add it as a server layer ahead of the limit,
+//! `Server::builder().layer(InterceptorLayer::new(auth)).layer(limit)` (tonic's server
+//! layers run in the order they are added). tonic's usual
+//! `Service::with_interceptor(service, auth)` wraps only the service, so it runs *after*
+//! every server layer: the limit finds no client in any call and refuses them all with
+//! `INVALID_ARGUMENT` (the [missing-key](crate::MissingKey) status; the layer logs a
+//! `warn` line naming this cause). The `grpc` example does it this way:
+//!
+//! ```ignore
+//! fn authenticate(mut request: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+//!     if let Some(key) = request.metadata().get("x-api-key") {
+//!         let client = Client(key.to_str().map_err(|_| tonic::Status::unauthenticated("bad key"))?.to_owned());
+//!         request.extensions_mut().insert(client);
+//!     }
+//!     Ok(request)
+//! }
+//!
+//! let limit = PeriodLimitLayer::builder(&backend)
+//!     .name("grpc")
+//!     .quota(5)
+//!     .period(Duration::from_secs(30))
+//!     .key(ExtensionKey::<Client>::new().tag("client").or(PeerIp::new()))
+//!     .build()?;
+//! tonic::transport::Server::builder()
+//!     .layer(tonic::service::InterceptorLayer::new(authenticate)) // first: finds the client
+//!     .layer(limit)                                                // then: limits it
+//!     .add_service(health)
+//!     .serve(addr)
+//!     .await?;
+//! ```
+//!
+//! The same holds for axum and tower: an authentication layer must wrap the limit (in
+//! axum, `.layer(limit).layer(auth)`: the last layer added runs first).

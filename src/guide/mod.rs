@@ -1,0 +1,39 @@
+//! The user guide: how to choose, combine, deploy and operate the limits, one page per
+//! topic. These modules have no items, only documentation; every example in them is a
+//! doc test.
+//!
+//! The item docs say what each type and setting does; the guide says which to pick and
+//! why, and what happens around them (proxies, Redis deployments and failures, upgrades).
+//! Start with [algorithms] and [keys]; the other pages stand alone.
+//!
+//! | page | chapters | covers |
+//! |---|---|---|
+//! | [algorithms] | Choosing an algorithm | fixed window, token bucket or rolling window; one layer per limit or per plan |
+//! | [keys] | Choosing a key; Limits from your own store | whose limit a request counts against (user, tenant, address, plan), and a limit per key looked up in your database |
+//! | [stacking] | Stacked limits; Several limits at once, all or nothing | a burst limit and a daily quota on one route: which goes outermost, and sets decided together |
+//! | [calendar] | Calendar windows | a local day, week or month of an IANA zone, daylight saving time included |
+//! | [limiters] | Limiters in your own code | `check`, `peek`, `refund`, `reset` and `block` from jobs, websockets and admin tools |
+//! | [usage] | Counting by outcome; Limits on usage; Lockouts | counting failures or successes only, settling costs known once the response has ended (tokens, bytes), fail2ban-style lockouts |
+//! | [in_flight] | In-flight limits | at most N requests of one key at once, held until the response body ends |
+//! | [outbound] | Outbound limits | waiting for a turn before calling an upstream whose quota every replica shares |
+//! | [proxies] | Running behind a proxy | the client address behind load balancers and reverse proxies, without spoofing |
+//! | [deployments] | Redis Cluster; TLS, ACL users and Sentinel; Hot keys: coalescing and leases | Redis Cluster, TLS, rotating credentials, Sentinel, managed servers and the callers' clocks, and keys hotter than one round trip per request |
+//! | [failure_modes] | Failure modes; Memory and key floods; Clock steps | what a check does when Redis is slow, refuses writes or is gone, the breaker, the failure policies, bounded memory, clock steps |
+//! | [grpc] | gRPC | the same layers on a tonic server, and why authentication goes before the limit |
+//! | [operations] | Shadow mode; Configuration as data; Upgrading; Observability | trying a limit without enforcing it, rules from a file, rolling upgrades, logs and metrics |
+//! | [architecture] | How the crate is built | the crate's layers and modules, from the top down |
+
+pub mod algorithms;
+pub mod architecture;
+pub mod calendar;
+pub mod deployments;
+pub mod failure_modes;
+pub mod grpc;
+pub mod in_flight;
+pub mod keys;
+pub mod limiters;
+pub mod operations;
+pub mod outbound;
+pub mod proxies;
+pub mod stacking;
+pub mod usage;
