@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 
 use axum::Router;
 use bytes::Bytes;
-use http::{Request, Response};
+use http::{HeaderMap, Request, Response};
 use http_body_util::{BodyExt, Empty};
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::TokioExecutor;
@@ -78,4 +78,13 @@ where
         Response::from_parts(parts, ()),
         String::from_utf8(body.to_vec()).unwrap(),
     )
+}
+
+/// The value of header `name`, which must be there.
+pub(crate) fn value<'a>(headers: &'a HeaderMap, name: &http::HeaderName) -> &'a str {
+    headers
+        .get(name)
+        .unwrap_or_else(|| panic!("no {name} header in {headers:?}"))
+        .to_str()
+        .unwrap()
 }

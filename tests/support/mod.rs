@@ -18,6 +18,8 @@ pub(crate) mod http;
 pub(crate) mod proxy;
 pub(crate) mod sentinel;
 mod server;
+pub(crate) mod settle;
+pub(crate) mod stack;
 
 // Not every test crate uses every handle.
 #[allow(unused_imports)]
