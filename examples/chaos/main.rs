@@ -80,7 +80,7 @@ use support::proxy::FaultProxy;
 use support::RedisServer;
 
 /// The Redis key the crate keeps for `key` of the limiter `name` of `kind` (`period`,
-/// `token`, `rolling`) under `prefix`, as laid out by `src/backend/layout.rs`. The one
+/// `token`, `rolling`) under `prefix`, as laid out by `src/backend/decide/layout.rs`. The one
 /// place to change if that layout changes; [`check_key_layout`] fails loudly when it no
 /// longer matches.
 fn redis_key(prefix: &str, kind: &str, name: &str, key: &str) -> String {

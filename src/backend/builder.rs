@@ -249,7 +249,7 @@ impl BackendBuilder {
     /// the probe tries Redis every [probe interval](Self::probe_interval) whatever the
     /// traffic, so a quiet service moves to its failure policies within two probe
     /// intervals and two call timeouts of its first failed check (1.2 s by default; see
-    /// [Failure modes](crate::guide#failure-modes)). Errors that concern one key
+    /// [Failure modes](crate::guide::failure_modes#failure-modes)). Errors that concern one key
     /// (`WRONGTYPE`, a script error caused by a stored value) never count: only that
     /// request is answered by its failure policy; nor do the answers of the failure
     /// policies and of the deny cache, so the breaker cannot hold itself open.

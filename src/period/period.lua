@@ -1,4 +1,4 @@
--- Fixed window, as an algorithm of the engine (src/backend/engine.lua), with a = {quota,
+-- Fixed window, as an algorithm of the engine (src/backend/decide/engine.lua), with a = {quota,
 -- period (ms), UTC offset (ms) to align windows to, or nil for windows that start at the
 -- first request; for a calendar window, a.argv and a.bounds: the call's ARGV and where
 -- its four boundaries are (calendar_window, src/period/period_lean.lua)}:

@@ -1,4 +1,4 @@
--- Fixed window: the lean check (see src/backend/lean.lua), placed before the general
+-- Fixed window: the lean check (see src/backend/decide/lean.lua), placed before the general
 -- steps (src/period/period.lua), whose rules it follows.
 -- Takes back what period_try counted (`count`: the count it left; `ttl`: the key's
 -- expiry then, -1 for a key that held nothing, which is deleted again).
@@ -33,7 +33,7 @@ local function calendar_window(ARGV, at, t)
   return t + b3 - b2, b3 - b2
 end
 
--- The lean check (src/backend/lean.lua): the common case of the steps
+-- The lean check (src/backend/decide/lean.lua): the common case of the steps
 -- (src/period/period.lua) in the fewest commands, deciding exactly as they do.
 -- period_try(key, quota, length, offset, cost, cost_text, now_us) counts the cost at
 -- once (INCRBY, with the cost as the client wrote it: Redis 7.0 writes a number

@@ -1,4 +1,4 @@
--- Rolling window of time buckets, as an algorithm of the engine (src/backend/engine.lua),
+-- Rolling window of time buckets, as an algorithm of the engine (src/backend/decide/engine.lua),
 -- with a = {limit, buckets, interval (ms)}: rolling_state(key, a, now_us) reads the key
 -- once, rolling_step(s, cost, write) decides a check on that state (with `write`,
 -- counting it and marking the housekeeping; nothing goes to Redis), rolling_save(key, s)

@@ -1,6 +1,6 @@
--- Rolling window: the lean check (see src/backend/lean.lua), placed before the general
+-- Rolling window: the lean check (see src/backend/decide/lean.lua), placed before the general
 -- steps (src/rolling/rolling.lua), whose rules it follows.
--- The lean check (src/backend/lean.lua): the common case of rolling_state,
+-- The lean check (src/backend/decide/lean.lua): the common case of rolling_state,
 -- rolling_step and rolling_save in the fewest commands and tables, deciding exactly as
 -- they do. rolling_try(key, limit, buckets, interval, cost, now_us) reads the key and
 -- returns true, the sum after the cost, the ms until every counted unit has expired, the

@@ -51,7 +51,7 @@ local function token_bucket_store(key, s)
   redis.call('SET', key, value, 'PX', string.format('%d', ttl))
 end
 
--- Token bucket as GCRA, as an algorithm of the engine (src/backend/engine.lua), with
+-- Token bucket as GCRA, as an algorithm of the engine (src/backend/decide/engine.lua), with
 -- a = {emission interval (µs per token, fractional allowed), burst, epoch (whole seconds
 -- since the Unix epoch)}: token_bucket_state(key, a, now_us) reads the key once,
 -- token_bucket_step(s, cost, write) decides a check on that state (with `write`, moving

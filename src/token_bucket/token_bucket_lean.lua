@@ -1,4 +1,4 @@
--- Token bucket: the lean check (see src/backend/lean.lua) and the float rules it shares
+-- Token bucket: the lean check (see src/backend/decide/lean.lua) and the float rules it shares
 -- with the general steps (src/token_bucket/token_bucket.lua), placed before them.
 -- The float noise (µs) of the times of a bucket whose times are about `magnitude` µs:
 -- times are doubles of µs since the epoch in a[3] (2^45 µs in 2027, 2^47 by 2030), and
@@ -26,7 +26,7 @@ local function token_bucket_us(us, eps)
   return math.ceil(us - eps)
 end
 
--- The lean check (src/backend/lean.lua): the common case of token_bucket_state and
+-- The lean check (src/backend/decide/lean.lua): the common case of token_bucket_state and
 -- token_bucket_step in the fewest commands and no tables, deciding exactly as they do.
 -- token_bucket_try(key, block, interval, burst, epoch, cost, now_us) reads the key (and
 -- its block, when given: then a block leaves it to the steps) and returns

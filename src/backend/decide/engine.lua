@@ -1,7 +1,7 @@
 -- The engine: decides a check against one limit or a set of limits in one round trip,
 -- all or nothing. The algorithms (src/period/period.lua, src/token_bucket/token_bucket.lua,
 -- src/rolling/rolling.lua) are placed before this text, after the prelude
--- (src/backend/time.rs) that defines unix_us() and caller_time; each is three functions:
+-- (src/backend/redis/time.rs) that defines unix_us() and caller_time; each is three functions:
 -- X_state reads a limit's key, X_step decides a check on that state (moving it when the
 -- check spends), X_save writes what the steps changed. A call reads each key once and
 -- writes it at most once, however many checks it decides (coalesced checks, 'm').

@@ -1,10 +1,10 @@
 -- The lean check, first part of the engine's text (before the general engine,
--- src/backend/engine.lua): the algorithms' lean functions (X_lean.lua) are placed before
+-- src/backend/decide/engine.lua): the algorithms' lean functions (X_lean.lua) are placed before
 -- it, after the time prelude. On the EVALSHA path the script returns here when the lean
 -- check decides, so the general engine's functions and tables are never built for it;
 -- with Redis Functions everything is built once per library either way.
 -- The call's two texts, each read into a list of its words (numbers as numbers):
--- ARGV[1], the head ('op:count:param': see src/backend/engine.lua; its list holds the
+-- ARGV[1], the head ('op:count:param': see src/backend/decide/engine.lua; its list holds the
 -- count as written too, for commands), and ARGV[2], the limits. A limiter sends the
 -- same texts on almost every call: with Redis Functions the library keeps the lists it
 -- read (at most 1000 texts of each kind; then it starts again), so a call reads none
@@ -56,7 +56,7 @@ end
 -- window's {1, n, t}; 1: {1, n, 0, t}), as -(v + 1) where
 -- v = (t * 2^bits + n) * 128 + shape * 64 + bits, when v is below 2^53 (else the reply
 -- is the table). Written out where it is made (a call costs Redis as much as ten
--- operations); read back by `engine::unpacked` (src/backend/engine.rs).
+-- operations); read back by `engine::unpacked` (src/backend/decide/engine.rs).
 
 -- The lean check of a set's limits from limit i on (n limits; `block`: the block key
 -- to read with limit i's key; `now_us`: the time when read; ARGV[bounds_at]: the next
