@@ -317,3 +317,47 @@ fn answer(decision: &Decision) -> (State, u64, Duration, Option<Duration>) {
         decision.retry_after,
     )
 }
+
+/// A check that queues behind a call of its key in flight waits for at most the call
+/// timeout from its own arrival, as a check making its own call does: with Redis
+/// paused, a follower that arrives halfway through the leader's call is answered by
+/// the failure policy when its own deadline passes, not after the leader's call and
+/// then the queue's call (one and a half call timeouts: 300 ms here, where the bound is
+/// 200 ms; the margin of 50 ms is for the scheduler).
+#[tokio::test]
+async fn a_coalesced_check_waits_at_most_the_call_timeout_from_its_arrival() {
+    let timeout = Duration::from_millis(200);
+    let mut redis = RedisServer::start();
+    let backend = Backend::builder()
+        .redis(redis.pool())
+        .deny_cache(0)
+        .call_timeout(timeout)
+        .build()
+        .unwrap();
+    let limiter = PeriodLimiter::new(&backend, "wait", PeriodConfig::new(1_000_000, HOUR)).unwrap();
+    // Connected, and the engine loaded.
+    assert_eq!(
+        limiter.check(b"hot", NonZeroU32::MIN).await.source,
+        Source::Redis
+    );
+    redis.pause();
+    let leader = async {
+        let started = tokio::time::Instant::now();
+        let decision = limiter.check(b"hot", NonZeroU32::MIN).await;
+        (decision.source, started.elapsed())
+    };
+    let follower = async {
+        tokio::time::sleep(timeout / 2).await;
+        let started = tokio::time::Instant::now();
+        let decision = limiter.check(b"hot", NonZeroU32::MIN).await;
+        (decision.source, started.elapsed())
+    };
+    let ((leader_source, _), (follower_source, waited)) = tokio::join!(leader, follower);
+    redis.resume();
+    assert_eq!(leader_source, Source::Fallback);
+    assert_eq!(follower_source, Source::Fallback);
+    assert!(
+        waited < timeout + timeout / 4,
+        "the follower waited {waited:?}, past its call timeout of {timeout:?}"
+    );
+}

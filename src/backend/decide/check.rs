@@ -7,8 +7,9 @@
 //! 2. The deny cache ([`cached_refusal`]): a key Redis refused moments ago is refused
 //!    without a round trip.
 //! 3. Coalescing: a check of a key already in flight queues in the limiter's
-//!    [`Coalescer`](super::coalesce::Coalescer); the [`Leader`] of the key sends the
-//!    queue with the next call when its own is over ([`calls`]).
+//!    [`Coalescer`](super::coalesce::Coalescer), for at most the call timeout; the
+//!    [`Leader`] of the key sends the queue with the next call when its own is over
+//!    ([`calls`]).
 //! 4. The engine call ([`engine_call`]): one round trip, `FCALL` or `EVALSHA`, on the
 //!    connection the Redis room keeps and judges ([`RedisBackend::eval`]).
 //! 5. The conclusion ([`conclude`]): the reply read into a decision ([`read_reply`]),
@@ -65,11 +66,15 @@ pub(crate) fn check<T: Hosts + ?Sized>(store: &Arc<T>, key: &[u8], cost: NonZero
         let hash = deny_key.unwrap_or_else(|| backend.inner.deny.hash(&redis_key));
         match remote.coalescer.turn(hash, cost) {
             Turn::Wait(part) => {
-                // Another check of this key is in flight: this one goes with the next call.
+                // Another check of this key is in flight: this one goes with the next call,
+                // and waits for it no longer than for a call of its own (the failure policy
+                // answers then; the call's own failure is the leader's to report).
                 let store = Arc::clone(store);
                 let redis = Arc::clone(redis);
+                let deadline = redis.call_timeout();
                 return Check::pending(async move {
-                    let part = part.await.ok().flatten().ok_or(None);
+                    let part = tokio::time::timeout(deadline, part).await;
+                    let part = part.ok().and_then(Result::ok).flatten().ok_or(None);
                     conclude(&*store, &redis, part, &redis_key, cost, deny_key)
                 });
             }
@@ -347,6 +352,12 @@ async fn calls<T: Hosts + ?Sized>(
     // The limited key, read back from the Redis key (a set's other keys are built from it).
     let key = remote.key_of(&redis_key).map(|key| key.into_owned());
     while !waiting.is_empty() {
+        // Checks that stopped waiting (past their deadline, or dropped) go in no call.
+        waiting.retain(|check| !check.reply.is_closed());
+        if waiting.is_empty() {
+            waiting = remote.coalescer().next(hash);
+            continue;
+        }
         let costs: Vec<u32> = waiting.iter().map(|check| check.cost.get()).collect();
         let count = costs.len() as u64;
         let call: Option<Call> = key

@@ -117,6 +117,11 @@ impl RedisBackend {
         self.functions.load(Ordering::Relaxed) != FUNCTIONS_OFF
     }
 
+    /// The deadline of one call, waiting for a connection included.
+    pub(crate) fn call_timeout(&self) -> Duration {
+        self.call_timeout
+    }
+
     pub(crate) fn probe_interval(&self) -> Duration {
         self.probe_interval
     }
