@@ -107,7 +107,7 @@ pub use ipnet;
 pub use crate::backend::{Backend, BackendBuilder, FailurePolicy};
 pub use crate::cost::{Cost, FixedCost, HeaderCost, UnitCost};
 pub use crate::decision::{Decision, Decisions, Policy, Source, State};
-pub use crate::error::ConfigError;
+pub use crate::error::{BoxError, ConfigError};
 pub use crate::in_flight::InFlightLimitLayer;
 pub use crate::layers::{LimitSetLayer, PeriodLimitLayer, RollingWindowLayer, TokenBucketLayer};
 pub use crate::limiter::{Check, Limiter};
