@@ -83,6 +83,7 @@ mod decision;
 pub mod dynamic;
 mod error;
 pub mod guide;
+mod hosted;
 pub mod in_flight;
 pub mod key;
 mod layers;
