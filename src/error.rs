@@ -1,6 +1,12 @@
-//! Errors reported when a layer or backend is built.
+//! Errors reported when a layer or backend is built, and the boxed error the code you
+//! plug in (limit sources, credentials providers) returns.
 
 use std::fmt;
+
+/// The error a [`LimitSource`](crate::dynamic::LimitSource) or a
+/// [`CredentialsProvider`](crate::backend::CredentialsProvider) may return: any error
+/// that is `Send + Sync` (the same type as `tower::BoxError`).
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// A configuration that cannot work, reported when the layer or backend is built.
 ///

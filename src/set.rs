@@ -292,7 +292,7 @@ fn join<'a>(items: impl Iterator<Item = &'a [u8]>) -> HeaderValue {
     HeaderValue::from_maybe_shared(v.freeze()).expect("made of valid header values")
 }
 
-crate::limiter::hosted_limiter!(SetLimiter, hosts);
+crate::hosted::hosted_limiter!(SetLimiter, hosts);
 
 impl SetHosts {
     /// One decision from the members': the admitting one with the least left when all

@@ -99,14 +99,12 @@ use std::pin::Pin;
 use std::time::Duration;
 
 pub use self::limiter::DynamicLimiter;
+pub use crate::error::BoxError;
 pub use crate::key::TaggedKey;
 use crate::period::PeriodConfig;
 use crate::rolling::RollingConfig;
 use crate::service::Algorithm;
 use crate::token_bucket::TokenBucketConfig;
-
-/// The error a [`LimitSource`] may return.
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// The future of one lookup.
 pub type Lookup = Pin<Box<dyn Future<Output = Result<Option<u64>, BoxError>> + Send>>;

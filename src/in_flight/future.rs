@@ -13,8 +13,7 @@ use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
-use super::host::Acquire;
-use super::service::{decide_on, Decide};
+use super::host::{Acquire, Acquired};
 use super::Slot;
 
 /// What a response holds until its body ends: a slot, or the sender whose drop tells a
@@ -23,6 +22,28 @@ use super::Slot;
 pub(super) enum Guard {
     Slot(Slot),
     Shadow(tokio::sync::oneshot::Sender<()>),
+}
+
+/// How a request is decided once the round trip for its slot answered: the service's
+/// shared settings, without their type parameters (so that the future need not name them).
+pub(super) trait Decide: Send + Sync + 'static {
+    #[allow(clippy::result_large_err)]
+    fn decide(
+        &self,
+        req: &mut http::request::Parts,
+        acquired: Acquired,
+    ) -> Result<Option<Slot>, Response<Bytes>>;
+}
+
+/// Acts on `acquired` for the request `req` (its head apart from its body, and back).
+pub(super) fn decide_on<B>(
+    decide: &dyn Decide,
+    req: Request<B>,
+    acquired: Acquired,
+) -> (Request<B>, Result<Option<Slot>, Response<Bytes>>) {
+    let (mut parts, body) = req.into_parts();
+    let decided = decide.decide(&mut parts, acquired);
+    (Request::from_parts(parts, body), decided)
 }
 
 pin_project! {

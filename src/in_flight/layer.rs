@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tower_layer::Layer;
 
-use super::service::InFlightService;
+use super::service::{InFlightService, Shared};
 use super::{InFlightConfig, InFlightLimiter};
 use crate::backend::{Backend, FailurePolicy};
 use crate::error::ConfigError;
@@ -20,16 +20,6 @@ use crate::service::{LayerBuilder, MissingKey, MissingKeyWarning};
 /// instance sharing the backend's Redis; see the [`in_flight`](super) module.
 pub struct InFlightLimitLayer<K = GlobalKey, R = DefaultRejection> {
     shared: Arc<Shared<K, R>>,
-}
-
-/// Everything the services of one layer share.
-pub(super) struct Shared<K, R> {
-    pub(super) limiter: InFlightLimiter,
-    pub(super) key: K,
-    pub(super) rejection: R,
-    pub(super) options: crate::service::Options,
-    pub(super) metrics: LayerMetrics,
-    pub(super) missing_warning: MissingKeyWarning,
 }
 
 impl InFlightLimitLayer {

@@ -11,14 +11,14 @@ use bytes::Bytes;
 use http::{Request, Response};
 use tower_service::Service;
 
-use super::future::{Guard, InFlightBody, InFlightFuture};
+use super::future::{decide_on, Decide, Guard, InFlightBody, InFlightFuture};
 use super::host::{Acquire, Acquired};
-use super::layer::Shared;
-use super::Slot;
+use super::{InFlightLimiter, Slot};
 use crate::decision::Decision;
 use crate::key::KeyExtractor;
+use crate::metrics::LayerMetrics;
 use crate::response::{missing_key, OnRejection, Rejection};
-use crate::service::MissingKey;
+use crate::service::{MissingKey, MissingKeyWarning};
 
 /// Holds at most N requests of one key in flight; built by [`InFlightLimitLayer`](super::InFlightLimitLayer).
 /// Readiness is the inner service's.
@@ -114,6 +114,16 @@ where
         let inner = mem::replace(&mut self.inner, clone);
         InFlightFuture::acquire(acquire, req, inner, Arc::clone(shared) as Arc<dyn Decide>)
     }
+}
+
+/// Everything the services of one layer share (the layer's builder makes it).
+pub(super) struct Shared<K, R> {
+    pub(super) limiter: InFlightLimiter,
+    pub(super) key: K,
+    pub(super) rejection: R,
+    pub(super) options: crate::service::Options,
+    pub(super) metrics: LayerMetrics,
+    pub(super) missing_warning: MissingKeyWarning,
 }
 
 impl<K: Send + Sync + 'static, R: OnRejection> Shared<K, R> {
@@ -228,17 +238,6 @@ fn admit(extensions: &mut http::Extensions, decision: Decision) {
     }
 }
 
-/// The part of [`Shared`] the future needs once a round trip answered, without its
-/// type parameters.
-pub(super) trait Decide: Send + Sync + 'static {
-    #[allow(clippy::result_large_err)]
-    fn decide(
-        &self,
-        req: &mut http::request::Parts,
-        acquired: Acquired,
-    ) -> Result<Option<Slot>, Response<Bytes>>;
-}
-
 impl<K: Send + Sync + 'static, R: OnRejection> Decide for Shared<K, R> {
     fn decide(
         &self,
@@ -247,15 +246,4 @@ impl<K: Send + Sync + 'static, R: OnRejection> Decide for Shared<K, R> {
     ) -> Result<Option<Slot>, Response<Bytes>> {
         Shared::decide(self, req, acquired)
     }
-}
-
-/// Acts on `acquired` for the request `req` (its head apart from its body, and back).
-pub(super) fn decide_on<B>(
-    decide: &dyn Decide,
-    req: Request<B>,
-    acquired: Acquired,
-) -> (Request<B>, Result<Option<Slot>, Response<Bytes>>) {
-    let (mut parts, body) = req.into_parts();
-    let decided = decide.decide(&mut parts, acquired);
-    (Request::from_parts(parts, body), decided)
 }

@@ -1,6 +1,7 @@
 //! Keys from the client's address: [`PeerIp`] (the TCP peer) and [`ForwardedIp`] (the
 //! client behind trusted proxies), IPv6 grouped by prefix.
 
+use super::combine::combinators;
 use super::*;
 
 /// The TCP peer address of the connection; the key is `ip:` and the address,

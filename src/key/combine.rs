@@ -1,7 +1,65 @@
 //! Combining extractors: [`Or`] (the first key found) and [`And`] (both keys, joined
-//! unambiguously, whatever their bytes).
+//! unambiguously, whatever their bytes), made by [`KeyExtractorExt`]'s `or` / `and` on
+//! every extractor and by the same inherent methods of the built-in ones
+//! (`combinators!`).
 
 use super::*;
+
+/// Combinators for every [`KeyExtractor`].
+///
+/// The built-in extractors (and [`Or`] / [`And`]) also have inherent `or` /
+/// `and` methods with the same behavior, which work without naming the body
+/// type (these extractors implement [`KeyExtractor<B>`] for every `B`, so
+/// the trait methods could not infer it).
+pub trait KeyExtractorExt<B>: KeyExtractor<B> + Sized {
+    /// Uses the key of `self`, or if it has none the key of `other`,
+    /// unchanged.
+    ///
+    /// The two branches never share a key: each built-in extractor tags its
+    /// keys (see the [table](super#tags)), so a header value that spells an IP
+    /// address is still not that address's key.
+    fn or<O: KeyExtractor<B>>(self, other: O) -> Or<Self, O> {
+        Or::new(self, other)
+    }
+
+    /// Combines the keys of `self` and `other` into one (`None` when either
+    /// has none).
+    ///
+    /// The key is `and:`, the length of `self`'s key in decimal, `:`,
+    /// `self`'s key, `:` and `other`'s key: the length says where the first
+    /// key ends, so different pairs of byte strings never produce the same
+    /// key (`("a:b", "c")` becomes `and:3:a:b:c`, `("a", "b:c")` becomes
+    /// `and:1:a:b:c`).
+    fn and<O: KeyExtractor<B>>(self, other: O) -> And<Self, O> {
+        And::new(self, other)
+    }
+}
+
+impl<B, K: KeyExtractor<B>> KeyExtractorExt<B> for K {}
+
+/// Adds inherent `or` / `and` methods to extractors that work for any body
+/// type, so they can be combined without naming `B`.
+macro_rules! combinators {
+    ($ty:ident $(<$($param:ident),+>)?) => {
+        impl $(<$($param),+>)? $ty $(<$($param),+>)? {
+            /// Uses the key of `self`, or if it has none the key of `other`.
+            ///
+            /// See [`KeyExtractorExt::or`].
+            pub fn or<O>(self, other: O) -> Or<Self, O> {
+                Or::new(self, other)
+            }
+
+            /// Combines the keys of `self` and `other` unambiguously (`None`
+            /// when either has none).
+            ///
+            /// See [`KeyExtractorExt::and`].
+            pub fn and<O>(self, other: O) -> And<Self, O> {
+                And::new(self, other)
+            }
+        }
+    };
+}
+pub(super) use combinators;
 
 /// The first key of two extractors: `A`'s, or `B`'s when `A` has none.
 ///

@@ -1,6 +1,7 @@
 //! Keys from the request itself: [`GlobalKey`], [`HeaderKey`], [`ExtensionKey`],
 //! [`PathKey`] and `MatchedPathKey` (feature `axum`).
 
+use super::combine::combinators;
 use super::*;
 
 /// One key for all requests: a single limit shared by everybody.

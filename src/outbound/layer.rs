@@ -47,10 +47,10 @@ use crate::limiter::Limiter;
 /// # Ok(()) }
 /// ```
 pub struct OutboundLayer<L, K = FixedKey, C = UnitCost> {
-    pub(super) waiter: Waiter<L>,
-    pub(super) key: Arc<K>,
-    pub(super) cost: Arc<C>,
-    pub(super) max_wait: Duration,
+    waiter: Waiter<L>,
+    key: Arc<K>,
+    cost: Arc<C>,
+    max_wait: Duration,
 }
 
 impl<L> OutboundLayer<L> {
@@ -126,6 +126,12 @@ impl<S, L, K, C> Layer<S> for OutboundLayer<L, K, C> {
     type Service = Outbound<S, L, K, C>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        Outbound::new(inner, self.clone())
+        Outbound::new(
+            inner,
+            self.waiter.clone(),
+            Arc::clone(&self.key),
+            Arc::clone(&self.cost),
+            self.max_wait,
+        )
     }
 }

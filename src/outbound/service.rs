@@ -5,17 +5,19 @@ use std::future::Future;
 use std::mem;
 use std::num::NonZeroU32;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{ready, Context, Poll};
+use std::time::Duration;
 
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
-use super::{OutboundError, OutboundLayer, RequestCost, RequestKey, WaitError, Waiter};
+use super::{OutboundError, RequestCost, RequestKey, WaitError, Waiter};
 use crate::decision::Decision;
 use crate::limiter::Limiter;
 
 /// Waits for the limit before each call to an inner client service; built by
-/// [`OutboundLayer`].
+/// [`OutboundLayer`](super::OutboundLayer).
 ///
 /// `poll_ready` is the inner service's. `call` reads the request's key and cost, then
 /// its future waits in the key's queue until the limit admits the cost (or fails with
@@ -24,12 +26,28 @@ use crate::limiter::Limiter;
 /// cost zero does not wait.
 pub struct Outbound<S, L, K, C> {
     inner: S,
-    layer: OutboundLayer<L, K, C>,
+    waiter: Waiter<L>,
+    key: Arc<K>,
+    cost: Arc<C>,
+    max_wait: Duration,
 }
 
 impl<S, L, K, C> Outbound<S, L, K, C> {
-    pub(super) fn new(inner: S, layer: OutboundLayer<L, K, C>) -> Self {
-        Self { inner, layer }
+    /// The service of a layer's settings: its waiter, key, cost and longest wait.
+    pub(super) fn new(
+        inner: S,
+        waiter: Waiter<L>,
+        key: Arc<K>,
+        cost: Arc<C>,
+        max_wait: Duration,
+    ) -> Self {
+        Self {
+            inner,
+            waiter,
+            key,
+            cost,
+            max_wait,
+        }
     }
 
     /// The inner service.
@@ -49,7 +67,7 @@ impl<S, L, K, C> Outbound<S, L, K, C> {
 
     /// The waiter this service's calls queue on.
     pub fn waiter(&self) -> &Waiter<L> {
-        &self.layer.waiter
+        &self.waiter
     }
 }
 
@@ -57,7 +75,10 @@ impl<S: Clone, L, K, C> Clone for Outbound<S, L, K, C> {
     fn clone(&self) -> Self {
         Self {
             inner: self.inner.clone(),
-            layer: self.layer.clone(),
+            waiter: self.waiter.clone(),
+            key: Arc::clone(&self.key),
+            cost: Arc::clone(&self.cost),
+            max_wait: self.max_wait,
         }
     }
 }
@@ -66,8 +87,9 @@ impl<S: fmt::Debug, L: Limiter, K, C> fmt::Debug for Outbound<S, L, K, C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Outbound")
             .field("inner", &self.inner)
-            .field("layer", &self.layer)
-            .finish()
+            .field("waiter", &self.waiter)
+            .field("max_wait", &self.max_wait)
+            .finish_non_exhaustive()
     }
 }
 
@@ -87,16 +109,16 @@ where
     }
 
     fn call(&mut self, request: Req) -> Self::Future {
-        let Some(cost) = NonZeroU32::new(self.layer.cost.cost(&request)) else {
+        let Some(cost) = NonZeroU32::new(self.cost.cost(&request)) else {
             return ResponseFuture {
                 state: State::Inner {
                     future: self.inner.call(request),
                 },
             };
         };
-        let key = self.layer.key.key(&request);
-        let waiter = self.layer.waiter.clone();
-        let max_wait = self.layer.max_wait;
+        let key = self.key.key(&request);
+        let waiter = self.waiter.clone();
+        let max_wait = self.max_wait;
         let wait = Box::pin(async move { waiter.acquire(&key, cost, max_wait).await });
         // The service that was made ready goes with the request; this one stays.
         let clone = self.inner.clone();

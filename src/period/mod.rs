@@ -320,7 +320,7 @@ impl PeriodLimiter {
     }
 }
 
-crate::limiter::hosted_limiter!(PeriodLimiter, store);
+crate::hosted::hosted_limiter!(PeriodLimiter, store);
 
 impl PeriodHosts {
     fn decision(

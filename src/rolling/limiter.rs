@@ -173,7 +173,7 @@ impl RollingWindowLimiter {
     }
 }
 
-crate::limiter::hosted_limiter!(RollingWindowLimiter, store);
+crate::hosted::hosted_limiter!(RollingWindowLimiter, store);
 
 impl RollingHosts {
     fn decision(

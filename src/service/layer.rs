@@ -17,9 +17,6 @@ use crate::limiter::Limiter;
 use crate::metrics::LayerMetrics;
 use crate::response::{DefaultRejection, HeaderParts, OnRejection};
 
-/// The longest key accepted by default, in bytes.
-pub(super) const DEFAULT_MAX_KEY_LEN: usize = 256;
-
 /// A tower [`Layer`] that rate-limits requests with limiter `L`, keyed by `K`, costed by
 /// `C`, and answered with `R` when rejected.
 ///

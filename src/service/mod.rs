@@ -39,8 +39,8 @@ pub use self::outcome::CountIf;
 use self::outcome::Settle;
 pub use self::plan::{ExtensionPlan, PlanLimiter, Plans, SelectPlan};
 pub use self::service::LimitService;
-use self::usage::Meter;
 pub use self::usage::{Finished, Usage};
+use self::usage::{Meter, SettleUsage};
 pub(crate) use self::warn::MissingKeyWarning;
 pub use self::warn::MISSING_KEY_WARNING_INTERVAL;
 
@@ -95,6 +95,9 @@ pub(crate) struct Shared<L, K, C, R> {
     pub(crate) missing_warning: MissingKeyWarning,
 }
 
+/// The longest key accepted by default, in bytes.
+const DEFAULT_MAX_KEY_LEN: usize = 256;
+
 /// The plain settings of a layer, shared by [`LayerBuilder`] and the service.
 #[derive(Debug, Clone)]
 pub(crate) struct Options {
@@ -114,7 +117,7 @@ impl Default for Options {
             decision_extension: true,
             shadow: false,
             missing_key: MissingKey::default(),
-            max_key_len: layer::DEFAULT_MAX_KEY_LEN,
+            max_key_len: DEFAULT_MAX_KEY_LEN,
             count_if: None,
             usage: None,
         }
@@ -170,7 +173,7 @@ impl<L: Limiter, K, C, R> Shared<L, K, C, R> {
 
 /// The part of [`Shared`] a response future needs, without its type parameters. `policy`
 /// is an index into the limiter's policies.
-pub(crate) trait Respond: Send + Sync + 'static {
+pub(crate) trait Respond: SettleUsage {
     /// The full rejection response (handler's response plus headers).
     fn reject(
         &self,
@@ -202,9 +205,6 @@ pub(crate) trait Respond: Send + Sync + 'static {
         headers: &http::HeaderMap,
         settle: Settle,
     ) -> Option<Box<Meter>>;
-    /// Settles an admitted request by `delta` units (one call of the limiter, in the
-    /// background when it needs a round trip).
-    fn settle_usage(&self, settle: &Settle, delta: i64);
 }
 
 impl<L, K, C, R> Respond for Shared<L, K, C, R>
@@ -316,7 +316,15 @@ where
             }
         }
     }
+}
 
+impl<L, K, C, R> SettleUsage for Shared<L, K, C, R>
+where
+    L: Limiter,
+    K: Send + Sync + 'static,
+    C: Send + Sync + 'static,
+    R: OnRejection,
+{
     fn settle_usage(&self, settle: &Settle, delta: i64) {
         if delta == 0 {
             return;

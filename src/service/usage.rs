@@ -20,7 +20,6 @@ use http::{HeaderMap, HeaderName};
 use tokio::sync::oneshot;
 
 use super::outcome::Settle;
-use super::Respond;
 
 /// How an admitted request's actual cost is read from its response, to settle the
 /// limit to it when the response body ends; see [`LayerBuilder::settle`] and the
@@ -186,10 +185,17 @@ fn number(headers: &HeaderMap, name: &HeaderName) -> Option<u64> {
     headers.get(name)?.to_str().ok()?.trim().parse().ok()
 }
 
+/// What a [`Meter`] needs of its layer, without the layer's type parameters.
+pub(crate) trait SettleUsage: Send + Sync + 'static {
+    /// Settles an admitted request by `delta` units (one call of the limiter, in the
+    /// background when it needs a round trip).
+    fn settle_usage(&self, settle: &Settle, delta: i64);
+}
+
 /// What a response body being metered keeps to settle its request when it ends (or is
 /// dropped): one per admitted request of a layer that settles.
 pub(crate) struct Meter {
-    respond: Arc<dyn Respond>,
+    layer: Arc<dyn SettleUsage>,
     /// `None` once settled.
     settle: Option<Settle>,
     usage: Usage,
@@ -215,7 +221,7 @@ impl fmt::Debug for Meter {
 impl Meter {
     /// A meter for the admitted request `settle`, whose response has `headers`.
     pub(crate) fn new(
-        respond: Arc<dyn Respond>,
+        layer: Arc<dyn SettleUsage>,
         mut settle: Settle,
         usage: Usage,
         headers: &HeaderMap,
@@ -226,7 +232,7 @@ impl Meter {
             _ => None,
         };
         Self {
-            respond,
+            layer,
             settle: Some(settle),
             usage,
             head,
@@ -287,15 +293,15 @@ impl Meter {
         let delta = i64::try_from(actual)
             .unwrap_or(i64::MAX)
             .saturating_sub(i64::from(settle.cost.get()));
-        let respond = Arc::clone(&self.respond);
+        let layer = Arc::clone(&self.layer);
         match self.admitted.take() {
-            None => respond.settle_usage(&settle, delta),
+            None => layer.settle_usage(&settle, delta),
             Some(admitted) => {
                 // A shadow layer's check still in flight: settle only what it admitted.
                 if let Ok(runtime) = tokio::runtime::Handle::try_current() {
                     runtime.spawn(async move {
                         if admitted.await == Ok(true) {
-                            respond.settle_usage(&settle, delta);
+                            layer.settle_usage(&settle, delta);
                         }
                     });
                 }

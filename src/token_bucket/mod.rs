@@ -326,7 +326,7 @@ impl TokenBucketLimiter {
     }
 }
 
-crate::limiter::hosted_limiter!(TokenBucketLimiter, store, {
+crate::hosted::hosted_limiter!(TokenBucketLimiter, store, {
     fn reserve(&self, key: &[u8], cost: NonZeroU32, max_wait: Duration) -> Option<Check> {
         let max_wait_us = u64::try_from(max_wait.as_micros()).unwrap_or(u64::MAX);
         Some(backend::operate(

@@ -19,7 +19,7 @@ use deadpool_redis::redis::{self, ErrorKind, RedisError};
 use futures_util::stream::{self, Stream};
 use tokio::sync::{watch, Mutex};
 
-use crate::dynamic::BoxError;
+use crate::error::BoxError;
 
 /// What a [`CredentialsProvider`] answers: an ACL user and its password or token, and
 /// when the token expires (if it does).
