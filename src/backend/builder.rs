@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use super::decide::deny::DenyCache;
 use super::decide::engine::ENGINE;
-use super::redis::connect::Tls;
+use super::redis::connect::{Target, Tls};
 use super::redis::credentials::CredentialsProvider;
 use super::redis::health::BreakerConfig;
 use super::redis::time::TimeSource;
@@ -22,8 +22,6 @@ use crate::error::{validate_name, ConfigError};
 use crate::local::LocalStore;
 
 mod target;
-
-use self::target::Target;
 
 /// Configures a [`Backend`].
 ///

@@ -3,36 +3,10 @@
 //! connector the backend connects with when it is built.
 
 use super::BackendBuilder;
-use crate::backend::redis::connect::Connector;
+use crate::backend::redis::connect::{Connector, Target};
 use crate::backend::redis::credentials::{CredentialsProvider, Rotation};
 use crate::backend::redis::url::check_url;
 use crate::error::ConfigError;
-
-/// Where Redis is, as given to the builder.
-pub(super) enum Target {
-    Pool(Connector),
-    Url(String),
-    #[cfg(feature = "cluster")]
-    ClusterUrls(Vec<String>),
-    #[cfg(feature = "sentinel")]
-    Sentinel {
-        master: String,
-        urls: Vec<String>,
-    },
-}
-
-impl Target {
-    pub(super) fn kind(&self) -> &'static str {
-        match self {
-            Self::Pool(_) => "pool",
-            Self::Url(_) => "url",
-            #[cfg(feature = "cluster")]
-            Self::ClusterUrls(_) => "cluster urls",
-            #[cfg(feature = "sentinel")]
-            Self::Sentinel { .. } => "sentinel",
-        }
-    }
-}
 
 impl BackendBuilder {
     fn target(mut self, target: Target) -> Self {

@@ -6,7 +6,7 @@ use std::fmt;
 
 use deadpool_redis::redis::{self, Script, ToRedisArgs};
 
-use super::time::{Library, Scripts, TimeSource};
+use super::time::{plain_numbers, Library, ReadReply, Scripts, TimeSource};
 
 /// A script call as it goes to Redis: `EVALSHA`, the script's hash, the number of keys,
 /// the keys, then the arguments, each written into one buffer as it is added (redis-rs's
@@ -20,17 +20,6 @@ pub(crate) struct Call {
     pub(super) cmd: redis::Cmd,
     /// Reads the script's reply as numbers.
     pub(super) read: ReadReply,
-}
-
-/// How a script's reply is read as numbers: a table of integers for most scripts
-/// ([`plain_numbers`]); the engine packs some replies tighter and reads them back.
-pub(crate) type ReadReply = fn(redis::Value) -> redis::RedisResult<Vec<i64>>;
-
-/// A script's reply read as it is: a table of integers (or one integer).
-pub(crate) fn plain_numbers(value: redis::Value) -> redis::RedisResult<Vec<i64>> {
-    Ok(<Vec<i64> as redis::FromRedisValue>::from_redis_value(
-        value,
-    )?)
 }
 
 impl fmt::Debug for Call {

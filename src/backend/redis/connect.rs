@@ -10,10 +10,11 @@ use std::time::Duration;
 
 use deadpool_redis::redis::{self, ErrorKind, Script, ServerErrorKind};
 
-use super::call::{Call, ReadReply};
+use super::call::Call;
 use super::credentials::Rotation;
 use super::fault::ScriptError;
 use super::time::Library;
+use super::time::ReadReply;
 
 /// Certificates for TLS connections (`rediss://`); never shown by `Debug`.
 #[derive(Clone, Default)]
@@ -63,6 +64,33 @@ fn without_tls(tls: &Tls) -> Result<(), redis::RedisError> {
             redis::ErrorKind::InvalidClientConfig,
             "TLS certificates need the `tls` feature",
         )))
+    }
+}
+
+/// Where Redis is, as given to the backend's builder: the connector of a pool, or the
+/// URLs to make one from.
+pub(crate) enum Target {
+    Pool(Connector),
+    Url(String),
+    #[cfg(feature = "cluster")]
+    ClusterUrls(Vec<String>),
+    #[cfg(feature = "sentinel")]
+    Sentinel {
+        master: String,
+        urls: Vec<String>,
+    },
+}
+
+impl Target {
+    pub(crate) fn kind(&self) -> &'static str {
+        match self {
+            Self::Pool(_) => "pool",
+            Self::Url(_) => "url",
+            #[cfg(feature = "cluster")]
+            Self::ClusterUrls(_) => "cluster urls",
+            #[cfg(feature = "sentinel")]
+            Self::Sentinel { .. } => "sentinel",
+        }
     }
 }
 

@@ -22,9 +22,7 @@
 //! - `EVALSHA` (Redis before 7, and servers that refuse `FUNCTION`): the script runs
 //!   the whole body per call, then `engine(KEYS, ARGV)`.
 
-use deadpool_redis::redis::Script;
-
-use super::call::{plain_numbers, ReadReply};
+use deadpool_redis::redis::{self, Script};
 
 /// Where the Redis scripts take the current time from; see
 /// [`BackendBuilder::time_source`](crate::BackendBuilder::time_source).
@@ -213,6 +211,17 @@ impl Scripts {
     pub(crate) fn read(&self) -> ReadReply {
         self.read
     }
+}
+
+/// How a script's reply is read as numbers: a table of integers for most scripts
+/// ([`plain_numbers`]); the engine packs some replies tighter and reads them back.
+pub(crate) type ReadReply = fn(redis::Value) -> redis::RedisResult<Vec<i64>>;
+
+/// A script's reply read as it is: a table of integers (or one integer).
+pub(crate) fn plain_numbers(value: redis::Value) -> redis::RedisResult<Vec<i64>> {
+    Ok(<Vec<i64> as redis::FromRedisValue>::from_redis_value(
+        value,
+    )?)
 }
 
 fn prelude(time: TimeSource) -> &'static str {
