@@ -69,24 +69,9 @@
 //! Every limiter of one name and algorithm on one backend is the same limit: layers and
 //! handles built with that name share its Redis keys and, in process (and in the
 //! fallback), its in-process state, blocks included. Only the limit's settings are the
-//! limiter's own: give two different limits two names. Which clock the scripts read (the server's `TIME`, or the caller's
-//! clock passed as an argument) is [`BackendBuilder::time_source`].
-//!
-//! # Migrating from earlier layouts
-//!
-//! Before sets and blocks had places of their own, a set's limit was kept under the
-//! limiter name `<set>.<limit>` and a block under `<limit key>:block`. Those keys are
-//! not read any more: after the upgrade, sets start afresh and running blocks and
-//! lockouts are lifted; the old keys expire on their own within one window (or block).
-//!
-//! # Migrating from the unversioned layout
-//!
-//! Earlier releases wrote `<prefix>:<algorithm>:<name>:<key>`, with untagged keys. The
-//! new layout does not read those keys: every limit starts afresh after the upgrade, and
-//! the old keys expire on their own within one window (they all carry an expiry). To
-//! reclaim the memory at once, delete keys matching `<prefix>:period:*`,
-//! `<prefix>:token:*` and `<prefix>:rolling:*` (with `SCAN`, on every master of a
-//! cluster).
+//! limiter's own: give two different limits two names. Which clock the scripts read
+//! (the server's `TIME`, or the caller's clock passed as an argument) is
+//! [`BackendBuilder::time_source`].
 
 mod builder;
 pub(crate) mod decide;

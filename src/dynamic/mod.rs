@@ -51,11 +51,12 @@
 //! `RateLimit-Policy` shows the limit that applied (`"api";q=500;w=60` for a merchant
 //! whose source limit is 500); the policy name, metrics label and Redis key stay the
 //! layer's (a request refused by [`OnSourceError::Refuse`] shows the default policy, as
-//! does a custom rejection's [`Rejection::policy`](crate::response::Rejection::policy)), so on
-//! Redis a key's count carries over when its limit changes (a lowered
-//! quota refuses at once if the count is already above it). In process (and in the
-//! Redis fallback), each distinct limit keeps its own state, so a key's count starts
-//! afresh when its limit changes. With the backend's deny cache on (the default), a
+//! does a custom rejection's [`Rejection::policy`](crate::response::Rejection::policy)), so a
+//! key's count carries over when its limit changes, on Redis and in process (and in
+//! the Redis fallback) alike: a raised limit admits what is left under it, a lowered
+//! one refuses at once if the count is already at or above it (a token bucket keeps
+//! when it is full again, read at the new rate and burst). With the backend's deny
+//! cache on (the default), a
 //! key Redis refused stays refused until its retry-after even if its limit was raised
 //! meanwhile.
 //!

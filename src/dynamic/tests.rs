@@ -22,7 +22,7 @@ fn source(limit: &Arc<AtomicU64>, calls: &Arc<AtomicUsize>) -> impl LimitSource 
     }
 }
 
-async fn states<L: Limiter>(limiter: &L, key: &[u8], n: usize) -> Vec<State> {
+async fn states<L: Limiter + ?Sized>(limiter: &L, key: &[u8], n: usize) -> Vec<State> {
     let mut out = Vec::new();
     for _ in 0..n {
         out.push(limiter.check(key, ONE).await.state);
@@ -137,4 +137,64 @@ async fn a_panicking_source_follows_the_failure_policy() {
     let d = refuse.check(b"k", ONE).await;
     assert_eq!((d.state, d.source), (State::OverQuota, Source::FailClosed));
     assert_eq!(d.retry_after, Some(Duration::from_millis(300)));
+}
+
+/// A key's count carries over when its limit changes, in process as on Redis (one
+/// state per key and name, whatever the limit): 3 spent under a limit of 5; once the
+/// source says 4 (the first check after the TTL still applies 5 and looks the new
+/// limit up: a fourth unit), a fifth is refused; a limit raised to 6 admits what is
+/// left under it, not a fresh limit's 6.
+#[tokio::test(start_paused = true)]
+async fn a_keys_count_carries_over_when_its_limit_changes() {
+    let backend = Backend::in_process();
+    let limit = Arc::new(AtomicU64::new(5));
+    let calls = Arc::new(AtomicUsize::new(0));
+    let minute = Duration::from_secs(60);
+    let ttl = Duration::from_secs(1);
+    use State::*;
+
+    let period = DynamicLimits::new(PeriodConfig::new(10, minute), source(&limit, &calls))
+        .ttl(ttl)
+        .build(&backend, "p")
+        .unwrap();
+    let rolling = DynamicLimits::new(
+        RollingConfig::new(10, 6, Duration::from_secs(10)),
+        source(&limit, &calls),
+    )
+    .ttl(ttl)
+    .build(&backend, "r")
+    .unwrap();
+    // (An hour to refill: nothing refills during the test.)
+    let hour = Duration::from_secs(3_600);
+    let token = DynamicLimits::new(TokenBucketConfig::new(10, hour, 10), source(&limit, &calls))
+        .ttl(ttl)
+        .build(&backend, "t")
+        .unwrap();
+    // Under a limit raised to 6: the windows count 4 and admit two more; the bucket
+    // keeps a time (when it is full again), read at the new rate and burst: one more.
+    let raised = [Allowed, HitQuota, OverQuota];
+    let limiters: [(&str, &dyn Limiter, [State; 3]); 3] = [
+        ("period", &period, raised),
+        ("rolling", &rolling, raised),
+        ("token", &token, [HitQuota, OverQuota, OverQuota]),
+    ];
+    // Lets the lookups the checks started finish.
+    let looked_up = || tokio::time::sleep(Duration::from_millis(1));
+    for (name, limiter, after_raise) in limiters {
+        limit.store(5, Ordering::SeqCst);
+        limiter.check(b"k", ONE).await;
+        looked_up().await;
+        assert_eq!(states(limiter, b"k", 2).await, [Allowed, Allowed], "{name}");
+        limit.store(4, Ordering::SeqCst);
+        tokio::time::advance(ttl * 2).await;
+        assert_eq!(states(limiter, b"k", 1).await, [Allowed], "{name}");
+        looked_up().await;
+        let d = limiter.check(b"k", ONE).await;
+        assert_eq!((d.state, d.limit), (OverQuota, 4), "{name}: {d:?}");
+        limit.store(6, Ordering::SeqCst);
+        tokio::time::advance(ttl * 2).await;
+        limiter.check(b"k", ONE).await;
+        looked_up().await;
+        assert_eq!(states(limiter, b"k", 3).await, after_raise, "{name}");
+    }
 }

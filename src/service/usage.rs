@@ -100,11 +100,18 @@ impl Usage {
     /// last `keep` bytes (all of a shorter one), its length and whether it ended
     /// normally ([`Finished`]). `None` keeps the estimate.
     ///
+    /// `keep` bounds the memory a response holds for this: the body streams to the
+    /// client as it comes, and only its last `keep` bytes are copied aside for `read`.
+    /// Make it large enough for the part `read` needs (an OpenAI-style JSON answer puts
+    /// `usage` at its end; a streamed answer, in its last event).
+    ///
     /// ```
     /// use tower_redis_ratelimit::service::Usage;
     ///
-    /// // The `"total_tokens":N` of a JSON body (a real one would parse it).
-    /// let usage = Usage::body(64 * 1024, |body| {
+    /// // The `"total_tokens":N` of a JSON body (a real one would parse it), read from
+    /// // the body's last 64 KiB.
+    /// const KEEP: usize = 64 * 1024;
+    /// let usage = Usage::body(KEEP, |body| {
     ///     let text = std::str::from_utf8(body.body()).ok()?;
     ///     let at = text.rfind("\"total_tokens\":")? + "\"total_tokens\":".len();
     ///     let digits: String = text[at..].chars().take_while(char::is_ascii_digit).collect();

@@ -58,7 +58,11 @@
 //! holds for `s` up to that margin; beyond it, each expiry of an idle bucket's key can
 //! give a caller behind up to `s` minus the margin of refill.
 //!
-//! `RateLimit-Policy` advertises `q` = burst and `w` = the time to refill a full bucket.
+//! `RateLimit-Policy` advertises `q` = burst and `w` = the time to refill a full bucket
+//! (burst ÷ rate, rounded up to whole seconds): a bucket of 100 per second with a burst
+//! of 200 says `"service";q=200;w=2`, that is "200 at once, then back to 200 within 2
+//! s", which is the same limit as 100 per second held on average. The draft's
+//! `q`/`w` pair names a quota per window; a token bucket's window is its refill time.
 //!
 //! ```
 //! use std::time::Duration;
