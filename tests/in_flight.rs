@@ -19,7 +19,7 @@ use support::proxy::FaultProxy;
 use support::RedisServer;
 use tokio::time::Instant;
 use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
-use tower_redis_ratelimit::backend::TimeSource;
+use tower_redis_ratelimit::backend::{ShareRounding, TimeSource};
 use tower_redis_ratelimit::in_flight::{InFlightConfig, InFlightLimiter};
 use tower_redis_ratelimit::key::HeaderKey;
 use tower_redis_ratelimit::{Backend, FailurePolicy, InFlightLimitLayer, Source, State};
@@ -655,4 +655,45 @@ fn the_renewal_survives_its_first_runtime() {
         );
         drop(slot);
     });
+}
+
+/// Two export slots over three instances while Redis is down (issue 35, item 5): each
+/// instance's share is two thirds of a slot. Rounded to at least one (the default) the
+/// three run three exports at once, one above the limit, to stay available; rounded
+/// within the limit none runs, each refusal says to come back after a probe interval,
+/// and the fleet never runs more than the limit.
+#[tokio::test]
+async fn a_fallback_share_below_one_slot_rounds_as_the_layer_chose() {
+    let mut redis = RedisServer::start();
+    let url = redis.url();
+    redis.kill();
+    for (rounding, running) in [
+        (ShareRounding::AtLeastOne, 3),
+        (ShareRounding::WithinLimit, 0),
+    ] {
+        let mut held = Vec::new();
+        for _ in 0..3 {
+            let backend = Backend::builder()
+                .redis_url(&url)
+                .fallback_share(1.0 / 3.0)
+                .fallback_rounding(rounding)
+                .build()
+                .unwrap();
+            let limiter = InFlightLimiter::new(&backend, "export", InFlightConfig::new(2)).unwrap();
+            for _ in 0..2 {
+                match limiter.acquire(b"merchant").await {
+                    Ok(slot) => {
+                        assert_eq!(slot.decision().source, Source::Fallback);
+                        held.push(slot);
+                    }
+                    Err(refused) => {
+                        assert_eq!(refused.source, Source::Fallback, "{refused:?}");
+                        assert_eq!(refused.state, State::OverQuota, "{refused:?}");
+                        assert!(refused.retry_after.is_some(), "{refused:?}");
+                    }
+                }
+            }
+        }
+        assert_eq!(held.len(), running, "{rounding:?}");
+    }
 }

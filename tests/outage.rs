@@ -433,3 +433,60 @@ async fn redis_latency_errors_and_the_fallback_gauge_are_recorded() {
     assert_eq!(recovered[FALLBACK_ACTIVE].0, "prefix=ratelimit");
     assert_eq!(gauge(&recovered[FALLBACK_ACTIVE]), 0.0);
 }
+
+/// A limit whose fallback share rounds to nothing ([`ShareRounding::WithinLimit`], 3
+/// per minute over four instances: 0.75 each) refuses while Redis is down, checks and
+/// peeks alike, with the retry-after of a probe interval; a layer with a fixed cost
+/// builds (the refusal is the layer's choice, not a misconfiguration). Rounded to at
+/// least one, the same limit admits one per instance.
+#[tokio::test]
+async fn a_fallback_share_rounded_to_nothing_refuses_until_redis_is_back() {
+    use tower_redis_ratelimit::backend::ShareRounding;
+    let mut redis = RedisServer::start();
+    let url = redis.url();
+    redis.kill();
+    let minute = Duration::from_secs(60);
+    for (rounding, admitted) in [
+        (ShareRounding::AtLeastOne, true),
+        (ShareRounding::WithinLimit, false),
+    ] {
+        let backend = Backend::builder()
+            .redis_url(&url)
+            .probe_interval(PROBE)
+            .fallback_share(0.25)
+            .fallback_rounding(rounding)
+            .build()
+            .unwrap();
+        let period = PeriodLimiter::new(&backend, "p", PeriodConfig::new(3, minute)).unwrap();
+        let token =
+            TokenBucketLimiter::new(&backend, "t", TokenBucketConfig::new(3, minute, 3)).unwrap();
+        let limiters: [&dyn Limiter; 2] = [&period, &token];
+        for limiter in limiters {
+            let peek = limiter.peek(b"k", ONE).unwrap().await;
+            let check = limiter.check(b"k", ONE).await;
+            for decision in [peek, check] {
+                assert_eq!(
+                    decision.source,
+                    Source::Fallback,
+                    "{rounding:?} {decision:?}"
+                );
+                assert_eq!(
+                    decision.is_admitted(),
+                    admitted,
+                    "{rounding:?} {decision:?}"
+                );
+                if !admitted {
+                    assert_eq!(decision.retry_after, Some(PROBE), "{decision:?}");
+                }
+            }
+        }
+        let layer = TokenBucketLayer::builder(&backend)
+            .name("fixed")
+            .rate(3, minute)
+            .burst(3)
+            .cost(tower_redis_ratelimit::FixedCost(1))
+            .key(|_: &Request<()>| Some("k"))
+            .build();
+        assert!(layer.is_ok(), "{rounding:?}: {:?}", layer.err());
+    }
+}

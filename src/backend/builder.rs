@@ -14,8 +14,9 @@ use super::redis::health::BreakerConfig;
 use super::redis::time::TimeSource;
 use super::redis::RedisBackend;
 use super::{
-    Backend, Failover, FailurePolicy, Inner, DEFAULT_CALL_TIMEOUT, DEFAULT_DENY_CACHE_CAPACITY,
-    DEFAULT_DENY_CACHE_MAX_AGE, DEFAULT_MAX_LOCAL_KEYS, DEFAULT_PREFIX, DEFAULT_PROBE_INTERVAL,
+    Backend, Failover, FailurePolicy, Inner, ShareRounding, DEFAULT_CALL_TIMEOUT,
+    DEFAULT_DENY_CACHE_CAPACITY, DEFAULT_DENY_CACHE_MAX_AGE, DEFAULT_MAX_LOCAL_KEYS,
+    DEFAULT_PREFIX, DEFAULT_PROBE_INTERVAL,
 };
 use crate::clock::Clock;
 use crate::error::{validate_name, ConfigError};
@@ -190,10 +191,21 @@ impl BackendBuilder {
     /// The fraction of every limit that the in-process fallback applies while Redis is
     /// unreachable (default 1.0), e.g. `1.0 / 4.0` when four instances share the limit,
     /// so that together they admit about the limit, not four times it. Limits are
-    /// rounded down, never below one. Layers can override it with
+    /// rounded down, never below one unless [`fallback_rounding`](Self::fallback_rounding)
+    /// says [`ShareRounding::WithinLimit`]. Layers can override it with
     /// [`LayerBuilder::fallback_share`](crate::LayerBuilder::fallback_share).
     pub fn fallback_share(mut self, share: f64) -> Self {
         self.failover.share = share;
+        self
+    }
+
+    /// How a [fallback share](Self::fallback_share) below one unit is rounded: to one
+    /// (every instance stays available; the default) or to zero (the fleet never
+    /// admits above the limit; such an instance refuses that limit's requests while
+    /// Redis is unreachable). See [`ShareRounding`]. Layers can override it with
+    /// [`LayerBuilder::fallback_rounding`](crate::LayerBuilder::fallback_rounding).
+    pub fn fallback_rounding(mut self, rounding: ShareRounding) -> Self {
+        self.failover.rounding = rounding;
         self
     }
 

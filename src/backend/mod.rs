@@ -174,12 +174,55 @@ pub enum FailurePolicy {
     FailClosed,
 }
 
+/// How the in-process fallback turns a limit's [fallback
+/// share](BackendBuilder::fallback_share) into whole units: the choice between keeping
+/// every instance available and keeping the fleet within the limit, which differ only
+/// when a share is below one unit.
+///
+/// Two export slots shared by three instances (`fallback_share(1.0 / 3.0)`): each
+/// instance's share is 0.67 of a slot. [`AtLeastOne`](Self::AtLeastOne) gives each
+/// one slot, so the three may run three exports at once while Redis is unreachable;
+/// [`WithinLimit`](Self::WithinLimit) gives each none, so none runs until Redis is back.
+///
+/// ```
+/// use tower_redis_ratelimit::{backend::ShareRounding, Backend};
+///
+/// # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
+/// let backend = Backend::builder()
+///     .redis_url("redis://127.0.0.1:6379")
+///     .fallback_share(1.0 / 3.0)
+///     .fallback_rounding(ShareRounding::WithinLimit)
+///     .build()?;
+/// # let _ = backend; Ok(()) }
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Deserialize, serde::Serialize),
+    serde(rename_all = "snake_case")
+)]
+#[non_exhaustive]
+pub enum ShareRounding {
+    /// Rounded down, but never below one unit (the default): every instance keeps
+    /// admitting something, and N instances may admit up to N units where the limit's
+    /// share rounds below one.
+    #[default]
+    AtLeastOne,
+    /// Rounded down, to zero if need be: the instances together never admit more than
+    /// the limit (N × share ≤ 1), and an instance whose share rounds to zero refuses
+    /// every request of that limit (`429` with a retry-after of one probe interval,
+    /// [`Source::Fallback`](crate::Source::Fallback)) until Redis answers again.
+    WithinLimit,
+}
+
 /// Per-layer settings for Redis failures, carried by the backend handle a layer holds.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct Failover {
     pub(crate) policy: FailurePolicy,
     /// The fraction of each limit the in-process fallback applies, in `(0, 1]`.
     pub(crate) share: f64,
+    /// How the share is rounded to whole units.
+    pub(crate) rounding: ShareRounding,
 }
 
 impl Default for Failover {
@@ -187,6 +230,7 @@ impl Default for Failover {
         Self {
             policy: FailurePolicy::Fallback,
             share: 1.0,
+            rounding: ShareRounding::AtLeastOne,
         }
     }
 }
@@ -348,12 +392,17 @@ impl Backend {
     }
 
     /// Scales a limit for the in-process state: the fallback share of a Redis backend,
-    /// the whole limit in-process (never below one).
+    /// rounded down (never below one, or to zero, as its [`ShareRounding`] says); the
+    /// whole limit in-process.
     pub(crate) fn local_limit(&self, limit: u64) -> u64 {
         if self.inner.redis.is_none() || self.failover.share >= 1.0 {
             return limit;
         }
-        ((limit as f64 * self.failover.share).floor() as u64).max(1)
+        let share = (limit as f64 * self.failover.share).floor() as u64;
+        match self.failover.rounding {
+            ShareRounding::AtLeastOne => share.max(1),
+            ShareRounding::WithinLimit => share,
+        }
     }
 
     /// The Redis key layout of one limiter's keys (see [Redis keys](self#redis-keys)).

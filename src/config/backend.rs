@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::backend::{Backend, BackendBuilder, FailurePolicy};
+use crate::backend::{Backend, BackendBuilder, FailurePolicy, ShareRounding};
 use crate::error::ConfigError;
 
 /// Where limits are kept and how Redis trouble is handled; every setting left out keeps
@@ -74,6 +74,9 @@ pub struct BackendConfig {
     /// [`BackendBuilder::fallback_share`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fallback_share: Option<f64>,
+    /// [`BackendBuilder::fallback_rounding`]: `at_least_one` or `within_limit`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fallback_rounding: Option<ShareRounding>,
     /// [`BackendBuilder::max_local_keys`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_local_keys: Option<u64>,
@@ -212,6 +215,7 @@ impl fmt::Debug for BackendConfig {
             .field("breaker", &self.breaker)
             .field("failure_policy", &self.failure_policy)
             .field("fallback_share", &self.fallback_share)
+            .field("fallback_rounding", &self.fallback_rounding)
             .field("max_local_keys", &self.max_local_keys)
             .field("deny_cache", &self.deny_cache)
             .field("deny_cache_max_age", &self.deny_cache_max_age)
@@ -346,6 +350,9 @@ impl BackendConfig {
         }
         if let Some(share) = self.fallback_share {
             builder = builder.fallback_share(share);
+        }
+        if let Some(rounding) = self.fallback_rounding {
+            builder = builder.fallback_rounding(rounding);
         }
         if let Some(keys) = self.max_local_keys {
             builder = builder.max_local_keys(keys);

@@ -13,8 +13,8 @@
 //!
 //! | setting | TOML |
 //! |---|---|
-//! | the backend | [`BackendConfig`]: `url`, `cluster_urls`, `sentinel`, `tls`, `prefix`, `call_timeout`, `probe_interval`, `breaker`, `failure_policy`, `fallback_share`, `max_local_keys`, `deny_cache` |
-//! | a rule | [`RuleConfig`]: `name`, `limit`, `key`, `cost`, `failure_policy`, `fallback_share`, `shadow`, `headers`, `decision_extension`, `missing_key`, `max_key_len` |
+//! | the backend | [`BackendConfig`]: `url`, `cluster_urls`, `sentinel`, `tls`, `prefix`, `call_timeout`, `probe_interval`, `breaker`, `failure_policy`, `fallback_share`, `fallback_rounding`, `max_local_keys`, `deny_cache` |
+//! | a rule | [`RuleConfig`]: `name`, `limit`, `key`, `cost`, `failure_policy`, `fallback_share`, `fallback_rounding`, `shadow`, `headers`, `decision_extension`, `missing_key`, `max_key_len` |
 //! | an algorithm | [`LimitConfig`]: `{ algorithm = "period", quota, period, align }`, `{ algorithm = "token_bucket", rate, per, burst }`, `{ algorithm = "rolling_window", limit, buckets, interval }` |
 //! | a key | [`KeyConfig`]: `"global"`, `"peer_ip"`, `{ forwarded_ip = { trusted = [..] } }`, `{ header = ".." }`, `"path"`, `"matched_path"`, `{ or = [..] }`, `{ and = [..] }` |
 //!

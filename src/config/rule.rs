@@ -8,7 +8,7 @@ use http::StatusCode;
 use serde::{Deserialize, Serialize};
 
 use super::key::{KeyConfig, RuleKey};
-use crate::backend::{Backend, FailurePolicy};
+use crate::backend::{Backend, FailurePolicy, ShareRounding};
 use crate::cost::FixedCost;
 use crate::error::ConfigError;
 use crate::limiter::Limiter;
@@ -57,6 +57,10 @@ pub struct RuleConfig {
     /// [`LayerBuilder::fallback_share`] (default: the backend's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fallback_share: Option<f64>,
+    /// [`LayerBuilder::fallback_rounding`] (default: the backend's): `at_least_one` or
+    /// `within_limit`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fallback_rounding: Option<ShareRounding>,
     /// [`LayerBuilder::shadow`] (default off).
     #[serde(default)]
     pub shadow: bool,
@@ -89,6 +93,7 @@ impl RuleConfig {
             cost: 1,
             failure_policy: None,
             fallback_share: None,
+            fallback_rounding: None,
             shadow: false,
             headers: None,
             decision_extension: None,
@@ -121,6 +126,9 @@ impl RuleConfig {
         }
         if let Some(share) = self.fallback_share {
             builder = builder.fallback_share(share);
+        }
+        if let Some(rounding) = self.fallback_rounding {
+            builder = builder.fallback_rounding(rounding);
         }
         if let Some(headers) = self.headers {
             builder = builder.admitted_headers(headers);

@@ -85,7 +85,12 @@
 //! | `FailClosed` | every request is refused, retry after one probe interval | the limit guards something costly (SMS, payments) |
 //!
 //! With `Fallback`, N instances each admit the whole limit unless you set a
-//! [fallback share](crate::BackendBuilder::fallback_share) of `1/N`. Counts made while
+//! [fallback share](crate::BackendBuilder::fallback_share) of `1/N`. A share is rounded
+//! down to whole units, and where it falls below one unit you choose
+//! ([`fallback_rounding`](crate::BackendBuilder::fallback_rounding)): at least one per
+//! instance (the default: every instance stays available, so 2 slots over 3 instances
+//! may run 3 at once), or within the limit (such an instance refuses that limit until
+//! Redis is back, so the fleet never admits above it). Counts made while
 //! Redis was away are not merged back: after recovery, Redis's counts apply again.
 //! Decisions say which store answered ([`Source`](crate::Source)), and the
 //! [metrics](crate::metrics) count the decisions taken without Redis.

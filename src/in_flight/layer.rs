@@ -154,10 +154,18 @@ impl<K, R> InFlightLayerBuilder<K, R> {
     }
 
     /// The fraction of the slots each instance takes in the in-process fallback while
-    /// Redis is unreachable (at least one slot); see
-    /// [`BackendBuilder::fallback_share`](crate::BackendBuilder::fallback_share).
+    /// Redis is unreachable (at least one slot, unless [`fallback_rounding`](Self::fallback_rounding)
+    /// says otherwise); see [`BackendBuilder::fallback_share`](crate::BackendBuilder::fallback_share).
     pub fn fallback_share(mut self, share: f64) -> Self {
         self.inner = self.inner.fallback_share(share);
+        self
+    }
+
+    /// How the fallback share of the slots is rounded below one slot: to one (the
+    /// default: every instance can still run one) or to zero (the instances together
+    /// never run more than the slots); see [`ShareRounding`](crate::backend::ShareRounding).
+    pub fn fallback_rounding(mut self, rounding: crate::backend::ShareRounding) -> Self {
+        self.inner = self.inner.fallback_rounding(rounding);
         self
     }
 

@@ -61,8 +61,10 @@
 //!
 //! The layer's [`FailurePolicy`](crate::FailurePolicy) decides, as for every limit:
 //! the default fallback takes slots in this process, each instance its
-//! [fallback share](crate::BackendBuilder::fallback_share) of the slots (at least one),
-//! so that N instances do not admit N times the limit. The leases of slots taken on
+//! [fallback share](crate::BackendBuilder::fallback_share) of the slots (at least one,
+//! or none with [`ShareRounding::WithinLimit`](crate::backend::ShareRounding): then 2
+//! slots over 3 instances run at most 2 at once, not 3), so that N instances do not
+//! admit N times the limit. The leases of slots taken on
 //! Redis cannot be renewed meanwhile: after an outage longer than a lease, requests
 //! still running from before it hold no slot on Redis any more, so for up to their
 //! remaining duration the fleet may run more than the limit. A slot taken in the

@@ -308,6 +308,15 @@ impl<A, K, C, R> LayerBuilder<A, K, C, R> {
         self
     }
 
+    /// How this layer's fallback share is rounded below one unit (default: the
+    /// backend's); see [`BackendBuilder::fallback_rounding`](crate::BackendBuilder::fallback_rounding).
+    pub fn fallback_rounding(mut self, rounding: crate::backend::ShareRounding) -> Self {
+        let mut failover = self.backend.failover();
+        failover.rounding = rounding;
+        self.backend = self.backend.with_failover(failover);
+        self
+    }
+
     /// Checks every setting and builds the layer.
     ///
     /// # Errors
@@ -391,7 +400,9 @@ fn check_fixed_cost<'p, C: 'static>(
     // What the in-process fallback of a Redis backend applies (the whole limit without
     // Redis).
     let local = backend.local_limit(smallest.quota());
-    if backend.failover().policy == FailurePolicy::Fallback && u64::from(cost) > local {
+    // (A share rounded to nothing refuses in the fallback by the layer's own choice.)
+    if backend.failover().policy == FailurePolicy::Fallback && local > 0 && u64::from(cost) > local
+    {
         return Err(above(local, true));
     }
     Ok(())

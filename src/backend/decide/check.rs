@@ -523,6 +523,7 @@ pub(super) fn read_reply<T: Hosts + ?Sized>(
 pub(super) fn unavailable<T: Hosts + ?Sized>(store: &T, key: &[u8], cost: NonZeroU32) -> Decision {
     let backend = &store.remote().backend;
     match backend.failover.policy {
+        FailurePolicy::Fallback if no_share(store) => refused_until_probe(store, Source::Fallback),
         FailurePolicy::Fallback => local_check(store, key, cost.get(), Source::Fallback),
         FailurePolicy::FailOpen => {
             let limit = store.capacity();
@@ -534,20 +535,26 @@ pub(super) fn unavailable<T: Hosts + ?Sized>(store: &T, key: &[u8], cost: NonZer
                 Source::FailOpen,
             )
         }
-        FailurePolicy::FailClosed => {
-            let retry = backend
-                .redis_handle()
-                .map_or(DEFAULT_PROBE_INTERVAL, |r| r.probe_interval());
-            Decision::new(
-                State::OverQuota,
-                store.capacity(),
-                0,
-                retry,
-                Source::FailClosed,
-            )
-            .with_retry_after(retry)
-        }
+        FailurePolicy::FailClosed => refused_until_probe(store, Source::FailClosed),
     }
+}
+
+/// Whether this instance's fallback share of a limit (of a set: of its smallest) rounds
+/// to nothing ([`ShareRounding::WithinLimit`](crate::backend::ShareRounding)): the
+/// fallback then refuses it.
+pub(super) fn no_share<T: Hosts + ?Sized>(store: &T) -> bool {
+    store.remote().backend.local_limit(store.capacity()) == 0
+}
+
+/// A refusal until the probe may have found Redis again: fail closed, or a fallback
+/// without a share of the limit.
+pub(super) fn refused_until_probe<T: Hosts + ?Sized>(store: &T, source: Source) -> Decision {
+    let retry = store
+        .remote()
+        .backend
+        .redis_handle()
+        .map_or(DEFAULT_PROBE_INTERVAL, |r| r.probe_interval());
+    Decision::new(State::OverQuota, store.capacity(), 0, retry, source).with_retry_after(retry)
 }
 
 /// A check on the in-process state: refused while the key is blocked (spending

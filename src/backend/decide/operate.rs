@@ -10,7 +10,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::check::{
-    answering, blocked, engine_call, forget_refusal, read_reply, refusal_or_standing, unavailable,
+    answering, blocked, engine_call, forget_refusal, no_share, read_reply, refusal_or_standing,
+    refused_until_probe, unavailable,
 };
 use super::engine::{BLOCK, PEEK, REFUND, RESERVE, RESET, SETTLE};
 use super::hosts::Hosts;
@@ -147,6 +148,10 @@ fn operate_unavailable<T: Hosts + ?Sized>(
         (Operation::Reserve { .. }, FailurePolicy::FailOpen | FailurePolicy::FailClosed) => {
             let cost = u32::try_from(cost).ok().and_then(NonZeroU32::new);
             unavailable(store, key, cost.unwrap_or(NonZeroU32::MIN))
+        }
+        // No share of the limit here: a peek or a reservation says what a check would.
+        (Operation::Peek | Operation::Reserve { .. }, _) if no_share(store) => {
+            refused_until_probe(store, Source::Fallback)
         }
         _ => operate_locally(store, op, key, cost, Source::Fallback),
     }
