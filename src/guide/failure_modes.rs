@@ -55,7 +55,7 @@
 //! | one key holds a value of the wrong type | only that key's requests are answered by the failure policy; every other key stays on Redis |
 //! | answers `PING` but refuses writes (`OOM` with `noeviction`, a `READONLY` replica, `LOADING`) | one switch to the failure policies, which stay until a probe's write succeeds; back on Redis within about a probe interval plus the recovery time once writes work |
 //! | a round trip above half the call timeout (another zone or region) | stays on Redis as long as the round trip is below the call timeout: connections are made and scripts loaded in the background, apart from any request's deadline |
-//! | down, restarted, partitioned | one switch when the breaker judges it (above: within 1.2 s of the first failed check for a quiet service), back within a probe interval plus the recovery time of Redis answering again |
+//! | down, restarted, partitioned | one switch when the breaker judges it (above: within 1.2 s of the first failed check for a quiet service), back within a probe interval, a round trip and the recovery time of Redis answering again (1.5 s and a round trip by default: probes start a probe interval apart, however long the last one waited) |
 //! | accepts connections and never answers, from start-up | the checks that wait for the first connection attempt give up at the call timeout and count toward the streak: one switch within 1.2 s of the first check giving up (1.3 s after it started; about 300 ms under load), then every check is answered by the failure policy at once while the probe keeps trying |
 //! | many concurrent checks at a cold start or after a restart | one connection attempt at a time, shared by every waiting check (no herd) |
 //!

@@ -87,13 +87,17 @@ fn probed(reply: Vec<i64>) -> Result<(), ScriptError> {
 
 /// Probes Redis every `interval` while the backend needs it (the breaker is open, or a
 /// streak of failures is under way), until a probe succeeds or the backend is dropped.
+/// Probes start an interval apart, however long the last one took (up to the call
+/// timeout), so that Redis is found again within an interval and a round trip.
 /// Its failures count toward the streak while the breaker is closed, so that a quiet
 /// service is judged within two probes of its first failure; its success ends a streak,
 /// or starts the recovery.
 async fn probe(weak: Weak<RedisBackend>, interval: Duration) {
     let mut failures = 0u64;
+    let mut next = tokio::time::Instant::now() + interval;
     loop {
-        tokio::time::sleep(interval).await;
+        tokio::time::sleep_until(next).await;
+        next = tokio::time::Instant::now() + interval;
         let Some(backend) = weak.upgrade() else {
             return;
         };
