@@ -354,6 +354,7 @@ async fn a_coalesced_check_waits_at_most_the_call_timeout_from_its_arrival() {
     };
     let ((leader_source, _), (follower_source, waited)) = tokio::join!(leader, follower);
     redis.resume();
+    eprintln!("the follower waited {waited:?} (call timeout {timeout:?})");
     assert_eq!(leader_source, Source::Fallback);
     assert_eq!(follower_source, Source::Fallback);
     assert!(
