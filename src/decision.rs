@@ -134,6 +134,16 @@ impl Decision {
         self
     }
 
+    /// This decision for a key blocked for `wait` more: refused, with nothing left until
+    /// then (the wait is the longer of the block's and the limit's own).
+    pub(crate) fn blocked(mut self, wait: Duration) -> Self {
+        self.state = State::OverQuota;
+        self.remaining = 0;
+        self.reset = self.reset.max(wait);
+        self.retry_after = Some(self.retry_after.map_or(wait, |r| r.max(wait)));
+        self
+    }
+
     /// Whether the request was admitted.
     #[must_use]
     pub fn is_admitted(&self) -> bool {

@@ -310,17 +310,34 @@ impl SetHosts {
                 .max_by_key(|d| d.retry_after)
         };
         let mut decision = chosen.cloned().expect("a set has at least one limit");
-        // Every member's item, in one allocation.
+        decision.ratelimit_header = Some(self.ratelimit_value(decisions.iter()));
+        decision.policy_header = Some(self.policy_header.clone());
+        decision
+    }
+
+    /// The set's decision for a key blocked for `wait` more: the one its limits'
+    /// `decisions` give (as [`combine`](Self::combine)), blocked, with every limit in
+    /// the headers blocked too (no units left until the block's end at least).
+    fn combine_blocked(&self, decisions: &[Decision], wait: Duration) -> Decision {
+        let mut decision = self.combine(decisions).blocked(wait);
+        let blocked = decisions.iter().map(|d| d.clone().blocked(wait));
+        decision.ratelimit_header = Some(self.ratelimit_value(blocked));
+        decision
+    }
+
+    /// Every member's item of the `RateLimit` header, in one allocation.
+    fn ratelimit_value<D: std::borrow::Borrow<Decision>>(
+        &self,
+        decisions: impl Iterator<Item = D>,
+    ) -> RateLimitValue {
         let mut value = Vec::with_capacity(self.ratelimit_capacity);
         for (i, (parts, d)) in self.headers.iter().zip(decisions).enumerate() {
             if i > 0 {
                 value.extend_from_slice(b", ");
             }
-            parts.write_ratelimit_value(d, &mut value);
+            parts.write_ratelimit_value(d.borrow(), &mut value);
         }
-        decision.ratelimit_header = Some(RateLimitValue(bytes::Bytes::from(value)));
-        decision.policy_header = Some(self.policy_header.clone());
-        decision
+        RateLimitValue(bytes::Bytes::from(value))
     }
 
     /// Each limit's decision in the engine's reply (its limits' parts, in order).
@@ -426,6 +443,34 @@ impl Hosts for SetHosts {
 
     fn decide(&self, reply: &[i64], cost: NonZeroU32) -> Option<Decision> {
         Some(self.combine(&self.split(reply, cost)?))
+    }
+
+    fn decide_blocked(&self, reply: &[i64], cost: NonZeroU32, wait: Duration) -> Option<Decision> {
+        Some(self.combine_blocked(&self.split(reply, cost)?, wait))
+    }
+
+    fn combine_members_blocked(&self, members: &[Decision], wait: Duration) -> Option<Decision> {
+        (members.len() == self.members.len()).then(|| self.combine_blocked(members, wait))
+    }
+
+    fn local_blocked(&self, key: &[u8], cost: u32, source: Source, wait: Duration) -> Decision {
+        let _guard = self.lock(key);
+        // What the set's check would say, spending nothing: its refusal if a limit would
+        // refuse (the refusing limits as they refuse, the others where they stand), else
+        // where every limit stands.
+        let mut members: Vec<_> = self
+            .members
+            .iter()
+            .enumerate()
+            .map(|(i, m)| m.local(key, self.units(i, cost), source, false))
+            .collect();
+        let admitted = members.iter().all(Decision::is_admitted);
+        for (member, decision) in self.members.iter().zip(&mut members) {
+            if admitted || decision.is_admitted() {
+                *decision = member.local(key, 0, source, false);
+            }
+        }
+        self.combine_blocked(&members, wait)
     }
 
     fn member_decisions(&self, reply: &[i64], cost: NonZeroU32) -> Option<Arc<[Decision]>> {

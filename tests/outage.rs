@@ -490,3 +490,54 @@ async fn a_fallback_share_rounded_to_nothing_refuses_until_redis_is_back() {
         assert!(layer.is_ok(), "{rounding:?}: {:?}", layer.err());
     }
 }
+
+/// Under the fallback the headers say what this instance enforces (issue 35, item 3):
+/// with a share of a third, a quota of 60 a minute is 20 here, and `RateLimit-Policy`
+/// says `q=20` (it said `q=60` while each instance enforced 20), `RateLimit` counts
+/// down from 20; a token bucket's burst likewise. Back on Redis, the policy's own.
+#[tokio::test]
+async fn the_fallback_headers_state_this_instances_share() {
+    let mut redis = RedisServer::start();
+    let backend = Backend::builder()
+        .redis(redis.pool())
+        .call_timeout(DEADLINE)
+        .probe_interval(PROBE)
+        .fallback_share(1.0 / 3.0)
+        .build()
+        .unwrap();
+    let minute = Duration::from_secs(60);
+    let period = PeriodLimitLayer::builder(&backend)
+        .name("api")
+        .quota(60)
+        .period(minute)
+        .build()
+        .unwrap();
+    let token = TokenBucketLayer::builder(&backend)
+        .name("burst")
+        .rate(30, minute)
+        .burst(30)
+        .build()
+        .unwrap();
+    let svc = ServiceBuilder::new()
+        .layer(token)
+        .layer(period)
+        .service(service_fn(|_req: Request<()>| async {
+            Ok::<_, Infallible>(Response::new(()))
+        }));
+    let headers = |response: &Response<_>| {
+        let value = |name: &str| response.headers()[name].to_str().unwrap().to_owned();
+        (value("ratelimit-policy"), value("ratelimit"))
+    };
+    let on_redis = svc.clone().oneshot(Request::new(())).await.unwrap();
+    assert_eq!(
+        headers(&on_redis).0,
+        "\"burst\";q=30;w=60, \"api\";q=60;w=60"
+    );
+    redis.kill();
+    let fallback = svc.clone().oneshot(Request::new(())).await.unwrap();
+    assert_eq!(fallback.status(), StatusCode::OK);
+    let (policy, ratelimit) = headers(&fallback);
+    assert_eq!(policy, "\"burst\";q=10;w=60, \"api\";q=20;w=60");
+    assert!(ratelimit.starts_with("\"burst\";r=9;"), "{ratelimit}");
+    assert!(ratelimit.contains("\"api\";r=19;"), "{ratelimit}");
+}

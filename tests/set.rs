@@ -215,3 +215,42 @@ fn invalid_sets_fail_when_built() {
     ));
     assert!(build(burst_and_daily()).is_ok());
 }
+
+/// A blocked set says so for every limit (issue 35, item 3): its `429` lists each limit
+/// with `r=0` and a reset no sooner than the block's end (`t=30` for the full rpm
+/// bucket, the tpm window's own end for the minute), beside `Retry-After: 30`; before,
+/// each limit said where it stood (`"llm.rpm";r=60;t=0, "llm.tpm";r=20000;t=60`), units
+/// the block would not give. On Redis (the refusal from the engine, then the same from
+/// the deny cache) and in process.
+#[tokio::test]
+async fn a_blocked_set_says_no_limit_has_units_left() {
+    let redis = RedisServer::start();
+    let minute = Duration::from_secs(60);
+    let cached = Backend::builder().redis(redis.pool()).build().unwrap();
+    for backend in [cached, Backend::in_process()] {
+        let layer = LimitSetLayer::builder(&backend)
+            .name("llm")
+            .limit("rpm", TokenBucketConfig::new(60, minute, 60))
+            .limit("tpm", PeriodConfig::new(20_000, minute))
+            .key(HeaderKey::from_static("x-api-key"))
+            .build()
+            .unwrap();
+        let blocked = layer
+            .limiter()
+            .block(b"hdr:x-api-key:trap", Duration::from_secs(30));
+        blocked.expect("sets can be blocked").await;
+        let app = Router::new().route("/v1/chat", get(|| async { "ok" }).layer(layer));
+        let server = Served::start(app).await;
+        let client = [("x-api-key", "trap")];
+        for _ in 0..2 {
+            let (refused, _) = server.get("/v1/chat", &client).await;
+            assert_eq!(refused.status(), 429, "{backend:?}");
+            assert_eq!(refused.headers()["retry-after"], "30", "{backend:?}");
+            assert_eq!(
+                refused.headers()["ratelimit"],
+                "\"llm.rpm\";r=0;t=30, \"llm.tpm\";r=0;t=60",
+                "{backend:?}"
+            );
+        }
+    }
+}

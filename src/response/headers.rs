@@ -8,7 +8,7 @@ use http::header::{self, HeaderName, HeaderValue};
 use http::HeaderMap;
 
 use super::rejection::ceil_secs;
-use crate::decision::{Decision, Policy};
+use crate::decision::{Decision, Policy, Source};
 
 /// The `RateLimit` header (IETF draft-ietf-httpapi-ratelimit-headers-10).
 pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
@@ -30,12 +30,17 @@ thread_local! {
 
 /// The `RateLimit-Policy` value of a policy; built once per layer.
 pub(crate) fn policy_header(policy: &Policy) -> HeaderValue {
+    policy_value(policy, policy.quota())
+}
+
+/// The `RateLimit-Policy` value of `policy` with a quota of `quota`.
+fn policy_value(policy: &Policy, quota: u64) -> HeaderValue {
     let mut buf = itoa::Buffer::new();
     let mut v = String::with_capacity(policy.name().len() + 24);
     v.push('"');
     v.push_str(policy.name());
     v.push_str("\";q=");
-    v.push_str(buf.format(policy.quota()));
+    v.push_str(buf.format(quota));
     v.push_str(";w=");
     v.push_str(buf.format(ceil_secs(policy.window()).max(1)));
     HeaderValue::try_from(v).expect("policy names are checked when the layer is built")
@@ -44,6 +49,9 @@ pub(crate) fn policy_header(policy: &Policy) -> HeaderValue {
 /// Pre-built pieces of the per-response headers of one policy.
 #[derive(Debug, Clone)]
 pub(crate) struct HeaderParts {
+    /// The policy, for a decision under another limit than its quota (the fallback's
+    /// share of it).
+    of: Policy,
     policy: HeaderValue,
     /// `"name";r=`
     ratelimit_prefix: Bytes,
@@ -56,6 +64,7 @@ impl HeaderParts {
         prefix.put_slice(policy.name().as_bytes());
         prefix.put_slice(b"\";r=");
         Self {
+            of: policy.clone(),
             policy: policy_header(policy),
             ratelimit_prefix: prefix.freeze(),
         }
@@ -103,11 +112,15 @@ impl HeaderParts {
     /// built once: an admitted request's are built before the inner service runs and
     /// added to its response ([`Ready::apply`]).
     pub(crate) fn ready(&self, decision: &Decision) -> Ready {
-        let policy = decision
-            .policy_header
-            .as_ref()
-            .unwrap_or(&self.policy)
-            .clone();
+        let policy = match &decision.policy_header {
+            Some(policy) => policy.clone(),
+            // The limit this instance applied is not the policy's: the fallback's share
+            // of it while Redis is unreachable. The header says what is enforced.
+            None if decision.source == Source::Fallback && decision.limit != self.of.quota() => {
+                policy_value(&self.of, decision.limit)
+            }
+            None => self.policy.clone(),
+        };
         let ratelimit = match &decision.ratelimit_header {
             Some(value) => HeaderValue::from_maybe_shared(value.0.clone()).ok(),
             None => HeaderValue::from_maybe_shared(self.ratelimit_value(decision)).ok(),

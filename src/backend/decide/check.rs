@@ -279,7 +279,11 @@ pub(super) fn cached_refusal<T: Hosts + ?Sized>(
                 member
             })
             .collect();
-        store.combine_members(&aged)
+        if denied.blocked_until_us > now_us {
+            store.combine_members_blocked(&aged, us(denied.blocked_until_us))
+        } else {
+            store.combine_members(&aged)
+        }
     });
     let decision = combined.unwrap_or_else(|| {
         Decision::new(
@@ -290,7 +294,7 @@ pub(super) fn cached_refusal<T: Hosts + ?Sized>(
             Source::DenyCache,
         )
     });
-    Err(blocked(decision, us(denied.retry_us)))
+    Err(decision.blocked(us(denied.retry_us)))
 }
 
 /// Forgets the deny cache's refusal of `redis_key`: a refund, a reset, a block or a
@@ -481,6 +485,9 @@ fn conclude<T: Hosts + ?Sized>(
                         until_us,
                         retry_us: at(retry),
                         reset_us: at(decision.reset),
+                        blocked_until_us: locked_ms
+                            .filter(|&ms| ms > 0)
+                            .map_or(0, |ms| at(Duration::from_millis(ms))),
                         made_us: now_us,
                         members: store.member_decisions(reply.get(2..).unwrap_or_default(), cost),
                     };
@@ -511,12 +518,12 @@ pub(super) fn read_reply<T: Hosts + ?Sized>(
     cost: NonZeroU32,
 ) -> Option<Decision> {
     let blocked_ms = u64::try_from(*reply.get(1)?).ok()?;
-    let decision = store.decide(reply.get(2..)?, cost)?;
-    Some(if blocked_ms > 0 {
-        blocked(decision, Duration::from_millis(blocked_ms))
+    let limits = reply.get(2..)?;
+    if blocked_ms > 0 {
+        store.decide_blocked(limits, cost, Duration::from_millis(blocked_ms))
     } else {
-        decision
-    })
+        store.decide(limits, cost)
+    }
 }
 
 /// The answer while Redis is unreachable, by the layer's failure policy.
@@ -564,11 +571,8 @@ fn local_check<T: Hosts + ?Sized>(store: &T, key: &[u8], cost: u32, source: Sour
     let local = &*store.remote().backend.inner.local;
     let now_us = || store.remote().backend.clock().now_us();
     if let Some(until) = blocks.until(local, key, now_us) {
-        let decision = refusal_or_standing(store, key, cost, source);
-        return blocked(
-            decision,
-            Duration::from_micros(until.saturating_sub(now_us())),
-        );
+        let wait = Duration::from_micros(until.saturating_sub(now_us()));
+        return store.local_blocked(key, cost, source, wait);
     }
     let decision = store.local(key, cost, source, true);
     if decision.is_admitted() || decision.state == State::ExceedsCapacity {
@@ -576,35 +580,13 @@ fn local_check<T: Hosts + ?Sized>(store: &T, key: &[u8], cost: u32, source: Sour
     }
     let now = now_us();
     match blocks.lock_out(local, key, now) {
-        Some(until) => blocked(decision, Duration::from_micros(until.saturating_sub(now))),
+        // (The refusal spent nothing: the key stands where the refusal found it.)
+        Some(until) => {
+            let wait = Duration::from_micros(until.saturating_sub(now));
+            store.local_blocked(key, cost, source, wait)
+        }
         None => decision,
     }
-}
-
-/// What a blocked key's check says before the block is applied, spending nothing: the
-/// limit's refusal of `cost` if it would refuse it (so the wait is the longer of the
-/// block's and the limit's own), else where the key stands (as the engine does).
-pub(super) fn refusal_or_standing<T: Hosts + ?Sized>(
-    store: &T,
-    key: &[u8],
-    cost: u32,
-    source: Source,
-) -> Decision {
-    let decision = store.local(key, cost, source, false);
-    if decision.is_admitted() {
-        store.local(key, 0, source, false)
-    } else {
-        decision
-    }
-}
-
-/// `decision` for a key blocked for `wait` more: refused, with nothing left until then.
-pub(super) fn blocked(mut decision: Decision, wait: Duration) -> Decision {
-    decision.state = State::OverQuota;
-    decision.remaining = 0;
-    decision.reset = decision.reset.max(wait);
-    decision.retry_after = Some(decision.retry_after.map_or(wait, |r| r.max(wait)));
-    decision
 }
 
 /// Who answers a check that needs no store (a cost above capacity): Redis while it is

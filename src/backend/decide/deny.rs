@@ -91,6 +91,8 @@ pub(crate) struct Denied {
     pub(crate) retry_us: u64,
     /// When the limit is fully available again.
     pub(crate) reset_us: u64,
+    /// When the key's block (or lockout) ends, if Redis refused it for one (0: none).
+    pub(crate) blocked_until_us: u64,
     /// When Redis gave the refusal.
     pub(crate) made_us: u64,
     /// A set's limits' decisions as Redis gave them (`None` for one limit).
@@ -175,6 +177,7 @@ mod tests {
             until_us,
             retry_us: until_us,
             reset_us: until_us,
+            blocked_until_us: 0,
             made_us: 0,
             members: None,
         };

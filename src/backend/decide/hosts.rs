@@ -161,6 +161,13 @@ pub(crate) trait Hosts: Send + Sync + 'static {
     /// Reads this limit's part of the engine's reply; `None` when it is not of the
     /// expected shape.
     fn decide(&self, reply: &[i64], cost: NonZeroU32) -> Option<Decision>;
+    /// [`decide`](Self::decide) for a key blocked for `wait` more: refused, with nothing
+    /// left until then ([`Decision::blocked`]). A set's decision is the one its limits'
+    /// standing gives, blocked, and every limit in its headers says it is blocked.
+    fn decide_blocked(&self, reply: &[i64], cost: NonZeroU32, wait: Duration) -> Option<Decision> {
+        self.decide(reply, cost)
+            .map(|decision| decision.blocked(wait))
+    }
     /// Each limit's own decision in `reply`, for a set, whose refusal the deny cache
     /// keeps limit by limit: `None` for one limit (the default).
     fn member_decisions(&self, reply: &[i64], cost: NonZeroU32) -> Option<Arc<[Decision]>> {
@@ -174,9 +181,30 @@ pub(crate) trait Hosts: Send + Sync + 'static {
         let _ = members;
         None
     }
+    /// [`combine_members`](Self::combine_members) for a key blocked for `wait` more
+    /// (see [`decide_blocked`](Self::decide_blocked)): `None` for one limit (the
+    /// default).
+    fn combine_members_blocked(&self, members: &[Decision], wait: Duration) -> Option<Decision> {
+        let _ = (members, wait);
+        None
+    }
     /// Answers from the in-process state; with `spend` false, only says what spending
     /// would answer, changing nothing (a `cost` of 0: where the key stands).
     fn local(&self, key: &[u8], cost: u32, source: Source, spend: bool) -> Decision;
+    /// What a check of `cost` says of a key blocked for `wait` more, spending nothing:
+    /// the limit's refusal of the cost if it would refuse it (so the wait is the longer
+    /// of the block's and the limit's own), else where the key stands (as the engine
+    /// does), then blocked. A set blocks each of its limits (see
+    /// [`decide_blocked`](Self::decide_blocked)).
+    fn local_blocked(&self, key: &[u8], cost: u32, source: Source, wait: Duration) -> Decision {
+        let decision = self.local(key, cost, source, false);
+        let decision = if decision.is_admitted() {
+            self.local(key, 0, source, false)
+        } else {
+            decision
+        };
+        decision.blocked(wait)
+    }
     /// The leases of this limit, when it takes leases (token buckets may).
     fn leases(&self) -> Option<&Leases> {
         None

@@ -10,8 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::check::{
-    answering, blocked, engine_call, forget_refusal, no_share, read_reply, refusal_or_standing,
-    refused_until_probe, unavailable,
+    answering, engine_call, forget_refusal, no_share, read_reply, refused_until_probe, unavailable,
 };
 use super::engine::{BLOCK, PEEK, REFUND, RESERVE, RESET, SETTLE};
 use super::hosts::Hosts;
@@ -172,34 +171,31 @@ fn operate_locally<T: Hosts + ?Sized>(
     // it, and they read it again below).
     let until = store.blocks().until(local, key, || now_us);
     let decision = match op {
-        // While blocked, a peek or a reservation says what a check would: the limit's
-        // refusal of the cost, or where the key stands (then the block).
-        Operation::Peek | Operation::Reserve { .. } if until.is_some() => {
-            refusal_or_standing(store, key, units, source)
-        }
-        Operation::Peek => store.local(key, units, source, false),
+        // While blocked, a peek or a reservation says what a check would (below).
+        Operation::Peek | Operation::Reserve { .. } if until.is_some() => None,
+        Operation::Peek => Some(store.local(key, units, source, false)),
         Operation::Refund => {
             store.local_refund(key, units);
-            store.local(key, 0, source, false)
+            None
         }
         Operation::Settle { delta } => {
             store.local_settle(key, delta);
-            store.local(key, 0, source, false)
+            None
         }
         Operation::Reset => {
             store.local_reset(key);
             store.blocks().unblock(local, key);
-            store.local(key, 0, source, false)
+            None
         }
         Operation::Block => {
             let until = now_us.saturating_add(cost.saturating_mul(1_000));
             store.blocks().block(local, key, until, true);
-            store.local(key, 0, source, false)
+            None
         }
         Operation::Reserve { max_wait_us } => {
             match store.local_reserve(key, units, max_wait_us, source) {
                 Some(decision) => return decision,
-                None => store.local(key, units, source, false),
+                None => Some(store.local(key, units, source, false)),
             }
         }
     };
@@ -207,8 +203,16 @@ fn operate_locally<T: Hosts + ?Sized>(
         Operation::Reset | Operation::Block => store.blocks().until(local, key, || now_us),
         _ => until,
     };
+    // What a check of the cost would say (a peek, a reservation), or where the key stands
+    // after the change; blocked while the key is.
+    let cost = match op {
+        Operation::Peek | Operation::Reserve { .. } => units,
+        _ => 0,
+    };
     match until {
-        Some(until) => blocked(decision, Duration::from_micros(until - now_us)),
-        None => decision,
+        Some(until) => {
+            store.local_blocked(key, cost, source, Duration::from_micros(until - now_us))
+        }
+        None => decision.unwrap_or_else(|| store.local(key, 0, source, false)),
     }
 }
