@@ -341,6 +341,7 @@ impl BackendBuilder {
                 self.probe_interval,
                 self.breaker,
                 &ENGINE,
+                self.time,
                 self.functions,
             ))
         });

@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
 
@@ -14,10 +14,10 @@ use deadpool_redis::redis::Script;
 use tokio::sync::watch;
 
 use self::call::Call;
-use self::connect::{Conn, Connector};
+use self::connect::{lacks_functions, Conn, Connector, Functions};
 use self::fault::{breaks_connection, Fault, ScriptError};
 use self::health::{Breaker, BreakerConfig, Outcome, RedisState};
-use self::time::Scripts;
+use self::time::{Scripts, TimeSource};
 
 pub(crate) mod call;
 pub(crate) mod connect;
@@ -58,10 +58,10 @@ pub(crate) struct RedisBackend {
     engine: &'static Scripts,
     /// The scripts checks have run, loaded on every new connection.
     scripts: ArcSwap<Vec<&'static Script>>,
-    /// Whether the engine runs as Redis Functions: [`FUNCTIONS_UNKNOWN`] until a
-    /// connection has loaded the library ([`FUNCTIONS_ON`]) or found the server without
-    /// them ([`FUNCTIONS_OFF`]); always off when the builder turned them off.
-    functions: AtomicU8,
+    /// Whether the engine runs as Redis Functions: not known until a connection has
+    /// loaded the library (on) or found the server without them (off); always off when
+    /// the builder turned them off.
+    functions: Functions,
     log: ErrorLog,
     /// Keys whose errors were logged lately (by hash), and when.
     key_errors: Mutex<HashMap<u128, std::time::Instant>>,
@@ -86,6 +86,7 @@ impl RedisBackend {
         probe_interval: Duration,
         breaker: BreakerConfig,
         engine: &'static Scripts,
+        time: TimeSource,
         functions: bool,
     ) -> Self {
         Self {
@@ -98,12 +99,10 @@ impl RedisBackend {
             breaker: Breaker::new(breaker, call_timeout, prefix.clone()),
             probing: AtomicBool::new(false),
             engine,
-            scripts: ArcSwap::default(),
-            functions: AtomicU8::new(if functions {
-                FUNCTIONS_UNKNOWN
-            } else {
-                FUNCTIONS_OFF
-            }),
+            // The engine's script for the backend's clock, in use from the start: a first
+            // connection made before any check (a start-up probe) loads it too.
+            scripts: ArcSwap::from_pointee(vec![engine.get(time)]),
+            functions: Functions::new(functions),
             log: ErrorLog::default(),
             key_errors: Mutex::default(),
         }
@@ -111,10 +110,11 @@ impl RedisBackend {
 
     /// Whether checks call the engine as Redis Functions (`FCALL`) rather than by
     /// `EVALSHA`: unless the builder turned them off or a connection found the server
-    /// without them (before the first connection, an `FCALL` met with "unknown command"
-    /// runs again by `EVALSHA`).
+    /// without them. (A call built for `FCALL` before the first connection has asked the
+    /// server goes by `EVALSHA` if the answer is "none": no `FCALL` ever reaches a server
+    /// without Functions.)
     pub(crate) fn engine_functions(&self) -> bool {
-        self.functions.load(Ordering::Relaxed) != FUNCTIONS_OFF
+        self.functions.fcall()
     }
 
     pub(crate) fn probe_interval(&self) -> Duration {
@@ -157,7 +157,7 @@ impl RedisBackend {
         let waiting = AtomicBool::new(false);
         let call = async {
             if let Some(conn) = &used {
-                match Conn::clone(conn).script(call).await {
+                match Conn::clone(conn).script(call, &self.functions).await {
                     Ok(reply) => return Ok(reply),
                     // The kept connection died while Redis may be fine (a restart, an
                     // idle timeout on the way): forget it, unless another check already
@@ -171,7 +171,7 @@ impl RedisBackend {
             waiting.store(true, Ordering::Relaxed);
             let mut conn = self.connection(by).await?;
             waiting.store(false, Ordering::Relaxed);
-            Ok(conn.script(call).await?)
+            Ok(conn.script(call, &self.functions).await?)
         };
         match tokio::time::timeout(self.call_timeout, call).await {
             Ok(result) => result,
@@ -249,38 +249,42 @@ impl RedisBackend {
         let timeout = self.connect_timeout();
         tokio::spawn(async move {
             let connect = async {
-                let mut conn = this.connector.connect(timeout).await?;
+                let conn = this.connector.connect(timeout).await?;
                 // The engine as Redis Functions, where the server has them (Redis 7 and
                 // later): loaded once per server, checked on every new connection (a
-                // failover may reach another server). One round trip, as the script's
-                // loading was.
-                let mut functions = this.functions.load(Ordering::Relaxed) != FUNCTIONS_OFF;
-                if functions {
-                    match conn.load_library(this.engine.library()).await {
-                        Ok(()) => this.functions.store(FUNCTIONS_ON, Ordering::Relaxed),
-                        Err(error) if error.is_io_error() => {
-                            tracing::debug!(%error, "loading the engine's functions failed");
-                        }
-                        Err(error) => {
-                            tracing::info!(%error, "redis without functions: the engine runs by EVALSHA");
-                            this.functions.store(FUNCTIONS_OFF, Ordering::Relaxed);
-                            functions = false;
-                        }
-                    }
-                }
-                // A new connection may reach a new server (a restart, a failover): load
-                // the scripts in use before any check needs them, so that concurrent
-                // checks do not each meet `NOSCRIPT` and load them again (the engine's
-                // only when it runs by `EVALSHA`).
+                // failover may reach another server). Its answer tells, before any check
+                // is sent on this connection, whether checks go by `FCALL` or by
+                // `EVALSHA`. A new connection may reach a new server (a restart, a
+                // failover): the scripts in use are loaded too, before any check needs
+                // them, so that concurrent checks do not each meet `NOSCRIPT` and load
+                // them again. The engine's script is loaded unless the server is known
+                // to have Functions: while that is not known, beside the library, so
+                // that a server without them runs the first check by `EVALSHA` at once.
+                // All in one round trip (sent together on the multiplexed connection).
+                let functions = this.functions.fcall();
                 let scripts = this.scripts.load_full();
-                for script in scripts.iter() {
-                    if functions && this.engine.holds(script) {
-                        continue;
+                let skip_engine = this.functions.is_on();
+                let scripts: Vec<&Script> = scripts
+                    .iter()
+                    .copied()
+                    .filter(|script| !(skip_engine && this.engine.holds(script)))
+                    .collect();
+                let (library, loaded) = conn
+                    .prepare(functions.then(|| this.engine.library()), &scripts)
+                    .await;
+                match library {
+                    Some(Ok(())) => this.functions.on(),
+                    // Redis before 7, `FUNCTION` renamed away or denied.
+                    Some(Err(error)) if lacks_functions(&error) => this.functions.off(&error),
+                    // The way failed, or the server cannot serve anyone right now: its
+                    // Functions are still to be learned.
+                    Some(Err(error)) => {
+                        tracing::debug!(%error, "loading the engine's functions failed");
                     }
-                    if let Err(error) = conn.load(script).await {
-                        tracing::debug!(%error, "loading a script on a new connection failed");
-                        break;
-                    }
+                    None => {}
+                }
+                if let Err(error) = loaded {
+                    tracing::debug!(%error, "loading a script on a new connection failed");
                 }
                 Ok::<_, ScriptError>(conn)
             };
@@ -382,13 +386,6 @@ impl RedisBackend {
         );
     }
 }
-
-/// [`RedisBackend::functions`]: not known yet.
-const FUNCTIONS_UNKNOWN: u8 = 0;
-/// [`RedisBackend::functions`]: the engine runs as Redis Functions.
-const FUNCTIONS_ON: u8 = 1;
-/// [`RedisBackend::functions`]: the engine runs by `EVALSHA`.
-const FUNCTIONS_OFF: u8 = 2;
 
 /// Who makes a call or a connection attempt: a check (judged by the breaker's ratio and
 /// streak) or the probe (judged by the streak only: it runs by time, not by traffic).
