@@ -160,6 +160,10 @@ fn stat(redis: &RedisServer, name: &str) -> u64 {
         .unwrap()
 }
 
+/// How a test server is started: what it stands for, its arguments, and the ACL rules of
+/// the backend's user (its default user when `None`).
+type Variant = (&'static str, Vec<String>, Option<&'static [&'static str]>);
+
 /// A server without Redis Functions the backend may use: as built (Redis before 7), or,
 /// on a server that has them, with `FUNCTION` and `FCALL` renamed away or denied to the
 /// backend's user (as some managed services do), or `FUNCTION` alone denied. The
@@ -171,8 +175,7 @@ fn stat(redis: &RedisServer, name: &str) -> u64 {
 async fn a_server_without_functions_decides_byte_keys_from_the_first_check() {
     let server = RedisServer::start();
     let version = server.version();
-    // (what, the server's arguments, the ACL rules of the backend's user)
-    let variants: Vec<(&str, Vec<String>, Option<&[&str]>)> = if server.has_functions() {
+    let variants: Vec<Variant> = if server.has_functions() {
         let renamed = ["FUNCTION", "FCALL"]
             .iter()
             .flat_map(|command| ["--rename-command", command, ""])

@@ -12,7 +12,7 @@ use super::redis::connect::Tls;
 use super::redis::credentials::CredentialsProvider;
 use super::redis::health::BreakerConfig;
 use super::redis::time::TimeSource;
-use super::redis::RedisBackend;
+use super::redis::{Engine, RedisBackend};
 use super::{
     Backend, Failover, FailurePolicy, Inner, DEFAULT_CALL_TIMEOUT, DEFAULT_DENY_CACHE_CAPACITY,
     DEFAULT_DENY_CACHE_MAX_AGE, DEFAULT_MAX_LOCAL_KEYS, DEFAULT_PREFIX, DEFAULT_PROBE_INTERVAL,
@@ -340,9 +340,11 @@ impl BackendBuilder {
                 self.call_timeout,
                 self.probe_interval,
                 self.breaker,
-                &ENGINE,
-                self.time,
-                self.functions,
+                Engine {
+                    scripts: &ENGINE,
+                    time: self.time,
+                    functions: self.functions,
+                },
             ))
         });
         let local = Arc::new(LocalStore::new(self.max_local_keys, &self.prefix));

@@ -85,9 +85,7 @@ impl RedisBackend {
         call_timeout: Duration,
         probe_interval: Duration,
         breaker: BreakerConfig,
-        engine: &'static Scripts,
-        time: TimeSource,
-        functions: bool,
+        engine: Engine,
     ) -> Self {
         Self {
             connector,
@@ -98,11 +96,11 @@ impl RedisBackend {
             probe_interval,
             breaker: Breaker::new(breaker, call_timeout, prefix.clone()),
             probing: AtomicBool::new(false),
-            engine,
+            engine: engine.scripts,
             // The engine's script for the backend's clock, in use from the start: a first
             // connection made before any check (a start-up probe) loads it too.
-            scripts: ArcSwap::from_pointee(vec![engine.get(time)]),
-            functions: Functions::new(functions),
+            scripts: ArcSwap::from_pointee(vec![engine.scripts.get(engine.time)]),
+            functions: Functions::new(engine.functions),
             log: ErrorLog::default(),
             key_errors: Mutex::default(),
         }
@@ -385,6 +383,17 @@ impl RedisBackend {
             "redis error for one key: answering it by the failure policy"
         );
     }
+}
+
+/// The engine a backend runs.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Engine {
+    /// Its scripts.
+    pub(crate) scripts: &'static Scripts,
+    /// The clock its checks read: the script of that clock is in use from the start.
+    pub(crate) time: TimeSource,
+    /// Whether it may run as Redis Functions where the server has them.
+    pub(crate) functions: bool,
 }
 
 /// Who makes a call or a connection attempt: a check (judged by the breaker's ratio and
