@@ -253,16 +253,17 @@ impl RedisBackend {
                 // failover may reach another server). Its answer tells, before any check
                 // is sent on this connection, whether checks go by `FCALL` or by
                 // `EVALSHA`. A new connection may reach a new server (a restart, a
-                // failover): the scripts in use are loaded too, before any check needs
+                // failover): the scripts in use are loaded too, in the same round trip
+                // (sent together on the multiplexed connection), before any check needs
                 // them, so that concurrent checks do not each meet `NOSCRIPT` and load
-                // them again. The engine's script is loaded unless the server is known
-                // to have Functions: while that is not known, beside the library, so
-                // that a server without them runs the first check by `EVALSHA` at once.
-                // All in one round trip (sent together on the multiplexed connection).
+                // them again. The engine's script is among them unless the server is
+                // known to have Functions: while that is not known (a backend's first
+                // connection), beside the library, so that a server without them needs
+                // no second round trip before its first check.
                 let functions = this.functions.fcall();
-                let scripts = this.scripts.load_full();
                 let skip_engine = this.functions.is_on();
-                let scripts: Vec<&Script> = scripts
+                let in_use = this.scripts.load_full();
+                let scripts: Vec<&Script> = in_use
                     .iter()
                     .copied()
                     .filter(|script| !(skip_engine && this.engine.holds(script)))
@@ -281,6 +282,26 @@ impl RedisBackend {
                     }
                     None => {}
                 }
+                // Then, in one more round trip, the scripts first used while the
+                // connection was being made (the probe's, when the checks waiting for it
+                // failed), whose first call would otherwise cost a `NOSCRIPT`, a load and
+                // a second call: more than a deadline with a far Redis (and the engine's,
+                // on a server just found without Functions, were it not loaded yet).
+                let functions = this.functions.fcall();
+                let late: Vec<&Script> = this
+                    .scripts
+                    .load()
+                    .iter()
+                    .copied()
+                    .filter(|script| {
+                        !scripts.iter().any(|s| std::ptr::eq(*s, *script))
+                            && !(functions && this.engine.holds(script))
+                    })
+                    .collect();
+                let loaded = match (loaded, late.is_empty()) {
+                    (Ok(()), false) => conn.prepare(None, &late).await.1,
+                    (loaded, _) => loaded,
+                };
                 if let Err(error) = loaded {
                     tracing::debug!(%error, "loading a script on a new connection failed");
                 }
