@@ -427,9 +427,11 @@ impl RedisServer {
         self.cmd_reply(args).render()
     }
 
-    /// How many times the server ran `command` (lower case, e.g. `evalsha`, `ping`),
-    /// from `INFO commandstats`. `evalsha` counts the engine's calls on either path:
-    /// `EVALSHA` and `FCALL` (Redis Functions).
+    /// How many times the server ran `command` (lower case, e.g. `evalsha`, `ping`,
+    /// `script|load`), from `INFO commandstats`. `evalsha` counts the engine's calls on
+    /// either path: `EVALSHA` and `FCALL` (Redis Functions). A subcommand (`script|load`)
+    /// on a server that counts whole commands only (Redis before 7) counts its command
+    /// (`script`): every subcommand of it.
     pub(crate) fn command_calls(&self, command: &str) -> u64 {
         let stats = self.cmd(&["INFO", "commandstats"]);
         let calls = |command: &str| {
@@ -442,8 +444,21 @@ impl RedisServer {
         };
         match command {
             "evalsha" => calls("evalsha") + calls("fcall"),
-            _ => calls(command),
+            _ => match command.split_once('|') {
+                Some((parent, _)) if !self.counts_subcommands() => calls(parent),
+                _ => calls(command),
+            },
         }
+    }
+
+    /// Whether `INFO commandstats` counts subcommands apart (`cmdstat_script|load`):
+    /// Redis 7 and later, and its forks (Valkey), as the server's version says.
+    pub(crate) fn counts_subcommands(&self) -> bool {
+        let info = self.cmd(&["INFO", "server"]);
+        info.lines()
+            .find_map(|line| line.trim().strip_prefix("redis_version:"))
+            .and_then(|version| version.split('.').next()?.parse::<u32>().ok())
+            .is_some_and(|major| major >= 7)
     }
 
     /// Like [`cmd`](RedisServer::cmd), returning the decoded reply.
