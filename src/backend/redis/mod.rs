@@ -294,8 +294,9 @@ impl RedisBackend {
                     .iter()
                     .copied()
                     .filter(|script| {
-                        !scripts.iter().any(|s| std::ptr::eq(*s, *script))
-                            && !(functions && this.engine.holds(script))
+                        let loaded = scripts.iter().any(|s| std::ptr::eq(*s, *script));
+                        let in_library = functions && this.engine.holds(script);
+                        !loaded && !in_library
                     })
                     .collect();
                 let loaded = match (loaded, late.is_empty()) {
