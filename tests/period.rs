@@ -344,15 +344,15 @@ async fn one_redis_command_per_decision() {
         limiter.check(format!("k{}", i % 5).as_bytes(), ONE).await;
     }
     // The engine is loaded once, with the connection, in one round trip: the library of
-    // functions where the server has them, and its script (while the backend's first
-    // connection does not know yet whether the server has Functions, the script is sent
-    // beside the library, so that a server without them needs no second round trip);
-    // then one FCALL or EVALSHA per check, and no PING or UNWATCH from checking
-    // connections out of the pool.
+    // functions where the server has them (unless the EVALSHA path is forced), and its
+    // script (while the backend's first connection does not know yet whether the server
+    // has Functions, the script is sent beside the library, so that a server without
+    // them needs no second round trip); then one FCALL or EVALSHA per check, and no PING
+    // or UNWATCH from checking connections out of the pool.
     assert_eq!(calls("evalsha"), 50);
     assert_eq!(
         calls("function|load"),
-        u64::from(redis.has_functions()),
+        u64::from(redis.runs_functions()),
         "{}",
         redis.version()
     );

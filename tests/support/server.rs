@@ -389,6 +389,13 @@ impl RedisServer {
         self.has_command("function") && self.has_command("fcall")
     }
 
+    /// Whether a backend built with the default engine path runs the engine as Redis
+    /// Functions on this server: it has them, and `TOWER_REDIS_RATELIMIT_EVALSHA` does
+    /// not force the `EVALSHA` path.
+    pub(crate) fn runs_functions(&self) -> bool {
+        self.has_functions() && std::env::var_os("TOWER_REDIS_RATELIMIT_EVALSHA").is_none()
+    }
+
     /// Whether the server knows `command` under that name (`COMMAND INFO`).
     pub(crate) fn has_command(&self, command: &str) -> bool {
         match self.cmd_reply(&["COMMAND", "INFO", command]) {
