@@ -346,6 +346,17 @@ async fn another_region_with_a_longer_deadline_keeps_answering() {
     far_redis(Duration::from_millis(80), Duration::from_millis(250)).await;
 }
 
+/// A round trip four fifths of the deadline: the checks that wait for the first
+/// connection fail, so the probe starts and first runs its script while the connection
+/// is being made; the connection loads it before it is handed out, or the probe's first
+/// call would meet `NOSCRIPT`, load it and call again, outlast the deadline and open a
+/// second connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_a_round_trip_short_of_the_deadline_keeps_answering() {
+    // A 400 ms round trip against a 500 ms deadline.
+    far_redis(Duration::from_millis(200), Duration::from_millis(500)).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restart_under_load_switches_once_and_comes_back() {
     let mut redis = RedisServer::start();

@@ -150,6 +150,137 @@ async fn keys_that_differ_only_in_bytes_that_are_not_utf8_are_apart() {
     }
 }
 
+/// A number from `INFO stats` (`total_error_replies`).
+fn stat(redis: &RedisServer, name: &str) -> u64 {
+    let info = redis.cmd(&["INFO", "stats"]);
+    info.lines()
+        .find_map(|line| line.trim().strip_prefix(name)?.strip_prefix(':'))
+        .unwrap_or_else(|| panic!("no {name} in INFO stats"))
+        .parse()
+        .unwrap()
+}
+
+/// How a test server is started: what it stands for, its arguments, and the ACL rules of
+/// the backend's user (its default user when `None`).
+type Variant = (&'static str, Vec<String>, Option<&'static [&'static str]>);
+
+/// A server without Redis Functions the backend may use: as built (Redis before 7), or,
+/// on a server that has them, with `FUNCTION` and `FCALL` renamed away or denied to the
+/// backend's user (as some managed services do), or `FUNCTION` alone denied. The
+/// connection learns it when it is made, before any check is sent: byte keys that are not
+/// UTF-8 are decided by Redis from the first check, and no check meets a refusal (the
+/// server sends no more error replies than the connection's own setup) or pays a second
+/// call (one `EVALSHA` per check).
+#[tokio::test]
+async fn a_server_without_functions_decides_byte_keys_from_the_first_check() {
+    let server = RedisServer::start();
+    let version = server.version();
+    let variants: Vec<Variant> = if server.has_functions() {
+        let renamed = ["FUNCTION", "FCALL"]
+            .iter()
+            .flat_map(|command| ["--rename-command", command, ""])
+            .map(String::from)
+            .collect();
+        vec![
+            ("FUNCTION and FCALL renamed away", renamed, None),
+            (
+                "FUNCTION and FCALL denied",
+                Vec::new(),
+                Some(&["-function", "-fcall"]),
+            ),
+            ("FUNCTION denied", Vec::new(), Some(&["-function"])),
+        ]
+    } else {
+        eprintln!("{version} has no Redis Functions: the server runs as built");
+        vec![("as built", Vec::new(), None)]
+    };
+    drop(server);
+    let keys: [&[u8]; 3] = [b"\xff", b"\xc3\x28", b"\xfe"];
+    for (what, args, rules) in variants {
+        let redis = RedisServer::start_with(args);
+        let url = match rules {
+            Some(rules) => {
+                let mut acl = vec![
+                    "ACL", "SETUSER", "limiter", "on", ">secret", "~*", "&*", "+@all",
+                ];
+                acl.extend_from_slice(rules);
+                assert_eq!(redis.cmd(&acl), "OK", "{what}");
+                format!("redis://limiter:secret@127.0.0.1:{}", redis.port())
+            }
+            None => redis.url(),
+        };
+        let backend = |prefix: &str| {
+            Backend::builder()
+                .redis_url(url.clone())
+                .prefix(prefix)
+                .deny_cache(0)
+                .build()
+                .unwrap()
+        };
+        // What a connection's setup costs in error replies (the refused `FUNCTION LOAD`;
+        // a client's `CLIENT SETINFO` on a server before 7.2).
+        let before = stat(&redis, "total_error_replies");
+        backend("setup").probe_redis().await.unwrap();
+        let setup = stat(&redis, "total_error_replies") - before;
+
+        let before = (
+            stat(&redis, "total_error_replies"),
+            redis.command_calls("evalsha"),
+        );
+        let backend = backend("bytes");
+        let mut checks = 0;
+        for limiter in one_of_each(&backend, "l") {
+            for key in keys {
+                assert!(admits(&*limiter, key).await, "{what}: {key:?}: first use");
+                assert!(
+                    !admits(&*limiter, key).await,
+                    "{what}: {key:?}: the limit holds"
+                );
+                checks += 2;
+            }
+        }
+        assert_eq!(
+            stat(&redis, "total_error_replies") - before.0,
+            setup,
+            "{what}: no check met a refusal"
+        );
+        assert_eq!(
+            redis.command_calls("evalsha") - before.1,
+            checks,
+            "{what}: one call per check"
+        );
+        assert_eq!(redis.command_calls("fcall"), 0, "{what}");
+    }
+}
+
+/// A server that loads the library but refuses `FCALL` (renamed away while `FUNCTION`
+/// is not): the first refusal moves the backend to `EVALSHA` for good, that check
+/// answered by Redis all the same.
+#[tokio::test]
+async fn a_server_that_refuses_fcall_alone_is_served_by_evalsha_after_one_refusal() {
+    let server = RedisServer::start();
+    if !server.has_functions() {
+        eprintln!(
+            "skipped: {} has no Redis Functions, so no FCALL to refuse alone",
+            server.version()
+        );
+        return;
+    }
+    drop(server);
+    let redis =
+        RedisServer::start_with(["--rename-command", "FCALL", ""].map(String::from).to_vec());
+    let backend = backend(&redis, "fcall");
+    let limiters = one_of_each(&backend, "l");
+    // The refusal repeats the call's first key: a UTF-8 one.
+    assert!(admits(&*limiters[0], b"first").await);
+    let before = stat(&redis, "total_error_replies");
+    for limiter in &limiters {
+        assert!(admits(&**limiter, b"\xff").await);
+        assert!(!admits(&**limiter, b"\xff").await);
+    }
+    assert_eq!(stat(&redis, "total_error_replies"), before);
+}
+
 /// While Redis fails, the fallback counts each key under the same bytes whether the
 /// check failed on its way to Redis (the key is read back from the Redis key) or went
 /// straight to the fallback, and keeps keys apart as Redis does.

@@ -12,7 +12,7 @@ use super::redis::connect::{Target, Tls};
 use super::redis::credentials::CredentialsProvider;
 use super::redis::health::BreakerConfig;
 use super::redis::time::TimeSource;
-use super::redis::RedisBackend;
+use super::redis::{Engine, RedisBackend};
 use super::{
     Backend, Failover, FailurePolicy, Inner, ShareRounding, DEFAULT_CALL_TIMEOUT,
     DEFAULT_DENY_CACHE_CAPACITY, DEFAULT_DENY_CACHE_MAX_AGE, DEFAULT_MAX_LOCAL_KEYS,
@@ -350,8 +350,11 @@ impl BackendBuilder {
                 self.call_timeout,
                 self.probe_interval,
                 self.breaker,
-                &ENGINE,
-                self.functions,
+                Engine {
+                    scripts: &ENGINE,
+                    time: self.time,
+                    functions: self.functions,
+                },
             ))
         });
         let local = Arc::new(LocalStore::new(self.max_local_keys, &self.prefix));

@@ -370,14 +370,56 @@ impl RedisServer {
         self.node.resume();
     }
 
-    /// `SCRIPT FLUSH` and `FUNCTION FLUSH`: forget all cached Lua scripts and every
-    /// library of functions, so the next `EVALSHA` gets `NOSCRIPT` and the next `FCALL`
-    /// finds no function.
+    /// `SCRIPT FLUSH`, and `FUNCTION FLUSH` where the server has Redis Functions: forget
+    /// all cached Lua scripts and every library of functions, so the next `EVALSHA` gets
+    /// `NOSCRIPT` and the next `FCALL` finds no function.
     pub(crate) fn flush_scripts(&self) {
         let reply = self.cmd(&["SCRIPT", "FLUSH"]);
         assert_eq!(reply, "OK", "SCRIPT FLUSH failed: {reply}");
-        let reply = self.cmd(&["FUNCTION", "FLUSH"]);
-        assert_eq!(reply, "OK", "FUNCTION FLUSH failed: {reply}");
+        if self.has_functions() {
+            let reply = self.cmd(&["FUNCTION", "FLUSH"]);
+            assert_eq!(reply, "OK", "FUNCTION FLUSH failed: {reply}");
+        }
+    }
+
+    /// Whether the server has Redis Functions (`FUNCTION` and `FCALL`: Redis 7 and
+    /// later, Valkey), as it says itself (`COMMAND INFO`: a command it does not know,
+    /// or one renamed away, is nil), not from its version.
+    pub(crate) fn has_functions(&self) -> bool {
+        self.has_command("function") && self.has_command("fcall")
+    }
+
+    /// Whether a backend built with the default engine path runs the engine as Redis
+    /// Functions on this server: it has them, and `TOWER_REDIS_RATELIMIT_EVALSHA` does
+    /// not force the `EVALSHA` path.
+    pub(crate) fn runs_functions(&self) -> bool {
+        self.has_functions() && std::env::var_os("TOWER_REDIS_RATELIMIT_EVALSHA").is_none()
+    }
+
+    /// Whether the server knows `command` under that name (`COMMAND INFO`).
+    pub(crate) fn has_command(&self, command: &str) -> bool {
+        match self.cmd_reply(&["COMMAND", "INFO", command]) {
+            Reply::Array(items) => !matches!(items.first(), None | Some(Reply::Nil)),
+            other => panic!("COMMAND INFO {command}: {other}"),
+        }
+    }
+
+    /// The server's name and version as `INFO server` gives them (`redis 6.2.5`,
+    /// `valkey 8.0.1`), for a skipped test to say what it ran on.
+    pub(crate) fn version(&self) -> String {
+        let info = self.cmd(&["INFO", "server"]);
+        let field = |name: &str| {
+            info.lines()
+                .find_map(|line| line.trim().strip_prefix(name)?.strip_prefix(':'))
+                .map(str::to_owned)
+        };
+        match field("server_name") {
+            Some(name) => format!(
+                "{name} {}",
+                field(&format!("{name}_version")).unwrap_or_default()
+            ),
+            None => format!("redis {}", field("redis_version").unwrap_or_default()),
+        }
     }
 
     /// Sends one command on a fresh blocking connection and returns the
@@ -392,9 +434,11 @@ impl RedisServer {
         self.cmd_reply(args).render()
     }
 
-    /// How many times the server ran `command` (lower case, e.g. `evalsha`, `ping`),
-    /// from `INFO commandstats`. `evalsha` counts the engine's calls on either path:
-    /// `EVALSHA` and `FCALL` (Redis Functions).
+    /// How many times the server ran `command` (lower case, e.g. `evalsha`, `ping`,
+    /// `script|load`), from `INFO commandstats`. `evalsha` counts the engine's calls on
+    /// either path: `EVALSHA` and `FCALL` (Redis Functions). A subcommand (`script|load`)
+    /// on a server that counts whole commands only (Redis before 7) counts its command
+    /// (`script`): every subcommand of it.
     pub(crate) fn command_calls(&self, command: &str) -> u64 {
         let stats = self.cmd(&["INFO", "commandstats"]);
         let calls = |command: &str| {
@@ -407,8 +451,21 @@ impl RedisServer {
         };
         match command {
             "evalsha" => calls("evalsha") + calls("fcall"),
-            _ => calls(command),
+            _ => match command.split_once('|') {
+                Some((parent, _)) if !self.counts_subcommands() => calls(parent),
+                _ => calls(command),
+            },
         }
+    }
+
+    /// Whether `INFO commandstats` counts subcommands apart (`cmdstat_script|load`):
+    /// Redis 7 and later, and its forks (Valkey), as the server's version says.
+    pub(crate) fn counts_subcommands(&self) -> bool {
+        let info = self.cmd(&["INFO", "server"]);
+        info.lines()
+            .find_map(|line| line.trim().strip_prefix("redis_version:"))
+            .and_then(|version| version.split('.').next()?.parse::<u32>().ok())
+            .is_some_and(|major| major >= 7)
     }
 
     /// Like [`cmd`](RedisServer::cmd), returning the decoded reply.

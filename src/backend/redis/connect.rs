@@ -4,6 +4,7 @@
 //! client certificates.
 
 use std::fmt;
+use std::sync::atomic::{AtomicU8, Ordering};
 #[cfg(feature = "sentinel")]
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,7 +13,7 @@ use deadpool_redis::redis::{self, ErrorKind, Script, ServerErrorKind};
 
 use super::call::Call;
 use super::credentials::Rotation;
-use super::fault::ScriptError;
+use super::fault::{Fault, ScriptError};
 use super::time::Library;
 use super::time::ReadReply;
 
@@ -316,9 +317,19 @@ pub(crate) enum Conn {
 
 impl Conn {
     /// Runs a script call by SHA, loading the script on `NOSCRIPT` and calling again; an
-    /// `FCALL`, loading the library when the server does not have it and calling again
-    /// (or, on a server without Redis Functions, running the script by SHA).
-    pub(crate) async fn script(&mut self, call: &Call) -> Result<Vec<i64>, redis::RedisError> {
+    /// `FCALL`, loading the library when the server does not have it and calling again.
+    /// An `FCALL` goes by `EVALSHA` instead where `functions` says the server has no
+    /// Redis Functions (learned when the connection was made, before any check was
+    /// sent), or when the server refuses it (`FCALL` renamed away or denied while
+    /// `FUNCTION` is not: the backend then stops sending `FCALL`).
+    pub(crate) async fn script(
+        &mut self,
+        call: &Call,
+        functions: &Functions,
+    ) -> Result<Vec<i64>, redis::RedisError> {
+        if call.library.is_some() && !functions.fcall() {
+            return self.evalsha(&call.as_evalsha(), call).await;
+        }
         match self.query(&call.cmd, call.read).await {
             Err(error) if error.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
                 self.load(call.script).await?;
@@ -330,18 +341,53 @@ impl Conn {
                 }
                 self.query(&call.cmd, call.read).await
             }
-            Err(error) if call.library.is_some() && unknown_command(&error) => {
-                let cmd = call.as_evalsha();
-                match self.query(&cmd, call.read).await {
-                    Err(error) if error.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                        self.load(call.script).await?;
-                        self.query(&cmd, call.read).await
-                    }
-                    result => result,
-                }
+            Err(error) if call.library.is_some() && fcall_refused(&error) => {
+                // (Not the error: an unknown command's repeats the call's keys.)
+                functions.off(&"the server refuses FCALL though it loaded the library");
+                self.evalsha(&call.as_evalsha(), call).await
             }
             result => result,
         }
+    }
+
+    /// `cmd`, the `EVALSHA` of `call`, loading its script on `NOSCRIPT` and calling again.
+    async fn evalsha(
+        &mut self,
+        cmd: &redis::Cmd,
+        call: &Call,
+    ) -> Result<Vec<i64>, redis::RedisError> {
+        match self.query(cmd, call.read).await {
+            Err(error) if error.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                self.load(call.script).await?;
+                self.query(cmd, call.read).await
+            }
+            result => result,
+        }
+    }
+
+    /// Readies a new connection: `FUNCTION LOAD` of `library` (when given) and `SCRIPT
+    /// LOAD` of each of `scripts`, sent together (the multiplexed connection pipelines
+    /// them: one round trip). The library's answer, and the first script's error.
+    pub(crate) async fn prepare(
+        &self,
+        library: Option<&Library>,
+        scripts: &[&Script],
+    ) -> (
+        Option<Result<(), redis::RedisError>>,
+        Result<(), redis::RedisError>,
+    ) {
+        let library = async {
+            match library {
+                Some(library) => Some(self.clone().load_library(library).await),
+                None => None,
+            }
+        };
+        let scripts = futures_util::future::join_all(scripts.iter().map(|script| {
+            let mut conn = self.clone();
+            async move { conn.load(script).await.map(drop) }
+        }));
+        let (library, scripts) = futures_util::future::join(library, scripts).await;
+        (library, scripts.into_iter().collect())
     }
 
     /// `FUNCTION LOAD` of `library`; a library of that name already loaded (by another
@@ -393,8 +439,82 @@ fn function_missing(error: &redis::RedisError) -> bool {
 }
 
 /// The server does not know the command (`FCALL`, `FUNCTION` before Redis 7).
-pub(crate) fn unknown_command(error: &redis::RedisError) -> bool {
+fn unknown_command(error: &redis::RedisError) -> bool {
     error.to_string().contains("unknown command")
+}
+
+/// The server refuses `FCALL` itself: it does not know it (renamed away), or this user
+/// may not run it (`NOPERM … 'fcall' command`, not a key's `NOPERM`).
+fn fcall_refused(error: &redis::RedisError) -> bool {
+    unknown_command(error)
+        || (error.kind() == ErrorKind::Server(ServerErrorKind::NoPerm)
+            && error.to_string().to_ascii_lowercase().contains("'fcall'"))
+}
+
+/// Whether a server that answered `FUNCTION LOAD` with `error` has no Redis Functions
+/// the engine can use: it does not know the command (Redis before 7, or `FUNCTION`
+/// renamed away), this user may not run it (ACL), or it refused the library. Not when
+/// the way to it failed or it cannot serve anyone right now (loading, out of memory, a
+/// read-only replica, busy): that says nothing about its Functions.
+pub(crate) fn lacks_functions(error: &redis::RedisError) -> bool {
+    unknown_command(error)
+        || error.kind() == ErrorKind::Server(ServerErrorKind::NoPerm)
+        || ScriptError::Redis(error.clone()).fault() == Fault::Key
+}
+
+/// Whether the engine runs as Redis Functions (`FCALL`) on the server, as far as the
+/// backend knows: not known until a connection has asked the server (`FUNCTION LOAD`
+/// when it is made), then on or off; always off when the builder turned them off.
+#[derive(Debug)]
+pub(crate) struct Functions(AtomicU8);
+
+/// [`Functions`]: not known yet.
+const FUNCTIONS_UNKNOWN: u8 = 0;
+/// [`Functions`]: the engine runs as Redis Functions.
+const FUNCTIONS_ON: u8 = 1;
+/// [`Functions`]: the engine runs by `EVALSHA`.
+const FUNCTIONS_OFF: u8 = 2;
+
+impl Functions {
+    /// Not known yet when `enabled`, else off.
+    pub(crate) fn new(enabled: bool) -> Self {
+        Self(AtomicU8::new(if enabled {
+            FUNCTIONS_UNKNOWN
+        } else {
+            FUNCTIONS_OFF
+        }))
+    }
+
+    /// Whether the server is known to have Functions (the engine's library loaded).
+    pub(crate) fn is_on(&self) -> bool {
+        self.0.load(Ordering::Relaxed) == FUNCTIONS_ON
+    }
+
+    /// Whether engine calls go by `FCALL`: unless the server is known to have no
+    /// Functions (or the builder turned them off).
+    pub(crate) fn fcall(&self) -> bool {
+        self.0.load(Ordering::Relaxed) != FUNCTIONS_OFF
+    }
+
+    /// The engine's library was loaded: the server has Functions (unless found
+    /// otherwise meanwhile).
+    pub(crate) fn on(&self) {
+        let _ = self.0.compare_exchange(
+            FUNCTIONS_UNKNOWN,
+            FUNCTIONS_ON,
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        );
+    }
+
+    /// The server has no Functions the engine can use (`reason` says why; never an
+    /// error that repeats a call's keys): every engine call goes by `EVALSHA` from now
+    /// on.
+    pub(crate) fn off(&self, reason: &dyn fmt::Display) {
+        if self.0.swap(FUNCTIONS_OFF, Ordering::Relaxed) != FUNCTIONS_OFF {
+            tracing::info!(%reason, "redis without functions: the engine runs by EVALSHA");
+        }
+    }
 }
 
 #[cfg(test)]
@@ -409,6 +529,71 @@ mod tests {
             panic!("a URL makes a client");
         };
         assert!(client.get_connection_info().tcp_settings().nodelay());
+    }
+
+    /// The error a server answers with `line` (without its `-` and `\r\n`).
+    fn replied(line: &str) -> redis::RedisError {
+        let value = redis::parse_redis_value(format!("-{line}\r\n").as_bytes()).unwrap();
+        value.extract_error().unwrap_err()
+    }
+
+    /// What a server's answer to `FUNCTION LOAD` says about its Functions (the lines are
+    /// Redis 6.2.5's and 7.0.15's own).
+    #[test]
+    fn the_answer_to_function_load_tells_whether_the_server_has_functions() {
+        for line in [
+            "ERR unknown command `function`, with args beginning with: `load`, `#!lua`, ",
+            "ERR unknown command 'FUNCTION', with args beginning with: 'LOAD' '#!lua' ",
+            "NOPERM this user has no permissions to run the 'function|load' command",
+            "ERR Error registering functions",
+        ] {
+            assert!(lacks_functions(&replied(line)), "{line}");
+        }
+        for line in [
+            "OOM command not allowed when used memory > 'maxmemory'.",
+            "READONLY You can't write against a read only replica.",
+            "LOADING Redis is loading the dataset in memory",
+            "BUSY Redis is busy running a script.",
+            "MASTERDOWN Link with MASTER is down",
+        ] {
+            assert!(!lacks_functions(&replied(line)), "{line}");
+        }
+        let io = redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionReset));
+        assert!(!lacks_functions(&io));
+    }
+
+    #[test]
+    fn a_refused_fcall_is_told_from_a_refused_key() {
+        for line in [
+            "ERR unknown command 'FCALL', with args beginning with: 'f' '1' 'k' ",
+            "NOPERM this user has no permissions to run the 'fcall' command",
+            "NOPERM User limiter has no permissions to run the 'fcall' command",
+        ] {
+            assert!(fcall_refused(&replied(line)), "{line}");
+        }
+        for line in [
+            "NOPERM this user has no permissions to access one of the keys used as arguments",
+            "ERR Function not found",
+            "WRONGTYPE Operation against a key holding the wrong kind of value",
+        ] {
+            assert!(!fcall_refused(&replied(line)), "{line}");
+        }
+    }
+
+    #[test]
+    fn the_path_once_known_off_stays_off() {
+        let functions = Functions::new(true);
+        assert!(functions.fcall() && !functions.is_on());
+        functions.on();
+        assert!(functions.fcall() && functions.is_on());
+        functions.off(&"test");
+        assert!(!functions.fcall());
+        functions.on();
+        assert!(
+            !functions.fcall(),
+            "a late FUNCTION LOAD does not turn it back on"
+        );
+        assert!(!Functions::new(false).fcall());
     }
 
     #[test]

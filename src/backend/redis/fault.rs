@@ -1,6 +1,7 @@
 //! What a failed Redis call says about Redis: the way to it failed (transport), Redis
 //! cannot serve anyone right now (server-wide), or only this key is affected — sorted by
-//! the client's error kinds and codes, never by messages.
+//! the client's error kinds and codes, never by messages (a script error's message is
+//! read only for the code it wraps: see [`wrapped_code`]).
 
 use std::time::Duration;
 
@@ -80,7 +81,8 @@ impl ScriptError {
     }
 }
 
-/// Sorts a Redis error by its kind and code, never by its message.
+/// Sorts a Redis error by its kind and code, never by its message (but for the code a
+/// script error wraps).
 fn classify(error: &redis::RedisError) -> Fault {
     // A refused login may also close the connection: it concerns everyone.
     if error.kind() == ErrorKind::AuthenticationFailed {
@@ -90,35 +92,64 @@ fn classify(error: &redis::RedisError) -> Fault {
         return Fault::Transport;
     }
     match error.kind() {
-        ErrorKind::Server(kind) => match kind {
-            ServerErrorKind::BusyLoading
-            | ServerErrorKind::ReadOnly
-            | ServerErrorKind::MasterDown
-            | ServerErrorKind::ClusterDown
-            | ServerErrorKind::TryAgain
-            | ServerErrorKind::NoScript
-            | ServerErrorKind::NoPerm
-            | ServerErrorKind::Moved
-            | ServerErrorKind::Ask => Fault::Server,
-            // A script error (`ERR user_script:..`): the script met a stored value it
-            // cannot read.
-            ServerErrorKind::ResponseError
-            | ServerErrorKind::ExecAbort
-            | ServerErrorKind::CrossSlot
-            | ServerErrorKind::NotBusy
-            | ServerErrorKind::NoSub => Fault::Key,
-            _ => Fault::Server,
-        },
-        ErrorKind::Extension => match error.code() {
-            Some("WRONGTYPE") => Fault::Key,
-            // OOM, BUSY, MISCONF, NOREPLICAS, NOAUTH, WRONGPASS and the codes of servers
-            // we do not know: assume they concern everyone.
-            _ => Fault::Server,
-        },
+        // Redis before 7 wraps an error raised inside a script in a plain `ERR`: the code
+        // it wraps tells (`-READONLY`, `-OOM`: every write fails, not this key's).
+        ErrorKind::Server(ServerErrorKind::ResponseError) => {
+            match error.detail().and_then(wrapped_code) {
+                Some(code) => code_fault(code),
+                // A script error (`ERR user_script:..`): the script met a stored value it
+                // cannot read.
+                None => Fault::Key,
+            }
+        }
+        ErrorKind::Server(_) | ErrorKind::Extension => {
+            error.code().map_or(Fault::Server, code_fault)
+        }
         ErrorKind::UnexpectedReturnType => Fault::Key,
         ErrorKind::AuthenticationFailed => Fault::Server,
         _ => Fault::Transport,
     }
+}
+
+/// What an error code says about Redis.
+fn code_fault(code: &str) -> Fault {
+    match code {
+        // This key's value (`WRONGTYPE`, a script error), or this request alone.
+        "WRONGTYPE" | "ERR" | "EXECABORT" | "CROSSSLOT" | "NOTBUSY" | "NOSUB" => Fault::Key,
+        // LOADING, READONLY, MASTERDOWN, CLUSTERDOWN, TRYAGAIN, NOSCRIPT (a reload did not
+        // cure it), NOPERM, MOVED, ASK, OOM, BUSY, MISCONF, NOREPLICAS, NOAUTH, WRONGPASS
+        // and the codes of servers we do not know: assume they concern everyone.
+        _ => Fault::Server,
+    }
+}
+
+/// The error code an error raised inside a script wraps, as Redis before 7 reports it:
+/// `Error running script (call to f_<sha>): @user_script:1: @user_script: 1: -READONLY
+/// You can't write against a read only replica.` (the `ERR` code already taken off): the
+/// script's name, then one or more places in the script, then the error reply the server
+/// gave the script, with its `-`. `None` for any other error (a Lua error, or an error
+/// reply without its `-`, as `WRONGTYPE` comes).
+fn wrapped_code(detail: &str) -> Option<&str> {
+    let (_, mut rest) = detail
+        .strip_prefix("Error running script (call to ")?
+        .split_once("): ")?;
+    while let Some(after) = strip_place(rest) {
+        rest = after;
+    }
+    let reply = rest.strip_prefix('-')?;
+    let code = reply.split(' ').next().unwrap_or(reply);
+    (!code.is_empty() && code.bytes().all(|b| b.is_ascii_uppercase())).then_some(code)
+}
+
+/// `text` without the place in a script it starts with (`@user_script:1: `,
+/// `@user_script: 1: `, `user_script:1: `), if it starts with one.
+fn strip_place(text: &str) -> Option<&str> {
+    let (name, rest) = text.split_once(':')?;
+    let name = name.strip_prefix('@').unwrap_or(name);
+    let (line, rest) = rest.strip_prefix(' ').unwrap_or(rest).split_once(": ")?;
+    let word = |s: &str, ok: fn(u8) -> bool| !s.is_empty() && s.bytes().all(ok);
+    (word(name, |b| b.is_ascii_alphanumeric() || b == b'_') && word(line, |b| b.is_ascii_digit()))
+        .then_some(rest)
 }
 
 /// Whether a connection that returned `error` may be unusable now.
@@ -151,5 +182,104 @@ mod tests {
             ScriptError::Connect(Box::new(ScriptError::Timeout(Duration::ZERO))).fault(),
             Fault::Transport
         );
+    }
+
+    /// The error a server answers with `line` (without its `-` and `\r\n`).
+    fn replied(line: &str) -> ScriptError {
+        let value = redis::parse_redis_value(format!("-{line}\r\n").as_bytes()).unwrap();
+        ScriptError::Redis(value.extract_error().unwrap_err())
+    }
+
+    #[test]
+    fn error_codes_are_sorted_as_sent() {
+        for (line, fault) in [
+            (
+                "WRONGTYPE Operation against a key holding the wrong kind of value",
+                Fault::Key,
+            ),
+            (
+                "ERR user_script:1: attempt to compare nil with number",
+                Fault::Key,
+            ),
+            (
+                "READONLY You can't write against a read only replica.",
+                Fault::Server,
+            ),
+            (
+                "OOM command not allowed when used memory > 'maxmemory'.",
+                Fault::Server,
+            ),
+            ("BUSY Redis is busy running a script.", Fault::Server),
+            ("MASTERDOWN Link with MASTER is down", Fault::Server),
+            (
+                "LOADING Redis is loading the dataset in memory",
+                Fault::Server,
+            ),
+            ("NOSCRIPT No matching script.", Fault::Server),
+            ("SOMETHINGNEW from a server we do not know", Fault::Server),
+        ] {
+            assert_eq!(replied(line).fault(), fault, "{line}");
+        }
+    }
+
+    /// Redis 6.2 wraps the error a script's write met in a plain `ERR`: the code inside
+    /// it judges (these lines are Redis 6.2.5's own).
+    #[test]
+    fn a_script_error_is_judged_by_the_code_it_wraps() {
+        let wrapped = |inner: &str| {
+            format!(
+                "ERR Error running script (call to f_756928dd1246249109cfe8475bfa267e967ea948): \
+                 @user_script:1: @user_script: 1: {inner}"
+            )
+        };
+        for (inner, fault) in [
+            (
+                "-READONLY You can't write against a read only replica.",
+                Fault::Server,
+            ),
+            (
+                "-OOM command not allowed when used memory > 'maxmemory'.",
+                Fault::Server,
+            ),
+            ("-BUSY Redis is busy running a script.", Fault::Server),
+            (
+                "-MASTERDOWN Link with MASTER is down and replica-serve-stale-data is set to 'no'.",
+                Fault::Server,
+            ),
+            (
+                "-NOREPLICAS Not enough good replicas to write.",
+                Fault::Server,
+            ),
+            (
+                "-WRONGTYPE Operation against a key holding the wrong kind of value",
+                Fault::Key,
+            ),
+            ("-ERR something about this call", Fault::Key),
+            // As Redis 6.2 reports them: the stored value's fault.
+            (
+                "WRONGTYPE Operation against a key holding the wrong kind of value",
+                Fault::Key,
+            ),
+            ("Unknown Redis command called from Lua script", Fault::Key),
+            ("-", Fault::Key),
+            ("-lower case is not a code", Fault::Key),
+        ] {
+            assert_eq!(replied(&wrapped(inner)).fault(), fault, "{inner}");
+        }
+        // One place, or none.
+        for line in [
+            "ERR Error running script (call to f_0): @user_script:3: -READONLY You can't write.",
+            "ERR Error running script (call to f_0): -OOM command not allowed",
+        ] {
+            assert_eq!(replied(line).fault(), Fault::Server, "{line}");
+        }
+        // A Lua error, whatever its text.
+        for line in [
+            "ERR Error running script (call to f_0): @user_script:1: user_script:1: attempt to perform arithmetic on a nil value",
+            "ERR Error running script (call to f_0): @user_script:1: user_script:1: plain -READONLY",
+            "ERR user_script:1: -READONLY not wrapped by a script's error",
+        ] {
+            assert_eq!(replied(line).fault(), Fault::Key, "{line}");
+        }
     }
 }

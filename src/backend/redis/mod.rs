@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
 
@@ -14,10 +14,10 @@ use deadpool_redis::redis::Script;
 use tokio::sync::watch;
 
 use self::call::Call;
-use self::connect::{Conn, Connector};
+use self::connect::{lacks_functions, Conn, Connector, Functions};
 use self::fault::{breaks_connection, Fault, ScriptError};
 use self::health::{Breaker, BreakerConfig, Outcome, RedisState};
-use self::time::Scripts;
+use self::time::{Scripts, TimeSource};
 
 pub(crate) mod call;
 pub(crate) mod connect;
@@ -58,10 +58,10 @@ pub(crate) struct RedisBackend {
     engine: &'static Scripts,
     /// The scripts checks have run, loaded on every new connection.
     scripts: ArcSwap<Vec<&'static Script>>,
-    /// Whether the engine runs as Redis Functions: [`FUNCTIONS_UNKNOWN`] until a
-    /// connection has loaded the library ([`FUNCTIONS_ON`]) or found the server without
-    /// them ([`FUNCTIONS_OFF`]); always off when the builder turned them off.
-    functions: AtomicU8,
+    /// Whether the engine runs as Redis Functions: not known until a connection has
+    /// loaded the library (on) or found the server without them (off); always off when
+    /// the builder turned them off.
+    functions: Functions,
     log: ErrorLog,
     /// Keys whose errors were logged lately (by hash), and when.
     key_errors: Mutex<HashMap<u128, std::time::Instant>>,
@@ -85,8 +85,7 @@ impl RedisBackend {
         call_timeout: Duration,
         probe_interval: Duration,
         breaker: BreakerConfig,
-        engine: &'static Scripts,
-        functions: bool,
+        engine: Engine,
     ) -> Self {
         Self {
             connector,
@@ -97,13 +96,11 @@ impl RedisBackend {
             probe_interval,
             breaker: Breaker::new(breaker, call_timeout, prefix.clone()),
             probing: AtomicBool::new(false),
-            engine,
-            scripts: ArcSwap::default(),
-            functions: AtomicU8::new(if functions {
-                FUNCTIONS_UNKNOWN
-            } else {
-                FUNCTIONS_OFF
-            }),
+            engine: engine.scripts,
+            // The engine's script for the backend's clock, in use from the start: a first
+            // connection made before any check (a start-up probe) loads it too.
+            scripts: ArcSwap::from_pointee(vec![engine.scripts.get(engine.time)]),
+            functions: Functions::new(engine.functions),
             log: ErrorLog::default(),
             key_errors: Mutex::default(),
         }
@@ -111,10 +108,11 @@ impl RedisBackend {
 
     /// Whether checks call the engine as Redis Functions (`FCALL`) rather than by
     /// `EVALSHA`: unless the builder turned them off or a connection found the server
-    /// without them (before the first connection, an `FCALL` met with "unknown command"
-    /// runs again by `EVALSHA`).
+    /// without them. (A call built for `FCALL` before the first connection has asked the
+    /// server goes by `EVALSHA` if the answer is "none": no `FCALL` ever reaches a server
+    /// without Functions.)
     pub(crate) fn engine_functions(&self) -> bool {
-        self.functions.load(Ordering::Relaxed) != FUNCTIONS_OFF
+        self.functions.fcall()
     }
 
     /// The deadline of one call, waiting for a connection included.
@@ -162,7 +160,7 @@ impl RedisBackend {
         let waiting = AtomicBool::new(false);
         let call = async {
             if let Some(conn) = &used {
-                match Conn::clone(conn).script(call).await {
+                match Conn::clone(conn).script(call, &self.functions).await {
                     Ok(reply) => return Ok(reply),
                     // The kept connection died while Redis may be fine (a restart, an
                     // idle timeout on the way): forget it, unless another check already
@@ -176,7 +174,7 @@ impl RedisBackend {
             waiting.store(true, Ordering::Relaxed);
             let mut conn = self.connection(by).await?;
             waiting.store(false, Ordering::Relaxed);
-            Ok(conn.script(call).await?)
+            Ok(conn.script(call, &self.functions).await?)
         };
         match tokio::time::timeout(self.call_timeout, call).await {
             Ok(result) => result,
@@ -254,38 +252,64 @@ impl RedisBackend {
         let timeout = self.connect_timeout();
         tokio::spawn(async move {
             let connect = async {
-                let mut conn = this.connector.connect(timeout).await?;
+                let conn = this.connector.connect(timeout).await?;
                 // The engine as Redis Functions, where the server has them (Redis 7 and
                 // later): loaded once per server, checked on every new connection (a
-                // failover may reach another server). One round trip, as the script's
-                // loading was.
-                let mut functions = this.functions.load(Ordering::Relaxed) != FUNCTIONS_OFF;
-                if functions {
-                    match conn.load_library(this.engine.library()).await {
-                        Ok(()) => this.functions.store(FUNCTIONS_ON, Ordering::Relaxed),
-                        Err(error) if error.is_io_error() => {
-                            tracing::debug!(%error, "loading the engine's functions failed");
-                        }
-                        Err(error) => {
-                            tracing::info!(%error, "redis without functions: the engine runs by EVALSHA");
-                            this.functions.store(FUNCTIONS_OFF, Ordering::Relaxed);
-                            functions = false;
-                        }
+                // failover may reach another server). Its answer tells, before any check
+                // is sent on this connection, whether checks go by `FCALL` or by
+                // `EVALSHA`. A new connection may reach a new server (a restart, a
+                // failover): the scripts in use are loaded too, in the same round trip
+                // (sent together on the multiplexed connection), before any check needs
+                // them, so that concurrent checks do not each meet `NOSCRIPT` and load
+                // them again. The engine's script is among them unless the server is
+                // known to have Functions: while that is not known (a backend's first
+                // connection), beside the library, so that a server without them needs
+                // no second round trip before its first check.
+                let functions = this.functions.fcall();
+                let skip_engine = this.functions.is_on();
+                let in_use = this.scripts.load_full();
+                let scripts: Vec<&Script> = in_use
+                    .iter()
+                    .copied()
+                    .filter(|script| !(skip_engine && this.engine.holds(script)))
+                    .collect();
+                let (library, loaded) = conn
+                    .prepare(functions.then(|| this.engine.library()), &scripts)
+                    .await;
+                match library {
+                    Some(Ok(())) => this.functions.on(),
+                    // Redis before 7, `FUNCTION` renamed away or denied.
+                    Some(Err(error)) if lacks_functions(&error) => this.functions.off(&error),
+                    // The way failed, or the server cannot serve anyone right now: its
+                    // Functions are still to be learned.
+                    Some(Err(error)) => {
+                        tracing::debug!(%error, "loading the engine's functions failed");
                     }
+                    None => {}
                 }
-                // A new connection may reach a new server (a restart, a failover): load
-                // the scripts in use before any check needs them, so that concurrent
-                // checks do not each meet `NOSCRIPT` and load them again (the engine's
-                // only when it runs by `EVALSHA`).
-                let scripts = this.scripts.load_full();
-                for script in scripts.iter() {
-                    if functions && this.engine.holds(script) {
-                        continue;
-                    }
-                    if let Err(error) = conn.load(script).await {
-                        tracing::debug!(%error, "loading a script on a new connection failed");
-                        break;
-                    }
+                // Then, in one more round trip, the scripts first used while the
+                // connection was being made (the probe's, when the checks waiting for it
+                // failed), whose first call would otherwise cost a `NOSCRIPT`, a load and
+                // a second call: more than a deadline with a far Redis (and the engine's,
+                // on a server just found without Functions, were it not loaded yet).
+                let functions = this.functions.fcall();
+                let late: Vec<&Script> = this
+                    .scripts
+                    .load()
+                    .iter()
+                    .copied()
+                    .filter(|script| {
+                        let loaded = scripts.iter().any(|s| std::ptr::eq(*s, *script));
+                        let in_library = functions && this.engine.holds(script);
+                        !loaded && !in_library
+                    })
+                    .collect();
+                let loaded = match (loaded, late.is_empty()) {
+                    (Ok(()), false) => conn.prepare(None, &late).await.1,
+                    (loaded, _) => loaded,
+                };
+                if let Err(error) = loaded {
+                    tracing::debug!(%error, "loading a script on a new connection failed");
                 }
                 Ok::<_, ScriptError>(conn)
             };
@@ -388,12 +412,16 @@ impl RedisBackend {
     }
 }
 
-/// [`RedisBackend::functions`]: not known yet.
-const FUNCTIONS_UNKNOWN: u8 = 0;
-/// [`RedisBackend::functions`]: the engine runs as Redis Functions.
-const FUNCTIONS_ON: u8 = 1;
-/// [`RedisBackend::functions`]: the engine runs by `EVALSHA`.
-const FUNCTIONS_OFF: u8 = 2;
+/// The engine a backend runs.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Engine {
+    /// Its scripts.
+    pub(crate) scripts: &'static Scripts,
+    /// The clock its checks read: the script of that clock is in use from the start.
+    pub(crate) time: TimeSource,
+    /// Whether it may run as Redis Functions where the server has them.
+    pub(crate) functions: bool,
+}
 
 /// Who makes a call or a connection attempt: a check (judged by the breaker's ratio and
 /// streak) or the probe (judged by the streak only: it runs by time, not by traffic).

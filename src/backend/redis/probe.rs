@@ -70,9 +70,11 @@ impl RedisBackend {
             Err(_) if self.connector.is_tls() => return Err(ScriptError::TlsHandshake(timeout)),
             Err(_) => return Err(ScriptError::Connecting(timeout)),
         };
-        tokio::time::timeout_at(deadline, async { probed(conn.script(&call).await?) })
-            .await
-            .unwrap_or(Err(ScriptError::Timeout(timeout)))
+        tokio::time::timeout_at(deadline, async {
+            probed(conn.script(&call, &self.functions).await?)
+        })
+        .await
+        .unwrap_or(Err(ScriptError::Timeout(timeout)))
     }
 }
 
