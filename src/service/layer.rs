@@ -33,6 +33,12 @@ impl<L, K, C, R> LimitLayer<L, K, C, R> {
     pub fn limiter(&self) -> &L {
         &self.shared.limiter
     }
+
+    /// The key extractor every service of this layer asks (for the admin actions by
+    /// value).
+    pub(super) fn extractor(&self) -> &K {
+        &self.shared.key
+    }
 }
 
 impl<L, K, C, R> Clone for LimitLayer<L, K, C, R> {
