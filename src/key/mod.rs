@@ -33,6 +33,16 @@
 //! in `:` (and header names, extension tags and lengths contain no `:`), the
 //! `and:` length says where the first key ends, and `global` has no `:` at all.
 //!
+//! # From a client's value to its key
+//!
+//! An administrator knows the client's value (the API key `trap`, the user `carol`, the
+//! address `203.0.113.7`), not its tag. [`KeyExtractor::keys_for`] names the key(s) a
+//! request carrying a value is counted under, exactly as [`extract`](KeyExtractor::extract)
+//! would make them (`hdr:x-api-key:trap`), and refuses a value the extractor never
+//! counts ([`KeyForError`]); the layers' admin actions by value
+//! ([`LimitLayer::reset_value`](crate::LimitLayer::reset_value) and its siblings) go
+//! through it.
+//!
 //! A type of your own that implements [`KeyExtractor`] returns its bytes as
 //! they are: when you combine it with other extractors, start its keys with a
 //! tag of your own (`tenant:`) that is not one of the above. So is the
