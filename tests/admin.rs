@@ -340,3 +340,32 @@ async fn axum_block_then_reset_by_address_on_redis() {
     let backend = Backend::builder().redis(redis.pool()).build().unwrap();
     axum_block_then_reset_by_address(&backend).await;
 }
+
+/// A value whose key is longer than the layer's `max_key_len` is never counted (the
+/// layer takes such a request as having no key): an error, not an action on that key.
+#[tokio::test]
+async fn a_key_too_long_for_the_layer_is_an_error() {
+    let layer = PeriodLimitLayer::builder(&Backend::in_process())
+        .name("api")
+        .quota(5)
+        .period(MINUTE)
+        .key(HeaderKey::from_static("x-api-key").or(PeerIp::new()))
+        .max_key_len(20)
+        .build()
+        .unwrap();
+    let long = "a-rather-long-api-key";
+    let err = layer.block_value::<()>(long, MINUTE).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            AdminError::Key(KeyForError::TooLong {
+                max_key_len: 20,
+                ..
+            })
+        ),
+        "{err:?}"
+    );
+    // An `or`: the header's key is too long, the address's fits: only it is acted on.
+    let keys = layer.keys_for::<()>("203.0.113.7").unwrap();
+    assert_eq!(keys, [Key::from("ip:203.0.113.7")]);
+}

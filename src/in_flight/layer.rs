@@ -43,9 +43,13 @@ impl<K, R> InFlightLimitLayer<K, R> {
     /// [`LimitLayer::keys_for`](crate::LimitLayer::keys_for) (`B`: the request body
     /// type, to be named for the built-in extractors; any type does).
     ///
+    /// Keys longer than the layer's [`max_key_len`](InFlightLayerBuilder::max_key_len)
+    /// are left out: the layer never counts them.
+    ///
     /// # Errors
     ///
-    /// A [`KeyForError`] when the extractor never counts `value`, or cannot say.
+    /// A [`KeyForError`] when the extractor never counts `value`, or cannot say
+    /// ([`KeyForError::TooLong`] when its every key is too long for the layer).
     ///
     /// ```
     /// use tower_redis_ratelimit::{key::HeaderKey, Backend, InFlightLimitLayer};
@@ -63,7 +67,8 @@ impl<K, R> InFlightLimitLayer<K, R> {
     where
         K: KeyExtractor<B>,
     {
-        self.shared.key.keys_for(value.as_ref())
+        let max_key_len = self.shared.options.max_key_len;
+        crate::key::fitting(self.shared.key.keys_for(value.as_ref())?, max_key_len)
     }
 
     /// How many slots the client with `value` holds now
@@ -97,7 +102,7 @@ impl<K, R> InFlightLimitLayer<K, R> {
     where
         K: KeyExtractor<B>,
     {
-        let keys = self.shared.key.keys_for(value.as_ref())?;
+        let keys = self.keys_for::<B>(value)?;
         let mut held = Vec::with_capacity(keys.len());
         for key in keys {
             let count = self.shared.limiter.in_flight(&key).await;

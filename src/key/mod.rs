@@ -246,6 +246,7 @@ pub use self::request::MatchedPathKey;
 pub use self::request::{ExtensionKey, GlobalKey, HeaderKey, PathKey};
 #[cfg(feature = "serde")]
 pub(crate) use self::value::any_branch;
+pub(crate) use self::value::fitting;
 
 #[cfg(test)]
 mod ip_tests;

@@ -48,6 +48,14 @@ pub enum KeyForError {
     /// No branch of an [`or`](super::KeyExtractorExt::or) counts the value: why, for
     /// each branch, left to right.
     NoBranch(Vec<KeyForError>),
+    /// Every key of the value is longer than the layer's
+    /// [`max_key_len`](crate::LayerBuilder::max_key_len): the layer treats such a
+    /// request as having no key, so it never counts the value.
+    #[non_exhaustive]
+    TooLong {
+        /// The layer's longest key, in bytes.
+        max_key_len: usize,
+    },
 }
 
 impl KeyForError {
@@ -108,6 +116,11 @@ impl fmt::Display for KeyForError {
                 }
                 Ok(())
             }
+            Self::TooLong { max_key_len } => write!(
+                f,
+                "its key is longer than the layer's `max_key_len` ({max_key_len} bytes), so \
+                 the layer counts such a request as having no key"
+            ),
         }
     }
 }
@@ -139,6 +152,19 @@ pub(crate) fn any_branch(
     } else {
         Ok(keys)
     }
+}
+
+/// The keys a layer with `max_key_len` counts: the others are missing keys to it;
+/// [`KeyForError::TooLong`] when none is left.
+pub(crate) fn fitting(
+    mut keys: Vec<Key<'static>>,
+    max_key_len: usize,
+) -> Result<Vec<Key<'static>>, KeyForError> {
+    keys.retain(|key| key.len() <= max_key_len);
+    if keys.is_empty() {
+        return Err(KeyForError::TooLong { max_key_len });
+    }
+    Ok(keys)
 }
 
 /// The value as text, for extractors whose values are text.

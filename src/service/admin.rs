@@ -100,10 +100,13 @@ impl From<KeyForError> for AdminError {
 impl<L: Limiter, K, C, R> LimitLayer<L, K, C, R> {
     /// The keys this layer counts a request carrying `value` under, exactly as its
     /// extractor would make them from such a request; see [`KeyExtractor::keys_for`].
+    /// Keys longer than the layer's [`max_key_len`](super::LayerBuilder::max_key_len)
+    /// are left out: the layer never counts them.
     ///
     /// # Errors
     ///
-    /// A [`KeyForError`] when the extractor never counts `value`, or cannot say.
+    /// A [`KeyForError`] when the extractor never counts `value`, or cannot say
+    /// ([`KeyForError::TooLong`] when its every key is too long for the layer).
     ///
     /// ```
     /// use std::time::Duration;
@@ -129,7 +132,10 @@ impl<L: Limiter, K, C, R> LimitLayer<L, K, C, R> {
     where
         K: KeyExtractor<B>,
     {
-        self.extractor().keys_for(value.as_ref())
+        crate::key::fitting(
+            self.extractor().keys_for(value.as_ref())?,
+            self.max_key_len(),
+        )
     }
 
     /// What a check of `cost` by the client with `value` would answer now, spending
@@ -303,7 +309,7 @@ impl<L: Limiter, K, C, R> LimitLayer<L, K, C, R> {
     where
         K: KeyExtractor<B>,
     {
-        let keys = self.extractor().keys_for(value)?;
+        let keys = self.keys_for::<B>(value)?;
         let checks = keys
             .iter()
             .map(|key| action(key).ok_or(AdminError::Unsupported { action: name }))

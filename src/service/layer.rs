@@ -39,6 +39,11 @@ impl<L, K, C, R> LimitLayer<L, K, C, R> {
     pub(super) fn extractor(&self) -> &K {
         &self.shared.key
     }
+
+    /// The longest key this layer counts (longer ones are missing keys to it).
+    pub(super) fn max_key_len(&self) -> usize {
+        self.shared.options.max_key_len
+    }
 }
 
 impl<L, K, C, R> Clone for LimitLayer<L, K, C, R> {
