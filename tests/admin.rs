@@ -318,7 +318,12 @@ async fn axum_block_then_reset_by_address(backend: &Backend) {
         served.get("/", &[]).await.0.status(),
         StatusCode::TOO_MANY_REQUESTS
     );
-    layer.reset_value::<Body>(client).await.unwrap();
+    // From a spawned task, as an admin handler runs: the futures are `Send`.
+    let admin = layer.clone();
+    tokio::spawn(async move { admin.reset_value::<Body>(client).await })
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(served.get("/", &[]).await.0.status(), StatusCode::OK);
 
     // Not an address: `PeerIp` could never count it.

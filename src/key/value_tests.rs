@@ -277,7 +277,12 @@ proptest! {
     }
 
     #[test]
-    fn keys_for_is_what_extract_makes_of_text(kind in 0..4usize, value in "[ -~]{0,30}|/[a-zA-Z0-9/_.%-]{0,30}") {
+    fn keys_for_is_what_extract_makes_of_text(
+        kind in 0..4usize,
+        // Printable text, paths, and a small alphabet of the bytes that matter (spaces,
+        // tabs, `:`, `/`, `?`, `#`, `%`, `*`) so that each shows up at either end.
+        value in "[ -~]{0,30}|/[a-zA-Z0-9/_.%-]{0,30}|[ \t/a:?#%*\x7f]{0,8}",
+    ) {
         if let Some((extract, keys_for)) = extracted(kind, value.as_bytes()) {
             prop_assert_eq!(extract, keys_for);
         }
