@@ -177,7 +177,9 @@ pub trait Limiter: Send + Sync + 'static {
     /// Refuses `key` for `duration` (at least one millisecond), whatever its limit says,
     /// spending nothing, on every instance sharing the store; a later block replaces it
     /// and [`reset`](Self::reset) lifts it. Says where the key stands then. `None` when
-    /// this limiter cannot (the default).
+    /// this limiter cannot (the default). `key` is the key a layer counts, not the
+    /// client's value: see [`reset`](Self::reset), and
+    /// [`LimitLayer::block_value`](crate::LimitLayer::block_value) to block by value.
     fn block(&self, key: &[u8], duration: std::time::Duration) -> Option<Check> {
         let _ = (key, duration);
         None
