@@ -132,8 +132,43 @@ pub trait Limiter: Send + Sync + 'static {
         self.settle(key, delta)
     }
 
-    /// Forgets `key` (an administrator lifting a limit), and says where it stands then.
-    /// `None` when this limiter cannot (the default).
+    /// Forgets `key` (an administrator lifting a limit): its count starts afresh and a
+    /// [block](Self::block) is lifted. Says where it stands then; `None` when this
+    /// limiter cannot (the default).
+    ///
+    /// `key` is the key a layer counts, tag and all (`hdr:x-api-key:trap`,
+    /// `ext:user:carol`, `ip:203.0.113.7`, `fn:trap` for a closure: see the
+    /// [table of tags](crate::key#tags)), not the client's value (`trap`): any bytes are
+    /// a key, so `reset(b"trap")` forgets the key `trap`, which no layer with a tagged
+    /// extractor counts, and answers that it is fully available while the client stays
+    /// limited. To act on what you know, the client's value, go through the layer:
+    /// [`LimitLayer::reset_value`](crate::LimitLayer::reset_value) (and `peek_value`,
+    /// `block_value`, `refund_value`) resolve it with the layer's own extractor
+    /// ([`KeyExtractor::keys_for`](crate::key::KeyExtractor::keys_for)), and refuse a
+    /// value the layer never counts.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_redis_ratelimit::key::HeaderKey;
+    /// use tower_redis_ratelimit::{Backend, Limiter, PeriodLimitLayer};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let layer = PeriodLimitLayer::builder(&Backend::in_process())
+    ///     .name("api")
+    ///     .quota(60)
+    ///     .period(Duration::from_secs(60))
+    ///     .key(HeaderKey::from_static("x-api-key"))
+    ///     .build()?;
+    /// layer.block_value::<()>("trap", Duration::from_secs(3_600)).await?;
+    /// // By the key: the key the layer counts the API key `trap` under.
+    /// let key = &layer.keys_for::<()>("trap")?[0];
+    /// assert_eq!(key, "hdr:x-api-key:trap");
+    /// assert!(layer.limiter().reset(key).expect("built-in").await.is_admitted());
+    /// // Or by the value, in one call.
+    /// layer.reset_value::<()>("trap").await?;
+    /// # Ok(()) }
+    /// ```
     fn reset(&self, key: &[u8]) -> Option<Check> {
         let _ = key;
         None
@@ -142,7 +177,9 @@ pub trait Limiter: Send + Sync + 'static {
     /// Refuses `key` for `duration` (at least one millisecond), whatever its limit says,
     /// spending nothing, on every instance sharing the store; a later block replaces it
     /// and [`reset`](Self::reset) lifts it. Says where the key stands then. `None` when
-    /// this limiter cannot (the default).
+    /// this limiter cannot (the default). `key` is the key a layer counts, not the
+    /// client's value: see [`reset`](Self::reset), and
+    /// [`LimitLayer::block_value`](crate::LimitLayer::block_value) to block by value.
     fn block(&self, key: &[u8], duration: std::time::Duration) -> Option<Check> {
         let _ = (key, duration);
         None

@@ -174,6 +174,12 @@ fn keys_are_those_of_the_extractors() {
             let got = from_file.extract(req).map(|k| k.as_bytes().to_vec());
             assert_eq!(got, want, "{text}");
         }
+        // And the keys a client's value is counted under (issue 35), errors included.
+        for value in ["k1", "203.0.113.7", "2001:db8:1:2::9", "/a", "", "a\nb"] {
+            let want = code.keys_for(value.as_bytes());
+            let got = KeyExtractor::<()>::keys_for(&from_file, value.as_bytes());
+            assert_eq!(got, want, "{text}: {value:?}");
+        }
     }
 }
 

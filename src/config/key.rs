@@ -8,7 +8,8 @@ use serde::{Deserialize, Deserializer, Serialize};
 
 use crate::error::ConfigError;
 use crate::key::{
-    ForwardedHeader, ForwardedIp, GlobalKey, HeaderKey, Key, KeyExtractor, PathKey, PeerIp,
+    ForwardedHeader, ForwardedIp, GlobalKey, HeaderKey, Key, KeyExtractor, KeyForError, PathKey,
+    PeerIp,
 };
 
 /// Which key extractor a rule uses, as data.
@@ -279,6 +280,24 @@ impl<B> KeyExtractor<B> for RuleKey {
                     Some(crate::key::join(&joined, &next))
                 })
             }
+        }
+    }
+
+    /// As the extractor built in code: see [`KeyExtractor::keys_for`].
+    fn keys_for(&self, value: &[u8]) -> Result<Vec<Key<'static>>, KeyForError> {
+        match &self.0 {
+            Inner::Global(key) => key.keys_for(value),
+            Inner::PeerIp(key) => key.keys_for(value),
+            Inner::ForwardedIp(key) => key.keys_for(value),
+            Inner::Header(key) => key.keys_for(value),
+            Inner::Path(key) => key.keys_for(value),
+            #[cfg(feature = "axum")]
+            Inner::MatchedPath(key) => key.keys_for(value),
+            Inner::Or(keys) => crate::key::any_branch(
+                keys.iter()
+                    .map(|key| KeyExtractor::<()>::keys_for(key, value)),
+            ),
+            Inner::And(_) => Err(KeyForError::Pair),
         }
     }
 }

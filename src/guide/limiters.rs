@@ -24,6 +24,9 @@
 //! ([`DynamicLimiter`](crate::dynamic::DynamicLimiter)) answers under the key's known
 //! limit (the default one until the source was asked).
 //!
+//! These calls take the key a layer counts, [tag](crate::key#tags) and all
+//! (`hdr:x-api-key:trap`), not the client's value (`trap`): see below for acting by value.
+//!
 //! A block or a reset made on one instance reaches the other instances' answers at once
 //! on Redis, except where another instance answers a refusal from its local deny cache:
 //! there, within the deny cache's
@@ -49,5 +52,53 @@
 //! // The export failed: it does not count.
 //! let decision = exports.refund(b"acme", one).expect("built-in").await;
 //! assert_eq!(decision.remaining, 3);
+//! # Ok(()) }
+//! ```
+//!
+//! # Admin actions by the client's value
+//!
+//! An administrator knows the client's API key, user id or address, not the key the
+//! layer counts it under. A layer resolves the value with its own extractor
+//! ([`keys_for`](crate::LimitLayer::keys_for), as
+//! [`KeyExtractor::keys_for`](crate::key::KeyExtractor::keys_for) makes it) and acts on
+//! that key: [`peek_value`](crate::LimitLayer::peek_value),
+//! [`reset_value`](crate::LimitLayer::reset_value) (which also lifts a block; there is no
+//! separate unblock), [`block_value`](crate::LimitLayer::block_value) and
+//! [`refund_value`](crate::LimitLayer::refund_value), on any [`LimitLayer`](crate::LimitLayer)
+//! (a set, a per-plan or a dynamic layer included), and
+//! [`in_flight_value`](crate::InFlightLimitLayer::in_flight_value) on an in-flight layer.
+//! Each answers one `(key, decision)` per key: an `or` extractor can count a value under
+//! several keys (an address sent as an API key is the header's key and the address's),
+//! and every one is acted on. A value the layer never counts (`localhost` for a per-IP
+//! layer) is an [`AdminError`](crate::service::AdminError), never a success on a key no
+//! request is counted under.
+//!
+//! The type parameter is the request body type the layer's extractor reads: inferred for
+//! a closure, named for the built-in extractors (any type does: `()`, or your router's
+//! `axum::body::Body`).
+//!
+//! ```
+//! use std::time::Duration;
+//! use tower_redis_ratelimit::key::{HeaderKey, PeerIp};
+//! use tower_redis_ratelimit::{Backend, PeriodLimitLayer};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let api = PeriodLimitLayer::builder(&Backend::in_process())
+//!     .name("api")
+//!     .quota(60)
+//!     .period(Duration::from_secs(60))
+//!     .key(HeaderKey::from_static("x-api-key").or(PeerIp::new()))
+//!     .build()?;
+//! // Block the client with the API key `trap` for an hour, on every instance.
+//! let blocked = api.block_value::<()>("trap", Duration::from_secs(3_600)).await?;
+//! assert_eq!(blocked[0].0, "hdr:x-api-key:trap");
+//! assert!(!blocked[0].1.is_admitted());
+//! // Where it stands, then lift the block.
+//! assert!(!api.peek_value::<()>("trap", std::num::NonZeroU32::MIN).await?[0].1.is_admitted());
+//! api.reset_value::<()>("trap").await?;
+//! // An address: the header's key and the address's key, both reset.
+//! let reset = api.reset_value::<()>("203.0.113.7").await?;
+//! assert_eq!(reset.len(), 2);
 //! # Ok(()) }
 //! ```

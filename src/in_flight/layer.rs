@@ -11,7 +11,7 @@ use super::service::{InFlightService, Shared};
 use super::{InFlightConfig, InFlightLimiter};
 use crate::backend::{Backend, FailurePolicy};
 use crate::error::ConfigError;
-use crate::key::GlobalKey;
+use crate::key::{GlobalKey, Key, KeyExtractor, KeyForError};
 use crate::metrics::LayerMetrics;
 use crate::response::{DefaultRejection, OnRejection};
 use crate::service::{LayerBuilder, MissingKey, MissingKeyWarning};
@@ -36,6 +36,79 @@ impl<K, R> InFlightLimitLayer<K, R> {
     /// [`in_flight`](InFlightLimiter::in_flight)).
     pub fn limiter(&self) -> &InFlightLimiter {
         &self.shared.limiter
+    }
+
+    /// The keys this layer counts a request carrying the client's `value` under,
+    /// exactly as its extractor would make them; see [`KeyExtractor::keys_for`] and
+    /// [`LimitLayer::keys_for`](crate::LimitLayer::keys_for) (`B`: the request body
+    /// type, to be named for the built-in extractors; any type does).
+    ///
+    /// Keys longer than the layer's [`max_key_len`](InFlightLayerBuilder::max_key_len)
+    /// are left out: the layer never counts them.
+    ///
+    /// # Errors
+    ///
+    /// A [`KeyForError`] when the extractor never counts `value`, or cannot say
+    /// ([`KeyForError::TooLong`] when its every key is too long for the layer).
+    ///
+    /// ```
+    /// use tower_redis_ratelimit::{key::HeaderKey, Backend, InFlightLimitLayer};
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let exports = InFlightLimitLayer::builder(&Backend::in_process())
+    ///     .name("export")
+    ///     .slots(2)
+    ///     .key(HeaderKey::from_static("x-merchant-id"))
+    ///     .build()?;
+    /// assert_eq!(exports.keys_for::<()>("acme")?, ["hdr:x-merchant-id:acme"]);
+    /// # Ok(()) }
+    /// ```
+    pub fn keys_for<B>(&self, value: impl AsRef<[u8]>) -> Result<Vec<Key<'static>>, KeyForError>
+    where
+        K: KeyExtractor<B>,
+    {
+        let max_key_len = self.shared.options.max_key_len;
+        crate::key::fitting(self.shared.key.keys_for(value.as_ref())?, max_key_len)
+    }
+
+    /// How many slots the client with `value` holds now
+    /// ([`InFlightLimiter::in_flight`]), for each key of [`keys_for`](Self::keys_for).
+    /// Changes nothing. (An in-flight limit has no reset or block: a slot is given back
+    /// when its request ends, or its lease runs out.)
+    ///
+    /// # Errors
+    ///
+    /// A [`KeyForError`] when the extractor never counts `value`, or cannot say.
+    ///
+    /// ```
+    /// use tower_redis_ratelimit::{key::HeaderKey, Backend, InFlightLimitLayer};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let exports = InFlightLimitLayer::builder(&Backend::in_process())
+    ///     .name("export")
+    ///     .slots(2)
+    ///     .key(HeaderKey::from_static("x-merchant-id"))
+    ///     .build()?;
+    /// let slot = exports.limiter().acquire(b"hdr:x-merchant-id:acme").await;
+    /// let held = exports.in_flight_value::<()>("acme").await?;
+    /// assert_eq!(held, [("hdr:x-merchant-id:acme".into(), 1)]);
+    /// # drop(slot); Ok(()) }
+    /// ```
+    pub async fn in_flight_value<B>(
+        &self,
+        value: impl AsRef<[u8]>,
+    ) -> Result<Vec<(Key<'static>, u64)>, KeyForError>
+    where
+        K: KeyExtractor<B>,
+    {
+        let keys = self.keys_for::<B>(value)?;
+        let mut held = Vec::with_capacity(keys.len());
+        for key in keys {
+            let count = self.shared.limiter.in_flight(&key).await;
+            held.push((key, count));
+        }
+        Ok(held)
     }
 }
 

@@ -52,6 +52,31 @@ impl PeerIp {
         self.ipv6_prefix = ip::clamp_prefix(prefix);
         self
     }
+
+    /// The key of a client at the address `value`: `ip:` and the address, an IPv6
+    /// address grouped by the extractor's [prefix](Self::ipv6_prefix) as extraction
+    /// groups it (an IPv4-mapped address as its IPv4 address). The network itself,
+    /// as keys show it (`2001:db8:1:2::/64`, with the extractor's prefix length), names
+    /// the same key. See [`KeyExtractor::keys_for`].
+    ///
+    /// # Errors
+    ///
+    /// [`KeyForError::Unreachable`] for a value that is not an IP address.
+    ///
+    /// ```
+    /// use tower_redis_ratelimit::key::PeerIp;
+    ///
+    /// assert_eq!(PeerIp::new().keys_for(b"203.0.113.7")?, ["ip:203.0.113.7"]);
+    /// assert_eq!(
+    ///     PeerIp::new().keys_for(b"2001:db8:1:2::abcd")?,
+    ///     ["ip:2001:db8:1:2::/64"]
+    /// );
+    /// assert!(PeerIp::new().keys_for(b"localhost").is_err());
+    /// # Ok::<(), tower_redis_ratelimit::key::KeyForError>(())
+    /// ```
+    pub fn keys_for(&self, value: &[u8]) -> Result<Vec<Key<'static>>, KeyForError> {
+        ip::value_key(value, self.ipv6_prefix, "PeerIp").map(|key| vec![key])
+    }
 }
 
 impl Default for PeerIp {
@@ -66,6 +91,10 @@ impl<B> KeyExtractor<B> for PeerIp {
     fn extract<'r>(&self, req: &'r http::Request<B>) -> Option<Key<'r>> {
         let peer = ip::peer_ip(req)?;
         Some(ip::ip_key(peer, self.ipv6_prefix))
+    }
+
+    fn keys_for(&self, value: &[u8]) -> Result<Vec<Key<'static>>, KeyForError> {
+        Self::keys_for(self, value)
     }
 }
 
@@ -217,6 +246,26 @@ impl ForwardedIp {
         &self.trusted
     }
 
+    /// The key of a client at the address `value` (the client behind the proxies, as
+    /// extraction finds it): `ip:` and the address, IPv6 grouped by the extractor's
+    /// [prefix](Self::ipv6_prefix); see [`PeerIp::keys_for`].
+    ///
+    /// # Errors
+    ///
+    /// [`KeyForError::Unreachable`] for a value that is not an IP address.
+    ///
+    /// ```
+    /// use tower_redis_ratelimit::key::ForwardedIp;
+    ///
+    /// let key = ForwardedIp::from_strs(["10.0.0.0/8"]).unwrap().ipv6_prefix(56);
+    /// assert_eq!(key.keys_for(b"203.0.113.7")?, ["ip:203.0.113.7"]);
+    /// assert_eq!(key.keys_for(b"2001:db8:1:2::abcd")?, ["ip:2001:db8:1::/56"]);
+    /// # Ok::<(), tower_redis_ratelimit::key::KeyForError>(())
+    /// ```
+    pub fn keys_for(&self, value: &[u8]) -> Result<Vec<Key<'static>>, KeyForError> {
+        ip::value_key(value, self.ipv6_prefix, "ForwardedIp").map(|key| vec![key])
+    }
+
     /// The client address of `req` (before IPv6 prefix grouping).
     fn client_ip<B>(&self, req: &http::Request<B>) -> Option<IpAddr> {
         let peer = ip::peer_ip(req)?;
@@ -249,5 +298,9 @@ impl<B> KeyExtractor<B> for ForwardedIp {
     fn extract<'r>(&self, req: &'r http::Request<B>) -> Option<Key<'r>> {
         let client = self.client_ip(req)?;
         Some(ip::ip_key(client, self.ipv6_prefix))
+    }
+
+    fn keys_for(&self, value: &[u8]) -> Result<Vec<Key<'static>>, KeyForError> {
+        Self::keys_for(self, value)
     }
 }

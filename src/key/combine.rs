@@ -87,6 +87,14 @@ where
     fn extract<'r>(&self, req: &'r http::Request<Body>) -> Option<Key<'r>> {
         self.first.extract(req).or_else(|| self.second.extract(req))
     }
+
+    /// The keys of every branch that can count `value`, left to right, each once: a
+    /// request carrying `value` where the first branch reads it is counted under the
+    /// first branch's key, one carrying it only where the second reads it under the
+    /// second's. An error ([`KeyForError::NoBranch`]) only when no branch can.
+    fn keys_for(&self, value: &[u8]) -> Result<Vec<Key<'static>>, KeyForError> {
+        super::value::any_branch([self.first.keys_for(value), self.second.keys_for(value)])
+    }
 }
 
 /// Both keys of two extractors, joined unambiguously.
@@ -116,6 +124,14 @@ where
         let first = self.first.extract(req)?;
         let second = self.second.extract(req)?;
         Some(join(&first, &second))
+    }
+
+    /// Always [`KeyForError::Pair`]: the key is made of two values, which one value
+    /// cannot name; act on the key a request carrying both makes
+    /// ([`extract`](KeyExtractor::extract)).
+    fn keys_for(&self, value: &[u8]) -> Result<Vec<Key<'static>>, KeyForError> {
+        let _ = value;
+        Err(KeyForError::Pair)
     }
 }
 

@@ -12,7 +12,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use http::header::{HeaderMap, HeaderName, FORWARDED};
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
-use super::{Key, Writer};
+use super::{Key, KeyForError, Writer};
 
 /// `X-Forwarded-For` (not among `http`'s predefined header names).
 pub(crate) const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
@@ -103,6 +103,30 @@ pub(crate) fn ip_key(ip: IpAddr, ipv6_prefix: u8) -> Key<'static> {
         _ => write!(out, "{ip}"),
     };
     key
+}
+
+/// The key of the client address `value` (text): as [`ip_key`] makes it from the
+/// [`normalize`]d address. A network as keys show it (`2001:db8:1:2::/64`, with the
+/// extractor's prefix length) names the same key.
+pub(crate) fn value_key(
+    value: &[u8],
+    ipv6_prefix: u8,
+    extractor: &'static str,
+) -> Result<Key<'static>, KeyForError> {
+    let not_an_address = KeyForError::Unreachable {
+        extractor,
+        reason: "it is not an IP address",
+    };
+    let text = std::str::from_utf8(value).map_err(|_| not_an_address.clone())?;
+    if let Ok(ip) = text.parse::<IpAddr>() {
+        return Ok(ip_key(normalize(ip), ipv6_prefix));
+    }
+    match text.parse::<Ipv6Net>() {
+        Ok(net) if ipv6_prefix < 128 && net.prefix_len() == ipv6_prefix => {
+            Ok(ip_key(IpAddr::V6(net.network()), ipv6_prefix))
+        }
+        _ => Err(not_an_address),
+    }
 }
 
 /// Whether `ip` lies in one of the `trusted` networks.

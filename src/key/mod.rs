@@ -33,6 +33,16 @@
 //! in `:` (and header names, extension tags and lengths contain no `:`), the
 //! `and:` length says where the first key ends, and `global` has no `:` at all.
 //!
+//! # From a client's value to its key
+//!
+//! An administrator knows the client's value (the API key `trap`, the user `carol`, the
+//! address `203.0.113.7`), not its tag. [`KeyExtractor::keys_for`] names the key(s) a
+//! request carrying a value is counted under, exactly as [`extract`](KeyExtractor::extract)
+//! would make them (`hdr:x-api-key:trap`), and refuses a value the extractor never
+//! counts ([`KeyForError`]); the layers' admin actions by value
+//! ([`LimitLayer::reset_value`](crate::LimitLayer::reset_value) and its siblings) go
+//! through it.
+//!
 //! A type of your own that implements [`KeyExtractor`] returns its bytes as
 //! they are: when you combine it with other extractors, start its keys with a
 //! tag of your own (`tenant:`) that is not one of the above. So is the
@@ -90,10 +100,12 @@ use ipnet::IpNet;
 mod ip;
 mod raw;
 mod tagged;
+mod value;
 
 pub use self::raw::Key;
 use self::raw::Writer;
 pub use self::tagged::TaggedKey;
+pub use self::value::KeyForError;
 
 /// The IPv6 prefix length [`PeerIp`] and [`ForwardedIp`] group clients by,
 /// unless told otherwise: a /64, the smallest network a single host usually
@@ -134,6 +146,72 @@ pub const DEFAULT_IPV6_PREFIX: u8 = 64;
 pub trait KeyExtractor<B>: Send + Sync + 'static {
     /// Returns the key of `req`, or `None` when it has none.
     fn extract<'r>(&self, req: &'r http::Request<B>) -> Option<Key<'r>>;
+
+    /// The keys a request carrying the client's `value` is counted under, exactly as
+    /// [`extract`](Self::extract) would make them: what an administrator acts on when
+    /// they know the client's API key, user id or address, not the extractor's
+    /// [tags](self#tags).
+    ///
+    /// | Extractor | `value` | keys |
+    /// |-----------|---------|------|
+    /// | [`HeaderKey`] `x-api-key` | `trap` | `hdr:x-api-key:trap` |
+    /// | [`ExtensionKey`] tagged `user` | `carol` | `ext:user:carol` |
+    /// | [`PeerIp`], [`ForwardedIp`] | `203.0.113.7`, `2001:db8:1:2::abcd` | `ip:203.0.113.7`, `ip:2001:db8:1:2::/64` (IPv6 grouped by the extractor's prefix) |
+    /// | [`PathKey`], `MatchedPathKey` | `/users/42`, `/users/{id}` | `path:/users/42`, `route:/users/{id}` |
+    /// | a closure | `acme` | `fn:acme` |
+    /// | [`a.or(b)`](KeyExtractorExt::or) | | the keys of every branch that can count `value`, left to right |
+    /// | [`GlobalKey`] | | an error: [`KeyForError::Shared`] |
+    /// | [`a.and(b)`](KeyExtractorExt::and) | | an error: [`KeyForError::Pair`] |
+    ///
+    /// Several keys only from an `or`: a header value that spells an address is the
+    /// header's key *and* the address's. A value the extractor could never find in a
+    /// request (not an address for [`PeerIp`], bytes no header can hold, an empty value)
+    /// is a [`KeyForError`], never a key of its own: acting on it would act on a key no
+    /// request is counted under. The layers act by value with these keys:
+    /// [`LimitLayer::reset_value`](crate::LimitLayer::reset_value) and its siblings.
+    ///
+    /// The default is [`KeyForError::Unsupported`], for extractors of your own that do
+    /// not say; implement it when a value maps to your keys (tag and all).
+    ///
+    /// # Errors
+    ///
+    /// A [`KeyForError`] saying why no request carrying `value` is counted under a key
+    /// of this extractor, or that it cannot say.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use tower_redis_ratelimit::key::{Key, KeyExtractor, KeyForError};
+    ///
+    /// /// The first path segment, e.g. `v1` for `/v1/users`, tagged `version:`.
+    /// #[derive(Clone, Debug)]
+    /// struct ApiVersion;
+    ///
+    /// impl<B> KeyExtractor<B> for ApiVersion {
+    ///     fn extract<'r>(&self, req: &'r http::Request<B>) -> Option<Key<'r>> {
+    ///         let segment = req.uri().path().trim_start_matches('/').split('/').next()?;
+    ///         (!segment.is_empty()).then(|| Key::concat(&[b"version:", segment.as_bytes()]))
+    ///     }
+    ///
+    ///     fn keys_for(&self, value: &[u8]) -> Result<Vec<Key<'static>>, KeyForError> {
+    ///         if value.is_empty() || value.contains(&b'/') {
+    ///             return Err(KeyForError::unreachable(
+    ///                 "ApiVersion",
+    ///                 "a path segment is not empty and holds no `/`",
+    ///             ));
+    ///         }
+    ///         Ok(vec![Key::concat(&[b"version:", value])])
+    ///     }
+    /// }
+    ///
+    /// let req = http::Request::builder().uri("/v2/users").body(()).unwrap();
+    /// let keys = KeyExtractor::<()>::keys_for(&ApiVersion, b"v2").unwrap();
+    /// assert_eq!(keys, [ApiVersion.extract(&req).unwrap()]);
+    /// ```
+    fn keys_for(&self, value: &[u8]) -> Result<Vec<Key<'static>>, KeyForError> {
+        let _ = value;
+        Err(KeyForError::unsupported(std::any::type_name::<Self>()))
+    }
 }
 
 /// The tag of closure keys.
@@ -146,6 +224,11 @@ where
 {
     fn extract<'r>(&self, req: &'r http::Request<B>) -> Option<Key<'r>> {
         self(req).map(|key| Key::concat(&[FN_TAG, key.as_ref()]))
+    }
+
+    /// `fn:` and the value: a closure's key is the bytes it returns, whatever they are.
+    fn keys_for(&self, value: &[u8]) -> Result<Vec<Key<'static>>, KeyForError> {
+        Ok(vec![Key::concat(&[FN_TAG, value])])
     }
 }
 
@@ -161,8 +244,13 @@ pub use self::combine::{And, KeyExtractorExt, Or};
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 pub use self::request::MatchedPathKey;
 pub use self::request::{ExtensionKey, GlobalKey, HeaderKey, PathKey};
+#[cfg(feature = "serde")]
+pub(crate) use self::value::any_branch;
+pub(crate) use self::value::fitting;
 
 #[cfg(test)]
 mod ip_tests;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod value_tests;

@@ -2,6 +2,7 @@
 //! [`PathKey`] and `MatchedPathKey` (feature `axum`).
 
 use super::combine::combinators;
+use super::value;
 use super::*;
 
 /// One key for all requests: a single limit shared by everybody.
@@ -18,6 +19,25 @@ impl GlobalKey {
     pub const fn new() -> Self {
         Self
     }
+
+    /// Always [`KeyForError::Shared`]: every request is counted under the one key
+    /// `global`, so no client's value names it, and acting on it would act on everybody
+    /// (in an [`or`](Self::or), this branch names no key). See
+    /// [`KeyExtractor::keys_for`].
+    ///
+    /// # Errors
+    ///
+    /// Always [`KeyForError::Shared`].
+    ///
+    /// ```
+    /// use tower_redis_ratelimit::key::{GlobalKey, KeyForError};
+    ///
+    /// assert_eq!(GlobalKey.keys_for(b"carol"), Err(KeyForError::Shared));
+    /// ```
+    pub fn keys_for(&self, value: &[u8]) -> Result<Vec<Key<'static>>, KeyForError> {
+        let _ = value;
+        Err(KeyForError::Shared)
+    }
 }
 
 combinators!(GlobalKey);
@@ -25,6 +45,10 @@ combinators!(GlobalKey);
 impl<B> KeyExtractor<B> for GlobalKey {
     fn extract<'r>(&self, _req: &'r http::Request<B>) -> Option<Key<'r>> {
         Some(Key::borrowed(Self::KEY.as_bytes()))
+    }
+
+    fn keys_for(&self, value: &[u8]) -> Result<Vec<Key<'static>>, KeyForError> {
+        Self::keys_for(self, value)
     }
 }
 
@@ -75,6 +99,40 @@ impl HeaderKey {
     pub fn name(&self) -> &HeaderName {
         &self.name
     }
+
+    /// The key of a request whose header carries `value` (an API key, say):
+    /// `hdr:`, the header name, `:` and the value's bytes. See
+    /// [`KeyExtractor::keys_for`].
+    ///
+    /// # Errors
+    ///
+    /// [`KeyForError::Unreachable`] for an empty value (a request with an empty header
+    /// has no key) and for bytes no header value can hold (control characters such as a
+    /// line feed).
+    ///
+    /// ```
+    /// use tower_redis_ratelimit::key::HeaderKey;
+    ///
+    /// let key = HeaderKey::from_static("x-api-key");
+    /// assert_eq!(key.keys_for(b"trap")?, ["hdr:x-api-key:trap"]);
+    /// assert!(key.keys_for(b"a\nb").is_err());
+    /// # Ok::<(), tower_redis_ratelimit::key::KeyForError>(())
+    /// ```
+    pub fn keys_for(&self, value: &[u8]) -> Result<Vec<Key<'static>>, KeyForError> {
+        value::non_empty(value, "HeaderKey")?;
+        if http::HeaderValue::from_bytes(value).is_err() {
+            return Err(KeyForError::Unreachable {
+                extractor: "HeaderKey",
+                reason: "a header value cannot hold these bytes (control characters)",
+            });
+        }
+        Ok(vec![Key::concat(&[
+            b"hdr:",
+            self.name.as_str().as_bytes(),
+            b":",
+            value,
+        ])])
+    }
 }
 
 combinators!(HeaderKey);
@@ -91,6 +149,10 @@ impl<B> KeyExtractor<B> for HeaderKey {
             b":",
             value.as_bytes(),
         ]))
+    }
+
+    fn keys_for(&self, value: &[u8]) -> Result<Vec<Key<'static>>, KeyForError> {
+        Self::keys_for(self, value)
     }
 }
 
@@ -159,6 +221,33 @@ impl<T> ExtensionKey<T> {
         self.tag = tag;
         self
     }
+
+    /// The key of a request whose extension displays as `value` (a user id, say):
+    /// `ext:`, the [tag](Self::tag), `:` and the value. See [`KeyExtractor::keys_for`].
+    ///
+    /// # Errors
+    ///
+    /// [`KeyForError::Unreachable`] for an empty value (an extension that displays as
+    /// nothing is no key) and for bytes that are not UTF-8 (`Display` writes text).
+    ///
+    /// ```
+    /// use tower_redis_ratelimit::key::ExtensionKey;
+    ///
+    /// # struct UserId;
+    /// let key = ExtensionKey::<UserId>::new().tag("user");
+    /// assert_eq!(key.keys_for(b"carol")?, ["ext:user:carol"]);
+    /// # Ok::<(), tower_redis_ratelimit::key::KeyForError>(())
+    /// ```
+    pub fn keys_for(&self, value: &[u8]) -> Result<Vec<Key<'static>>, KeyForError> {
+        value::non_empty(value, "ExtensionKey")?;
+        value::text(value, "ExtensionKey", "`Display` writes UTF-8 text")?;
+        Ok(vec![Key::concat(&[
+            b"ext:",
+            self.tag.as_bytes(),
+            b":",
+            value,
+        ])])
+    }
 }
 
 combinators!(ExtensionKey<T>);
@@ -199,6 +288,10 @@ where
         write!(Writer(&mut key), "{value}").ok()?;
         (key.len() > tagged).then_some(key)
     }
+
+    fn keys_for(&self, value: &[u8]) -> Result<Vec<Key<'static>>, KeyForError> {
+        Self::keys_for(self, value)
+    }
 }
 
 /// The request path (without the query string), e.g. `/users/42`; the key is
@@ -216,6 +309,33 @@ impl PathKey {
     pub const fn new() -> Self {
         Self
     }
+
+    /// The key of a request for the path `value`: `path:` and the path. See
+    /// [`KeyExtractor::keys_for`].
+    ///
+    /// # Errors
+    ///
+    /// [`KeyForError::Unreachable`] for anything that is not a request path by itself
+    /// (`/users/42`, or `*`): an empty value, a query string, a host.
+    ///
+    /// ```
+    /// use tower_redis_ratelimit::key::PathKey;
+    ///
+    /// assert_eq!(PathKey.keys_for(b"/users/42")?, ["path:/users/42"]);
+    /// assert!(PathKey.keys_for(b"/users?id=42").is_err());
+    /// # Ok::<(), tower_redis_ratelimit::key::KeyForError>(())
+    /// ```
+    pub fn keys_for(&self, value: &[u8]) -> Result<Vec<Key<'static>>, KeyForError> {
+        value::non_empty(value, "PathKey")?;
+        let not_a_path = KeyForError::Unreachable {
+            extractor: "PathKey",
+            reason: "it is not a request path",
+        };
+        match http::Uri::try_from(value) {
+            Ok(uri) if uri.path().as_bytes() == value => Ok(vec![Key::concat(&[b"path:", value])]),
+            _ => Err(not_a_path),
+        }
+    }
 }
 
 combinators!(PathKey);
@@ -224,6 +344,10 @@ impl<B> KeyExtractor<B> for PathKey {
     fn extract<'r>(&self, req: &'r http::Request<B>) -> Option<Key<'r>> {
         let path = req.uri().path();
         (!path.is_empty()).then(|| Key::concat(&[b"path:", path.as_bytes()]))
+    }
+
+    fn keys_for(&self, value: &[u8]) -> Result<Vec<Key<'static>>, KeyForError> {
+        Self::keys_for(self, value)
     }
 }
 
@@ -245,6 +369,32 @@ impl MatchedPathKey {
     pub const fn new() -> Self {
         Self
     }
+
+    /// The key of requests matched by the route template `value`: `route:` and the
+    /// template. See [`KeyExtractor::keys_for`].
+    ///
+    /// # Errors
+    ///
+    /// [`KeyForError::Unreachable`] for a value that is not a route (text starting with
+    /// `/`).
+    ///
+    /// ```
+    /// use tower_redis_ratelimit::key::MatchedPathKey;
+    ///
+    /// assert_eq!(MatchedPathKey.keys_for(b"/users/{id}")?, ["route:/users/{id}"]);
+    /// # Ok::<(), tower_redis_ratelimit::key::KeyForError>(())
+    /// ```
+    pub fn keys_for(&self, value: &[u8]) -> Result<Vec<Key<'static>>, KeyForError> {
+        let reason = "a route is text starting with `/`";
+        let route = value::text(value, "MatchedPathKey", reason)?;
+        if !route.starts_with('/') {
+            return Err(KeyForError::Unreachable {
+                extractor: "MatchedPathKey",
+                reason,
+            });
+        }
+        Ok(vec![Key::concat(&[b"route:", value])])
+    }
 }
 
 #[cfg(feature = "axum")]
@@ -256,5 +406,9 @@ impl<B> KeyExtractor<B> for MatchedPathKey {
         req.extensions()
             .get::<axum::extract::MatchedPath>()
             .map(|path| Key::concat(&[b"route:", path.as_str().as_bytes()]))
+    }
+
+    fn keys_for(&self, value: &[u8]) -> Result<Vec<Key<'static>>, KeyForError> {
+        Self::keys_for(self, value)
     }
 }

@@ -33,6 +33,17 @@ impl<L, K, C, R> LimitLayer<L, K, C, R> {
     pub fn limiter(&self) -> &L {
         &self.shared.limiter
     }
+
+    /// The key extractor every service of this layer asks (for the admin actions by
+    /// value).
+    pub(super) fn extractor(&self) -> &K {
+        &self.shared.key
+    }
+
+    /// The longest key this layer counts (longer ones are missing keys to it).
+    pub(super) fn max_key_len(&self) -> usize {
+        self.shared.options.max_key_len
+    }
 }
 
 impl<L, K, C, R> Clone for LimitLayer<L, K, C, R> {

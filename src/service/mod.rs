@@ -9,6 +9,7 @@
 //! [`Plans`] chooses one of several limits per request (a free and a paid plan) inside
 //! one layer; [`LayerBuilder::shadow`] evaluates a limit without enforcing it.
 
+mod admin;
 mod body;
 mod counted;
 mod future;
@@ -31,6 +32,7 @@ use crate::limiter::Limiter;
 use crate::metrics::LayerMetrics;
 use crate::response::{HeaderParts, OnRejection, Ready, Rejection};
 
+pub use self::admin::AdminError;
 pub use self::body::ResponseBody;
 pub use self::counted::{CountRequestBytes, CountRequestBytesService, CountedBody};
 pub use self::future::ResponseFuture;

@@ -1,0 +1,323 @@
+//! Admin actions by the client's value: a [`LimitLayer`]'s peek, reset, block and refund
+//! of the keys its own extractor counts a value under ([`KeyExtractor::keys_for`]), and
+//! [`AdminError`].
+
+use std::fmt;
+use std::num::NonZeroU32;
+use std::time::Duration;
+
+use super::LimitLayer;
+use crate::decision::Decision;
+use crate::key::{Key, KeyExtractor, KeyForError};
+use crate::limiter::{Check, Limiter};
+
+/// Why an admin action by value did nothing: the value names no key of the layer, or
+/// the layer's limiter cannot take the action.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_redis_ratelimit::key::PeerIp;
+/// use tower_redis_ratelimit::service::AdminError;
+/// use tower_redis_ratelimit::{Backend, PeriodLimitLayer};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let layer = PeriodLimitLayer::builder(&Backend::in_process())
+///     .name("per-ip")
+///     .quota(100)
+///     .period(Duration::from_secs(60))
+///     .key(PeerIp::new())
+///     .build()?;
+/// // An API key given to a per-address layer: no request is counted under it.
+/// let err = layer.reset_value::<()>("trap").await.unwrap_err();
+/// assert!(matches!(err, AdminError::Key(_)));
+/// assert_eq!(
+///     err.to_string(),
+///     "the value names no key of this layer: `PeerIp` never counts this value: it is not an IP address"
+/// );
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum AdminError {
+    /// The layer's extractor never counts the value, or cannot say which key it has.
+    Key(KeyForError),
+    /// The layer's limiter cannot take this action (a [`Limiter`] of your own that
+    /// keeps the default, which answers `None`).
+    #[non_exhaustive]
+    Unsupported {
+        /// The action: `peek`, `reset`, `block` or `refund`.
+        action: &'static str,
+    },
+}
+
+impl fmt::Display for AdminError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Key(error) => write!(f, "the value names no key of this layer: {error}"),
+            Self::Unsupported { action } => {
+                write!(f, "this layer's limiter cannot {action} a key")
+            }
+        }
+    }
+}
+
+impl std::error::Error for AdminError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Self::Key(error) => Some(error),
+            Self::Unsupported { .. } => None,
+        }
+    }
+}
+
+impl From<KeyForError> for AdminError {
+    fn from(error: KeyForError) -> Self {
+        Self::Key(error)
+    }
+}
+
+/// Admin actions on what the operator knows: the client's value (its API key, user id,
+/// address), resolved through this layer's own extractor to the key(s) it counts the
+/// value under ([`KeyExtractor::keys_for`]), then the [`Limiter`]'s action on each.
+///
+/// The type parameter `B` is the body type of the requests the layer serves, the one
+/// its extractor is a [`KeyExtractor`] of: inferred for a closure, to be named for the
+/// built-in extractors, which serve every body (any type does; `()` is the shortest):
+/// `layer.reset_value::<axum::body::Body>("trap")`.
+///
+/// Each action answers one `(key, decision)` per key, in the order of
+/// [`keys_for`](Self::keys_for): one for most extractors, one per branch that can count
+/// the value for an [`or`](crate::key::KeyExtractorExt::or) (every one is acted on). A
+/// value no branch could ever count is an [`AdminError`], never an action on a key no
+/// request is counted under. These act on every limit of the layer as the [`Limiter`]
+/// methods of the same name do: a set's members, every plan of a
+/// [`Plans`](super::Plans) layer for `reset` and `block` (the default plan for `peek`
+/// and `refund`).
+///
+/// There is no `unblock`: [`reset_value`](Self::reset_value) lifts a block (and forgets
+/// the key's count with it).
+impl<L: Limiter, K, C, R> LimitLayer<L, K, C, R> {
+    /// The keys this layer counts a request carrying `value` under, exactly as its
+    /// extractor would make them from such a request; see [`KeyExtractor::keys_for`].
+    /// Keys longer than the layer's [`max_key_len`](super::LayerBuilder::max_key_len)
+    /// are left out: the layer never counts them.
+    ///
+    /// # Errors
+    ///
+    /// A [`KeyForError`] when the extractor never counts `value`, or cannot say
+    /// ([`KeyForError::TooLong`] when its every key is too long for the layer).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_redis_ratelimit::key::{HeaderKey, PeerIp};
+    /// use tower_redis_ratelimit::{Backend, PeriodLimitLayer};
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let layer = PeriodLimitLayer::builder(&Backend::in_process())
+    ///     .name("api")
+    ///     .quota(60)
+    ///     .period(Duration::from_secs(60))
+    ///     .key(HeaderKey::from_static("x-api-key").or(PeerIp::new()))
+    ///     .build()?;
+    /// assert_eq!(layer.keys_for::<()>("trap")?, ["hdr:x-api-key:trap"]);
+    /// // An address sent as an API key is counted under the header's key.
+    /// assert_eq!(
+    ///     layer.keys_for::<()>("203.0.113.7")?,
+    ///     ["hdr:x-api-key:203.0.113.7", "ip:203.0.113.7"]
+    /// );
+    /// # Ok(()) }
+    /// ```
+    pub fn keys_for<B>(&self, value: impl AsRef<[u8]>) -> Result<Vec<Key<'static>>, KeyForError>
+    where
+        K: KeyExtractor<B>,
+    {
+        crate::key::fitting(
+            self.extractor().keys_for(value.as_ref())?,
+            self.max_key_len(),
+        )
+    }
+
+    /// What a check of `cost` by the client with `value` would answer now, spending
+    /// nothing ([`Limiter::peek`]), for each key of [`keys_for`](Self::keys_for).
+    ///
+    /// # Errors
+    ///
+    /// [`AdminError::Key`] when the layer never counts `value`;
+    /// [`AdminError::Unsupported`] when its limiter cannot peek.
+    ///
+    /// ```
+    /// use std::num::NonZeroU32;
+    /// use std::time::Duration;
+    /// use tower_redis_ratelimit::key::HeaderKey;
+    /// use tower_redis_ratelimit::{Backend, PeriodLimitLayer};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let layer = PeriodLimitLayer::builder(&Backend::in_process())
+    ///     .name("api")
+    ///     .quota(60)
+    ///     .period(Duration::from_secs(60))
+    ///     .key(HeaderKey::from_static("x-api-key"))
+    ///     .build()?;
+    /// let standing = layer.peek_value::<()>("trap", NonZeroU32::MIN).await?;
+    /// assert_eq!(standing[0].0, "hdr:x-api-key:trap");
+    /// // Nothing spent yet: a check would admit, leaving 59.
+    /// assert!(standing[0].1.is_admitted());
+    /// assert_eq!(standing[0].1.remaining, 59);
+    /// # Ok(()) }
+    /// ```
+    pub async fn peek_value<B>(
+        &self,
+        value: impl AsRef<[u8]>,
+        cost: NonZeroU32,
+    ) -> Result<Vec<(Key<'static>, Decision)>, AdminError>
+    where
+        K: KeyExtractor<B>,
+    {
+        let limiter = self.limiter();
+        self.act::<B>(value.as_ref(), "peek", |key| limiter.peek(key, cost))
+            .await
+    }
+
+    /// Forgets the keys of the client with `value` ([`Limiter::reset`]): its count
+    /// starts afresh and a block is lifted, on every instance sharing the store.
+    ///
+    /// # Errors
+    ///
+    /// [`AdminError::Key`] when the layer never counts `value` (nothing is reset);
+    /// [`AdminError::Unsupported`] when its limiter cannot reset.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_redis_ratelimit::key::HeaderKey;
+    /// use tower_redis_ratelimit::{Backend, PeriodLimitLayer};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let layer = PeriodLimitLayer::builder(&Backend::in_process())
+    ///     .name("api")
+    ///     .quota(60)
+    ///     .period(Duration::from_secs(60))
+    ///     .key(HeaderKey::from_static("x-api-key"))
+    ///     .build()?;
+    /// layer.block_value::<()>("trap", Duration::from_secs(3600)).await?;
+    /// let reset = layer.reset_value::<()>("trap").await?;
+    /// assert_eq!(reset[0].0, "hdr:x-api-key:trap");
+    /// assert!(reset[0].1.is_admitted());
+    /// # Ok(()) }
+    /// ```
+    pub async fn reset_value<B>(
+        &self,
+        value: impl AsRef<[u8]>,
+    ) -> Result<Vec<(Key<'static>, Decision)>, AdminError>
+    where
+        K: KeyExtractor<B>,
+    {
+        let limiter = self.limiter();
+        self.act::<B>(value.as_ref(), "reset", |key| limiter.reset(key))
+            .await
+    }
+
+    /// Refuses the client with `value` for `duration` ([`Limiter::block`]), whatever
+    /// its limit says, on every instance sharing the store; a later block replaces it
+    /// and [`reset_value`](Self::reset_value) lifts it.
+    ///
+    /// # Errors
+    ///
+    /// [`AdminError::Key`] when the layer never counts `value` (nothing is blocked);
+    /// [`AdminError::Unsupported`] when its limiter cannot block.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_redis_ratelimit::key::HeaderKey;
+    /// use tower_redis_ratelimit::{Backend, PeriodLimitLayer};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let layer = PeriodLimitLayer::builder(&Backend::in_process())
+    ///     .name("api")
+    ///     .quota(60)
+    ///     .period(Duration::from_secs(60))
+    ///     .key(HeaderKey::from_static("x-api-key"))
+    ///     .build()?;
+    /// let blocked = layer.block_value::<()>("trap", Duration::from_secs(3600)).await?;
+    /// assert!(!blocked[0].1.is_admitted());
+    /// # Ok(()) }
+    /// ```
+    pub async fn block_value<B>(
+        &self,
+        value: impl AsRef<[u8]>,
+        duration: Duration,
+    ) -> Result<Vec<(Key<'static>, Decision)>, AdminError>
+    where
+        K: KeyExtractor<B>,
+    {
+        let limiter = self.limiter();
+        self.act::<B>(value.as_ref(), "block", |key| limiter.block(key, duration))
+            .await
+    }
+
+    /// Gives `cost` units back to the client with `value` ([`Limiter::refund`]), on
+    /// each of its keys.
+    ///
+    /// # Errors
+    ///
+    /// [`AdminError::Key`] when the layer never counts `value`;
+    /// [`AdminError::Unsupported`] when its limiter cannot refund.
+    ///
+    /// ```
+    /// use std::num::NonZeroU32;
+    /// use std::time::Duration;
+    /// use tower_redis_ratelimit::key::HeaderKey;
+    /// use tower_redis_ratelimit::{Backend, Limiter, PeriodLimitLayer};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let layer = PeriodLimitLayer::builder(&Backend::in_process())
+    ///     .name("api")
+    ///     .quota(60)
+    ///     .period(Duration::from_secs(60))
+    ///     .key(HeaderKey::from_static("x-api-key"))
+    ///     .build()?;
+    /// layer.limiter().check(b"hdr:x-api-key:trap", NonZeroU32::MIN).await;
+    /// let refunded = layer.refund_value::<()>("trap", NonZeroU32::MIN).await?;
+    /// assert_eq!(refunded[0].1.remaining, 60);
+    /// # Ok(()) }
+    /// ```
+    pub async fn refund_value<B>(
+        &self,
+        value: impl AsRef<[u8]>,
+        cost: NonZeroU32,
+    ) -> Result<Vec<(Key<'static>, Decision)>, AdminError>
+    where
+        K: KeyExtractor<B>,
+    {
+        let limiter = self.limiter();
+        self.act::<B>(value.as_ref(), "refund", |key| limiter.refund(key, cost))
+            .await
+    }
+
+    /// Resolves `value` to its keys, starts `action` on each (all before awaiting any),
+    /// and collects the decisions.
+    async fn act<B>(
+        &self,
+        value: &[u8],
+        name: &'static str,
+        action: impl Fn(&[u8]) -> Option<Check>,
+    ) -> Result<Vec<(Key<'static>, Decision)>, AdminError>
+    where
+        K: KeyExtractor<B>,
+    {
+        let keys = self.keys_for::<B>(value)?;
+        let checks = keys
+            .iter()
+            .map(|key| action(key).ok_or(AdminError::Unsupported { action: name }))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut decisions = Vec::with_capacity(keys.len());
+        for (key, check) in keys.into_iter().zip(checks) {
+            decisions.push((key, check.await));
+        }
+        Ok(decisions)
+    }
+}
