@@ -315,13 +315,25 @@ pub(crate) enum Conn {
     Cluster(redis::cluster_async::ClusterConnection),
 }
 
+/// How many times one call reloads a script or library the server lost before it
+/// gives up (each reload is a round trip, all within the call's deadline).
+const RELOADS: usize = 3;
+
+/// The server does not have the script (`NOSCRIPT`).
+fn no_script(error: &redis::RedisError) -> bool {
+    error.kind() == ErrorKind::Server(ServerErrorKind::NoScript)
+}
+
 impl Conn {
     /// Runs a script call by SHA, loading the script on `NOSCRIPT` and calling again; an
     /// `FCALL`, loading the library when the server does not have it and calling again.
     /// An `FCALL` goes by `EVALSHA` instead where `functions` says the server has no
     /// Redis Functions (learned when the connection was made, before any check was
     /// sent), or when the server refuses it (`FCALL` renamed away or denied while
-    /// `FUNCTION` is not: the backend then stops sending `FCALL`).
+    /// `FUNCTION` is not: the backend then stops sending `FCALL`). A server that lost
+    /// the script or the library (a flush, a failover to a server without them) gets it
+    /// again and the call again, up to [`RELOADS`] times, so that a flush landing
+    /// between a reload and the call again is ridden out too.
     pub(crate) async fn script(
         &mut self,
         call: &Call,
@@ -330,23 +342,27 @@ impl Conn {
         if call.library.is_some() && !functions.fcall() {
             return self.evalsha(&call.as_evalsha(), call).await;
         }
-        match self.query(&call.cmd, call.read).await {
-            Err(error) if error.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                self.load(call.script).await?;
-                self.query(&call.cmd, call.read).await
-            }
-            Err(error) if call.library.is_some() && function_missing(&error) => {
-                if let Some(library) = call.library {
-                    self.load_library(library).await?;
+        let mut reloads = 0;
+        loop {
+            match self.query(&call.cmd, call.read).await {
+                Err(error) if reloads < RELOADS && no_script(&error) => {
+                    self.load(call.script).await?;
                 }
-                self.query(&call.cmd, call.read).await
+                Err(error)
+                    if reloads < RELOADS && call.library.is_some() && function_missing(&error) =>
+                {
+                    if let Some(library) = call.library {
+                        self.load_library(library).await?;
+                    }
+                }
+                Err(error) if call.library.is_some() && fcall_refused(&error) => {
+                    // (Not the error: an unknown command's repeats the call's keys.)
+                    functions.off(&"the server refuses FCALL though it loaded the library");
+                    return self.evalsha(&call.as_evalsha(), call).await;
+                }
+                result => return result,
             }
-            Err(error) if call.library.is_some() && fcall_refused(&error) => {
-                // (Not the error: an unknown command's repeats the call's keys.)
-                functions.off(&"the server refuses FCALL though it loaded the library");
-                self.evalsha(&call.as_evalsha(), call).await
-            }
-            result => result,
+            reloads += 1;
         }
     }
 
@@ -356,12 +372,15 @@ impl Conn {
         cmd: &redis::Cmd,
         call: &Call,
     ) -> Result<Vec<i64>, redis::RedisError> {
-        match self.query(cmd, call.read).await {
-            Err(error) if error.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                self.load(call.script).await?;
-                self.query(cmd, call.read).await
+        let mut reloads = 0;
+        loop {
+            match self.query(cmd, call.read).await {
+                Err(error) if reloads < RELOADS && no_script(&error) => {
+                    self.load(call.script).await?;
+                }
+                result => return result,
             }
-            result => result,
+            reloads += 1;
         }
     }
 
