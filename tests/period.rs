@@ -678,3 +678,29 @@ async fn calendar_windows_expire_at_their_end_and_admit_the_quota() {
         "the window's end, exactly"
     );
 }
+
+/// Every instance after the first finds the engine's library already loaded: its
+/// connection's `FUNCTION LOAD` must not be an error in `INFO commandstats`, which
+/// monitoring shows as failed calls (issue 35, item 9). Three instances start on one
+/// server; no call of any command failed.
+#[tokio::test]
+async fn instances_starting_on_one_server_leave_no_failed_call() {
+    let redis = RedisServer::start();
+    for _ in 0..3 {
+        let backend = redis.uncached_backend();
+        // Connected (the library loaded) with the connection's deadline, not a check's.
+        backend.probe_redis().await.unwrap();
+        let limiter = limiter(&backend, PeriodConfig::new(1_000, Duration::from_secs(60)));
+        assert_eq!(limiter.check(b"k", ONE).await.source, Source::Redis);
+    }
+    let stats = redis.cmd(&["INFO", "commandstats"]);
+    let failed: Vec<&str> = stats
+        .lines()
+        .filter(|line| {
+            line.split(',')
+                .find_map(|field| field.strip_prefix("failed_calls="))
+                .is_some_and(|n| n != "0")
+        })
+        .collect();
+    assert!(failed.is_empty(), "{failed:?}");
+}

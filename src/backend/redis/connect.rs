@@ -409,23 +409,22 @@ impl Conn {
         (library, scripts.into_iter().collect())
     }
 
-    /// `FUNCTION LOAD` of `library`; a library of that name already loaded (by another
-    /// instance: the name carries the text's hash) is the same library.
+    /// `FUNCTION LOAD REPLACE` of `library`.
     pub(crate) async fn load_library(
         &mut self,
         library: &Library,
     ) -> Result<(), redis::RedisError> {
         let mut cmd = redis::cmd("FUNCTION");
-        cmd.arg("LOAD").arg(&library.text);
+        // `REPLACE`: a library of that name (another instance loaded it: the name carries
+        // the text's hash) is the same library, replaced by itself rather than refused
+        // with an error that monitoring would count.
+        cmd.arg("LOAD").arg("REPLACE").arg(&library.text);
         let result: Result<redis::Value, _> = match self {
             Self::Single(conn) => cmd.query_async(conn).await,
             #[cfg(feature = "cluster")]
             Self::Cluster(conn) => cmd.query_async(conn).await,
         };
-        match result {
-            Err(error) if error.to_string().contains("already exists") => Ok(()),
-            result => result.map(drop),
-        }
+        result.map(drop)
     }
 
     async fn query(
