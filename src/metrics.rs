@@ -35,9 +35,10 @@
 //!
 //! The same events are `tracing` events of the `tower_redis_ratelimit` target: `trace`
 //! for admitted requests, `debug` for rejections (and missing keys that the layer
-//! allows or keys in its place), `warn` for requests refused for a missing key (at most
-//! one line per layer every 10 s, with a count of the others), `info` for shadow
-//! rejections.
+//! allows or keys in its place, and keys a client did not send), `warn` for requests
+//! refused for a key the server should have provided (at most one line per layer every
+//! 10 s, with a count of the others; see [`KeyOrigin`](crate::key::KeyOrigin)), `info`
+//! for shadow rejections.
 //!
 //! ```
 //! # #[cfg(feature = "metrics")] {

@@ -105,3 +105,45 @@ async fn a_missing_key_the_layer_was_told_to_allow_is_no_warning() {
     assert_eq!(response.status(), StatusCode::OK);
     assert_eq!(logs.text(), "");
 }
+
+/// A client that forgot its credential is an ordinary client error, not an alarm
+/// (issue 35, item 6): a request without the `authorization` header a `HeaderKey` reads
+/// is answered `400` and logged at `debug` only (it was a `WARN` naming server
+/// misconfigurations, paging someone for a client's mistake); an in-flight layer alike.
+/// The server's own omission (no peer address, above) keeps its `WARN`.
+#[tokio::test]
+async fn a_client_without_its_credential_is_no_warning() {
+    use tower_redis_ratelimit::key::HeaderKey;
+    use tower_redis_ratelimit::InFlightLimitLayer;
+    let (logs, _guard) = capture();
+    let backend = Backend::in_process();
+    let limit = PeriodLimitLayer::builder(&backend)
+        .name("llm.rpm")
+        .quota(60)
+        .period(Duration::from_secs(60))
+        .key(HeaderKey::from_static("authorization"))
+        .build()
+        .unwrap();
+    let exports = InFlightLimitLayer::builder(&backend)
+        .name("exports")
+        .slots(2)
+        .key(HeaderKey::from_static("authorization"))
+        .build()
+        .unwrap();
+    let routers = [
+        Router::new()
+            .route("/", get(|| async { "ok" }))
+            .layer(limit),
+        Router::new()
+            .route("/", get(|| async { "ok" }))
+            .layer(exports),
+    ];
+    for router in routers {
+        let response = router
+            .oneshot(Request::get("/").body(Body::empty()).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+    }
+    assert_eq!(logs.text(), "");
+}

@@ -8,8 +8,8 @@ use serde::{Deserialize, Deserializer, Serialize};
 
 use crate::error::ConfigError;
 use crate::key::{
-    ForwardedHeader, ForwardedIp, GlobalKey, HeaderKey, Key, KeyExtractor, KeyForError, PathKey,
-    PeerIp,
+    ForwardedHeader, ForwardedIp, GlobalKey, HeaderKey, Key, KeyExtractor, KeyForError, KeyOrigin,
+    PathKey, PeerIp,
 };
 
 /// Which key extractor a rule uses, as data.
@@ -298,6 +298,23 @@ impl<B> KeyExtractor<B> for RuleKey {
                     .map(|key| KeyExtractor::<()>::keys_for(key, value)),
             ),
             Inner::And(_) => Err(KeyForError::Pair),
+        }
+    }
+
+    /// As the extractor built in code: see [`KeyExtractor::origin`].
+    fn origin(&self) -> KeyOrigin {
+        match &self.0 {
+            Inner::Global(key) => KeyExtractor::<B>::origin(key),
+            Inner::PeerIp(key) => KeyExtractor::<B>::origin(key),
+            Inner::ForwardedIp(key) => KeyExtractor::<B>::origin(key),
+            Inner::Header(key) => KeyExtractor::<B>::origin(key),
+            Inner::Path(key) => KeyExtractor::<B>::origin(key),
+            #[cfg(feature = "axum")]
+            Inner::MatchedPath(key) => KeyExtractor::<B>::origin(key),
+            Inner::Or(keys) | Inner::And(keys) => keys
+                .iter()
+                .map(KeyExtractor::<B>::origin)
+                .fold(KeyOrigin::Client, KeyOrigin::either),
         }
     }
 }

@@ -16,6 +16,7 @@ use super::host::{Acquire, Acquired};
 use super::{InFlightLimiter, Slot};
 use crate::decision::Decision;
 use crate::key::KeyExtractor;
+use crate::key::KeyOrigin;
 use crate::metrics::LayerMetrics;
 use crate::response::{missing_key, OnRejection, Rejection};
 use crate::service::{MissingKey, MissingKeyWarning};
@@ -88,7 +89,7 @@ where
                 shared.limiter.acquire_raw(&key)
             }
             key => {
-                shared.missing_key(key.is_some());
+                shared.missing_key(key.is_some(), shared.key.origin());
                 match &shared.options.missing_key {
                     MissingKey::Reject(status) if !shadow => {
                         return InFlightFuture::done(missing_key(*status, req.headers()));
@@ -203,10 +204,14 @@ impl<K: Send + Sync + 'static, R: OnRejection> Shared<K, R> {
         }
     }
 
-    fn missing_key(&self, too_long: bool) {
+    /// Counts a request without a usable key, and warns (at most once per interval)
+    /// when the layer refuses it and the server should have provided the key (see
+    /// [`KeyOrigin`]).
+    fn missing_key(&self, too_long: bool, origin: KeyOrigin) {
         self.metrics.missing_key(0);
         let refused = matches!(self.options.missing_key, MissingKey::Reject(_));
-        if !refused {
+        if !refused || origin == KeyOrigin::Client {
+            tracing::debug!(too_long, ?origin, "in-flight key missing");
             return;
         }
         if let Some(suppressed) = self.missing_warning.due() {

@@ -95,6 +95,12 @@ where
     fn keys_for(&self, value: &[u8]) -> Result<Vec<Key<'static>>, KeyForError> {
         super::value::any_branch([self.first.keys_for(value), self.second.keys_for(value)])
     }
+
+    /// No key from either branch: the server's doing if either branch reads what the
+    /// server provides.
+    fn origin(&self) -> KeyOrigin {
+        self.first.origin().either(self.second.origin())
+    }
 }
 
 /// Both keys of two extractors, joined unambiguously.
@@ -132,6 +138,10 @@ where
     fn keys_for(&self, value: &[u8]) -> Result<Vec<Key<'static>>, KeyForError> {
         let _ = value;
         Err(KeyForError::Pair)
+    }
+
+    fn origin(&self) -> KeyOrigin {
+        self.first.origin().either(self.second.origin())
     }
 }
 

@@ -212,6 +212,59 @@ pub trait KeyExtractor<B>: Send + Sync + 'static {
         let _ = value;
         Err(KeyForError::unsupported(std::any::type_name::<Self>()))
     }
+
+    /// Who provides what this extractor reads, and so whose mistake a request without a
+    /// key is: the client's (a header it did not send: an ordinary client error, logged
+    /// at `debug`) or the server's (a peer address, an extension an authentication
+    /// layer should have set: a misconfiguration, logged at `warn`). Either way the
+    /// layer answers by its [`MissingKey`](crate::MissingKey) setting and counts the
+    /// request in the `missing_key` metric.
+    ///
+    /// The default is [`KeyOrigin::Server`], so that a missing key of an extractor of
+    /// your own warns; say [`KeyOrigin::Client`] for one that reads what clients send.
+    fn origin(&self) -> KeyOrigin {
+        KeyOrigin::Server
+    }
+}
+
+/// Who provides what a [`KeyExtractor`] reads: see [`KeyExtractor::origin`].
+///
+/// | Extractor | origin |
+/// |---|---|
+/// | [`HeaderKey`], [`PathKey`], [`GlobalKey`] | client |
+/// | [`PeerIp`], [`ForwardedIp`] (the peer address from the server's `ConnectInfo`), [`ExtensionKey`] (set by an earlier layer), `MatchedPathKey` (the router's), a closure, an extractor of your own by default | server |
+/// | [`a.or(b)`](KeyExtractorExt::or), [`a.and(b)`](KeyExtractorExt::and) | server if either is, else client |
+///
+/// ```
+/// use tower_redis_ratelimit::key::{HeaderKey, KeyExtractor, KeyExtractorExt, KeyOrigin, PeerIp};
+///
+/// let api_key = HeaderKey::from_static("x-api-key");
+/// assert_eq!(KeyExtractor::<()>::origin(&api_key), KeyOrigin::Client);
+/// // Without the header, the peer address: a request with neither means that the
+/// // server gives no peer address (a misconfiguration), not a client's mistake.
+/// let or_peer = HeaderKey::from_static("x-api-key").or(PeerIp::new());
+/// assert_eq!(KeyExtractor::<()>::origin(&or_peer), KeyOrigin::Server);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum KeyOrigin {
+    /// The client sends it (a header such as an API key, the request path).
+    Client,
+    /// The server provides it (the peer address, a request extension, the route).
+    Server,
+}
+
+impl KeyOrigin {
+    /// The origin of a key made of two extractors' (either one's, or both): the server
+    /// when either is.
+    #[must_use]
+    pub fn either(self, other: Self) -> Self {
+        if self == Self::Server || other == Self::Server {
+            Self::Server
+        } else {
+            Self::Client
+        }
+    }
 }
 
 /// The tag of closure keys.

@@ -50,6 +50,10 @@ impl<B> KeyExtractor<B> for GlobalKey {
     fn keys_for(&self, value: &[u8]) -> Result<Vec<Key<'static>>, KeyForError> {
         Self::keys_for(self, value)
     }
+
+    fn origin(&self) -> KeyOrigin {
+        KeyOrigin::Client
+    }
 }
 
 /// The value of a request header, e.g. an API key; the key is `hdr:`, the
@@ -153,6 +157,10 @@ impl<B> KeyExtractor<B> for HeaderKey {
 
     fn keys_for(&self, value: &[u8]) -> Result<Vec<Key<'static>>, KeyForError> {
         Self::keys_for(self, value)
+    }
+
+    fn origin(&self) -> KeyOrigin {
+        KeyOrigin::Client
     }
 }
 
@@ -348,6 +356,10 @@ impl<B> KeyExtractor<B> for PathKey {
 
     fn keys_for(&self, value: &[u8]) -> Result<Vec<Key<'static>>, KeyForError> {
         Self::keys_for(self, value)
+    }
+
+    fn origin(&self) -> KeyOrigin {
+        KeyOrigin::Client
     }
 }
 

@@ -28,6 +28,7 @@ use bytes::Bytes;
 use http::{Response, StatusCode};
 
 use crate::decision::{Decision, Decisions};
+use crate::key::KeyOrigin;
 use crate::limiter::Limiter;
 use crate::metrics::LayerMetrics;
 use crate::response::{HeaderParts, OnRejection, Ready, Rejection};
@@ -53,7 +54,10 @@ pub use self::warn::MISSING_KEY_WARNING_INTERVAL;
 /// told apart from others is neither limited by accident against someone else's key nor
 /// let through unlimited.
 ///
-/// A request refused for a missing key is logged with a `warn` [`tracing`] event, at
+/// A request refused for a key its client did not send (a header: [`KeyOrigin::Client`])
+/// is an ordinary client error: counted in the `missing_key` metric and logged at
+/// `debug`. A request refused for a key the server should have provided
+/// ([`KeyOrigin::Server`]: a misconfiguration) is logged with a `warn` [`tracing`] event, at
 /// most once per [`MISSING_KEY_WARNING_INTERVAL`] per layer (with how many were refused
 /// meanwhile without a line of their own), naming the key extractor and the usual
 /// causes: an axum server started without
@@ -128,12 +132,14 @@ impl Default for Options {
 
 impl<L: Limiter, K, C, R> Shared<L, K, C, R> {
     /// Logs a request without a usable key: at `warn`, rate-limited, when the layer
-    /// refuses it; at `debug` when it was told to let it through or use another key.
-    fn missing_key(&self, policy: usize, too_long: bool) {
+    /// refuses it and the server should have provided the key ([`KeyOrigin::Server`]:
+    /// a misconfiguration); at `debug` when a client did not send it (an ordinary
+    /// client error) or the layer was told to let it through or use another key.
+    fn missing_key(&self, policy: usize, too_long: bool, origin: KeyOrigin) {
         let name = self.limiter.policies()[policy].name();
         let refused = matches!(self.options.missing_key, MissingKey::Reject(_));
-        if !refused {
-            tracing::debug!(policy = name, too_long, "rate-limit key missing");
+        if !refused || origin == KeyOrigin::Client {
+            tracing::debug!(policy = name, too_long, ?origin, "rate-limit key missing");
             return;
         }
         let Some(suppressed) = self.missing_warning.due() else {

@@ -122,7 +122,7 @@ where
             }
             key => {
                 let too_long = key.is_some();
-                shared.missing_key(policy, too_long);
+                shared.missing_key(policy, too_long, shared.key.origin());
                 shared.metrics.missing_key(policy);
                 match &shared.options.missing_key {
                     MissingKey::Reject(status) if !shared.options.shadow => {
