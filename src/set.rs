@@ -273,6 +273,46 @@ impl SetLimiter {
 }
 
 impl SetLimiter {
+    /// Where `key` stands under each limit of the set for a check of `cost`, spending
+    /// nothing: every limit's own decision (blocked while the key is), in the set's
+    /// order, beside its policy, from Redis when it answers, else from the in-process
+    /// state. The set's [`peek`](Limiter::peek) says the one decision the set's check
+    /// would: the refusing limit with the longest wait, else the admitting limit with
+    /// the least left (its `RateLimit` header lists every limit).
+    ///
+    /// ```
+    /// use std::num::NonZeroU32;
+    /// use std::time::Duration;
+    /// use tower_redis_ratelimit::period::PeriodConfig;
+    /// use tower_redis_ratelimit::set::{LimitSet, SetLimiter};
+    /// use tower_redis_ratelimit::token_bucket::TokenBucketConfig;
+    /// use tower_redis_ratelimit::{Backend, Limiter};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let minute = Duration::from_secs(60);
+    /// let set = LimitSet::new()
+    ///     .requests("rpm", TokenBucketConfig::new(60, minute, 60))
+    ///     .limit("tpm", PeriodConfig::new(20_000, minute));
+    /// let llm = SetLimiter::new(&Backend::in_process(), "llm", set)?;
+    /// // A request of 500 tokens, then what one more token would leave of each limit.
+    /// llm.check(b"key-1", NonZeroU32::new(500).unwrap()).await;
+    /// let each = llm.peek_limits(b"key-1", NonZeroU32::MIN).await;
+    /// let left: Vec<_> = each.iter().map(|(policy, d)| (policy.name(), d.remaining)).collect();
+    /// assert_eq!(left, [("llm.rpm", 58), ("llm.tpm", 19_499)]);
+    /// # Ok(()) }
+    /// ```
+    pub async fn peek_limits(&self, key: &[u8], cost: NonZeroU32) -> Vec<(Policy, Decision)> {
+        let hosts = Arc::clone(&self.hosts);
+        let each = crate::backend::peek_each(hosts, key.to_vec(), cost).await;
+        let policies = self
+            .hosts
+            .headers
+            .iter()
+            .map(|parts| parts.policy().clone());
+        policies.zip(each.unwrap_or_default()).collect()
+    }
+
     /// The policy of the member with the smallest capacity: the largest cost the set can
     /// ever admit is its quota.
     pub(crate) fn smallest_member(&self) -> &Policy {
@@ -527,5 +567,22 @@ impl Hosts for SetHosts {
         for member in self.members.iter() {
             member.local_reset(key);
         }
+    }
+
+    fn local_members(&self, key: &[u8], cost: u32, source: Source) -> Option<Vec<Decision>> {
+        let backend = self.remote().backend();
+        let now_us = || backend.clock().now_us();
+        let until = self.blocks.until(&backend.local_store(), key, now_us);
+        let _guard = self.lock(key);
+        let each = self.members.iter().enumerate().map(|(i, member)| {
+            let decision = member.local(key, self.units(i, cost), source, false);
+            match until {
+                Some(until) => {
+                    decision.blocked(Duration::from_micros(until.saturating_sub(now_us())))
+                }
+                None => decision,
+            }
+        });
+        Some(each.collect())
     }
 }

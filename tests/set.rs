@@ -254,3 +254,35 @@ async fn a_blocked_set_says_no_limit_has_units_left() {
         }
     }
 }
+
+/// An admin sees every limit of a set, not the one decision the set's check would give
+/// (issue 35, item 7): after a request of 500 tokens, a peek of one more says the rpm
+/// bucket would have 58 left and the tpm window 19 499, on Redis and in process; the
+/// set's own peek says the rpm limit's (the least left). Blocked, every limit says it
+/// has nothing left.
+#[tokio::test]
+async fn an_admin_sees_where_the_key_stands_under_every_limit() {
+    let redis = RedisServer::start();
+    let minute = Duration::from_secs(60);
+    for backend in [redis.uncached_backend(), Backend::in_process()] {
+        let set = LimitSet::new()
+            .requests("rpm", TokenBucketConfig::new(60, minute, 60))
+            .limit("tpm", PeriodConfig::new(20_000, minute));
+        let llm = SetLimiter::new(&backend, "llm", set).unwrap();
+        let tokens = NonZeroU32::new(500).unwrap();
+        assert!(llm.check(b"key-1", tokens).await.is_admitted());
+        let each = llm.peek_limits(b"key-1", ONE).await;
+        let left: Vec<_> = each.iter().map(|(p, d)| (p.name(), d.remaining)).collect();
+        // (What a check of one more would leave.)
+        assert_eq!(left, [("llm.rpm", 58), ("llm.tpm", 19_499)], "{backend:?}");
+        let peek = llm.peek(b"key-1", ONE).unwrap().await;
+        assert_eq!((peek.limit, peek.remaining), (60, 58), "{backend:?}");
+        llm.block(b"key-1", Duration::from_secs(30)).unwrap().await;
+        let each = llm.peek_limits(b"key-1", ONE).await;
+        assert!(
+            each.iter()
+                .all(|(_, d)| d.remaining == 0 && !d.is_admitted()),
+            "{backend:?}: {each:?}"
+        );
+    }
+}

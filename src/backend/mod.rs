@@ -96,7 +96,7 @@ pub use self::decide::engine::{engine_admits, engine_script};
 pub(crate) use self::decide::hosts::{Hosts, Remote};
 pub(crate) use self::decide::layout::{Layout, Owner};
 pub(crate) use self::decide::lease::Leases;
-pub(crate) use self::decide::operate::{operate, Operation};
+pub(crate) use self::decide::operate::{operate, peek_each, Operation};
 pub(crate) use self::redis::call::{Args, Call};
 pub use self::redis::credentials::{Credentials, CredentialsFuture, CredentialsProvider};
 pub use self::redis::health::{

@@ -103,6 +103,11 @@ impl HeaderParts {
         out.extend_from_slice(num.format(ceil_secs(decision.reset)).as_bytes());
     }
 
+    /// The policy these parts are of.
+    pub(crate) fn policy(&self) -> &Policy {
+        &self.of
+    }
+
     /// This policy's `RateLimit-Policy` item.
     pub(crate) fn policy_value(&self) -> &HeaderValue {
         &self.policy

@@ -205,6 +205,13 @@ pub(crate) trait Hosts: Send + Sync + 'static {
         };
         decision.blocked(wait)
     }
+    /// Each limit's own answer from the in-process state to a check of `cost`, spending
+    /// nothing, blocked while the key is: a set's limits, in order; `None` for one limit
+    /// (the default).
+    fn local_members(&self, key: &[u8], cost: u32, source: Source) -> Option<Vec<Decision>> {
+        let _ = (key, cost, source);
+        None
+    }
     /// The leases of this limit, when it takes leases (token buckets may).
     fn leases(&self) -> Option<&Leases> {
         None

@@ -216,3 +216,39 @@ fn operate_locally<T: Hosts + ?Sized>(
         None => decision.unwrap_or_else(|| store.local(key, 0, source, false)),
     }
 }
+
+/// Each limit's own answer to a peek of `cost` (a [set](crate::set)'s limits, in order),
+/// spending nothing: the engine's when Redis answers (blocked while the key is), else
+/// the in-process state's. `None` for one limit.
+pub(crate) async fn peek_each<T: Hosts + ?Sized>(
+    store: Arc<T>,
+    key: Vec<u8>,
+    cost: NonZeroU32,
+) -> Option<Vec<Decision>> {
+    let remote = store.remote();
+    let backend = remote.backend();
+    let Some(redis) = backend.redis_handle() else {
+        return store.local_members(&key, cost.get(), Source::InProcess);
+    };
+    if redis.admit() {
+        let redis_key = remote.redis_key(&key);
+        let lockout = store.blocks().lockout_ms();
+        let call = engine_call(&*store, &key, &redis_key, PEEK, cost.get(), lockout, &[]);
+        if let Ok(reply) = redis.eval(&call).await {
+            let blocked_ms = reply.get(1).and_then(|&ms| u64::try_from(ms).ok());
+            let members = reply
+                .get(2..)
+                .and_then(|limits| store.member_decisions(limits, cost));
+            if let (Some(blocked_ms), Some(members)) = (blocked_ms, members) {
+                let wait = Duration::from_millis(blocked_ms);
+                let each = members.iter().cloned();
+                return Some(if wait.is_zero() {
+                    each.collect()
+                } else {
+                    each.map(|member| member.blocked(wait)).collect()
+                });
+            }
+        }
+    }
+    store.local_members(&key, cost.get(), Source::Fallback)
+}
