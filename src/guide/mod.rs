@@ -10,7 +10,7 @@
 //! |---|---|---|
 //! | [algorithms] | Choosing an algorithm | fixed window, token bucket or rolling window; one layer per limit or per plan |
 //! | [keys] | Choosing a key; Limits from your own store | whose limit a request counts against (user, tenant, address, plan), and a limit per key looked up in your database |
-//! | [stacking] | Stacked limits; Several limits at once, all or nothing | a burst limit and a daily quota on one route: which goes outermost, and sets decided together |
+//! | [stacking] | Stacked limits; Several limits at once, all or nothing; Exemptions | a burst limit and a daily quota on one route: which goes outermost, sets decided together, requests that never count (preflights, health checks) and the limit's place beside a CORS layer |
 //! | [calendar] | Calendar windows | a local day, week or month of an IANA zone, daylight saving time included |
 //! | [limiters] | Limiters in your own code | `check`, `peek`, `refund`, `reset` and `block` from jobs, websockets and admin tools |
 //! | [usage] | Counting by outcome; Limits on usage; Lockouts | counting failures or successes only, settling costs known once the response has ended (tokens, bytes), fail2ban-style lockouts |

@@ -92,3 +92,65 @@
 //!
 //! On Redis Cluster a set needs nothing more: its keys share the limited key's hash tag,
 //! so one slot.
+//!
+//! # Exemptions: preflights, health checks, internal callers
+//!
+//! A request that should never count (a CORS preflight, a load balancer's health check,
+//! your own batch job, an allowlisted client) is exempted by the layer itself with
+//! [`exempt`](crate::LayerBuilder::exempt): it is neither checked nor counted and its
+//! response carries no rate-limit headers. The predicate sees the request's head; give
+//! several, and any of them exempts:
+//!
+//! ```
+//! use std::collections::HashSet;
+//! use std::net::SocketAddr;
+//! use std::time::Duration;
+//! use axum::{extract::ConnectInfo, routing::get, Router};
+//! use tower_redis_ratelimit::{key::HeaderKey, Backend, PeriodLimitLayer};
+//!
+//! # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
+//! let partners: HashSet<&'static str> = ["partner-1", "partner-2"].into();
+//! let limit = PeriodLimitLayer::builder(&Backend::in_process())
+//!     .name("api")
+//!     .quota(100)
+//!     .period(Duration::from_secs(60))
+//!     .key(HeaderKey::from_static("x-api-key"))
+//!     .exempt(|req| req.method == http::Method::OPTIONS)
+//!     .exempt(|req| req.uri.path() == "/healthz")
+//!     .exempt(move |req| {
+//!         let key = req.headers.get("x-api-key").and_then(|v| v.to_str().ok());
+//!         key.is_some_and(|key| partners.contains(key))
+//!     })
+//!     // Callers from the cluster's own network.
+//!     .exempt(|req| {
+//!         req.extensions
+//!             .get::<ConnectInfo<SocketAddr>>()
+//!             .is_some_and(|ConnectInfo(peer)| peer.ip().is_loopback())
+//!     })
+//!     .build()?;
+//! let app: Router = Router::new()
+//!     .route("/", get(|| async { "hello" }))
+//!     .route("/healthz", get(|| async { "up" }))
+//!     .layer(limit);
+//! # let _ = app; Ok(()) }
+//! ```
+//!
+//! The predicate runs on every request, on the request's task: keep it to reading the
+//! head and sets in memory (an allowlist from your store belongs in memory, refreshed
+//! in the background, not looked up per request).
+//!
+//! **Where the limit goes relative to a CORS layer.** Put the CORS layer *outside* the
+//! limit (added after it with `Router::layer`, or above it in a `ServiceBuilder`): the
+//! CORS layer then answers preflights itself before they reach the limit, and adds its
+//! `Access-Control-Allow-Origin` to every response coming back through it, the limit's
+//! `429`s included, so that a browser lets the page read the refusal and its
+//! `Retry-After`. A limit outside the CORS layer counts preflights (unless exempted)
+//! and sends `429`s without CORS headers, which a browser reports as a network error.
+//!
+//! ```ignore
+//! // tower-http's CorsLayer, outside the limit: `.layer` wraps what came before.
+//! let app = Router::new()
+//!     .route("/", get(handler))
+//!     .layer(limit)
+//!     .layer(tower_http::cors::CorsLayer::permissive());
+//! ```

@@ -208,6 +208,16 @@ impl<K, R> InFlightLayerBuilder<K, R> {
         self
     }
 
+    /// Lets requests for which `predicate` says yes through without taking a slot; see
+    /// [`LayerBuilder::exempt`].
+    pub fn exempt(
+        mut self,
+        predicate: impl Fn(&http::request::Parts) -> bool + Send + Sync + 'static,
+    ) -> Self {
+        self.inner = self.inner.exempt(predicate);
+        self
+    }
+
     /// What to do when no key can be extracted (default: reject with 400).
     pub fn on_missing_key(mut self, missing_key: MissingKey) -> Self {
         self.inner = self.inner.on_missing_key(missing_key);

@@ -83,6 +83,11 @@ where
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
         let shared = &self.shared;
+        // An exempt request takes no slot and carries no headers.
+        let (exempt, req) = shared.options.exempt.test(req);
+        if exempt {
+            return InFlightFuture::inner(self.inner.call(req), None);
+        }
         let shadow = shared.options.shadow;
         let mut acquire = match shared.key.extract(&req) {
             Some(key) if key.len() <= shared.options.max_key_len => {

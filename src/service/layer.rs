@@ -287,6 +287,39 @@ impl<A, K, C, R> LayerBuilder<A, K, C, R> {
         self
     }
 
+    /// Lets requests for which `predicate` says yes through without checking or counting
+    /// them: no key is extracted, nothing is spent, and the response carries no
+    /// rate-limit headers. For CORS preflights, health checks, internal callers and
+    /// allowlisted clients (an API key in a set of yours). Called again, it adds a
+    /// predicate: a request any of them exempts is exempt. The predicate sees the
+    /// request's head (method, URI, headers, extensions: axum's `ConnectInfo` for the
+    /// peer address) and runs on every request: keep it cheap and non-blocking.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_redis_ratelimit::{key::HeaderKey, Backend, PeriodLimitLayer};
+    ///
+    /// # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
+    /// let limit = PeriodLimitLayer::builder(&Backend::in_process())
+    ///     .name("api")
+    ///     .quota(100)
+    ///     .period(Duration::from_secs(60))
+    ///     .key(HeaderKey::from_static("x-api-key"))
+    ///     // CORS preflights and the health check are not counted.
+    ///     .exempt(|req| req.method == http::Method::OPTIONS || req.uri.path() == "/healthz")
+    ///     // Nor is our own batch job.
+    ///     .exempt(|req| req.headers.get("x-api-key").is_some_and(|key| key == "batch-job"))
+    ///     .build()?;
+    /// # let _ = limit; Ok(()) }
+    /// ```
+    pub fn exempt(
+        mut self,
+        predicate: impl Fn(&http::request::Parts) -> bool + Send + Sync + 'static,
+    ) -> Self {
+        self.options.exempt = self.options.exempt.or(predicate);
+        self
+    }
+
     /// What to do when no key can be extracted (default: reject with 400).
     pub fn on_missing_key(mut self, missing_key: MissingKey) -> Self {
         self.options.missing_key = missing_key;

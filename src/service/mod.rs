@@ -104,9 +104,43 @@ pub(crate) struct Shared<L, K, C, R> {
 /// The longest key accepted by default, in bytes.
 const DEFAULT_MAX_KEY_LEN: usize = 256;
 
+/// Which requests a layer lets through without checking or counting them: see
+/// [`LayerBuilder::exempt`]. Any of its predicates saying yes exempts a request.
+#[derive(Clone, Default)]
+pub(crate) struct Exempt(Vec<Arc<dyn Fn(&http::request::Parts) -> bool + Send + Sync>>);
+
+impl Exempt {
+    /// Adds a predicate.
+    pub(crate) fn or(
+        mut self,
+        predicate: impl Fn(&http::request::Parts) -> bool + Send + Sync + 'static,
+    ) -> Self {
+        self.0.push(Arc::new(predicate));
+        self
+    }
+
+    /// Whether `req` is exempt, and `req` back (its head is looked at in place: moved,
+    /// not copied).
+    pub(crate) fn test<B>(&self, req: http::Request<B>) -> (bool, http::Request<B>) {
+        if self.0.is_empty() {
+            return (false, req);
+        }
+        let (parts, body) = req.into_parts();
+        let exempt = self.0.iter().any(|predicate| predicate(&parts));
+        (exempt, http::Request::from_parts(parts, body))
+    }
+}
+
+impl std::fmt::Debug for Exempt {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Exempt({} predicates)", self.0.len())
+    }
+}
+
 /// The plain settings of a layer, shared by [`LayerBuilder`] and the service.
 #[derive(Debug, Clone)]
 pub(crate) struct Options {
+    pub(crate) exempt: Exempt,
     pub(crate) admitted_headers: bool,
     pub(crate) decision_extension: bool,
     pub(crate) shadow: bool,
@@ -119,6 +153,7 @@ pub(crate) struct Options {
 impl Default for Options {
     fn default() -> Self {
         Self {
+            exempt: Exempt::default(),
             admitted_headers: true,
             decision_extension: true,
             shadow: false,

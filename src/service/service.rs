@@ -93,8 +93,13 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, mut req: Request<ReqBody>) -> Self::Future {
+    fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
         let shared = &self.shared;
+        // An exempt request is neither checked nor counted, and carries no headers.
+        let (exempt, mut req) = shared.options.exempt.test(req);
+        if exempt {
+            return ResponseFuture::inner(self.inner.call(req), None, None);
+        }
         let Some(cost) = NonZeroU32::new(shared.cost.cost(&req)) else {
             return ResponseFuture::inner(self.inner.call(req), None, None);
         };
