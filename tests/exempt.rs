@@ -32,19 +32,33 @@ async fn exempt_requests_are_neither_counted_nor_labelled() {
         .build()
         .unwrap();
     let app = Router::new()
-        .route("/", get(|| async { "ok" }).options(|| async { "preflight" }))
+        .route(
+            "/",
+            get(|| async { "ok" }).options(|| async { "preflight" }),
+        )
         .route("/healthz", get(|| async { "up" }))
         .layer(limit);
     for (method, path) in [(Method::OPTIONS, "/"), (Method::GET, "/healthz")] {
         for _ in 0..3 {
-            let response = app.clone().oneshot(request(method.clone(), path)).await.unwrap();
+            let response = app
+                .clone()
+                .oneshot(request(method.clone(), path))
+                .await
+                .unwrap();
             assert_eq!(response.status(), StatusCode::OK, "{method} {path}");
-            assert!(response.headers().get("ratelimit").is_none(), "{method} {path}");
+            assert!(
+                response.headers().get("ratelimit").is_none(),
+                "{method} {path}"
+            );
             assert!(response.headers().get("ratelimit-policy").is_none());
         }
     }
     // The client's one request of the minute is still there, then used up.
-    let first = app.clone().oneshot(request(Method::GET, "/")).await.unwrap();
+    let first = app
+        .clone()
+        .oneshot(request(Method::GET, "/"))
+        .await
+        .unwrap();
     assert_eq!(first.status(), StatusCode::OK);
     assert_eq!(first.headers()["ratelimit"], "\"api\";r=0;t=60");
     let second = app.oneshot(request(Method::GET, "/")).await.unwrap();

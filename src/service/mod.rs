@@ -107,7 +107,10 @@ const DEFAULT_MAX_KEY_LEN: usize = 256;
 /// Which requests a layer lets through without checking or counting them: see
 /// [`LayerBuilder::exempt`]. Any of its predicates saying yes exempts a request.
 #[derive(Clone, Default)]
-pub(crate) struct Exempt(Vec<Arc<dyn Fn(&http::request::Parts) -> bool + Send + Sync>>);
+pub(crate) struct Exempt(Vec<Arc<Predicate>>);
+
+/// One of [`Exempt`]'s predicates.
+type Predicate = dyn Fn(&http::request::Parts) -> bool + Send + Sync;
 
 impl Exempt {
     /// Adds a predicate.
