@@ -1,7 +1,7 @@
 //! Unit tests of the IP key extractors: the peer's address, the forwarded-header walk
 //! and IP normalization (split from `tests.rs`, which holds the helpers).
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 
 use http::{HeaderValue, Request};
 
@@ -39,6 +39,8 @@ fn peer_ip_from_socket_addr() {
 #[cfg(feature = "axum")]
 #[test]
 fn peer_ip_prefers_connect_info() {
+    use std::net::SocketAddr;
+
     use axum::extract::ConnectInfo;
     let mut r = with_peer("192.0.2.1:1");
     r.extensions_mut()
@@ -388,6 +390,8 @@ fn forwarded_ip_ipv6_and_mapped_addresses() {
 #[cfg(feature = "axum")]
 #[test]
 fn forwarded_ip_uses_connect_info() {
+    use std::net::SocketAddr;
+
     use axum::extract::ConnectInfo;
     let mut r = req();
     r.extensions_mut()
