@@ -104,6 +104,7 @@ pub mod key;
 mod layers;
 mod limiter;
 mod local;
+mod lua_texts;
 pub mod metrics;
 pub mod outbound;
 pub mod period;
@@ -127,6 +128,8 @@ pub use crate::error::{BoxError, ConfigError};
 pub use crate::in_flight::InFlightLimitLayer;
 pub use crate::layers::{LimitSetLayer, PeriodLimitLayer, RollingWindowLayer, TokenBucketLayer};
 pub use crate::limiter::{Check, Limiter};
+#[doc(hidden)]
+pub use crate::lua_texts::lua_texts;
 #[cfg(feature = "grpc")]
 #[cfg_attr(docsrs, doc(cfg(feature = "grpc")))]
 pub use crate::response::grpc;

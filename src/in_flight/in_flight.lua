@@ -10,7 +10,6 @@
 -- the key); then, with the caller's clock, its time.
 -- Reply: {admitted (1) or refused (0), slots held after the call}.
 local function engine(KEYS, ARGV)
-  local key = KEYS[1]
   local op = ARGV[1]
   local slots = tonumber(ARGV[2])
   local lease = tonumber(ARGV[3])
@@ -20,21 +19,21 @@ local function engine(KEYS, ARGV)
     last = last - 1
   end
   -- Leases that ran out: their holders died (or lost Redis for a whole lease).
-  redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
+  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
   if op == 'a' then
-    local held = redis.call('ZCARD', key)
+    local held = redis.call('ZCARD', KEYS[1])
     if held >= slots then
       return {0, held}
     end
-    redis.call('ZADD', key, now + lease, ARGV[4])
+    redis.call('ZADD', KEYS[1], now + lease, ARGV[4])
     -- The set lives as long as its longest lease.
-    if redis.call('PTTL', key) < lease then
-      redis.call('PEXPIRE', key, lease)
+    if redis.call('PTTL', KEYS[1]) < lease then
+      redis.call('PEXPIRE', KEYS[1], lease)
     end
     return {1, held + 1}
   elseif op == 'r' then
-    redis.call('ZREM', key, ARGV[4])
-    return {1, redis.call('ZCARD', key)}
+    redis.call('ZREM', KEYS[1], ARGV[4])
+    return {1, redis.call('ZCARD', KEYS[1])}
   elseif op == 'n' then
     -- Only slots still held are renewed (XX): a lease that ran out stays given back.
     local members = {}
@@ -43,13 +42,13 @@ local function engine(KEYS, ARGV)
       members[#members + 1] = ARGV[i]
     end
     if #members > 0 then
-      redis.call('ZADD', key, 'XX', unpack(members))
+      redis.call('ZADD', KEYS[1], 'XX', unpack_list(members))
     end
-    local held = redis.call('ZCARD', key)
-    if held > 0 and redis.call('PTTL', key) < lease then
-      redis.call('PEXPIRE', key, lease)
+    local held = redis.call('ZCARD', KEYS[1])
+    if held > 0 and redis.call('PTTL', KEYS[1]) < lease then
+      redis.call('PEXPIRE', KEYS[1], lease)
     end
     return {1, held}
   end
-  return {1, redis.call('ZCARD', key)}
+  return {1, redis.call('ZCARD', KEYS[1])}
 end

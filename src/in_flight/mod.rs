@@ -88,7 +88,7 @@
 //! refusal in the [metrics](crate::metrics), but serves every request.
 
 mod future;
-mod host;
+pub(crate) mod host;
 mod layer;
 mod service;
 

@@ -2,9 +2,9 @@
 -- period (ms), UTC offset (ms) to align windows to, or nil for windows that start at the
 -- first request; for a calendar window, a.argv and a.bounds: the call's ARGV and where
 -- its four boundaries are (calendar_window, src/period/period_lean.lua)}:
--- period_state(key, a, now_us) reads the key once, period_step(s, cost, write) decides
+-- period_state(KEYS, k, a, now_us) reads the key once, period_step(s, cost, write) decides
 -- a check on that state (with `write`, counting it; nothing goes to Redis),
--- period_save(key, s) writes what the steps changed, once. `key` holds the count, with
+-- period_save(KEYS, k, s) writes what the steps changed, once. `KEYS[k]` holds the count, with
 -- the window's end as its expiry (counted by the server).
 -- A step returns {admitted (1/0), count, ms until the window ends}. A rejected request
 -- is not counted. Time is used only to align a new window. Large numbers go to Redis
@@ -24,13 +24,13 @@
 -- A calendar window's period is the length of the window that holds the time read (the
 -- server's, or the caller's); a new window ends at the end of the window holding the
 -- key's time.
-local function period_state(key, a, now_us)
+local function period_state(KEYS, k, a, now_us)
   local quota, length, offset = a[1], a[2], a[3]
   if a.bounds then
     local _
     _, length = calendar_window(a.argv, a.bounds, math.floor(now_us / 1000))
   end
-  local raw = redis.call('GET', key)
+  local raw = redis.call('GET', KEYS[k])
   local count, skew = 0, 0
   if raw then
     count = tonumber(raw)
@@ -40,7 +40,7 @@ local function period_state(key, a, now_us)
       skew = at and tonumber(string.sub(raw, at + 1)) or 0
     end
   end
-  local ttl = redis.call('PTTL', key)
+  local ttl = redis.call('PTTL', KEYS[k])
   -- A window ends at its expiry: a PTTL of 0 is a key expiring this very millisecond
   -- (Redis still holds it), which is already the next window.
   local s = { quota = quota, length = length, count = count, ttl = ttl, added = 0,
@@ -91,10 +91,10 @@ local function period_step(s, cost, write)
   return {1, s.count + cost, s.ttl}
 end
 
-local function period_save(key, s)
+local function period_save(KEYS, k, s)
   if s.stepped and s.rekey then
     -- Callers' clocks: cut the window to one period.
-    redis.call('PEXPIRE', key, string.format('%d', s.length))
+    redis.call('PEXPIRE', KEYS[k], string.format('%d', s.length))
   elseif s.skew > 0 or s.stored_skew > 0 then
     -- A key whose time is not the server's: the count and the skew in one value. The
     -- expiry is the window's end in the key's time: set with a new window, then kept.
@@ -109,9 +109,9 @@ local function period_save(key, s)
       if s.added == 0 then
         return
       end
-      redis.call('SET', key, value, 'PX', string.format('%d', s.ttl + s.skew))
+      redis.call('SET', KEYS[k], value, 'PX', string.format('%d', s.ttl + s.skew))
     else
-      redis.call('SET', key, value, 'KEEPTTL')
+      redis.call('SET', KEYS[k], value, 'KEEPTTL')
     end
     return
   end
@@ -119,13 +119,15 @@ local function period_save(key, s)
     return
   end
   if not s.fresh then
-    redis.call('INCRBY', key, s.added)
+    redis.call('INCRBY', KEYS[k], s.added)
   elseif s.deadline and not caller_time then
-    -- The server's own clock: end exactly on the edge.
-    redis.call('SET', key, s.count, 'PXAT', string.format('%d', s.deadline))
+    -- The server's own clock: end exactly on the edge (PEXPIREAT: some servers
+    -- refuse SET's PXAT).
+    redis.call('SET', KEYS[k], s.count)
+    redis.call('PEXPIREAT', KEYS[k], string.format('%d', s.deadline))
   else
     -- The caller's clock is not the server's: the edge as a time to live.
-    redis.call('SET', key, s.count, 'PX', string.format('%d', s.ttl))
+    redis.call('SET', KEYS[k], s.count, 'PX', string.format('%d', s.ttl))
   end
 end
 -- period_charge(s, cost): counts `cost` on state `s` whatever the quota says (a
@@ -138,25 +140,25 @@ local function period_charge(s, cost)
   s.count = s.count + cost
   s.added = s.added + cost
 end
--- period_refund(key, a, now_us, cost): gives `cost` units back to the current window (a
+-- period_refund(KEYS, k, a, now_us, cost): gives `cost` units back to the current window (a
 -- window emptied by it is deleted: the next request starts a new one).
-local function period_refund(key, a, now_us, cost)
-  local raw = redis.call('GET', key) or '0'
+local function period_refund(KEYS, k, a, now_us, cost)
+  local raw = redis.call('GET', KEYS[k]) or '0'
   local count = tonumber(raw)
   local at = nil
   if count == nil then
     at = string.find(raw, ' ', 1, true)
     count = at and tonumber(string.sub(raw, 1, at - 1)) or 0
   end
-  if count > 0 and redis.call('PTTL', key) > 0 then
+  if count > 0 and redis.call('PTTL', KEYS[k]) > 0 then
     if count <= cost then
-      redis.call('DEL', key)
+      redis.call('DEL', KEYS[k])
     elseif at then
       -- With a skew: the value is rewritten, its expiry kept.
-      redis.call('SET', key, string.format('%d', count - cost) .. string.sub(raw, at),
+      redis.call('SET', KEYS[k], string.format('%d', count - cost) .. string.sub(raw, at),
         'KEEPTTL')
     else
-      redis.call('DECRBY', key, cost)
+      redis.call('DECRBY', KEYS[k], cost)
     end
   end
 end

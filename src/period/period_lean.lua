@@ -2,11 +2,11 @@
 -- steps (src/period/period.lua), whose rules it follows.
 -- Takes back what period_try counted (`count`: the count it left; `ttl`: the key's
 -- expiry then, -1 for a key that held nothing, which is deleted again).
-local function period_undo(key, cost, count, ttl)
+local function period_undo(KEYS, k, cost, count, ttl)
   if count == cost and ttl == -1 then
-    redis.call('DEL', key)
+    redis.call('DEL', KEYS[k])
   else
-    redis.call('INCRBY', key, -cost)
+    redis.call('INCRBY', KEYS[k], -cost)
   end
 end
 
@@ -35,38 +35,38 @@ end
 
 -- The lean check (src/backend/decide/lean.lua): the common case of the steps
 -- (src/period/period.lua) in the fewest commands, deciding exactly as they do.
--- period_try(key, quota, length, offset, cost, cost_text, now_us) counts the cost at
+-- period_try(KEYS, k, quota, length, offset, cost, cost_text, now_us) counts the cost at
 -- once (INCRBY, with the cost as the client wrote it: Redis 7.0 writes a number
 -- argument with snprintf, which costs more than the command) and returns true, the
 -- count and the ms until the window ends when the key's window admits it as the steps
 -- would; else it takes the count back and returns false, and the steps decide (a
 -- refusal, a new window over a stale key, a skew, a clock step). A key that held
 -- nothing starts its window here, as period_save would.
-local function period_try(key, quota, length, offset, cost, cost_text, now_us)
-  local count = redis.pcall('INCRBY', key, cost_text)
+local function period_try(KEYS, k, quota, length, offset, cost, cost_text, now_us)
+  local count = redis.pcall('INCRBY', KEYS[k], cost_text)
   if type(count) ~= 'number' then
     -- "count skew": the steps decide.
     return false
   end
-  local ttl = redis.call('PTTL', key)
+  local ttl = redis.call('PTTL', KEYS[k])
   if count == cost and ttl == -1 and cost <= quota then
     -- A new window.
     if not offset then
-      redis.call('PEXPIRE', key, length)
+      redis.call('PEXPIRE', KEYS[k], length)
       return true, count, length
     end
     local now = math.floor(now_us / 1000)
     local deadline = now - ((now + offset) % length) + length
     if caller_time then
-      redis.call('PEXPIRE', key, string.format('%d', deadline - now))
+      redis.call('PEXPIRE', KEYS[k], string.format('%d', deadline - now))
     else
-      redis.call('PEXPIREAT', key, string.format('%d', deadline))
+      redis.call('PEXPIREAT', KEYS[k], string.format('%d', deadline))
     end
     return true, count, deadline - now
   end
   if count ~= cost and ttl > 0 and ttl <= length and count <= quota then
     return true, count, ttl
   end
-  period_undo(key, cost, count, ttl)
+  period_undo(KEYS, k, cost, count, ttl)
   return false
 end

@@ -1,8 +1,8 @@
 -- Rolling window of time buckets, as an algorithm of the engine (src/backend/decide/engine.lua),
--- with a = {limit, buckets, interval (ms)}: rolling_state(key, a, now_us) reads the key
+-- with a = {limit, buckets, interval (ms)}: rolling_state(KEYS, k, a, now_us) reads the key
 -- once, rolling_step(s, cost, write) decides a check on that state (with `write`,
--- counting it and marking the housekeeping; nothing goes to Redis), rolling_save(key, s)
--- writes what the steps changed, once. `key` is a hash with one field per bucket: the
+-- counting it and marking the housekeeping; nothing goes to Redis), rolling_save(KEYS, k, s)
+-- writes what the steps changed, once. `KEYS[k]` is a hash with one field per bucket: the
 -- absolute bucket index floor(now_ms / interval) in decimal, holding that bucket's
 -- count. A decision that does not write leaves the housekeeping to one that does.
 -- A bucket is live while its index is above current - buckets; bucket i stops counting at
@@ -13,7 +13,7 @@
 -- cost could be admitted (0 when admitted), ms until every counted unit has expired}.
 -- A rejected request is not counted. With the server's time, every instance agrees on
 -- bucket edges.
-local function rolling_state(key, a, now_us)
+local function rolling_state(KEYS, k, a, now_us)
   local limit, buckets, interval = a[1], a[2], a[3]
   local now = math.floor(now_us / 1000)
   local current = math.floor(now / interval)
@@ -34,7 +34,7 @@ local function rolling_state(key, a, now_us)
   -- the clock furthest ahead says so.
   local newest = nil
   local stored_skew = 0
-  local fields = redis.call('HGETALL', key)
+  local fields = redis.call('HGETALL', KEYS[k])
   for i = 1, #fields, 2 do
     local index = tonumber(fields[i])
     local count = tonumber(fields[i + 1])
@@ -120,26 +120,26 @@ local function rolling_step(s, cost, write)
   return {0, s.sum, retry, reset}
 end
 
-local function rolling_save(key, s)
+local function rolling_save(KEYS, k, s)
   if not s.housekeep then
     return
   end
-  -- Delete the dead buckets in chunks (unpack() has a bounded stack).
+  -- Delete the dead buckets in chunks (unpack has a bounded stack).
   for i = 1, #s.dead, 500 do
-    redis.call('HDEL', key, unpack(s.dead, i, math.min(i + 499, #s.dead)))
+    redis.call('HDEL', KEYS[k], unpack_list(s.dead, i, math.min(i + 499, #s.dead)))
   end
   if s.skew ~= s.stored_skew then
     if s.skew > 0 then
-      redis.call('HSET', key, 's', string.format('%d', s.skew))
+      redis.call('HSET', KEYS[k], 's', string.format('%d', s.skew))
     else
-      redis.call('HDEL', key, 's')
+      redis.call('HDEL', KEYS[k], 's')
     end
   end
   if s.added > 0 then
-    redis.call('HINCRBY', key, string.format('%d', s.current), s.added)
+    redis.call('HINCRBY', KEYS[k], string.format('%d', s.current), s.added)
     -- Kept a window and a bucket past now in the key's time (so past now by the skew
     -- more on the server's clock).
-    redis.call('PEXPIRE', key, string.format('%d', (s.buckets + 1 + s.skew) * s.interval))
+    redis.call('PEXPIRE', KEYS[k], string.format('%d', (s.buckets + 1 + s.skew) * s.interval))
   end
 end
 -- rolling_charge(s, cost): counts `cost` in the current bucket of state `s` whatever
@@ -155,13 +155,13 @@ local function rolling_charge(s, cost)
   end
   s.live[s.current] = s.live[s.current] + cost
 end
--- rolling_refund(key, a, now_us, cost): takes `cost` units off the newest buckets first
+-- rolling_refund(KEYS, k, a, now_us, cost): takes `cost` units off the newest buckets first
 -- (the units spent last), deleting the buckets it empties; expired buckets are left to
 -- the next check.
-local function rolling_refund(key, a, now_us, cost)
+local function rolling_refund(KEYS, k, a, now_us, cost)
   local buckets, interval = a[2], a[3]
   local current = math.floor(math.floor(now_us / 1000) / interval)
-  local fields = redis.call('HGETALL', key)
+  local fields = redis.call('HGETALL', KEYS[k])
   for i = 1, #fields, 2 do
     if fields[i] == 's' then
       -- The key's time runs ahead of the server's (a step back of the server's clock).
@@ -188,9 +188,9 @@ local function rolling_refund(key, a, now_us, cost)
     local take = math.min(cost, counts[index])
     cost = cost - take
     if take == counts[index] then
-      redis.call('HDEL', key, string.format('%d', index))
+      redis.call('HDEL', KEYS[k], string.format('%d', index))
     else
-      redis.call('HINCRBY', key, string.format('%d', index), -take)
+      redis.call('HINCRBY', KEYS[k], string.format('%d', index), -take)
     end
   end
 end

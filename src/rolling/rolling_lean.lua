@@ -2,12 +2,12 @@
 -- steps (src/rolling/rolling.lua), whose rules it follows.
 -- The lean check (src/backend/decide/lean.lua): the common case of rolling_state,
 -- rolling_step and rolling_save in the fewest commands and tables, deciding exactly as
--- they do. rolling_try(key, limit, buckets, interval, cost, now_us) reads the key and
+-- they do. rolling_try(KEYS, k, limit, buckets, interval, cost, now_us) reads the key and
 -- returns true, the sum after the cost, the ms until every counted unit has expired, the
 -- current bucket and the dead fields (nil when none) when the window admits the cost
 -- with the key's time the server's (no skew field, no bucket ahead of now); else false,
 -- and the steps decide (a refusal, a skew, a step back). Nothing is written:
--- rolling_commit(key, dead, current, cost, cost_text, buckets, interval) writes what
+-- rolling_commit(KEYS, k, dead, current, cost, cost_text, buckets, interval) writes what
 -- rolling_save would (with the server's clock, the key's expiry only when the current
 -- bucket starts: it outlives every bucket then).
 
@@ -44,14 +44,12 @@ local function rolling_live(fields, oldest, current)
   return sum, dead
 end
 
-local function rolling_try(key, limit, buckets, interval, cost, now_us)
-  -- (x - x % 1 is floor(x), without a call.)
-  local now = now_us / 1000
-  now = now - now % 1
-  local current = now / interval
-  current = current - current % 1
+local function rolling_try(KEYS, k, limit, buckets, interval, cost, now_us)
+  -- (math.floor: a whole number, an integer in Lua 5.4 as well.)
+  local now = math.floor(now_us / 1000)
+  local current = math.floor(now / interval)
   local oldest = current - buckets + 1
-  local fields = redis.call('HGETALL', key)
+  local fields = redis.call('HGETALL', KEYS[k])
   local sum, dead = 0, nil
   if #fields > 0 then
     local read
@@ -66,10 +64,10 @@ local function rolling_try(key, limit, buckets, interval, cost, now_us)
   return true, sum + cost, (current + buckets) * interval - now, current, dead
 end
 
-local function rolling_commit(key, dead, current, cost, cost_text, buckets, interval)
+local function rolling_commit(KEYS, k, dead, current, cost, cost_text, buckets, interval)
   if dead then
     for i = 1, #dead, 500 do
-      redis.call('HDEL', key, unpack(dead, i, math.min(i + 499, #dead)))
+      redis.call('HDEL', KEYS[k], unpack_list(dead, i, math.min(i + 499, #dead)))
     end
   end
   -- The key's expiry is set when its current bucket starts: a window and a bucket past
@@ -79,7 +77,7 @@ local function rolling_commit(key, dead, current, cost, cost_text, buckets, inte
   -- may end before the bucket does. (Whole numbers below 10^17 as numbers: Redis writes
   -- them in decimal digits, as string.format('%d') does. The cost goes as the client
   -- wrote it, `cost_text`: Redis 7.0 writes a number with snprintf, which costs more.)
-  if redis.call('HINCRBY', key, current, cost_text) == cost or caller_time then
-    redis.call('PEXPIRE', key, (buckets + 1) * interval)
+  if redis.call('HINCRBY', KEYS[k], current, cost_text) == cost or caller_time then
+    redis.call('PEXPIRE', KEYS[k], (buckets + 1) * interval)
   end
 end

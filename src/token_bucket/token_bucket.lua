@@ -2,9 +2,9 @@
 -- epoch in a[3]), tau (the burst's span), the stored TAT (nil when none), skew (µs; 0
 -- when none) and floor (nil when none). The value is the TAT alone, or "TAT skew" or
 -- "TAT skew floor" (see token_bucket_state).
-local function token_bucket_load(key, a, now_us)
+local function token_bucket_load(KEYS, k, a, now_us)
   local interval = a[1]
-  local value = redis.call('GET', key)
+  local value = redis.call('GET', KEYS[k])
   local tat, skew, floor = nil, 0, nil
   if value then
     tat = tonumber(value)
@@ -35,7 +35,7 @@ end
 -- by the skew, and is still there when the clock comes back. With callers' clocks, also
 -- until a caller up to max(a full refill, 1 s) behind the writer sees it full, so that
 -- the key's expiry never hands such a caller a full bucket early.
-local function token_bucket_store(key, s)
+local function token_bucket_store(KEYS, k, s)
   local ttl = math.max(1, math.ceil((s.tat - s.server_now) / 1000))
   if caller_time then
     ttl = ttl + math.max(math.ceil(s.tau / 1000), 1000)
@@ -48,15 +48,15 @@ local function token_bucket_store(key, s)
   else
     value = string.format('%.4f', s.tat)
   end
-  redis.call('SET', key, value, 'PX', string.format('%d', ttl))
+  redis.call('SET', KEYS[k], value, 'PX', string.format('%d', ttl))
 end
 
 -- Token bucket as GCRA, as an algorithm of the engine (src/backend/decide/engine.lua), with
 -- a = {emission interval (µs per token, fractional allowed), burst, epoch (whole seconds
--- since the Unix epoch)}: token_bucket_state(key, a, now_us) reads the key once,
+-- since the Unix epoch)}: token_bucket_state(KEYS, k, a, now_us) reads the key once,
 -- token_bucket_step(s, cost, write) decides a check on that state (with `write`, moving
--- it as spending does; nothing goes to Redis), token_bucket_save(key, s) writes what the
--- steps changed, once. `key` holds the bucket's theoretical arrival time (TAT), in
+-- it as spending does; nothing goes to Redis), token_bucket_save(KEYS, k, s) writes what the
+-- steps changed, once. `KEYS[k]` holds the bucket's theoretical arrival time (TAT), in
 -- microseconds since the epoch (close to now, so that doubles keep sub-microsecond
 -- precision). A full bucket has TAT <= now; each token moves TAT one interval into the
 -- future; a cost fits while TAT stays within burst intervals of now.
@@ -76,8 +76,8 @@ end
 -- not seen: the key's time follows it, by less than one refill.
 -- A caller's clock behind the others' (caller_time) reads such a TAT as an empty
 -- bucket (the steps and leases clamp it to now + tau), and writes nothing then.
-local function token_bucket_state(key, a, now_us)
-  local interval, now, tau, tat, skew, floor = token_bucket_load(key, a, now_us)
+local function token_bucket_state(KEYS, k, a, now_us)
+  local interval, now, tau, tat, skew, floor = token_bucket_load(KEYS, k, a, now_us)
   local s = { interval = interval, server_now = now, now = now, tau = tau, tat = tat,
     skew = 0, stored_skew = skew, eps = token_bucket_eps(now, tau) }
   if tat ~= nil and not caller_time then
@@ -122,9 +122,9 @@ local function token_bucket_step(s, cost, write)
     token_bucket_us(full_in, eps)}
 end
 
-local function token_bucket_save(key, s)
+local function token_bucket_save(KEYS, k, s)
   if s.spent or s.rekey then
-    token_bucket_store(key, s)
+    token_bucket_store(KEYS, k, s)
   end
 end
 -- token_bucket_charge(s, cost): spends `cost` tokens on state `s` whatever the bucket
@@ -138,50 +138,50 @@ local function token_bucket_charge(s, cost)
     s.rekey = true
   end
 end
--- token_bucket_refund(key, a, now_us, cost): puts `cost` tokens back (TAT moves back by
+-- token_bucket_refund(KEYS, k, a, now_us, cost): puts `cost` tokens back (TAT moves back by
 -- their intervals, never below the key's time; a bucket full again is deleted).
-local function token_bucket_refund(key, a, now_us, cost)
-  local s = token_bucket_state(key, a, now_us)
+local function token_bucket_refund(KEYS, k, a, now_us, cost)
+  local s = token_bucket_state(KEYS, k, a, now_us)
   if s.tat <= s.now then
     return
   end
   s.tat = math.max(s.now, s.tat - cost * s.interval)
   if s.tat - s.now <= s.eps then
-    redis.call('DEL', key)
+    redis.call('DEL', KEYS[k])
   else
-    token_bucket_store(key, s)
+    token_bucket_store(KEYS, k, s)
   end
 end
--- token_bucket_reserve(key, a, now_us, cost, max_wait): takes `cost` tokens at the
+-- token_bucket_reserve(KEYS, k, a, now_us, cost, max_wait): takes `cost` tokens at the
 -- earliest time they fit, if that is at most `max_wait` µs away: TAT moves on now and
 -- the caller waits until then (one call per request, however many callers share the
 -- bucket). Returns {admitted (1/0), tokens left (at the reserved time), µs to wait
 -- (admitted: before using the tokens; refused: until they would fit), µs until full}.
 -- The key's time is token_bucket_state's.
-local function token_bucket_reserve(key, a, now_us, cost, max_wait)
-  local s = token_bucket_state(key, a, now_us)
+local function token_bucket_reserve(KEYS, k, a, now_us, cost, max_wait)
+  local s = token_bucket_state(KEYS, k, a, now_us)
   local interval, now, tau, tat, eps = s.interval, s.now, s.tau, s.tat, s.eps
   local new_tat = tat + cost * interval
   local wait = math.max(0, new_tat - tau - now)
   if wait > max_wait + eps then
     local available = math.max(0, token_bucket_tokens(tau - (tat - now), interval, eps))
     if s.skew ~= s.stored_skew then
-      token_bucket_store(key, s)
+      token_bucket_store(KEYS, k, s)
     end
     return {0, available, token_bucket_us(wait, eps), token_bucket_us(tat - now, eps)}
   end
   s.tat = new_tat
-  token_bucket_store(key, s)
+  token_bucket_store(KEYS, k, s)
   local left = token_bucket_tokens(tau - (new_tat - now - wait), interval, eps)
   return {1, left, math.max(0, token_bucket_us(wait, eps)), token_bucket_us(new_tat - now, eps)}
 end
--- token_bucket_lease(key, a, now_us, cost, size): for a lease answered in process,
+-- token_bucket_lease(KEYS, k, a, now_us, cost, size): for a lease answered in process,
 -- takes at least `cost` and at most `size` tokens, and never more than half of those
 -- available beyond `cost` (so that a bucket near empty is shared exactly). Returns
 -- {admitted (1/0), tokens left, tokens taken (admitted) or µs until `cost` fits
 -- (refused), µs until full}. The key's time is token_bucket_state's.
-local function token_bucket_lease(key, a, now_us, cost, size)
-  local s = token_bucket_state(key, a, now_us)
+local function token_bucket_lease(KEYS, k, a, now_us, cost, size)
+  local s = token_bucket_state(KEYS, k, a, now_us)
   local interval, now, tau, eps = s.interval, s.now, s.tau, s.eps
   local tat = s.tat
   if caller_time then
@@ -190,13 +190,13 @@ local function token_bucket_lease(key, a, now_us, cost, size)
   local available = token_bucket_tokens(tau - (tat - now), interval, eps)
   if available < cost then
     if s.skew ~= s.stored_skew then
-      token_bucket_store(key, s)
+      token_bucket_store(KEYS, k, s)
     end
     local wait = tat + cost * interval - tau - now
     return {0, math.max(0, available), token_bucket_us(wait, eps), token_bucket_us(tat - now, eps)}
   end
   local take = math.max(cost, math.min(size, cost + math.floor((available - cost) / 2)))
   s.tat = tat + take * interval
-  token_bucket_store(key, s)
+  token_bucket_store(KEYS, k, s)
   return {1, available - take, take, token_bucket_us(s.tat - now, eps)}
 end

@@ -28,23 +28,23 @@ end
 
 -- The lean check (src/backend/decide/lean.lua): the common case of token_bucket_state and
 -- token_bucket_step in the fewest commands and no tables, deciding exactly as they do.
--- token_bucket_try(key, block, interval, burst, epoch, cost, now_us) reads the key (and
+-- token_bucket_try(KEYS, k, block, interval, burst, epoch, cost, now_us) reads the key (and
 -- its block, when given: then a block leaves it to the steps) and returns
 -- true, the tokens left, the µs until full and the new TAT when the bucket admits the
 -- cost with the key's time the server's (no skew, no step back); else false, and the
 -- steps decide (a refusal, a skew, a step back). Nothing is written:
--- token_bucket_commit(key, tat, now, tau) stores the new TAT as token_bucket_store does.
-local function token_bucket_try(key, block, interval, burst, epoch, cost, now_us)
+-- token_bucket_commit(KEYS, k, tat, now, tau) stores the new TAT as token_bucket_store does.
+local function token_bucket_try(KEYS, k, block, interval, burst, epoch, cost, now_us)
   local value
   if block then
     -- The key and its block in one command: a block (set) leaves it to the steps.
-    local values = redis.call('MGET', key, block)
+    local values = redis.call('MGET', KEYS[k], KEYS[block])
     if values[2] then
       return false
     end
     value = values[1]
   else
-    value = redis.call('GET', key)
+    value = redis.call('GET', KEYS[k])
   end
   local tat = nil
   if value then
@@ -78,7 +78,7 @@ end
 
 -- The TAT goes to Redis as a number, which Redis writes with 17 significant digits: the
 -- very double, read back alike by every release (the steps write four decimals).
-local function token_bucket_commit(key, tat, now, tau)
+local function token_bucket_commit(KEYS, k, tat, now, tau)
   local ttl = math.ceil((tat - now) / 1000)
   if ttl < 1 then
     ttl = 1
@@ -86,6 +86,7 @@ local function token_bucket_commit(key, tat, now, tau)
   if caller_time then
     ttl = ttl + math.max(math.ceil(tau / 1000), 1000)
   end
-  -- (A whole number of ms below 2^53: Redis writes it without exponent.)
-  redis.call('SET', key, tat, 'PX', ttl)
+  -- (The TAT as text, with 17 significant digits, as Redis 5.1's Lua writes a number;
+  -- a Lua 5.4 server writes a float its own way. The ttl: a whole number of ms.)
+  redis.call('SET', KEYS[k], string.format('%.17g', tat), 'PX', ttl)
 end

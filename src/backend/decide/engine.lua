@@ -7,6 +7,13 @@
 -- writes it at most once, however many checks it decides (coalesced checks, 'm').
 -- KEYS: one key per limit, in order, then the key's block (on Redis Cluster, all in one
 -- slot: they share the limited key's hash tag).
+-- The dialect (checked by tests/dialect.rs): Lua 5.1 and 5.4 alike (Redis and Valkey run
+-- 5.1, Dragonfly 5.4): only the functions both have (no math.frexp; unpack through
+-- the prelude's unpack_list), every number in a reply or a command an integer (math.floor,
+-- string.format), every key of a command written KEYS[i] in the call itself (cluster
+-- proxies such as Alibaba Cloud's refuse a key held in a variable: the algorithms'
+-- functions take KEYS and their key's index k), expiries set by PEXPIRE or PEXPIREAT or
+-- SET's PX (Garnet refuses SET's PXAT).
 -- ARGV: first the head, one text 'op:count:param':
 -- - op: 'c' check: spend when every limit admits; 'p' peek: decide, spend nothing;
 --   'f' refund: give the cost back to every limit; 's' settle: the cost is a signed
@@ -57,7 +64,6 @@ local cost = H[2]
 local n = #KEYS - 1
 -- The lockout (ms) of a check; a reservation's longest wait (µs); a lease's size.
 local param = H[3]
-local block = KEYS[n + 1]
 local limits = {}
 local at = 1
 -- Calendar windows' boundaries: four numbers each, after the limits' text.
@@ -98,20 +104,20 @@ if op == 'f' or op == 's' or op == 'x' or op == 'b' then
   -- (forget the key) or block, then say where each limit stands: a cost of 0, decided
   -- without writing.
   if op == 'b' then
-    redis.call('SET', block, '1', 'PX', string.format('%d', cost))
+    redis.call('SET', KEYS[n + 1], '1', 'PX', string.format('%d', cost))
   elseif op == 'x' then
-    redis.call('DEL', block)
+    redis.call('DEL', KEYS[n + 1])
   end
   for i = 1, n do
     if op == 'f' then
-      limits[i][1].refund(KEYS[i], limits[i][2], now_us, units(i, cost))
+      limits[i][1].refund(KEYS, i, limits[i][2], now_us, units(i, cost))
     elseif op == 's' then
       -- A member that counts requests settles nothing: the request was one.
       if cost < 0 and not limits[i][3] then
-        limits[i][1].refund(KEYS[i], limits[i][2], now_us, -cost)
+        limits[i][1].refund(KEYS, i, limits[i][2], now_us, -cost)
       elseif cost > 0 and not limits[i][3] then
         -- Charged on its state, which the decision below reads and the end saves.
-        local s = limits[i][1].state(KEYS[i], limits[i][2], now_us)
+        local s = limits[i][1].state(KEYS, i, limits[i][2], now_us)
         limits[i][1].charge(s, cost)
         settled[i] = s
       end
@@ -126,16 +132,16 @@ if op == 'l' then
   -- The unused tokens of the key's expired lease go back first.
   local unused = tonumber(ARGV[at])
   if unused > 0 then
-    token_bucket_refund(KEYS[1], limits[1][2], now_us, unused)
+    token_bucket_refund(KEYS, 1, limits[1][2], now_us, unused)
   end
 end
 if op == 'v' or op == 'l' then
-  local blocked = math.max(0, redis.call('PTTL', block))
+  local blocked = math.max(0, redis.call('PTTL', KEYS[n + 1]))
   if blocked == 0 then
     -- Reserve (one token bucket): the cost at the earliest time it fits, within the
     -- longest wait. Lease: at least the cost, at most the lease size.
     local take = op == 'v' and token_bucket_reserve or token_bucket_lease
-    local reply = take(KEYS[1], limits[1][2], now_us, cost, param)
+    local reply = take(KEYS, 1, limits[1][2], now_us, cost, param)
     local out = { reply[1], 0 }
     for _, v in ipairs(reply) do
       out[#out + 1] = v
@@ -153,7 +159,7 @@ local blocked = nil
 -- One decision: {admitted, blocked ms, each limit's reply}, appended to `out`.
 local function decide(op, cost, out)
   if blocked == nil then
-    blocked = math.max(0, redis.call('PTTL', block))
+    blocked = math.max(0, redis.call('PTTL', KEYS[n + 1]))
   end
   if blocked > 0 then
     -- Blocked: nothing is spent; a limit that would refuse the cost says so (the reply's
@@ -166,7 +172,7 @@ local function decide(op, cost, out)
   local admitted = 1
   for i = 1, n do
     if states[i] == nil then
-      states[i] = limits[i][1].state(KEYS[i], limits[i][2], now_us)
+      states[i] = limits[i][1].state(KEYS, i, limits[i][2], now_us)
     end
     replies[i] = limits[i][1].step(states[i], units(i, cost), spend and n == 1)
     if replies[i][1] == 0 then
@@ -193,8 +199,8 @@ local function decide(op, cost, out)
     -- Refused: the key is locked out (a lock already running is not extended: this
     -- check was not blocked, so none is; a block key expiring this very millisecond
     -- (PTTL 0) is over and is replaced, which NX would not do).
-    redis.call('SET', block, '1', 'PX', string.format('%d', param))
-    blocked = math.max(0, redis.call('PTTL', block))
+    redis.call('SET', KEYS[n + 1], '1', 'PX', string.format('%d', param))
+    blocked = math.max(0, redis.call('PTTL', KEYS[n + 1]))
   end
   out[#out + 1] = admitted
   out[#out + 1] = blocked
@@ -217,7 +223,7 @@ else
 end
 for i = 1, n do
   if states[i] ~= nil then
-    limits[i][1].save(KEYS[i], states[i])
+    limits[i][1].save(KEYS, i, states[i])
   end
 end
 return out

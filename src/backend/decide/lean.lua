@@ -13,7 +13,8 @@
 -- its letter in lower case, where its words start, whether it counts requests (its
 -- letter in capitals), and for packed replies the bits of its capacity (a token
 -- bucket's burst, its second argument, else its first: 2^(bits-1) <= capacity <
--- 2^bits, from math.frexp) and 2^bits.
+-- 2^bits, counted by doubling: math.frexp is not in Lua 5.4) and 2^bits (an integer
+-- in Lua 5.4 too, as `2 ^ bits` would not be).
 local texts = { {}, {} }
 local text_counts = { 0, 0 }
 local function list_of(kind, text)
@@ -33,10 +34,13 @@ local function list_of(kind, text)
     while at <= #list do
       local letter = list[at]
       local kind = string.lower(letter)
-      local _, bits = math.frexp(list[at + (kind == 't' and 3 or 2)])
+      local capacity, bits, power = list[at + (kind == 't' and 3 or 2)], 0, 1
+      while power <= capacity do
+        bits, power = bits + 1, power * 2
+      end
       local p = #per
       per[p + 1], per[p + 2], per[p + 3], per[p + 4], per[p + 5] = kind, at, kind ~= letter,
-        bits, 2 ^ bits
+        bits, power
       at = at + 2 + list[at + 1]
     end
     list.per = per
@@ -54,12 +58,15 @@ end
 -- reply costs more than the check's commands): limit i's n (remaining or count: at most
 -- its capacity, so within its bits), its t (ms or µs) and its shape (0: a fixed
 -- window's {1, n, t}; 1: {1, n, 0, t}), as -(v + 1) where
--- v = (t * 2^bits + n) * 128 + shape * 64 + bits, when v is below 2^53 (else the reply
+-- v = (t * 2^bits + n) * 128 + shape * 64 + bits, when v is below 2^53, that is when
+-- t * 2^bits + n is below 2^46, which is asked before v is made (t < (2^46 - n) / 2^bits,
+-- exact: a division by a power of two; in Lua 5.4 a product past 2^63 would wrap) (else
+-- the reply
 -- is the table). Written out where it is made (a call costs Redis as much as ten
 -- operations); read back by `engine::unpacked` (src/backend/decide/engine.rs).
 
--- The lean check of a set's limits from limit i on (n limits; `block`: the block key
--- to read with limit i's key; `now_us`: the time when read; ARGV[bounds_at]: the next
+-- The lean check of a set's limits from limit i on (n limits; `block`: the index in
+-- KEYS of the block key to read with limit i's key, or nil; `now_us`: the time when read; ARGV[bounds_at]: the next
 -- calendar window's boundaries): limit i tries, then the limits after it, and only
 -- when they all admit does limit i write (or, when one does not, take back what it
 -- counted). Returns the reply, a table of each limit's packed reply, or nil (the
@@ -67,7 +74,7 @@ end
 -- wait in its call's locals (a table for them costs Redis more).
 local function lean_from(KEYS, ARGV, L, H, n, i, block, now_us, bounds_at)
   local per, p = L.per, i * 5 - 5
-  local kind, at, key = per[p + 1], per[p + 2], KEYS[i]
+  local kind, at = per[p + 1], per[p + 2]
   -- A member that counts requests spends one.
   local spent, spent_text = H[2], H[4]
   if per[p + 3] then
@@ -91,27 +98,28 @@ local function lean_from(KEYS, ARGV, L, H, n, i, block, now_us, bounds_at)
       offset = L[at + 4]
       now_us = now_us or unix_us(ARGV)
     end
-    ok, r1, r2 = period_try(key, L[at + 2], length, offset, spent, spent_text, now_us)
+    ok, r1, r2 = period_try(KEYS, i, L[at + 2], length, offset, spent, spent_text, now_us)
     shape = 0
   elseif kind == 't' then
     now_us = now_us or unix_us(ARGV)
-    ok, r1, r2, c1, c2, c3 = token_bucket_try(key, block, L[at + 2], L[at + 3], L[at + 4],
+    ok, r1, r2, c1, c2, c3 = token_bucket_try(KEYS, i, block, L[at + 2], L[at + 3], L[at + 4],
       spent, now_us)
   else
     now_us = now_us or unix_us(ARGV)
-    ok, r1, r2, c1, c2 = rolling_try(key, L[at + 2], L[at + 3], L[at + 4], spent, now_us)
+    ok, r1, r2, c1, c2 = rolling_try(KEYS, i, L[at + 2], L[at + 3], L[at + 4], spent, now_us)
   end
   if not ok then
     return nil
   end
   -- (Packed: see above.)
-  local reply = (r2 * per[p + 5] + r1) * 128 + shape * 64 + per[p + 4]
+  local reply = nil
+  if r2 < (70368744177664 - r1) / per[p + 5] then
+    reply = (r2 * per[p + 5] + r1) * 128 + shape * 64 + per[p + 4]
+  end
   local out = nil
-  if reply >= 9007199254740992 then
-    reply = nil
-  elseif i == n then
+  if reply and i == n then
     out = n == 2 and { false, false } or {}
-  else
+  elseif reply then
     out = lean_from(KEYS, ARGV, L, H, n, i + 1, nil, now_us, bounds_at)
   end
   if not out then
@@ -119,14 +127,14 @@ local function lean_from(KEYS, ARGV, L, H, n, i, block, now_us, bounds_at)
     -- window counted is taken back. (A window it started, the count the cost: a key
     -- that held nothing.)
     if kind == 'w' then
-      period_undo(key, spent, r1, r1 == spent and -1 or 1)
+      period_undo(KEYS, i, spent, r1, r1 == spent and -1 or 1)
     end
     return nil
   end
   if kind == 't' then
-    token_bucket_commit(key, c1, c2, c3)
+    token_bucket_commit(KEYS, i, c1, c2, c3)
   elseif kind == 'r' then
-    rolling_commit(key, c2, c1, spent, spent_text, L[at + 3], L[at + 4])
+    rolling_commit(KEYS, i, c2, c1, spent, spent_text, L[at + 3], L[at + 4])
   end
   out[i] = -reply - 1
   return out
@@ -145,33 +153,33 @@ local function lean(KEYS, ARGV, L, H)
     local cost = H[2]
     -- One limit (L: its letter, its count of arguments, its arguments): the reply made
     -- at once.
-    local kind, key, block = L[1], KEYS[1], KEYS[2]
+    local kind = L[1]
     local ok, count, t, shape
     if kind == 't' then
       local tat, now, tau
-      ok, count, t, tat, now, tau = token_bucket_try(key, block, L[3], L[4], L[5], cost,
+      ok, count, t, tat, now, tau = token_bucket_try(KEYS, 1, 2, L[3], L[4], L[5], cost,
         unix_us(ARGV))
       if not ok then
         return nil
       end
-      token_bucket_commit(key, tat, now, tau)
+      token_bucket_commit(KEYS, 1, tat, now, tau)
       shape = 1
     else
-      if redis.call('PTTL', block) > 0 then
+      if redis.call('PTTL', KEYS[2]) > 0 then
         return nil
       end
       if kind == 'w' then
         -- (L[5]: the offset of an aligned window, nil for one that starts at the first
         -- request.)
         local offset = L[5]
-        ok, count, t = period_try(key, L[3], L[4], offset, cost, H[4],
+        ok, count, t = period_try(KEYS, 1, L[3], L[4], offset, cost, H[4],
           offset and unix_us(ARGV))
         shape = 0
       elseif kind == 'r' then
         local current, dead
-        ok, count, t, current, dead = rolling_try(key, L[3], L[4], L[5], cost, unix_us(ARGV))
+        ok, count, t, current, dead = rolling_try(KEYS, 1, L[3], L[4], L[5], cost, unix_us(ARGV))
         if ok then
-          rolling_commit(key, dead, current, cost, H[4], L[4], L[5])
+          rolling_commit(KEYS, 1, dead, current, cost, H[4], L[4], L[5])
         end
         shape = 1
       elseif kind == 'c' then
@@ -179,7 +187,7 @@ local function lean(KEYS, ARGV, L, H)
         -- length of the window holding now, aligned to its end.
         local now_us = unix_us(ARGV)
         local deadline, length = calendar_window(ARGV, 3, math.floor(now_us / 1000))
-        ok, count, t = period_try(key, L[3], length, -deadline, cost, H[4], now_us)
+        ok, count, t = period_try(KEYS, 1, L[3], length, -deadline, cost, H[4], now_us)
         shape = 0
       end
       if not ok then
@@ -188,9 +196,8 @@ local function lean(KEYS, ARGV, L, H)
     end
     -- (Packed: see above.)
     local per = L.per
-    local reply = (t * per[5] + count) * 128 + shape * 64 + per[4]
-    if reply < 9007199254740992 then
-      return -reply - 1
+    if t < (70368744177664 - count) / per[5] then
+      return -((t * per[5] + count) * 128 + shape * 64 + per[4]) - 1
     elseif shape == 0 then
       return { 1, 0, 1, count, t }
     end
@@ -200,7 +207,7 @@ local function lean(KEYS, ARGV, L, H)
   -- (one command for both), first otherwise.
   local block = nil
   if L[1] == 't' or L[1] == 'T' then
-    block = KEYS[n + 1]
+    block = n + 1
   elseif redis.call('PTTL', KEYS[n + 1]) > 0 then
     return nil
   end

@@ -31,7 +31,7 @@ use deadpool_redis::redis::{self, Script};
 /// use tower_redis_ratelimit::{backend::TimeSource, Backend};
 ///
 /// # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
-/// // Dragonfly, ElastiCache Serverless: no `TIME` in scripts.
+/// // A server that refuses `TIME` inside scripts (reported of ElastiCache Serverless).
 /// let backend = Backend::builder()
 ///     .redis_url("redis://127.0.0.1:6379")
 ///     .time_source(TimeSource::Caller)
@@ -49,14 +49,17 @@ use deadpool_redis::redis::{self, Script};
 pub enum TimeSource {
     /// The Redis server's clock, read with `TIME` inside each script (the default): one
     /// clock for every instance, so skewed application hosts change nothing. Needs a
-    /// server whose scripts may call `TIME` and get the real time (Redis 5 and later;
-    /// Valkey, a fork of Redis 7.2, should behave alike but is not tested here).
+    /// server whose scripts may call `TIME` and get the real time: Redis 6.2 to 8 and
+    /// Valkey 8 and 9 (tested here: `scripts/matrix`); Dragonfly since 1.15 (a time in
+    /// ms, the same for the whole script: not tested here).
+    /// [`Backend::probe_redis`](crate::Backend::probe_redis) tells a server that
+    /// refuses `TIME` inside scripts, and names this remedy.
     #[default]
     Server,
     /// The caller's clock, sent to each script as one more argument (its only cost: one
     /// more short argument per check); no script ever calls `TIME`. For servers that
-    /// refuse `TIME` in scripts or answer it uselessly (ElastiCache Serverless; Dragonfly
-    /// returns 0).
+    /// refuse `TIME` in scripts (reported of ElastiCache Serverless; an ACL rule `-time`
+    /// does it too, and [`Backend::probe_redis`](crate::Backend::probe_redis) says so).
     ///
     /// The clock is the backend's own: the host's Unix time when the backend was built,
     /// advanced by the monotonic clock (tokio's, so a paused tokio clock drives it in
@@ -71,6 +74,11 @@ pub enum TimeSource {
 
 /// Sets `unix_us()` and `caller_time` for a script body, from `TIME`.
 const SERVER_PRELUDE: &str = "\
+-- unpack: a global in Lua 5.1 (Redis, Valkey), table.unpack in Lua 5.4 (Dragonfly); read
+-- when called (a library of Redis Functions may not read `table` while it loads).
+local function unpack_list(list, i, j)
+  return (table.unpack or unpack)(list, i, j) -- luacheck: ignore 113 143
+end
 -- Time: the Redis server's clock.
 local caller_time = false
 local function unix_us(_)
@@ -82,6 +90,11 @@ end
 
 /// Sets `unix_us()` and `caller_time` for a script body, from the last `ARGV`.
 const CALLER_PRELUDE: &str = "\
+-- unpack: a global in Lua 5.1 (Redis, Valkey), table.unpack in Lua 5.4 (Dragonfly); read
+-- when called (a library of Redis Functions may not read `table` while it loads).
+local function unpack_list(list, i, j)
+  return (table.unpack or unpack)(list, i, j) -- luacheck: ignore 113 143
+end
 -- Time: the caller's clock, the last ARGV (microseconds since the Unix epoch).
 local caller_time = true
 local function unix_us(argv)
@@ -95,6 +108,9 @@ end
 pub(crate) struct Scripts {
     server: Script,
     caller: Script,
+    /// The two scripts' texts (the server's version, then the caller's), which
+    /// [`Script`] does not give back: for tests/dialect.rs.
+    texts: [String; 2],
     library: Library,
     read: ReadReply,
 }
@@ -107,6 +123,11 @@ pub(crate) struct Library {
     pub(crate) text: String,
     server: String,
     caller: String,
+    /// The same functions registered with the `no-writes` flag, for calls that write
+    /// nothing (peeks): a server refuses a function without it on a read-only replica and
+    /// while out of memory, before it runs.
+    server_read_only: String,
+    caller_read_only: String,
 }
 
 impl Library {
@@ -115,6 +136,15 @@ impl Library {
         match time {
             TimeSource::Server => &self.server,
             TimeSource::Caller => &self.caller,
+        }
+    }
+
+    /// The name of the function for `time` registered with the `no-writes` flag (called
+    /// by `FCALL_RO`), for a call that writes nothing.
+    pub(crate) fn read_only_function(&self, time: TimeSource) -> &str {
+        match time {
+            TimeSource::Server => &self.server_read_only,
+            TimeSource::Caller => &self.caller_read_only,
         }
     }
 }
@@ -164,16 +194,29 @@ impl Scripts {
             text.push_str(prelude(time));
             text.push_str(body.head);
             text.push_str(body.tail);
+            // The function, and the same one flagged `no-writes` (for calls that write
+            // nothing, which a read-only replica or a server out of memory still runs).
             text.push_str(&format!(
-                "redis.register_function('{name}', function(KEYS, ARGV)\n{}{}end)\nend\n",
-                body.entry, body.last
+                "redis.register_function('{name}', function(KEYS, ARGV)\n{entry}{last}end)\n\
+                 redis.register_function{{function_name = '{name}_ro', \
+                 callback = function(KEYS, ARGV)\n{entry}{last}end, flags = {{'no-writes'}}}}\n\
+                 end\n",
+                entry = body.entry,
+                last = body.last
             ));
         }
+        let texts = [
+            body.source(TimeSource::Server),
+            body.source(TimeSource::Caller),
+        ];
         Self {
-            server: Script::new(&body.source(TimeSource::Server)),
-            caller: Script::new(&body.source(TimeSource::Caller)),
+            server: Script::new(&texts[0]),
+            caller: Script::new(&texts[1]),
+            texts,
             library: Library {
                 text,
+                server_read_only: format!("{server}_ro"),
+                caller_read_only: format!("{caller}_ro"),
                 server,
                 caller,
             },
@@ -194,6 +237,14 @@ impl Scripts {
         match time {
             TimeSource::Server => &self.server,
             TimeSource::Caller => &self.caller,
+        }
+    }
+
+    /// The text of the script for `time`, as `EVALSHA` runs it.
+    pub(crate) fn text(&self, time: TimeSource) -> &str {
+        match time {
+            TimeSource::Server => &self.texts[0],
+            TimeSource::Caller => &self.texts[1],
         }
     }
 
