@@ -378,8 +378,9 @@ impl BackendBuilder {
     /// Where the Redis scripts take the current time from (default
     /// [`TimeSource::Server`], the Redis server's `TIME`). [`TimeSource::Caller`] sends
     /// this backend's clock to every script as one more argument instead, and no script
-    /// calls `TIME`: for servers that refuse `TIME` in scripts or answer it uselessly
-    /// (ElastiCache Serverless; Dragonfly returns 0). Instances whose clocks differ then
+    /// calls `TIME`: for servers that refuse `TIME` in scripts (reported of ElastiCache
+    /// Serverless; [`Backend::probe_redis`](crate::Backend::probe_redis) names the
+    /// refusal and this remedy). Instances whose clocks differ then
     /// keep each algorithm's guarantees within a documented bound (see [`TimeSource`]);
     /// every instance on one Redis must use the same setting.
     ///
@@ -388,7 +389,7 @@ impl BackendBuilder {
     ///
     /// # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
     /// let backend = Backend::builder()
-    ///     .redis_url("redis://dragonfly.internal:6379")
+    ///     .redis_url("redis://serverless.internal:6379")
     ///     .time_source(TimeSource::Caller)
     ///     .build()?;
     /// # let _ = backend; Ok(()) }

@@ -60,7 +60,8 @@
 //! for the empty key.
 //!
 //! Every script declares every key it touches in `KEYS`, as Redis Cluster, Dragonfly
-//! and managed servers require: a check touches its limits' keys (one, or a set's) and
+//! and managed servers require, and writes it `KEYS[i]` in each command (cluster
+//! proxies such as Alibaba Cloud's read the script's text): a check touches its limits' keys (one, or a set's) and
 //! the key's block, all in the limited key's hash slot; the health probe only
 //! `<prefix>:probe`.
 //!
@@ -325,10 +326,16 @@ impl Backend {
     }
 
     /// Connects to Redis now and runs the health probe (a script that writes one small
-    /// key): `Ok` when checks can go to Redis. Meant for start-up, to fail or warn early
-    /// on a wrong address, password or certificate, or a user without the rights the
-    /// scripts need; a backend that is not checked connects on its first check, and its
-    /// failure policies answer while it cannot. `Ok` for an in-process backend.
+    /// key with a time to live) and, on the server's clock ([`TimeSource::Server`]), a
+    /// script that reads `TIME`: `Ok` when checks can go to Redis. Meant for start-up, to
+    /// fail or warn early on a wrong address, password or certificate, or a server or
+    /// user that refuses what the scripts need; a backend that is not checked connects
+    /// on its first check, and its failure policies answer while it cannot. `Ok` for an
+    /// in-process backend.
+    ///
+    /// A refusal is named with its remedy: `TIME` inside scripts (use
+    /// [`TimeSource::Caller`]), Lua scripts at all (none in the crate: an in-process
+    /// backend), keys with a time to live (unsupported).
     ///
     /// # Errors
     ///

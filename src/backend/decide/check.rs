@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use super::coalesce::{Turn, Waiting};
 use super::deny::Denied;
-use super::engine::{BATCH, CHECK, ENGINE, LEASE, REFUND};
+use super::engine::{BATCH, CHECK, ENGINE, LEASE, PEEK, REFUND};
 use super::hosts::Hosts;
 use super::lease::{self, Leases, Take};
 use crate::backend::redis::call::Call;
@@ -426,6 +426,8 @@ pub(super) fn engine_call<T: Hosts + ?Sized>(
         &ENGINE,
         time,
         functions,
+        // A peek writes nothing: a read-only replica or a server out of memory runs it.
+        op == PEEK,
         limits + 1,
         limits + 1 + 1 + args + extra.len() + 1,
         (limits + 1) * (redis_key.len() + 8) + 3 * 20 + bytes + extra.len() * 10 + 20,

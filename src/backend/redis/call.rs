@@ -47,11 +47,14 @@ impl Call {
     }
 
     /// A call of the engine for `time` with `keys` keys (see [`new`](Self::new)): an
-    /// `FCALL` of its function with `functions`, else an `EVALSHA` of its script.
+    /// `FCALL` of its function with `functions` (for a call that writes nothing,
+    /// `read_only`, an `FCALL_RO` of the function flagged `no-writes`), else an
+    /// `EVALSHA` of its script.
     pub(crate) fn engine(
         scripts: &'static Scripts,
         time: TimeSource,
         functions: bool,
+        read_only: bool,
         keys: usize,
         args: usize,
         bytes: usize,
@@ -62,9 +65,13 @@ impl Call {
             return call;
         }
         let library = scripts.library();
-        let name = library.function(time);
-        let mut cmd = redis::Cmd::with_capacity(3 + args, "FCALL".len() + name.len() + 4 + bytes);
-        cmd.arg("FCALL").arg(name).arg(keys);
+        let (command, name) = if read_only {
+            ("FCALL_RO", library.read_only_function(time))
+        } else {
+            ("FCALL", library.function(time))
+        };
+        let mut cmd = redis::Cmd::with_capacity(3 + args, command.len() + name.len() + 4 + bytes);
+        cmd.arg(command).arg(name).arg(keys);
         Self {
             script: scripts.get(time),
             library: Some(library),

@@ -466,7 +466,7 @@ fn unknown_command(error: &redis::RedisError) -> bool {
 fn fcall_refused(error: &redis::RedisError) -> bool {
     unknown_command(error)
         || (error.kind() == ErrorKind::Server(ServerErrorKind::NoPerm)
-            && error.to_string().to_ascii_lowercase().contains("'fcall'"))
+            && error.to_string().to_ascii_lowercase().contains("'fcall"))
 }
 
 /// Whether a server that answered `FUNCTION LOAD` with `error` has no Redis Functions

@@ -54,6 +54,14 @@ pub(crate) enum ScriptError {
     TlsHandshake(Duration),
     #[error("unexpected script reply: {0:?}")]
     Reply(Vec<i64>),
+    /// The server refused something the scripts need (found by the start-up probe):
+    /// what, and the remedy.
+    #[error("the server refuses {what} ({source}): {remedy}")]
+    Refused {
+        what: &'static str,
+        remedy: &'static str,
+        source: Box<ScriptError>,
+    },
 }
 
 impl ScriptError {
@@ -77,6 +85,7 @@ impl ScriptError {
             },
             Self::Redis(error) => classify(error),
             Self::Reply(_) => Fault::Key,
+            Self::Refused { .. } => Fault::Server,
         }
     }
 }

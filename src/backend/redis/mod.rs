@@ -24,7 +24,7 @@ pub(crate) mod connect;
 pub(crate) mod credentials;
 pub(crate) mod fault;
 pub(crate) mod health;
-mod probe;
+pub(crate) mod probe;
 pub(crate) mod time;
 pub(crate) mod url;
 
@@ -56,6 +56,8 @@ pub(crate) struct RedisBackend {
     /// The engine: its library is loaded on every new connection where the server has
     /// Redis Functions.
     engine: &'static Scripts,
+    /// The clock the engine reads.
+    time: TimeSource,
     /// The scripts checks have run, loaded on every new connection.
     scripts: ArcSwap<Vec<&'static Script>>,
     /// Whether the engine runs as Redis Functions: not known until a connection has
@@ -97,6 +99,7 @@ impl RedisBackend {
             breaker: Breaker::new(breaker, call_timeout, prefix.clone()),
             probing: AtomicBool::new(false),
             engine: engine.scripts,
+            time: engine.time,
             // The engine's script for the backend's clock, in use from the start: a first
             // connection made before any check (a start-up probe) loads it too.
             scripts: ArcSwap::from_pointee(vec![engine.scripts.get(engine.time)]),

@@ -10,12 +10,22 @@ use std::time::Duration;
 use deadpool_redis::redis::Script;
 
 use super::call::Call;
-use super::fault::ScriptError;
+use super::fault::{Fault, ScriptError};
 use super::health::{Outcome, RedisState};
+use super::time::TimeSource;
 use super::{By, RedisBackend};
 
 /// The probe: one write, so a server that answers but refuses writes stays in fallback.
-static PROBE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("probe.lua")));
+/// The probe's text.
+pub(crate) const TEXT: &str = include_str!("probe.lua");
+
+static PROBE: LazyLock<Script> = LazyLock::new(|| Script::new(TEXT));
+
+/// The start-up check of a backend on the server's clock: a script that calls `TIME`,
+/// as the engine does (some servers refuse it inside scripts).
+pub(crate) const TIME_TEXT: &str = "return redis.call('TIME')\n";
+
+static TIME_PROBE: LazyLock<Script> = LazyLock::new(|| Script::new(TIME_TEXT));
 
 impl RedisBackend {
     /// Whether the probe has work: the breaker is open, or failures have come since
@@ -60,6 +70,11 @@ impl RedisBackend {
     /// start-up check. The breaker is left as it is.
     pub(crate) async fn verify(self: &Arc<Self>) -> Result<(), ScriptError> {
         self.register(&PROBE);
+        if self.time == TimeSource::Server {
+            // (Before connecting: a new connection loads it with the others, so its first
+            // call finds it.)
+            self.register(&TIME_PROBE);
+        }
         let call = self.probe_call();
         let timeout = self.connect_timeout();
         let deadline = tokio::time::Instant::now() + timeout;
@@ -71,10 +86,64 @@ impl RedisBackend {
             Err(_) => return Err(ScriptError::Connecting(timeout)),
         };
         tokio::time::timeout_at(deadline, async {
-            probed(conn.script(&call, &self.functions).await?)
+            let reply = conn
+                .script(&call, &self.functions)
+                .await
+                .map_err(|error| refused_probe(error.into()))?;
+            probed(reply)?;
+            if self.time == TimeSource::Server {
+                let call = Call::new(&TIME_PROBE, 0, 0, 0);
+                conn.script(&call, &self.functions)
+                    .await
+                    .map_err(|error| refused_time(error.into()))?;
+            }
+            Ok(())
         })
         .await
         .unwrap_or(Err(ScriptError::Timeout(timeout)))
+    }
+}
+
+/// A refusal of the probe (a script that writes a key with a time to live) named with
+/// its remedy, where the server's answer tells which.
+fn refused_probe(error: ScriptError) -> ScriptError {
+    if error.fault() == Fault::Transport {
+        return error;
+    }
+    let said = error.to_string().to_ascii_lowercase();
+    let (what, remedy) = if said.contains("evalsha") || said.contains("scripting") {
+        (
+            "Lua scripts (EVALSHA)",
+            "every decision is one Lua script: give this user the scripting commands \
+             (EVALSHA, EVAL, SCRIPT; FUNCTION and FCALL where the server has them), or use \
+             an in-process backend",
+        )
+    } else if said.contains("syntax error") {
+        (
+            "SET with a time to live (PX) inside scripts",
+            "every limit lives in keys that expire: a server without time-to-live options \
+             cannot hold them (unsupported)",
+        )
+    } else {
+        return error;
+    };
+    ScriptError::Refused {
+        what,
+        remedy,
+        source: Box::new(error),
+    }
+}
+
+/// A refusal of `TIME` inside scripts, with its remedy.
+fn refused_time(error: ScriptError) -> ScriptError {
+    if error.fault() == Fault::Transport {
+        return error;
+    }
+    ScriptError::Refused {
+        what: "TIME inside scripts",
+        remedy: "build the backend with TimeSource::Caller (BackendBuilder::time_source): \
+                 its scripts read the caller's clock and never call TIME",
+        source: Box::new(error),
     }
 }
 

@@ -1,0 +1,88 @@
+//! Servers that refuse something the scripts need get a clear answer at start-up:
+//! [`Backend::probe_redis`] names what was refused and the remedy (a server that refuses
+//! `TIME` inside scripts: `TimeSource::Caller`; one that refuses scripts: no remedy in
+//! the crate). Refusals are made real with ACL users on a real server (as managed
+//! services do with their own rules).
+
+mod support;
+
+use std::num::NonZeroU32;
+
+use support::RedisServer;
+use tower_redis_ratelimit::backend::TimeSource;
+use tower_redis_ratelimit::period::{PeriodConfig, PeriodLimiter};
+use tower_redis_ratelimit::{Backend, Limiter, Source};
+
+const ONE: NonZeroU32 = NonZeroU32::MIN;
+
+/// Adds the ACL user `user` (password `pw`) with every right but `denied` (ACL rules,
+/// such as `-time`).
+fn add_user(redis: &RedisServer, user: &str, denied: &[&str]) {
+    let mut args = vec!["ACL", "SETUSER", user, "on", ">pw", "~*", "&*", "+@all"];
+    args.extend(denied);
+    let reply = redis.cmd(&args);
+    assert_eq!(reply, "OK", "ACL SETUSER {user}: {reply}");
+}
+
+fn backend(redis: &RedisServer, user: &str, time: TimeSource) -> Backend {
+    Backend::builder()
+        .redis_url(format!("redis://{user}:pw@127.0.0.1:{}", redis.port()))
+        .time_source(time)
+        .build()
+        .expect("backend")
+}
+
+#[tokio::test]
+async fn a_server_refusing_time_in_scripts_is_told_to_use_the_callers_clock() {
+    let redis = RedisServer::start();
+    add_user(&redis, "no-time", &["-time"]);
+
+    let error = backend(&redis, "no-time", TimeSource::Server)
+        .probe_redis()
+        .await
+        .expect_err("TIME is refused");
+    let said = error.to_string();
+    assert!(error.is_refusal(), "{said}");
+    assert!(said.contains("TIME inside scripts"), "{said}");
+    assert!(said.contains("TimeSource::Caller"), "{said}");
+    assert!(!said.contains("pw"), "{said}");
+
+    // The remedy works: the caller's clock needs no TIME.
+    let backend = backend(&redis, "no-time", TimeSource::Caller);
+    backend.probe_redis().await.expect("no TIME needed");
+    let limiter = PeriodLimiter::new(
+        &backend,
+        "remedy",
+        PeriodConfig::new(2, std::time::Duration::from_secs(60)),
+    )
+    .expect("valid");
+    let decision = limiter.check(b"k", ONE).await;
+    assert_eq!(decision.source, Source::Redis, "{decision:?}");
+    assert!(decision.is_admitted());
+}
+
+#[tokio::test]
+async fn a_server_refusing_scripts_is_named_as_such() {
+    let redis = RedisServer::start();
+    add_user(&redis, "no-scripts", &["-@scripting"]);
+    let error = backend(&redis, "no-scripts", TimeSource::Server)
+        .probe_redis()
+        .await
+        .expect_err("scripts are refused");
+    let said = error.to_string();
+    assert!(error.is_refusal(), "{said}");
+    assert!(said.contains("Lua scripts"), "{said}");
+    assert!(said.contains("in-process"), "{said}");
+}
+
+#[tokio::test]
+async fn a_server_with_every_right_passes_the_probe_on_both_clocks() {
+    let redis = RedisServer::start();
+    add_user(&redis, "all", &[]);
+    for time in [TimeSource::Server, TimeSource::Caller] {
+        backend(&redis, "all", time)
+            .probe_redis()
+            .await
+            .unwrap_or_else(|error| panic!("{time:?}: {error}"));
+    }
+}
