@@ -33,12 +33,16 @@ impl Captured {
 }
 
 fn capture() -> (Captured, tracing::subscriber::DefaultGuard) {
+    capture_up_to(tracing::Level::WARN)
+}
+
+fn capture_up_to(level: tracing::Level) -> (Captured, tracing::subscriber::DefaultGuard) {
     let logs = Captured::default();
     let writer = logs.clone();
     let subscriber = tracing_subscriber::fmt()
         .with_writer(move || writer.clone())
         .with_ansi(false)
-        .with_max_level(tracing::Level::WARN)
+        .with_max_level(level)
         .finish();
     (logs, tracing::subscriber::set_default(subscriber))
 }
@@ -146,4 +150,102 @@ async fn a_client_without_its_credential_is_no_warning() {
         assert_eq!(response.status(), StatusCode::BAD_REQUEST);
     }
     assert_eq!(logs.text(), "");
+}
+
+/// The user chooses how a missing client credential is logged and answered (issue 35,
+/// item 6): the event's level (`missing_key_log_level`), and the response, by the
+/// rejection handler's `on_missing_key` (here `ProblemJson`, and a handler of the
+/// user's own), the in-flight layer alike.
+#[tokio::test]
+async fn a_missing_credential_is_logged_and_answered_as_the_user_chose() {
+    use bytes::Bytes;
+    use http::Response;
+    use tower_redis_ratelimit::key::HeaderKey;
+    use tower_redis_ratelimit::response::{
+        MissingKeyRejection, OnRejection, ProblemJson, Rejection,
+    };
+    use tower_redis_ratelimit::InFlightLimitLayer;
+
+    struct Ours;
+    impl OnRejection for Ours {
+        fn on_rejection(&self, _: &Rejection<'_>) -> Response<Bytes> {
+            Response::builder()
+                .status(429)
+                .body(Bytes::from_static(b"slow down"))
+                .unwrap()
+        }
+        fn on_missing_key(&self, missing: &MissingKeyRejection<'_>) -> Response<Bytes> {
+            let body = format!(
+                r#"{{"error":"send an API key","limit":"{}"}}"#,
+                missing.policy
+            );
+            Response::builder()
+                .status(missing.status)
+                .header("content-type", "application/json")
+                .body(Bytes::from(body))
+                .unwrap()
+        }
+    }
+
+    let (logs, _guard) = capture_up_to(tracing::Level::INFO);
+    let backend = Backend::in_process();
+    let limit = PeriodLimitLayer::builder(&backend)
+        .name("llm.rpm")
+        .quota(60)
+        .period(Duration::from_secs(60))
+        .key(HeaderKey::from_static("authorization"))
+        .on_missing_key(MissingKey::Reject(StatusCode::UNAUTHORIZED))
+        .missing_key_log_level(tracing::Level::INFO)
+        .on_rejection(ProblemJson)
+        .build()
+        .unwrap();
+    let exports = InFlightLimitLayer::builder(&backend)
+        .name("exports")
+        .slots(2)
+        .key(HeaderKey::from_static("authorization"))
+        .on_missing_key(MissingKey::Reject(StatusCode::UNAUTHORIZED))
+        .missing_key_log_level(tracing::Level::INFO)
+        .on_rejection(Ours)
+        .build()
+        .unwrap();
+    let routers = [
+        Router::new()
+            .route("/", get(|| async { "ok" }))
+            .layer(limit),
+        Router::new()
+            .route("/", get(|| async { "ok" }))
+            .layer(exports),
+    ];
+    let mut bodies = Vec::new();
+    for router in routers {
+        let response = router
+            .oneshot(Request::get("/").body(Body::empty()).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+        let content_type = response.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .to_owned();
+        let body = axum::body::to_bytes(response.into_body(), 1024)
+            .await
+            .unwrap();
+        bodies.push((content_type, String::from_utf8(body.to_vec()).unwrap()));
+    }
+    assert_eq!(bodies[0].0, "application/problem+json");
+    assert!(
+        bodies[0].1.contains(r#""status":401"#) && bodies[0].1.contains(r#""policy":"llm.rpm""#),
+        "{bodies:?}"
+    );
+    assert_eq!(
+        bodies[1],
+        (
+            "application/json".to_owned(),
+            r#"{"error":"send an API key","limit":"exports"}"#.to_owned()
+        )
+    );
+    let text = logs.text();
+    assert_eq!(text.matches(" INFO ").count(), 2, "{text}");
+    assert_eq!(text.matches("rate-limit key missing").count(), 2, "{text}");
+    assert!(!text.contains(" WARN "), "{text}");
 }

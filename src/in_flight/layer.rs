@@ -224,6 +224,13 @@ impl<K, R> InFlightLayerBuilder<K, R> {
         self
     }
 
+    /// The level of the event for a request without a usable key that is no
+    /// misconfiguration: see [`LayerBuilder::missing_key_log_level`](crate::service::LayerBuilder::missing_key_log_level).
+    pub fn missing_key_log_level(mut self, level: tracing::Level) -> Self {
+        self.inner = self.inner.missing_key_log_level(level);
+        self
+    }
+
     /// The longest key accepted, in bytes (default: 256).
     pub fn max_key_len(mut self, max_key_len: usize) -> Self {
         self.inner = self.inner.max_key_len(max_key_len);

@@ -18,7 +18,7 @@ use crate::decision::Decision;
 use crate::key::KeyExtractor;
 use crate::key::KeyOrigin;
 use crate::metrics::LayerMetrics;
-use crate::response::{missing_key, OnRejection, Rejection};
+use crate::response::{MissingKeyRejection, OnRejection, Rejection};
 use crate::service::{MissingKey, MissingKeyWarning};
 
 /// Holds at most N requests of one key in flight; built by [`InFlightLimitLayer`](super::InFlightLimitLayer).
@@ -97,7 +97,15 @@ where
                 shared.missing_key(key.is_some(), shared.key.origin());
                 match &shared.options.missing_key {
                     MissingKey::Reject(status) if !shadow => {
-                        return InFlightFuture::done(missing_key(*status, req.headers()));
+                        let response = shared.rejection.on_missing_key(&MissingKeyRejection {
+                            status: *status,
+                            policy: shared.limiter.policy().name(),
+                            too_long: key.is_some(),
+                            method: req.method(),
+                            uri: req.uri(),
+                            headers: req.headers(),
+                        });
+                        return InFlightFuture::done(response);
                     }
                     MissingKey::Reject(_) | MissingKey::Allow => {
                         return InFlightFuture::inner(self.inner.call(req), None);
@@ -216,7 +224,12 @@ impl<K: Send + Sync + 'static, R: OnRejection> Shared<K, R> {
         self.metrics.missing_key(0);
         let refused = matches!(self.options.missing_key, MissingKey::Reject(_));
         if !refused || origin == KeyOrigin::Client {
-            tracing::debug!(too_long, ?origin, "in-flight key missing");
+            crate::service::log_missing_key(
+                self.options.missing_key_level,
+                self.limiter.policy().name(),
+                too_long,
+                origin,
+            );
             return;
         }
         if let Some(suppressed) = self.missing_warning.due() {

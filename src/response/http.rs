@@ -6,7 +6,7 @@ use bytes::{BufMut, Bytes, BytesMut};
 use http::header::{self, HeaderValue};
 use http::{HeaderMap, Response, StatusCode};
 
-use super::rejection::{ceil_secs, OnRejection, Rejection};
+use super::rejection::{ceil_secs, MissingKeyRejection, OnRejection, Rejection};
 use crate::decision::State;
 
 /// The default rejection: `429 Too Many Requests` with a one-line `text/plain` body.
@@ -64,14 +64,38 @@ impl OnRejection for ProblemJson {
             body.put_slice(itoa::Buffer::new().format(ceil_secs(retry)).as_bytes());
         }
         body.put_slice(b"}\n");
-        let mut response = Response::new(body.freeze());
-        *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
-        response.headers_mut().insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/problem+json"),
-        );
-        response
+        problem(StatusCode::TOO_MANY_REQUESTS, body.freeze())
     }
+
+    /// A missing key as `application/problem+json` with the layer's status.
+    fn on_missing_key(&self, missing: &MissingKeyRejection<'_>) -> Response<Bytes> {
+        #[cfg(feature = "grpc")]
+        if super::grpc::is_grpc(missing.headers) {
+            return super::grpc::missing_key(missing.status);
+        }
+        let mut body = BytesMut::with_capacity(160);
+        body.put_slice(br#"{"type":"about:blank","title":"Missing Rate-Limit Key","status":"#);
+        body.put_slice(
+            itoa::Buffer::new()
+                .format(missing.status.as_u16())
+                .as_bytes(),
+        );
+        body.put_slice(br#","detail":"the request carries nothing to limit it by","policy":""#);
+        body.put_slice(missing.policy.as_bytes());
+        body.put_slice(b"\"}\n");
+        problem(missing.status, body.freeze())
+    }
+}
+
+/// An `application/problem+json` response.
+fn problem(status: StatusCode, body: Bytes) -> Response<Bytes> {
+    let mut response = Response::new(body);
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/problem+json"),
+    );
+    response
 }
 
 /// A short `text/plain` response.

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{HeaderMap, Method, Response, Uri};
+use http::{HeaderMap, Method, Response, StatusCode, Uri};
 
 use crate::decision::{Decision, Policy};
 
@@ -24,10 +24,36 @@ pub struct Rejection<'a> {
     pub headers: &'a HeaderMap,
 }
 
+/// A request refused because no key could be taken from it (see
+/// [`MissingKey::Reject`](crate::MissingKey::Reject)), as seen by
+/// [`OnRejection::on_missing_key`].
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct MissingKeyRejection<'a> {
+    /// The status the layer was given ([`MissingKey::Reject`](crate::MissingKey::Reject)).
+    pub status: StatusCode,
+    /// The policy whose key is missing.
+    pub policy: &'a str,
+    /// Whether a key was found but is longer than the layer's `max_key_len`.
+    pub too_long: bool,
+    /// The request's method.
+    pub method: &'a Method,
+    /// The request's URI.
+    pub uri: &'a Uri,
+    /// The request's headers (for content negotiation).
+    pub headers: &'a HeaderMap,
+}
+
 /// Builds the response for a rejected request.
 ///
 /// Implemented for closures `Fn(&Rejection<'_>) -> Response<Bytes>`. The service adds the
 /// rate-limit headers afterwards, so a handler only decides status and body.
+///
+/// A request without a usable key that the layer refuses is answered by
+/// [`on_missing_key`](Self::on_missing_key): by default a short `text/plain` body with
+/// the layer's status (a gRPC status for a gRPC call with the `grpc` feature); implement
+/// it to answer in your API's own shape (as [`ProblemJson`](crate::response::ProblemJson)
+/// does).
 ///
 /// ```
 /// use bytes::Bytes;
@@ -48,6 +74,32 @@ pub struct Rejection<'a> {
 pub trait OnRejection: Send + Sync + 'static {
     /// The response sent instead of calling the inner service.
     fn on_rejection(&self, rejection: &Rejection<'_>) -> Response<Bytes>;
+
+    /// The response to a request refused for a missing key (no rate-limit headers are
+    /// added: no limit was checked).
+    ///
+    /// ```
+    /// use bytes::Bytes;
+    /// use http::Response;
+    /// use tower_redis_ratelimit::response::{MissingKeyRejection, OnRejection, Rejection};
+    ///
+    /// struct Json;
+    ///
+    /// impl OnRejection for Json {
+    ///     fn on_rejection(&self, _: &Rejection<'_>) -> Response<Bytes> {
+    ///         let body = Bytes::from_static(br#"{"error":"slow down"}"#);
+    ///         Response::builder().status(429).body(body).unwrap()
+    ///     }
+    ///
+    ///     fn on_missing_key(&self, missing: &MissingKeyRejection<'_>) -> Response<Bytes> {
+    ///         let body = Bytes::from_static(br#"{"error":"send your API key"}"#);
+    ///         Response::builder().status(missing.status).body(body).unwrap()
+    ///     }
+    /// }
+    /// ```
+    fn on_missing_key(&self, missing: &MissingKeyRejection<'_>) -> Response<Bytes> {
+        super::http::missing_key(missing.status, missing.headers)
+    }
 }
 
 impl<F> OnRejection for F

@@ -320,9 +320,38 @@ impl<A, K, C, R> LayerBuilder<A, K, C, R> {
         self
     }
 
-    /// What to do when no key can be extracted (default: reject with 400).
+    /// What to do when no key can be extracted (default: reject with 400). The response
+    /// of a rejection is the rejection handler's
+    /// [`on_missing_key`](crate::response::OnRejection::on_missing_key).
     pub fn on_missing_key(mut self, missing_key: MissingKey) -> Self {
         self.options.missing_key = missing_key;
+        self
+    }
+
+    /// The level of the [`tracing`] event for a request without a usable key that is an
+    /// ordinary client error (a credential its client did not send:
+    /// [`KeyOrigin::Client`](crate::key::KeyOrigin::Client)), or that the layer lets
+    /// through or limits under another key (default: `DEBUG`; every one is also counted
+    /// in the `missing_key` [metric](crate::metrics)). A key the server should have
+    /// provided is a misconfiguration, and keeps its rate-limited `WARN`.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_redis_ratelimit::{key::HeaderKey, Backend, PeriodLimitLayer};
+    ///
+    /// # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
+    /// let limit = PeriodLimitLayer::builder(&Backend::in_process())
+    ///     .name("api")
+    ///     .quota(100)
+    ///     .period(Duration::from_secs(60))
+    ///     .key(HeaderKey::from_static("x-api-key"))
+    ///     // Clients without an API key show up in the service's INFO logs.
+    ///     .missing_key_log_level(tracing::Level::INFO)
+    ///     .build()?;
+    /// # let _ = limit; Ok(()) }
+    /// ```
+    pub fn missing_key_log_level(mut self, level: tracing::Level) -> Self {
+        self.options.missing_key_level = level;
         self
     }
 

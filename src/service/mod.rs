@@ -56,7 +56,10 @@ pub use self::warn::MISSING_KEY_WARNING_INTERVAL;
 ///
 /// A request refused for a key its client did not send (a header: [`KeyOrigin::Client`])
 /// is an ordinary client error: counted in the `missing_key` metric and logged at
-/// `debug`. A request refused for a key the server should have provided
+/// `debug` (or the level of [`LayerBuilder::missing_key_log_level`]), and answered by the
+/// rejection handler's [`on_missing_key`](crate::response::OnRejection::on_missing_key)
+/// (a short text by default; `application/problem+json` with
+/// [`ProblemJson`](crate::response::ProblemJson)). A request refused for a key the server should have provided
 /// ([`KeyOrigin::Server`]: a misconfiguration) is logged with a `warn` [`tracing`] event, at
 /// most once per [`MISSING_KEY_WARNING_INTERVAL`] per layer (with how many were refused
 /// meanwhile without a line of their own), naming the key extractor and the usual
@@ -148,6 +151,8 @@ pub(crate) struct Options {
     pub(crate) decision_extension: bool,
     pub(crate) shadow: bool,
     pub(crate) missing_key: MissingKey,
+    /// The level of the event logged for a missing key that is no misconfiguration.
+    pub(crate) missing_key_level: tracing::Level,
     pub(crate) max_key_len: usize,
     pub(crate) count_if: Option<CountIf>,
     pub(crate) usage: Option<Usage>,
@@ -161,9 +166,34 @@ impl Default for Options {
             decision_extension: true,
             shadow: false,
             missing_key: MissingKey::default(),
+            missing_key_level: tracing::Level::DEBUG,
             max_key_len: DEFAULT_MAX_KEY_LEN,
             count_if: None,
             usage: None,
+        }
+    }
+}
+
+/// Logs a request without a usable key that is no misconfiguration at `level` (the
+/// layer's [`missing_key_log_level`](LayerBuilder::missing_key_log_level)).
+pub(crate) fn log_missing_key(
+    level: tracing::Level,
+    policy: &str,
+    too_long: bool,
+    origin: KeyOrigin,
+) {
+    // (tracing's macros take a level known when compiled.)
+    match level {
+        tracing::Level::ERROR => {
+            tracing::error!(policy, too_long, ?origin, "rate-limit key missing")
+        }
+        tracing::Level::WARN => tracing::warn!(policy, too_long, ?origin, "rate-limit key missing"),
+        tracing::Level::INFO => tracing::info!(policy, too_long, ?origin, "rate-limit key missing"),
+        tracing::Level::DEBUG => {
+            tracing::debug!(policy, too_long, ?origin, "rate-limit key missing")
+        }
+        tracing::Level::TRACE => {
+            tracing::trace!(policy, too_long, ?origin, "rate-limit key missing")
         }
     }
 }
@@ -177,7 +207,7 @@ impl<L: Limiter, K, C, R> Shared<L, K, C, R> {
         let name = self.limiter.policies()[policy].name();
         let refused = matches!(self.options.missing_key, MissingKey::Reject(_));
         if !refused || origin == KeyOrigin::Client {
-            tracing::debug!(policy = name, too_long, ?origin, "rate-limit key missing");
+            log_missing_key(self.options.missing_key_level, name, too_long, origin);
             return;
         }
         let Some(suppressed) = self.missing_warning.due() else {
