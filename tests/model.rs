@@ -1249,3 +1249,147 @@ fn every_host_and_path_decides_like_the_model() {
         panic!("{error}");
     }
 }
+
+// ---------------------------------------------------------------------------
+// Headers that never mislead (issue 35, item 3)
+// ---------------------------------------------------------------------------
+
+/// Whole milliseconds from µs, rounded up: a client that follows a header waits at
+/// least what it says (the headers' seconds round up further).
+fn ms_up(us: u128) -> u64 {
+    u64::try_from(us.div_ceil(1_000)).expect("fits")
+}
+
+/// What the answer `said` to a check of `cost` at `now` promises a client that follows
+/// it, when nothing else happens to the key meanwhile, checked on copies of `model` (the
+/// state right after the answer):
+/// - admitted with `remaining` left: a check of that many units, at once, is admitted;
+/// - refused with a retry-after: the same check, once it has passed, is admitted;
+/// - a blocked key says nothing is left;
+/// - one limit: at its reset, a check of its whole capacity is admitted.
+fn promises(model: &Model, now: u64, cost: u64, said: Answer) -> Result<(), String> {
+    if said.state == State::ExceedsCapacity {
+        return Ok(());
+    }
+    let try_at = |at: u64, units: u64| {
+        let mut copy = model.clone();
+        copy.expire(at);
+        copy.check(at, units)
+    };
+    if model.blocked_until > now && said.remaining != 0 {
+        return Err(format!(
+            "blocked until {} but said {said:?}",
+            model.blocked_until
+        ));
+    }
+    if said.admitted() && said.remaining > 0 {
+        let got = try_at(now, said.remaining);
+        if !got.admitted() {
+            return Err(format!(
+                "said {said:?}; {} units at once: {got:?}",
+                said.remaining
+            ));
+        }
+    }
+    if !said.admitted() {
+        let Some(retry_us) = said.retry_us else {
+            return Err(format!("refused without a retry-after: {said:?}"));
+        };
+        let at = now + ms_up(retry_us);
+        let got = try_at(at, cost);
+        if !got.admitted() {
+            return Err(format!(
+                "said {said:?}; {cost} units after the retry-after (+{} ms): {got:?}",
+                at - now
+            ));
+        }
+    }
+    if !model.set && model.blocked_until <= now {
+        let capacity = model.limits[0].capacity();
+        let at = now + ms_up(said.reset_us);
+        let got = try_at(at, capacity);
+        if !got.admitted() {
+            return Err(format!(
+                "said {said:?}; the whole capacity {capacity} at the reset (+{} ms): {got:?}",
+                at - now
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Runs `case` on the model alone, on one clock (a client sees no step of the server's:
+/// steps are the model test's business), and holds every check's answer to its
+/// promises.
+fn headers_hold(case: &Case) -> Result<(), String> {
+    let mut model = Model::new(case);
+    let mut now = T0_MS;
+    for (step, op) in case.ops.iter().enumerate() {
+        model.expire(now);
+        model.read = now;
+        let checks: Vec<u64> = match op {
+            Op::Wait(ms) => {
+                now += ms;
+                continue;
+            }
+            Op::Step(_) | Op::Return => continue,
+            Op::Check(cost) => vec![u64::from(*cost)],
+            Op::Batch(costs) => costs.iter().map(|&c| u64::from(c)).collect(),
+            Op::Peek(cost) => {
+                model.peek(now, u64::from(*cost));
+                continue;
+            }
+            Op::Refund(cost) => {
+                model.refund(now, u64::from(*cost));
+                continue;
+            }
+            Op::Reset => {
+                model.reset(now);
+                continue;
+            }
+            Op::Settle(delta) => {
+                model.settle(now, *delta);
+                continue;
+            }
+            Op::Block(ms) => {
+                model.block(now, *ms);
+                continue;
+            }
+            Op::Reserve(cost, max_wait_ms) => {
+                model.reserve(now, u64::from(*cost), *max_wait_ms);
+                continue;
+            }
+        };
+        for cost in checks {
+            let said = model.check(now, cost);
+            promises(&model, now, cost, said)
+                .map_err(|why| format!("step #{step} at +{} ms, {op:?}: {why}", now - T0_MS))?;
+        }
+    }
+    Ok(())
+}
+
+/// A client that follows the headers is never refused before they said it would be,
+/// nor told it has units it will not get (issue 35, item 3): any sequence of checks,
+/// blocks, lockouts, resets, refunds and settlements, on one limit or a set, held to
+/// [`promises`] on the reference model, which every host matches field by field
+/// (above). The headers are these fields (`RateLimit`'s `r` and `t`, `Retry-After`),
+/// in whole seconds rounded up.
+#[test]
+fn headers_never_mislead_a_client_that_follows_them() {
+    let cases = std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(48)
+        * 20;
+    let mut runner = TestRunner::new(Config {
+        cases,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    if let Err(error) = runner.run(&case(), |case| {
+        headers_hold(&case).map_err(TestCaseError::fail)
+    }) {
+        panic!("{error}");
+    }
+}
