@@ -88,6 +88,9 @@
 //! [axum]: https://docs.rs/axum
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+#[cfg(feature = "admin")]
+#[cfg_attr(docsrs, doc(cfg(feature = "admin")))]
+pub mod admin;
 pub mod backend;
 mod clock;
 #[cfg(feature = "serde")]

@@ -1,0 +1,290 @@
+//! An admin surface to mount (feature `admin`): an axum [`Router`] with JSON endpoints
+//! that peek, reset, block and refund a client by the value its requests carry (an API
+//! key, a user id, an address), on every layer added to it, through each layer's own
+//! extractor ([`LimitLayer::peek_value`] and the others).
+//!
+//! It has no authentication of its own: mount it behind yours.
+//!
+//! | method and path | does |
+//! |---|---|
+//! | `GET /` | the limits: `{"limits":[{"name":…,"policies":[…]}]}` |
+//! | `GET /{limit}/{value}?cost=N` | where the client stands: what a check of `cost` (default 1) would answer, spending nothing |
+//! | `POST /{limit}/{value}/reset` | forgets the client's count and lifts its block |
+//! | `POST /{limit}/{value}/block?seconds=N` | refuses the client for `N` seconds, whatever its limit says |
+//! | `POST /{limit}/{value}/refund?units=N` | gives `N` units back (default 1) |
+//!
+//! Each answer is `{"limit":…,"value":…,"keys":[…]}`, one entry per key the layer counts
+//! the value under (an `.or` of extractors may count it under two), each with `key`,
+//! `state`, `admitted`, `limit`, `remaining`, `reset_ms`, `retry_after_ms` and
+//! `source`. A value the layer never counts is `400` with `{"error":…}` (a wrong value
+//! never looks like a success on another key); an unknown limit `404`; an action the
+//! layer's limiter cannot take `501`.
+//!
+//! ```
+//! use std::time::Duration;
+//! use axum::{routing::get, Router};
+//! use tower_redis_ratelimit::admin::AdminRouter;
+//! use tower_redis_ratelimit::key::HeaderKey;
+//! use tower_redis_ratelimit::{Backend, TokenBucketLayer};
+//!
+//! # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
+//! let backend = Backend::in_process();
+//! let api = TokenBucketLayer::builder(&backend)
+//!     .name("api")
+//!     .rate(10, Duration::from_secs(1))
+//!     .burst(20)
+//!     .key(HeaderKey::from_static("x-api-key"))
+//!     .build()?;
+//! let admin = AdminRouter::new().limit(&api).into_router();
+//! let app: Router = Router::new()
+//!     .route("/", get(|| async { "hello" }))
+//!     .layer(api)
+//!     // Behind your own authentication, outside the limit.
+//!     .nest("/admin/ratelimit", admin);
+//! # let _ = app; Ok(()) }
+//! ```
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::num::NonZeroU32;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::{Path, RawQuery, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use serde_json::{json, Value};
+
+use crate::decision::Decision;
+use crate::key::{Key, KeyExtractor};
+use crate::limiter::Limiter;
+use crate::service::{AdminError, LimitLayer};
+
+/// The answer of an admin action: each key's decision.
+type Answered = Result<Vec<(Key<'static>, Decision)>, AdminError>;
+
+/// An admin action on a client's value.
+#[derive(Debug, Clone, Copy)]
+enum Action {
+    Peek(NonZeroU32),
+    Reset,
+    Block(Duration),
+    Refund(NonZeroU32),
+}
+
+/// One layer, its types erased.
+trait Limit: Send + Sync {
+    fn policies(&self) -> Vec<String>;
+    fn act(&self, value: String, action: Action) -> Pin<Box<dyn Future<Output = Answered> + Send>>;
+}
+
+impl<L, K, C, R> Limit for LimitLayer<L, K, C, R>
+where
+    L: Limiter,
+    K: KeyExtractor<Body> + Send + Sync + 'static,
+    C: Send + Sync + 'static,
+    R: Send + Sync + 'static,
+{
+    fn policies(&self) -> Vec<String> {
+        self.limiter()
+            .policies()
+            .iter()
+            .map(|policy| policy.name().to_owned())
+            .collect()
+    }
+
+    fn act(&self, value: String, action: Action) -> Pin<Box<dyn Future<Output = Answered> + Send>> {
+        let layer = self.clone();
+        Box::pin(async move {
+            match action {
+                Action::Peek(cost) => layer.peek_value::<Body>(value, cost).await,
+                Action::Reset => layer.reset_value::<Body>(value).await,
+                Action::Block(duration) => layer.block_value::<Body>(value, duration).await,
+                Action::Refund(units) => layer.refund_value::<Body>(value, units).await,
+            }
+        })
+    }
+}
+
+/// The admin surface's builder: add layers with [`limit`](Self::limit), then mount
+/// [`into_router`](Self::into_router) behind your authentication (see the [module
+/// docs](self)).
+#[derive(Default)]
+pub struct AdminRouter {
+    limits: BTreeMap<String, Arc<dyn Limit>>,
+}
+
+impl std::fmt::Debug for AdminRouter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AdminRouter")
+            .field("limits", &self.limits.keys().collect::<Vec<_>>())
+            .finish()
+    }
+}
+
+impl AdminRouter {
+    /// An admin surface without limits yet.
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds `layer`, under its limiter's name (a set's or a plan's first policy names
+    /// it; a later layer of the same name replaces an earlier one).
+    #[must_use]
+    pub fn limit<L, K, C, R>(mut self, layer: &LimitLayer<L, K, C, R>) -> Self
+    where
+        L: Limiter,
+        K: KeyExtractor<Body> + Send + Sync + 'static,
+        C: Send + Sync + 'static,
+        R: Send + Sync + 'static,
+    {
+        let name = layer
+            .limiter()
+            .policies()
+            .first()
+            .map_or_else(String::new, |policy| policy.name().to_owned());
+        self.limits.insert(name, Arc::new(layer.clone()));
+        self
+    }
+
+    /// The axum router of the endpoints (see the [module docs](self)).
+    pub fn into_router<S: Clone + Send + Sync + 'static>(self) -> Router<S> {
+        let limits = Arc::new(self.limits);
+        Router::new()
+            .route("/", get(list))
+            .route("/{limit}/{value}", get(peek))
+            .route("/{limit}/{value}/reset", post(reset))
+            .route("/{limit}/{value}/block", post(block))
+            .route("/{limit}/{value}/refund", post(refund))
+            .with_state(limits)
+    }
+}
+
+type Limits = Arc<BTreeMap<String, Arc<dyn Limit>>>;
+
+async fn list(State(limits): State<Limits>) -> Response {
+    let limits: Vec<Value> = limits
+        .iter()
+        .map(|(name, limit)| json!({ "name": name, "policies": limit.policies() }))
+        .collect();
+    (StatusCode::OK, axum::Json(json!({ "limits": limits }))).into_response()
+}
+
+async fn peek(
+    State(limits): State<Limits>,
+    Path((limit, value)): Path<(String, String)>,
+    RawQuery(query): RawQuery,
+) -> Response {
+    match units(query.as_deref(), "cost") {
+        Ok(cost) => act(&limits, limit, value, Action::Peek(cost)).await,
+        Err(message) => error(StatusCode::BAD_REQUEST, &message),
+    }
+}
+
+async fn reset(
+    State(limits): State<Limits>,
+    Path((limit, value)): Path<(String, String)>,
+) -> Response {
+    act(&limits, limit, value, Action::Reset).await
+}
+
+async fn block(
+    State(limits): State<Limits>,
+    Path((limit, value)): Path<(String, String)>,
+    RawQuery(query): RawQuery,
+) -> Response {
+    match number(query.as_deref(), "seconds") {
+        Ok(Some(seconds)) if seconds > 0 => {
+            let duration = Duration::from_secs(seconds);
+            act(&limits, limit, value, Action::Block(duration)).await
+        }
+        Ok(_) => error(
+            StatusCode::BAD_REQUEST,
+            "a block needs `seconds`, a whole number above 0",
+        ),
+        Err(message) => error(StatusCode::BAD_REQUEST, &message),
+    }
+}
+
+async fn refund(
+    State(limits): State<Limits>,
+    Path((limit, value)): Path<(String, String)>,
+    RawQuery(query): RawQuery,
+) -> Response {
+    match units(query.as_deref(), "units") {
+        Ok(units) => act(&limits, limit, value, Action::Refund(units)).await,
+        Err(message) => error(StatusCode::BAD_REQUEST, &message),
+    }
+}
+
+/// Runs `action` on `value` in the limit named `limit`.
+async fn act(limits: &Limits, limit: String, value: String, action: Action) -> Response {
+    let Some(found) = limits.get(&limit) else {
+        return error(StatusCode::NOT_FOUND, &format!("no limit named `{limit}`"));
+    };
+    match found.act(value.clone(), action).await {
+        Ok(decisions) => {
+            let keys: Vec<Value> = decisions
+                .iter()
+                .map(|(key, decision)| describe(key, decision))
+                .collect();
+            (
+                StatusCode::OK,
+                axum::Json(json!({ "limit": limit, "value": value, "keys": keys })),
+            )
+                .into_response()
+        }
+        Err(failure @ AdminError::Key(_)) => error(StatusCode::BAD_REQUEST, &failure.to_string()),
+        Err(failure) => error(StatusCode::NOT_IMPLEMENTED, &failure.to_string()),
+    }
+}
+
+/// One key's decision as JSON.
+fn describe(key: &Key<'_>, decision: &Decision) -> Value {
+    let millis = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+    json!({
+        "key": String::from_utf8_lossy(key),
+        "state": format!("{:?}", decision.state),
+        "admitted": decision.is_admitted(),
+        "limit": decision.limit,
+        "remaining": decision.remaining,
+        "reset_ms": millis(decision.reset),
+        "retry_after_ms": decision.retry_after.map(millis),
+        "source": format!("{:?}", decision.source),
+    })
+}
+
+fn error(status: StatusCode, message: &str) -> Response {
+    (status, axum::Json(json!({ "error": message }))).into_response()
+}
+
+/// The query parameter `name` as a whole number, if given.
+fn number(query: Option<&str>, name: &str) -> Result<Option<u64>, String> {
+    let Some(text) = query
+        .unwrap_or("")
+        .split('&')
+        .filter_map(|pair| pair.split_once('='))
+        .find_map(|(key, value)| (key == name).then_some(value))
+    else {
+        return Ok(None);
+    };
+    text.parse()
+        .map(Some)
+        .map_err(|_| format!("`{name}` must be a whole number, not `{text}`"))
+}
+
+/// The query parameter `name` as units of at least 1 (default 1).
+fn units(query: Option<&str>, name: &str) -> Result<NonZeroU32, String> {
+    match number(query, name)? {
+        None => Ok(NonZeroU32::MIN),
+        Some(n) => u32::try_from(n)
+            .ok()
+            .and_then(NonZeroU32::new)
+            .ok_or_else(|| format!("`{name}` must be between 1 and {}", u32::MAX)),
+    }
+}

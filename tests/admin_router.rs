@@ -1,0 +1,164 @@
+//! The admin router (feature `admin`, issue 35 item 1): an operator blocks a client by
+//! the API key it sends, sees where it stands, lifts the block, and the client is
+//! admitted again; on Redis, through a second instance's router. A value the layer never
+//! counts is an error, never a success on another key.
+#![cfg(feature = "admin")]
+
+mod support;
+
+use std::time::Duration;
+
+use axum::body::{to_bytes, Body};
+use axum::routing::get;
+use axum::Router;
+use http::{Request, StatusCode};
+use serde_json::Value;
+use support::RedisServer;
+use tower::ServiceExt;
+use tower_redis_ratelimit::admin::AdminRouter;
+use tower_redis_ratelimit::key::{HeaderKey, PeerIp};
+use tower_redis_ratelimit::{Backend, PeriodLimitLayer};
+
+/// One instance: the app limited per API key, or per address without one, and its
+/// admin router (a real service would put its own authentication in front).
+fn instance(backend: &Backend) -> Router {
+    let api = PeriodLimitLayer::builder(backend)
+        .name("api")
+        .quota(5)
+        .period(Duration::from_secs(600))
+        .key(HeaderKey::from_static("x-api-key").or(PeerIp::new()))
+        .build()
+        .unwrap();
+    let admin = AdminRouter::new().limit(&api).into_router();
+    Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(api)
+        .nest("/admin", admin)
+}
+
+async fn call(app: &Router, method: &str, uri: &str, api_key: Option<&str>) -> (StatusCode, Value) {
+    let mut request = Request::builder().method(method).uri(uri);
+    if let Some(key) = api_key {
+        request = request.header("x-api-key", key);
+    }
+    let response = app
+        .clone()
+        .oneshot(request.body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    let status = response.status();
+    let body = to_bytes(response.into_body(), 64 * 1024).await.unwrap();
+    let json = serde_json::from_slice(&body)
+        .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&body).into_owned()));
+    (status, json)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_blocks_lists_and_lifts_a_client_by_its_api_key() {
+    let redis = RedisServer::start();
+    let a = instance(&Backend::redis(redis.pool()));
+    let b = instance(&Backend::redis(redis.pool()));
+
+    let (status, limits) = call(&a, "GET", "/admin", None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(limits["limits"][0]["name"], "api", "{limits}");
+
+    let first = call(&a, "GET", "/", Some("trap")).await;
+    assert_eq!(first.0, StatusCode::OK, "{first:?}");
+    // Blocked by its API key on instance A, for an hour.
+    let (status, blocked) = call(&a, "POST", "/admin/api/trap/block?seconds=3600", None).await;
+    assert_eq!(status, StatusCode::OK, "{blocked}");
+    assert_eq!(blocked["keys"][0]["key"], "hdr:x-api-key:trap", "{blocked}");
+    assert_eq!(blocked["keys"][0]["admitted"], false, "{blocked}");
+    assert_eq!(
+        call(&b, "GET", "/", Some("trap")).await.0,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+
+    // Where it stands, seen from B: refused for about an hour.
+    let (status, standing) = call(&b, "GET", "/admin/api/trap", None).await;
+    assert_eq!(status, StatusCode::OK, "{standing}");
+    let retry = standing["keys"][0]["retry_after_ms"]
+        .as_u64()
+        .expect("a wait");
+    assert!(retry > 3_500_000 && retry <= 3_600_000, "{standing}");
+    assert_eq!(standing["keys"][0]["source"], "Redis", "{standing}");
+
+    // Lifted on B: the client is admitted again.
+    let (status, lifted) = call(&b, "POST", "/admin/api/trap/reset", None).await;
+    assert_eq!(status, StatusCode::OK, "{lifted}");
+    assert_eq!(lifted["keys"][0]["remaining"], 5, "{lifted}");
+    assert_eq!(call(&b, "GET", "/", Some("trap")).await.0, StatusCode::OK);
+
+    // A refund by value; its count back.
+    let (status, refunded) = call(&a, "POST", "/admin/api/trap/refund?units=1", None).await;
+    assert_eq!(status, StatusCode::OK, "{refunded}");
+    assert_eq!(refunded["keys"][0]["remaining"], 5, "{refunded}");
+}
+
+#[tokio::test]
+async fn wrong_values_limits_and_numbers_are_errors() {
+    let app = instance(&Backend::in_process());
+    // An address is counted under both branches of the `.or`.
+    let (status, both) = call(&app, "GET", "/admin/api/203.0.113.7", None).await;
+    assert_eq!(status, StatusCode::OK, "{both}");
+    assert_eq!(both["keys"].as_array().map(Vec::len), Some(2), "{both}");
+
+    for (method, uri, expected, says) in [
+        (
+            "GET",
+            "/admin/nope/trap",
+            StatusCode::NOT_FOUND,
+            "no limit named `nope`",
+        ),
+        (
+            "POST",
+            "/admin/api/trap/block",
+            StatusCode::BAD_REQUEST,
+            "seconds",
+        ),
+        (
+            "POST",
+            "/admin/api/trap/block?seconds=x",
+            StatusCode::BAD_REQUEST,
+            "whole number",
+        ),
+        (
+            "POST",
+            "/admin/api/trap/refund?units=0",
+            StatusCode::BAD_REQUEST,
+            "between 1",
+        ),
+        (
+            "GET",
+            "/admin/api/trap?cost=-1",
+            StatusCode::BAD_REQUEST,
+            "whole number",
+        ),
+    ] {
+        let (status, body) = call(&app, method, uri, None).await;
+        assert_eq!(status, expected, "{method} {uri}: {body}");
+        let error = body["error"].as_str().unwrap_or_default();
+        assert!(error.contains(says), "{method} {uri}: {body}");
+    }
+
+    // A per-address layer given an API key: an error, nothing reset.
+    let backend = Backend::in_process();
+    let per_ip = PeriodLimitLayer::builder(&backend)
+        .name("per-ip")
+        .quota(5)
+        .period(Duration::from_secs(60))
+        .key(PeerIp::new())
+        .build()
+        .unwrap();
+    let admin: Router = AdminRouter::new().limit(&per_ip).into_router();
+    let (status, body) = call(&admin, "POST", "/per-ip/trap/reset", None).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("not an IP address"),
+        "{body}"
+    );
+}
