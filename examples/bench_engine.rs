@@ -23,6 +23,8 @@
 //! row is printed, then the targets' ratios (the median of each round's ratio). The crate's rows run on each path the server takes: Redis Functions
 //! (`FCALL`, Redis 7 and later) and `EVALSHA`.
 //!
+//! `BENCH_ROWS` (comma-separated texts) keeps only the rows whose name contains one.
+//!
 //! With `BENCH_CALLGRIND=1`, `scripts/bench-engine` runs the `redis-server` under
 //! valgrind's callgrind and each row also reports the instructions Redis ran per
 //! decision: exact counts, free of the timing noise of a shared machine (one round is
@@ -675,6 +677,13 @@ async fn main() {
             &["set:floor:token", "set:floor:period", "block:set:floor"],
             texts(&format!("{token}:w:2:{HUGE}:60000")),
         ));
+    }
+
+    // BENCH_ROWS: only the rows whose name contains one of its comma-separated texts.
+    if let Ok(wanted) = std::env::var("BENCH_ROWS") {
+        let wanted: Vec<&str> = wanted.split(',').filter(|w| !w.is_empty()).collect();
+        rows.retain(|row| wanted.iter().any(|w| row.name.contains(w)));
+        assert!(!rows.is_empty(), "BENCH_ROWS={wanted:?} selects no row");
     }
 
     let callgrind = Callgrind::from_env();

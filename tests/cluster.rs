@@ -121,7 +121,11 @@ async fn noscript_on_a_cluster_is_handled() {
     }
     for node in 0..3 {
         assert_eq!(cluster.cmd(node, &["SCRIPT", "FLUSH"]), "OK");
-        assert_eq!(cluster.cmd(node, &["FUNCTION", "FLUSH"]), "OK");
+        // Where the server has Redis Functions (not Redis 6.2: the engine runs by
+        // `EVALSHA` there, and `SCRIPT FLUSH` is the whole flush).
+        if cluster.has_functions(node) {
+            assert_eq!(cluster.cmd(node, &["FUNCTION", "FLUSH"]), "OK");
+        }
     }
     for key in keys() {
         let d = limiter.check(key.as_bytes(), ONE).await;

@@ -260,10 +260,10 @@ async fn a_server_without_functions_decides_byte_keys_from_the_first_check() {
 async fn a_server_that_refuses_fcall_alone_is_served_by_evalsha_after_one_refusal() {
     let server = RedisServer::start();
     if !server.has_functions() {
-        eprintln!(
-            "skipped: {} has no Redis Functions, so no FCALL to refuse alone",
+        support::skip(format!(
+            "{} has no Redis Functions (COMMAND INFO knows no FUNCTION, FCALL): no FCALL to refuse alone",
             server.version()
-        );
+        ));
         return;
     }
     drop(server);

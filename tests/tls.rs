@@ -57,8 +57,9 @@ fn pki() -> Pki {
 }
 
 /// A server with a plain port (for the harness) and a TLS port (returned), and the ACL
-/// user `alice`.
-fn tls_server(pki: &Pki, client_certificates: bool) -> (RedisServer, u16) {
+/// user `alice`; `None` (the test skipped, with the server's reason) where the server's
+/// build has no TLS.
+fn tls_server(pki: &Pki, client_certificates: bool) -> Option<(RedisServer, u16)> {
     let tls_port = support::free_port();
     let path = |name: &str| pki.dir.join(name).to_string_lossy().into_owned();
     let args = [
@@ -80,8 +81,13 @@ fn tls_server(pki: &Pki, client_certificates: bool) -> (RedisServer, u16) {
         "&*",
         "+@all",
     ];
-    let server = RedisServer::start_with(args.iter().map(|s| (*s).to_owned()).collect());
-    (server, tls_port)
+    match RedisServer::start_with_tls(args.iter().map(|s| (*s).to_owned()).collect()) {
+        Ok(server) => Some((server, tls_port)),
+        Err(reason) => {
+            support::skip(reason);
+            None
+        }
+    }
 }
 
 fn limiter(backend: &Backend) -> PeriodLimiter {
@@ -107,7 +113,9 @@ async fn admitted(limiter: &PeriodLimiter, n: usize) -> (usize, Vec<Source>) {
 #[tokio::test]
 async fn rediss_with_an_acl_user_and_a_custom_ca_limits_on_redis() {
     let pki = pki();
-    let (redis, port) = tls_server(&pki, false);
+    let Some((redis, port)) = tls_server(&pki, false) else {
+        return;
+    };
     let backend = Backend::builder()
         .redis_url(format!("rediss://alice:{PASSWORD}@127.0.0.1:{port}"))
         .tls_ca_pem(pki.ca.clone())
@@ -132,7 +140,9 @@ async fn rediss_with_an_acl_user_and_a_custom_ca_limits_on_redis() {
 #[tokio::test]
 async fn mutual_tls_needs_the_client_certificate() {
     let pki = pki();
-    let (_redis, port) = tls_server(&pki, true);
+    let Some((_redis, port)) = tls_server(&pki, true) else {
+        return;
+    };
     let url = format!("rediss://alice:{PASSWORD}@127.0.0.1:{port}");
     let without = Backend::builder()
         .redis_url(&url)
@@ -154,7 +164,9 @@ async fn mutual_tls_needs_the_client_certificate() {
 #[tokio::test]
 async fn a_server_signed_by_an_unknown_authority_is_refused() {
     let pki = pki();
-    let (_redis, port) = tls_server(&pki, false);
+    let Some((_redis, port)) = tls_server(&pki, false) else {
+        return;
+    };
     let backend = Backend::builder()
         .redis_url(format!("rediss://alice:{PASSWORD}@127.0.0.1:{port}"))
         .build()
@@ -170,7 +182,9 @@ async fn a_server_signed_by_an_unknown_authority_is_refused() {
 #[tokio::test]
 async fn a_wrong_password_is_a_clear_error_and_never_shown() {
     let pki = pki();
-    let (_redis, port) = tls_server(&pki, false);
+    let Some((_redis, port)) = tls_server(&pki, false) else {
+        return;
+    };
     let wrong = "not-the-password-91c2";
     let builder = Backend::builder()
         .redis_url(format!("rediss://alice:{wrong}@127.0.0.1:{port}"))
@@ -201,7 +215,9 @@ async fn a_wrong_password_is_a_clear_error_and_never_shown() {
 #[tokio::test]
 async fn mutual_tls_from_configuration_files() {
     let pki = pki();
-    let (_redis, port) = tls_server(&pki, true);
+    let Some((_redis, port)) = tls_server(&pki, true) else {
+        return;
+    };
     std::fs::write(pki.dir.join("client.crt"), &pki.client_cert).unwrap();
     std::fs::write(pki.dir.join("client.key"), &pki.client_key).unwrap();
     let text = format!(

@@ -5,11 +5,21 @@
  * process's wall clock at run time by rewriting those bytes. Only CLOCK_REALTIME (and its coarse variant),
  * gettimeofday and time are shifted; monotonic clocks are left alone. The real time is
  * read with the raw system call, so nothing here can recurse into an allocator.
+ *
+ * It also hides /proc/cpuinfo from the process (an empty file instead), so that a server
+ * whose monotonic clock would be the CPU's TSC falls back to clock_gettime: Valkey 9's
+ * ustime() reads the wall clock at most once a millisecond and adds the TSC's ticks in
+ * between, so under the TSC a frozen clock would move and a step would land up to a
+ * millisecond late (the server logs "monotonic clock: POSIX clock_gettime" instead of
+ * "X86 TSC"). Redis and Valkey read /proc/cpuinfo only for that choice.
  * Built by tests/support/mod.rs with `cc -shared -fPIC`. */
 #define _GNU_SOURCE
+#include <dlfcn.h>
 #include <fcntl.h>
+#include <stdio.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
 #include <sys/time.h>
@@ -85,4 +95,21 @@ time_t time(time_t *out) {
     shift(&ts);
     if (out) *out = ts.tv_sec;
     return ts.tv_sec;
+}
+
+/* /proc/cpuinfo reads as empty (see the top): no `constant_tsc` flag, so no TSC clock. */
+static const char *hide_cpuinfo(const char *path) {
+    return path && strcmp(path, "/proc/cpuinfo") == 0 ? "/dev/null" : path;
+}
+
+typedef FILE *(*fopen_fn)(const char *, const char *);
+
+FILE *fopen(const char *path, const char *mode) {
+    fopen_fn real = (fopen_fn)dlsym(RTLD_NEXT, "fopen");
+    return real(hide_cpuinfo(path), mode);
+}
+
+FILE *fopen64(const char *path, const char *mode) {
+    fopen_fn real = (fopen_fn)dlsym(RTLD_NEXT, "fopen64");
+    return real(hide_cpuinfo(path), mode);
 }

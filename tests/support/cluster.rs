@@ -149,6 +149,13 @@ impl RedisCluster {
             .render()
     }
 
+    /// Whether node `index` has Redis Functions (`FUNCTION` and `FCALL`), as it says
+    /// itself (see [`RedisServer::has_functions`]).
+    pub(crate) fn has_functions(&self, index: usize) -> bool {
+        let port = self.nodes[index].port;
+        has_command(port, "function") && has_command(port, "fcall")
+    }
+
     /// The logs of all nodes, one after the other.
     pub(crate) fn log(&self) -> String {
         self.nodes

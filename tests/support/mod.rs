@@ -208,6 +208,52 @@ fn tail(text: &str, lines: usize) -> String {
 }
 
 // ---------------------------------------------------------------------------
+// Skipping a test the server's build cannot run
+// ---------------------------------------------------------------------------
+
+/// The file `scripts/matrix` names for a run, where [`skip`] records each skip.
+const SKIPS_ENV: &str = "TOWER_REDIS_RATELIMIT_TEST_SKIPS";
+
+/// The one way a test skips: the server's build lacks what the test needs (a build
+/// without TLS, a server without Redis Functions), as the server itself says when asked
+/// (never its version string alone). The reason names the server and the missing piece;
+/// nothing about the crate is ever a reason. Prints `skipped: <reason>`, and where
+/// `$TOWER_REDIS_RATELIMIT_TEST_SKIPS` names a file (`scripts/matrix` sets it) appends
+/// `<binary>\t<test>\t<reason>` to it, so that the matrix counts the test as skipped,
+/// not passed, and prints the reason. The caller returns right after.
+pub(crate) fn skip(reason: impl fmt::Display) {
+    let reason = reason.to_string().replace(['\n', '\t'], " ");
+    eprintln!("skipped: {reason}");
+    let Some(path) = std::env::var_os(SKIPS_ENV) else {
+        return;
+    };
+    // The binary (`tls`, from `target/debug/deps/tls-0123abcd`) and the test (libtest
+    // names the thread that runs a test after it; nextest runs one test a process).
+    let binary = std::env::current_exe()
+        .ok()
+        .and_then(|exe| Some(exe.file_stem()?.to_str()?.to_owned()))
+        .map(|stem| match stem.rsplit_once('-') {
+            Some((name, hash)) if hash.chars().all(|c| c.is_ascii_hexdigit()) => name.to_owned(),
+            _ => stem,
+        })
+        .unwrap_or_else(|| "?".to_owned());
+    let thread = thread::current();
+    let test = thread.name().unwrap_or("?");
+    let line = format!("{binary}\t{test}\t{reason}\n");
+    let written = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .and_then(|mut file| io::Write::write_all(&mut file, line.as_bytes()));
+    if let Err(e) = written {
+        panic!(
+            "could not record the skip in {}: {e}",
+            Path::new(&path).display()
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------
 // Commands (the `redis` crate's blocking client)
 // ---------------------------------------------------------------------------
 
@@ -317,6 +363,16 @@ fn command(port: u16, args: &[&str], timeout: Duration) -> io::Result<Reply> {
 /// Sends one command to `127.0.0.1:port` and returns the reply (5 s timeouts).
 pub(crate) fn raw_cmd(port: u16, args: &[&str]) -> io::Result<Reply> {
     command(port, args, CMD_TIMEOUT)
+}
+
+/// Whether the server on `port` knows `command` under that name (`COMMAND INFO`: a
+/// command it does not know, or one renamed away, is nil).
+fn has_command(port: u16, command: &str) -> bool {
+    match raw_cmd(port, &["COMMAND", "INFO", command]) {
+        Ok(Reply::Array(items)) => !matches!(items.first(), None | Some(Reply::Nil)),
+        Ok(other) => panic!("COMMAND INFO {command} on port {port}: {other}"),
+        Err(e) => panic!("COMMAND INFO {command} on port {port} failed: {e}"),
+    }
 }
 
 /// `PING` with short timeouts; true only on `PONG`.

@@ -224,6 +224,47 @@ impl Node {
     }
 }
 
+/// The server's own words, in its start-up output, for a build without TLS asked to
+/// listen on a TLS port; `None` when it says nothing of the kind.
+fn no_tls(output: &str) -> Option<String> {
+    let lines: Vec<&str> = output.lines().map(str::trim).collect();
+    // Valkey 8+ and Redis 7.2+ built without TLS know the options, not the connection
+    // type ("Missing implement of connection type tls", then this).
+    if lines
+        .iter()
+        .any(|line| line.ends_with("Failed finding TLS support."))
+    {
+        return Some("Failed finding TLS support.".to_owned());
+    }
+    // Redis 6 and 7.0 built without TLS do not know the options: `>>> 'tls-port "6380"'`,
+    // then "Bad directive or wrong number of arguments".
+    lines.windows(2).find_map(|pair| {
+        let option = pair[0].strip_prefix(">>> '")?.split_whitespace().next()?;
+        (option.starts_with("tls-") && pair[1].starts_with("Bad directive"))
+            .then(|| format!("{} ({option})", pair[1]))
+    })
+}
+
+/// `redis-server 6.2.5`, `valkey-server 9.1.0`: the server binary's name and the version
+/// it reports (`--version`), for a reason given before any server runs.
+pub(crate) fn server_binary_version() -> String {
+    let bin = redis_server_bin();
+    let name = Path::new(&bin)
+        .file_name()
+        .map_or_else(|| bin.clone(), |name| name.to_string_lossy().into_owned());
+    let version = Command::new(&bin)
+        .arg("--version")
+        .output()
+        .ok()
+        .and_then(|out| {
+            let text = String::from_utf8_lossy(&out.stdout).into_owned();
+            let v = text.split_whitespace().find_map(|w| w.strip_prefix("v="))?;
+            Some(v.to_owned())
+        })
+        .unwrap_or_else(|| "(version unknown)".to_owned());
+    format!("{name} {version}")
+}
+
 /// Starts a node on a fresh port, retrying a few times if the port is taken.
 /// On failure, the error message includes the server log.
 pub(super) fn start_node(
@@ -276,6 +317,31 @@ impl RedisServer {
             Err(msg) => {
                 let _ = fs::remove_dir_all(&dir);
                 panic!("{msg}");
+            }
+        }
+    }
+
+    /// Like [`start_with`](RedisServer::start_with), for arguments that open a TLS port
+    /// (`--tls-port` ...): `Err` with the reason to [skip](super::skip) where the server's
+    /// build has no TLS, as the server says when asked to listen on one (it exits at
+    /// start-up: Valkey 8+ and Redis 7.2+ "Failed finding TLS support", Redis 6 "Bad
+    /// directive" for `tls-port`). Any other failure to start panics as `start_with` does.
+    pub(crate) fn start_with_tls(extra_args: Vec<String>) -> Result<RedisServer, String> {
+        let dir = make_temp_dir("redis");
+        let started = start_node(&dir, free_port, |port, dir| {
+            Node::new(port, dir, "redis", extra_args.clone())
+        });
+        match started {
+            Ok(node) => Ok(RedisServer { node }),
+            Err(msg) => {
+                let _ = fs::remove_dir_all(&dir);
+                match no_tls(&msg) {
+                    Some(words) => Err(format!(
+                        "{} was built without TLS (asked to listen on --tls-port, it says: {words})",
+                        server_binary_version()
+                    )),
+                    None => panic!("{msg}"),
+                }
             }
         }
     }
@@ -398,10 +464,7 @@ impl RedisServer {
 
     /// Whether the server knows `command` under that name (`COMMAND INFO`).
     pub(crate) fn has_command(&self, command: &str) -> bool {
-        match self.cmd_reply(&["COMMAND", "INFO", command]) {
-            Reply::Array(items) => !matches!(items.first(), None | Some(Reply::Nil)),
-            other => panic!("COMMAND INFO {command}: {other}"),
-        }
+        has_command(self.node.port, command)
     }
 
     /// The server's name and version as `INFO server` gives them (`redis 6.2.5`,
@@ -599,11 +662,34 @@ impl RedisServer {
             node.env = env.clone();
             node
         }) {
-            Ok(node) => (RedisServer { node }, clock),
+            Ok(node) => {
+                let redis = RedisServer { node };
+                redis.check_clock(&clock);
+                (redis, clock)
+            }
             Err(msg) => {
                 let _ = fs::remove_dir_all(&dir);
                 panic!("{msg}");
             }
         }
+    }
+
+    /// The shim governs the server's clock: frozen, `TIME` answers the frozen time, twice
+    /// (a server that ignores `LD_PRELOAD`, a static binary, or one that adds a clock of its
+    /// own to the wall clock's readings would fail every clock-step test in ways that
+    /// look like the crate's; this says what it is). Leaves the clock at offset zero.
+    fn check_clock(&self, clock: &ServerClock) {
+        // 2030-01-01T00:00:00.123456Z
+        const FROZEN_US: i64 = 1_893_456_000_123_456;
+        clock.freeze_at(FROZEN_US);
+        let readings: Vec<String> = (0..2).map(|_| self.cmd(&["TIME"])).collect();
+        clock.set_offset_us(0);
+        let expected = format!("{}\n{}", FROZEN_US / 1_000_000, FROZEN_US % 1_000_000);
+        assert!(
+            readings.iter().all(|time| *time == expected),
+            "the clock shim does not govern {} ({}): frozen at {expected:?}, TIME said {readings:?}",
+            self.version(),
+            redis_server_bin(),
+        );
     }
 }
