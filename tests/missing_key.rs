@@ -174,16 +174,18 @@ async fn a_missing_credential_is_logged_and_answered_as_the_user_chose() {
                 .body(Bytes::from_static(b"slow down"))
                 .unwrap()
         }
-        fn on_missing_key(&self, missing: &MissingKeyRejection<'_>) -> Response<Bytes> {
+        fn on_missing_key(&self, missing: &MissingKeyRejection<'_>) -> Option<Response<Bytes>> {
             let body = format!(
                 r#"{{"error":"send an API key","limit":"{}"}}"#,
                 missing.policy
             );
-            Response::builder()
-                .status(missing.status)
-                .header("content-type", "application/json")
-                .body(Bytes::from(body))
-                .unwrap()
+            Some(
+                Response::builder()
+                    .status(missing.status)
+                    .header("content-type", "application/json")
+                    .body(Bytes::from(body))
+                    .unwrap(),
+            )
         }
     }
 

@@ -18,7 +18,7 @@ use crate::decision::Decision;
 use crate::key::KeyExtractor;
 use crate::key::KeyOrigin;
 use crate::metrics::LayerMetrics;
-use crate::response::{MissingKeyRejection, OnRejection, Rejection};
+use crate::response::{missing_key, MissingKeyRejection, OnRejection, Rejection};
 use crate::service::{MissingKey, MissingKeyWarning};
 
 /// Holds at most N requests of one key in flight; built by [`InFlightLimitLayer`](super::InFlightLimitLayer).
@@ -97,14 +97,17 @@ where
                 shared.missing_key(key.is_some(), shared.key.origin());
                 match &shared.options.missing_key {
                     MissingKey::Reject(status) if !shadow => {
-                        let response = shared.rejection.on_missing_key(&MissingKeyRejection {
-                            status: *status,
-                            policy: shared.limiter.policy().name(),
-                            too_long: key.is_some(),
-                            method: req.method(),
-                            uri: req.uri(),
-                            headers: req.headers(),
-                        });
+                        let response = shared
+                            .rejection
+                            .on_missing_key(&MissingKeyRejection {
+                                status: *status,
+                                policy: shared.limiter.policy().name(),
+                                too_long: key.is_some(),
+                                method: req.method(),
+                                uri: req.uri(),
+                                headers: req.headers(),
+                            })
+                            .unwrap_or_else(|| missing_key(*status, req.headers()));
                         return InFlightFuture::done(response);
                     }
                     MissingKey::Reject(_) | MissingKey::Allow => {

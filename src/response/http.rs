@@ -68,10 +68,10 @@ impl OnRejection for ProblemJson {
     }
 
     /// A missing key as `application/problem+json` with the layer's status.
-    fn on_missing_key(&self, missing: &MissingKeyRejection<'_>) -> Response<Bytes> {
+    fn on_missing_key(&self, missing: &MissingKeyRejection<'_>) -> Option<Response<Bytes>> {
         #[cfg(feature = "grpc")]
         if super::grpc::is_grpc(missing.headers) {
-            return super::grpc::missing_key(missing.status);
+            return Some(super::grpc::missing_key(missing.status));
         }
         let mut body = BytesMut::with_capacity(160);
         body.put_slice(br#"{"type":"about:blank","title":"Missing Rate-Limit Key","status":"#);
@@ -83,7 +83,7 @@ impl OnRejection for ProblemJson {
         body.put_slice(br#","detail":"the request carries nothing to limit it by","policy":""#);
         body.put_slice(missing.policy.as_bytes());
         body.put_slice(b"\"}\n");
-        problem(missing.status, body.freeze())
+        Some(problem(missing.status, body.freeze()))
     }
 }
 

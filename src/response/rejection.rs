@@ -50,10 +50,10 @@ pub struct MissingKeyRejection<'a> {
 /// rate-limit headers afterwards, so a handler only decides status and body.
 ///
 /// A request without a usable key that the layer refuses is answered by
-/// [`on_missing_key`](Self::on_missing_key): by default a short `text/plain` body with
-/// the layer's status (a gRPC status for a gRPC call with the `grpc` feature); implement
-/// it to answer in your API's own shape (as [`ProblemJson`](crate::response::ProblemJson)
-/// does).
+/// [`on_missing_key`](Self::on_missing_key) when it returns a response, else by default
+/// with a short `text/plain` body and the layer's status (a gRPC status for a gRPC call
+/// with the `grpc` feature); implement it to answer in your API's own shape (as
+/// [`ProblemJson`](crate::response::ProblemJson) does).
 ///
 /// ```
 /// use bytes::Bytes;
@@ -76,7 +76,7 @@ pub trait OnRejection: Send + Sync + 'static {
     fn on_rejection(&self, rejection: &Rejection<'_>) -> Response<Bytes>;
 
     /// The response to a request refused for a missing key (no rate-limit headers are
-    /// added: no limit was checked).
+    /// added: no limit was checked); `None` (the default) for the default answer.
     ///
     /// ```
     /// use bytes::Bytes;
@@ -91,14 +91,15 @@ pub trait OnRejection: Send + Sync + 'static {
     ///         Response::builder().status(429).body(body).unwrap()
     ///     }
     ///
-    ///     fn on_missing_key(&self, missing: &MissingKeyRejection<'_>) -> Response<Bytes> {
+    ///     fn on_missing_key(&self, missing: &MissingKeyRejection<'_>) -> Option<Response<Bytes>> {
     ///         let body = Bytes::from_static(br#"{"error":"send your API key"}"#);
-    ///         Response::builder().status(missing.status).body(body).unwrap()
+    ///         Some(Response::builder().status(missing.status).body(body).unwrap())
     ///     }
     /// }
     /// ```
-    fn on_missing_key(&self, missing: &MissingKeyRejection<'_>) -> Response<Bytes> {
-        super::http::missing_key(missing.status, missing.headers)
+    fn on_missing_key(&self, missing: &MissingKeyRejection<'_>) -> Option<Response<Bytes>> {
+        let _ = missing;
+        None
     }
 }
 

@@ -17,7 +17,7 @@ use super::{MissingKey, Respond, ResponseBody, Settle, Shared, Usage};
 use crate::cost::Cost;
 use crate::key::KeyExtractor;
 use crate::limiter::{Check, Limiter};
-use crate::response::{MissingKeyRejection, OnRejection};
+use crate::response::{missing_key, MissingKeyRejection, OnRejection};
 
 /// Rate-limits requests to an inner service; built by
 /// [`LimitLayer`](super::LimitLayer).
@@ -131,14 +131,17 @@ where
                 shared.metrics.missing_key(policy);
                 match &shared.options.missing_key {
                     MissingKey::Reject(status) if !shared.options.shadow => {
-                        let response = shared.rejection.on_missing_key(&MissingKeyRejection {
-                            status: *status,
-                            policy: shared.limiter.policies()[policy].name(),
-                            too_long,
-                            method: req.method(),
-                            uri: req.uri(),
-                            headers: req.headers(),
-                        });
+                        let response = shared
+                            .rejection
+                            .on_missing_key(&MissingKeyRejection {
+                                status: *status,
+                                policy: shared.limiter.policies()[policy].name(),
+                                too_long,
+                                method: req.method(),
+                                uri: req.uri(),
+                                headers: req.headers(),
+                            })
+                            .unwrap_or_else(|| missing_key(*status, req.headers()));
                         return ResponseFuture::done(response);
                     }
                     MissingKey::Reject(_) | MissingKey::Allow => {
