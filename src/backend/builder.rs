@@ -12,6 +12,7 @@ use super::redis::connect::{Target, Tls};
 use super::redis::credentials::CredentialsProvider;
 use super::redis::health::BreakerConfig;
 use super::redis::time::TimeSource;
+use super::redis::changes::OnChange;
 use super::redis::{Engine, RedisBackend};
 use super::{
     Backend, Failover, FailurePolicy, Inner, ShareRounding, DEFAULT_CALL_TIMEOUT,
@@ -342,24 +343,34 @@ impl BackendBuilder {
             });
         }
         let connector = self.connector()?;
-        let redis = connector.map(|connector| {
-            crate::metrics::fallback_active(&self.prefix, false);
-            Arc::new(RedisBackend::new(
-                connector,
-                self.prefix.clone(),
-                self.call_timeout,
-                self.probe_interval,
-                self.breaker,
-                Engine {
-                    scripts: &ENGINE,
-                    time: self.time,
-                    functions: self.functions,
-                },
-            ))
-        });
         let local = Arc::new(LocalStore::new(self.max_local_keys, &self.prefix));
-        Ok(Backend {
-            inner: Arc::new(Inner {
+        // The Redis side hears the changes of every instance (`redis/changes.rs`) and
+        // hands them to this backend's deny cache and leases, through a callback that
+        // holds the backend weakly (the backend holds the Redis side).
+        let inner = Arc::new_cyclic(|inner: &std::sync::Weak<Inner>| {
+            let redis = connector.map(|connector| {
+                crate::metrics::fallback_active(&self.prefix, false);
+                let inner = inner.clone();
+                let on_change: OnChange = Box::new(move |change| {
+                    if let Some(inner) = inner.upgrade() {
+                        inner.changed(change);
+                    }
+                });
+                Arc::new(RedisBackend::new(
+                    connector,
+                    self.prefix.clone(),
+                    self.call_timeout,
+                    self.probe_interval,
+                    self.breaker,
+                    Engine {
+                        scripts: &ENGINE,
+                        time: self.time,
+                        functions: self.functions,
+                    },
+                    on_change,
+                ))
+            });
+            Inner {
                 local,
                 prefix: self.prefix,
                 clock: self.manual_clock.map_or_else(Clock::new, Clock::Manual),
@@ -368,7 +379,11 @@ impl BackendBuilder {
                 redis,
                 deny: DenyCache::new(self.deny_cache, self.deny_max_age),
                 coalesce: self.coalesce,
-            }),
+                leased: std::sync::Mutex::default(),
+            }
+        });
+        Ok(Backend {
+            inner,
             failover: self.failover,
         })
     }
