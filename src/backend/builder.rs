@@ -111,11 +111,13 @@ impl BackendBuilder {
 
     /// The longest a refusal is answered from the local deny cache without asking Redis
     /// again (default [`DEFAULT_DENY_CACHE_MAX_AGE`], 1 s; at least 1 ms), however long
-    /// the refusal lasts. It bounds how long another instance's reset or new block of a
-    /// key (an administrator lifting a 15-minute lockout) takes to reach this process's
-    /// answers; a key flooded while refused costs Redis one call per max age per
-    /// instance. A reset, refund or block made through this backend reaches its answers
-    /// at once.
+    /// the refusal lasts; a key flooded while refused costs Redis one call per max age
+    /// per instance. A reset, refund or block made through this backend reaches its
+    /// answers at once; another instance's reset or block of a key (an administrator
+    /// lifting a 15-minute lockout) within about a round trip, by the change
+    /// subscription, and within this max age while that subscription is down or
+    /// missing (a backend on a pool of yours): see
+    /// [Changes on every instance](crate::guide::operations#changes-on-every-instance).
     ///
     /// ```
     /// use std::time::Duration;

@@ -63,7 +63,11 @@
 //! and managed servers require, and writes it `KEYS[i]` in each command (cluster
 //! proxies such as Alibaba Cloud's read the script's text): a check touches its limits' keys (one, or a set's) and
 //! the key's block, all in the limited key's hash slot; the health probe only
-//! `<prefix>:probe`.
+//! `<prefix>:probe`. A reset or a block also publishes the limit's key on the channel
+//! `<prefix>:changes` (not a key), to which every backend built from URLs subscribes
+//! (see [Changes on every instance](crate::guide::operations#changes-on-every-instance)):
+//! an ACL user needs `&<prefix>:changes` for changes to reach every instance at once;
+//! without it they still do within the deny cache's max age.
 //!
 //! # One name, one limit
 //!
