@@ -240,8 +240,15 @@ async fn a_new_connection_authenticates_with_the_current_credentials() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    support::subscribed_clients(&redis, 1).await;
+    assert_eq!(support::subscribed_clients(&redis, 1).await, 1);
     assert_eq!(clients_of(&redis, "app-green").len(), 1);
+    // The change subscription was made again with the current credentials too.
+    let clients = redis.cmd(&["CLIENT", "LIST"]);
+    let subscribed = clients.lines().find(|line| line.contains(" sub=1 "));
+    assert!(
+        subscribed.is_some_and(|line| line.contains(" user=app-green ")),
+        "{clients}"
+    );
 }
 
 /// A tracing writer that keeps what is logged.

@@ -131,4 +131,6 @@ async fn a_sentinel_backend_from_configuration() {
     assert!(!decisions[2].is_admitted());
     let keys = group.master.cmd(&["KEYS", "from-config:*"]);
     assert!(keys.contains(":period:s"), "{keys}");
+    // The change subscription is on the master the sentinels name.
+    assert_eq!(support::subscribed_clients(&group.master, 1).await, 1);
 }
