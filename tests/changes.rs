@@ -105,9 +105,8 @@ async fn a_reset_on_one_instance_reaches_the_others_deny_cache() {
     let reset = b.reset(b"k").unwrap().await;
     assert!(reset.is_admitted(), "{reset:?}");
     let admitted = poll_until(&a, b"k", Decision::is_admitted).await;
-    let admitted = admitted.unwrap_or_else(|last| {
-        panic!("A still refuses {PATIENCE:?} after B's reset: {last:?}")
-    });
+    let admitted = admitted
+        .unwrap_or_else(|last| panic!("A still refuses {PATIENCE:?} after B's reset: {last:?}"));
     assert_eq!(admitted.source, Source::Redis, "{admitted:?}");
 }
 
@@ -196,8 +195,7 @@ async fn a_raised_dynamic_limit_is_not_refused_from_the_deny_cache() {
 #[tokio::test]
 async fn a_block_on_one_instance_ends_the_others_lease() {
     let redis = RedisServer::start();
-    let config =
-        TokenBucketConfig::new(1, HOUR, 10_000).lease(1_000, Duration::from_secs(60));
+    let config = TokenBucketConfig::new(1, HOUR, 10_000).lease(1_000, Duration::from_secs(60));
     let a = TokenBucketLimiter::new(&instance(&redis.url(), MAX_AGE), "api", config).unwrap();
     let b = TokenBucketLimiter::new(&instance(&redis.url(), MAX_AGE), "api", config).unwrap();
     assert!(a.check(b"k", ONE).await.is_admitted());
@@ -237,7 +235,11 @@ async fn without_the_subscription_the_max_age_bounds_a_change() {
     proxy.refuse(true);
     let list = redis.cmd(&["CLIENT", "LIST"]);
     for line in list.lines().filter(|line| line.contains(" sub=1 ")) {
-        let id = line.split_whitespace().next().unwrap().trim_start_matches("id=");
+        let id = line
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .trim_start_matches("id=");
         redis.cmd(&["CLIENT", "KILL", "ID", id]);
     }
     assert_eq!(subscribers(&redis), 0, "the subscription is cut");
@@ -260,7 +262,11 @@ async fn without_the_subscription_the_max_age_bounds_a_change() {
         took <= max_age + Duration::from_millis(500),
         "admitted {took:?} after the refusal was cached (max age {max_age:?}): {admitted:?}"
     );
-    assert_eq!(admitted.source, Source::Redis, "A's checks went on: {admitted:?}");
+    assert_eq!(
+        admitted.source,
+        Source::Redis,
+        "A's checks went on: {admitted:?}"
+    );
 }
 
 #[cfg(feature = "cluster")]
@@ -287,7 +293,11 @@ async fn a_reset_reaches_the_other_instance_on_a_cluster() {
     let start = Instant::now();
     let numsub = |i: usize| {
         let reply = cluster.cmd(i, &["PUBSUB", "NUMSUB", "ratelimit:changes"]);
-        let n: i64 = reply.split_whitespace().last().and_then(|n| n.parse().ok()).unwrap_or(0);
+        let n: i64 = reply
+            .split_whitespace()
+            .last()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0);
         n
     };
     while (0..3).map(numsub).sum::<i64>() < 1 && start.elapsed() < Duration::from_secs(2) {

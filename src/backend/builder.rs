@@ -8,11 +8,11 @@ use std::time::Duration;
 
 use super::decide::deny::DenyCache;
 use super::decide::engine::ENGINE;
+use super::redis::changes::OnChange;
 use super::redis::connect::{Target, Tls};
 use super::redis::credentials::CredentialsProvider;
 use super::redis::health::BreakerConfig;
 use super::redis::time::TimeSource;
-use super::redis::changes::OnChange;
 use super::redis::{Engine, RedisBackend};
 use super::{
     Backend, Failover, FailurePolicy, Inner, ShareRounding, DEFAULT_CALL_TIMEOUT,

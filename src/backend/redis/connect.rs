@@ -182,7 +182,11 @@ impl Connector {
         };
         #[cfg(not(feature = "tls"))]
         without_tls(tls)?;
-        Ok(Self::Cluster(Box::new(builder.build()?), nodes, credentials))
+        Ok(Self::Cluster(
+            Box::new(builder.build()?),
+            nodes,
+            credentials,
+        ))
     }
 
     /// A client for the master named `master` by the sentinels at `urls`. The sentinels'
