@@ -132,5 +132,9 @@ async fn a_sentinel_backend_from_configuration() {
     let keys = group.master.cmd(&["KEYS", "from-config:*"]);
     assert!(keys.contains(":period:s"), "{keys}");
     // The change subscription is on the master the sentinels name.
-    assert_eq!(support::subscribed_clients(&group.master, 1).await, 1);
+    let channel = "from-config:changes";
+    assert_eq!(
+        support::channel_subscribers(&group.master, channel, 1).await,
+        1
+    );
 }
