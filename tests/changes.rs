@@ -42,24 +42,12 @@ fn instance(url: &str, max_age: Duration) -> Backend {
         .unwrap()
 }
 
-/// How many connections of `server` are subscribed to the backend's change channel.
-fn subscribers(redis: &RedisServer) -> i64 {
-    let reply = redis.cmd(&["PUBSUB", "NUMSUB", "ratelimit:changes"]);
-    reply
-        .split_whitespace()
-        .last()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0)
-}
-
-/// Waits (at most 2 s) until `n` connections are subscribed: a subscription is made in
-/// the background after an instance's first connection. (Not asserted: without
-/// propagation there is none, and the test fails on what A answers.)
-async fn wait_subscribers(redis: &RedisServer, n: i64) {
-    let start = Instant::now();
-    while subscribers(redis) < n && start.elapsed() < Duration::from_secs(2) {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+/// Waits (at most 2 s) until `n` connections are subscribed to the backends' change
+/// channel: a subscription is made in the background after an instance's first
+/// connection. (Not asserted: without propagation there is none, and the test fails on
+/// what A answers.)
+async fn wait_subscribers(redis: &RedisServer, n: i64) -> i64 {
+    support::channel_subscribers(redis, "ratelimit:changes", n).await
 }
 
 /// Checks `key` on `limiter` until `done` says yes or [`PATIENCE`] is over: the
@@ -228,8 +216,7 @@ async fn without_the_subscription_the_max_age_bounds_a_change() {
     for _ in 0..2 {
         assert!(a.check(b"k", ONE).await.is_admitted());
     }
-    wait_subscribers(&redis, 1).await;
-    assert_eq!(subscribers(&redis), 1, "A subscribed");
+    assert_eq!(wait_subscribers(&redis, 1).await, 1, "A subscribed");
     // Cut A's subscription: no new connection through the proxy, the subscribed one
     // killed (A's check connection stays).
     proxy.refuse(true);
@@ -242,7 +229,11 @@ async fn without_the_subscription_the_max_age_bounds_a_change() {
             .trim_start_matches("id=");
         redis.cmd(&["CLIENT", "KILL", "ID", id]);
     }
-    assert_eq!(subscribers(&redis), 0, "the subscription is cut");
+    assert_eq!(
+        wait_subscribers(&redis, 0).await,
+        0,
+        "the subscription is cut"
+    );
     let cached_at = Instant::now();
     let refused = a.check(b"k", ONE).await;
     assert!(!refused.is_admitted() && refused.source == Source::Redis);
