@@ -20,6 +20,7 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use deadpool_redis::redis::{self, aio::MultiplexedConnection, PushInfo, PushKind, Value};
+use futures_util::future::{self, Either};
 use tokio::sync::mpsc;
 
 use super::connect::Connector;
@@ -166,8 +167,10 @@ async fn listen(
     // (The first tick is at once: the subscription was just answered.)
     ping.tick().await;
     loop {
-        tokio::select! {
-            message = messages.recv() => {
+        let message = std::pin::pin!(messages.recv());
+        let tick = std::pin::pin!(ping.tick());
+        match future::select(message, tick).await {
+            Either::Left((message, _)) => {
                 let Some(message) = message else {
                     return;
                 };
@@ -185,7 +188,7 @@ async fn listen(
                     _ => {}
                 }
             }
-            _ = ping.tick() => {
+            Either::Right(_) => {
                 let Some(this) = backend.upgrade() else {
                     return;
                 };
