@@ -133,8 +133,17 @@ pub trait Limiter: Send + Sync + 'static {
     }
 
     /// Forgets `key` (an administrator lifting a limit): its count starts afresh and a
-    /// [block](Self::block) is lifted. Says where it stands then; `None` when this
-    /// limiter cannot (the default).
+    /// [block](Self::block) is lifted (there is no separate unblock). Says where it
+    /// stands then; `None` when this limiter cannot (the default).
+    ///
+    /// On a Redis backend the change reaches every instance sharing the store at once:
+    /// within about one Redis round trip of it (its message on the backends' change
+    /// subscription), an instance's deny cache stops refusing the key and its lease of
+    /// the key ends; while an instance's subscription is down (or the backend was built
+    /// on a pool of yours, which gives it none), within the backend's
+    /// [`deny_cache_max_age`](crate::BackendBuilder::deny_cache_max_age) (1 s by
+    /// default) and, for a lease, its lifetime. See
+    /// [Changes on every instance](crate::guide::operations#changes-on-every-instance).
     ///
     /// `key` is the key a layer counts, tag and all (`hdr:x-api-key:trap`,
     /// `ext:user:carol`, `ip:203.0.113.7`, `fn:trap` for a closure: see the
@@ -180,6 +189,16 @@ pub trait Limiter: Send + Sync + 'static {
     /// this limiter cannot (the default). `key` is the key a layer counts, not the
     /// client's value: see [`reset`](Self::reset), and
     /// [`LimitLayer::block_value`](crate::LimitLayer::block_value) to block by value.
+    ///
+    /// On a Redis backend a block (or a later, shorter one that replaces it) reaches
+    /// every instance sharing the store at once: within about one Redis round trip of
+    /// it (its message on the backends' change subscription), an instance's deny cache
+    /// forgets what it cached of the key and its lease of the key ends; while an
+    /// instance's subscription is down (or the backend was built on a pool of yours,
+    /// which gives it none), within the backend's
+    /// [`deny_cache_max_age`](crate::BackendBuilder::deny_cache_max_age) (1 s by
+    /// default) and, for a lease, its lifetime. See
+    /// [Changes on every instance](crate::guide::operations#changes-on-every-instance).
     fn block(&self, key: &[u8], duration: std::time::Duration) -> Option<Check> {
         let _ = (key, duration);
         None

@@ -56,8 +56,17 @@ async fn call(app: &Router, method: &str, uri: &str, api_key: Option<&str>) -> (
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_operator_blocks_lists_and_lifts_a_client_by_its_api_key() {
     let redis = RedisServer::start();
-    let a = instance(&Backend::redis(redis.pool()));
-    let b = instance(&Backend::redis(redis.pool()));
+    // Refusals cached for up to 30 s: the client is admitted again on the other instance
+    // at once only because the reset reaches its deny cache (the change subscription).
+    let backend = || {
+        Backend::builder()
+            .redis_url(redis.url())
+            .deny_cache_max_age(Duration::from_secs(30))
+            .build()
+            .unwrap()
+    };
+    let a = instance(&backend());
+    let b = instance(&backend());
 
     let (status, limits) = call(&a, "GET", "/admin", None).await;
     assert_eq!(status, StatusCode::OK);
@@ -84,13 +93,27 @@ async fn an_operator_blocks_lists_and_lifts_a_client_by_its_api_key() {
     assert!(retry > 3_500_000 && retry <= 3_600_000, "{standing}");
     assert_eq!(standing["keys"][0]["source"], "Redis", "{standing}");
 
-    // Lifted on B: the client is admitted again.
-    let (status, lifted) = call(&b, "POST", "/admin/api/trap/reset", None).await;
+    // B has cached its refusal; both instances subscribed to the changes.
+    assert_eq!(
+        call(&b, "GET", "/", Some("trap")).await.0,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    support::channel_subscribers(&redis, "ratelimit:changes", 2).await;
+
+    // Lifted through A: the client is admitted again on B, well within the max age.
+    let (status, lifted) = call(&a, "POST", "/admin/api/trap/reset", None).await;
     assert_eq!(status, StatusCode::OK, "{lifted}");
     assert_eq!(lifted["keys"][0]["remaining"], 5, "{lifted}");
-    assert_eq!(call(&b, "GET", "/", Some("trap")).await.0, StatusCode::OK);
+    let start = std::time::Instant::now();
+    while call(&b, "GET", "/", Some("trap")).await.0 != StatusCode::OK {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "B still refuses 5 s after the reset through A"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 
-    // A refund by value; its count back.
+    // A refund by value: the request just admitted given back.
     let (status, refunded) = call(&a, "POST", "/admin/api/trap/refund?units=1", None).await;
     assert_eq!(status, StatusCode::OK, "{refunded}");
     assert_eq!(refunded["keys"][0]["remaining"], 5, "{refunded}");

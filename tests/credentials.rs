@@ -78,13 +78,14 @@ fn add_user(redis: &RedisServer, user: &str, password: &str) {
     assert_eq!(reply, "OK", "ACL SETUSER {user}: {reply}");
 }
 
-/// The ids of the server's clients authenticated as `user`.
+/// The ids of the server's clients authenticated as `user`, but for the backends'
+/// change subscriptions (which authenticate alike).
 fn clients_of(redis: &RedisServer, user: &str) -> Vec<String> {
     let needle = format!(" user={user} ");
     redis
         .cmd(&["CLIENT", "LIST"])
         .lines()
-        .filter(|line| line.contains(&needle))
+        .filter(|line| line.contains(&needle) && !line.contains(" sub=1 "))
         .filter_map(|line| {
             line.split(' ')
                 .next()?
@@ -163,6 +164,7 @@ async fn the_kept_connection_reauthenticates_before_expiry_and_no_decision_fails
     let backend = issuer.backend(&redis);
     let limiter = limiter(&backend);
     assert_eq!(limiter.check(b"tenant", ONE).await.source, Source::Redis);
+    support::subscribed_clients(&redis, 1).await;
     let kept = clients_of(&redis, "app-blue");
     assert_eq!(kept.len(), 1, "one kept connection as app-blue: {kept:?}");
     let traffic = Traffic::start(limiter.clone());
@@ -238,7 +240,15 @@ async fn a_new_connection_authenticates_with_the_current_credentials() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    assert_eq!(support::subscribed_clients(&redis, 1).await, 1);
     assert_eq!(clients_of(&redis, "app-green").len(), 1);
+    // The change subscription was made again with the current credentials too.
+    let clients = redis.cmd(&["CLIENT", "LIST"]);
+    let subscribed = clients.lines().find(|line| line.contains(" sub=1 "));
+    assert!(
+        subscribed.is_some_and(|line| line.contains(" user=app-green ")),
+        "{clients}"
+    );
 }
 
 /// A tracing writer that keeps what is logged.

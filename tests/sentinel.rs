@@ -131,4 +131,10 @@ async fn a_sentinel_backend_from_configuration() {
     assert!(!decisions[2].is_admitted());
     let keys = group.master.cmd(&["KEYS", "from-config:*"]);
     assert!(keys.contains(":period:s"), "{keys}");
+    // The change subscription is on the master the sentinels name.
+    let channel = "from-config:changes";
+    assert_eq!(
+        support::channel_subscribers(&group.master, channel, 1).await,
+        1
+    );
 }

@@ -135,6 +135,14 @@ async fn rediss_with_an_acl_user_and_a_custom_ca_limits_on_redis() {
         "2",
         "the limit's key and the probe's"
     );
+    // The change subscription is made alike: over TLS, with the CA, as alice.
+    assert_eq!(support::subscribed_clients(&redis, 1).await, 1);
+    let clients = redis.cmd(&["CLIENT", "LIST"]);
+    let subscribed = clients.lines().find(|line| line.contains(" sub=1 "));
+    assert!(
+        subscribed.is_some_and(|line| line.contains(" user=alice ")),
+        "{clients}"
+    );
 }
 
 #[tokio::test]

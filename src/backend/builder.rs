@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use super::decide::deny::DenyCache;
 use super::decide::engine::ENGINE;
+use super::redis::changes::OnChange;
 use super::redis::connect::{Target, Tls};
 use super::redis::credentials::CredentialsProvider;
 use super::redis::health::BreakerConfig;
@@ -110,11 +111,13 @@ impl BackendBuilder {
 
     /// The longest a refusal is answered from the local deny cache without asking Redis
     /// again (default [`DEFAULT_DENY_CACHE_MAX_AGE`], 1 s; at least 1 ms), however long
-    /// the refusal lasts. It bounds how long another instance's reset or new block of a
-    /// key (an administrator lifting a 15-minute lockout) takes to reach this process's
-    /// answers; a key flooded while refused costs Redis one call per max age per
-    /// instance. A reset, refund or block made through this backend reaches its answers
-    /// at once.
+    /// the refusal lasts; a key flooded while refused costs Redis one call per max age
+    /// per instance. A reset, refund or block made through this backend reaches its
+    /// answers at once; another instance's reset or block of a key (an administrator
+    /// lifting a 15-minute lockout) within about a round trip, by the change
+    /// subscription, and within this max age while that subscription is down or
+    /// missing (a backend on a pool of yours): see
+    /// [Changes on every instance](crate::guide::operations#changes-on-every-instance).
     ///
     /// ```
     /// use std::time::Duration;
@@ -342,24 +345,34 @@ impl BackendBuilder {
             });
         }
         let connector = self.connector()?;
-        let redis = connector.map(|connector| {
-            crate::metrics::fallback_active(&self.prefix, false);
-            Arc::new(RedisBackend::new(
-                connector,
-                self.prefix.clone(),
-                self.call_timeout,
-                self.probe_interval,
-                self.breaker,
-                Engine {
-                    scripts: &ENGINE,
-                    time: self.time,
-                    functions: self.functions,
-                },
-            ))
-        });
         let local = Arc::new(LocalStore::new(self.max_local_keys, &self.prefix));
-        Ok(Backend {
-            inner: Arc::new(Inner {
+        // The Redis side hears the changes of every instance (`redis/changes.rs`) and
+        // hands them to this backend's deny cache and leases, through a callback that
+        // holds the backend weakly (the backend holds the Redis side).
+        let inner = Arc::new_cyclic(|inner: &std::sync::Weak<Inner>| {
+            let redis = connector.map(|connector| {
+                crate::metrics::fallback_active(&self.prefix, false);
+                let inner = inner.clone();
+                let on_change: OnChange = Box::new(move |change| {
+                    if let Some(inner) = inner.upgrade() {
+                        inner.changed(change);
+                    }
+                });
+                Arc::new(RedisBackend::new(
+                    connector,
+                    self.prefix.clone(),
+                    self.call_timeout,
+                    self.probe_interval,
+                    self.breaker,
+                    Engine {
+                        scripts: &ENGINE,
+                        time: self.time,
+                        functions: self.functions,
+                    },
+                    on_change,
+                ))
+            });
+            Inner {
                 local,
                 prefix: self.prefix,
                 clock: self.manual_clock.map_or_else(Clock::new, Clock::Manual),
@@ -368,7 +381,11 @@ impl BackendBuilder {
                 redis,
                 deny: DenyCache::new(self.deny_cache, self.deny_max_age),
                 coalesce: self.coalesce,
-            }),
+                leased: std::sync::Mutex::default(),
+            }
+        });
+        Ok(Backend {
+            inner,
             failover: self.failover,
         })
     }

@@ -63,7 +63,11 @@
 //! and managed servers require, and writes it `KEYS[i]` in each command (cluster
 //! proxies such as Alibaba Cloud's read the script's text): a check touches its limits' keys (one, or a set's) and
 //! the key's block, all in the limited key's hash slot; the health probe only
-//! `<prefix>:probe`.
+//! `<prefix>:probe`. A reset or a block also publishes the limit's key on the channel
+//! `<prefix>:changes` (not a key), to which every backend built from URLs subscribes
+//! (see [Changes on every instance](crate::guide::operations#changes-on-every-instance)):
+//! an ACL user needs `&<prefix>:changes` for changes to reach every instance at once;
+//! without it they still do within the deny cache's max age.
 //!
 //! # One name, one limit
 //!
@@ -79,10 +83,12 @@ pub(crate) mod decide;
 pub(crate) mod redis;
 
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use self::decide::deny::DenyCache;
+use self::decide::lease;
+use self::redis::changes::Change;
 use self::redis::fault::Fault;
 use self::redis::RedisBackend;
 use crate::clock::Clock;
@@ -285,6 +291,32 @@ struct Inner {
     local: Arc<LocalStore>,
     /// Whether concurrent checks of one key share calls (see `coalesce.rs`).
     coalesce: bool,
+    /// The layouts of the limiters with leases and their leases' ids in the local
+    /// store, for the change subscription (read only when a change is heard).
+    leased: Mutex<Vec<(Layout, u64)>>,
+}
+
+impl Inner {
+    /// What the change subscription heard: a key reset or blocked (here or on another
+    /// instance) is no longer refused from the deny cache nor answered from this
+    /// process's lease; when the subscription was made again, every cached refusal is
+    /// forgotten, since changes made meanwhile were not heard.
+    fn changed(&self, change: Change<'_>) {
+        match change {
+            Change::Key(redis_key) => {
+                if self.deny.is_enabled() {
+                    self.deny.remove(self.deny.hash(redis_key));
+                }
+                let leased = self.leased.lock().unwrap_or_else(|e| e.into_inner());
+                for (layout, id) in leased.iter() {
+                    if let Some(key) = layout.key_of(redis_key) {
+                        lease::forget(&self.local, *id, &key);
+                    }
+                }
+            }
+            Change::Resumed => self.deny.clear(),
+        }
+    }
 }
 
 impl Backend {
@@ -370,7 +402,14 @@ impl Backend {
 
     /// The leases of the limiter whose keys are laid out as `layout`, on this backend.
     pub(crate) fn leases(&self, layout: &Layout, size: u64, lifetime: Duration) -> Leases {
-        Leases::new(layout.local_id(b"lease", 0), size, lifetime)
+        let id = layout.local_id(b"lease", 0);
+        if self.inner.redis.is_some() {
+            let mut leased = self.inner.leased.lock().unwrap_or_else(|e| e.into_inner());
+            if !leased.iter().any(|&(_, known)| known == id) {
+                leased.push((layout.clone(), id));
+            }
+        }
+        Leases::new(id, size, lifetime)
     }
 
     pub(crate) fn clock(&self) -> &Clock {

@@ -55,10 +55,10 @@
 //! key's count carries over when its limit changes, on Redis and in process (and in
 //! the Redis fallback) alike: a raised limit admits what is left under it, a lowered
 //! one refuses at once if the count is already at or above it (a token bucket keeps
-//! when it is full again, read at the new rate and burst). With the backend's deny
-//! cache on (the default), a
-//! key Redis refused stays refused until its retry-after even if its limit was raised
-//! meanwhile.
+//! when it is full again, read at the new rate and burst). The backend's deny cache
+//! answers a refusal only under the limit it was made under: once an instance applies
+//! a key's new limit, its next check goes to Redis under it (a raised limit admits at
+//! once, not after the deny cache's max age).
 //!
 //! ```
 //! use std::time::Duration;

@@ -98,10 +98,14 @@
 //! The local deny cache ([`BackendBuilder::deny_cache`](crate::BackendBuilder::deny_cache))
 //! remembers keys Redis refused until their retry time, but for at most its
 //! [max age](crate::BackendBuilder::deny_cache_max_age) (1 s by default), so a client
-//! hammering an exhausted limit costs Redis one call per second per instance, and a
-//! block, a lockout's end or a reset made by another instance reaches this one's
-//! answers within that second. A set refused from the deny cache lists every limit in
-//! its headers, as Redis's refusal did.
+//! hammering an exhausted limit costs Redis one call per second per instance. A block
+//! or a reset made by another instance reaches this one's deny cache and leases
+//! within about a Redis round trip, by the change subscription (see
+//! [Changes on every instance](crate::guide::operations#changes-on-every-instance));
+//! while that subscription is down (Redis unreachable, or a backend on a pool of
+//! yours, which has none), within the max age, as a lockout's end always does. When
+//! the subscription is made again, every cached refusal is forgotten. A set refused
+//! from the deny cache lists every limit in its headers, as Redis's refusal did.
 //!
 //! # Memory and key floods
 //!

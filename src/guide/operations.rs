@@ -1,4 +1,5 @@
-//! Operations: shadow mode, configuration as data, rolling upgrades, observability.
+//! Operations: shadow mode, configuration as data, changes on every instance, rolling
+//! upgrades, observability.
 //!
 //! # Shadow mode
 //!
@@ -60,6 +61,46 @@
 //! # #[cfg(not(feature = "serde"))]
 //! # fn main() {}
 //! ```
+//!
+//! # Changes on every instance
+//!
+//! An administrator's [reset](crate::Limiter::reset) (which also lifts a block: there
+//! is no separate unblock) or [block](crate::Limiter::block), made on any instance,
+//! reaches every instance sharing the Redis at once, while each keeps refusing
+//! exhausted keys from its local [deny cache](crate::BackendBuilder::deny_cache) and
+//! answering from its [leases](crate::token_bucket::TokenBucketConfig::lease):
+//!
+//! - the engine's script that makes the change also publishes the changed key on the
+//!   channel `<prefix>:changes` (a `PUBLISH` in the same call, so the message leaves
+//!   Redis with the change; on a Redis Cluster a `PUBLISH` reaches the subscribers of
+//!   every node);
+//! - every Redis backend keeps one connection subscribed to that channel, made as its
+//!   check connection is (the same URL, TLS, credentials and their rotation, the
+//!   master a Sentinel names, one node of a cluster), in RESP3; it is opened in the
+//!   background after the first check connection, answers a `PING` every second, and
+//!   is made again with a backoff (0.1 s doubling to 5 s) when it fails;
+//! - a message makes the backend forget its cached refusal of the key and end its
+//!   lease of the key (the lease's units are forgotten), so the next check of the key
+//!   goes to Redis: within about one Redis round trip of the change (measured in
+//!   `BENCHMARKS.md`: from a reset on one instance to the first admission on another).
+//!   No check waits for the subscription or pays for it.
+//!
+//! When the subscription is down (a partition, a restart, a user without the right to
+//! the channel: `&<prefix>:changes` in an ACL), changes reach an instance as they did
+//! without it: its deny cache answers a refusal for at most its
+//! [max age](crate::BackendBuilder::deny_cache_max_age) (1 s by default), and a lease
+//! lasts at most its lifetime. When the subscription is made again, the instance
+//! forgets every cached refusal, since changes made meanwhile were not heard. A
+//! backend built on a pool of yours ([`Backend::redis`](crate::Backend::redis),
+//! [`BackendBuilder::redis_cluster`](crate::BackendBuilder::redis_cluster)) has no
+//! subscription: the pool makes connections the backend cannot configure for one, so
+//! there the max age is the bound; build it from URLs
+//! ([`redis_url`](crate::BackendBuilder::redis_url) and the like) for changes at once.
+//!
+//! A [dynamic limit](crate::dynamic) that changes in your store is applied by each
+//! instance when its cache looks the key up again (within the cache's TTL), and from
+//! then on a refusal cached under the old limit is not answered: the next check goes
+//! to Redis under the new limit.
 //!
 //! # Upgrading
 //!

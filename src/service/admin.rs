@@ -181,7 +181,9 @@ impl<L: Limiter, K, C, R> LimitLayer<L, K, C, R> {
     }
 
     /// Forgets the keys of the client with `value` ([`Limiter::reset`]): its count
-    /// starts afresh and a block is lifted, on every instance sharing the store.
+    /// starts afresh and a block is lifted, on every instance sharing the store (on
+    /// Redis, within about a round trip of the reset, or the deny cache's max age while
+    /// an instance's change subscription is down: see [`Limiter::reset`]).
     ///
     /// # Errors
     ///
@@ -221,7 +223,9 @@ impl<L: Limiter, K, C, R> LimitLayer<L, K, C, R> {
 
     /// Refuses the client with `value` for `duration` ([`Limiter::block`]), whatever
     /// its limit says, on every instance sharing the store; a later block replaces it
-    /// and [`reset_value`](Self::reset_value) lifts it.
+    /// and [`reset_value`](Self::reset_value) lifts it (on Redis, each within about a
+    /// round trip on every instance, or the deny cache's max age while an instance's
+    /// change subscription is down: see [`Limiter::block`]).
     ///
     /// # Errors
     ///

@@ -264,6 +264,11 @@ pub(super) fn cached_refusal<T: Hosts + ?Sized>(
     let Some(denied) = deny.get(hash, now_us) else {
         return Ok(Some(hash));
     };
+    if denied.limit != store.capacity() {
+        // Refused under another limit of the key (a dynamic limit changed): Redis decides.
+        deny.remove(hash);
+        return Ok(Some(hash));
+    }
     let us = |t: u64| Duration::from_micros(t.saturating_sub(now_us));
     // A set's limits as Redis gave them, aged by the time since: every limit in the
     // headers, as in Redis's answer.
@@ -492,6 +497,7 @@ fn conclude<T: Hosts + ?Sized>(
                             .map_or(0, |ms| at(Duration::from_millis(ms))),
                         made_us: now_us,
                         members: store.member_decisions(reply.get(2..).unwrap_or_default(), cost),
+                        limit: store.capacity(),
                     };
                     deny.insert(hash, denied, now_us);
                 }

@@ -6,10 +6,14 @@
 //!
 //! A refusal is answered from the cache for at most the backend's
 //! [`deny_cache_max_age`](crate::BackendBuilder::deny_cache_max_age) (1 s by default),
-//! however far `T` is: another instance may reset or re-block the key meanwhile (an
-//! administrator lifting a lockout), and this process learns it from Redis within that
-//! bound. A reset, refund or block made through this backend forgets the entry at once.
-//! A flooded key therefore costs Redis at most one call per max age per instance.
+//! however far `T` is. A reset, refund or block made through this backend forgets the
+//! entry at once; a reset or block made on another instance (an administrator lifting
+//! a lockout) forgets it when its message arrives on the change subscription
+//! (`redis/changes.rs`: within about a round trip of the change), and, while that
+//! subscription is down, this process learns it from Redis within the max age. A
+//! refusal made under another limit of the key (a dynamic limit that changed) is not
+//! answered. A flooded key therefore costs Redis at most one call per max age per
+//! instance.
 //!
 //! A set's refusal keeps each of its limits' decisions, so the answer from the cache
 //! lists every limit in the headers, as Redis's answer did.
@@ -97,6 +101,9 @@ pub(crate) struct Denied {
     pub(crate) made_us: u64,
     /// A set's limits' decisions as Redis gave them (`None` for one limit).
     pub(crate) members: Option<std::sync::Arc<[crate::decision::Decision]>>,
+    /// The limit the refusal was made under: a check under another limit of the same
+    /// key (a [dynamic limit](crate::dynamic) raised or lowered) is not answered by it.
+    pub(crate) limit: u64,
 }
 
 #[derive(Debug)]
@@ -158,6 +165,12 @@ impl DenyCache {
         self.entries.remove(&key);
     }
 
+    /// Forgets every refusal (the change subscription was made again: changes made
+    /// while it was down were not heard).
+    pub(crate) fn clear(&self) {
+        self.entries.clear();
+    }
+
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.entries.len()
@@ -180,6 +193,7 @@ mod tests {
             blocked_until_us: 0,
             made_us: 0,
             members: None,
+            limit: 1,
         };
         cache.insert(a, denied(100), 0);
         cache.insert(b, denied(50), 0);

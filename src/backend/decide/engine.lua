@@ -108,6 +108,11 @@ if op == 'f' or op == 's' or op == 'x' or op == 'b' then
   elseif op == 'x' then
     redis.call('DEL', KEYS[n + 1])
   end
+  local at = string.find(KEYS[1], ':{', 1, true)
+  if at and (op == 'b' or op == 'x') then
+    -- Heard by every instance's deny cache and leases (src/backend/redis/changes.rs).
+    redis.pcall('PUBLISH', string.sub(KEYS[1], 1, at - 1) .. ':changes', KEYS[1])
+  end
   for i = 1, n do
     if op == 'f' then
       limits[i][1].refund(KEYS, i, limits[i][2], now_us, units(i, cost))

@@ -50,7 +50,7 @@ impl Owner<'_> {
 }
 
 /// The bytes around one limiter's escaped keys.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct Layout {
     /// `<prefix>:{v1:`
     head: Box<[u8]>,

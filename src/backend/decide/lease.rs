@@ -9,7 +9,10 @@
 //! lifetime. Over any window, N instances with leases of size L admit at most the
 //! limit plus N × L. A lease that expires unused is refunded to the bucket. Leases live
 //! in the backend's bounded local store. The handles see them too (`operate.rs`): a
-//! peek answers from the key's lease as a check would, and a block or a reset ends it.
+//! peek answers from the key's lease as a check would, and a block or a reset ends it,
+//! on every instance: another instance's block or reset ends this one's lease of the
+//! key (its units forgotten) as soon as the change's message arrives (see
+//! `redis/changes.rs`; within the lease's lifetime while the subscription is down).
 
 use std::time::Duration;
 
@@ -100,6 +103,15 @@ impl Leases {
             };
         });
     }
+}
+
+/// Ends `key`'s lease among the leases under `id` (a limiter's: see [`Leases::new`]),
+/// forgetting its units: another instance reset or blocked the key (see
+/// `redis/changes.rs`), so this one answers from Redis again.
+pub(crate) fn forget(store: &LocalStore, id: u64, key: &[u8]) {
+    store.modify(store.key(id, key), |lease: &mut Lease| {
+        *lease = Lease::default();
+    });
 }
 
 /// A check's answer from a lease: `left` units of it after the cost.

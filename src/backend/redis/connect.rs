@@ -106,9 +106,15 @@ pub(crate) enum Connector {
     /// A user's cluster pool.
     #[cfg(feature = "cluster")]
     ClusterPool(deadpool_redis::cluster::Pool),
-    /// A cluster client the backend built from URLs.
+    /// A cluster client the backend built from URLs, a client for each of those
+    /// nodes (the change subscription is made on one of them) and the credentials
+    /// their connections authenticate with when they rotate.
     #[cfg(feature = "cluster")]
-    Cluster(Box<redis::cluster::ClusterClient>),
+    Cluster(
+        Box<redis::cluster::ClusterClient>,
+        Box<[redis::Client]>,
+        Option<Rotation>,
+    ),
     /// The master a group of sentinels names, asked again for every new connection.
     #[cfg(feature = "sentinel")]
     Sentinel(
@@ -126,7 +132,7 @@ impl fmt::Debug for Connector {
             #[cfg(feature = "cluster")]
             Self::ClusterPool(_) => "cluster pool",
             #[cfg(feature = "cluster")]
-            Self::Cluster(_) => "cluster urls",
+            Self::Cluster(..) => "cluster urls",
             #[cfg(feature = "sentinel")]
             Self::Sentinel(..) => "sentinel",
         };
@@ -148,20 +154,7 @@ impl Connector {
         tls: &Tls,
         credentials: Option<Rotation>,
     ) -> Result<Self, redis::RedisError> {
-        let info =
-            redis::IntoConnectionInfo::into_connection_info(url)?.set_tcp_settings(nodelay());
-        #[cfg(feature = "tls")]
-        let client = if tls.is_empty() {
-            redis::Client::open(info)?
-        } else {
-            redis::Client::build_with_tls(info, tls.certificates())?
-        };
-        #[cfg(not(feature = "tls"))]
-        let client = {
-            without_tls(tls)?;
-            redis::Client::open(info)?
-        };
-        Ok(Self::Client(Box::new(client), credentials))
+        Ok(Self::Client(Box::new(client(url, tls)?), credentials))
     }
 
     /// A cluster client for the nodes at `urls`.
@@ -171,10 +164,14 @@ impl Connector {
         tls: &Tls,
         credentials: Option<Rotation>,
     ) -> Result<Self, redis::RedisError> {
+        let nodes = urls
+            .iter()
+            .map(|url| client(url, tls))
+            .collect::<Result<Box<[_]>, _>>()?;
         let mut builder =
             redis::cluster::ClusterClientBuilder::new(urls.iter().map(String::as_str))
                 .tcp_settings(nodelay());
-        if let Some(credentials) = credentials {
+        if let Some(credentials) = credentials.clone() {
             builder = builder.set_credentials_provider(credentials);
         }
         #[cfg(feature = "tls")]
@@ -185,7 +182,11 @@ impl Connector {
         };
         #[cfg(not(feature = "tls"))]
         without_tls(tls)?;
-        Ok(Self::Cluster(Box::new(builder.build()?)))
+        Ok(Self::Cluster(
+            Box::new(builder.build()?),
+            nodes,
+            credentials,
+        ))
     }
 
     /// A client for the master named `master` by the sentinels at `urls`. The sentinels'
@@ -294,7 +295,7 @@ impl Connector {
                 pool.get().await.map_err(ScriptError::from_pool)?,
             )),
             #[cfg(feature = "cluster")]
-            Self::Cluster(client) => Conn::Cluster(client.get_async_connection().await?),
+            Self::Cluster(client, ..) => Conn::Cluster(client.get_async_connection().await?),
             #[cfg(feature = "sentinel")]
             Self::Sentinel(client, credentials) => Conn::Single(
                 client
@@ -305,6 +306,85 @@ impl Connector {
             ),
         })
     }
+}
+
+impl Connector {
+    /// A connection subscribed to `channel`, whose messages go to `messages` (see
+    /// `changes.rs`): made as a check connection is, with the same address, TLS and
+    /// credentials (rotated on it too), but in RESP3, where a multiplexed connection
+    /// takes messages beside replies. On a cluster, on one node (`attempt` picks which,
+    /// in turn): a `PUBLISH` on any node reaches the subscribers of every node. `None`
+    /// for a user's pool, which makes no connection the backend could configure.
+    pub(crate) async fn subscribe(
+        &self,
+        channel: &str,
+        timeout: Duration,
+        messages: tokio::sync::mpsc::UnboundedSender<redis::PushInfo>,
+        attempt: usize,
+    ) -> Result<Option<redis::aio::MultiplexedConnection>, redis::RedisError> {
+        // (Without the `cluster` feature, only a cluster's nodes take turns.)
+        #[cfg(not(feature = "cluster"))]
+        let _ = attempt;
+        let (client, credentials) = match self {
+            Self::Pool(_) => return Ok(None),
+            #[cfg(feature = "cluster")]
+            Self::ClusterPool(_) => return Ok(None),
+            Self::Client(client, credentials) => (resp3(client)?, credentials.clone()),
+            #[cfg(feature = "cluster")]
+            Self::Cluster(_, nodes, credentials) => {
+                let Some(node) = nodes.get(attempt % nodes.len().max(1)) else {
+                    return Ok(None);
+                };
+                (resp3(node)?, credentials.clone())
+            }
+            #[cfg(feature = "sentinel")]
+            Self::Sentinel(client, credentials) => {
+                let master = client.lock().await.async_get_client().await?;
+                (resp3(&master)?, credentials.clone())
+            }
+        };
+        let mut config = redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(timeout))
+            // The subscription's `PING`s have their own deadline.
+            .set_response_timeout(None)
+            .set_push_sender(messages);
+        if let Some(credentials) = credentials {
+            config = config.set_credentials_provider(credentials);
+        }
+        let mut conn = client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await?;
+        conn.subscribe(channel).await?;
+        Ok(Some(conn))
+    }
+}
+
+/// A client for `url` (`redis://` or, with the `tls` feature, `rediss://`), with
+/// `TCP_NODELAY` and the certificates of `tls`.
+fn client(url: &str, tls: &Tls) -> Result<redis::Client, redis::RedisError> {
+    let info = redis::IntoConnectionInfo::into_connection_info(url)?.set_tcp_settings(nodelay());
+    #[cfg(feature = "tls")]
+    let client = if tls.is_empty() {
+        redis::Client::open(info)?
+    } else {
+        redis::Client::build_with_tls(info, tls.certificates())?
+    };
+    #[cfg(not(feature = "tls"))]
+    let client = {
+        without_tls(tls)?;
+        redis::Client::open(info)?
+    };
+    Ok(client)
+}
+
+/// `client` speaking RESP3 (its address, TLS and settings kept).
+fn resp3(client: &redis::Client) -> Result<redis::Client, redis::RedisError> {
+    let info = client.get_connection_info().clone();
+    let settings = info
+        .redis_settings()
+        .clone()
+        .set_protocol(redis::ProtocolVersion::RESP3);
+    redis::Client::open(info.set_redis_settings(settings))
 }
 
 /// A multiplexed connection (single node or cluster); cloning it is cheap.

@@ -14,12 +14,14 @@ use deadpool_redis::redis::Script;
 use tokio::sync::watch;
 
 use self::call::Call;
+use self::changes::{Changes, OnChange};
 use self::connect::{lacks_functions, Conn, Connector, Functions};
 use self::fault::{breaks_connection, Fault, ScriptError};
 use self::health::{Breaker, BreakerConfig, Outcome, RedisState};
 use self::time::{Scripts, TimeSource};
 
 pub(crate) mod call;
+pub(crate) mod changes;
 pub(crate) mod connect;
 pub(crate) mod credentials;
 pub(crate) mod fault;
@@ -34,6 +36,11 @@ type Attempt = watch::Receiver<Option<Result<(), ScriptError>>>;
 /// How long a connection attempt may take, at least: it runs in the background, so a
 /// far Redis (a round trip near the call timeout) can still be connected to.
 const MIN_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+/// How long a connection attempt may take with a call timeout of `call_timeout`.
+fn connect_timeout(call_timeout: Duration) -> Duration {
+    call_timeout.saturating_mul(4).max(MIN_CONNECT_TIMEOUT)
+}
+
 /// How many keys' errors are remembered for [`RedisBackend::key_error`], at most.
 const KEY_ERRORS_LOGGED: usize = 1024;
 /// How often repeated errors are summarised in the log, at most.
@@ -67,6 +74,8 @@ pub(crate) struct RedisBackend {
     log: ErrorLog,
     /// Keys whose errors were logged lately (by hash), and when.
     key_errors: Mutex<HashMap<u128, std::time::Instant>>,
+    /// The change channel and what the backend does with its messages.
+    changes: Changes,
 }
 
 impl fmt::Debug for RedisBackend {
@@ -88,7 +97,14 @@ impl RedisBackend {
         probe_interval: Duration,
         breaker: BreakerConfig,
         engine: Engine,
+        on_change: OnChange,
     ) -> Self {
+        let changes = Changes::new(
+            &prefix,
+            connector.clone(),
+            connect_timeout(call_timeout),
+            on_change,
+        );
         Self {
             connector,
             conn: ArcSwapOption::empty(),
@@ -106,6 +122,7 @@ impl RedisBackend {
             functions: Functions::new(engine.functions),
             log: ErrorLog::default(),
             key_errors: Mutex::default(),
+            changes,
         }
     }
 
@@ -216,7 +233,7 @@ impl RedisBackend {
     }
 
     fn connect_timeout(&self) -> Duration {
-        self.call_timeout.saturating_mul(4).max(MIN_CONNECT_TIMEOUT)
+        connect_timeout(self.call_timeout)
     }
 
     /// The kept connection, or the one the connection attempt under way (started here
@@ -319,6 +336,8 @@ impl RedisBackend {
             let result = match tokio::time::timeout(timeout, connect).await {
                 Ok(Ok(conn)) => {
                     this.conn.store(Some(Arc::new(conn)));
+                    // Redis is reachable: the change subscription, once, beside it.
+                    this.changes.start();
                     match by {
                         By::Check => this.breaker.record(Outcome::Success),
                         By::Probe => this.breaker.note(Outcome::Success),
