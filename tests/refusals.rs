@@ -11,6 +11,7 @@ use std::num::NonZeroU32;
 use support::RedisServer;
 use tower_redis_ratelimit::backend::TimeSource;
 use tower_redis_ratelimit::period::{PeriodConfig, PeriodLimiter};
+use tower_redis_ratelimit::token_bucket::{TokenBucketConfig, TokenBucketLimiter};
 use tower_redis_ratelimit::{Backend, Limiter, Source};
 
 const ONE: NonZeroU32 = NonZeroU32::MIN;
@@ -59,6 +60,34 @@ async fn a_server_refusing_time_in_scripts_is_told_to_use_the_callers_clock() {
     let decision = limiter.check(b"k", ONE).await;
     assert_eq!(decision.source, Source::Redis, "{decision:?}");
     assert!(decision.is_admitted());
+}
+
+/// Checks by a user that may not run a command the engine sends (here `TIME`) fail on
+/// every key alike: the breaker opens, so the failure policy answers at once instead of
+/// after a round trip per check (the refusal was taken for one key's fault: the backend
+/// stayed on Redis).
+#[tokio::test]
+async fn checks_refused_a_command_open_the_breaker() {
+    let redis = RedisServer::start();
+    add_user(&redis, "no-time", &["-time"]);
+    let backend = Backend::builder()
+        .redis_url(format!("redis://no-time:pw@127.0.0.1:{}", redis.port()))
+        .breaker_min_calls(5)
+        .build()
+        .expect("backend");
+    // (A token bucket reads the time on every check; an unaligned fixed window does not.)
+    let limiter = TokenBucketLimiter::new(
+        &backend,
+        "refused",
+        TokenBucketConfig::new(100, std::time::Duration::from_secs(60), 100),
+    )
+    .expect("valid");
+    for i in 0..20u32 {
+        let key = format!("k{i}");
+        let decision = limiter.check(key.as_bytes(), ONE).await;
+        assert_ne!(decision.source, Source::Redis, "{decision:?}");
+    }
+    assert_eq!(backend.redis_switches(), Some(1), "the breaker opened once");
 }
 
 #[tokio::test]

@@ -103,6 +103,12 @@ fn classify(error: &redis::RedisError) -> Fault {
     match error.kind() {
         // Redis before 7 wraps an error raised inside a script in a plain `ERR`: the code
         // it wraps tells (`-READONLY`, `-OOM`: every write fails, not this key's).
+        // A command the script sent refused to this user (ACL): every key's call fails.
+        ErrorKind::Server(ServerErrorKind::ResponseError)
+            if error.detail().is_some_and(refused_in_script) =>
+        {
+            Fault::Server
+        }
         ErrorKind::Server(ServerErrorKind::ResponseError) => {
             match error.detail().and_then(wrapped_code) {
                 Some(code) => code_fault(code),
@@ -118,6 +124,14 @@ fn classify(error: &redis::RedisError) -> Fault {
         ErrorKind::AuthenticationFailed => Fault::Server,
         _ => Fault::Transport,
     }
+}
+
+/// Whether a script's error says that the user may not run a command the script sent
+/// (ACL), in the words of Redis 7 (`The user executing the script can't run this command
+/// or subcommand`), Redis 6.2 (the same, wrapped) or Valkey 8 and later (`ACL failure in
+/// script: … no permissions to run the 'time' command`).
+pub(crate) fn refused_in_script(detail: &str) -> bool {
+    detail.contains("can't run this command") || detail.contains("ACL failure in script")
 }
 
 /// What an error code says about Redis.
@@ -233,6 +247,28 @@ mod tests {
 
     /// Redis 6.2 wraps the error a script's write met in a plain `ERR`: the code inside
     /// it judges (these lines are Redis 6.2.5's own).
+    /// A command refused to this user inside a script (ACL), in the words of Redis 7.0,
+    /// Redis 6.2 and Valkey 9.1 (each seen from `redis-cli`): every key's call fails alike.
+    #[test]
+    fn a_command_refused_inside_a_script_concerns_everyone() {
+        for line in [
+            "ERR The user executing the script can't run this command or subcommand script: \
+             104ae65debf45156ded1e8e613705534c8e62c17, on @user_script:1.",
+            "ERR Error running script (call to f_104ae65debf45156ded1e8e613705534c8e62c17): \
+             @user_script:1: @user_script: 1: The user executing the script can't run this \
+             command or subcommand",
+            "ERR ACL failure in script: User nt has no permissions to run the 'time' command \
+             script: on @user_script:1.",
+        ] {
+            assert_eq!(replied(line).fault(), Fault::Server, "{line}");
+        }
+        // A Lua error of the script's own is still the key's.
+        assert_eq!(
+            replied("ERR user_script:12: attempt to compare nil with number").fault(),
+            Fault::Key
+        );
+    }
+
     #[test]
     fn a_script_error_is_judged_by_the_code_it_wraps() {
         let wrapped = |inner: &str| {

@@ -489,6 +489,19 @@ impl ErrorLog {
             self.server.swap(0, Ordering::Relaxed),
             self.key.swap(0, Ordering::Relaxed),
         );
+        let said = error.to_string();
+        if fault::refused_in_script(&said) {
+            tracing::warn!(
+                transport,
+                server,
+                key,
+                last = %error,
+                "redis errors since the last summary: this user may not run a command the \
+                 scripts send (ACL); Backend::probe_redis() names a refused TIME and its \
+                 remedy (TimeSource::Caller)"
+            );
+            return;
+        }
         tracing::warn!(
             transport,
             server,
