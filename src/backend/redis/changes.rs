@@ -10,9 +10,9 @@
 //! The subscription is made in the background after the backend's first check
 //! connection, answers a `PING` every [`PING_INTERVAL`] (a connection that stops
 //! answering is dropped), and is made again with a backoff
-//! ([`FIRST_BACKOFF`] doubling to [`MAX_BACKOFF`]) when it fails; each time it is
-//! (re)made the backend hears [`Change::Resumed`], since changes made meanwhile were not
-//! heard. While it is down, the deny cache's max age bounds how long a change takes to
+//! ([`FIRST_BACKOFF`] doubling to [`MAX_BACKOFF`]) when it fails; each time it is made
+//! again the backend hears [`Change::Resumed`], since changes made meanwhile were not
+//! heard. Until it is first made, and while it is down, the deny cache's max age bounds how long a change takes to
 //! reach this instance, as without it. No check waits for it or touches it.
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -31,7 +31,8 @@ pub(crate) enum Change<'a> {
     /// The limit whose (first) Redis key this is was reset or blocked, here or on
     /// another instance.
     Key(&'a [u8]),
-    /// The subscription was made (again): changes made before were not heard.
+    /// The subscription was made again after it was lost: changes made meanwhile were
+    /// not heard.
     Resumed,
 }
 
@@ -100,6 +101,11 @@ async fn subscription(backend: Weak<Shared>) {
     let mut attempt = 0_usize;
     // Whether the subscription is known down (said once per outage, at `info`).
     let mut down = false;
+    // Whether a subscription was made before: only one made again missed changes that
+    // the deny cache may hold (before the first one, the deny cache's max age bounds
+    // them, as it does while the subscription is down; clearing then would drop the
+    // refusals of a backend's first checks, at a time that depends on the connection).
+    let mut made_before = false;
     loop {
         let (sender, mut messages) = mpsc::unbounded_channel();
         let made = {
@@ -127,9 +133,11 @@ async fn subscription(backend: Weak<Shared>) {
                 }
                 backoff = FIRST_BACKOFF;
                 match backend.upgrade() {
-                    Some(this) => (this.on_change)(Change::Resumed),
+                    Some(this) if made_before => (this.on_change)(Change::Resumed),
+                    Some(_) => {}
                     None => return,
                 }
+                made_before = true;
                 listen(&backend, &mut conn, &mut messages).await;
                 if backend.strong_count() == 0 {
                     return;
