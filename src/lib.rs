@@ -92,6 +92,7 @@
 #[cfg_attr(docsrs, doc(cfg(feature = "admin")))]
 pub mod admin;
 pub mod backend;
+mod blocked;
 mod clock;
 #[cfg(feature = "serde")]
 #[cfg_attr(docsrs, doc(cfg(feature = "serde")))]
@@ -125,6 +126,7 @@ pub use deadpool_redis;
 pub use ipnet;
 
 pub use crate::backend::{Backend, BackendBuilder, FailurePolicy};
+pub use crate::blocked::{Blocked, Listing, ListingError};
 pub use crate::cost::{Cost, FixedCost, HeaderCost, UnitCost};
 pub use crate::decision::{Decision, Decisions, Policy, Source, State};
 pub use crate::error::{BoxError, ConfigError};

@@ -69,6 +69,20 @@
 //! an ACL user needs `&<prefix>:changes` for changes to reach every instance at once;
 //! without it they still do within the deny cache's max age.
 //!
+//! Each limit also keeps the list of its blocked keys, for
+//! [`Limiter::blocked`](crate::Limiter::blocked), in a key of its own outside every hash
+//! tag (on Redis Cluster, in a slot of its own), written by the crate in calls of its
+//! own beside the blocks (see [Listing what is
+//! blocked](crate::guide::operations#listing-what-is-blocked)):
+//!
+//! ```text
+//! <prefix>:blocked:<the limit key's part after `}:`>
+//! ```
+//!
+//! a sorted set of the blocked keys (the key's bytes, unescaped) scored by their
+//! blocks' ends in Unix milliseconds: `ratelimit:blocked:period:login`, a set's
+//! `ratelimit:blocked:set:7:reports:token:burst`.
+//!
 //! # One name, one limit
 //!
 //! Every limiter of one name and algorithm on one backend is the same limit: layers and
@@ -103,7 +117,7 @@ pub use self::decide::engine::{engine_admits, engine_script};
 pub(crate) use self::decide::hosts::{Hosts, Remote};
 pub(crate) use self::decide::layout::{Layout, Owner};
 pub(crate) use self::decide::lease::Leases;
-pub(crate) use self::decide::operate::{operate, peek_each, Operation};
+pub(crate) use self::decide::operate::{list_blocked, operate, peek_each, Operation};
 pub(crate) use self::redis::call::{Args, Call};
 pub use self::redis::credentials::{Credentials, CredentialsFuture, CredentialsProvider};
 pub use self::redis::health::{
