@@ -171,7 +171,8 @@ pub(crate) fn app_with_admin(backend: &Backend, admin_token: &str) -> Result<Rou
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let backend = match std::env::var("REDIS_URL") {
         Ok(url) => {
-            println!("counts and lockouts are kept in Redis at {url}");
+            // (Not the URL: it may hold a password.)
+            println!("counts and lockouts are kept in Redis (REDIS_URL)");
             Backend::builder().redis_url(url).prefix("login").build()?
         }
         Err(_) => {

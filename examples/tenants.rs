@@ -350,7 +350,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .init();
     let backend = match std::env::var("REDIS_URL") {
         Ok(url) => {
-            println!("limits are kept in Redis at {url}");
+            // (Not the URL: it may hold a password.)
+            println!("limits are kept in Redis (REDIS_URL)");
             Backend::builder()
                 .redis_url(url)
                 .prefix("tenants")

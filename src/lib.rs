@@ -65,8 +65,8 @@
 //! - [Redis deployments](guide::deployments): Cluster, TLS, ACL users, Sentinel, hot keys;
 //! - [failure modes](guide::failure_modes): Redis failures, key floods, clock steps;
 //! - [gRPC](guide::grpc);
-//! - [operations](guide::operations): shadow mode, configuration as data, upgrading,
-//!   metrics;
+//! - [operations](guide::operations): shadow mode, configuration as data, listing what
+//!   is blocked, the admin flow end to end, upgrading, metrics;
 //! - [the crate's layout](guide::architecture).
 //!
 //! # Feature flags
@@ -74,6 +74,7 @@
 //! | feature | default | enables |
 //! |---|---|---|
 //! | `axum` | yes | key extractors that read axum's `ConnectInfo` and `MatchedPath` ([`PeerIp`](key::PeerIp) reads the peer address, `key::MatchedPathKey`), and `Rules::apply` on an `axum::Router` |
+//! | `admin` | no | an axum router with JSON endpoints that peek, reset, block and refund a client by the value its requests carry, and list what is blocked (the `admin` module) |
 //! | `cluster` | no | Redis Cluster pools (`BackendBuilder::redis_cluster`, `redis_cluster_urls`) |
 //! | `grpc` | no | gRPC rejections for tonic: trailers-only `RESOURCE_EXHAUSTED` with `RetryInfo` and `QuotaFailure` (the `grpc` module), and the peer address of tonic's `TcpConnectInfo` for [`PeerIp`](key::PeerIp) |
 //! | `tls` | no | TLS to Redis with rustls and ring (no system OpenSSL): `rediss://` URLs, a custom CA (`BackendBuilder::tls_ca_pem`), client certificates (`tls_client_auth_pem`) |
