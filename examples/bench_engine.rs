@@ -55,51 +55,11 @@ const HUGE: u64 = 1_000_000_000;
 
 /// GCRA as go-redis/redis_rate runs it: the arrival time in seconds since an epoch, a
 /// float; `SET` with `EX` while the bucket is not full. Written for this benchmark.
-const GCRA: &str = r"
-redis.replicate_commands()
-local key = KEYS[1]
-local burst = tonumber(ARGV[1])
-local rate = tonumber(ARGV[2])
-local period = tonumber(ARGV[3])
-local cost = tonumber(ARGV[4])
-local interval = period / rate
-local increment = interval * cost
-local offset = interval * burst
-local t = redis.call('TIME')
-local now = (t[1] - 1483228800) + t[2] / 1000000
-local tat = redis.call('GET', key)
-if not tat then tat = now else tat = tonumber(tat) end
-tat = math.max(tat, now)
-local new_tat = tat + increment
-local diff = now - (new_tat - offset)
-local remaining = diff / interval
-if remaining < 0 then
-  return {0, 0, tostring(-diff), tostring(tat - now)}
-end
-local reset = new_tat - now
-if reset > 0 then
-  redis.call('SET', key, new_tat, 'EX', math.ceil(reset))
-end
-return {cost, remaining, tostring(-1), tostring(reset)}
-";
+const GCRA: &str = include_str!("../scripts/peers/gcra.lua");
 
 /// A fixed window as go-zero's `PeriodLimit` runs it: `INCRBY`, `EXPIRE` on the first
 /// unit. Written for this benchmark.
-const PERIOD: &str = r"
-local limit = tonumber(ARGV[1])
-local window = tonumber(ARGV[2])
-local current = redis.call('INCRBY', KEYS[1], 1)
-if current == 1 then
-  redis.call('EXPIRE', KEYS[1], window)
-end
-if current < limit then
-  return 1
-elseif current == limit then
-  return 2
-else
-  return 0
-end
-";
+const PERIOD: &str = include_str!("../scripts/peers/period.lua");
 
 /// The floor of a token bucket: the commands the crate's engine runs for one (`MGET` of
 /// the key and its block, `TIME`, `SET ... PX`) and nothing else, called with the shape

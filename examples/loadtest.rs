@@ -16,6 +16,8 @@
 //! | `/token/in-process/no-headers` | the same with `admitted_headers(false)` and `decision_extension(false)`: no `RateLimit` / `RateLimit-Policy` headers on admitted responses and no `Decision` in the request extensions (like `/governor`) |
 //! | `/token/redis` | `TokenBucketLayer` on `Backend::redis` at `REDIS_URL` (503 without it); concurrent checks of one key coalesce (the default) |
 //! | `/set/redis` | an atomic pair on Redis: the same token bucket and a daily window, one script call |
+//! | `/period/redis` | `PeriodLimitLayer` on Redis: `BENCH_RATE` per 1 s window |
+//! | `/rolling/redis` | `RollingWindowLayer` on Redis: `BENCH_RATE` per 10 buckets of 100 ms |
 //! | `/token/redis-lease` | the same limit in lease mode (`TokenBucketConfig::lease`, `LEASE_SIZE` tokens, default 50, for `LEASE_MS`, default 100) |
 //! | `/governor` | `tower_governor` 0.8 with the same quota and key |
 //! | `/governor/headers` | the same with tower_governor's `use_headers()`: `x-ratelimit-limit` and `x-ratelimit-remaining` on admitted responses |
@@ -51,7 +53,8 @@ use tower_redis_ratelimit::key::HeaderKey;
 use tower_redis_ratelimit::period::PeriodConfig;
 use tower_redis_ratelimit::token_bucket::TokenBucketConfig;
 use tower_redis_ratelimit::{
-    deadpool_redis, Backend, LayerBuilder, LimitSetLayer, TokenBucketLayer,
+    deadpool_redis, Backend, LayerBuilder, LimitSetLayer, PeriodLimitLayer, RollingWindowLayer,
+    TokenBucketLayer,
 };
 
 #[path = "support/routes.rs"]
@@ -200,6 +203,22 @@ async fn serve() -> Result<(), Box<dyn std::error::Error>> {
                 .key(HeaderKey::from_static(API_KEY))
                 .build()?;
             app = app.route("/set/redis", get(ok).layer(pair));
+            // A fixed window and a rolling window (10 buckets) of the same rate.
+            let window = PeriodLimitLayer::builder(&backend)
+                .name("loadtest-window")
+                .quota(rate)
+                .period(Duration::from_secs(1))
+                .key(HeaderKey::from_static(API_KEY))
+                .build()?;
+            app = app.route("/period/redis", get(ok).layer(window));
+            let rolling = RollingWindowLayer::builder(&backend)
+                .name("loadtest-rolling")
+                .limit(rate)
+                .buckets(10)
+                .interval(Duration::from_millis(100))
+                .key(HeaderKey::from_static(API_KEY))
+                .build()?;
+            app = app.route("/rolling/redis", get(ok).layer(rolling));
 
             let mut conn = redis::Client::open(url.as_str())?
                 .get_multiplexed_async_connection()
@@ -226,6 +245,8 @@ async fn serve() -> Result<(), Box<dyn std::error::Error>> {
                 .route("/token/redis", get(no_redis))
                 .route("/token/redis-lease", get(no_redis))
                 .route("/set/redis", get(no_redis))
+                .route("/period/redis", get(no_redis))
+                .route("/rolling/redis", get(no_redis))
                 .route("/bare/evalsha", get(no_redis));
             "none (REDIS_URL is not set: /token/redis answers 503)".to_owned()
         }

@@ -132,8 +132,15 @@ async fn replies_too_large_to_pack_decide_alike() {
         }
         answers.push(seen);
     }
-    for (redis, local) in answers[0].iter().zip(&answers[1]) {
-        assert_eq!((redis.0, redis.1), (local.0, local.1), "{answers:?}");
+    for (i, (redis, local)) in answers[0].iter().zip(&answers[1]).enumerate() {
+        assert_eq!(redis.0, local.0, "{answers:?}");
+        if i % 2 == 0 {
+            assert_eq!(redis.1, local.1, "{answers:?}");
+        } else {
+            // The set's bucket refills 136 tokens a second, and the hosts read their
+            // clocks a moment apart (7 tokens: 50 ms on a busy machine).
+            assert!(redis.1.abs_diff(local.1) <= 7, "{answers:?}");
+        }
         // (The hosts read their clocks a moment apart.)
         assert!(redis.2.abs_diff(local.2) < 2 * SEC, "{answers:?}");
     }

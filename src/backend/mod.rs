@@ -61,8 +61,10 @@
 //!
 //! Every script declares every key it touches in `KEYS`, as Redis Cluster, Dragonfly
 //! and managed servers require, and writes it `KEYS[i]` in each command (cluster
-//! proxies such as Alibaba Cloud's read the script's text): a check touches its limits' keys (one, or a set's) and
-//! the key's block, all in the limited key's hash slot; the health probe only
+//! proxies such as Alibaba Cloud's read the script's text): a check declares its limits'
+//! keys (one, or a set's) and the key's block, all in the limited key's hash slot, and
+//! reads only its limits' keys unless the key is blocked (see [blocks](#blocks-on-redis));
+//! the health probe only
 //! `<prefix>:probe`. A reset or a block also publishes the limit's key on the channel
 //! `<prefix>:changes` (not a key), to which every backend built from URLs subscribes
 //! (see [Changes on every instance](crate::guide::operations#changes-on-every-instance)):
@@ -82,6 +84,33 @@
 //! a sorted set of the blocked keys (the key's bytes, unescaped) scored by their
 //! blocks' ends in Unix milliseconds: `ratelimit:blocked:period:login`, a set's
 //! `ratelimit:blocked:set:7:reports:token:burst`.
+//!
+//! # Blocks on Redis
+//!
+//! A block (a [`block`](crate::Limiter::block), or a lockout) is its own key,
+//! `…}:block:…`, which holds it until it ends: the engine reads it on every call that
+//! is not a plain admission. So that the common check reads each limit's key and
+//! nothing else (one key fewer per decision, which is what a large keyspace makes
+//! Redis pay for), the call that blocks a key also *marks* its limits' keys: a token
+//! bucket's value gets a last word `b` (`"<TAT> <skew> <floor> b"`; a key that held
+//! nothing is marked too, `"- 0 - b"`), a rolling window's hash a field `b`, a fixed
+//! window's count 2^52 more. A marked key is one the lean check leaves to the general
+//! engine, which reads the block. Marks live at least as long as the block; any call
+//! that writes while the key is blocked marks again, and the first one after the block
+//! has ended takes them off. A fixed window that starts during a block starts on an
+//! empty key, so the lean check reads the block whenever it starts a window.
+//!
+//! What this costs a blocked key: the call that blocks it writes each limit's key once
+//! more, its checks run the general engine (as refusals do), and the first call after
+//! the block writes each limit's key once more. What a rolling deploy from an earlier
+//! version costs: a block or lockout written by an instance of a version before marks
+//! is seen by the new instances only on keys whose limits run the general engine (a
+//! refusal, a new fixed window); instances of the earlier version read the marks
+//! without error (a marked fixed window refuses them until its window ends, and their
+//! writes drop a rolling window's mark).
+//!
+//! The list of each limit's blocked keys (`<prefix>:blocked:…`, above) is apart from
+//! the blocks and their marks: a listing never reads a limit's or a block's key.
 //!
 //! # One name, one limit
 //!

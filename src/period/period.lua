@@ -31,7 +31,7 @@ local function period_state(KEYS, k, a, now_us)
     _, length = calendar_window(a.argv, a.bounds, math.floor(now_us / 1000))
   end
   local raw = redis.call('GET', KEYS[k])
-  local count, skew = 0, 0
+  local count, skew, marked = 0, 0, false
   if raw then
     count = tonumber(raw)
     if count == nil then
@@ -39,12 +39,17 @@ local function period_state(KEYS, k, a, now_us)
       count = at and tonumber(string.sub(raw, 1, at - 1)) or 0
       skew = at and tonumber(string.sub(raw, at + 1)) or 0
     end
+    if count >= 4503599627370496 then
+      -- A blocked key's mark (period_mark).
+      count = count - 4503599627370496
+      marked = true
+    end
   end
   local ttl = redis.call('PTTL', KEYS[k])
   -- A window ends at its expiry: a PTTL of 0 is a key expiring this very millisecond
   -- (Redis still holds it), which is already the next window.
   local s = { quota = quota, length = length, count = count, ttl = ttl, added = 0,
-    skew = 0, stored_skew = skew }
+    skew = 0, stored_skew = skew, marked = marked }
   s.fresh = count == 0 or ttl <= 0
   if not s.fresh and ttl > length then
     if caller_time then
@@ -150,15 +155,65 @@ local function period_refund(KEYS, k, a, now_us, cost)
     at = string.find(raw, ' ', 1, true)
     count = at and tonumber(string.sub(raw, 1, at - 1)) or 0
   end
+  -- A blocked key's mark (period_mark) stays.
+  local mark = 0
+  if count >= 4503599627370496 then
+    mark = 4503599627370496
+    count = count - mark
+  end
   if count > 0 and redis.call('PTTL', KEYS[k]) > 0 then
-    if count <= cost then
+    if count <= cost and mark == 0 then
       redis.call('DEL', KEYS[k])
     elseif at then
       -- With a skew: the value is rewritten, its expiry kept.
-      redis.call('SET', KEYS[k], string.format('%d', count - cost) .. string.sub(raw, at),
+      redis.call('SET', KEYS[k],
+        string.format('%d', mark + count - math.min(cost, count)) .. string.sub(raw, at),
         'KEEPTTL')
     else
-      redis.call('DECRBY', KEYS[k], cost)
+      redis.call('DECRBY', KEYS[k], math.min(cost, count))
     end
+  end
+end
+-- Blocked keys (src/backend/decide/block.rs): the lean check counts on the window's
+-- key alone, so while a key is blocked its window is marked: its count carries 2^52
+-- more (read back by period_state and period_refund), which no quota admits, so the
+-- lean check leaves it to the steps (which read the block). A window that starts
+-- while the key is blocked starts on a key that held nothing: the lean check reads
+-- the block then (period_try). period_mark(KEYS, k, ms) marks the window the key
+-- holds; period_unmark(KEYS, k) takes the mark off once the block has ended. (2^52 as
+-- text: Lua 5.1 would write the number in exponent notation.)
+local function period_mark(KEYS, k, _)
+  local raw = redis.call('GET', KEYS[k])
+  if not raw then
+    return
+  end
+  local count = tonumber(raw)
+  if count == nil then
+    local at = string.find(raw, ' ', 1, true)
+    count = at and tonumber(string.sub(raw, 1, at - 1))
+    if count and count < 4503599627370496 then
+      redis.call('SET', KEYS[k], string.format('%d', count + 4503599627370496)
+        .. string.sub(raw, at), 'KEEPTTL')
+    end
+  elseif count < 4503599627370496 then
+    redis.call('INCRBY', KEYS[k], '4503599627370496')
+  end
+end
+
+local function period_unmark(KEYS, k)
+  local raw = redis.call('GET', KEYS[k])
+  if not raw then
+    return
+  end
+  local count = tonumber(raw)
+  if count == nil then
+    local at = string.find(raw, ' ', 1, true)
+    count = at and tonumber(string.sub(raw, 1, at - 1))
+    if count and count >= 4503599627370496 then
+      redis.call('SET', KEYS[k], string.format('%d', count - 4503599627370496)
+        .. string.sub(raw, at), 'KEEPTTL')
+    end
+  elseif count >= 4503599627370496 then
+    redis.call('DECRBY', KEYS[k], '4503599627370496')
   end
 end

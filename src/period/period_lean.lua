@@ -35,14 +35,16 @@ end
 
 -- The lean check (src/backend/decide/lean.lua): the common case of the steps
 -- (src/period/period.lua) in the fewest commands, deciding exactly as they do.
--- period_try(KEYS, k, quota, length, offset, cost, cost_text, now_us) counts the cost at
--- once (INCRBY, with the cost as the client wrote it: Redis 7.0 writes a number
+-- period_try(KEYS, k, block, quota, length, offset, cost, cost_text, now_us) counts the
+-- cost at once (INCRBY, with the cost as the client wrote it: Redis 7.0 writes a number
 -- argument with snprintf, which costs more than the command) and returns true, the
 -- count and the ms until the window ends when the key's window admits it as the steps
 -- would; else it takes the count back and returns false, and the steps decide (a
--- refusal, a new window over a stale key, a skew, a clock step). A key that held
--- nothing starts its window here, as period_save would.
-local function period_try(KEYS, k, quota, length, offset, cost, cost_text, now_us)
+-- refusal, a new window over a stale key, a skew, a clock step, a blocked key). A key
+-- that held nothing starts its window here, as period_save would, unless the key's
+-- block (KEYS[block]) is set: a window the key holds is marked while it is blocked
+-- (period_mark), a window that starts is not.
+local function period_try(KEYS, k, block, quota, length, offset, cost, cost_text, now_us)
   local count = redis.pcall('INCRBY', KEYS[k], cost_text)
   if type(count) ~= 'number' then
     -- "count skew": the steps decide.
@@ -51,6 +53,10 @@ local function period_try(KEYS, k, quota, length, offset, cost, cost_text, now_u
   local ttl = redis.call('PTTL', KEYS[k])
   if count == cost and ttl == -1 and cost <= quota then
     -- A new window.
+    if redis.call('PTTL', KEYS[block]) > 0 then
+      redis.call('DEL', KEYS[k])
+      return false
+    end
     if not offset then
       redis.call('PEXPIRE', KEYS[k], length)
       return true, count, length

@@ -34,6 +34,8 @@ local function rolling_state(KEYS, k, a, now_us)
   -- the clock furthest ahead says so.
   local newest = nil
   local stored_skew = 0
+  -- A blocked key's mark (rolling_mark): field 'b'.
+  local marked = false
   local fields = redis.call('HGETALL', KEYS[k])
   for i = 1, #fields, 2 do
     local index = tonumber(fields[i])
@@ -43,6 +45,8 @@ local function rolling_state(KEYS, k, a, now_us)
       newest = index
     elseif fields[i] == 's' then
       stored_skew = count or 0
+    elseif fields[i] == 'b' then
+      marked = true
     end
   end
   local skew = 0
@@ -73,7 +77,7 @@ local function rolling_state(KEYS, k, a, now_us)
         indices[#indices + 1] = index
       end
       live[index] = live[index] + count
-    elseif fields[i] ~= 's' then
+    elseif fields[i] ~= 's' and fields[i] ~= 'b' then
       dead[#dead + 1] = fields[i]
     end
   end
@@ -81,7 +85,7 @@ local function rolling_state(KEYS, k, a, now_us)
   return { limit = limit, buckets = buckets, interval = interval,
     now = now + skew * interval, current = current, skew = skew,
     stored_skew = stored_skew, live = live, indices = indices, dead = dead,
-    sum = sum, added = 0 }
+    sum = sum, added = 0, marked = marked }
 end
 
 local function rolling_step(s, cost, write)
@@ -141,6 +145,21 @@ local function rolling_save(KEYS, k, s)
     -- more on the server's clock).
     redis.call('PEXPIRE', KEYS[k], string.format('%d', (s.buckets + 1 + s.skew) * s.interval))
   end
+end
+-- Blocked keys (src/backend/decide/block.rs): the lean check reads the window's key
+-- alone, so while a key is blocked its hash holds the field 'b', which the lean check
+-- leaves to the steps (which read the block). rolling_mark(KEYS, k, ms) marks the key
+-- for at least `ms` (a key that held nothing too); rolling_unmark(KEYS, k) takes the
+-- mark off once the block has ended.
+local function rolling_mark(KEYS, k, ms)
+  redis.call('HSET', KEYS[k], 'b', '1')
+  if redis.call('PTTL', KEYS[k]) < ms then
+    redis.call('PEXPIRE', KEYS[k], string.format('%d', ms))
+  end
+end
+
+local function rolling_unmark(KEYS, k)
+  redis.call('HDEL', KEYS[k], 'b')
 end
 -- rolling_charge(s, cost): counts `cost` in the current bucket of state `s` whatever
 -- the limit says (a settlement's extra cost): a sum above the limit is debt, which

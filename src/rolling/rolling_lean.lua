@@ -20,7 +20,8 @@ local function rolling_live(fields, oldest, current)
   local sum, dead = 0, nil
   for i = 1, #fields, 2 do
     local name = fields[i]
-    if name == 's' then
+    if name == 's' or name == 'b' then
+      -- A skew, or a blocked key's mark: the steps decide.
       return nil
     end
     local index, count = name + 0, fields[i + 1] + 0

@@ -1,29 +1,71 @@
 -- The bucket's parameters and stored state at `now_us`: interval, now (µs since the
 -- epoch in a[3]), tau (the burst's span), the stored TAT (nil when none), skew (µs; 0
--- when none) and floor (nil when none). The value is the TAT alone, or "TAT skew" or
--- "TAT skew floor" (see token_bucket_state).
+-- when none), floor (nil when none) and whether the key is marked blocked. The value
+-- is the TAT alone, or "TAT skew" or "TAT skew floor" (see token_bucket_state), or
+-- marked (token_bucket_mark) "TAT skew floor b", where a '-' is a TAT or floor that
+-- is none.
 local function token_bucket_load(KEYS, k, a, now_us)
   local interval = a[1]
   local value = redis.call('GET', KEYS[k])
-  local tat, skew, floor = nil, 0, nil
+  local tat, skew, floor, marked = nil, 0, nil, false
   if value then
     tat = tonumber(value)
     if tat == nil then
-      local at = string.find(value, ' ', 1, true)
-      if at then
-        tat = tonumber(string.sub(value, 1, at - 1))
-        local rest = string.sub(value, at + 1)
-        at = string.find(rest, ' ', 1, true)
-        if at then
-          skew = tonumber(string.sub(rest, 1, at - 1)) or 0
-          floor = tonumber(string.sub(rest, at + 1))
-        else
-          skew = tonumber(rest) or 0
-        end
-      end
+      local w1, w2, w3, w4 = string.match(value, '^(%S+) ?(%S*) ?(%S*) ?(%S*)$')
+      tat = tonumber(w1)
+      skew = tonumber(w2) or 0
+      floor = tonumber(w3)
+      marked = w4 == 'b'
     end
   end
-  return interval, now_us - a[3] * 1000000, interval * a[2], tat, skew, floor
+  return interval, now_us - a[3] * 1000000, interval * a[2], tat, skew, floor, marked
+end
+
+-- Blocked keys (src/backend/decide/block.rs): the lean check reads the bucket's key
+-- alone, so while a key is blocked its bucket is marked, and a marked value is one the
+-- lean check leaves to the steps (which read the block). token_bucket_mark(KEYS, k, ms)
+-- marks the key for at least `ms` (a key that held nothing is marked too: the lean
+-- check would take it for a full bucket); token_bucket_unmark(KEYS, k) takes the mark
+-- off once the block has ended (a write the steps did takes it off too).
+local function token_bucket_mark(KEYS, k, ms)
+  local value = redis.call('GET', KEYS[k])
+  if not value then
+    redis.call('SET', KEYS[k], '- 0 - b', 'PX', string.format('%d', ms))
+    return
+  end
+  local ttl = redis.call('PTTL', KEYS[k])
+  if string.sub(value, -2) ~= ' b' then
+    local w1, w2, w3 = string.match(value, '^(%S+) ?(%S*) ?(%S*)')
+    if w2 == '' then
+      w2 = '0'
+    end
+    if w3 == '' then
+      w3 = '-'
+    end
+    redis.call('SET', KEYS[k], w1 .. ' ' .. w2 .. ' ' .. w3 .. ' b', 'PX',
+      string.format('%d', math.max(ttl, ms)))
+  elseif ttl < ms then
+    redis.call('PEXPIRE', KEYS[k], string.format('%d', ms))
+  end
+end
+
+local function token_bucket_unmark(KEYS, k)
+  local value = redis.call('GET', KEYS[k])
+  if not value or string.sub(value, -2) ~= ' b' then
+    return
+  end
+  -- (The value as the steps would have written it: a bare TAT is one the lean check
+  -- reads.)
+  local tat, skew, floor = string.match(value, '^(%S+) (%S+) (%S+)')
+  if tat == '-' then
+    redis.call('DEL', KEYS[k])
+  elseif floor ~= '-' then
+    redis.call('SET', KEYS[k], tat .. ' ' .. skew .. ' ' .. floor, 'KEEPTTL')
+  elseif skew ~= '0' then
+    redis.call('SET', KEYS[k], tat .. ' ' .. skew, 'KEEPTTL')
+  else
+    redis.call('SET', KEYS[k], tat, 'KEEPTTL')
+  end
 end
 
 -- Stores state `s` (its TAT in the key's time, its skew, and the key's time as its floor
@@ -77,9 +119,9 @@ end
 -- A caller's clock behind the others' (caller_time) reads such a TAT as an empty
 -- bucket (the steps and leases clamp it to now + tau), and writes nothing then.
 local function token_bucket_state(KEYS, k, a, now_us)
-  local interval, now, tau, tat, skew, floor = token_bucket_load(KEYS, k, a, now_us)
+  local interval, now, tau, tat, skew, floor, marked = token_bucket_load(KEYS, k, a, now_us)
   local s = { interval = interval, server_now = now, now = now, tau = tau, tat = tat,
-    skew = 0, stored_skew = skew, eps = token_bucket_eps(now, tau) }
+    skew = 0, stored_skew = skew, eps = token_bucket_eps(now, tau), marked = marked }
   if tat ~= nil and not caller_time then
     floor = floor or tat - tau
     if now < floor then

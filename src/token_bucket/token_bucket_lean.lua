@@ -28,26 +28,17 @@ end
 
 -- The lean check (src/backend/decide/lean.lua): the common case of token_bucket_state and
 -- token_bucket_step in the fewest commands and no tables, deciding exactly as they do.
--- token_bucket_try(KEYS, k, block, interval, burst, epoch, cost, now_us) reads the key (and
--- its block, when given: then a block leaves it to the steps) and returns
--- true, the tokens left, the µs until full and the new TAT when the bucket admits the
--- cost with the key's time the server's (no skew, no step back); else false, and the
--- steps decide (a refusal, a skew, a step back). Nothing is written:
+-- token_bucket_try(KEYS, k, interval, burst, epoch, cost, now_us) reads the key alone and
+-- returns true, the tokens left, the µs until full and the new TAT when the bucket
+-- admits the cost with the key's time the server's (no skew, no step back, no block: a
+-- blocked key's value is marked, see token_bucket_mark); else false, and the steps
+-- decide (a refusal, a skew, a step back, a block). Nothing is written:
 -- token_bucket_commit(KEYS, k, tat, now, tau) stores the new TAT as token_bucket_store does.
-local function token_bucket_try(KEYS, k, block, interval, burst, epoch, cost, now_us)
-  local value
-  if block then
-    -- The key and its block in one command: a block (set) leaves it to the steps.
-    local values = redis.call('MGET', KEYS[k], KEYS[block])
-    if values[2] then
-      return false
-    end
-    value = values[1]
-  else
-    value = redis.call('GET', KEYS[k])
-  end
+local function token_bucket_try(KEYS, k, interval, burst, epoch, cost, now_us)
+  local value = redis.call('GET', KEYS[k])
   local tat = nil
   if value then
+    -- (A skew, a floor or a block's mark: a value of more than one word.)
     tat = tonumber(value)
     if tat == nil then
       return false

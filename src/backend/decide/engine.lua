@@ -43,13 +43,14 @@
 -- untouched state). A blocked key spends nothing either.
 local algorithms = {
   w = { state = period_state, step = period_step, save = period_save, refund = period_refund,
-    charge = period_charge },
+    charge = period_charge, mark = period_mark, unmark = period_unmark },
   c = { state = period_state, step = period_step, save = period_save, refund = period_refund,
-    charge = period_charge },
+    charge = period_charge, mark = period_mark, unmark = period_unmark },
   t = { state = token_bucket_state, step = token_bucket_step, save = token_bucket_save,
-    refund = token_bucket_refund, charge = token_bucket_charge },
+    refund = token_bucket_refund, charge = token_bucket_charge, mark = token_bucket_mark,
+    unmark = token_bucket_unmark },
   r = { state = rolling_state, step = rolling_step, save = rolling_save, refund = rolling_refund,
-    charge = rolling_charge },
+    charge = rolling_charge, mark = rolling_mark, unmark = rolling_unmark },
 }
 -- A member that counts requests: the same algorithm.
 algorithms.W = algorithms.w
@@ -229,6 +230,25 @@ end
 for i = 1, n do
   if states[i] ~= nil then
     limits[i][1].save(KEYS, i, states[i])
+  end
+end
+-- A blocked key's limits are marked (X_mark), since the lean check reads their keys
+-- alone: by the call that blocks it (a block, a lockout), and again by any call that
+-- writes while it is blocked (a save may write a value without the mark; a check
+-- refused for the block writes nothing, and marks only a key that held nothing). The
+-- first call that may write after the block has ended takes the marks off (X_unmark).
+-- A peek writes nothing (FCALL_RO): a mark it reads is the engine's to take off.
+local first = H[1]
+if first ~= 'p' then
+  for i = 1, n do
+    local marked = states[i] ~= nil and states[i].marked
+    if blocked > 0 then
+      if not marked or (first ~= 'c' and first ~= 'm') then
+        limits[i][1].mark(KEYS, i, blocked)
+      end
+    elseif marked then
+      limits[i][1].unmark(KEYS, i)
+    end
   end
 end
 return out

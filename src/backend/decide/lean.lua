@@ -61,18 +61,17 @@ end
 -- v = (t * 2^bits + n) * 128 + shape * 64 + bits, when v is below 2^53, that is when
 -- t * 2^bits + n is below 2^46, which is asked before v is made (t < (2^46 - n) / 2^bits,
 -- exact: a division by a power of two; in Lua 5.4 a product past 2^63 would wrap) (else
--- the reply
--- is the table). Written out where it is made (a call costs Redis as much as ten
+-- the reply is the table). Written out where it is made (a call costs Redis as much as ten
 -- operations); read back by `engine::unpacked` (src/backend/decide/engine.rs).
 
--- The lean check of a set's limits from limit i on (n limits; `block`: the index in
--- KEYS of the block key to read with limit i's key, or nil; `now_us`: the time when read; ARGV[bounds_at]: the next
--- calendar window's boundaries): limit i tries, then the limits after it, and only
+-- The lean check of a set's limits from limit i on (n limits, their block KEYS[n + 1];
+-- `now_us`: the time when read; ARGV[bounds_at]: the next calendar window's
+-- boundaries): limit i tries, then the limits after it, and only
 -- when they all admit does limit i write (or, when one does not, take back what it
--- counted). Returns the reply, a table of each limit's packed reply, or nil (the
--- general engine decides; also when a reply is too large to pack). Each limit's values
--- wait in its call's locals (a table for them costs Redis more).
-local function lean_from(KEYS, ARGV, L, H, n, i, block, now_us, bounds_at)
+-- counted). Returns a table of each limit's packed reply (or, for a reply too large to
+-- pack, its table, and `wide` set), or nil (the general engine decides). Each limit's
+-- values wait in its call's locals (a table for them costs Redis more).
+local function lean_from(KEYS, ARGV, L, H, n, i, now_us, bounds_at)
   local per, p = L.per, i * 5 - 5
   local kind, at = per[p + 1], per[p + 2]
   -- A member that counts requests spends one.
@@ -98,12 +97,13 @@ local function lean_from(KEYS, ARGV, L, H, n, i, block, now_us, bounds_at)
       offset = L[at + 4]
       now_us = now_us or unix_us(ARGV)
     end
-    ok, r1, r2 = period_try(KEYS, i, L[at + 2], length, offset, spent, spent_text, now_us)
+    ok, r1, r2 = period_try(KEYS, i, n + 1, L[at + 2], length, offset, spent, spent_text,
+      now_us)
     shape = 0
   elseif kind == 't' then
     now_us = now_us or unix_us(ARGV)
-    ok, r1, r2, c1, c2, c3 = token_bucket_try(KEYS, i, block, L[at + 2], L[at + 3], L[at + 4],
-      spent, now_us)
+    ok, r1, r2, c1, c2, c3 = token_bucket_try(KEYS, i, L[at + 2], L[at + 3], L[at + 4], spent,
+      now_us)
   else
     now_us = now_us or unix_us(ARGV)
     ok, r1, r2, c1, c2 = rolling_try(KEYS, i, L[at + 2], L[at + 3], L[at + 4], spent, now_us)
@@ -111,21 +111,15 @@ local function lean_from(KEYS, ARGV, L, H, n, i, block, now_us, bounds_at)
   if not ok then
     return nil
   end
-  -- (Packed: see above.)
-  local reply = nil
-  if r2 < (70368744177664 - r1) / per[p + 5] then
-    reply = (r2 * per[p + 5] + r1) * 128 + shape * 64 + per[p + 4]
-  end
   local out = nil
-  if reply and i == n then
+  if i == n then
     out = n == 2 and { false, false } or {}
-  elseif reply then
-    out = lean_from(KEYS, ARGV, L, H, n, i + 1, nil, now_us, bounds_at)
+  else
+    out = lean_from(KEYS, ARGV, L, H, n, i + 1, now_us, bounds_at)
   end
   if not out then
-    -- A later limit does not admit (or a reply is too large to pack): what a fixed
-    -- window counted is taken back. (A window it started, the count the cost: a key
-    -- that held nothing.)
+    -- A later limit does not admit: what a fixed window counted is taken back. (A
+    -- window it started, the count the cost: a key that held nothing.)
     if kind == 'w' then
       period_undo(KEYS, i, spent, r1, r1 == spent and -1 or 1)
     end
@@ -136,7 +130,15 @@ local function lean_from(KEYS, ARGV, L, H, n, i, block, now_us, bounds_at)
   elseif kind == 'r' then
     rolling_commit(KEYS, i, c2, c1, spent, spent_text, L[at + 3], L[at + 4])
   end
-  out[i] = -reply - 1
+  -- (Packed: see above.) A reply too large to pack (a large limit's: a daily quota of
+  -- 10^9 bytes) is the table the general engine would write, and the set's reply is
+  -- then the general engine's too (see lean).
+  if r2 < (70368744177664 - r1) / per[p + 5] then
+    out[i] = -((r2 * per[p + 5] + r1) * 128 + shape * 64 + per[p + 4]) - 1
+  else
+    out[i] = shape == 0 and { 1, r1, r2 } or { 1, r1, 0, r2 }
+    out.wide = true
+  end
   return out
 end
 
@@ -146,7 +148,10 @@ end
 -- with period_undo when a later limit does not admit). Returns the engine's reply
 -- (packed: one limit's as a number, a set's as a table of numbers), or nil when the
 -- general engine below decides (a blocked key, a refusal, a skew, a clock step), with
--- nothing changed. (H: the head's list, whose second word is the cost.)
+-- nothing changed. (H: the head's list, whose second word is the cost.) Each limit's
+-- own key is all it reads: a blocked key's limits are marked (X_mark: the engine marks
+-- them when it blocks a key, and the lean check leaves a marked key to the engine),
+-- and a fixed window reads the block only when its window starts.
 local function lean(KEYS, ARGV, L, H)
   local n = #KEYS - 1
   if n == 1 then
@@ -157,7 +162,7 @@ local function lean(KEYS, ARGV, L, H)
     local ok, count, t, shape
     if kind == 't' then
       local tat, now, tau
-      ok, count, t, tat, now, tau = token_bucket_try(KEYS, 1, 2, L[3], L[4], L[5], cost,
+      ok, count, t, tat, now, tau = token_bucket_try(KEYS, 1, L[3], L[4], L[5], cost,
         unix_us(ARGV))
       if not ok then
         return nil
@@ -165,14 +170,11 @@ local function lean(KEYS, ARGV, L, H)
       token_bucket_commit(KEYS, 1, tat, now, tau)
       shape = 1
     else
-      if redis.call('PTTL', KEYS[2]) > 0 then
-        return nil
-      end
       if kind == 'w' then
         -- (L[5]: the offset of an aligned window, nil for one that starts at the first
         -- request.)
         local offset = L[5]
-        ok, count, t = period_try(KEYS, 1, L[3], L[4], offset, cost, H[4],
+        ok, count, t = period_try(KEYS, 1, 2, L[3], L[4], offset, cost, H[4],
           offset and unix_us(ARGV))
         shape = 0
       elseif kind == 'r' then
@@ -187,7 +189,7 @@ local function lean(KEYS, ARGV, L, H)
         -- length of the window holding now, aligned to its end.
         local now_us = unix_us(ARGV)
         local deadline, length = calendar_window(ARGV, 3, math.floor(now_us / 1000))
-        ok, count, t = period_try(KEYS, 1, L[3], length, -deadline, cost, H[4], now_us)
+        ok, count, t = period_try(KEYS, 1, 2, L[3], length, -deadline, cost, H[4], now_us)
         shape = 0
       end
       if not ok then
@@ -203,13 +205,28 @@ local function lean(KEYS, ARGV, L, H)
     end
     return { 1, 0, 1, count, 0, t }
   end
-  -- The block: read with the first limit's key when that limit is a token bucket
-  -- (one command for both), first otherwise.
-  local block = nil
-  if L[1] == 't' or L[1] == 'T' then
-    block = n + 1
-  elseif redis.call('PTTL', KEYS[n + 1]) > 0 then
-    return nil
+  local out = lean_from(KEYS, ARGV, L, H, n, 1, nil, 3)
+  if out and out.wide then
+    -- A member's reply too large to pack: the general engine's reply, {1, 0, then each
+    -- limit's}, the packed ones read back (as engine::unpacked does).
+    local wide = { 1, 0 }
+    for i = 1, n do
+      local reply = out[i]
+      if type(reply) == 'number' then
+        local word = -reply - 1
+        local bits = word % 64
+        local rest = math.floor(word / 128)
+        local power = 2 ^ bits
+        reply = { 1, math.floor(rest % power), math.floor(rest / power) }
+        if math.floor(word / 64) % 2 == 1 then
+          reply = { 1, reply[2], 0, reply[3] }
+        end
+      end
+      for j = 1, #reply do
+        wide[#wide + 1] = reply[j]
+      end
+    end
+    return wide
   end
-  return lean_from(KEYS, ARGV, L, H, n, 1, block, nil, 3)
+  return out
 end

@@ -1,0 +1,346 @@
+//! What a check touches on Redis: each limit's own key and nothing else, for keys that
+//! are not blocked (a blocked key's limits are marked instead, see
+//! `src/backend/decide/block.rs`), and every way a block is made or outlived keeps the
+//! key refused on every instance.
+
+mod support;
+
+use std::num::NonZeroU32;
+use std::time::Duration;
+
+use support::monitor::{monitor_words, Monitor};
+use support::RedisServer;
+use tower_redis_ratelimit::period::{Calendar, PeriodConfig, PeriodLimiter, UtcOffset};
+use tower_redis_ratelimit::rolling::{RollingConfig, RollingWindowLimiter};
+use tower_redis_ratelimit::set::{LimitSet, SetLimiter};
+use tower_redis_ratelimit::token_bucket::{TokenBucketConfig, TokenBucketLimiter};
+use tower_redis_ratelimit::{Backend, Limiter, Source};
+
+const ONE: NonZeroU32 = NonZeroU32::MIN;
+const SEC: Duration = Duration::from_secs(1);
+const MS: Duration = Duration::from_millis(1);
+
+/// A limiter of each algorithm and of sets (each algorithm first), by name.
+fn limiters(backend: &Backend, large: bool, lockout: Option<Duration>) -> Vec<Box<dyn Limiter>> {
+    let (n, n32) = if large {
+        (1_000_000, 1_000_000)
+    } else {
+        (2, 2)
+    };
+    let lock = |config: PeriodConfig| match lockout {
+        Some(d) => config.lockout(d),
+        None => config,
+    };
+    let bucket = |config: TokenBucketConfig| match lockout {
+        Some(d) => config.lockout(d),
+        None => config,
+    };
+    let rolling = |config: RollingConfig| match lockout {
+        Some(d) => config.lockout(d),
+        None => config,
+    };
+    let set = |set: LimitSet| match lockout {
+        Some(d) => set.lockout(d),
+        None => set,
+    };
+    vec![
+        Box::new(
+            TokenBucketLimiter::new(
+                backend,
+                "bucket",
+                bucket(TokenBucketConfig::new(n32, SEC, n32)),
+            )
+            .unwrap(),
+        ),
+        Box::new(
+            PeriodLimiter::new(backend, "fixed", lock(PeriodConfig::new(n, 60 * SEC))).unwrap(),
+        ),
+        Box::new(
+            PeriodLimiter::new(
+                backend,
+                "aligned",
+                lock(PeriodConfig::new(n, 60 * SEC).align(UtcOffset::from_hours(2))),
+            )
+            .unwrap(),
+        ),
+        Box::new(
+            PeriodLimiter::new(
+                backend,
+                "calendar",
+                lock(PeriodConfig::calendar(n, Calendar::day("Europe/Paris"))),
+            )
+            .unwrap(),
+        ),
+        Box::new(
+            RollingWindowLimiter::new(
+                backend,
+                "rolling",
+                rolling(RollingConfig::new(n, 10, 100 * MS)),
+            )
+            .unwrap(),
+        ),
+        Box::new(
+            SetLimiter::new(
+                backend,
+                "pair",
+                set(LimitSet::new()
+                    .requests("rpm", TokenBucketConfig::new(n32, SEC, n32))
+                    .limit("tpm", PeriodConfig::new(n, 60 * SEC))),
+            )
+            .unwrap(),
+        ),
+        Box::new(
+            SetLimiter::new(
+                backend,
+                "window-first",
+                set(LimitSet::new()
+                    .limit("daily", PeriodConfig::new(n, 60 * SEC))
+                    .limit("rolling", RollingConfig::new(n, 10, 100 * MS))),
+            )
+            .unwrap(),
+        ),
+    ]
+}
+
+fn backend(redis: &RedisServer, functions: bool) -> Backend {
+    Backend::builder()
+        .redis(redis.pool())
+        .deny_cache(0)
+        .coalesce(false)
+        .engine_functions(functions)
+        .build()
+        .unwrap()
+}
+
+/// The engine paths this server has: Redis Functions (when it has them) and `EVALSHA`.
+fn paths(redis: &RedisServer) -> Vec<bool> {
+    if redis.has_functions() {
+        vec![true, false]
+    } else {
+        // (Not a skip: the test runs on the one path this server has.)
+        eprintln!("{}: no Redis Functions, EVALSHA only", redis.version());
+        vec![false]
+    }
+}
+
+/// Checks of keys never blocked read and write their limits' keys alone: no command
+/// of the engine names a block key, on either engine path, for windows and buckets
+/// that hold a count and for keys whose state has expired (a bucket that refills in a
+/// millisecond holds nothing between checks). (A fixed window reads the block when its
+/// window starts: the first check of each key here, before the record.)
+#[tokio::test(flavor = "multi_thread")]
+async fn a_check_reads_its_limits_keys_alone() {
+    let redis = RedisServer::start();
+    for functions in paths(&redis) {
+        let backend = backend(&redis, functions);
+        let limiters = limiters(&backend, true, None);
+        let keys: Vec<Vec<u8>> = (0..20).map(|i| format!("k{i}").into_bytes()).collect();
+        for limiter in &limiters {
+            for key in &keys {
+                assert!(limiter.check(key, ONE).await.is_admitted());
+            }
+        }
+        let monitor = Monitor::start(redis.port());
+        let _ = monitor.until(redis.port(), "reads-start");
+        for _ in 0..3 {
+            for limiter in &limiters {
+                for key in &keys {
+                    let decision = limiter.check(key, ONE).await;
+                    assert!(decision.is_admitted(), "{decision:?}");
+                    assert_eq!(decision.source, Source::Redis);
+                }
+            }
+            tokio::time::sleep(5 * MS).await;
+        }
+        let lines = monitor.until(redis.port(), "reads-end");
+        let mut commands = 0;
+        let mut blocks = Vec::new();
+        for line in &lines {
+            let Some((client, words)) = monitor_words(line) else {
+                continue;
+            };
+            if !client.contains("lua") {
+                continue;
+            }
+            commands += 1;
+            if words.iter().any(|w| w.windows(8).any(|s| s == b"}:block:")) {
+                blocks.push(line.clone());
+            }
+        }
+        let checks = 3 * limiters.len() * keys.len();
+        eprintln!("functions: {functions}: {commands} commands for {checks} checks");
+        assert!(
+            commands >= checks,
+            "MONITOR saw {commands} commands of {checks} checks"
+        );
+        assert!(
+            blocks.is_empty(),
+            "functions: {functions}: {} of {commands} commands named a block key, such as {:?}",
+            blocks.len(),
+            &blocks[..blocks.len().min(5)]
+        );
+    }
+}
+
+/// Two instances (backends) on one Redis: a key blocked through one is refused by the
+/// other, whatever the key held (a count, nothing, a state that expires during the
+/// block, a window that ends during it), whatever is done to it while blocked
+/// (refunds, settlements, a shorter block), on both engine paths; once the block has
+/// ended the key is admitted again and its checks read its limits' keys alone.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_block_holds_whatever_the_limits_keys_do() {
+    let redis = RedisServer::start();
+    for functions in paths(&redis) {
+        let (a, b) = (backend(&redis, functions), backend(&redis, functions));
+        let (a, b) = (limiters(&a, false, None), limiters(&b, false, None));
+        for (a, b) in a.iter().zip(&b) {
+            // A key with a count, and a key that never held anything.
+            assert!(a.check(b"held", ONE).await.is_admitted());
+            a.block(b"held", 400 * MS).unwrap().await;
+            a.block(b"fresh", 400 * MS).unwrap().await;
+            for key in [&b"held"[..], b"fresh"] {
+                let refused = b.check(key, ONE).await;
+                assert!(!refused.is_admitted(), "{refused:?}");
+                assert_eq!(refused.source, Source::Redis);
+                // Given back and settled while blocked: still blocked.
+                b.refund(key, ONE).unwrap().await;
+                if let Some(settled) = b.settle(key, -1) {
+                    settled.await;
+                }
+                let refused = b.check(key, ONE).await;
+                assert!(!refused.is_admitted(), "after a refund: {refused:?}");
+            }
+            // A shorter block replaces the longer one: the key is free at its end.
+            a.block(b"held", 150 * MS).unwrap().await;
+            tokio::time::sleep(200 * MS).await;
+            assert!(
+                b.check(b"held", ONE).await.is_admitted(),
+                "after the shorter block"
+            );
+            // The other key's block outlives what its limits held.
+            let refused = b.check(b"fresh", ONE).await;
+            assert!(!refused.is_admitted(), "{refused:?}");
+            tokio::time::sleep(250 * MS).await;
+            let admitted = b.check(b"fresh", ONE).await;
+            assert!(admitted.is_admitted(), "after the block: {admitted:?}");
+        }
+    }
+}
+
+/// Limits whose keys expire within 100 ms: a bucket that refills within a millisecond
+/// (or 50 ms), a 50 ms window, a rolling window of 2 buckets of 25 ms.
+fn short(backend: &Backend, lockout: Option<Duration>) -> Vec<Box<dyn Limiter>> {
+    let (rate, burst) = if lockout.is_some() {
+        (40, 2)
+    } else {
+        (1_000_000, 1_000_000)
+    };
+    let mut bucket = TokenBucketConfig::new(rate, SEC, burst);
+    let mut period = PeriodConfig::new(2, 50 * MS);
+    let mut rolling = RollingConfig::new(2, 2, 25 * MS);
+    if let Some(d) = lockout {
+        bucket = bucket.lockout(d);
+        period = period.lockout(d);
+        rolling = rolling.lockout(d);
+    }
+    vec![
+        Box::new(TokenBucketLimiter::new(backend, "fast", bucket).unwrap()),
+        Box::new(PeriodLimiter::new(backend, "short", period).unwrap()),
+        Box::new(RollingWindowLimiter::new(backend, "short-rolling", rolling).unwrap()),
+    ]
+}
+
+/// The limits' keys expire during the block, which still refuses the key on the other
+/// instance until it ends.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_block_outlives_keys_that_expire_under_it() {
+    let redis = RedisServer::start();
+    for functions in paths(&redis) {
+        let (a, b) = (backend(&redis, functions), backend(&redis, functions));
+        for (a, b) in short(&a, None).iter().zip(&short(&b, None)) {
+            assert!(a.check(b"k", ONE).await.is_admitted());
+            a.block(b"k", 400 * MS).unwrap().await;
+            for _ in 0..3 {
+                tokio::time::sleep(100 * MS).await;
+                let refused = b.check(b"k", ONE).await;
+                assert!(!refused.is_admitted(), "{refused:?}");
+            }
+            tokio::time::sleep(150 * MS).await;
+            assert!(b.check(b"k", ONE).await.is_admitted());
+        }
+    }
+}
+
+/// A lockout started on one instance refuses the key's checks on the other once its
+/// limits would admit them again (their keys expired or refilled under it).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_lockout_refuses_on_every_instance() {
+    let redis = RedisServer::start();
+    for functions in paths(&redis) {
+        let (a, b) = (backend(&redis, functions), backend(&redis, functions));
+        let lockout = Some(400 * MS);
+        for (a, b) in short(&a, lockout).iter().zip(&short(&b, lockout)) {
+            let key = b"locked";
+            while a.check(key, ONE).await.is_admitted() {}
+            tokio::time::sleep(100 * MS).await;
+            let refused = b.check(key, ONE).await;
+            assert!(!refused.is_admitted(), "{refused:?}");
+            assert!(refused.retry_after.unwrap() > 100 * MS, "{refused:?}");
+            tokio::time::sleep(300 * MS).await;
+            assert!(b.check(key, ONE).await.is_admitted());
+        }
+    }
+}
+
+/// The commands of the engine MONITOR saw while `limiter` checked `keys` three times
+/// each (after a first check of each, which starts windows), per check.
+async fn commands_per_check(redis: &RedisServer, limiter: &dyn Limiter, keys: &[Vec<u8>]) -> f64 {
+    for key in keys {
+        assert!(limiter.check(key, ONE).await.is_admitted());
+    }
+    let monitor = Monitor::start(redis.port());
+    let _ = monitor.until(redis.port(), "count-start");
+    for _ in 0..3 {
+        for key in keys {
+            assert!(limiter.check(key, ONE).await.is_admitted());
+        }
+    }
+    let lines = monitor.until(redis.port(), "count-end");
+    let commands = lines
+        .iter()
+        .filter_map(|line| monitor_words(line))
+        .filter(|(client, _)| client.contains("lua"))
+        .count();
+    commands as f64 / (3 * keys.len()) as f64
+}
+
+/// An atomic pair (a token bucket and a daily window) runs no more commands per check
+/// than its two members' checks add up to, with large limits too (a 10^6 bucket and a
+/// daily quota of 2^40 units, whose replies are too large to pack in one number).
+#[tokio::test(flavor = "multi_thread")]
+async fn an_atomic_pair_costs_its_members_commands() {
+    let redis = RedisServer::start();
+    for functions in paths(&redis) {
+        let backend = backend(&redis, functions);
+        let bucket = TokenBucketConfig::new(1_000_000, SEC, 1_000_000);
+        let daily = PeriodConfig::new(1 << 40, 86_400 * SEC);
+        let keys: Vec<Vec<u8>> = (0..20).map(|i| format!("k{i}").into_bytes()).collect();
+        let token = TokenBucketLimiter::new(&backend, "token", bucket).unwrap();
+        let window = PeriodLimiter::new(&backend, "daily", daily).unwrap();
+        let pair = SetLimiter::new(
+            &backend,
+            "pair",
+            LimitSet::new().limit("rpm", bucket).limit("tpd", daily),
+        )
+        .unwrap();
+        let token = commands_per_check(&redis, &token, &keys).await;
+        let window = commands_per_check(&redis, &window, &keys).await;
+        let pair = commands_per_check(&redis, &pair, &keys).await;
+        eprintln!("functions: {functions}: token {token}, window {window}, pair {pair}");
+        assert!(
+            pair <= token + window,
+            "functions: {functions}: the pair ran {pair} commands per check, its members \
+             {token} + {window}"
+        );
+    }
+}
