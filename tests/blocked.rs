@@ -402,3 +402,39 @@ async fn through_layers_on_redis() {
     let redis = RedisServer::start();
     values_sets_plans_and_dynamic_limits(&redis_backend(&redis)).await;
 }
+
+/// On Redis Cluster each list is a key of its own, outside every hash tag (a slot of
+/// its own): the blocks of keys in every slot are listed, by a second instance too.
+#[cfg(feature = "cluster")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_redis_cluster() {
+    let cluster = support::RedisCluster::start(3);
+    let backend = || {
+        Backend::builder()
+            .redis_cluster_urls(cluster.urls())
+            .build()
+            .unwrap()
+    };
+    let config = PeriodConfig::new(1, MINUTE).lockout(5 * MINUTE);
+    let a = PeriodLimiter::new(&backend(), "login", config).unwrap();
+    let b = PeriodLimiter::new(&backend(), "login", config).unwrap();
+    let keys: Vec<String> = (0..20).map(|i| format!("user-{i}")).collect();
+    for key in &keys {
+        a.block(key.as_bytes(), 60 * MINUTE).unwrap().await;
+    }
+    assert!(b.check(b"bob", ONE).await.is_admitted());
+    assert!(!b.check(b"bob", ONE).await.is_admitted());
+    listed_soon(&a, "bob").await;
+    let mut listed: Vec<String> = list(&b, 100)
+        .await
+        .iter()
+        .map(|b| String::from_utf8_lossy(&b.key).into_owned())
+        .collect();
+    listed.sort();
+    let mut expected = keys.clone();
+    expected.push("bob".to_owned());
+    expected.sort();
+    assert_eq!(listed, expected);
+    a.reset(b"user-3").unwrap().await;
+    assert_eq!(list(&b, 100).await.len(), 20);
+}

@@ -133,8 +133,8 @@
 //! The block's own key stays the truth and the list is advisory. On Redis it is written
 //! in a separate call (on Redis Cluster the list lives in a slot of its own, apart from
 //! the keys' hash tags), so it may lag a lockout by that call, miss a block whose write
-//! failed, and keep listing a block whose key was evicted or deleted until the block's
-//! end. A block made while Redis was unreachable holds in process only (it refuses
+//! failed, and keep listing until its end a block whose key was evicted or deleted, or
+//! a lockout lifted on another instance before its own write landed. A block made while Redis was unreachable holds in process only (it refuses
 //! while the fallback answers) and is not listed from Redis; a listing while Redis does
 //! not answer is an error ([`ListingError`](crate::ListingError)), never a guess.
 //!

@@ -17,8 +17,9 @@
 //! The block's own key stays the truth: the list is advisory. It is written in another
 //! call than the block's (on Redis Cluster it lives in another slot, outside every
 //! key's hash tag), so it may lag the block by that call, miss a block whose write
-//! failed (a warning says so), and list a block whose key Redis evicted or a user
-//! deleted until the block's end. In process (an in-process backend) the list is the
+//! failed (a warning says so), and list until its end a block whose key Redis evicted
+//! or a user deleted, or a lockout that a reset on another instance lifted before the
+//! lockout's write landed. In process (an in-process backend) the list is the
 //! blocks' [`Registry`](super::block::Registry), each entry checked against the block
 //! itself when listed. The handles' listing, which picks one or the other, is
 //! `operate.rs`'s [`list_blocked`](super::operate::list_blocked).

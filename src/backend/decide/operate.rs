@@ -122,8 +122,8 @@ pub(crate) fn operate<T: Hosts + ?Sized>(
     // A block's unused leased tokens go back first, so that its answer counts them.
     let give_back =
         (unused > 0).then(|| engine_call(&**store, key, &redis_key, REFUND, unused, param, &[]));
-    // (The key's hash in the deny cache: the list forgets a reset key's lockout by it.)
-    let key_hash = backend.inner.deny.hash(&redis_key);
+    // (A reset key's hash in the deny cache: the list forgets its lockout by it.)
+    let key_hash = (op == Operation::Reset).then(|| backend.inner.deny.hash(&redis_key));
     let store = Arc::clone(store);
     let redis = Arc::clone(redis);
     let key = key.to_vec();
@@ -152,7 +152,8 @@ pub(crate) fn operate<T: Hosts + ?Sized>(
                 remote.index.list(&redis, &key, until_ms, now_ms).await;
             }
             (Operation::Reset, Some(_), _) => {
-                remote.index.unlist(&redis, &key, key_hash, now_ms).await;
+                let hash = key_hash.unwrap_or_default();
+                remote.index.unlist(&redis, &key, hash, now_ms).await;
             }
             _ => {}
         }
