@@ -267,6 +267,33 @@ async fn a_listing_without_redis_is_an_error() {
     assert!(matches!(error, AdminError::Listing(_)), "{error:?}");
 }
 
+/// A list that another program wrote under its key: a listing says what Redis said (or
+/// reads the ends it can), a block still blocks; never a panic.
+#[tokio::test]
+async fn a_damaged_list_is_an_error_never_a_panic() {
+    let redis = RedisServer::start();
+    let backend = redis_backend(&redis);
+    let junk = PeriodLimiter::new(&backend, "junk", PeriodConfig::new(10, MINUTE)).unwrap();
+    assert_eq!(
+        redis.cmd(&["SET", "ratelimit:blocked:period:junk", "x"]),
+        "OK"
+    );
+    let error = junk.blocked(10).unwrap().await.unwrap_err();
+    assert!(error.to_string().contains("WRONGTYPE"), "{error}");
+    // The block holds though its list cannot be written.
+    let blocked = junk.block(b"k", MINUTE).unwrap().await;
+    assert!(!blocked.is_admitted(), "{blocked:?}");
+    assert!(!junk.check(b"k", ONE).await.is_admitted());
+
+    let odd = PeriodLimiter::new(&backend, "odd", PeriodConfig::new(10, MINUTE)).unwrap();
+    let list_key = "ratelimit:blocked:period:odd";
+    assert_eq!(redis.cmd(&["ZADD", list_key, "1e300", "far"]), "1");
+    assert_eq!(redis.cmd(&["ZADD", list_key, "inf", "farther"]), "1");
+    // (A far end is listed where the platform's time holds it; `inf` is no time.)
+    let listed = list(&odd, 10).await;
+    assert!(listed.iter().all(|b| b.key == "far"), "{listed:?}");
+}
+
 #[derive(Clone, Debug)]
 struct UserId(&'static str);
 

@@ -230,37 +230,45 @@ impl Index {
     }
 }
 
+/// A listed key and its block's end (Unix ms).
+type Entry = (Vec<u8>, u64);
+
 /// A `ZRANGEBYSCORE … WITHSCORES` reply as `(member, score)` pairs: a flat array of
-/// members and scores (RESP2), or an array of pairs (RESP3). `None` for any other shape.
-fn read_entries(reply: &Value) -> Option<Vec<(Vec<u8>, u64)>> {
+/// members and scores (RESP2), or an array of pairs (RESP3). A score that is no time
+/// (infinite, negative: only another program writes one) leaves its entry out; `None`
+/// for a reply of any other shape.
+fn read_entries(reply: &Value) -> Option<Vec<Entry>> {
     let Value::Array(items) = reply else {
         return None;
     };
-    let pair = |member: &Value, score: &Value| -> Option<(Vec<u8>, u64)> {
+    // `Some(None)`: a well-formed entry whose score is no time.
+    let pair = |member: &Value, score: &Value| -> Option<Option<Entry>> {
         let Value::BulkString(member) = member else {
             return None;
         };
-        let score = match score {
+        let score: f64 = match score {
             Value::Double(score) => *score,
             Value::BulkString(text) => std::str::from_utf8(text).ok()?.parse().ok()?,
             Value::Int(score) => *score as f64,
             _ => return None,
         };
-        (score.is_finite() && score >= 0.0).then(|| (member.clone(), score as u64))
+        Some((score.is_finite() && score >= 0.0).then(|| (member.clone(), score as u64)))
     };
-    if items.iter().all(|item| matches!(item, Value::Array(_))) {
-        items
-            .iter()
-            .map(|item| match item {
-                Value::Array(two) if two.len() == 2 => pair(&two[0], &two[1]),
-                _ => None,
-            })
-            .collect()
-    } else if items.len() % 2 == 0 {
-        items.chunks(2).map(|two| pair(&two[0], &two[1])).collect()
-    } else {
-        None
-    }
+    let pairs: Option<Vec<Option<Entry>>> =
+        if items.iter().all(|item| matches!(item, Value::Array(_))) {
+            items
+                .iter()
+                .map(|item| match item {
+                    Value::Array(two) if two.len() == 2 => pair(&two[0], &two[1]),
+                    _ => None,
+                })
+                .collect()
+        } else if items.len() % 2 == 0 {
+            items.chunks(2).map(|two| pair(&two[0], &two[1])).collect()
+        } else {
+            None
+        };
+    Some(pairs?.into_iter().flatten().collect())
 }
 
 #[cfg(test)]
@@ -301,11 +309,21 @@ mod tests {
             Value::Array(vec![Value::Array(vec![Value::Nil])]),
             Value::Array(vec![
                 Value::BulkString(b"a".to_vec()),
-                Value::BulkString(b"-inf".to_vec()),
+                Value::BulkString(b"soon".to_vec()),
             ]),
         ] {
             assert_eq!(read_entries(&odd), None, "{odd:?}");
         }
+        // Scores that are no time: those entries left out.
+        let no_time = Value::Array(vec![
+            Value::BulkString(b"a".to_vec()),
+            Value::BulkString(b"inf".to_vec()),
+            Value::BulkString(b"b".to_vec()),
+            Value::BulkString(b"-1".to_vec()),
+            Value::BulkString(b"c".to_vec()),
+            Value::BulkString(b"5".to_vec()),
+        ]);
+        assert_eq!(read_entries(&no_time), Some(vec![(b"c".to_vec(), 5)]));
     }
 
     #[test]

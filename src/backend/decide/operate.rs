@@ -299,7 +299,7 @@ pub(crate) fn list_blocked<T: Hosts + ?Sized>(store: &Arc<T>, name: &str, max: u
             .into_iter()
             .filter_map(|(key, _)| {
                 let until_us = blocks.until(local, &key, || now_us)?;
-                let until = UNIX_EPOCH + Duration::from_micros(until_us);
+                let until = UNIX_EPOCH.checked_add(Duration::from_micros(until_us))?;
                 Some(Blocked::new(name, Key::from(key), until))
             })
             .collect();
@@ -313,9 +313,11 @@ pub(crate) fn list_blocked<T: Hosts + ?Sized>(store: &Arc<T>, name: &str, max: u
         let mut listed: Vec<Blocked> = read
             .await?
             .into_iter()
-            .map(|(key, until_ms)| {
-                let until = UNIX_EPOCH + Duration::from_millis(until_ms);
-                Blocked::new(name.clone(), Key::from(key), until)
+            // (An end past what the platform's time can hold, written by someone else
+            // under the list's key, is left out rather than a panic.)
+            .filter_map(|(key, until_ms)| {
+                let until = UNIX_EPOCH.checked_add(Duration::from_millis(until_ms))?;
+                Some(Blocked::new(name.clone(), Key::from(key), until))
             })
             .collect();
         crate::blocked::sort(&mut listed);
