@@ -108,6 +108,13 @@ async fn blocks_lockouts_resets_and_ends(backend: &Backend) {
     assert!(ends_in(listed[0].until, 10 * MINUTE), "{listed:?}");
     assert!(ends_in(listed[1].until, 60 * MINUTE), "{listed:?}");
     assert_eq!(listed[0].value, None, "a limiter alone names no value");
+    // Keys can be secrets: never in a `Debug`, of the entries or of the limiter.
+    for shown in [format!("{listed:?}"), format!("{api:?}")] {
+        assert!(
+            !shown.contains("trap") && !shown.contains("203.0"),
+            "{shown}"
+        );
+    }
     assert_eq!(
         named(&list(&other, 100).await),
         [pair("other", "fn:elsewhere")]

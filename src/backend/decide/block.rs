@@ -29,11 +29,21 @@ pub(crate) const MAX_REGISTERED: usize = 10_000;
 
 /// The keys of one name blocked in process, and until when (Unix µs): what an
 /// in-process listing reads. Shared by every limiter of the name on a backend, as the
-/// blocks are.
-#[derive(Debug, Default)]
+/// blocks are. Its `Debug` shows how many keys it holds, never the keys (they can be
+/// secrets such as API keys).
+#[derive(Default)]
 pub(crate) struct Registry(Mutex<Entries>);
 
-#[derive(Debug, Default)]
+impl std::fmt::Debug for Registry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let entries = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        f.debug_struct("Registry")
+            .field("keys", &entries.until_us.len())
+            .finish()
+    }
+}
+
+#[derive(Default)]
 struct Entries {
     until_us: HashMap<Box<[u8]>, u64>,
     /// The earliest end among the entries when they were last pruned: no entry has
@@ -225,5 +235,11 @@ mod tests {
         );
         registry.remove(b"late");
         assert!(registry.list(1_010).iter().all(|(key, _)| key != b"late"));
+        // Its `Debug` never shows a key.
+        let shown = format!("{registry:?}");
+        assert_eq!(
+            shown,
+            format!("Registry {{ keys: {} }}", MAX_REGISTERED - 10)
+        );
     }
 }
