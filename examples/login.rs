@@ -4,8 +4,8 @@
 //! otherwise.
 //!
 //! ```text
-//! cargo run --example login                                   # in-process, port 3000
-//! REDIS_URL=redis://127.0.0.1:6379 cargo run --example login  # shared in Redis
+//! cargo run --example login --features admin                                   # in-process, port 3000
+//! REDIS_URL=redis://127.0.0.1:6379 cargo run --example login --features admin  # shared in Redis
 //! ```
 //!
 //! The one account is `alice` / `wonderland`. A successful login answers `200` and never
@@ -14,6 +14,15 @@
 //! one after it for 15 minutes get `429 Too Many Requests` with `Retry-After`. Other users
 //! are not affected. `PORT` overrides the port (3000).
 //!
+//! With `ADMIN_TOKEN` set, the [admin router](tower_redis_ratelimit::admin) is mounted
+//! under `/admin/ratelimit`, answering only requests with `authorization: Bearer
+//! $ADMIN_TOKEN`: list who is locked out, and unlock a user by name:
+//!
+//! ```text
+//! curl -H "authorization: Bearer $ADMIN_TOKEN" http://127.0.0.1:3000/admin/ratelimit/blocked
+//! curl -X POST -H "authorization: Bearer $ADMIN_TOKEN" http://127.0.0.1:3000/admin/ratelimit/login/alice/reset
+//! ```
+//!
 //! How: the body's `user` is put into the request extensions before the limit, the key
 //! is [`ExtensionKey<LoginUser>`], [`CountIf::failures`] refunds the logins that
 //! succeed, and the limit's [`lockout`](PeriodConfig::lockout) turns its first refusal
@@ -21,16 +30,18 @@
 
 use std::fmt;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
-use axum::extract::Request;
+use axum::extract::{Request, State};
 use axum::http::StatusCode;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Extension, Router};
 use serde::Deserialize;
+use tower_redis_ratelimit::admin::AdminRouter;
 use tower_redis_ratelimit::key::ExtensionKey;
 use tower_redis_ratelimit::period::PeriodConfig;
 use tower_redis_ratelimit::service::CountIf;
@@ -92,12 +103,30 @@ async fn login(Extension(form): Extension<LoginForm>) -> (StatusCode, String) {
     }
 }
 
-/// The login app on `backend`.
-///
-/// # Errors
-///
-/// A [`ConfigError`] if the limit is misconfigured.
-pub(crate) fn app(backend: &Backend) -> Result<Router, ConfigError> {
+/// Answers `401` to a request that does not carry `authorization: Bearer <token>`.
+async fn require_token(State(token): State<Arc<str>>, request: Request, next: Next) -> Response {
+    let sent = request
+        .headers()
+        .get("authorization")
+        .and_then(|value| value.as_bytes().strip_prefix(b"Bearer "));
+    // Compared in a time that does not depend on where the bytes differ.
+    let same = sent.is_some_and(|sent| {
+        sent.len() == token.len()
+            && sent
+                .iter()
+                .zip(token.as_bytes())
+                .fold(0, |differ, (a, b)| differ | (a ^ b))
+                == 0
+    });
+    if same {
+        next.run(request).await
+    } else {
+        (StatusCode::UNAUTHORIZED, "admin token required\n").into_response()
+    }
+}
+
+/// The login app on `backend`, and the admin router of its limit (not mounted).
+fn build(backend: &Backend) -> Result<(Router, AdminRouter), ConfigError> {
     let failures = LayerBuilder::new(
         backend,
         PeriodConfig::new(FAILURES, FIFTEEN_MINUTES).lockout(FIFTEEN_MINUTES),
@@ -106,16 +135,44 @@ pub(crate) fn app(backend: &Backend) -> Result<Router, ConfigError> {
     .key(ExtensionKey::<LoginUser>::new())
     .count_if(CountIf::failures())
     .build()?;
-    Ok(Router::new()
+    let admin = AdminRouter::new().limit(&failures);
+    let app = Router::new()
         .route("/login", post(login).layer(failures))
-        .layer(middleware::from_fn(read_form)))
+        .layer(middleware::from_fn(read_form));
+    Ok((app, admin))
+}
+
+/// The login app on `backend`.
+///
+/// # Errors
+///
+/// A [`ConfigError`] if the limit is misconfigured.
+pub(crate) fn app(backend: &Backend) -> Result<Router, ConfigError> {
+    Ok(build(backend)?.0)
+}
+
+/// The login app on `backend`, with the admin router under `/admin/ratelimit` for the
+/// requests that carry `authorization: Bearer <admin_token>` (outside the login form's
+/// reading and the limit: an operator is never locked out of unlocking a user).
+///
+/// # Errors
+///
+/// A [`ConfigError`] if the limit is misconfigured.
+pub(crate) fn app_with_admin(backend: &Backend, admin_token: &str) -> Result<Router, ConfigError> {
+    let (app, admin) = build(backend)?;
+    let token: Arc<str> = admin_token.into();
+    let admin = admin
+        .into_router()
+        .layer(middleware::from_fn_with_state(token, require_token));
+    Ok(app.nest("/admin/ratelimit", admin))
 }
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let backend = match std::env::var("REDIS_URL") {
         Ok(url) => {
-            println!("counts and lockouts are kept in Redis at {url}");
+            // (Not the URL: it may hold a password.)
+            println!("counts and lockouts are kept in Redis (REDIS_URL)");
             Backend::builder().redis_url(url).prefix("login").build()?
         }
         Err(_) => {
@@ -134,6 +191,20 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
          try: for i in $(seq 7); do curl -s -i -X POST -H 'content-type: application/json' \
          -d '{{\"user\": \"alice\", \"password\": \"guess\"}}' http://{addr}/login | head -1; done"
     );
-    axum::serve(listener, app(&backend)?).await?;
+    // `ADMIN_TOKEN` is never printed: the lines below read it from the shell.
+    let app = match std::env::var("ADMIN_TOKEN") {
+        Ok(token) => {
+            println!(
+                "admin: curl -H \"authorization: Bearer $ADMIN_TOKEN\" http://{addr}/admin/ratelimit/blocked\n\
+                 admin: curl -X POST -H \"authorization: Bearer $ADMIN_TOKEN\" http://{addr}/admin/ratelimit/login/alice/reset"
+            );
+            app_with_admin(&backend, &token)?
+        }
+        Err(_) => {
+            println!("ADMIN_TOKEN is not set: no admin endpoints");
+            app(&backend)?
+        }
+    };
+    axum::serve(listener, app).await?;
     Ok(())
 }

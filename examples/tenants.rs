@@ -2,8 +2,8 @@
 //! limit in shadow mode. On Redis when `REDIS_URL` is set, in-process otherwise.
 //!
 //! ```text
-//! cargo run --example tenants                                   # in-process
-//! REDIS_URL=redis://127.0.0.1:6379 cargo run --example tenants  # shared in Redis
+//! cargo run --example tenants --features admin                                   # in-process
+//! REDIS_URL=redis://127.0.0.1:6379 cargo run --example tenants --features admin  # shared in Redis
 //! ```
 //!
 //! An authentication layer turns `Authorization: Bearer <token>` into a [`UserId`] and a
@@ -25,22 +25,36 @@
 //!
 //! Try `curl -i -H 'authorization: Bearer free-token' http://127.0.0.1:3001/profile`.
 //! `PORT` overrides the port (3001).
+//!
+//! With `ADMIN_TOKEN` set, the [admin router](tower_redis_ratelimit::admin) is mounted
+//! under `/admin/ratelimit` for the requests that carry `authorization: Bearer
+//! $ADMIN_TOKEN` (not the users' tokens): every limit above but the in-flight one, by
+//! the value its requests carry (a user id, a merchant id). Block merchant `m1`'s
+//! reports for a minute, see it listed, lift it:
+//!
+//! ```text
+//! curl -X POST -H "authorization: Bearer $ADMIN_TOKEN" 'http://127.0.0.1:3001/admin/ratelimit/reports/m1/block?seconds=60'
+//! curl -H "authorization: Bearer $ADMIN_TOKEN" http://127.0.0.1:3001/admin/ratelimit/blocked
+//! curl -X POST -H "authorization: Bearer $ADMIN_TOKEN" http://127.0.0.1:3001/admin/ratelimit/reports/m1/reset
+//! ```
 
 use std::fmt;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::body::Bytes;
-use axum::extract::{Query, Request};
+use axum::extract::{Query, Request, State};
 use axum::http::StatusCode;
 use axum::middleware::{self, Next};
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Router};
 use tower::ServiceBuilder;
+use tower_redis_ratelimit::admin::AdminRouter;
 use tower_redis_ratelimit::key::{ExtensionKey, HeaderKey};
 use tower_redis_ratelimit::period::{PeriodConfig, UtcOffset};
 use tower_redis_ratelimit::token_bucket::TokenBucketConfig;
@@ -115,6 +129,50 @@ pub fn app_with_export_lease(
     backend: &Backend,
     export_lease: Duration,
 ) -> Result<Router, ConfigError> {
+    Ok(build(backend, export_lease)?.0)
+}
+
+/// The whole application (as [`app`]), with the admin router under `/admin/ratelimit`
+/// for the requests that carry `authorization: Bearer <admin_token>`: outside the
+/// users' authentication and every limit, so an operator is never limited out of
+/// lifting a block.
+///
+/// # Errors
+///
+/// A [`ConfigError`] if a limit is misconfigured.
+pub fn app_with_admin(backend: &Backend, admin_token: &str) -> Result<Router, ConfigError> {
+    let (app, admin) = build(backend, export_lease())?;
+    let token: Arc<str> = admin_token.into();
+    let admin = admin
+        .into_router()
+        .layer(middleware::from_fn_with_state(token, require_token));
+    Ok(app.nest("/admin/ratelimit", admin))
+}
+
+/// Answers `401` to a request that does not carry `authorization: Bearer <token>`.
+async fn require_token(State(token): State<Arc<str>>, request: Request, next: Next) -> Response {
+    let sent = request
+        .headers()
+        .get("authorization")
+        .and_then(|value| value.as_bytes().strip_prefix(b"Bearer "));
+    // Compared in a time that does not depend on where the bytes differ.
+    let same = sent.is_some_and(|sent| {
+        sent.len() == token.len()
+            && sent
+                .iter()
+                .zip(token.as_bytes())
+                .fold(0, |differ, (a, b)| differ | (a ^ b))
+                == 0
+    });
+    if same {
+        next.run(request).await
+    } else {
+        (StatusCode::UNAUTHORIZED, "admin token required\n").into_response()
+    }
+}
+
+/// The whole application and the admin router of its limits (not mounted).
+fn build(backend: &Backend, export_lease: Duration) -> Result<(Router, AdminRouter), ConfigError> {
     let minute = Duration::from_secs(60);
     let user = || ExtensionKey::<UserId>::new();
 
@@ -174,6 +232,17 @@ pub fn app_with_export_lease(
         .key(HeaderKey::from_static("x-merchant-id"))
         .build()?;
 
+    // Every limit by the value its requests carry (not the in-flight one: a slot is
+    // given back by its request, never by an operator). The plans are one limit,
+    // named by the first plan's policy (`profile.free`).
+    let admin = AdminRouter::new()
+        .limit(&per_plan)
+        .limit(&burst)
+        .limit(&daily)
+        .limit(&per_merchant)
+        .limit(&trial)
+        .limit(&reports);
+
     let per_user = Router::new()
         .route("/profile", get(report).layer(per_plan))
         // `ServiceBuilder` runs its layers top to bottom: `burst`, then `daily`.
@@ -195,9 +264,10 @@ pub fn app_with_export_lease(
     let per_merchant_pair = Router::new()
         .route("/reports", get(merchant_report).layer(reports))
         .route("/export", get(export).layer(exports));
-    Ok(per_user
+    let app = per_user
         .merge(per_merchant_pair)
-        .layer(middleware::from_fn(authenticate)))
+        .layer(middleware::from_fn(authenticate));
+    Ok((app, admin))
 }
 
 /// The query of `GET /export`.
@@ -280,7 +350,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .init();
     let backend = match std::env::var("REDIS_URL") {
         Ok(url) => {
-            println!("limits are kept in Redis at {url}");
+            // (Not the URL: it may hold a password.)
+            println!("limits are kept in Redis (REDIS_URL)");
             Backend::builder()
                 .redis_url(url)
                 .prefix("tenants")
@@ -302,6 +373,21 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
          try: for i in $(seq 12); do curl -s -H 'authorization: Bearer free-token' http://{addr}/profile; done\n\
          and: for i in 1 2 3; do curl -s -H 'authorization: Bearer free-token' -H 'x-merchant-id: m1' 'http://{addr}/export?ms=3000' & done; wait"
     );
-    axum::serve(listener, app(&backend)?).await?;
+    // `ADMIN_TOKEN` is never printed: the lines below read it from the shell.
+    let app = match std::env::var("ADMIN_TOKEN") {
+        Ok(token) => {
+            println!(
+                "admin: curl -X POST -H \"authorization: Bearer $ADMIN_TOKEN\" 'http://{addr}/admin/ratelimit/reports/m1/block?seconds=60'\n\
+                 admin: curl -H \"authorization: Bearer $ADMIN_TOKEN\" http://{addr}/admin/ratelimit/blocked\n\
+                 admin: curl -X POST -H \"authorization: Bearer $ADMIN_TOKEN\" http://{addr}/admin/ratelimit/reports/m1/reset"
+            );
+            app_with_admin(&backend, &token)?
+        }
+        Err(_) => {
+            println!("ADMIN_TOKEN is not set: no admin endpoints");
+            app(&backend)?
+        }
+    };
+    axum::serve(listener, app).await?;
     Ok(())
 }

@@ -1,7 +1,8 @@
 //! An admin surface to mount (feature `admin`): an axum [`Router`] with JSON endpoints
 //! that peek, reset, block and refund a client by the value its requests carry (an API
 //! key, a user id, an address), on every layer added to it, through each layer's own
-//! extractor ([`LimitLayer::peek_value`] and the others).
+//! extractor ([`LimitLayer::peek_value`] and the others), and list what is blocked
+//! ([`LimitLayer::blocked`]).
 //!
 //! It has no authentication of its own: mount it behind yours.
 //!
@@ -12,6 +13,7 @@
 //! | `POST /{limit}/{value}/reset` | forgets the client's count and lifts its block |
 //! | `POST /{limit}/{value}/block?seconds=N` | refuses the client for `N` seconds, whatever its limit says |
 //! | `POST /{limit}/{value}/refund?units=N` | gives `N` units back (default 1) |
+//! | `GET /blocked?limit=NAME&max=N` | what is blocked now (by a block or a lockout), over every limit or the one named, soonest end first, at most `N` (default 100, at most 1000) |
 //!
 //! Each answer is `{"limit":…,"value":…,"keys":[…]}`, one entry per key the layer counts
 //! the value under (an `.or` of extractors may count it under two), each with `key`,
@@ -19,6 +21,16 @@
 //! `source`. A value the layer never counts is `400` with `{"error":…}` (a wrong value
 //! never looks like a success on another key); an unknown limit `404`; an action the
 //! layer's limiter cannot take `501`.
+//!
+//! `GET /blocked` answers `{"blocked":[…]}`, one entry per blocked key, each with
+//! `limit` (the name to give the other endpoints), `policy` (the limit that refuses the
+//! key: a plan's `api.free`), `key`, `value` (the client's value, to give `POST
+//! /{limit}/{value}/reset`; `null` when the layer's extractor cannot name it), `until_ms`
+//! (Unix milliseconds) and `remaining_ms`. It reads the small list of blocked keys each
+//! limit keeps (see [`Limiter::blocked`]), never the keyspace; on Redis that list may lag
+//! a block by a moment (see [Listing what is
+//! blocked](crate::guide::operations#listing-what-is-blocked)), and a Redis that does not
+//! answer is `503`.
 //!
 //! ```
 //! use std::time::Duration;
@@ -49,7 +61,7 @@ use std::future::Future;
 use std::num::NonZeroU32;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::body::Body;
 use axum::extract::{Path, RawQuery, State};
@@ -59,6 +71,7 @@ use axum::routing::{get, post};
 use axum::Router;
 use serde_json::{json, Value};
 
+use crate::blocked::Blocked;
 use crate::decision::Decision;
 use crate::key::{Key, KeyExtractor};
 use crate::limiter::Limiter;
@@ -76,10 +89,19 @@ enum Action {
     Refund(NonZeroU32),
 }
 
+/// The answer of a listing of blocked keys.
+type Listed = Result<Vec<Blocked>, AdminError>;
+
+/// The default of `GET /blocked`'s `max`.
+const DEFAULT_LISTED: u64 = 100;
+/// The largest `max` of `GET /blocked`.
+const MAX_LISTED: u64 = 1_000;
+
 /// One layer, its types erased.
 trait Limit: Send + Sync {
     fn policies(&self) -> Vec<String>;
     fn act(&self, value: String, action: Action) -> Pin<Box<dyn Future<Output = Answered> + Send>>;
+    fn blocked(&self, max: usize) -> Pin<Box<dyn Future<Output = Listed> + Send>>;
 }
 
 impl<L, K, C, R> Limit for LimitLayer<L, K, C, R>
@@ -107,6 +129,11 @@ where
                 Action::Refund(units) => layer.refund_value::<Body>(value, units).await,
             }
         })
+    }
+
+    fn blocked(&self, max: usize) -> Pin<Box<dyn Future<Output = Listed> + Send>> {
+        let layer = self.clone();
+        Box::pin(async move { layer.blocked::<Body>(max).await })
     }
 }
 
@@ -157,6 +184,7 @@ impl AdminRouter {
         let limits = Arc::new(self.limits);
         Router::new()
             .route("/", get(list))
+            .route("/blocked", get(blocked))
             .route("/{limit}/{value}", get(peek))
             .route("/{limit}/{value}/reset", post(reset))
             .route("/{limit}/{value}/block", post(block))
@@ -173,6 +201,62 @@ async fn list(State(limits): State<Limits>) -> Response {
         .map(|(name, limit)| json!({ "name": name, "policies": limit.policies() }))
         .collect();
     (StatusCode::OK, axum::Json(json!({ "limits": limits }))).into_response()
+}
+
+async fn blocked(State(limits): State<Limits>, RawQuery(query): RawQuery) -> Response {
+    let query = query.as_deref();
+    let max = match number(query, "max") {
+        Ok(None) => DEFAULT_LISTED,
+        Ok(Some(max @ 1..=MAX_LISTED)) => max,
+        Ok(Some(_)) => {
+            let message = format!("`max` must be between 1 and {MAX_LISTED}");
+            return error(StatusCode::BAD_REQUEST, &message);
+        }
+        Err(message) => return error(StatusCode::BAD_REQUEST, &message),
+    };
+    let max = usize::try_from(max).unwrap_or(usize::MAX);
+    let named = text(query, "limit");
+    let chosen: Vec<(&String, &Arc<dyn Limit>)> = match &named {
+        Some(name) => match limits.get_key_value(name) {
+            Some(found) => vec![found],
+            None => return error(StatusCode::NOT_FOUND, &format!("no limit named `{name}`")),
+        },
+        None => limits.iter().collect(),
+    };
+    let listings = chosen.iter().map(|(_, limit)| limit.blocked(max));
+    let listed = futures_util::future::join_all(listings).await;
+    let mut entries = Vec::new();
+    for ((name, _), listed) in chosen.into_iter().zip(listed) {
+        match listed {
+            Ok(listed) => entries.extend(listed.into_iter().map(|entry| (name, entry))),
+            // A limiter of your own that cannot list: left out of a listing of all.
+            Err(AdminError::Unsupported { .. }) if named.is_none() => {}
+            Err(failure @ AdminError::Unsupported { .. }) => {
+                return error(StatusCode::NOT_IMPLEMENTED, &failure.to_string())
+            }
+            Err(failure) => return error(StatusCode::SERVICE_UNAVAILABLE, &failure.to_string()),
+        }
+    }
+    entries.sort_by(|(a_name, a), (b_name, b)| {
+        (a.until, a_name, a.key.as_bytes()).cmp(&(b.until, b_name, b.key.as_bytes()))
+    });
+    entries.truncate(max);
+    let now = SystemTime::now();
+    let millis = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+    let blocked: Vec<Value> = entries
+        .iter()
+        .map(|(name, entry)| {
+            json!({
+                "limit": name,
+                "policy": entry.limit,
+                "key": String::from_utf8_lossy(&entry.key),
+                "value": entry.value.as_ref().map(|value| String::from_utf8_lossy(value)),
+                "until_ms": millis(entry.until.duration_since(UNIX_EPOCH).unwrap_or_default()),
+                "remaining_ms": millis(entry.until.duration_since(now).unwrap_or_default()),
+            })
+        })
+        .collect();
+    (StatusCode::OK, axum::Json(json!({ "blocked": blocked }))).into_response()
 }
 
 async fn peek(
@@ -263,14 +347,44 @@ fn error(status: StatusCode, message: &str) -> Response {
     (status, axum::Json(json!({ "error": message }))).into_response()
 }
 
-/// The query parameter `name` as a whole number, if given.
-fn number(query: Option<&str>, name: &str) -> Result<Option<u64>, String> {
-    let Some(text) = query
+/// The query parameter `name` as it was sent, if given.
+fn raw<'q>(query: Option<&'q str>, name: &str) -> Option<&'q str> {
+    query
         .unwrap_or("")
         .split('&')
         .filter_map(|pair| pair.split_once('='))
         .find_map(|(key, value)| (key == name).then_some(value))
-    else {
+}
+
+/// The query parameter `name` as text, percent-decoded (`+` a space), if given.
+fn text(query: Option<&str>, name: &str) -> Option<String> {
+    let sent = raw(query, name)?.as_bytes();
+    let mut bytes = Vec::with_capacity(sent.len());
+    let mut rest = sent;
+    while let Some((&b, tail)) = rest.split_first() {
+        let hex = |d: u8| char::from(d).to_digit(16);
+        match (b, tail) {
+            (b'%', [high, low, tail @ ..]) if hex(*high).is_some() && hex(*low).is_some() => {
+                let value = hex(*high).unwrap_or(0) * 16 + hex(*low).unwrap_or(0);
+                bytes.push(u8::try_from(value).unwrap_or(b'?'));
+                rest = tail;
+            }
+            (b'+', _) => {
+                bytes.push(b' ');
+                rest = tail;
+            }
+            _ => {
+                bytes.push(b);
+                rest = tail;
+            }
+        }
+    }
+    Some(String::from_utf8_lossy(&bytes).into_owned())
+}
+
+/// The query parameter `name` as a whole number, if given.
+fn number(query: Option<&str>, name: &str) -> Result<Option<u64>, String> {
+    let Some(text) = raw(query, name) else {
         return Ok(None);
     };
     text.parse()

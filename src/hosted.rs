@@ -61,6 +61,11 @@ macro_rules! hosted_limiter {
                 Some($crate::backend::operate(&self.$hosts, op, key, ms))
             }
 
+            fn blocked(&self, max: usize) -> Option<$crate::blocked::Listing> {
+                let name = self.$hosts.policy.name();
+                Some($crate::backend::list_blocked(&self.$hosts, name, max))
+            }
+
             $($($extra)*)?
         }
     };

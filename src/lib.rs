@@ -65,8 +65,8 @@
 //! - [Redis deployments](guide::deployments): Cluster, TLS, ACL users, Sentinel, hot keys;
 //! - [failure modes](guide::failure_modes): Redis failures, key floods, clock steps;
 //! - [gRPC](guide::grpc);
-//! - [operations](guide::operations): shadow mode, configuration as data, upgrading,
-//!   metrics;
+//! - [operations](guide::operations): shadow mode, configuration as data, listing what
+//!   is blocked, the admin flow end to end, upgrading, metrics;
 //! - [the crate's layout](guide::architecture).
 //!
 //! # Feature flags
@@ -74,6 +74,7 @@
 //! | feature | default | enables |
 //! |---|---|---|
 //! | `axum` | yes | key extractors that read axum's `ConnectInfo` and `MatchedPath` ([`PeerIp`](key::PeerIp) reads the peer address, `key::MatchedPathKey`), and `Rules::apply` on an `axum::Router` |
+//! | `admin` | no | an axum router with JSON endpoints that peek, reset, block and refund a client by the value its requests carry, and list what is blocked (the `admin` module) |
 //! | `cluster` | no | Redis Cluster pools (`BackendBuilder::redis_cluster`, `redis_cluster_urls`) |
 //! | `grpc` | no | gRPC rejections for tonic: trailers-only `RESOURCE_EXHAUSTED` with `RetryInfo` and `QuotaFailure` (the `grpc` module), and the peer address of tonic's `TcpConnectInfo` for [`PeerIp`](key::PeerIp) |
 //! | `tls` | no | TLS to Redis with rustls and ring (no system OpenSSL): `rediss://` URLs, a custom CA (`BackendBuilder::tls_ca_pem`), client certificates (`tls_client_auth_pem`) |
@@ -92,6 +93,7 @@
 #[cfg_attr(docsrs, doc(cfg(feature = "admin")))]
 pub mod admin;
 pub mod backend;
+mod blocked;
 mod clock;
 #[cfg(feature = "serde")]
 #[cfg_attr(docsrs, doc(cfg(feature = "serde")))]
@@ -125,6 +127,7 @@ pub use deadpool_redis;
 pub use ipnet;
 
 pub use crate::backend::{Backend, BackendBuilder, FailurePolicy};
+pub use crate::blocked::{Blocked, Listing, ListingError};
 pub use crate::cost::{Cost, FixedCost, HeaderCost, UnitCost};
 pub use crate::decision::{Decision, Decisions, Policy, Source, State};
 pub use crate::error::{BoxError, ConfigError};

@@ -6,6 +6,7 @@ use std::num::NonZeroU32;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
+use crate::blocked::Listing;
 use crate::decision::{Decision, Policy};
 
 /// A rate-limit algorithm bound to a backend: the one thing the generic
@@ -204,6 +205,51 @@ pub trait Limiter: Send + Sync + 'static {
         None
     }
 
+    /// The keys this limiter refuses now because of a [block](Self::block) or a lockout,
+    /// soonest end first, at most `max` of them: each with the limit's name, the key
+    /// and when its block ends. `None` when this limiter cannot list them (the default).
+    ///
+    /// A listing reads a small list of the blocks kept beside them, never the keyspace:
+    /// on Redis, a sorted set per limit (`<prefix>:blocked:<algorithm>:<name>`, see
+    /// [Redis keys](crate::backend#redis-keys)) read with one `ZRANGEBYSCORE` of at
+    /// most `max` entries, whatever the number of keys the limit counts; in process, a
+    /// registry of the blocked keys themselves. The block's own key stays the truth: the
+    /// list is advisory. A block or a reset made through a handle is listed (or gone)
+    /// when its answer comes; a lockout is listed moments after the refusal that started
+    /// it (written in the background, never on a check's way). See
+    /// [Listing what is blocked](crate::guide::operations#listing-what-is-blocked).
+    ///
+    /// The keys are the keys the limit counts, tag and all; a layer's
+    /// [`LimitLayer::blocked`](crate::LimitLayer::blocked) also names the client's
+    /// value each was made from.
+    ///
+    /// ```
+    /// use std::num::NonZeroU32;
+    /// use std::time::Duration;
+    /// use tower_redis_ratelimit::period::{PeriodConfig, PeriodLimiter};
+    /// use tower_redis_ratelimit::{Backend, Limiter};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let minute = Duration::from_secs(60);
+    /// let login = PeriodLimiter::new(
+    ///     &Backend::in_process(),
+    ///     "login",
+    ///     PeriodConfig::new(1, minute).lockout(15 * minute),
+    /// )?;
+    /// login.check(b"alice", NonZeroU32::MIN).await;
+    /// login.check(b"alice", NonZeroU32::MIN).await; // refused: locked out
+    /// login.block(b"mallory", 60 * minute).expect("built-in").await;
+    /// let blocked = login.blocked(10).expect("built-in").await?;
+    /// let keys: Vec<_> = blocked.iter().map(|b| (b.limit.as_str(), &b.key[..])).collect();
+    /// assert_eq!(keys, [("login", &b"alice"[..]), ("login", &b"mallory"[..])]);
+    /// # Ok(()) }
+    /// ```
+    fn blocked(&self, max: usize) -> Option<Listing> {
+        let _ = max;
+        None
+    }
+
     /// Takes `cost` units at the earliest time they fit, if that is at most `max_wait`
     /// away: one call, however many callers share the limit, and the caller waits the
     /// admitted decision's `retry_after` (if any) before using them. A refused decision
@@ -268,6 +314,10 @@ impl<L: Limiter + ?Sized> Limiter for std::sync::Arc<L> {
 
     fn block(&self, key: &[u8], duration: std::time::Duration) -> Option<Check> {
         (**self).block(key, duration)
+    }
+
+    fn blocked(&self, max: usize) -> Option<Listing> {
+        (**self).blocked(max)
     }
 
     fn reserve(

@@ -1,6 +1,6 @@
 //! The admin router (feature `admin`, issue 35 item 1): an operator blocks a client by
-//! the API key it sends, sees where it stands, lifts the block, and the client is
-//! admitted again; on Redis, through a second instance's router. A value the layer never
+//! the API key it sends, sees it listed and where it stands, lifts the block, and the
+//! client is admitted again; on Redis, through a second instance's router. A value the layer never
 //! counts is an error, never a success on another key.
 #![cfg(feature = "admin")]
 
@@ -17,7 +17,7 @@ use support::RedisServer;
 use tower::ServiceExt;
 use tower_redis_ratelimit::admin::AdminRouter;
 use tower_redis_ratelimit::key::{HeaderKey, PeerIp};
-use tower_redis_ratelimit::{Backend, PeriodLimitLayer};
+use tower_redis_ratelimit::{Backend, Limiter, PeriodLimitLayer};
 
 /// One instance: the app limited per API key, or per address without one, and its
 /// admin router (a real service would put its own authentication in front).
@@ -84,6 +84,24 @@ async fn an_operator_blocks_lists_and_lifts_a_client_by_its_api_key() {
         StatusCode::TOO_MANY_REQUESTS
     );
 
+    // Listed as blocked, seen from B: the limit, the key and the client's value.
+    let (status, listed) = call(&b, "GET", "/admin/blocked", None).await;
+    assert_eq!(status, StatusCode::OK, "{listed}");
+    let entries = listed["blocked"].as_array().expect("a list");
+    assert_eq!(entries.len(), 1, "{listed}");
+    assert_eq!(entries[0]["limit"], "api", "{listed}");
+    assert_eq!(entries[0]["policy"], "api", "{listed}");
+    assert_eq!(entries[0]["key"], "hdr:x-api-key:trap", "{listed}");
+    assert_eq!(entries[0]["value"], "trap", "{listed}");
+    let remaining = entries[0]["remaining_ms"].as_u64().expect("a wait");
+    assert!(remaining > 3_500_000 && remaining <= 3_600_000, "{listed}");
+    let until = entries[0]["until_ms"].as_u64().expect("an end");
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    assert!(until.abs_diff(now_ms + remaining) < 2_000, "{listed}");
+
     // Where it stands, seen from B: refused for about an hour.
     let (status, standing) = call(&b, "GET", "/admin/api/trap", None).await;
     assert_eq!(status, StatusCode::OK, "{standing}");
@@ -112,6 +130,10 @@ async fn an_operator_blocks_lists_and_lifts_a_client_by_its_api_key() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    // Off the list, seen from either.
+    let (status, listed) = call(&b, "GET", "/admin/blocked?limit=api", None).await;
+    assert_eq!(status, StatusCode::OK, "{listed}");
+    assert_eq!(listed["blocked"], serde_json::json!([]), "{listed}");
 
     // A refund by value: the request just admitted given back.
     let (status, refunded) = call(&a, "POST", "/admin/api/trap/refund?units=1", None).await;
@@ -158,6 +180,30 @@ async fn wrong_values_limits_and_numbers_are_errors() {
             StatusCode::BAD_REQUEST,
             "whole number",
         ),
+        (
+            "GET",
+            "/admin/blocked?limit=nope",
+            StatusCode::NOT_FOUND,
+            "no limit named `nope`",
+        ),
+        (
+            "GET",
+            "/admin/blocked?max=0",
+            StatusCode::BAD_REQUEST,
+            "between 1 and 1000",
+        ),
+        (
+            "GET",
+            "/admin/blocked?max=1001",
+            StatusCode::BAD_REQUEST,
+            "between 1 and 1000",
+        ),
+        (
+            "GET",
+            "/admin/blocked?max=many",
+            StatusCode::BAD_REQUEST,
+            "whole number",
+        ),
     ] {
         let (status, body) = call(&app, method, uri, None).await;
         assert_eq!(status, expected, "{method} {uri}: {body}");
@@ -184,4 +230,87 @@ async fn wrong_values_limits_and_numbers_are_errors() {
             .contains("not an IP address"),
         "{body}"
     );
+}
+
+/// `GET /blocked` over every limit mounted, or the one named: soonest end first, at
+/// most `max`, each entry named by the limit to give the other endpoints and by the
+/// client's value.
+#[tokio::test]
+async fn the_blocked_keys_of_every_limit_listed() {
+    let backend = Backend::in_process();
+    let api = PeriodLimitLayer::builder(&backend)
+        .name("api")
+        .quota(5)
+        .period(Duration::from_secs(600))
+        .key(HeaderKey::from_static("x-api-key").or(PeerIp::new()))
+        .build()
+        .unwrap();
+    let login = PeriodLimitLayer::builder(&backend)
+        .name("login")
+        .quota(1)
+        .period(Duration::from_secs(600))
+        .lockout(Duration::from_secs(900))
+        .key(HeaderKey::from_static("x-user"))
+        .build()
+        .unwrap();
+    let admin: Router = AdminRouter::new().limit(&api).limit(&login).into_router();
+    let (status, listed) = call(&admin, "GET", "/blocked", None).await;
+    assert_eq!(status, StatusCode::OK, "{listed}");
+    assert_eq!(listed["blocked"], serde_json::json!([]), "{listed}");
+
+    let (status, body) = call(&admin, "POST", "/api/trap/block?seconds=3600", None).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let (status, body) = call(&admin, "POST", "/api/203.0.113.7/block?seconds=60", None).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    // A lockout: the second login of `alice` refused.
+    for _ in 0..2 {
+        login
+            .limiter()
+            .check(b"hdr:x-user:alice", std::num::NonZeroU32::MIN)
+            .await;
+    }
+
+    let (status, listed) = call(&admin, "GET", "/blocked", None).await;
+    assert_eq!(status, StatusCode::OK, "{listed}");
+    let seen: Vec<(String, String, String)> = listed["blocked"]
+        .as_array()
+        .expect("a list")
+        .iter()
+        .map(|entry| {
+            let text = |field: &str| entry[field].as_str().unwrap_or("null").to_owned();
+            (text("limit"), text("key"), text("value"))
+        })
+        .collect();
+    let expected = [
+        ("api", "hdr:x-api-key:203.0.113.7", "203.0.113.7"),
+        ("api", "ip:203.0.113.7", "203.0.113.7"),
+        ("login", "hdr:x-user:alice", "alice"),
+        ("api", "hdr:x-api-key:trap", "trap"),
+    ];
+    let expected: Vec<(String, String, String)> = expected
+        .iter()
+        .map(|(a, b, c)| ((*a).to_owned(), (*b).to_owned(), (*c).to_owned()))
+        .collect();
+    assert_eq!(seen, expected, "{listed}");
+
+    let (status, listed) = call(&admin, "GET", "/blocked?limit=login", None).await;
+    assert_eq!(status, StatusCode::OK, "{listed}");
+    assert_eq!(
+        listed["blocked"].as_array().map(Vec::len),
+        Some(1),
+        "{listed}"
+    );
+    let (status, listed) = call(&admin, "GET", "/blocked?max=2", None).await;
+    assert_eq!(status, StatusCode::OK, "{listed}");
+    assert_eq!(
+        listed["blocked"].as_array().map(Vec::len),
+        Some(2),
+        "{listed}"
+    );
+
+    // The listed value lifts the lockout.
+    let (status, body) = call(&admin, "POST", "/login/alice/reset", None).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let (_, listed) = call(&admin, "GET", "/blocked?limit=login", None).await;
+    assert_eq!(listed["blocked"], serde_json::json!([]), "{listed}");
 }

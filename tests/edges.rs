@@ -100,6 +100,92 @@ async fn per_user_and_per_plan_limits_on_redis() {
     );
 }
 
+/// The `tenants` example's admin router: behind its own token (not a user's), the
+/// reports pair of a merchant blocked, listed under the set's name with the merchant
+/// id, lifted; on two instances of one Redis.
+#[tokio::test]
+async fn an_operator_blocks_lists_and_lifts_a_merchant() {
+    let redis = RedisServer::start();
+    let instance = || {
+        let backend = Backend::builder()
+            .redis_url(redis.url())
+            .prefix("tenants")
+            .build()
+            .unwrap();
+        tenants::app_with_admin(&backend, "s3cret").unwrap()
+    };
+    let (one, other) = (instance(), instance());
+    let reports = [FREE, ("x-merchant-id", "m1")];
+    assert_eq!(
+        send(&one, Method::GET, "/reports", &reports)
+            .await
+            .0
+            .status(),
+        StatusCode::OK
+    );
+    let status = |app: &Router, method: Method, path: &str, token: &str| {
+        let req = Request::builder()
+            .method(method)
+            .uri(path)
+            .header("authorization", format!("Bearer {token}"))
+            .body(Body::empty())
+            .unwrap();
+        let app = app.clone();
+        async move {
+            let (response, body) = support::http::read(app.oneshot(req).await.unwrap()).await;
+            (response.status(), body)
+        }
+    };
+
+    // A user's token is not the admin token.
+    let blocked = "/admin/ratelimit/blocked";
+    let (code, _) = status(&other, Method::GET, blocked, "free-token").await;
+    assert_eq!(code, StatusCode::UNAUTHORIZED);
+
+    let block = "/admin/ratelimit/reports/m1/block?seconds=60";
+    let (code, body) = status(&one, Method::POST, block, "s3cret").await;
+    assert_eq!(code, StatusCode::OK, "{body}");
+    assert_eq!(
+        send(&other, Method::GET, "/reports", &reports)
+            .await
+            .0
+            .status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    let (code, body) = status(&other, Method::GET, blocked, "s3cret").await;
+    assert_eq!(code, StatusCode::OK, "{body}");
+    let listed: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let entries = listed["blocked"].as_array().expect("a list");
+    assert_eq!(entries.len(), 1, "{body}");
+    assert_eq!(entries[0]["limit"], "reports", "{body}");
+    assert_eq!(entries[0]["key"], "hdr:x-merchant-id:m1", "{body}");
+    assert_eq!(entries[0]["value"], "m1", "{body}");
+
+    let (code, body) = status(
+        &other,
+        Method::POST,
+        "/admin/ratelimit/reports/m1/reset",
+        "s3cret",
+    )
+    .await;
+    assert_eq!(code, StatusCode::OK, "{body}");
+    let (_, body) = status(&one, Method::GET, blocked, "s3cret").await;
+    assert_eq!(body, r#"{"blocked":[]}"#);
+    let start = Instant::now();
+    while send(&one, Method::GET, "/reports", &reports)
+        .await
+        .0
+        .status()
+        != StatusCode::OK
+    {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "still refused after the reset"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// `GET /export?ms=N` of the `tenants` example, for merchant `m` through `app`: the
 /// response as soon as it starts (its body still streaming).
 async fn start_export(app: &Router, ms: Option<u64>, m: &str) -> Response<axum::body::Body> {

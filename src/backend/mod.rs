@@ -71,6 +71,20 @@
 //! an ACL user needs `&<prefix>:changes` for changes to reach every instance at once;
 //! without it they still do within the deny cache's max age.
 //!
+//! Each limit also keeps the list of its blocked keys, for
+//! [`Limiter::blocked`](crate::Limiter::blocked), in a key of its own outside every hash
+//! tag (on Redis Cluster, in a slot of its own), written by the crate in calls of its
+//! own beside the blocks (see [Listing what is
+//! blocked](crate::guide::operations#listing-what-is-blocked)):
+//!
+//! ```text
+//! <prefix>:blocked:<the limit key's part after `}:`>
+//! ```
+//!
+//! a sorted set of the blocked keys (the key's bytes, unescaped) scored by their
+//! blocks' ends in Unix milliseconds: `ratelimit:blocked:period:login`, a set's
+//! `ratelimit:blocked:set:7:reports:token:burst`.
+//!
 //! # Blocks on Redis
 //!
 //! A block (a [`block`](crate::Limiter::block), or a lockout) is its own key,
@@ -94,6 +108,9 @@
 //! refusal, a new fixed window); instances of the earlier version read the marks
 //! without error (a marked fixed window refuses them until its window ends, and their
 //! writes drop a rolling window's mark).
+//!
+//! The list of each limit's blocked keys (`<prefix>:blocked:…`, above) is apart from
+//! the blocks and their marks: a listing never reads a limit's or a block's key.
 //!
 //! # One name, one limit
 //!
@@ -129,7 +146,7 @@ pub use self::decide::engine::{engine_admits, engine_script};
 pub(crate) use self::decide::hosts::{Hosts, Remote};
 pub(crate) use self::decide::layout::{Layout, Owner};
 pub(crate) use self::decide::lease::Leases;
-pub(crate) use self::decide::operate::{operate, peek_each, Operation};
+pub(crate) use self::decide::operate::{list_blocked, operate, peek_each, Operation};
 pub(crate) use self::redis::call::{Args, Call};
 pub use self::redis::credentials::{Credentials, CredentialsFuture, CredentialsProvider};
 pub use self::redis::health::{

@@ -12,6 +12,7 @@ use quick_cache::sync::Cache;
 use super::cache::{Slot, DEFAULT, PENDING, REFUSE};
 use super::{DynamicLimits, LimitSource, OnSourceError, TaggedKey, WithLimit, MAX_LIMITS};
 use crate::backend::Backend;
+use crate::blocked::Listing;
 use crate::decision::{Decision, Policy, Source, State};
 use crate::error::ConfigError;
 use crate::limiter::{Check, Limiter};
@@ -390,6 +391,11 @@ impl<A: WithLimit, S: LimitSource> Limiter for DynamicLimiter<A, S> {
     /// Blocks `key` (its state is one whatever its limit).
     fn block(&self, key: &[u8], duration: Duration) -> Option<Check> {
         self.shared.with_limiter(key, |l| l.block(key, duration))
+    }
+
+    /// The keys blocked now (a key's block is one whatever its limit).
+    fn blocked(&self, max: usize) -> Option<Listing> {
+        self.shared.default.limiter.blocked(max)
     }
 
     /// Reserves under `key`'s known limit.

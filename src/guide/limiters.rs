@@ -15,9 +15,12 @@
 //! | [`refund(key, cost)`](crate::Limiter::refund) | gives units back (never beyond the limit) |
 //! | [`reset(key)`](crate::Limiter::reset) | forgets the key and lifts its block |
 //! | [`block(key, duration)`](crate::Limiter::block) | refuses the key for a while, on every instance |
+//! | [`blocked(max)`](crate::Limiter::blocked) | lists the keys blocked now (by a block or a lockout), with their ends |
 //!
-//! `peek`, `refund`, `reset` and `block` return `Option<Check>`: `None` for a limiter
-//! that cannot (your own, unless it implements them). A per-plan layer's limiter
+//! `peek`, `refund`, `reset` and `block` return `Option<Check>`, `blocked` an
+//! `Option<Listing>`: `None` for a limiter that cannot (your own, unless it implements
+//! them). A listing reads a small list kept beside the blocks, never the keyspace (see
+//! [Listing what is blocked](crate::guide::operations#listing-what-is-blocked)). A per-plan layer's limiter
 //! ([`PlanLimiter`](crate::service::PlanLimiter)) resets and blocks a key under every
 //! plan and peeks and refunds under the first plan ([`plan`](crate::service::PlanLimiter::plan)
 //! gives one plan's limiter); a dynamic layer's limiter

@@ -20,7 +20,7 @@
 //! | [deployments] | Redis Cluster; TLS, ACL users and Sentinel; Hot keys: coalescing and leases | Redis Cluster, TLS, rotating credentials, Sentinel, managed servers and the callers' clocks, and keys hotter than one round trip per request |
 //! | [failure_modes] | Failure modes; Memory and key floods; Clock steps | what a check does when Redis is slow, refuses writes or is gone, the breaker, the failure policies, bounded memory, clock steps |
 //! | [grpc] | gRPC | the same layers on a tonic server, and why authentication goes before the limit |
-//! | [operations] | Shadow mode; Configuration as data; Upgrading; Observability | trying a limit without enforcing it, rules from a file, rolling upgrades, logs and metrics |
+//! | [operations] | Shadow mode; Configuration as data; Changes on every instance; Listing what is blocked; The admin flow end to end; Upgrading; Observability | trying a limit without enforcing it, rules from a file, resets and blocks reaching every instance, what is blocked now, an operator's block, listing and lift on two instances, rolling upgrades, logs and metrics |
 //! | [architecture] | How the crate is built | the crate's layers and modules, from the top down |
 
 pub mod algorithms;

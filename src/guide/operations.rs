@@ -1,5 +1,5 @@
-//! Operations: shadow mode, configuration as data, changes on every instance, rolling
-//! upgrades, observability.
+//! Operations: shadow mode, configuration as data, changes on every instance, listing
+//! what is blocked, the admin flow end to end, rolling upgrades, observability.
 //!
 //! # Shadow mode
 //!
@@ -101,6 +101,66 @@
 //! instance when its cache looks the key up again (within the cache's TTL), and from
 //! then on a refusal cached under the old limit is not answered: the next check goes
 //! to Redis under the new limit.
+//!
+//! # Listing what is blocked
+//!
+//! [`Limiter::blocked(max)`](crate::Limiter::blocked) lists the keys a limit refuses
+//! now because of a [block](crate::Limiter::block) or a
+//! [lockout](crate::period::PeriodConfig::lockout), soonest end first: each
+//! [`Blocked`](crate::Blocked) names the limit, the key and when its block ends; a
+//! layer's [`blocked`](crate::LimitLayer::blocked) also names the client's value (the
+//! API key `trap` of `hdr:x-api-key:trap`), and the [admin router](crate::admin) serves
+//! it as `GET /blocked`.
+//!
+//! Its cost is bounded whatever the keyspace: blocks are rare, so each limit keeps a
+//! small list of its blocked keys beside them, and a listing reads that list alone,
+//! never `SCAN` or `KEYS`.
+//!
+//! - On Redis the list is a sorted set per limit, `<prefix>:blocked:<algorithm>:<name>`
+//!   (a set's: `<prefix>:blocked:set:…`, as its block key), each member a blocked key
+//!   scored by its block's end (Unix ms). A listing is one
+//!   `ZRANGEBYSCORE … (now +inf WITHSCORES LIMIT 0 max` (`max` at most 10 000). The
+//!   crate writes it from Rust, in a call of its own: after a handle's block or reset
+//!   that Redis made (`ZADD` or `ZREM`, before the handle answers), and after a check
+//!   that Redis refused with a lockout (in the background: no check waits for it or
+//!   fails with it); each write first drops the entries that have ended, so the set
+//!   holds about the blocks running now. An ACL user needs the key
+//!   (`~<prefix>:blocked:*`) for it to be written and read; a failed write is a `warn`
+//!   at most once a minute per limit.
+//! - In process the list is a registry of the blocked keys themselves, per limit (at
+//!   most 10 000 running at once are listed), checked against the blocks when listed.
+//!
+//! The block's own key stays the truth and the list is advisory. On Redis it is written
+//! in a separate call (on Redis Cluster the list lives in a slot of its own, apart from
+//! the keys' hash tags), so it may lag a lockout by that call, miss a block whose write
+//! failed, and keep listing until its end a block whose key was evicted or deleted, or
+//! a lockout lifted on another instance before its own write landed. A block made while Redis was unreachable holds in process only (it refuses
+//! while the fallback answers) and is not listed from Redis; a listing while Redis does
+//! not answer is an error ([`ListingError`](crate::ListingError)), never a guess.
+//!
+//! # The admin flow end to end
+//!
+//! The `admin`, `login` and `tenants` examples mount the [admin router](crate::admin)
+//! under `/admin/ratelimit`, behind a bearer token (`ADMIN_TOKEN`). Two instances of the
+//! `admin` example on one Redis, an API key blocked through one, seen listed, lifted,
+//! and admitted again on the other:
+//!
+//! ```text
+//! export REDIS_URL=redis://127.0.0.1:6379 ADMIN_TOKEN=s3cret
+//! PORT=3001 cargo run --example admin --features admin &
+//! PORT=3002 cargo run --example admin --features admin &
+//! curl -X POST -H "authorization: Bearer $ADMIN_TOKEN" 'http://127.0.0.1:3001/admin/ratelimit/api/trap/block?seconds=3600'
+//! curl -s -o /dev/null -w '%{http_code}\n' -H 'x-api-key: trap' http://127.0.0.1:3002/   # 429
+//! curl -H "authorization: Bearer $ADMIN_TOKEN" http://127.0.0.1:3002/admin/ratelimit/blocked
+//! # {"blocked":[{"key":"hdr:x-api-key:trap","limit":"api","policy":"api","remaining_ms":3599…,"until_ms":…,"value":"trap"}]}
+//! curl -X POST -H "authorization: Bearer $ADMIN_TOKEN" http://127.0.0.1:3002/admin/ratelimit/api/trap/reset
+//! curl -s -o /dev/null -w '%{http_code}\n' -H 'x-api-key: trap' http://127.0.0.1:3001/   # 200
+//! ```
+//!
+//! In the `login` example a user locked out after five failed logins is listed the same
+//! way (`"limit":"login","value":"alice"`) and lifted with
+//! `POST /admin/ratelimit/login/alice/reset`; in the `tenants` example a merchant's
+//! reports pair is `POST /admin/ratelimit/reports/m1/block?seconds=60`.
 //!
 //! # Upgrading
 //!

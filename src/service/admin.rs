@@ -7,12 +7,13 @@ use std::num::NonZeroU32;
 use std::time::Duration;
 
 use super::LimitLayer;
+use crate::blocked::{Blocked, ListingError};
 use crate::decision::Decision;
 use crate::key::{Key, KeyExtractor, KeyForError};
 use crate::limiter::{Check, Limiter};
 
-/// Why an admin action by value did nothing: the value names no key of the layer, or
-/// the layer's limiter cannot take the action.
+/// Why an admin action by value did nothing: the value names no key of the layer, the
+/// layer's limiter cannot take the action, or (a listing) Redis did not answer.
 ///
 /// ```
 /// use std::time::Duration;
@@ -46,18 +47,25 @@ pub enum AdminError {
     /// keeps the default, which answers `None`).
     #[non_exhaustive]
     Unsupported {
-        /// The action: `peek`, `reset`, `block` or `refund`.
+        /// The action: `peek`, `reset`, `block`, `refund` or `list`.
         action: &'static str,
     },
+    /// The blocked keys could not be listed ([`LimitLayer::blocked`]): Redis did not
+    /// answer.
+    Listing(ListingError),
 }
 
 impl fmt::Display for AdminError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Key(error) => write!(f, "the value names no key of this layer: {error}"),
+            Self::Unsupported { action: "list" } => {
+                f.write_str("this layer's limiter cannot list its blocked keys")
+            }
             Self::Unsupported { action } => {
                 write!(f, "this layer's limiter cannot {action} a key")
             }
+            Self::Listing(error) => error.fmt(f),
         }
     }
 }
@@ -67,6 +75,7 @@ impl std::error::Error for AdminError {
         match self {
             Self::Key(error) => Some(error),
             Self::Unsupported { .. } => None,
+            Self::Listing(error) => Some(error),
         }
     }
 }
@@ -76,6 +85,11 @@ impl From<KeyForError> for AdminError {
         Self::Key(error)
     }
 }
+
+/// How many `:` of a blocked key [`LimitLayer::blocked`] tries a value after, at most:
+/// tags end at the first two (`hdr:x-api-key:`, `ext:user:`), an `and:` pair names no
+/// value; the bound keeps a key of many `:` from costing many resolutions.
+const VALUE_STARTS: usize = 8;
 
 /// Admin actions on what the operator knows: the client's value (its API key, user id,
 /// address), resolved through this layer's own extractor to the key(s) it counts the
@@ -300,6 +314,88 @@ impl<L: Limiter, K, C, R> LimitLayer<L, K, C, R> {
         let limiter = self.limiter();
         self.act::<B>(value.as_ref(), "refund", |key| limiter.refund(key, cost))
             .await
+    }
+
+    /// The keys this layer's limiter refuses now because of a block or a lockout
+    /// ([`Limiter::blocked`]), soonest end first, at most `max`, each with the client's
+    /// value it was made from when the layer's extractor names it: the value whose
+    /// [`keys_for`](Self::keys_for) gives the key (`trap` for `hdr:x-api-key:trap`,
+    /// `carol` for `ext:user:carol`, `2001:db8:1:2::/64` for an IPv6 client's
+    /// `ip:2001:db8:1:2::/64`; `None` for a key no value of this layer gives, such as
+    /// one blocked through [`Limiter::block`] by hand, or for an extractor that cannot
+    /// say). Give the value to
+    /// [`reset_value`](Self::reset_value) to lift the block.
+    ///
+    /// A listing reads a small list kept beside the blocks, never the keyspace: see
+    /// [`Limiter::blocked`], and the guide's
+    /// [Listing what is blocked](crate::guide::operations#listing-what-is-blocked) for
+    /// how far it may lag the blocks themselves on Redis.
+    ///
+    /// # Errors
+    ///
+    /// [`AdminError::Listing`] when Redis does not answer; [`AdminError::Unsupported`]
+    /// when the layer's limiter cannot list its blocked keys.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_redis_ratelimit::key::{HeaderKey, PeerIp};
+    /// use tower_redis_ratelimit::{Backend, PeriodLimitLayer};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let layer = PeriodLimitLayer::builder(&Backend::in_process())
+    ///     .name("api")
+    ///     .quota(60)
+    ///     .period(Duration::from_secs(60))
+    ///     .key(HeaderKey::from_static("x-api-key").or(PeerIp::new()))
+    ///     .build()?;
+    /// layer.block_value::<()>("trap", Duration::from_secs(3_600)).await?;
+    /// let blocked = layer.blocked::<()>(100).await?;
+    /// assert_eq!(blocked.len(), 1);
+    /// assert_eq!(blocked[0].key, "hdr:x-api-key:trap");
+    /// assert_eq!(blocked[0].value.as_ref().unwrap(), "trap");
+    /// // Lifted by that value.
+    /// layer.reset_value::<()>("trap").await?;
+    /// assert!(layer.blocked::<()>(100).await?.is_empty());
+    /// # Ok(()) }
+    /// ```
+    pub async fn blocked<B>(&self, max: usize) -> Result<Vec<Blocked>, AdminError>
+    where
+        K: KeyExtractor<B>,
+    {
+        let listing = self
+            .limiter()
+            .blocked(max)
+            .ok_or(AdminError::Unsupported { action: "list" })?;
+        let mut listed = listing.await.map_err(AdminError::Listing)?;
+        for entry in &mut listed {
+            entry.value = self.value_of::<B>(&entry.key);
+        }
+        Ok(listed)
+    }
+
+    /// The client's value whose keys include `key`, if the extractor names one: the key
+    /// itself, or what follows one of its first [`VALUE_STARTS`] `:` (a tag's end),
+    /// longest first.
+    fn value_of<B>(&self, key: &[u8]) -> Option<Key<'static>>
+    where
+        K: KeyExtractor<B>,
+    {
+        let starts = std::iter::once(0).chain(
+            key.iter()
+                .enumerate()
+                .filter(|&(_, &b)| b == b':')
+                .map(|(i, _)| i + 1)
+                .take(VALUE_STARTS),
+        );
+        starts
+            .map(|start| &key[start..])
+            .filter(|value| !value.is_empty())
+            .find(|value| {
+                self.keys_for::<B>(value)
+                    .is_ok_and(|keys| keys.iter().any(|k| k.as_bytes() == key))
+            })
+            .map(|value| Key::from(value.to_vec()))
     }
 
     /// Resolves `value` to its keys, starts `action` on each (all before awaiting any),

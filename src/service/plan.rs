@@ -9,6 +9,7 @@ use http::request::Parts;
 
 use super::layer::Algorithm;
 use crate::backend::Backend;
+use crate::blocked::Listing;
 use crate::decision::Policy;
 use crate::error::{validate_name, ConfigError};
 use crate::limiter::{Check, Limiter};
@@ -311,6 +312,18 @@ where
                 .iter()
                 .map(|(_, limiter)| limiter.block(key, duration)),
         )
+    }
+
+    /// The keys blocked under every plan (a block by [`block`](Limiter::block) is one
+    /// per plan, each named by its plan's policy, `api.free`), soonest end first, at
+    /// most `max` in all.
+    fn blocked(&self, max: usize) -> Option<Listing> {
+        let listings: Vec<Listing> = self
+            .plans
+            .iter()
+            .filter_map(|(_, limiter)| limiter.blocked(max))
+            .collect();
+        (!listings.is_empty()).then(|| Listing::merged(listings, max))
     }
 
     /// Reserves under the default (first) plan.

@@ -13,7 +13,8 @@
 //! 4. The engine call ([`engine_call`]): one round trip, `FCALL` or `EVALSHA`, on the
 //!    connection the Redis room keeps and judges ([`RedisBackend::eval`]).
 //! 5. The conclusion ([`conclude`]): the reply read into a decision ([`read_reply`]),
-//!    a refusal remembered in the deny cache; a failed call answered by the failure
+//!    a refusal remembered in the deny cache (and a lockout written to the limit's list
+//!    of blocked keys, in the background: `listing.rs`); a failed call answered by the failure
 //!    policy ([`unavailable`]), which in [`FailurePolicy::Fallback`] is the in-process
 //!    host ([`local_check`]).
 //!
@@ -473,6 +474,19 @@ fn conclude<T: Hosts + ?Sized>(
     let error = match reply {
         Ok(reply) => match read_reply(store, &reply, cost) {
             Some(decision) => {
+                // A refusal that locked the key out: listed in the background.
+                let locked_ms = reply.get(1).and_then(|&ms| u64::try_from(ms).ok());
+                if let (true, Some(ms @ 1..)) = (store.blocks().lockout_ms() > 0, locked_ms) {
+                    if let Some(key) = remote.key_of(redis_key) {
+                        let backend = remote.backend();
+                        let hash = backend.inner.deny.hash(redis_key);
+                        let now_ms = backend.clock().now_us() / 1_000;
+                        let until_ms = now_ms.saturating_add(ms);
+                        remote
+                            .index
+                            .list_lockout(redis, &key, hash, until_ms, now_ms);
+                    }
+                }
                 if let (Some(hash), Some(retry), 1) = (deny_key, decision.retry_after, cost.get()) {
                     let backend = &remote.backend;
                     let deny = &backend.inner.deny;
@@ -484,7 +498,6 @@ fn conclude<T: Hosts + ?Sized>(
                     // cache answers no longer than the running lock, so that the next
                     // refusal after it goes to Redis and locks the key out again.
                     let mut until_us = deny.answer_until(now_us, at(retry));
-                    let locked_ms = reply.get(1).and_then(|&ms| u64::try_from(ms).ok());
                     if let (true, Some(ms @ 1..)) = (store.blocks().lockout_ms() > 0, locked_ms) {
                         until_us = until_us.min(at(Duration::from_millis(ms)));
                     }

@@ -10,6 +10,7 @@ use super::block::Blocks;
 use super::coalesce::Coalescer;
 use super::layout::{Layout, Owner};
 use super::lease::Leases;
+use super::listing::Index;
 use crate::backend::redis::call::{Args, Call};
 use crate::backend::redis::fault::ScriptError;
 use crate::backend::Backend;
@@ -30,6 +31,8 @@ pub(crate) struct Remote {
     pub(super) metrics: RedisMetrics,
     /// This limiter's blocked keys and lockout.
     pub(super) blocks: Blocks,
+    /// The list of its blocked keys on Redis (see `listing.rs`).
+    pub(super) index: Index,
     /// This limiter's calls in flight, and the checks of the same key waiting for them.
     pub(super) coalescer: Coalescer,
     /// The limits' part of the engine's `ARGV`, encoded on first use.
@@ -51,10 +54,12 @@ impl Remote {
             block_layout.local_id(b"block", 0),
             lockout,
         );
+        let index = Index::new(block_layout.blocked_index());
         Self {
             backend: backend.clone(),
             layout,
             block_layout,
+            index,
             name: owner.policy_name().into_owned(),
             metrics: RedisMetrics::default(),
             blocks,

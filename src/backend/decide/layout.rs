@@ -6,6 +6,8 @@
 //!                                                                    a set's limit
 //! <prefix>:{v1:<escaped key>}:block:<what follows `}:` in the key above>
 //!                                                                    the key's block
+//! <prefix>:blocked:<what follows `}:` in a limit's key>               the limit's list of
+//!                                                                    blocked keys
 //! ```
 //!
 //! The escaped key is the key's bytes with `%` written `%25`, `{` written `%7B` and `}`
@@ -96,6 +98,26 @@ impl Layout {
             head: self.head.clone(),
             tail: [b"}:block:".as_slice(), rest].concat().into(),
         }
+    }
+
+    /// The Redis key of the list of this layout's blocked keys (see
+    /// [`listing`](super::listing)): `<prefix>:blocked:` then what follows `}:block:` in
+    /// a block key of this layout (of a layout's own keys: what follows `}:`), e.g.
+    /// `ratelimit:blocked:period:login`. Outside every hash tag (one list per limit, in
+    /// its own slot on Redis Cluster), and never a limit's or a block's key (they hold
+    /// `{`, it does not); what follows `blocked:` is a whole limit tail, so no two limits
+    /// share a list, whatever their names hold.
+    pub(crate) fn blocked_index(&self) -> Vec<u8> {
+        let prefix = self
+            .head
+            .strip_suffix(b"{v1:")
+            .expect("every head ends with `{v1:`");
+        let rest = self
+            .tail
+            .strip_prefix(b"}:block:")
+            .or_else(|| self.tail.strip_prefix(b"}:"))
+            .expect("every tail starts with `}:`");
+        [prefix, b"blocked:", rest].concat()
     }
 
     /// The id of this layout's keys in the in-process store, for the state `role`
@@ -233,6 +255,35 @@ mod tests {
             layout.blocks().redis_key(b"k"),
             b"app:{v1:k}:block:set:7:reports:token:daily"
         );
+    }
+
+    #[test]
+    fn each_limit_lists_its_blocks_under_a_key_of_its_own() {
+        let layout = Layout::new("app", "period", own("sms:daily"));
+        assert_eq!(
+            layout.blocks().blocked_index(),
+            b"app:blocked:period:sms:daily"
+        );
+        assert_eq!(layout.blocked_index(), layout.blocks().blocked_index());
+        let member = Owner::Member {
+            set: "reports",
+            limit: "daily",
+        };
+        assert_eq!(
+            Layout::new("app", "token", member).blocks().blocked_index(),
+            b"app:blocked:set:7:reports:token:daily"
+        );
+        // One list per limit, never a limit's or a block's key.
+        let mut seen = HashMap::new();
+        for (prefix, algorithm, owner, _, _) in tuples() {
+            let layout = Layout::new(prefix, algorithm, owner).blocks();
+            let index = layout.blocked_index();
+            assert!(!index.contains(&b'{'), "{}", index.escape_ascii());
+            let limit = format!("{prefix} {algorithm} {owner:?}");
+            if let Some(other) = seen.insert(index.clone(), limit.clone()) {
+                assert_eq!(other, limit, "share {}", index.escape_ascii());
+            }
+        }
     }
 
     /// The collisions of the layout before sets and blocks had their own places: a

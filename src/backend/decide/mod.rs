@@ -2,7 +2,7 @@
 //! operations ([`operate`](operate::operate())), on each algorithm's two hosts
 //! ([`Hosts`](hosts::Hosts): its Lua in the engine, its in-process state), with the
 //! pieces they share: the engine's text, the deny cache, coalescing, leases, blocks
-//! and the Redis key layout.
+//! and their listing, and the Redis key layout.
 //!
 //! This room uses the Redis connection ([`backend::redis`](super::redis)) to send its
 //! calls; the connection knows nothing of it.
@@ -15,4 +15,5 @@ pub(crate) mod engine;
 pub(crate) mod hosts;
 pub(crate) mod layout;
 pub(crate) mod lease;
+pub(crate) mod listing;
 pub(crate) mod operate;

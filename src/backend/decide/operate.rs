@@ -3,11 +3,14 @@
 //! in-process state while Redis cannot). They take the check's steps from `check.rs`
 //! (the engine call, the reply, the failure policy), in the same order; with a token
 //! bucket's leases, a peek may answer from this process's lease, and a block or a reset
-//! ends it (a block giving its unused tokens back first, a second call).
+//! ends it (a block giving its unused tokens back first, a second call). A block or a
+//! reset that Redis made is then written to the limit's list of blocked keys
+//! (`listing.rs`), one more call, before the handle's answer; [`list_blocked`] reads
+//! that list (or, in process, the blocks' registry).
 
 use std::num::NonZeroU32;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, UNIX_EPOCH};
 
 use super::check::{
     answering, engine_call, forget_refusal, no_share, read_reply, refused_until_probe, unavailable,
@@ -15,8 +18,11 @@ use super::check::{
 use super::engine::{BLOCK, PEEK, REFUND, RESERVE, RESET, SETTLE};
 use super::hosts::Hosts;
 use super::lease;
+use super::listing::MAX_LISTED;
 use crate::backend::FailurePolicy;
+use crate::blocked::{Blocked, Listing};
 use crate::decision::{Decision, Source};
+use crate::key::Key;
 use crate::limiter::Check;
 
 /// What [`operate`] does to a key, besides a check.
@@ -116,6 +122,8 @@ pub(crate) fn operate<T: Hosts + ?Sized>(
     // A block's unused leased tokens go back first, so that its answer counts them.
     let give_back =
         (unused > 0).then(|| engine_call(&**store, key, &redis_key, REFUND, unused, param, &[]));
+    // (A reset key's hash in the deny cache: the list forgets its lockout by it.)
+    let key_hash = (op == Operation::Reset).then(|| backend.inner.deny.hash(&redis_key));
     let store = Arc::clone(store);
     let redis = Arc::clone(redis);
     let key = key.to_vec();
@@ -124,11 +132,31 @@ pub(crate) fn operate<T: Hosts + ?Sized>(
             // Lost with a failed call, as an expired lease's would be.
             let _ = redis.eval(&give_back).await;
         }
-        let reply = redis.eval(&call).await;
-        let decision = reply.ok().and_then(|reply| {
+        let reply = redis.eval(&call).await.ok();
+        let decision = reply.as_ref().and_then(|reply| {
             let cost = u32::try_from(cost).ok().and_then(NonZeroU32::new);
-            read_reply(&*store, &reply, cost.unwrap_or(NonZeroU32::MIN))
+            read_reply(&*store, reply, cost.unwrap_or(NonZeroU32::MIN))
         });
+        // Redis made the change: the list of blocked keys follows, before the answer
+        // (a failed write is logged, never this operation's failure).
+        let blocked_ms = reply.as_ref().and_then(|reply| reply.get(1).copied());
+        let remote = store.remote();
+        let now_ms = remote.backend().clock().now_us() / 1_000;
+        match (
+            op,
+            &decision,
+            blocked_ms.and_then(|ms| u64::try_from(ms).ok()),
+        ) {
+            (Operation::Block, Some(_), Some(ms @ 1..)) => {
+                let until_ms = now_ms.saturating_add(ms);
+                remote.index.list(&redis, &key, until_ms, now_ms).await;
+            }
+            (Operation::Reset, Some(_), _) => {
+                let hash = key_hash.unwrap_or_default();
+                remote.index.unlist(&redis, &key, hash, now_ms).await;
+            }
+            _ => {}
+        }
         decision.unwrap_or_else(|| operate_unavailable(&*store, op, &key, cost))
     })
 }
@@ -189,7 +217,7 @@ fn operate_locally<T: Hosts + ?Sized>(
         }
         Operation::Block => {
             let until = now_us.saturating_add(cost.saturating_mul(1_000));
-            store.blocks().block(local, key, until, true);
+            store.blocks().block(local, key, until, true, now_us);
             None
         }
         Operation::Reserve { max_wait_us } => {
@@ -251,4 +279,48 @@ pub(crate) async fn peek_each<T: Hosts + ?Sized>(
         }
     }
     store.local_members(&key, cost.get(), Source::Fallback)
+}
+
+/// The keys of `store`'s limit (named `name`) blocked now, soonest end first, at most
+/// `max` (and [`MAX_LISTED`]): from the limit's list on Redis (`listing.rs`; an error
+/// when Redis does not answer), from the blocks' registry in process, each entry as the
+/// block itself says.
+pub(crate) fn list_blocked<T: Hosts + ?Sized>(store: &Arc<T>, name: &str, max: usize) -> Listing {
+    let max = max.min(MAX_LISTED);
+    let remote = store.remote();
+    let backend = remote.backend();
+    let now_us = backend.clock().now_us();
+    let Some(redis) = backend.redis_handle() else {
+        let blocks = store.blocks();
+        let local = &*backend.inner.local;
+        let mut listed: Vec<Blocked> = blocks
+            .registry()
+            .list(now_us)
+            .into_iter()
+            .filter_map(|(key, _)| {
+                let until_us = blocks.until(local, &key, || now_us)?;
+                let until = UNIX_EPOCH.checked_add(Duration::from_micros(until_us))?;
+                Some(Blocked::new(name, Key::from(key), until))
+            })
+            .collect();
+        crate::blocked::sort(&mut listed);
+        listed.truncate(max);
+        return Listing::ready(Ok(listed));
+    };
+    let read = remote.index.read(redis, now_us / 1_000, max);
+    let name = name.to_owned();
+    Listing::pending(async move {
+        let mut listed: Vec<Blocked> = read
+            .await?
+            .into_iter()
+            // (An end past what the platform's time can hold, written by someone else
+            // under the list's key, is left out rather than a panic.)
+            .filter_map(|(key, until_ms)| {
+                let until = UNIX_EPOCH.checked_add(Duration::from_millis(until_ms))?;
+                Some(Blocked::new(name.clone(), Key::from(key), until))
+            })
+            .collect();
+        crate::blocked::sort(&mut listed);
+        Ok(listed)
+    })
 }

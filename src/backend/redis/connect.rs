@@ -507,6 +507,18 @@ impl Conn {
         result.map(drop)
     }
 
+    /// Sends `pipe` (plain commands) and returns each command's reply.
+    pub(crate) async fn pipeline(
+        &mut self,
+        pipe: &redis::Pipeline,
+    ) -> Result<Vec<redis::Value>, redis::RedisError> {
+        match self {
+            Self::Single(conn) => pipe.query_async(conn).await,
+            #[cfg(feature = "cluster")]
+            Self::Cluster(conn) => pipe.query_async(conn).await,
+        }
+    }
+
     async fn query(
         &mut self,
         cmd: &redis::Cmd,

@@ -10,7 +10,7 @@ use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
 
 use arc_swap::{ArcSwap, ArcSwapOption};
-use deadpool_redis::redis::Script;
+use deadpool_redis::redis::{self, Script};
 use tokio::sync::watch;
 
 use self::call::Call;
@@ -216,6 +216,24 @@ impl RedisBackend {
                 Err(ScriptError::Timeout(self.call_timeout))
             }
         }
+    }
+
+    /// Sends `pipe`, plain commands on one key (the list of blocked keys: see the
+    /// deciding room's `listing.rs`), on the kept connection (or the one a connection
+    /// attempt brings), within the time a connection attempt may take: each command's
+    /// reply. Its outcome is not judged by the breaker: these commands are no check's,
+    /// and a refusal of them (an ACL without the key) says nothing of Redis's health.
+    pub(crate) async fn commands(
+        self: &Arc<Self>,
+        pipe: &redis::Pipeline,
+    ) -> Result<Vec<redis::Value>, ScriptError> {
+        let run = async {
+            let mut conn = self.connection(By::Probe).await?;
+            Ok(conn.pipeline(pipe).await?)
+        };
+        tokio::time::timeout(self.connect_timeout(), run)
+            .await
+            .unwrap_or(Err(ScriptError::Timeout(self.connect_timeout())))
     }
 
     /// Remembers `script` as one to load on every new connection.

@@ -1,0 +1,207 @@
+//! What is blocked now: [`Blocked`], one key refused until a time by a
+//! [block](crate::Limiter::block) or a lockout, and the [`Listing`] future of
+//! [`Limiter::blocked`](crate::Limiter::blocked), which fails with a [`ListingError`].
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::SystemTime;
+
+use crate::key::Key;
+
+/// A key blocked now: by [`Limiter::block`](crate::Limiter::block) (or a layer's
+/// [`block_value`](crate::LimitLayer::block_value)), or locked out by a limit's lockout
+/// after a refusal. Listed by [`Limiter::blocked`](crate::Limiter::blocked) and
+/// [`LimitLayer::blocked`](crate::LimitLayer::blocked), soonest end first.
+///
+/// Its `Debug` shows the key's tag and length only, never its bytes (keys can be
+/// secrets such as API keys), as [`Key`]'s does.
+///
+/// ```
+/// use std::time::{Duration, SystemTime};
+/// use tower_redis_ratelimit::key::HeaderKey;
+/// use tower_redis_ratelimit::{Backend, PeriodLimitLayer};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let layer = PeriodLimitLayer::builder(&Backend::in_process())
+///     .name("api")
+///     .quota(60)
+///     .period(Duration::from_secs(60))
+///     .key(HeaderKey::from_static("x-api-key"))
+///     .build()?;
+/// layer.block_value::<()>("trap", Duration::from_secs(3_600)).await?;
+/// let blocked = layer.blocked::<()>(100).await?;
+/// assert_eq!(blocked[0].limit, "api");
+/// assert_eq!(blocked[0].key, "hdr:x-api-key:trap");
+/// assert_eq!(blocked[0].value.as_ref().unwrap(), "trap");
+/// assert!(blocked[0].until > SystemTime::now() + Duration::from_secs(3_500));
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Blocked {
+    /// The name of the limit that refuses the key: its policy name (`api`; a plan's
+    /// `api.free`; a [set](crate::set)'s own name, whose block refuses every limit of
+    /// the set).
+    pub limit: String,
+    /// The key the limit counts, tag and all (`hdr:x-api-key:trap`): what
+    /// [`Limiter::reset`](crate::Limiter::reset) lifts.
+    pub key: Key<'static>,
+    /// The client's value the key was made from (`trap`), when the listing came through
+    /// a layer whose extractor names it ([`LimitLayer::blocked`](crate::LimitLayer::blocked));
+    /// `None` from a limiter alone, or when the extractor cannot say
+    /// ([`KeyExtractor::keys_for`](crate::key::KeyExtractor::keys_for)).
+    pub value: Option<Key<'static>>,
+    /// When the block ends.
+    pub until: SystemTime,
+}
+
+impl Blocked {
+    /// `key` of the limit `limit`, blocked until `until`, its value unknown: for a
+    /// [`Limiter`](crate::Limiter) of your own that lists its blocks.
+    ///
+    /// ```
+    /// use std::time::{Duration, SystemTime};
+    /// use tower_redis_ratelimit::Blocked;
+    ///
+    /// let until = SystemTime::now() + Duration::from_secs(60);
+    /// let blocked = Blocked::new("api", "fn:trap", until);
+    /// assert_eq!(blocked.key, "fn:trap");
+    /// assert_eq!(blocked.value, None);
+    /// ```
+    #[must_use]
+    pub fn new(limit: impl Into<String>, key: impl Into<Key<'static>>, until: SystemTime) -> Self {
+        Self {
+            limit: limit.into(),
+            key: key.into(),
+            value: None,
+            until,
+        }
+    }
+
+    /// This entry with the client's `value` (see [`value`](Self::value)).
+    ///
+    /// ```
+    /// use std::time::SystemTime;
+    /// use tower_redis_ratelimit::Blocked;
+    ///
+    /// let blocked = Blocked::new("api", "fn:trap", SystemTime::now()).with_value("trap");
+    /// assert_eq!(blocked.value.unwrap(), "trap");
+    /// ```
+    #[must_use]
+    pub fn with_value(mut self, value: impl Into<Key<'static>>) -> Self {
+        self.value = Some(value.into());
+        self
+    }
+}
+
+/// Why [`Limiter::blocked`](crate::Limiter::blocked) could not list the blocked keys:
+/// the store of the list did not answer (on Redis: a connection that failed or timed
+/// out, a refused command). It never holds a key, the Redis URL or a password.
+///
+/// ```
+/// use tower_redis_ratelimit::ListingError;
+///
+/// let error = ListingError::new("redis did not answer within 1s");
+/// assert_eq!(
+///     error.to_string(),
+///     "the blocked keys could not be listed: redis did not answer within 1s"
+/// );
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListingError {
+    message: String,
+}
+
+impl ListingError {
+    /// An error saying `message` (what the store said).
+    #[must_use]
+    pub fn new(message: impl Into<String>) -> Self {
+        Self {
+            message: message.into(),
+        }
+    }
+}
+
+impl fmt::Display for ListingError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "the blocked keys could not be listed: {}", self.message)
+    }
+}
+
+impl std::error::Error for ListingError {}
+
+/// What [`Listing`] resolves to.
+type Listed = Result<Vec<Blocked>, ListingError>;
+
+/// The answer of [`Limiter::blocked`](crate::Limiter::blocked): a future of the keys
+/// blocked now, soonest end first, or a [`ListingError`].
+///
+/// ```
+/// use std::time::{Duration, SystemTime};
+/// use tower_redis_ratelimit::{Blocked, Listing};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), tower_redis_ratelimit::ListingError> {
+/// // What a limiter of your own answers: a list it holds, or one it has to fetch.
+/// let until = SystemTime::now() + Duration::from_secs(60);
+/// let listing = Listing::ready(Ok(vec![Blocked::new("api", "fn:trap", until)]));
+/// assert_eq!(listing.await?.len(), 1);
+/// let fetched = Listing::pending(async { Ok(Vec::new()) });
+/// assert!(fetched.await?.is_empty());
+/// # Ok(()) }
+/// ```
+#[must_use = "a listing does nothing unless awaited"]
+pub struct Listing(Pin<Box<dyn Future<Output = Listed> + Send + 'static>>);
+
+impl Listing {
+    /// A list that is already known.
+    pub fn ready(listed: Result<Vec<Blocked>, ListingError>) -> Self {
+        Self(Box::pin(std::future::ready(listed)))
+    }
+
+    /// A list that needs a round trip.
+    pub fn pending(
+        future: impl Future<Output = Result<Vec<Blocked>, ListingError>> + Send + 'static,
+    ) -> Self {
+        Self(Box::pin(future))
+    }
+
+    /// The entries of every one of `listings`, soonest end first, at most `max` (the
+    /// first error, if any of them fails).
+    pub(crate) fn merged(listings: Vec<Listing>, max: usize) -> Self {
+        Self::pending(async move {
+            let mut all = Vec::new();
+            for listing in listings {
+                all.extend(listing.await?);
+            }
+            sort(&mut all);
+            all.truncate(max);
+            Ok(all)
+        })
+    }
+}
+
+/// Sorts `entries` soonest end first (then by limit and key: one order for the same
+/// entries, whichever store listed them).
+pub(crate) fn sort(entries: &mut [Blocked]) {
+    entries.sort_by(|a, b| {
+        (a.until, &a.limit, a.key.as_bytes()).cmp(&(b.until, &b.limit, b.key.as_bytes()))
+    });
+}
+
+impl Future for Listing {
+    type Output = Listed;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Listed> {
+        self.0.as_mut().poll(cx)
+    }
+}
+
+impl fmt::Debug for Listing {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Listing")
+    }
+}
