@@ -216,8 +216,8 @@ fn sizes() {
         size_of::<tower_redis_ratelimit::Decision>()
     );
     println!(
-        "| `Check` | {} |",
-        size_of::<tower_redis_ratelimit::Check>()
+        "| `DecisionFuture` | {} |",
+        size_of::<tower_redis_ratelimit::DecisionFuture>()
     );
     println!(
         "| `ResponseFuture<Route, Body>` | {} |",

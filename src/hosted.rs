@@ -1,6 +1,6 @@
 //! `hosted_limiter!`: the [`Limiter`](crate::Limiter) of every built-in limiter, a
 //! call to the backend's `check` or `operate` per method. Apart from `limiter.rs`, so
-//! that the trait and its [`Check`](crate::limiter::Check) know nothing of the backend,
+//! that the trait and its [`DecisionFuture`](crate::limiter::DecisionFuture) know nothing of the backend,
 //! which answers with them.
 
 /// The [`Limiter`](crate::Limiter) of a built-in limiter `$limiter`, whose hosts are in
@@ -15,7 +15,7 @@ macro_rules! hosted_limiter {
                 &self.$hosts.policy
             }
 
-            fn check(&self, key: &[u8], cost: ::std::num::NonZeroU32) -> $crate::limiter::Check {
+            fn check(&self, key: &[u8], cost: ::std::num::NonZeroU32) -> $crate::limiter::DecisionFuture {
                 $crate::backend::check(&self.$hosts, key, cost)
             }
 
@@ -23,7 +23,7 @@ macro_rules! hosted_limiter {
                 &self,
                 key: &[u8],
                 cost: ::std::num::NonZeroU32,
-            ) -> Option<$crate::limiter::Check> {
+            ) -> Option<$crate::limiter::DecisionFuture> {
                 let op = $crate::backend::Operation::Peek;
                 Some($crate::backend::operate(&self.$hosts, op, key, u64::from(cost.get())))
             }
@@ -32,12 +32,12 @@ macro_rules! hosted_limiter {
                 &self,
                 key: &[u8],
                 cost: ::std::num::NonZeroU32,
-            ) -> Option<$crate::limiter::Check> {
+            ) -> Option<$crate::limiter::DecisionFuture> {
                 let op = $crate::backend::Operation::Refund;
                 Some($crate::backend::operate(&self.$hosts, op, key, u64::from(cost.get())))
             }
 
-            fn settle(&self, key: &[u8], delta: i64) -> Option<$crate::limiter::Check> {
+            fn settle(&self, key: &[u8], delta: i64) -> Option<$crate::limiter::DecisionFuture> {
                 // A cost is at most `u32::MAX` units, either way.
                 let most = i64::from(u32::MAX);
                 let op = $crate::backend::Operation::Settle {
@@ -46,7 +46,7 @@ macro_rules! hosted_limiter {
                 Some($crate::backend::operate(&self.$hosts, op, key, 0))
             }
 
-            fn reset(&self, key: &[u8]) -> Option<$crate::limiter::Check> {
+            fn reset(&self, key: &[u8]) -> Option<$crate::limiter::DecisionFuture> {
                 let op = $crate::backend::Operation::Reset;
                 Some($crate::backend::operate(&self.$hosts, op, key, 0))
             }
@@ -55,7 +55,7 @@ macro_rules! hosted_limiter {
                 &self,
                 key: &[u8],
                 duration: ::std::time::Duration,
-            ) -> Option<$crate::limiter::Check> {
+            ) -> Option<$crate::limiter::DecisionFuture> {
                 let ms = u64::try_from(duration.as_millis()).unwrap_or(u64::MAX).max(1);
                 let op = $crate::backend::Operation::Block;
                 Some($crate::backend::operate(&self.$hosts, op, key, ms))

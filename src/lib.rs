@@ -133,7 +133,7 @@ pub use crate::decision::{Decision, Decisions, Policy, Source, State};
 pub use crate::error::{BoxError, ConfigError};
 pub use crate::in_flight::InFlightLimitLayer;
 pub use crate::layers::{LimitSetLayer, PeriodLimitLayer, RollingWindowLayer, TokenBucketLayer};
-pub use crate::limiter::{Check, Limiter};
+pub use crate::limiter::{DecisionFuture, Limiter};
 #[doc(hidden)]
 pub use crate::lua_texts::lua_texts;
 #[cfg(feature = "grpc")]

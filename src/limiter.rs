@@ -27,9 +27,9 @@ pub trait Limiter: Send + Sync + 'static {
     /// A key is any bytes (a [`Key`](crate::key::Key) dereferences to them); different
     /// bytes are always different keys.
     ///
-    /// In-process checks answer at once with [`Check::ready`]; checks that need a round
-    /// trip return [`Check::pending`].
-    fn check(&self, key: &[u8], cost: NonZeroU32) -> Check;
+    /// In-process checks answer at once with [`DecisionFuture::ready`]; checks that need a round
+    /// trip return [`DecisionFuture::pending`].
+    fn check(&self, key: &[u8], cost: NonZeroU32) -> DecisionFuture;
 
     /// Every policy this limiter can apply, for limiters that choose one per request
     /// (such as [`PlanLimiter`](crate::service::PlanLimiter), one policy per plan).
@@ -51,7 +51,7 @@ pub trait Limiter: Send + Sync + 'static {
     /// Counts `cost` units against `key` under the policy at `index` in
     /// [`policies`](Self::policies). The default ignores `index` and calls
     /// [`check`](Self::check).
-    fn check_policy(&self, index: usize, key: &[u8], cost: NonZeroU32) -> Check {
+    fn check_policy(&self, index: usize, key: &[u8], cost: NonZeroU32) -> DecisionFuture {
         let _ = index;
         self.check(key, cost)
     }
@@ -59,7 +59,7 @@ pub trait Limiter: Send + Sync + 'static {
     /// What [`check`](Self::check) of `cost` would answer now, spending nothing. `None`
     /// when this limiter cannot tell (the default); the built-in limiters can, in one
     /// round trip on Redis.
-    fn peek(&self, key: &[u8], cost: NonZeroU32) -> Option<Check> {
+    fn peek(&self, key: &[u8], cost: NonZeroU32) -> Option<DecisionFuture> {
         let _ = (key, cost);
         None
     }
@@ -71,7 +71,7 @@ pub trait Limiter: Send + Sync + 'static {
     /// the tokens back (never beyond full); a rolling window takes them off its newest
     /// buckets. A refund never admits more than the limit: at most what was spent comes
     /// back.
-    fn refund(&self, key: &[u8], cost: NonZeroU32) -> Option<Check> {
+    fn refund(&self, key: &[u8], cost: NonZeroU32) -> Option<DecisionFuture> {
         let _ = (key, cost);
         None
     }
@@ -80,7 +80,7 @@ pub trait Limiter: Send + Sync + 'static {
     /// [`policies`](Self::policies) (the one [`check_policy`](Self::check_policy) spent
     /// them under): what counting by outcome calls. The default ignores `index` and calls
     /// [`refund`](Self::refund).
-    fn refund_policy(&self, index: usize, key: &[u8], cost: NonZeroU32) -> Option<Check> {
+    fn refund_policy(&self, index: usize, key: &[u8], cost: NonZeroU32) -> Option<DecisionFuture> {
         let _ = index;
         self.refund(key, cost)
     }
@@ -119,7 +119,7 @@ pub trait Limiter: Send + Sync + 'static {
     /// assert!(!owed.is_admitted(), "100 tokens over: refused until the minute ends");
     /// # Ok(()) }
     /// ```
-    fn settle(&self, key: &[u8], delta: i64) -> Option<Check> {
+    fn settle(&self, key: &[u8], delta: i64) -> Option<DecisionFuture> {
         let _ = (key, delta);
         None
     }
@@ -128,7 +128,7 @@ pub trait Limiter: Send + Sync + 'static {
     /// [`policies`](Self::policies) (the one [`check_policy`](Self::check_policy) spent
     /// the units under): what a layer that settles after the response calls. The
     /// default ignores `index` and calls [`settle`](Self::settle).
-    fn settle_policy(&self, index: usize, key: &[u8], delta: i64) -> Option<Check> {
+    fn settle_policy(&self, index: usize, key: &[u8], delta: i64) -> Option<DecisionFuture> {
         let _ = index;
         self.settle(key, delta)
     }
@@ -179,7 +179,7 @@ pub trait Limiter: Send + Sync + 'static {
     /// layer.reset_value::<()>("trap").await?;
     /// # Ok(()) }
     /// ```
-    fn reset(&self, key: &[u8]) -> Option<Check> {
+    fn reset(&self, key: &[u8]) -> Option<DecisionFuture> {
         let _ = key;
         None
     }
@@ -200,7 +200,7 @@ pub trait Limiter: Send + Sync + 'static {
     /// [`deny_cache_max_age`](crate::BackendBuilder::deny_cache_max_age) (1 s by
     /// default) and, for a lease, its lifetime. See
     /// [Changes on every instance](crate::guide::operations#changes-on-every-instance).
-    fn block(&self, key: &[u8], duration: std::time::Duration) -> Option<Check> {
+    fn block(&self, key: &[u8], duration: std::time::Duration) -> Option<DecisionFuture> {
         let _ = (key, duration);
         None
     }
@@ -261,7 +261,7 @@ pub trait Limiter: Send + Sync + 'static {
         key: &[u8],
         cost: NonZeroU32,
         max_wait: std::time::Duration,
-    ) -> Option<Check> {
+    ) -> Option<DecisionFuture> {
         let _ = (key, cost, max_wait);
         None
     }
@@ -272,7 +272,7 @@ impl<L: Limiter + ?Sized> Limiter for std::sync::Arc<L> {
         (**self).policy()
     }
 
-    fn check(&self, key: &[u8], cost: NonZeroU32) -> Check {
+    fn check(&self, key: &[u8], cost: NonZeroU32) -> DecisionFuture {
         (**self).check(key, cost)
     }
 
@@ -284,35 +284,35 @@ impl<L: Limiter + ?Sized> Limiter for std::sync::Arc<L> {
         (**self).select(request)
     }
 
-    fn check_policy(&self, index: usize, key: &[u8], cost: NonZeroU32) -> Check {
+    fn check_policy(&self, index: usize, key: &[u8], cost: NonZeroU32) -> DecisionFuture {
         (**self).check_policy(index, key, cost)
     }
 
-    fn peek(&self, key: &[u8], cost: NonZeroU32) -> Option<Check> {
+    fn peek(&self, key: &[u8], cost: NonZeroU32) -> Option<DecisionFuture> {
         (**self).peek(key, cost)
     }
 
-    fn refund(&self, key: &[u8], cost: NonZeroU32) -> Option<Check> {
+    fn refund(&self, key: &[u8], cost: NonZeroU32) -> Option<DecisionFuture> {
         (**self).refund(key, cost)
     }
 
-    fn refund_policy(&self, index: usize, key: &[u8], cost: NonZeroU32) -> Option<Check> {
+    fn refund_policy(&self, index: usize, key: &[u8], cost: NonZeroU32) -> Option<DecisionFuture> {
         (**self).refund_policy(index, key, cost)
     }
 
-    fn settle(&self, key: &[u8], delta: i64) -> Option<Check> {
+    fn settle(&self, key: &[u8], delta: i64) -> Option<DecisionFuture> {
         (**self).settle(key, delta)
     }
 
-    fn settle_policy(&self, index: usize, key: &[u8], delta: i64) -> Option<Check> {
+    fn settle_policy(&self, index: usize, key: &[u8], delta: i64) -> Option<DecisionFuture> {
         (**self).settle_policy(index, key, delta)
     }
 
-    fn reset(&self, key: &[u8]) -> Option<Check> {
+    fn reset(&self, key: &[u8]) -> Option<DecisionFuture> {
         (**self).reset(key)
     }
 
-    fn block(&self, key: &[u8], duration: std::time::Duration) -> Option<Check> {
+    fn block(&self, key: &[u8], duration: std::time::Duration) -> Option<DecisionFuture> {
         (**self).block(key, duration)
     }
 
@@ -325,15 +325,35 @@ impl<L: Limiter + ?Sized> Limiter for std::sync::Arc<L> {
         key: &[u8],
         cost: NonZeroU32,
         max_wait: std::time::Duration,
-    ) -> Option<Check> {
+    ) -> Option<DecisionFuture> {
         (**self).reserve(key, cost, max_wait)
     }
 }
 
-/// The answer of [`Limiter::check`]: a future of a [`Decision`] that allocates only when
-/// the check has to wait for a store.
-#[must_use = "a check does nothing unless awaited"]
-pub struct Check {
+/// A future of a [`Decision`]: the answer of [`Limiter::check`] and of every other
+/// `Limiter` method (a peek, a refund, a settlement, a reset, a block, a reservation:
+/// each answers where the key stands after it), which allocates only when it has to
+/// wait for a store.
+///
+/// ```
+/// use std::num::NonZeroU32;
+/// use std::time::Duration;
+/// use tower_redis_ratelimit::period::{PeriodConfig, PeriodLimiter};
+/// use tower_redis_ratelimit::{Backend, DecisionFuture, Limiter};
+///
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// let backend = Backend::in_process();
+/// let limiter = PeriodLimiter::new(&backend, "login", PeriodConfig::new(5, Duration::from_secs(60)))?;
+/// let check: DecisionFuture = limiter.check(b"alice", NonZeroU32::MIN);
+/// assert!(check.await.is_admitted());
+/// // An administrator lifting a limit gets the same kind of answer.
+/// let reset: Option<DecisionFuture> = limiter.reset(b"alice");
+/// assert_eq!(reset.unwrap().await.remaining, 5);
+/// # Ok::<_, tower_redis_ratelimit::ConfigError>(())
+/// # }).unwrap();
+/// ```
+#[must_use = "a decision's future does nothing unless awaited"]
+pub struct DecisionFuture {
     inner: Inner,
     /// Set on the decision: the policy that applied, when chosen per request.
     policy_header: Option<http::HeaderValue>,
@@ -344,7 +364,7 @@ enum Inner {
     Pending(Pin<Box<dyn Future<Output = Decision> + Send + 'static>>),
 }
 
-impl Check {
+impl DecisionFuture {
     /// A decision that is already known.
     pub fn ready(decision: Decision) -> Self {
         Self {
@@ -377,13 +397,15 @@ impl Check {
     }
 }
 
-impl Future for Check {
+impl Future for DecisionFuture {
     type Output = Decision;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Decision> {
         let this = self.get_mut();
         let decision = match &mut this.inner {
-            Inner::Ready(decision) => decision.take().expect("`Check` polled after completion"),
+            Inner::Ready(decision) => decision
+                .take()
+                .expect("`DecisionFuture` polled after completion"),
             Inner::Pending(future) => std::task::ready!(future.as_mut().poll(cx)),
         };
         Poll::Ready(mark(decision, &mut this.policy_header))
@@ -397,11 +419,14 @@ fn mark(mut decision: Decision, header: &mut Option<http::HeaderValue>) -> Decis
     decision
 }
 
-impl fmt::Debug for Check {
+impl fmt::Debug for DecisionFuture {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.inner {
-            Inner::Ready(decision) => f.debug_tuple("Check::Ready").field(decision).finish(),
-            Inner::Pending(_) => f.write_str("Check::Pending"),
+            Inner::Ready(decision) => f
+                .debug_tuple("DecisionFuture::Ready")
+                .field(decision)
+                .finish(),
+            Inner::Pending(_) => f.write_str("DecisionFuture::Pending"),
         }
     }
 }

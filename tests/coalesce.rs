@@ -99,7 +99,7 @@ async fn at_once(limiter: &dyn Limiter, key: &[u8]) -> Vec<(State, u64)> {
 
 /// Polls every check together, and returns their decisions in order.
 async fn futures_join(
-    checks: Vec<tower_redis_ratelimit::Check>,
+    checks: Vec<tower_redis_ratelimit::DecisionFuture>,
 ) -> Vec<tower_redis_ratelimit::Decision> {
     let handles: Vec<_> = checks.into_iter().map(tokio::spawn).collect();
     let mut decisions = Vec::new();

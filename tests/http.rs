@@ -423,10 +423,14 @@ impl tower_redis_ratelimit::Limiter for DenyList {
         &self.0
     }
 
-    fn check(&self, key: &[u8], _cost: std::num::NonZeroU32) -> tower_redis_ratelimit::Check {
-        use tower_redis_ratelimit::{Check, Source};
+    fn check(
+        &self,
+        key: &[u8],
+        _cost: std::num::NonZeroU32,
+    ) -> tower_redis_ratelimit::DecisionFuture {
+        use tower_redis_ratelimit::{DecisionFuture, Source};
         let minute = Duration::from_secs(60);
-        Check::ready(if key == b"hdr:x-key:blocked" {
+        DecisionFuture::ready(if key == b"hdr:x-key:blocked" {
             Decision::new(State::OverQuota, 1, 0, minute, Source::InProcess)
                 .with_retry_after(minute)
         } else {

@@ -108,6 +108,8 @@ fn backend(redis: &RedisServer, functions: bool) -> Backend {
         .deny_cache(0)
         .coalesce(false)
         .engine_functions(functions)
+        // (A busy machine must not turn a slow call into the fallback's answer.)
+        .call_timeout(Duration::from_secs(5))
         .build()
         .unwrap()
 }

@@ -1197,7 +1197,7 @@ fn check(model: &mut Model, t: u64, cost: u64, got: &Decision) -> Answer {
 }
 
 /// Polls `checks` together, in order, until all are done.
-async fn futures_join(checks: Vec<tower_redis_ratelimit::Check>) -> Vec<Decision> {
+async fn futures_join(checks: Vec<tower_redis_ratelimit::DecisionFuture>) -> Vec<Decision> {
     let handles: Vec<_> = checks.into_iter().map(tokio::spawn).collect();
     let mut decisions = Vec::new();
     for handle in handles {

@@ -15,7 +15,7 @@ use crate::backend::Backend;
 use crate::blocked::Listing;
 use crate::decision::{Decision, Policy, Source, State};
 use crate::error::ConfigError;
-use crate::limiter::{Check, Limiter};
+use crate::limiter::{DecisionFuture, Limiter};
 use crate::response::policy_header;
 use crate::service::Algorithm;
 
@@ -172,10 +172,10 @@ impl<A: WithLimit, S: LimitSource> Shared<A, S> {
     }
 
     /// Checks under a resolved outcome.
-    fn apply(&self, outcome: u64, key: &[u8], cost: NonZeroU32) -> Check {
+    fn apply(&self, outcome: u64, key: &[u8], cost: NonZeroU32) -> DecisionFuture {
         match outcome {
             PENDING | DEFAULT => self.default.limiter.check(key, cost),
-            REFUSE => Check::ready(
+            REFUSE => DecisionFuture::ready(
                 Decision::new(
                     State::OverQuota,
                     self.default_limit,
@@ -213,8 +213,8 @@ impl<A: WithLimit, S: LimitSource> Shared<A, S> {
     fn with_limiter(
         &self,
         key: &[u8],
-        op: impl FnOnce(&A::Limiter) -> Option<Check>,
-    ) -> Option<Check> {
+        op: impl FnOnce(&A::Limiter) -> Option<DecisionFuture>,
+    ) -> Option<DecisionFuture> {
         let outcome = self.slots.get(key).map_or(DEFAULT, |slot| slot.outcome());
         match outcome {
             PENDING | DEFAULT | REFUSE => op(&self.default.limiter),
@@ -331,7 +331,7 @@ impl<A: WithLimit, S: LimitSource> Limiter for DynamicLimiter<A, S> {
         self.shared.default.limiter.policy()
     }
 
-    fn check(&self, key: &[u8], cost: NonZeroU32) -> Check {
+    fn check(&self, key: &[u8], cost: NonZeroU32) -> DecisionFuture {
         let shared = &self.shared;
         let slot = match shared.slots.get(key) {
             Some(slot) => slot,
@@ -358,7 +358,7 @@ impl<A: WithLimit, S: LimitSource> Limiter for DynamicLimiter<A, S> {
         let shared = self.shared.clone();
         let key = key.to_vec();
         let wait = shared.timeout + Duration::from_millis(50);
-        Check::pending(async move {
+        DecisionFuture::pending(async move {
             let outcome = match tokio::time::timeout(wait, slot.resolved()).await {
                 Ok(outcome) => outcome,
                 Err(_) => shared.on_failure(PENDING),
@@ -369,27 +369,27 @@ impl<A: WithLimit, S: LimitSource> Limiter for DynamicLimiter<A, S> {
 
     /// What a check would answer now under `key`'s known limit (the default limit's
     /// while it is not known yet; this does not look it up).
-    fn peek(&self, key: &[u8], cost: NonZeroU32) -> Option<Check> {
+    fn peek(&self, key: &[u8], cost: NonZeroU32) -> Option<DecisionFuture> {
         self.shared.with_limiter(key, |l| l.peek(key, cost))
     }
 
     /// Gives units back under `key`'s known limit.
-    fn refund(&self, key: &[u8], cost: NonZeroU32) -> Option<Check> {
+    fn refund(&self, key: &[u8], cost: NonZeroU32) -> Option<DecisionFuture> {
         self.shared.with_limiter(key, |l| l.refund(key, cost))
     }
 
     /// Settles under `key`'s known limit.
-    fn settle(&self, key: &[u8], delta: i64) -> Option<Check> {
+    fn settle(&self, key: &[u8], delta: i64) -> Option<DecisionFuture> {
         self.shared.with_limiter(key, |l| l.settle(key, delta))
     }
 
     /// Forgets `key` (its state is one whatever its limit).
-    fn reset(&self, key: &[u8]) -> Option<Check> {
+    fn reset(&self, key: &[u8]) -> Option<DecisionFuture> {
         self.shared.with_limiter(key, |l| l.reset(key))
     }
 
     /// Blocks `key` (its state is one whatever its limit).
-    fn block(&self, key: &[u8], duration: Duration) -> Option<Check> {
+    fn block(&self, key: &[u8], duration: Duration) -> Option<DecisionFuture> {
         self.shared.with_limiter(key, |l| l.block(key, duration))
     }
 
@@ -399,7 +399,7 @@ impl<A: WithLimit, S: LimitSource> Limiter for DynamicLimiter<A, S> {
     }
 
     /// Reserves under `key`'s known limit.
-    fn reserve(&self, key: &[u8], cost: NonZeroU32, max_wait: Duration) -> Option<Check> {
+    fn reserve(&self, key: &[u8], cost: NonZeroU32, max_wait: Duration) -> Option<DecisionFuture> {
         self.shared
             .with_limiter(key, |l| l.reserve(key, cost, max_wait))
     }

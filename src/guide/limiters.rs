@@ -17,7 +17,7 @@
 //! | [`block(key, duration)`](crate::Limiter::block) | refuses the key for a while, on every instance |
 //! | [`blocked(max)`](crate::Limiter::blocked) | lists the keys blocked now (by a block or a lockout), with their ends |
 //!
-//! `peek`, `refund`, `reset` and `block` return `Option<Check>`, `blocked` an
+//! `peek`, `refund`, `reset` and `block` return `Option<DecisionFuture>`, `blocked` an
 //! `Option<Listing>`: `None` for a limiter that cannot (your own, unless it implements
 //! them). A listing reads a small list kept beside the blocks, never the keyspace (see
 //! [Listing what is blocked](crate::guide::operations#listing-what-is-blocked)). A per-plan layer's limiter

@@ -11,7 +11,7 @@ use tower::{service_fn, ServiceBuilder, ServiceExt};
 
 use super::*;
 use crate::decision::{Decision, Policy, Source, State};
-use crate::limiter::{Check, Limiter};
+use crate::limiter::{DecisionFuture, Limiter};
 use crate::token_bucket::{TokenBucketConfig, TokenBucketLimiter};
 use crate::{Backend, FixedCost};
 
@@ -44,7 +44,7 @@ impl<L: Limiter> Limiter for Counted<L> {
         self.inner.policy()
     }
 
-    fn check(&self, key: &[u8], cost: NonZeroU32) -> Check {
+    fn check(&self, key: &[u8], cost: NonZeroU32) -> DecisionFuture {
         self.checks.fetch_add(1, Ordering::Relaxed);
         self.inner.check(key, cost)
     }
@@ -230,9 +230,9 @@ impl Limiter for Refusing {
         &self.0
     }
 
-    fn check(&self, _key: &[u8], _cost: NonZeroU32) -> Check {
+    fn check(&self, _key: &[u8], _cost: NonZeroU32) -> DecisionFuture {
         let decision = Decision::new(State::OverQuota, 1, 0, Duration::ZERO, self.1);
-        Check::ready(if self.1 == Source::FailClosed {
+        DecisionFuture::ready(if self.1 == Source::FailClosed {
             decision.with_retry_after(Duration::from_millis(500))
         } else {
             decision

@@ -10,7 +10,7 @@ use super::LimitLayer;
 use crate::blocked::{Blocked, ListingError};
 use crate::decision::Decision;
 use crate::key::{Key, KeyExtractor, KeyForError};
-use crate::limiter::{Check, Limiter};
+use crate::limiter::{DecisionFuture, Limiter};
 
 /// Why an admin action by value did nothing: the value names no key of the layer, the
 /// layer's limiter cannot take the action, or (a listing) Redis did not answer.
@@ -404,7 +404,7 @@ impl<L: Limiter, K, C, R> LimitLayer<L, K, C, R> {
         &self,
         value: &[u8],
         name: &'static str,
-        action: impl Fn(&[u8]) -> Option<Check>,
+        action: impl Fn(&[u8]) -> Option<DecisionFuture>,
     ) -> Result<Vec<(Key<'static>, Decision)>, AdminError>
     where
         K: KeyExtractor<B>,

@@ -14,7 +14,7 @@ use pin_project_lite::pin_project;
 use tower_service::Service;
 
 use super::{Respond, ResponseBody, Settle};
-use crate::limiter::Check;
+use crate::limiter::DecisionFuture;
 use crate::response::Ready;
 
 pin_project! {
@@ -38,7 +38,7 @@ pin_project! {
         // Only a check that waits for a store needs the layer's shared parts: a decision
         // known at once is acted on in `call`, which builds the headers right there.
         Check {
-            check: Check,
+            check: DecisionFuture,
             request: Option<Request<B>>,
             service: Option<S>,
             respond: Arc<dyn Respond>,
@@ -64,7 +64,7 @@ where
     S: Service<Request<B>>,
 {
     pub(super) fn check(
-        check: Check,
+        check: DecisionFuture,
         request: Request<B>,
         service: S,
         settle: Option<Settle>,

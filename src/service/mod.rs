@@ -415,7 +415,7 @@ where
 
 /// Runs a check made after the response (a refund, a settlement): at once in process,
 /// on Redis in the background (one round trip), so the response does not wait.
-fn in_background(check: Option<crate::limiter::Check>) {
+fn in_background(check: Option<crate::limiter::DecisionFuture>) {
     let Some(mut check) = check else {
         return;
     };

@@ -12,7 +12,7 @@ use crate::backend::Backend;
 use crate::blocked::Listing;
 use crate::decision::Policy;
 use crate::error::{validate_name, ConfigError};
-use crate::limiter::{Check, Limiter};
+use crate::limiter::{DecisionFuture, Limiter};
 
 /// Picks the plan of a request from its head (method, URI, headers, extensions).
 ///
@@ -252,7 +252,7 @@ where
     }
 
     /// Checks under the default (first) plan.
-    fn check(&self, key: &[u8], cost: NonZeroU32) -> Check {
+    fn check(&self, key: &[u8], cost: NonZeroU32) -> DecisionFuture {
         self.plans[0].1.check(key, cost)
     }
 
@@ -267,46 +267,46 @@ where
             .unwrap_or(0)
     }
 
-    fn check_policy(&self, index: usize, key: &[u8], cost: NonZeroU32) -> Check {
+    fn check_policy(&self, index: usize, key: &[u8], cost: NonZeroU32) -> DecisionFuture {
         self.limiter(index).check(key, cost)
     }
 
     /// What a check under the default (first) plan would answer; a plan's own limiter
     /// ([`plan`](PlanLimiter::plan)) peeks under that plan.
-    fn peek(&self, key: &[u8], cost: NonZeroU32) -> Option<Check> {
+    fn peek(&self, key: &[u8], cost: NonZeroU32) -> Option<DecisionFuture> {
         self.plans[0].1.peek(key, cost)
     }
 
     /// Gives units back under the default (first) plan; counting by outcome gives them
     /// back under the plan that spent them ([`refund_policy`](Limiter::refund_policy)).
-    fn refund(&self, key: &[u8], cost: NonZeroU32) -> Option<Check> {
+    fn refund(&self, key: &[u8], cost: NonZeroU32) -> Option<DecisionFuture> {
         self.plans[0].1.refund(key, cost)
     }
 
-    fn refund_policy(&self, index: usize, key: &[u8], cost: NonZeroU32) -> Option<Check> {
+    fn refund_policy(&self, index: usize, key: &[u8], cost: NonZeroU32) -> Option<DecisionFuture> {
         self.limiter(index).refund(key, cost)
     }
 
     /// Settles under the default (first) plan; a layer that settles after the response
     /// settles under the plan that spent the units
     /// ([`settle_policy`](Limiter::settle_policy)).
-    fn settle(&self, key: &[u8], delta: i64) -> Option<Check> {
+    fn settle(&self, key: &[u8], delta: i64) -> Option<DecisionFuture> {
         self.plans[0].1.settle(key, delta)
     }
 
-    fn settle_policy(&self, index: usize, key: &[u8], delta: i64) -> Option<Check> {
+    fn settle_policy(&self, index: usize, key: &[u8], delta: i64) -> Option<DecisionFuture> {
         self.limiter(index).settle(key, delta)
     }
 
     /// Forgets `key` under every plan (a key's plan may change), and says where it
     /// stands under the default one.
-    fn reset(&self, key: &[u8]) -> Option<Check> {
+    fn reset(&self, key: &[u8]) -> Option<DecisionFuture> {
         every_plan(self.plans.iter().map(|(_, limiter)| limiter.reset(key)))
     }
 
     /// Refuses `key` under every plan for `duration`, and says where it stands under
     /// the default one.
-    fn block(&self, key: &[u8], duration: std::time::Duration) -> Option<Check> {
+    fn block(&self, key: &[u8], duration: std::time::Duration) -> Option<DecisionFuture> {
         every_plan(
             self.plans
                 .iter()
@@ -332,7 +332,7 @@ where
         key: &[u8],
         cost: NonZeroU32,
         max_wait: std::time::Duration,
-    ) -> Option<Check> {
+    ) -> Option<DecisionFuture> {
         self.plans[0].1.reserve(key, cost, max_wait)
     }
 }
@@ -346,17 +346,17 @@ impl<L, P, S> PlanLimiter<L, P, S> {
 
 /// One answer for an operation run under every plan: the first plan's, once every
 /// plan's has landed; `None` if the first plan's limiter cannot.
-fn every_plan(checks: impl Iterator<Item = Option<Check>>) -> Option<Check> {
-    let mut checks: Vec<Check> = checks.collect::<Option<_>>()?;
+fn every_plan(checks: impl Iterator<Item = Option<DecisionFuture>>) -> Option<DecisionFuture> {
+    let mut checks: Vec<DecisionFuture> = checks.collect::<Option<_>>()?;
     let mut first = checks.remove(0);
     let ready = first.take_ready();
     if checks.is_empty() {
         return Some(match ready {
-            Some(decision) => Check::ready(decision),
+            Some(decision) => DecisionFuture::ready(decision),
             None => first,
         });
     }
-    Some(Check::pending(async move {
+    Some(DecisionFuture::pending(async move {
         let decision = match ready {
             Some(decision) => decision,
             None => first.await,

@@ -16,7 +16,7 @@ use super::future::ResponseFuture;
 use super::{MissingKey, Respond, ResponseBody, Settle, Shared, Usage};
 use crate::cost::Cost;
 use crate::key::KeyExtractor;
-use crate::limiter::{Check, Limiter};
+use crate::limiter::{DecisionFuture, Limiter};
 use crate::response::{missing_key, MissingKeyRejection, OnRejection};
 
 /// Rate-limits requests to an inner service; built by
@@ -112,7 +112,7 @@ where
             0
         };
         let mut settle = None;
-        let mut check: Check = match shared.key.extract(&req) {
+        let mut check: DecisionFuture = match shared.key.extract(&req) {
             Some(key) if key.len() <= shared.options.max_key_len => {
                 if shared.settles() {
                     settle = Some(Settle {

@@ -89,7 +89,7 @@ use self::memory::{Bucket, Buckets, Outcome, Reservation};
 use crate::backend::{self, Args, Backend, Hosts, Leases, Operation, Owner, Remote};
 use crate::decision::{Decision, Policy, Source, State};
 use crate::error::ConfigError;
-use crate::limiter::Check;
+use crate::limiter::DecisionFuture;
 
 /// Arrival times in Redis count microseconds from this Unix time (2026-01-01T00:00:00Z),
 /// so that the script's doubles keep sub-microsecond precision for decades.
@@ -331,7 +331,7 @@ impl TokenBucketLimiter {
 }
 
 crate::hosted::hosted_limiter!(TokenBucketLimiter, store, {
-    fn reserve(&self, key: &[u8], cost: NonZeroU32, max_wait: Duration) -> Option<Check> {
+    fn reserve(&self, key: &[u8], cost: NonZeroU32, max_wait: Duration) -> Option<DecisionFuture> {
         let max_wait_us = u64::try_from(max_wait.as_micros()).unwrap_or(u64::MAX);
         Some(backend::operate(
             &self.store,

@@ -36,32 +36,36 @@ use crate::backend::redis::time::TimeSource;
 use crate::backend::redis::RedisBackend;
 use crate::backend::{FailurePolicy, DEFAULT_PROBE_INTERVAL};
 use crate::decision::{Decision, Source, State};
-use crate::limiter::Check;
+use crate::limiter::DecisionFuture;
 
 /// Answers a check from Redis when the breaker lets it through (one round trip, run by
 /// SHA), by the layer's [`FailurePolicy`] otherwise; a failed round trip is answered by
 /// the failure policy too, and counts toward the breaker unless it concerns only its key.
 /// A key Redis refused recently is refused from the deny cache without a round trip.
-pub(crate) fn check<T: Hosts + ?Sized>(store: &Arc<T>, key: &[u8], cost: NonZeroU32) -> Check {
+pub(crate) fn check<T: Hosts + ?Sized>(
+    store: &Arc<T>,
+    key: &[u8],
+    cost: NonZeroU32,
+) -> DecisionFuture {
     let remote = store.remote();
     let backend = &remote.backend;
     let redis = backend.redis_handle();
     if u64::from(cost.get()) > store.capacity() {
-        return Check::ready(store.exceeds_capacity(answering(redis)));
+        return DecisionFuture::ready(store.exceeds_capacity(answering(redis)));
     }
     let Some(redis) = redis else {
-        return Check::ready(local_check(&**store, key, cost.get(), Source::InProcess));
+        return DecisionFuture::ready(local_check(&**store, key, cost.get(), Source::InProcess));
     };
     if let Some(leases) = store.leases() {
         return check_leased(store, leases, redis, key, cost);
     }
     if !redis.admit() {
-        return Check::ready(unavailable(&**store, key, cost));
+        return DecisionFuture::ready(unavailable(&**store, key, cost));
     }
     let redis_key = remote.redis_key(key);
     let deny_key = match cached_refusal(&**store, &redis_key) {
         Ok(deny_key) => deny_key,
-        Err(refused) => return Check::ready(refused),
+        Err(refused) => return DecisionFuture::ready(refused),
     };
     let turn = if backend.inner.coalesce {
         let hash = deny_key.unwrap_or_else(|| backend.inner.deny.hash(&redis_key));
@@ -73,7 +77,7 @@ pub(crate) fn check<T: Hosts + ?Sized>(store: &Arc<T>, key: &[u8], cost: NonZero
                 let store = Arc::clone(store);
                 let redis = Arc::clone(redis);
                 let deadline = redis.call_timeout();
-                return Check::pending(async move {
+                return DecisionFuture::pending(async move {
                     let part = tokio::time::timeout(deadline, part).await;
                     let part = part.ok().and_then(Result::ok).flatten().ok_or(None);
                     conclude(&*store, &redis, part, &redis_key, cost, deny_key)
@@ -101,7 +105,7 @@ pub(crate) fn check<T: Hosts + ?Sized>(store: &Arc<T>, key: &[u8], cost: NonZero
         redis_key,
         turn,
     };
-    Check::pending(async move {
+    DecisionFuture::pending(async move {
         let remote = leader.store.remote();
         let started = std::time::Instant::now();
         let result = leader.redis.eval(&call).await;
@@ -129,7 +133,7 @@ fn check_leased<T: Hosts + ?Sized>(
     redis: &Arc<RedisBackend>,
     key: &[u8],
     cost: NonZeroU32,
-) -> Check {
+) -> DecisionFuture {
     let remote = store.remote();
     let backend = remote.backend();
     // Borrowed, not cloned: no shared reference count touched per check.
@@ -137,7 +141,7 @@ fn check_leased<T: Hosts + ?Sized>(
     let now_us = backend.clock().now_us();
     let lease_key = leases.key(local, key);
     let unused = match leases.take(local, lease_key, u64::from(cost.get()), now_us) {
-        Take::Taken(left) => return Check::ready(lease::answer(store.capacity(), left)),
+        Take::Taken(left) => return DecisionFuture::ready(lease::answer(store.capacity(), left)),
         Take::Missing(unused) => unused,
     };
     let unused = u32::try_from(unused).unwrap_or(u32::MAX);
@@ -146,7 +150,7 @@ fn check_leased<T: Hosts + ?Sized>(
         if unused > 0 {
             store.local_refund(key, unused);
         }
-        return Check::ready(unavailable(&**store, key, cost));
+        return DecisionFuture::ready(unavailable(&**store, key, cost));
     }
     let redis_key = remote.redis_key(key);
     // A key Redis refused moments ago is refused here until then, as without leases.
@@ -154,7 +158,7 @@ fn check_leased<T: Hosts + ?Sized>(
         Ok(deny_key) => deny_key,
         Err(refused) => {
             give_back(store, redis, key, &redis_key, unused);
-            return Check::ready(refused);
+            return DecisionFuture::ready(refused);
         }
     };
     let call = engine_call(
@@ -169,7 +173,7 @@ fn check_leased<T: Hosts + ?Sized>(
     let store = Arc::clone(store);
     let redis = Arc::clone(redis);
     let size = leases.size;
-    Check::pending(async move {
+    DecisionFuture::pending(async move {
         let remote = store.remote();
         let started = std::time::Instant::now();
         let result = redis.eval(&call).await;

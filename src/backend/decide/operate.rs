@@ -23,7 +23,7 @@ use crate::backend::FailurePolicy;
 use crate::blocked::{Blocked, Listing};
 use crate::decision::{Decision, Source};
 use crate::key::Key;
-use crate::limiter::Check;
+use crate::limiter::DecisionFuture;
 
 /// What [`operate`] does to a key, besides a check.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,15 +68,15 @@ pub(crate) fn operate<T: Hosts + ?Sized>(
     op: Operation,
     key: &[u8],
     cost: u64,
-) -> Check {
+) -> DecisionFuture {
     let remote = store.remote();
     let backend = &remote.backend();
     let redis = backend.redis_handle();
     if matches!(op, Operation::Peek | Operation::Reserve { .. }) && cost > store.capacity() {
-        return Check::ready(store.exceeds_capacity(answering(redis)));
+        return DecisionFuture::ready(store.exceeds_capacity(answering(redis)));
     }
     let Some(redis) = redis else {
-        return Check::ready(operate_locally(&**store, op, key, cost, Source::InProcess));
+        return DecisionFuture::ready(operate_locally(&**store, op, key, cost, Source::InProcess));
     };
     // This process's lease of the key (token buckets with leases; see `lease.rs`): a
     // peek answers from it as a check would; a block or a reset ends it, so that no
@@ -91,7 +91,7 @@ pub(crate) fn operate<T: Hosts + ?Sized>(
             Operation::Peek => {
                 let now_us = backend.clock().now_us();
                 if let Some(left) = leases.peek(local, lease_key, cost, now_us) {
-                    return Check::ready(lease::answer(store.capacity(), left));
+                    return DecisionFuture::ready(lease::answer(store.capacity(), left));
                 }
             }
             Operation::Block => unused = leases.end(local, lease_key),
@@ -103,7 +103,7 @@ pub(crate) fn operate<T: Hosts + ?Sized>(
     }
     if !redis.admit() {
         // Redis cannot take a block's unused tokens back now: they are forgotten.
-        return Check::ready(operate_unavailable(&**store, op, key, cost));
+        return DecisionFuture::ready(operate_unavailable(&**store, op, key, cost));
     }
     let redis_key = remote.redis_key(key);
     if op != Operation::Peek {
@@ -127,7 +127,7 @@ pub(crate) fn operate<T: Hosts + ?Sized>(
     let store = Arc::clone(store);
     let redis = Arc::clone(redis);
     let key = key.to_vec();
-    Check::pending(async move {
+    DecisionFuture::pending(async move {
         if let Some(give_back) = give_back {
             // Lost with a failed call, as an expired lease's would be.
             let _ = redis.eval(&give_back).await;
