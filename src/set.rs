@@ -276,7 +276,9 @@ impl SetLimiter {
     /// Where `key` stands under each limit of the set for a check of `cost`, spending
     /// nothing: every limit's own decision (blocked while the key is), in the set's
     /// order, beside its policy, from Redis when it answers, else from the in-process
-    /// state. The set's [`peek`](Limiter::peek) says the one decision the set's check
+    /// state. When a limit would refuse the cost, the others say where they stand (what
+    /// they have left now, as the set's `RateLimit` header does after a refusal), since
+    /// the check would spend nothing. The set's [`peek`](Limiter::peek) says the one decision the set's check
     /// would: the refusing limit with the longest wait, else the admitting limit with
     /// the least left (its `RateLimit` header lists every limit).
     ///
@@ -574,14 +576,21 @@ impl Hosts for SetHosts {
         let now_us = || backend.clock().now_us();
         let until = self.blocks.until(&backend.local_store(), key, now_us);
         let _guard = self.lock(key);
-        let each = self.members.iter().enumerate().map(|(i, member)| {
-            let decision = member.local(key, self.units(i, cost), source, false);
-            match until {
-                Some(until) => {
-                    decision.blocked(Duration::from_micros(until.saturating_sub(now_us())))
+        let mut decided: Vec<Decision> = (self.members.iter().enumerate())
+            .map(|(i, member)| member.local(key, self.units(i, cost), source, false))
+            .collect();
+        if decided.iter().any(|d| !d.is_admitted()) {
+            // As the engine answers a set's refusal: the members that would admit say
+            // where they stand (a cost of 0).
+            for (member, decision) in self.members.iter().zip(decided.iter_mut()) {
+                if decision.is_admitted() {
+                    *decision = member.local(key, 0, source, false);
                 }
-                None => decision,
             }
+        }
+        let each = decided.into_iter().map(|decision| match until {
+            Some(until) => decision.blocked(Duration::from_micros(until.saturating_sub(now_us()))),
+            None => decision,
         });
         Some(each.collect())
     }

@@ -17,7 +17,7 @@ use tokio::task::JoinSet;
 use tower_redis_ratelimit::key::HeaderKey;
 use tower_redis_ratelimit::period::PeriodConfig;
 use tower_redis_ratelimit::rolling::RollingConfig;
-use tower_redis_ratelimit::set::{LimitSet, SetLimiter, MAX_LIMITS};
+use tower_redis_ratelimit::set::{LimitSet, SetLimiter, SetMember, MAX_LIMITS};
 use tower_redis_ratelimit::token_bucket::TokenBucketConfig;
 use tower_redis_ratelimit::{Backend, ConfigError, LimitSetLayer, Limiter, Source};
 
@@ -291,5 +291,113 @@ async fn an_admin_sees_where_the_key_stands_under_every_limit() {
                 .all(|(_, d)| d.remaining == 0 && !d.is_admitted()),
             "{backend:?}: {each:?}"
         );
+    }
+}
+
+/// What each member of a set has left, as its `RateLimit` item says (`"<set>.<name>";r=<left>`).
+fn items_left(header: &str) -> Vec<(String, u64)> {
+    header
+        .split(", ")
+        .map(|item| {
+            let (name, rest) = item.split_once(';').expect("an item");
+            let left = rest
+                .split(';')
+                .find_map(|p| p.strip_prefix("r="))
+                .expect("r=")
+                .parse()
+                .expect("a number");
+            (name.trim_matches('"').to_owned(), left)
+        })
+        .collect()
+}
+
+/// After a set's refusal, its `RateLimit` header states every member's standing as it
+/// is (issue 35, item 3): each member's `r` is what that member has left, as a peek of
+/// each member finds right after, on both hosts; with each algorithm the member that
+/// refuses in one set and a member that would admit in another; and while the key is
+/// blocked (nothing left anywhere). Refills are one unit per 10 s or slower, so nothing
+/// drips in between the refusal and the peek.
+#[tokio::test]
+async fn after_a_refusal_every_members_standing_is_true() {
+    let redis = RedisServer::start();
+    let bucket = |n: u32| TokenBucketConfig::new(n.into(), SEC * (10 * n), n.into());
+    let window = |n: u64| PeriodConfig::new(n, 60 * SEC);
+    let rolling = |n: u64| RollingConfig::new(n, 4, 15 * SEC);
+    // Each algorithm refuses first in one of the sets.
+    let sets: [(&str, [(&str, SetMember); 3]); 3] = [
+        (
+            "b",
+            [
+                ("bucket", bucket(3).into()),
+                ("window", window(5).into()),
+                ("rolling", rolling(7).into()),
+            ],
+        ),
+        (
+            "w",
+            [
+                ("window", window(3).into()),
+                ("rolling", rolling(5).into()),
+                ("bucket", bucket(7).into()),
+            ],
+        ),
+        (
+            "r",
+            [
+                ("rolling", rolling(3).into()),
+                ("bucket", bucket(5).into()),
+                ("window", window(7).into()),
+            ],
+        ),
+    ];
+    for backend in [redis.uncached_backend(), Backend::in_process()] {
+        for (name, members) in &sets {
+            let mut builder = LimitSetLayer::builder(&backend).name(*name);
+            let mut set = LimitSet::new();
+            for (member, limit) in members {
+                builder = builder.limit(*member, *limit);
+                set = set.limit(*member, *limit);
+            }
+            let layer = builder
+                .key(HeaderKey::from_static("x-key"))
+                .build()
+                .unwrap();
+            let handle = SetLimiter::new(&backend, name, set).unwrap();
+            let app = Router::new().route("/", get(|| async { "ok" }).layer(layer));
+            let server = Served::start(app).await;
+            let client = [("x-key", "m1")];
+            let stored = b"hdr:x-key:m1";
+            let mut refusals = 0;
+            for step in 0..12 {
+                if step == 9 {
+                    handle.block(stored, 60 * SEC).unwrap().await;
+                }
+                let (response, _) = server.get("/", &client).await;
+                if response.status() != 429 {
+                    continue;
+                }
+                refusals += 1;
+                let said = items_left(response.headers()["ratelimit"].to_str().unwrap());
+                let peeked = handle.peek_limits(stored, ONE).await;
+                assert_eq!(said.len(), peeked.len());
+                // A peek of one unit says what each member has left after it when the
+                // whole set admits it; when a member refuses (or the key is blocked),
+                // the others say where they stand, spending nothing.
+                let set_admits = peeked.iter().all(|(_, d)| d.is_admitted());
+                for ((item, left), (policy, decision)) in said.iter().zip(&peeked) {
+                    assert_eq!(item, policy.name(), "{backend:?}");
+                    let truth = decision.remaining + u64::from(set_admits);
+                    assert_eq!(
+                        *left, truth,
+                        "{backend:?} set {name}, step {step}: {item} said r={left}, a peek \
+                         finds {decision:?}"
+                    );
+                }
+            }
+            assert_eq!(
+                refusals, 9,
+                "{backend:?} set {name}: 3 admitted, then refused"
+            );
+        }
     }
 }
