@@ -68,42 +68,54 @@ pub(crate) fn engine_general() -> String {
 
 /// A script's reply as numbers: for the engine, its table, with a lean check's packed
 /// admits read back into the table they stand for (`packed` in `lean.lua`: one limit's
-/// reply is a negative number, a set's a table of them); other scripts' tables never
-/// start with a negative number.
+/// reply is a negative number, a set's a table of them, in which a limit whose reply is
+/// too large to pack has its reply's table instead); other scripts' tables never start
+/// with a negative number or a table.
 pub(crate) fn reply_numbers(value: Value) -> redis::RedisResult<Vec<i64>> {
     match value {
-        Value::Int(packed) if packed < 0 => Ok(unpacked([packed].into_iter(), 1)),
-        Value::Array(items) if matches!(items.first(), Some(Value::Int(first)) if *first < 0) => {
-            let count = items.len();
-            let limits = items.into_iter().map(|item| match item {
-                Value::Int(packed) => packed,
-                // (Not the engine's: read as nothing admitted, which no decision reads.)
-                _ => 0,
-            });
-            Ok(unpacked(limits, count))
+        Value::Int(packed) if packed < 0 => {
+            let mut out = Vec::with_capacity(6);
+            out.extend([1, 0]);
+            unpack_into(&mut out, packed);
+            Ok(out)
+        }
+        Value::Array(items)
+            if matches!(items.first(), Some(Value::Int(first)) if *first < 0)
+                || matches!(items.first(), Some(Value::Array(_))) =>
+        {
+            let mut out = Vec::with_capacity(2 + 4 * items.len());
+            out.extend([1, 0]);
+            for item in items {
+                match item {
+                    Value::Int(packed) => unpack_into(&mut out, packed),
+                    Value::Array(reply) => out.extend(reply.into_iter().map(|v| match v {
+                        Value::Int(n) => n,
+                        // (Not the engine's: read as nothing admitted.)
+                        _ => 0,
+                    })),
+                    // (Not the engine's: read as nothing admitted, which no decision reads.)
+                    _ => out.push(0),
+                }
+            }
+            Ok(out)
         }
         value => Ok(Vec::<i64>::from_redis_value(value)?),
     }
 }
 
-/// The engine's reply `{1, 0, each limit's reply}` from `count` limits' packed admits:
-/// each `-((t * 2^bits + n) * 128 + shape * 64 + bits) - 1`, whose reply is `{1, n, t}`
-/// (shape 0, a fixed window's) or `{1, n, 0, t}` (shape 1).
-fn unpacked(limits: impl Iterator<Item = i64>, count: usize) -> Vec<i64> {
-    let mut out = Vec::with_capacity(2 + 4 * count);
-    out.extend([1, 0]);
-    for packed in limits {
-        let word = -(packed.saturating_add(1));
-        let bits = word & 63;
-        let rest = word >> 7;
-        let n = rest & ((1_i64 << bits.min(62)) - 1);
-        out.extend([1, n]);
-        if word & 64 != 0 {
-            out.push(0);
-        }
-        out.push(rest >> bits);
+/// Appends the reply `{1, n, t}` (shape 0, a fixed window's) or `{1, n, 0, t}` (shape 1)
+/// that a lean check's packed admit stands for:
+/// `-((t * 2^bits + n) * 128 + shape * 64 + bits) - 1`.
+fn unpack_into(out: &mut Vec<i64>, packed: i64) {
+    let word = -(packed.saturating_add(1));
+    let bits = word & 63;
+    let rest = word >> 7;
+    let n = rest & ((1_i64 << bits.min(62)) - 1);
+    out.extend([1, n]);
+    if word & 64 != 0 {
+        out.push(0);
     }
-    out
+    out.push(rest >> bits);
 }
 
 /// Not part of the API: whether a reply of [`engine_script`] (read as numbers by

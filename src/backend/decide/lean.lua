@@ -62,14 +62,14 @@ end
 -- t * 2^bits + n is below 2^46, which is asked before v is made (t < (2^46 - n) / 2^bits,
 -- exact: a division by a power of two; in Lua 5.4 a product past 2^63 would wrap) (else
 -- the reply is the table). Written out where it is made (a call costs Redis as much as ten
--- operations); read back by `engine::unpacked` (src/backend/decide/engine.rs).
+-- operations); read back by `engine::reply_numbers` (src/backend/decide/engine.rs).
 
 -- The lean check of a set's limits from limit i on (n limits, their block KEYS[n + 1];
 -- `now_us`: the time when read; ARGV[bounds_at]: the next calendar window's
 -- boundaries): limit i tries, then the limits after it, and only
 -- when they all admit does limit i write (or, when one does not, take back what it
 -- counted). Returns a table of each limit's packed reply (or, for a reply too large to
--- pack, its table, and `wide` set), or nil (the general engine decides). Each limit's
+-- pack, its table), or nil (the general engine decides). Each limit's
 -- values wait in its call's locals (a table for them costs Redis more).
 local function lean_from(KEYS, ARGV, L, H, n, i, now_us, bounds_at)
   local per, p = L.per, i * 5 - 5
@@ -131,13 +131,12 @@ local function lean_from(KEYS, ARGV, L, H, n, i, now_us, bounds_at)
     rolling_commit(KEYS, i, c2, c1, spent, spent_text, L[at + 3], L[at + 4])
   end
   -- (Packed: see above.) A reply too large to pack (a large limit's: a daily quota of
-  -- 10^9 bytes) is the table the general engine would write, and the set's reply is
-  -- then the general engine's too (see lean).
+  -- 10^9 bytes) is the table the general engine would write for that limit, in its
+  -- place: `engine::reply_numbers` reads both.
   if r2 < (70368744177664 - r1) / per[p + 5] then
     out[i] = -((r2 * per[p + 5] + r1) * 128 + shape * 64 + per[p + 4]) - 1
   else
     out[i] = shape == 0 and { 1, r1, r2 } or { 1, r1, 0, r2 }
-    out.wide = true
   end
   return out
 end
@@ -205,28 +204,5 @@ local function lean(KEYS, ARGV, L, H)
     end
     return { 1, 0, 1, count, 0, t }
   end
-  local out = lean_from(KEYS, ARGV, L, H, n, 1, nil, 3)
-  if out and out.wide then
-    -- A member's reply too large to pack: the general engine's reply, {1, 0, then each
-    -- limit's}, the packed ones read back (as engine::unpacked does).
-    local wide = { 1, 0 }
-    for i = 1, n do
-      local reply = out[i]
-      if type(reply) == 'number' then
-        local word = -reply - 1
-        local bits = word % 64
-        local rest = math.floor(word / 128)
-        local power = 2 ^ bits
-        reply = { 1, math.floor(rest % power), math.floor(rest / power) }
-        if math.floor(word / 64) % 2 == 1 then
-          reply = { 1, reply[2], 0, reply[3] }
-        end
-      end
-      for j = 1, #reply do
-        wide[#wide + 1] = reply[j]
-      end
-    end
-    return wide
-  end
-  return out
+  return lean_from(KEYS, ARGV, L, H, n, 1, nil, 3)
 end
