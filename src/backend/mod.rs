@@ -102,12 +102,20 @@
 //!
 //! What this costs a blocked key: the call that blocks it writes each limit's key once
 //! more, its checks run the general engine (as refusals do), and the first call after
-//! the block writes each limit's key once more. What a rolling deploy from an earlier
-//! version costs: a block or lockout written by an instance of a version before marks
-//! is seen by the new instances only on keys whose limits run the general engine (a
-//! refusal, a new fixed window); instances of the earlier version read the marks
-//! without error (a marked fixed window refuses them until its window ends, and their
-//! writes drop a rolling window's mark).
+//! the block writes each limit's key once more.
+//!
+//! What a rolling deploy from a version before marks costs, for blocked keys only
+//! (limits hold exactly either way; the two-version test runs without blocks):
+//! - a block or lockout written by an instance of the earlier version is seen by the
+//!   new instances only on keys whose limits run the general engine (a refusal, a new
+//!   fixed window), and so is a block whose marks an earlier instance's write dropped
+//!   (a refund or a settlement of a blocked key rewrites a token bucket without its
+//!   mark; any write of a rolling window deletes its field `b`);
+//! - instances of the earlier version read every mark without error, but a marked
+//!   fixed window's count means more to them: after the block has ended they refuse the
+//!   key until its window ends, unless a new instance has written the key first (which
+//!   takes the mark off). This is the one state whose meaning marks change (see
+//!   [Upgrading](crate::guide::operations#upgrading)).
 //!
 //! The list of each limit's blocked keys (`<prefix>:blocked:…`, above) is apart from
 //! the blocks and their marks: a listing never reads a limit's or a block's key.

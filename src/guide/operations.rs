@@ -179,6 +179,13 @@
 //! - each release's scripts are loaded under their own hash (`EVALSHA`) or library name
 //!   (Redis Functions), so the two versions' engines live side by side.
 //!
+//! One exception, for blocked keys only: the marks that let a check read one key per
+//! limit (see [Blocks on Redis](crate::backend#blocks-on-redis)) add 2^52 to a blocked
+//! fixed window's count, which a release from before them reads as a count. Such an
+//! instance refuses a key whose block has ended until the key's window ends (unless a
+//! newer instance wrote the key first), and may miss a block the other version wrote
+//! for a key it never refuses; it never admits beyond a limit.
+//!
 //! `scripts/two-versions` (part of `scripts/test`) proves it for the previous version
 //! (the commit in `tests/upgrade/BASE`; the release checklist moves it to each release):
 //! the previous version and this one take turns on the same keys (each reading the
