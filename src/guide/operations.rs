@@ -183,8 +183,9 @@
 //! limit (see [Blocks on Redis](crate::backend#blocks-on-redis)) add 2^52 to a blocked
 //! fixed window's count, which a release from before them reads as a count. Such an
 //! instance refuses a key whose block has ended until the key's window ends (unless a
-//! newer instance wrote the key first), and may miss a block the other version wrote
-//! for a key it never refuses; it never admits beyond a limit.
+//! newer instance wrote the key first); and a newer instance may miss a block that an
+//! older one wrote, until the key's limits refuse or a fixed window starts. Neither
+//! ever admits beyond a limit.
 //!
 //! `scripts/two-versions` (part of `scripts/test`) proves it for the previous version
 //! (the commit in `tests/upgrade/BASE`; the release checklist moves it to each release):
