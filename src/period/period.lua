@@ -182,38 +182,31 @@ end
 -- the block then (period_try). period_mark(KEYS, k, ms) marks the window the key
 -- holds; period_unmark(KEYS, k) takes the mark off once the block has ended. (2^52 as
 -- text: Lua 5.1 would write the number in exponent notation.)
-local function period_mark(KEYS, k, _)
+-- (The window's count moved by the mark, onto it (`on`) or off it, when it is not
+-- where `on` wants it; a count with a skew is rewritten, its expiry kept.)
+local function period_move_mark(KEYS, k, on)
   local raw = redis.call('GET', KEYS[k])
   if not raw then
     return
   end
-  local count = tonumber(raw)
-  if count == nil then
-    local at = string.find(raw, ' ', 1, true)
-    count = at and tonumber(string.sub(raw, 1, at - 1))
-    if count and count < 4503599627370496 then
-      redis.call('SET', KEYS[k], string.format('%d', count + 4503599627370496)
-        .. string.sub(raw, at), 'KEEPTTL')
-    end
-  elseif count < 4503599627370496 then
-    redis.call('INCRBY', KEYS[k], '4503599627370496')
+  local at = string.find(raw, ' ', 1, true)
+  local count = tonumber(at and string.sub(raw, 1, at - 1) or raw)
+  if count == nil or (count >= 4503599627370496) == on then
+    return
+  end
+  if at then
+    local by = on and 4503599627370496 or -4503599627370496
+    redis.call('SET', KEYS[k], string.format('%d', count + by) .. string.sub(raw, at),
+      'KEEPTTL')
+  else
+    redis.call('INCRBY', KEYS[k], on and '4503599627370496' or '-4503599627370496')
   end
 end
 
+local function period_mark(KEYS, k, _)
+  period_move_mark(KEYS, k, true)
+end
+
 local function period_unmark(KEYS, k)
-  local raw = redis.call('GET', KEYS[k])
-  if not raw then
-    return
-  end
-  local count = tonumber(raw)
-  if count == nil then
-    local at = string.find(raw, ' ', 1, true)
-    count = at and tonumber(string.sub(raw, 1, at - 1))
-    if count and count >= 4503599627370496 then
-      redis.call('SET', KEYS[k], string.format('%d', count - 4503599627370496)
-        .. string.sub(raw, at), 'KEEPTTL')
-    end
-  elseif count >= 4503599627370496 then
-    redis.call('DECRBY', KEYS[k], '4503599627370496')
-  end
+  period_move_mark(KEYS, k, false)
 end
