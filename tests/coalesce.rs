@@ -1,6 +1,7 @@
-//! Coalescing against a real `redis-server`: concurrent checks of one key share script
-//! calls, and their decisions are exactly those of one check at a time, for every
-//! algorithm and a set, with mixed costs and a cost above the limit.
+//! Shared calls against a real `redis-server`: concurrent checks of one key share script
+//! calls (coalescing), and so do checks of many keys of one limiter once its calls in
+//! flight reach their bound (batching); their decisions are exactly those of one check
+//! at a time, for every algorithm and a set, with mixed costs and a cost above the limit.
 
 mod support;
 
@@ -145,6 +146,7 @@ async fn without_coalescing_every_check_is_a_call() {
         .redis(redis.pool())
         .deny_cache(0)
         .coalesce(false)
+        .batch_after(0)
         .build()
         .unwrap();
     let in_process = Backend::in_process();
@@ -231,13 +233,13 @@ fn every_limit(backend: &Backend, name: &str) -> Vec<(String, Box<dyn Limiter>)>
         .collect()
 }
 
-/// A batch reads each key once, decides every check on that state and writes once: on
+/// A coalesced call reads each key once, decides every check on that state and writes once: on
 /// a frozen server clock its decisions are those of the same checks one by one to the
 /// microsecond (reset and retry-after included), and it leaves the same state behind
 /// (the next checks, a second later, agree too), after a fresh start, after use, and
 /// after the server's clock stepped back (each algorithm's repair is written once).
 #[tokio::test]
-async fn a_batch_decides_and_writes_as_its_checks_one_by_one() {
+async fn a_coalesced_call_decides_and_writes_as_its_checks_one_by_one() {
     let (redis, clock) = RedisServer::start_with_clock();
     let t0: i64 = 1_800_000_000_000_000 + 123_456;
     let coalesced = redis.uncached_backend();
@@ -361,4 +363,145 @@ async fn a_coalesced_check_waits_at_most_the_call_timeout_from_its_arrival() {
         waited < timeout + timeout / 4,
         "the follower waited {waited:?}, past its call timeout of {timeout:?}"
     );
+}
+
+/// The script calls (`FCALL` and `EVALSHA`) `redis` has run so far.
+fn script_calls(redis: &RedisServer) -> u64 {
+    redis.command_calls("fcall") + redis.command_calls("evalsha")
+}
+
+/// The keys of one round of batched checks, all at once: 24, one of them twice (a key
+/// may be in a batch twice without coalescing).
+fn round_keys() -> Vec<String> {
+    let mut keys: Vec<String> = (0..24).map(|i| format!("k{i}")).collect();
+    keys[17] = "k5".to_owned();
+    keys
+}
+
+/// A check's cost in round `round` for the key at `at`: 1 to 4, and now and then one
+/// above every limit.
+fn round_cost(round: usize, at: usize) -> NonZeroU32 {
+    let cost = if (round * 24 + at) % 29 == 11 {
+        25
+    } else {
+        1 + (round * 7 + at * 3) % 4
+    };
+    NonZeroU32::new(u32::try_from(cost).unwrap()).unwrap()
+}
+
+/// Checks of many keys of one limiter, made at once past the bound of calls in flight,
+/// go to Redis in a few calls, and each decides exactly as its own call would: on a
+/// frozen server clock, round after round (admits, refusals, lockouts and the blocks
+/// they leave, an aligned window, a set, costs above the limit), each answer equals the
+/// same check's made one by one on another limiter of the same server, to the
+/// microsecond, on both engine paths. With the caller's clock (the time sent last,
+/// after the costs), the states and units agree.
+#[tokio::test]
+async fn a_batch_of_keys_decides_as_its_checks_one_by_one() {
+    use tower_redis_ratelimit::backend::TimeSource;
+    let (redis, clock) = RedisServer::start_with_clock();
+    let t0: i64 = 1_800_000_000_000_000 + 654_321;
+    for (functions, time) in [
+        (true, TimeSource::Server),
+        (false, TimeSource::Server),
+        (true, TimeSource::Caller),
+    ] {
+        let backend = |batch_after| {
+            Backend::builder()
+                .redis(redis.pool())
+                .deny_cache(0)
+                .coalesce(false)
+                .engine_functions(functions)
+                .time_source(time)
+                .batch_after(batch_after)
+                .build()
+                .unwrap()
+        };
+        let (batching, single) = (backend(1), backend(0));
+        let run = format!("{functions}-{time:?}");
+        let batched = every_limit(&batching, &format!("b-{run}"));
+        let one_by_one = every_limit(&single, &format!("s-{run}"));
+        for ((kind, batched), (_, reference)) in batched.into_iter().zip(one_by_one) {
+            let what = format!("{kind}, functions: {functions}, {time:?}");
+            let (mut checks, mut calls) = (0, 0);
+            for round in 0..8 {
+                clock.freeze_at(t0 + i64::try_from(round).unwrap() * 400_000);
+                let keys = round_keys();
+                let before = script_calls(&redis);
+                let together = futures_join(
+                    keys.iter()
+                        .enumerate()
+                        .map(|(at, key)| batched.check(key.as_bytes(), round_cost(round, at)))
+                        .collect(),
+                )
+                .await;
+                calls += script_calls(&redis) - before;
+                checks += keys.len();
+                for (at, (key, decision)) in keys.iter().zip(together).enumerate() {
+                    let alone = reference.check(key.as_bytes(), round_cost(round, at)).await;
+                    let here = format!("{what}: round {round}, {key}");
+                    if time == TimeSource::Server {
+                        assert_eq!(answer(&decision), answer(&alone), "{here}");
+                    } else {
+                        assert_eq!(
+                            (decision.state, decision.remaining, decision.source),
+                            (alone.state, alone.remaining, Source::Redis),
+                            "{here}"
+                        );
+                    }
+                }
+            }
+            // A call for the first check of a round, one for the rest of it (a check
+            // of a set's first call may make its own).
+            assert!(
+                calls * 6 <= checks as u64,
+                "{what}: {calls} calls for {checks} checks"
+            );
+        }
+    }
+}
+
+/// A key whose stored value Redis refuses (`WRONGTYPE`) fails its own check alone: the
+/// batch it went with is sent again as one call per check, the other keys are decided
+/// by Redis and the bad key by the failure policy.
+#[tokio::test]
+async fn a_key_error_in_a_batch_is_that_keys_alone() {
+    let redis = RedisServer::start();
+    let backend = Backend::builder()
+        .redis(redis.pool())
+        .deny_cache(0)
+        .coalesce(false)
+        .batch_after(1)
+        .build()
+        .unwrap();
+    let limiter =
+        TokenBucketLimiter::new(&backend, "wrong", TokenBucketConfig::new(1, HOUR, 20)).unwrap();
+    limiter.check(b"bad", NonZeroU32::MIN).await;
+    let stored = redis.cmd(&["KEYS", "*bad*"]);
+    let stored = stored
+        .lines()
+        .next()
+        .expect("the key's value")
+        .trim()
+        .to_owned();
+    redis.cmd(&["DEL", &stored]);
+    redis.cmd(&["LPUSH", &stored, "not a bucket"]);
+    let keys = ["first", "a", "bad", "b", "c"];
+    let decisions = futures_join(
+        keys.iter()
+            .map(|key| limiter.check(key.as_bytes(), NonZeroU32::MIN))
+            .collect(),
+    )
+    .await;
+    for (key, decision) in keys.iter().zip(decisions) {
+        if *key == "bad" {
+            assert_eq!(decision.source, Source::Fallback, "{key}: {decision:?}");
+        } else {
+            assert_eq!(
+                (decision.source, decision.remaining),
+                (Source::Redis, 19),
+                "{key}"
+            );
+        }
+    }
 }

@@ -15,9 +15,9 @@ use super::redis::health::BreakerConfig;
 use super::redis::time::TimeSource;
 use super::redis::{Engine, RedisBackend};
 use super::{
-    Backend, Failover, FailurePolicy, Inner, ShareRounding, DEFAULT_CALL_TIMEOUT,
-    DEFAULT_DENY_CACHE_CAPACITY, DEFAULT_DENY_CACHE_MAX_AGE, DEFAULT_MAX_LOCAL_KEYS,
-    DEFAULT_PREFIX, DEFAULT_PROBE_INTERVAL,
+    Backend, Failover, FailurePolicy, Inner, ShareRounding, DEFAULT_BATCH_AFTER,
+    DEFAULT_CALL_TIMEOUT, DEFAULT_DENY_CACHE_CAPACITY, DEFAULT_DENY_CACHE_MAX_AGE,
+    DEFAULT_MAX_LOCAL_KEYS, DEFAULT_PREFIX, DEFAULT_PROBE_INTERVAL,
 };
 use crate::clock::Clock;
 use crate::error::{validate_name, ConfigError};
@@ -44,6 +44,7 @@ pub struct BackendBuilder {
     deny_cache: usize,
     deny_max_age: Duration,
     coalesce: bool,
+    batch: usize,
     max_local_keys: u64,
     failover: Failover,
     /// See [`time_source`](Self::time_source) (in `time.rs`).
@@ -70,6 +71,7 @@ impl Default for BackendBuilder {
             deny_cache: DEFAULT_DENY_CACHE_CAPACITY,
             deny_max_age: DEFAULT_DENY_CACHE_MAX_AGE,
             coalesce: true,
+            batch: DEFAULT_BATCH_AFTER,
             max_local_keys: DEFAULT_MAX_LOCAL_KEYS,
             failover: Failover::default(),
             time: TimeSource::default(),
@@ -145,6 +147,36 @@ impl BackendBuilder {
     /// one call per check, always.
     pub fn coalesce(mut self, enabled: bool) -> Self {
         self.coalesce = enabled;
+        self
+    }
+
+    /// Batching: how many calls of one limiter may be in flight to a Redis node (on
+    /// Redis Cluster, to one slot) before its checks of other keys wait and go together
+    /// (default [`DEFAULT_BATCH_AFTER`], 2; 0 turns batching off).
+    ///
+    /// A check goes to Redis at once while fewer calls of its limiter are in flight;
+    /// past that it queues, and when one of those calls returns, every check queued
+    /// meanwhile goes in one script call, which decides each exactly as its own call would
+    /// (one call's fixed cost in Redis shared by all of them: see `BENCHMARKS.md`). A
+    /// queued check waits for a call that was ahead of it at Redis anyway, then for its
+    /// own, and never longer than the [call timeout](Self::call_timeout) in all. Below
+    /// that load nothing changes: one call per check, sent at once. On Redis Cluster only
+    /// keys of one slot go together; behind a proxy that refuses a call whose keys span
+    /// slots (`CROSSSLOT`), the limiter stops batching and each check makes its own call.
+    ///
+    /// ```
+    /// use tower_redis_ratelimit::Backend;
+    ///
+    /// # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
+    /// // Batch once four calls of a limiter are in flight.
+    /// let backend = Backend::builder()
+    ///     .redis_url("redis://127.0.0.1:6379")
+    ///     .batch_after(4)
+    ///     .build()?;
+    /// # let _ = backend; Ok(()) }
+    /// ```
+    pub fn batch_after(mut self, calls_in_flight: usize) -> Self {
+        self.batch = calls_in_flight;
         self
     }
 
@@ -381,6 +413,7 @@ impl BackendBuilder {
                 redis,
                 deny: DenyCache::new(self.deny_cache, self.deny_max_age),
                 coalesce: self.coalesce,
+                batch_after: self.batch,
                 leased: std::sync::Mutex::default(),
             }
         });

@@ -177,6 +177,9 @@ pub const DEFAULT_DENY_CACHE_CAPACITY: usize = 10_000;
 /// The default of [`BackendBuilder::deny_cache_max_age`]: how long a refusal is answered
 /// from the local deny cache at most before Redis is asked again.
 pub const DEFAULT_DENY_CACHE_MAX_AGE: Duration = Duration::from_secs(1);
+/// The default of [`BackendBuilder::batch_after`]: a limiter's checks of other keys go
+/// together once two of its calls are in flight to a node.
+pub const DEFAULT_BATCH_AFTER: usize = 2;
 /// The default of [`BackendBuilder::max_local_keys`]: one million keys, under 256 MB
 /// of in-process state with any algorithm (measured figures there).
 pub const DEFAULT_MAX_LOCAL_KEYS: u64 = crate::local::DEFAULT_MAX_KEYS;
@@ -342,6 +345,9 @@ struct Inner {
     local: Arc<LocalStore>,
     /// Whether concurrent checks of one key share calls (see `coalesce.rs`).
     coalesce: bool,
+    /// How many calls of a limiter may be in flight to a node before its checks go
+    /// together (see `batch.rs`); 0: never.
+    batch_after: usize,
     /// The layouts of the limiters with leases and their leases' ids in the local
     /// store, for the change subscription (read only when a change is heard).
     leased: Mutex<Vec<(Layout, u64)>>,

@@ -25,9 +25,10 @@ use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::batch::{self, Queued};
 use super::coalesce::{Turn, Waiting};
 use super::deny::Denied;
-use super::engine::{BATCH, CHECK, ENGINE, LEASE, PEEK, REFUND};
+use super::engine::{batch_numbers, BATCH, CHECK, COALESCED, ENGINE, LEASE, PEEK, REFUND};
 use super::hosts::Hosts;
 use super::lease::{self, Leases, Take};
 use crate::backend::redis::call::Call;
@@ -88,6 +89,42 @@ pub(crate) fn check<T: Hosts + ?Sized>(
     } else {
         None
     };
+    // Batching: past the bound of calls in flight, the check goes with the next batch.
+    let after = backend.inner.batch_after;
+    let route = (after > 0).then(|| redis.route(&redis_key));
+    if let Some(route) = route {
+        let queued = |reply| Queued {
+            redis_key: redis_key.clone(),
+            cost,
+            reply,
+        };
+        if let batch::Turn::Queued(part) = remote.batcher.turn(route, after, queued) {
+            // Its wait: no longer than for a call of its own (the failure policy answers
+            // then); the batch's failure is reported by the batch.
+            let leader = Leader {
+                store: Arc::clone(store),
+                redis: Arc::clone(redis),
+                redis_key,
+                turn,
+                route: None,
+            };
+            let deadline = redis.call_timeout();
+            return DecisionFuture::pending(async move {
+                let part = tokio::time::timeout(deadline, part).await;
+                let part = part.ok().and_then(Result::ok).flatten().ok_or(None);
+                let decision = conclude(
+                    &*leader.store,
+                    &leader.redis,
+                    part,
+                    &leader.redis_key,
+                    cost,
+                    deny_key,
+                );
+                drop(leader);
+                decision
+            });
+        }
+    }
     // Only a check that goes to Redis itself builds the call.
     let lockout = store.blocks().lockout_ms();
     let call = engine_call(
@@ -104,6 +141,7 @@ pub(crate) fn check<T: Hosts + ?Sized>(
         redis: Arc::clone(redis),
         redis_key,
         turn,
+        route,
     };
     DecisionFuture::pending(async move {
         let remote = leader.store.remote();
@@ -325,10 +363,33 @@ struct Leader<T: Hosts + ?Sized> {
     redis_key: Vec<u8>,
     /// The key's hash in the coalescer, when this check took the key's turn.
     turn: Option<u128>,
+    /// The route of the batcher (see `batch.rs`) this check made a call on.
+    route: Option<u16>,
 }
 
 impl<T: Hosts + ?Sized> Drop for Leader<T> {
     fn drop(&mut self) {
+        if let Some(route) = self.route.take() {
+            // The checks of other keys queued meanwhile go now, together.
+            let batch = self.store.remote().batcher.next(route);
+            if !batch.is_empty() {
+                if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                    let store = Arc::clone(&self.store);
+                    let redis = Arc::clone(&self.redis);
+                    runtime.spawn(batches(store, redis, route, batch));
+                } else {
+                    // No runtime to call from: the queued checks answer by the failure
+                    // policy, and so do any queued after them.
+                    let mut batch = batch;
+                    while !batch.is_empty() {
+                        for check in batch {
+                            let _ = check.reply.send(None);
+                        }
+                        batch = self.store.remote().batcher.next(route);
+                    }
+                }
+            }
+        }
         let Some(hash) = self.turn else {
             return;
         };
@@ -376,7 +437,7 @@ async fn calls<T: Hosts + ?Sized>(
         let count = costs.len() as u64;
         let call: Option<Call> = key
             .as_deref()
-            .map(|key| engine_call(&*store, key, &redis_key, BATCH, count, lockout, &costs));
+            .map(|key| engine_call(&*store, key, &redis_key, COALESCED, count, lockout, &costs));
         let result = match &call {
             Some(call) => {
                 let started = std::time::Instant::now();
@@ -421,12 +482,26 @@ pub(super) fn engine_call<T: Hosts + ?Sized>(
     param: u64,
     extra: &[u32],
 ) -> Call {
+    engine_call_of(store, &[(key, redis_key)], op, count, param, extra)
+}
+
+/// [`engine_call`] for the keys of several checks (`(key, Redis key)` each, a batch's:
+/// each check's keys in turn, see `batch` in `engine.lua`).
+fn engine_call_of<T: Hosts + ?Sized>(
+    store: &T,
+    keys: &[(&[u8], &[u8])],
+    op: &str,
+    count: impl std::fmt::Display,
+    param: u64,
+    extra: &[u32],
+) -> Call {
     let remote = store.remote();
     let backend = remote.backend();
     let time = backend.inner.time;
     let limits = store.limit_count();
     let limit_args = remote.limit_args(|args| store.limit_args(args));
     let (args, bytes) = limit_args.size();
+    let key_bytes: usize = keys.iter().map(|(_, redis_key)| redis_key.len() + 8).sum();
     // Room for the keys (a set's other keys about as long as the first), the head (three
     // numbers), the limits' argument, the extra numbers and the time.
     let functions = backend
@@ -438,13 +513,15 @@ pub(super) fn engine_call<T: Hosts + ?Sized>(
         functions,
         // A peek writes nothing: a read-only replica or a server out of memory runs it.
         op == PEEK,
-        limits + 1,
-        limits + 1 + 1 + args + extra.len() + 1,
-        (limits + 1) * (redis_key.len() + 8) + 3 * 20 + bytes + extra.len() * 10 + 20,
+        (limits + 1) * keys.len(),
+        (limits + 1) * keys.len() + 1 + args + extra.len() + 1,
+        (limits + 1) * key_bytes + 3 * 20 + bytes + extra.len() * 10 + 20,
     );
-    call.key(redis_key);
-    store.extra_keys(key, &mut call);
-    call.written(|out| remote.block_layout.write_redis_key(key, out));
+    for &(key, redis_key) in keys {
+        call.key(redis_key);
+        store.extra_keys(key, &mut call);
+        call.written(|out| remote.block_layout.write_redis_key(key, out));
+    }
     call.written(|out| {
         // (Writing into the call's buffer does not fail.)
         let _ = write!(out, "{op}:{count}:{param}");
@@ -461,6 +538,133 @@ pub(super) fn engine_call<T: Hosts + ?Sized>(
         call.arg(backend.caller_now_us());
     }
     call
+}
+
+/// Sends `batch`, checks of this limiter's keys queued for `route` (see `batch.rs`),
+/// then each batch queued meanwhile, until nobody waits.
+async fn batches<T: Hosts + ?Sized>(
+    store: Arc<T>,
+    redis: Arc<RedisBackend>,
+    route: u16,
+    mut batch: Vec<Queued>,
+) {
+    while !batch.is_empty() {
+        send_batch(&store, &redis, batch).await;
+        batch = store.remote().batcher.next(route);
+    }
+}
+
+/// One call for the checks of `batch` (engine op `k`; a check alone, its own call),
+/// each check's reply sent to it (a check whose key raised an error in the script gets
+/// none, and so the failure policy's answer; the others are decided). When a proxy
+/// refuses the call for spanning slots (`CROSSSLOT`: nothing ran), each check makes its
+/// own call, and the limiter stops batching.
+async fn send_batch<T: Hosts + ?Sized>(
+    store: &Arc<T>,
+    redis: &Arc<RedisBackend>,
+    batch: Vec<Queued>,
+) {
+    let remote = store.remote();
+    let lockout = store.blocks().lockout_ms();
+    // Each check's key, read back from its Redis key (a set's other keys are built from it).
+    let keys: Vec<(std::borrow::Cow<'_, [u8]>, &[u8])> = batch
+        .iter()
+        .filter_map(|check| Some((remote.key_of(&check.redis_key)?, &check.redis_key[..])))
+        .collect();
+    if keys.len() != batch.len() || batch.len() == 1 {
+        // (A key not of this limiter cannot be queued: each alone, as a check alone.)
+        drop(keys);
+        return alone(store, redis, batch).await;
+    }
+    let mut call = {
+        let pairs: Vec<(&[u8], &[u8])> = keys.iter().map(|(key, rk)| (&key[..], *rk)).collect();
+        let costs: Vec<u32> = batch.iter().map(|check| check.cost.get()).collect();
+        engine_call_of(&**store, &pairs, BATCH, batch.len(), lockout, &costs)
+    };
+    call.reading(batch_numbers);
+    drop(keys);
+    let started = std::time::Instant::now();
+    let result = redis.eval(&call).await;
+    remote.record_duration(started.elapsed());
+    match result {
+        Ok(flat) => {
+            let parts = split_batch(&flat, batch.len());
+            for (check, part) in batch.into_iter().zip(parts) {
+                let _ = check.reply.send(part.map(<[i64]>::to_vec));
+            }
+        }
+        Err(error) if error.code() == Some("CROSSSLOT") => {
+            tracing::warn!(
+                limiter = %remote.name,
+                "the server refused a batch of keys in several slots: this limiter's checks \
+                 now make one call each"
+            );
+            remote.batcher.refuse();
+            alone(store, redis, batch).await;
+        }
+        Err(error) => {
+            remote.record_error(&error);
+            for check in batch {
+                let _ = check.reply.send(None);
+            }
+        }
+    }
+}
+
+/// Each check of `batch` in its own call, all at once.
+async fn alone<T: Hosts + ?Sized>(store: &Arc<T>, redis: &Arc<RedisBackend>, batch: Vec<Queued>) {
+    let remote = store.remote();
+    let lockout = store.blocks().lockout_ms();
+    let calls = batch.into_iter().map(|check| async move {
+        let reply = match remote.key_of(&check.redis_key) {
+            Some(key) => {
+                let call = engine_call(
+                    &**store,
+                    &key,
+                    &check.redis_key,
+                    CHECK,
+                    check.cost.get(),
+                    lockout,
+                    &[],
+                );
+                let started = std::time::Instant::now();
+                let result = redis.eval(&call).await;
+                remote.record_duration(started.elapsed());
+                match result {
+                    Ok(reply) => Some(reply),
+                    Err(error) => {
+                        remote.record_error(&error);
+                        if error.fault() == Fault::Key {
+                            let hash = remote.backend.inner.deny.hash(&check.redis_key);
+                            redis.key_error(hash, &error);
+                        }
+                        None
+                    }
+                }
+            }
+            None => None,
+        };
+        let _ = check.reply.send(reply);
+    });
+    futures_util::future::join_all(calls).await;
+}
+
+/// A batch's reply, read by [`batch_numbers`], split into its `count` checks' replies
+/// (`None` for each when it is not of that shape).
+fn split_batch(flat: &[i64], count: usize) -> Vec<Option<&[i64]>> {
+    let mut parts = Vec::with_capacity(count);
+    let mut rest = flat;
+    while let Some((&len, tail)) = rest.split_first() {
+        let Some(len) = usize::try_from(len).ok().filter(|&len| len <= tail.len()) else {
+            break;
+        };
+        parts.push(&tail[..len]);
+        rest = &tail[len..];
+    }
+    if parts.len() != count || !rest.is_empty() {
+        return vec![None; count];
+    }
+    parts.into_iter().map(Some).collect()
 }
 
 /// A check's decision from its part of the engine's reply (caching a refusal in the

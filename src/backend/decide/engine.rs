@@ -23,7 +23,7 @@ const ENTRY: &str = "\
 local H = texts[1][ARGV[1]] or list_of(1, ARGV[1])
 local L = texts[2][ARGV[2]] or list_of(2, ARGV[2])
 if H[1] == 'c' then
-  local out = lean(KEYS, ARGV, L, H)
+  local out = lean(KEYS, ARGV, L, 0, #KEYS - 1, H[2], H[4], nil)
   if out then
     return out
   end
@@ -38,7 +38,7 @@ fn body<'a>(lean: &'a str, general: &'a str) -> Body<'a> {
         head: lean,
         entry: ENTRY,
         tail: general,
-        last: "return engine(KEYS, ARGV, L, H)\n",
+        last: "if H[1] == 'k' then\n  return batch(KEYS, ARGV, L, H)\nend\nreturn engine(KEYS, ARGV, L, H)\n",
     }
 }
 
@@ -103,6 +103,26 @@ pub(crate) fn reply_numbers(value: Value) -> redis::RedisResult<Vec<i64>> {
     }
 }
 
+/// A batch's reply (engine op `k`: a table of each check's reply, each as
+/// [`reply_numbers`] reads it) as numbers: each check's reply after its length (none for
+/// a check that raised an error, whose failure policy answers).
+pub(crate) fn batch_numbers(value: Value) -> redis::RedisResult<Vec<i64>> {
+    let Value::Array(items) = value else {
+        // (Not a batch's reply: read as no check's, which fails every check.)
+        return Ok(Vec::new());
+    };
+    let mut out = Vec::with_capacity(items.len() * 7);
+    for item in items {
+        let reply = match item {
+            Value::Nil | Value::Boolean(false) => Vec::new(),
+            item => reply_numbers(item).unwrap_or_default(),
+        };
+        out.push(i64::try_from(reply.len()).unwrap_or(i64::MAX));
+        out.extend(reply);
+    }
+    Ok(out)
+}
+
 /// Appends the reply `{1, n, t}` (shape 0, a fixed window's) or `{1, n, 0, t}` (shape 1)
 /// that a lean check's packed admit stands for:
 /// `-((t * 2^bits + n) * 128 + shape * 64 + bits) - 1`.
@@ -130,8 +150,10 @@ pub fn engine_admits(reply: &[i64]) -> bool {
 /// The engine's operations (the first word of its head, see `engine.lua`): a check,
 /// which spends when every limit admits.
 pub(crate) const CHECK: &str = "c";
-/// A batch of coalesced checks of one key, each decided as its own check.
-pub(crate) const BATCH: &str = "m";
+/// Coalesced checks of one key, each decided as its own check.
+pub(crate) const COALESCED: &str = "m";
+/// Checks of several keys of one limiter, each decided as its own check (`batch.rs`).
+pub(crate) const BATCH: &str = "k";
 /// A check that takes a lease (see `lease.rs`).
 pub(crate) const LEASE: &str = "l";
 /// What a check would answer, spending nothing.

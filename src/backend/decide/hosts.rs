@@ -6,6 +6,7 @@ use std::num::NonZeroU32;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use super::batch::Batcher;
 use super::block::Blocks;
 use super::coalesce::Coalescer;
 use super::layout::{Layout, Owner};
@@ -35,6 +36,9 @@ pub(crate) struct Remote {
     pub(super) index: Index,
     /// This limiter's calls in flight, and the checks of the same key waiting for them.
     pub(super) coalescer: Coalescer,
+    /// This limiter's calls in flight per node, and the checks of other keys queued for
+    /// the next (see `batch.rs`).
+    pub(super) batcher: Batcher,
     /// The limits' part of the engine's `ARGV`, encoded on first use.
     limit_args: OnceLock<Args>,
 }
@@ -64,6 +68,7 @@ impl Remote {
             metrics: RedisMetrics::default(),
             blocks,
             coalescer: Coalescer::default(),
+            batcher: Batcher::default(),
             limit_args: OnceLock::new(),
         }
     }

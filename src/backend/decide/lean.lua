@@ -64,18 +64,19 @@ end
 -- the reply is the table). Written out where it is made (a call costs Redis as much as ten
 -- operations); read back by `engine::reply_numbers` (src/backend/decide/engine.rs).
 
--- The lean check of a set's limits from limit i on (n limits, their block KEYS[n + 1];
--- `now_us`: the time when read; ARGV[bounds_at]: the next calendar window's
--- boundaries): limit i tries, then the limits after it, and only
+-- The lean check of a set's limits from limit i on (n limits, limit i's key KEYS[k + i],
+-- their block KEYS[k + n + 1]; `cost` and its text `cost_text` the check's; `now_us`: the
+-- time when read; ARGV[bounds_at]: the next calendar window's boundaries): limit i
+-- tries, then the limits after it, and only
 -- when they all admit does limit i write (or, when one does not, take back what it
 -- counted). Returns a table of each limit's packed reply (or, for a reply too large to
 -- pack, its table), or nil (the general engine decides). Each limit's
 -- values wait in its call's locals (a table for them costs Redis more).
-local function lean_from(KEYS, ARGV, L, H, n, i, now_us, bounds_at)
+local function lean_from(KEYS, ARGV, L, k, cost, cost_text, n, i, now_us, bounds_at)
   local per, p = L.per, i * 5 - 5
   local kind, at = per[p + 1], per[p + 2]
   -- A member that counts requests spends one.
-  local spent, spent_text = H[2], H[4]
+  local spent, spent_text = cost, cost_text
   if per[p + 3] then
     spent, spent_text = 1, '1'
   end
@@ -97,16 +98,17 @@ local function lean_from(KEYS, ARGV, L, H, n, i, now_us, bounds_at)
       offset = L[at + 4]
       now_us = now_us or unix_us(ARGV)
     end
-    ok, r1, r2 = period_try(KEYS, i, n + 1, L[at + 2], length, offset, spent, spent_text,
-      now_us)
+    ok, r1, r2 = period_try(KEYS, k + i, k + n + 1, L[at + 2], length, offset, spent,
+      spent_text, now_us)
     shape = 0
   elseif kind == 't' then
     now_us = now_us or unix_us(ARGV)
-    ok, r1, r2, c1, c2, c3 = token_bucket_try(KEYS, i, L[at + 2], L[at + 3], L[at + 4], spent,
-      now_us)
+    ok, r1, r2, c1, c2, c3 = token_bucket_try(KEYS, k + i, L[at + 2], L[at + 3], L[at + 4],
+      spent, now_us)
   else
     now_us = now_us or unix_us(ARGV)
-    ok, r1, r2, c1, c2 = rolling_try(KEYS, i, L[at + 2], L[at + 3], L[at + 4], spent, now_us)
+    ok, r1, r2, c1, c2 = rolling_try(KEYS, k + i, L[at + 2], L[at + 3], L[at + 4], spent,
+      now_us)
   end
   if not ok then
     return nil
@@ -115,20 +117,20 @@ local function lean_from(KEYS, ARGV, L, H, n, i, now_us, bounds_at)
   if i == n then
     out = n == 2 and { false, false } or {}
   else
-    out = lean_from(KEYS, ARGV, L, H, n, i + 1, now_us, bounds_at)
+    out = lean_from(KEYS, ARGV, L, k, cost, cost_text, n, i + 1, now_us, bounds_at)
   end
   if not out then
     -- A later limit does not admit: what a fixed window counted is taken back. (A
     -- window it started, the count the cost: a key that held nothing.)
     if kind == 'w' then
-      period_undo(KEYS, i, spent, r1, r1 == spent and -1 or 1)
+      period_undo(KEYS, k + i, spent, r1, r1 == spent and -1 or 1)
     end
     return nil
   end
   if kind == 't' then
-    token_bucket_commit(KEYS, i, c1, c2, c3)
+    token_bucket_commit(KEYS, k + i, c1, c2, c3)
   elseif kind == 'r' then
-    rolling_commit(KEYS, i, c2, c1, spent, spent_text, L[at + 3], L[at + 4])
+    rolling_commit(KEYS, k + i, c2, c1, spent, spent_text, L[at + 3], L[at + 4])
   end
   -- (Packed: see above.) A reply too large to pack (a large limit's: a daily quota of
   -- 10^9 bytes) is the table the general engine would write for that limit, in its
@@ -147,48 +149,50 @@ end
 -- with period_undo when a later limit does not admit). Returns the engine's reply
 -- (packed: one limit's as a number, a set's as a table of numbers), or nil when the
 -- general engine below decides (a blocked key, a refusal, a skew, a clock step), with
--- nothing changed. (H: the head's list, whose second word is the cost.) Each limit's
--- own key is all it reads: a blocked key's limits are marked (X_mark: the engine marks
--- them when it blocks a key, and the lean check leaves a marked key to the engine),
--- and a fixed window reads the block only when its window starts.
-local function lean(KEYS, ARGV, L, H)
-  local n = #KEYS - 1
+-- nothing changed. The check's n limits have their keys from KEYS[k + 1] and their block
+-- KEYS[k + n + 1] (k: 0 but in a batch, see `batch` in engine.lua); `cost` and
+-- `cost_text` are its cost, as a number and as sent; `now_us` the time if already read.
+-- Each limit's own key is all it reads: a blocked key's limits are marked (X_mark: the
+-- engine marks them when it blocks a key, and the lean check leaves a marked key to the
+-- engine), and a fixed window reads the block only when its window starts.
+local function lean(KEYS, ARGV, L, k, n, cost, cost_text, now_us)
   if n == 1 then
-    local cost = H[2]
     -- One limit (L: its letter, its count of arguments, its arguments): the reply made
     -- at once.
     local kind = L[1]
     local ok, count, t, shape
     if kind == 't' then
       local tat, now, tau
-      ok, count, t, tat, now, tau = token_bucket_try(KEYS, 1, L[3], L[4], L[5], cost,
-        unix_us(ARGV))
+      ok, count, t, tat, now, tau = token_bucket_try(KEYS, k + 1, L[3], L[4], L[5], cost,
+        now_us or unix_us(ARGV))
       if not ok then
         return nil
       end
-      token_bucket_commit(KEYS, 1, tat, now, tau)
+      token_bucket_commit(KEYS, k + 1, tat, now, tau)
       shape = 1
     else
       if kind == 'w' then
         -- (L[5]: the offset of an aligned window, nil for one that starts at the first
         -- request.)
         local offset = L[5]
-        ok, count, t = period_try(KEYS, 1, 2, L[3], L[4], offset, cost, H[4],
-          offset and unix_us(ARGV))
+        ok, count, t = period_try(KEYS, k + 1, k + 2, L[3], L[4], offset, cost, cost_text,
+          offset and (now_us or unix_us(ARGV)))
         shape = 0
       elseif kind == 'r' then
         local current, dead
-        ok, count, t, current, dead = rolling_try(KEYS, 1, L[3], L[4], L[5], cost, unix_us(ARGV))
+        ok, count, t, current, dead = rolling_try(KEYS, k + 1, L[3], L[4], L[5], cost,
+          now_us or unix_us(ARGV))
         if ok then
-          rolling_commit(KEYS, 1, dead, current, cost, H[4], L[4], L[5])
+          rolling_commit(KEYS, k + 1, dead, current, cost, cost_text, L[4], L[5])
         end
         shape = 1
       elseif kind == 'c' then
         -- A calendar window (its boundaries in ARGV[3] to ARGV[6]): a fixed window of the
         -- length of the window holding now, aligned to its end.
-        local now_us = unix_us(ARGV)
+        now_us = now_us or unix_us(ARGV)
         local deadline, length = calendar_window(ARGV, 3, math.floor(now_us / 1000))
-        ok, count, t = period_try(KEYS, 1, 2, L[3], length, -deadline, cost, H[4], now_us)
+        ok, count, t = period_try(KEYS, k + 1, k + 2, L[3], length, -deadline, cost, cost_text,
+          now_us)
         shape = 0
       end
       if not ok then
@@ -204,5 +208,5 @@ local function lean(KEYS, ARGV, L, H)
     end
     return { 1, 0, 1, count, 0, t }
   end
-  return lean_from(KEYS, ARGV, L, H, n, 1, nil, 3)
+  return lean_from(KEYS, ARGV, L, k, cost, cost_text, n, 1, now_us, 3)
 end

@@ -7,6 +7,7 @@
 //! This room uses the Redis connection ([`backend::redis`](super::redis)) to send its
 //! calls; the connection knows nothing of it.
 
+pub(crate) mod batch;
 pub(crate) mod block;
 pub(crate) mod check;
 pub(crate) mod coalesce;

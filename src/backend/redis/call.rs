@@ -119,6 +119,12 @@ impl Call {
         self
     }
 
+    /// Reads the call's reply with `read` (a batch's: see `engine::batch_numbers`).
+    pub(crate) fn reading(&mut self, read: ReadReply) -> &mut Self {
+        self.read = read;
+        self
+    }
+
     pub(crate) fn script(&self) -> &'static Script {
         self.script
     }

@@ -123,6 +123,17 @@ pub(crate) enum Connector {
     ),
 }
 
+impl Connector {
+    /// Whether its connections go to a Redis Cluster.
+    pub(crate) fn is_cluster(&self) -> bool {
+        #[cfg(feature = "cluster")]
+        if matches!(self, Self::ClusterPool(_) | Self::Cluster(..)) {
+            return true;
+        }
+        false
+    }
+}
+
 impl fmt::Debug for Connector {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         // Never the URLs: they may hold passwords.

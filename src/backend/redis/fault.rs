@@ -72,6 +72,15 @@ impl ScriptError {
         }
     }
 
+    /// The error code of Redis's reply (`CROSSSLOT`, `WRONGTYPE`, …), if Redis replied
+    /// with an error.
+    pub(crate) fn code(&self) -> Option<&str> {
+        match self {
+            Self::Redis(error) => error.code(),
+            _ => None,
+        }
+    }
+
     /// What this error says about Redis.
     pub(crate) fn fault(&self) -> Fault {
         match self {

@@ -30,6 +30,24 @@ pub(crate) mod probe;
 pub(crate) mod time;
 pub(crate) mod url;
 
+/// The Redis Cluster slot of `key`: CRC16 (XMODEM) of its hash tag (the part between
+/// the first `{` and the next `}`, when not empty), else of the whole key, modulo 16384.
+#[cfg(feature = "cluster")]
+fn slot(key: &[u8]) -> u16 {
+    let tagged = key.iter().position(|&b| b == b'{').and_then(|open| {
+        let rest = &key[open + 1..];
+        let close = rest.iter().position(|&b| b == b'}')?;
+        (close > 0).then(|| &rest[..close])
+    });
+    crc16::State::<crc16::XMODEM>::calculate(tagged.unwrap_or(key)) % 16384
+}
+
+/// Without the `cluster` feature no connection goes to a cluster: one route.
+#[cfg(not(feature = "cluster"))]
+fn slot(_: &[u8]) -> u16 {
+    0
+}
+
 /// A connection attempt: `None` while under way, then how it ended.
 type Attempt = watch::Receiver<Option<Result<(), ScriptError>>>;
 
@@ -76,6 +94,8 @@ pub(crate) struct RedisBackend {
     key_errors: Mutex<HashMap<u128, std::time::Instant>>,
     /// The change channel and what the backend does with its messages.
     changes: Changes,
+    /// Whether the connections go to a Redis Cluster (a call's keys must share a slot).
+    cluster: bool,
 }
 
 impl fmt::Debug for RedisBackend {
@@ -105,7 +125,9 @@ impl RedisBackend {
             connect_timeout(call_timeout),
             on_change,
         );
+        let cluster = connector.is_cluster();
         Self {
+            cluster,
             connector,
             conn: ArcSwapOption::empty(),
             connecting: Mutex::new(None),
@@ -136,6 +158,15 @@ impl RedisBackend {
     }
 
     /// The deadline of one call, waiting for a connection included.
+    /// Where a call of `redis_key` goes, for batching (see `decide/batch.rs`): on Redis
+    /// Cluster the key's slot, elsewhere 0 (one node).
+    pub(crate) fn route(&self, redis_key: &[u8]) -> u16 {
+        if !self.cluster {
+            return 0;
+        }
+        slot(redis_key)
+    }
+
     pub(crate) fn call_timeout(&self) -> Duration {
         self.call_timeout
     }

@@ -1,0 +1,178 @@
+//! Batching: once enough calls of one limiter are in flight to a Redis node (on Redis
+//! Cluster, to one slot), its checks of other keys queue, and each time one of those
+//! calls returns the queue goes to Redis in one script call (engine op `k`), which
+//! decides each check exactly as its own call would.
+//!
+//! The coalescer (`coalesce.rs`) shares calls among checks of one key; this shares them
+//! among keys: a check here is one that leads its key. The fixed cost of a call in Redis
+//! (parsing it, running the function, its reply) is then paid once per batch: at high
+//! load Redis decides more checks per second, and a queued check waits for a call that
+//! was ahead of it at Redis anyway.
+
+use std::num::NonZeroU32;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use dashmap::DashMap;
+use tokio::sync::oneshot;
+
+/// The most checks one call carries (the rest go with the next).
+pub(crate) const MAX_BATCH: usize = 128;
+
+/// One limiter's calls in flight per route (a node, or a Cluster slot: see
+/// [`RedisBackend::route`](crate::backend::redis::RedisBackend::route)) and the checks
+/// queued for the next call.
+#[derive(Debug, Default)]
+pub(crate) struct Batcher {
+    routes: DashMap<u16, Route>,
+    /// Set when a server refused a batch for its keys (a proxy that wants every call's
+    /// keys in one slot): each check then makes its own call.
+    refused: AtomicBool,
+}
+
+#[derive(Debug, Default)]
+struct Route {
+    in_flight: usize,
+    queue: Vec<Queued>,
+}
+
+/// A check waiting for the next call of its route.
+#[derive(Debug)]
+pub(crate) struct Queued {
+    /// The check's Redis key.
+    pub(crate) redis_key: Vec<u8>,
+    pub(crate) cost: NonZeroU32,
+    /// Gets the check's reply, or `None` when the call failed (the failure policy
+    /// answers).
+    pub(crate) reply: oneshot::Sender<Option<Vec<i64>>>,
+}
+
+/// What a check does: make its own call, or wait for a batch.
+pub(crate) enum Turn {
+    /// Fewer than the bound of calls in flight: this check makes its own call, and
+    /// must call [`Batcher::next`] when it returns.
+    Call,
+    /// The bound is reached: the check's reply comes from a later batch.
+    Queued(oneshot::Receiver<Option<Vec<i64>>>),
+}
+
+impl Batcher {
+    /// Takes a turn on `route` with at most `after` calls in flight: a call of its own,
+    /// or a place in the queue (built by `queued` only then).
+    pub(crate) fn turn(
+        &self,
+        route: u16,
+        after: usize,
+        queued: impl FnOnce(oneshot::Sender<Option<Vec<i64>>>) -> Queued,
+    ) -> Turn {
+        let mut route = self.routes.entry(route).or_default();
+        if route.in_flight < after || self.refused.load(Ordering::Relaxed) {
+            route.in_flight += 1;
+            return Turn::Call;
+        }
+        let (tx, rx) = oneshot::channel();
+        route.queue.push(queued(tx));
+        Turn::Queued(rx)
+    }
+
+    /// After a call on `route` returned: the checks queued meanwhile (at most
+    /// [`MAX_BATCH`]), which the caller sends in its next call, or none, and then the
+    /// call is no longer in flight. Checks that stopped waiting are left out.
+    pub(crate) fn next(&self, route: u16) -> Vec<Queued> {
+        let mut batch = Vec::new();
+        self.routes.remove_if_mut(&route, |_, route| {
+            route.queue.retain(|check| !check.reply.is_closed());
+            if route.queue.is_empty() {
+                route.in_flight -= 1;
+                return route.in_flight == 0;
+            }
+            if route.queue.len() <= MAX_BATCH {
+                batch = std::mem::take(&mut route.queue);
+            } else {
+                batch = route.queue.drain(..MAX_BATCH).collect();
+            }
+            false
+        });
+        batch
+    }
+
+    /// Stops batching for this limiter: a server refused a call for spanning slots.
+    pub(crate) fn refuse(&self) {
+        self.refused.store(true, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn queued(tx: oneshot::Sender<Option<Vec<i64>>>) -> Queued {
+        Queued {
+            redis_key: b"k".to_vec(),
+            cost: NonZeroU32::MIN,
+            reply: tx,
+        }
+    }
+
+    #[test]
+    fn calls_go_at_once_up_to_the_bound_then_queue_until_one_returns() {
+        let batcher = Batcher::default();
+        assert!(matches!(batcher.turn(0, 2, queued), Turn::Call));
+        assert!(matches!(batcher.turn(0, 2, queued), Turn::Call));
+        let Turn::Queued(mut first) = batcher.turn(0, 2, queued) else {
+            panic!("a third check goes with a batch");
+        };
+        let Turn::Queued(_second) = batcher.turn(0, 2, queued) else {
+            panic!("so does a fourth");
+        };
+        // Another route (a Cluster slot) has its own calls.
+        assert!(matches!(batcher.turn(7, 2, queued), Turn::Call));
+        // A call returns: the two queued checks go in its place, still two in flight.
+        let batch = batcher.next(0);
+        assert_eq!(batch.len(), 2);
+        assert!(matches!(batcher.turn(0, 2, queued), Turn::Queued(_)));
+        for check in batch {
+            let _ = check.reply.send(Some(vec![1]));
+        }
+        assert_eq!(first.try_recv().unwrap(), Some(vec![1]));
+        // The batch returns: the check queued meanwhile goes next.
+        assert_eq!(batcher.next(0).len(), 1);
+        // Nobody waits: the calls end, and the route is free.
+        assert!(batcher.next(0).is_empty());
+        assert!(batcher.next(0).is_empty());
+        assert!(batcher.routes.get(&0).is_none());
+        assert!(matches!(batcher.turn(0, 2, queued), Turn::Call));
+    }
+
+    #[test]
+    fn a_check_that_stopped_waiting_goes_in_no_batch() {
+        let batcher = Batcher::default();
+        assert!(matches!(batcher.turn(0, 1, queued), Turn::Call));
+        let Turn::Queued(gone) = batcher.turn(0, 1, queued) else {
+            panic!("queued");
+        };
+        drop(gone);
+        assert!(batcher.next(0).is_empty());
+        assert!(batcher.routes.get(&0).is_none());
+    }
+
+    #[test]
+    fn a_batch_carries_at_most_its_bound() {
+        let batcher = Batcher::default();
+        assert!(matches!(batcher.turn(0, 1, queued), Turn::Call));
+        let waiting: Vec<_> = (0..MAX_BATCH + 3)
+            .map(|_| batcher.turn(0, 1, queued))
+            .collect();
+        assert_eq!(batcher.next(0).len(), MAX_BATCH);
+        assert_eq!(batcher.next(0).len(), 3);
+        drop(waiting);
+    }
+
+    #[test]
+    fn once_refused_every_check_makes_its_own_call() {
+        let batcher = Batcher::default();
+        batcher.refuse();
+        for _ in 0..5 {
+            assert!(matches!(batcher.turn(0, 1, queued), Turn::Call));
+        }
+    }
+}
