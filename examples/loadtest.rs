@@ -39,6 +39,9 @@
 //! - `REDIS_POOL_SIZE`: the deadpool-redis pool size (default: deadpool's, twice the
 //!   number of CPUs). The pool is `backend::pool_config(url, DEFAULT_CALL_TIMEOUT)`.
 //! - `WORKER_THREADS`: tokio's worker threads (default: one per CPU).
+//! - `BATCH_AFTER`: the Redis backend's
+//!   [`batch_after`](tower_redis_ratelimit::BackendBuilder::batch_after) (default 2;
+//!   0 turns batching off).
 //!
 //! Nothing is logged per request.
 
@@ -48,7 +51,7 @@ use std::time::Duration;
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::get;
 use deadpool_redis::redis::{self, aio::MultiplexedConnection};
-use tower_redis_ratelimit::backend::{pool_config, DEFAULT_CALL_TIMEOUT};
+use tower_redis_ratelimit::backend::{pool_config, DEFAULT_BATCH_AFTER, DEFAULT_CALL_TIMEOUT};
 use tower_redis_ratelimit::key::HeaderKey;
 use tower_redis_ratelimit::period::PeriodConfig;
 use tower_redis_ratelimit::token_bucket::TokenBucketConfig;
@@ -170,7 +173,12 @@ async fn serve() -> Result<(), Box<dyn std::error::Error>> {
             }
             let pool = config.create_pool(Some(deadpool_redis::Runtime::Tokio1))?;
             let pool_size = pool.status().max_size;
-            let backend = Backend::builder().redis(pool).prefix("loadtest").build()?;
+            let batch_after: usize = env_or("BATCH_AFTER", DEFAULT_BATCH_AFTER)?;
+            let backend = Backend::builder()
+                .redis(pool)
+                .prefix("loadtest")
+                .batch_after(batch_after)
+                .build()?;
             let layer = TokenBucketLayer::builder(&backend)
                 .name("loadtest")
                 .rate(rate, Duration::from_secs(1))

@@ -75,9 +75,9 @@
 //! load in that test). Those keys may admit that many requests again after the switch:
 //! the same bound as an unreplicated count, for a longer while.
 //!
-//! # Hot keys: coalescing and leases
+//! # Hot keys and busy nodes: coalescing, batching and leases
 //!
-//! One Redis round trip per request is the ceiling of an exact distributed limit. Two
+//! One Redis round trip per request is the ceiling of an exact distributed limit. Three
 //! things go past it:
 //!
 //! - **Coalescing** (on by default, exact;
@@ -87,6 +87,14 @@
 //!   call each. A hot key under many concurrent requests costs about two calls per round
 //!   trip instead of one per request; a key with one request at a time costs what it
 //!   did.
+//! - **Batching** (on by default, exact;
+//!   [`BackendBuilder::batch_after`](crate::BackendBuilder::batch_after)): the same idea
+//!   across keys. Once two calls of a limiter are in flight to a Redis node, its checks
+//!   of other keys queue, and when one of those calls returns they go together in one
+//!   script call, which decides each exactly as its own call would. Redis pays a call's
+//!   fixed cost once per batch, so at high load it decides more checks per second (the
+//!   figures are in `BENCHMARKS.md`); below that load every check makes its own call at
+//!   once. On Redis Cluster only keys of one slot go together.
 //! - **Leases** (opt-in, approximate; token buckets:
 //!   [`TokenBucketConfig::lease`](crate::token_bucket::TokenBucketConfig::lease)): a
 //!   check that goes to Redis takes a few tokens at once and this process answers the

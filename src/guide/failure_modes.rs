@@ -6,7 +6,8 @@
 //! wrong type, a server that answers `PING` but refuses writes, a far region. A check
 //! never waits longer than the backend's [call timeout](crate::BackendBuilder::call_timeout)
 //! from its own arrival (100 ms by default, waiting for a connection included; a check
-//! that queued behind a call of its key in flight, see [coalescing](crate::guide::deployments#hot-keys-coalescing-and-leases),
+//! that queued for a later call, see [coalescing and
+//! batching](crate::guide::deployments#hot-keys-and-busy-nodes-coalescing-batching-and-leases),
 //! included), and no request is ever
 //! answered with a server error because of Redis. Each failed call is sorted by what it
 //! says about Redis:

@@ -10,7 +10,8 @@
 //! was ahead of it at Redis anyway.
 
 use std::num::NonZeroU32;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
 
 use dashmap::DashMap;
 use tokio::sync::oneshot;
@@ -27,6 +28,10 @@ pub(crate) struct Batcher {
     /// Set when a server refused a batch for its keys (a proxy that wants every call's
     /// keys in one slot): each check then makes its own call.
     refused: AtomicBool,
+    /// The round trip of this limiter's calls lately, in µs (a moving average; 0 before
+    /// the first): a queued check waits for a call in flight and then its own, so checks
+    /// queue only while that fits well within their deadline.
+    round_trip_us: AtomicU64,
 }
 
 #[derive(Debug, Default)]
@@ -58,14 +63,21 @@ pub(crate) enum Turn {
 impl Batcher {
     /// Takes a turn on `route` with at most `after` calls in flight: a call of its own,
     /// or a place in the queue (built by `queued` only then).
+    /// Checks queue only while two round trips take at most a quarter of
+    /// `call_timeout` (so a far Redis, whose checks would then wait past their deadline,
+    /// never batches), and not before a first call has returned.
     pub(crate) fn turn(
         &self,
         route: u16,
         after: usize,
+        call_timeout: Duration,
         queued: impl FnOnce(oneshot::Sender<Option<Vec<i64>>>) -> Queued,
     ) -> Turn {
+        let round_trip_us = self.round_trip_us.load(Ordering::Relaxed);
+        let timeout_us = u64::try_from(call_timeout.as_micros()).unwrap_or(u64::MAX);
+        let near = round_trip_us > 0 && round_trip_us.saturating_mul(8) <= timeout_us;
         let mut route = self.routes.entry(route).or_default();
-        if route.in_flight < after || self.refused.load(Ordering::Relaxed) {
+        if route.in_flight < after || !near || self.refused.load(Ordering::Relaxed) {
             route.in_flight += 1;
             return Turn::Call;
         }
@@ -95,6 +107,23 @@ impl Batcher {
         batch
     }
 
+    /// Records a call's round trip (a moving average of a quarter's weight; the first
+    /// is taken as it is).
+    pub(crate) fn observe(&self, elapsed: Duration) {
+        let sample = u64::try_from(elapsed.as_micros())
+            .unwrap_or(u64::MAX)
+            .max(1);
+        let _ = self
+            .round_trip_us
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |average| {
+                Some(if average == 0 {
+                    sample
+                } else {
+                    average - average / 4 + sample / 4
+                })
+            });
+    }
+
     /// Stops batching for this limiter: a server refused a call for spanning slots.
     pub(crate) fn refuse(&self) {
         self.refused.store(true, Ordering::Relaxed);
@@ -104,6 +133,16 @@ impl Batcher {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A call timeout of 100 ms.
+    const MS: Duration = Duration::from_millis(100);
+
+    /// A batcher whose calls took 1 ms.
+    fn near() -> Batcher {
+        let batcher = Batcher::default();
+        batcher.observe(Duration::from_millis(1));
+        batcher
+    }
 
     fn queued(tx: oneshot::Sender<Option<Vec<i64>>>) -> Queued {
         Queued {
@@ -115,21 +154,23 @@ mod tests {
 
     #[test]
     fn calls_go_at_once_up_to_the_bound_then_queue_until_one_returns() {
-        let batcher = Batcher::default();
-        assert!(matches!(batcher.turn(0, 2, queued), Turn::Call));
-        assert!(matches!(batcher.turn(0, 2, queued), Turn::Call));
-        let Turn::Queued(mut first) = batcher.turn(0, 2, queued) else {
+        let batcher = near();
+        assert!(matches!(batcher.turn(0, 2, MS, queued), Turn::Call));
+        assert!(matches!(batcher.turn(0, 2, MS, queued), Turn::Call));
+        let Turn::Queued(mut first) = batcher.turn(0, 2, MS, queued) else {
             panic!("a third check goes with a batch");
         };
-        let Turn::Queued(_second) = batcher.turn(0, 2, queued) else {
+        let Turn::Queued(_second) = batcher.turn(0, 2, MS, queued) else {
             panic!("so does a fourth");
         };
         // Another route (a Cluster slot) has its own calls.
-        assert!(matches!(batcher.turn(7, 2, queued), Turn::Call));
+        assert!(matches!(batcher.turn(7, 2, MS, queued), Turn::Call));
         // A call returns: the two queued checks go in its place, still two in flight.
         let batch = batcher.next(0);
         assert_eq!(batch.len(), 2);
-        assert!(matches!(batcher.turn(0, 2, queued), Turn::Queued(_)));
+        let Turn::Queued(_third) = batcher.turn(0, 2, MS, queued) else {
+            panic!("a check arriving meanwhile queues");
+        };
         for check in batch {
             let _ = check.reply.send(Some(vec![1]));
         }
@@ -140,14 +181,14 @@ mod tests {
         assert!(batcher.next(0).is_empty());
         assert!(batcher.next(0).is_empty());
         assert!(batcher.routes.get(&0).is_none());
-        assert!(matches!(batcher.turn(0, 2, queued), Turn::Call));
+        assert!(matches!(batcher.turn(0, 2, MS, queued), Turn::Call));
     }
 
     #[test]
     fn a_check_that_stopped_waiting_goes_in_no_batch() {
-        let batcher = Batcher::default();
-        assert!(matches!(batcher.turn(0, 1, queued), Turn::Call));
-        let Turn::Queued(gone) = batcher.turn(0, 1, queued) else {
+        let batcher = near();
+        assert!(matches!(batcher.turn(0, 1, MS, queued), Turn::Call));
+        let Turn::Queued(gone) = batcher.turn(0, 1, MS, queued) else {
             panic!("queued");
         };
         drop(gone);
@@ -157,10 +198,10 @@ mod tests {
 
     #[test]
     fn a_batch_carries_at_most_its_bound() {
-        let batcher = Batcher::default();
-        assert!(matches!(batcher.turn(0, 1, queued), Turn::Call));
+        let batcher = near();
+        assert!(matches!(batcher.turn(0, 1, MS, queued), Turn::Call));
         let waiting: Vec<_> = (0..MAX_BATCH + 3)
-            .map(|_| batcher.turn(0, 1, queued))
+            .map(|_| batcher.turn(0, 1, MS, queued))
             .collect();
         assert_eq!(batcher.next(0).len(), MAX_BATCH);
         assert_eq!(batcher.next(0).len(), 3);
@@ -168,11 +209,28 @@ mod tests {
     }
 
     #[test]
-    fn once_refused_every_check_makes_its_own_call() {
+    fn a_far_redis_or_none_heard_from_yet_never_batches() {
         let batcher = Batcher::default();
+        for _ in 0..3 {
+            assert!(matches!(batcher.turn(0, 1, MS, queued), Turn::Call));
+        }
+        // Round trips of 20 ms against a deadline of 100 ms: two of them plus the wait
+        // for the call in flight would come too near it.
+        batcher.observe(Duration::from_millis(20));
+        assert!(matches!(batcher.turn(0, 1, MS, queued), Turn::Call));
+        // Near again: the average comes down.
+        for _ in 0..20 {
+            batcher.observe(Duration::from_micros(200));
+        }
+        assert!(matches!(batcher.turn(0, 1, MS, queued), Turn::Queued(_)));
+    }
+
+    #[test]
+    fn once_refused_every_check_makes_its_own_call() {
+        let batcher = near();
         batcher.refuse();
         for _ in 0..5 {
-            assert!(matches!(batcher.turn(0, 1, queued), Turn::Call));
+            assert!(matches!(batcher.turn(0, 1, MS, queued), Turn::Call));
         }
     }
 }

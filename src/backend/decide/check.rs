@@ -98,7 +98,8 @@ pub(crate) fn check<T: Hosts + ?Sized>(
             cost,
             reply,
         };
-        if let batch::Turn::Queued(part) = remote.batcher.turn(route, after, queued) {
+        let deadline = redis.call_timeout();
+        if let batch::Turn::Queued(part) = remote.batcher.turn(route, after, deadline, queued) {
             // Its wait: no longer than for a call of its own (the failure policy answers
             // then); the batch's failure is reported by the batch.
             let leader = Leader {
@@ -108,7 +109,6 @@ pub(crate) fn check<T: Hosts + ?Sized>(
                 turn,
                 route: None,
             };
-            let deadline = redis.call_timeout();
             return DecisionFuture::pending(async move {
                 let part = tokio::time::timeout(deadline, part).await;
                 let part = part.ok().and_then(Result::ok).flatten().ok_or(None);
@@ -147,7 +147,11 @@ pub(crate) fn check<T: Hosts + ?Sized>(
         let remote = leader.store.remote();
         let started = std::time::Instant::now();
         let result = leader.redis.eval(&call).await;
-        remote.metrics.duration(&remote.name, started.elapsed());
+        let elapsed = started.elapsed();
+        remote.metrics.duration(&remote.name, elapsed);
+        if leader.route.is_some() {
+            remote.batcher.observe(elapsed);
+        }
         let decision = conclude(
             &*leader.store,
             &leader.redis,
@@ -584,8 +588,9 @@ async fn send_batch<T: Hosts + ?Sized>(
     call.reading(batch_numbers);
     drop(keys);
     let started = std::time::Instant::now();
-    let result = redis.eval(&call).await;
+    let result = redis.eval_checks(&call, batch.len()).await;
     remote.record_duration(started.elapsed());
+    remote.batcher.observe(started.elapsed());
     match result {
         Ok(flat) => {
             let parts = split_batch(&flat, batch.len());

@@ -195,13 +195,30 @@ impl RedisBackend {
     /// Runs a script by SHA (loading it on `NOSCRIPT`) under the call timeout, waiting
     /// for a connection if there is none, and records the outcome.
     pub(crate) async fn eval(self: &Arc<Self>, call: &Call) -> Result<Vec<i64>, ScriptError> {
+        self.eval_checks(call, 1).await
+    }
+
+    /// [`eval`](Self::eval) of a call that decides `checks` checks (a batch): its
+    /// outcome counts once per check toward the breaker, as their own calls would have.
+    pub(crate) async fn eval_checks(
+        self: &Arc<Self>,
+        call: &Call,
+        checks: usize,
+    ) -> Result<Vec<i64>, ScriptError> {
         self.register(call.script());
         let result = self.call(call, By::Check).await;
         match &result {
             Ok(_) => {
-                self.breaker.record(Outcome::Success);
+                for _ in 0..checks {
+                    self.breaker.record(Outcome::Success);
+                }
             }
-            Err(error) => self.failed(error),
+            Err(error) => {
+                self.log.error(error.fault(), error);
+                for _ in 0..checks {
+                    self.count(error);
+                }
+            }
         }
         result
     }
