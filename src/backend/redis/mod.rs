@@ -423,12 +423,6 @@ impl RedisBackend {
         attempt
     }
 
-    /// Logs and counts a failed call.
-    fn failed(self: &Arc<Self>, error: &ScriptError) {
-        self.log.error(error.fault(), error);
-        self.count(error);
-    }
-
     /// Counts a failed call (a check's or the probe's); opens the breaker when the
     /// failures say Redis is unusable.
     fn count(self: &Arc<Self>, error: &ScriptError) {
