@@ -39,6 +39,8 @@
 //! - `REDIS_POOL_SIZE`: the deadpool-redis pool size (default: deadpool's, twice the
 //!   number of CPUs). The pool is `backend::pool_config(url, DEFAULT_CALL_TIMEOUT)`.
 //! - `WORKER_THREADS`: tokio's worker threads (default: one per CPU).
+//! - `CALL_TIMEOUT_MS`: the Redis backend's call timeout (default 100; longer under
+//!   callgrind, which slows Redis down fifty times).
 //! - `BATCH_AFTER`: the Redis backend's
 //!   [`batch_after`](tower_redis_ratelimit::BackendBuilder::batch_after) (default 2;
 //!   0 turns batching off).
@@ -162,7 +164,12 @@ async fn serve() -> Result<(), Box<dyn std::error::Error>> {
         Ok(url) => {
             // The crate's recommended pool: wait, create and recycle timeouts equal to the
             // backend's call timeout.
-            let mut config = pool_config(url.clone(), DEFAULT_CALL_TIMEOUT);
+            let call_timeout = Duration::from_millis(
+                env_or("CALL_TIMEOUT_MS", DEFAULT_CALL_TIMEOUT.as_millis())?
+                    .try_into()
+                    .map_err(|_| "CALL_TIMEOUT_MS is too large")?,
+            );
+            let mut config = pool_config(url.clone(), call_timeout);
             if let Ok(size) = std::env::var("REDIS_POOL_SIZE") {
                 let size = size
                     .parse()
@@ -177,6 +184,7 @@ async fn serve() -> Result<(), Box<dyn std::error::Error>> {
             let backend = Backend::builder()
                 .redis(pool)
                 .prefix("loadtest")
+                .call_timeout(call_timeout)
                 .batch_after(batch_after)
                 .build()?;
             let layer = TokenBucketLayer::builder(&backend)
