@@ -713,3 +713,56 @@ async fn a_fallback_share_below_one_slot_rounds_as_the_layer_chose() {
         assert_eq!(held.len(), running, "{rounding:?}");
     }
 }
+
+/// The commands the in-flight script runs (`MONITOR`-free: `INFO commandstats`).
+fn slot_commands(redis: &RedisServer) -> u64 {
+    [
+        "zremrangebyscore",
+        "zcard",
+        "zadd",
+        "zrem",
+        "pttl",
+        "pexpire",
+    ]
+    .iter()
+    .map(|command| redis.command_calls(command))
+    .sum()
+}
+
+/// A renewal costs Redis less than an acquire: it runs fewer commands (it counts nothing,
+/// and sets the set's expiry only when less than a lease of it is left, to two leases).
+#[tokio::test]
+async fn a_renewal_runs_fewer_commands_than_an_acquire() {
+    let redis = RedisServer::start();
+    let lease = Duration::from_millis(600);
+    let config = InFlightConfig::new(5).lease(lease);
+    let limiter = InFlightLimiter::new(&backend(&redis.url()).await, "cost", config).unwrap();
+    // Every call of the script drops the leases that ran out first: one
+    // ZREMRANGEBYSCORE per call, whatever the path (FCALL or EVALSHA).
+    let calls = || redis.command_calls("zremrangebyscore");
+    // The script loaded (its release, sent in the background, done).
+    drop(limiter.acquire(b"warm").await.unwrap());
+    eventually(Duration::from_secs(5), || async {
+        limiter.in_flight(b"warm").await == 0
+    })
+    .await;
+    let (commands, made) = (slot_commands(&redis), calls());
+    let slot = limiter.acquire(b"k").await.unwrap();
+    let acquire = slot_commands(&redis) - commands;
+    assert_eq!(calls() - made, 1);
+    let (commands, made) = (slot_commands(&redis), calls());
+    tokio::time::sleep(lease * 3).await;
+    let (renewals, renewed) = (calls() - made, slot_commands(&redis) - commands);
+    assert!(renewals >= 6, "{renewals} renewals in three leases");
+    #[allow(clippy::cast_precision_loss)]
+    let per_renewal = renewed as f64 / renewals as f64;
+    eprintln!(
+        "a renewal ran {per_renewal:.2} commands ({renewed} in {renewals}), an acquire {acquire}"
+    );
+    assert!(
+        per_renewal < acquire as f64,
+        "a renewal ran {per_renewal:.2} commands ({renewed} in {renewals}), an acquire {acquire}"
+    );
+    assert_eq!(limiter.in_flight(b"k").await, 1);
+    drop(slot);
+}

@@ -8,7 +8,10 @@
 -- ARGV[2] = the slots of the limit; ARGV[3] = the lease in milliseconds;
 -- ARGV[4..] = slot ids (acquire, release: one; renew: every slot this instance holds on
 -- the key); then, with the caller's clock, its time.
--- Reply: {admitted (1) or refused (0), slots held after the call}.
+-- Reply: {admitted (1) or refused (0), slots held after the call}; a renewal's is {1, 0}
+-- (nobody reads it: it counts nothing, to cost Redis less than an acquire).
+-- The set lives as long as its longest lease, and up to one lease more: its expiry is
+-- set to two leases whenever less than one is left, so most calls only read it.
 local function engine(KEYS, ARGV)
   local op = ARGV[1]
   local slots = tonumber(ARGV[2])
@@ -26,9 +29,8 @@ local function engine(KEYS, ARGV)
       return {0, held}
     end
     redis.call('ZADD', KEYS[1], now + lease, ARGV[4])
-    -- The set lives as long as its longest lease.
     if redis.call('PTTL', KEYS[1]) < lease then
-      redis.call('PEXPIRE', KEYS[1], lease)
+      redis.call('PEXPIRE', KEYS[1], 2 * lease)
     end
     return {1, held + 1}
   elseif op == 'r' then
@@ -36,19 +38,23 @@ local function engine(KEYS, ARGV)
     return {1, redis.call('ZCARD', KEYS[1])}
   elseif op == 'n' then
     -- Only slots still held are renewed (XX): a lease that ran out stays given back.
-    local members = {}
-    for i = 4, last do
-      members[#members + 1] = now + lease
-      members[#members + 1] = ARGV[i]
-    end
-    if #members > 0 then
+    -- (One slot, the common case, without a table.)
+    if last == 4 then
+      redis.call('ZADD', KEYS[1], 'XX', now + lease, ARGV[4])
+    elseif last > 4 then
+      local members = {}
+      for i = 4, last do
+        members[#members + 1] = now + lease
+        members[#members + 1] = ARGV[i]
+      end
       redis.call('ZADD', KEYS[1], 'XX', unpack_list(members))
     end
-    local held = redis.call('ZCARD', KEYS[1])
-    if held > 0 and redis.call('PTTL', KEYS[1]) < lease then
-      redis.call('PEXPIRE', KEYS[1], lease)
+    -- (PTTL: -2 for a set that is gone, which stays gone.)
+    local ttl = redis.call('PTTL', KEYS[1])
+    if ttl ~= -2 and ttl < lease then
+      redis.call('PEXPIRE', KEYS[1], 2 * lease)
     end
-    return {1, held}
+    return {1, 0}
   end
   return {1, redis.call('ZCARD', KEYS[1])}
 end

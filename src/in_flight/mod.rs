@@ -38,7 +38,10 @@
 //! number of slots held on it. So a process that dies (`kill -9`, a lost host) holds
 //! its slots at most one [lease](InFlightConfig::lease) more: the next request of the
 //! key after that finds them expired, and no sweeper is needed. The set itself expires
-//! with its longest lease.
+//! at most one lease after its longest lease (its expiry is set to two leases whenever
+//! less than one is left, so that most calls only read it). A renewal costs Redis less
+//! than taking a slot: it drops the expired leases and extends this instance's, and
+//! counts nothing.
 //!
 //! Giving a slot back and renewing run as tasks on the tokio runtime the request ran
 //! on; without one (a slot dropped outside any runtime), the slot's lease runs out on
