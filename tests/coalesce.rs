@@ -8,7 +8,7 @@ mod support;
 use std::num::NonZeroU32;
 use std::time::Duration;
 
-use support::RedisServer;
+use support::{RedisServer, Reply};
 use tower_redis_ratelimit::period::{Calendar, PeriodConfig, PeriodLimiter, UtcOffset};
 use tower_redis_ratelimit::rolling::{RollingConfig, RollingWindowLimiter};
 use tower_redis_ratelimit::set::{LimitSet, SetLimiter};
@@ -307,6 +307,64 @@ async fn a_coalesced_call_decides_and_writes_as_its_checks_one_by_one() {
             }
         }
     }
+}
+
+/// A coalesced call replies with one item per check, and an admit is what a lean check
+/// replies: one packed number for one limit, a table of them for a set. So a hot key's
+/// call carries about a number per check, not the general engine's table of six or
+/// nine (which Redis builds and the client parses, for every check of the queue).
+/// Refusals keep their table. (The decisions read back from these replies are those
+/// of one check at a time: the tests above.)
+#[test]
+fn a_coalesced_call_replies_one_item_per_check_an_admit_packed() {
+    let redis = RedisServer::start();
+    let script = tower_redis_ratelimit::backend::engine_script();
+    // A token bucket of 3 tokens (one an hour), alone and in a set with a fixed window
+    // of 4 an hour; costs 1, 1, 5 (refused), 1, 1 (refused: the bucket is empty).
+    let bucket = "t:3:3600000000:3:1767225600";
+    let pair = format!("{bucket}:w:2:4:3600000");
+    let costs = ["1", "1", "5", "1", "1"];
+    let shapes = |reply: &Reply| -> Vec<&'static str> {
+        let Reply::Array(items) = reply else {
+            panic!("not a table: {reply:?}");
+        };
+        items
+            .iter()
+            .map(|item| match item {
+                Reply::Int(packed) if *packed < 0 => "packed",
+                Reply::Array(inner) => match inner.first() {
+                    Some(Reply::Int(packed)) if *packed < 0 => "packed set",
+                    Some(Reply::Int(0)) => "refusal",
+                    _ => panic!("an item of another shape: {item:?} in {reply:?}"),
+                },
+                _ => panic!("an item of another shape: {item:?} in {reply:?}"),
+            })
+            .collect()
+    };
+    let one = redis.cmd_reply(
+        &[
+            &["EVAL", &script, "2", "{a}", "{a}:block", "m:5:0", bucket][..],
+            &costs,
+        ]
+        .concat(),
+    );
+    assert_eq!(
+        shapes(&one),
+        ["packed", "packed", "refusal", "packed", "refusal"],
+        "{one:?}"
+    );
+    let set = redis.cmd_reply(
+        &[
+            &["EVAL", &script, "3", "{b}:t", "{b}:w", "{b}:block", "m:5:0", &pair][..],
+            &costs,
+        ]
+        .concat(),
+    );
+    assert_eq!(
+        shapes(&set),
+        ["packed set", "packed set", "refusal", "packed set", "refusal"],
+        "{set:?}"
+    );
 }
 
 /// Everything a decision says, and that it came from Redis.

@@ -426,7 +426,6 @@ async fn calls<T: Hosts + ?Sized>(
     mut waiting: Vec<Waiting>,
 ) {
     let remote = store.remote();
-    let part = 2 + store.reply_len();
     let lockout = store.blocks().lockout_ms();
     // The limited key, read back from the Redis key (a set's other keys are built from it).
     let key = remote.key_of(&redis_key).map(|key| key.into_owned());
@@ -439,9 +438,12 @@ async fn calls<T: Hosts + ?Sized>(
         }
         let costs: Vec<u32> = waiting.iter().map(|check| check.cost.get()).collect();
         let count = costs.len() as u64;
-        let call: Option<Call> = key
-            .as_deref()
-            .map(|key| engine_call(&*store, key, &redis_key, COALESCED, count, lockout, &costs));
+        // The reply: each check's in its own item, as a batch's (`engine.lua`, op `m`).
+        let call: Option<Call> = key.as_deref().map(|key| {
+            let mut call = engine_call(&*store, key, &redis_key, COALESCED, count, lockout, &costs);
+            call.reading(batch_numbers);
+            call
+        });
         let result = match &call {
             Some(call) => {
                 let started = std::time::Instant::now();
@@ -454,17 +456,12 @@ async fn calls<T: Hosts + ?Sized>(
             }
             None => None,
         };
-        match result {
-            Some(reply) if reply.len() == part * waiting.len() => {
-                for (check, part) in waiting.drain(..).zip(reply.chunks(part)) {
-                    let _ = check.reply.send(Some(part.to_vec()));
-                }
-            }
-            _ => {
-                for check in waiting.drain(..) {
-                    let _ = check.reply.send(None);
-                }
-            }
+        let parts = match &result {
+            Some(flat) => split_batch(flat, waiting.len()),
+            None => vec![None; waiting.len()],
+        };
+        for (check, part) in waiting.drain(..).zip(parts) {
+            let _ = check.reply.send(part.map(<[i64]>::to_vec));
         }
         waiting = remote.coalescer().next(hash);
     }

@@ -37,7 +37,8 @@
 -- last. The number of limits n is #KEYS - 1. (Two texts rather than a word per
 -- argument: Redis spends about a microsecond per argument of a call.)
 -- Returns {admitted by every limit (1/0), ms the key stays blocked (0: not blocked),
--- then each limit's reply in order}, once per check for 'm'. With more than one
+-- then each limit's reply in order}; for 'm', a table of one such reply per check (an
+-- admit packed, see below), as a batch ('k') replies. With more than one
 -- limit, every limit decides first without spending; only when all of them admit does
 -- each one spend what it decided, so a refusal by any
 -- limit spends nothing (and the limits that would have admitted reply with their
@@ -163,8 +164,8 @@ end
 local states = settled
 local blocked = nil
 
--- One decision: {admitted, blocked ms, each limit's reply}, appended to `out`.
-local function decide(op, cost, out)
+-- One decision: whether every limit admits it (1/0) and each limit's reply.
+local function decide(op, cost)
   if blocked == nil then
     blocked = math.max(0, redis.call('PTTL', KEYS[n + 1]))
   end
@@ -209,24 +210,46 @@ local function decide(op, cost, out)
     redis.call('SET', KEYS[n + 1], '1', 'PX', string.format('%d', param))
     blocked = math.max(0, redis.call('PTTL', KEYS[n + 1]))
   end
-  out[#out + 1] = admitted
-  out[#out + 1] = blocked
+  return admitted, replies
+end
+
+-- A decision's reply: {admitted, blocked ms, each limit's reply}.
+local function reply_of(admitted, replies)
+  local out = { admitted, blocked }
   for i = 1, n do
     for _, v in ipairs(replies[i]) do
       out[#out + 1] = v
     end
   end
+  return out
 end
 
-local out = {}
+local out = nil
 if op == 'm' then
   -- Coalesced checks of one key, in arrival order: `cost` is their count, their costs
-  -- follow the limits' arguments. Each decides as if it were its own call.
+  -- follow the limits' arguments. Each decides as if it were its own call, and replies
+  -- in its own item of the call's reply, an admit packed as the lean check packs it
+  -- (`packed_reply` in lean.lua: one number for one limit, a table of them for a set;
+  -- a limit's reply too large to pack stands as its table), anything else as its table.
+  out = {}
+  local per = L.per
   for j = 1, cost do
-    decide('c', tonumber(ARGV[at + j - 1]), out)
+    local admitted, replies = decide('c', tonumber(ARGV[at + j - 1]))
+    local item = nil
+    if admitted == 1 then
+      if n == 1 then
+        item = packed_reply(per, 1, replies[1])
+      else
+        item = {}
+        for i = 1, n do
+          item[i] = packed_reply(per, i, replies[i]) or replies[i]
+        end
+      end
+    end
+    out[j] = item or reply_of(admitted, replies)
   end
 else
-  decide(op, cost, out)
+  out = reply_of(decide(op, cost))
 end
 for i = 1, n do
   if states[i] ~= nil then

@@ -64,6 +64,24 @@ end
 -- the reply is the table). Written out where it is made (a call costs Redis as much as ten
 -- operations); read back by `engine::reply_numbers` (src/backend/decide/engine.rs).
 
+-- The general engine's admits packed alike (coalesced checks, 'm' in engine.lua): limit
+-- i's admitted reply `r` ({1, n, t} or {1, n, 0, t}) as its packed number, or nil when
+-- it does not fit (or is not of those shapes).
+local function packed_reply(per, i, r)
+  local p = i * 5 - 5
+  local n, t, shape = r[2], r[3], 0
+  if r[4] then
+    if t ~= 0 then
+      return nil
+    end
+    t, shape = r[4], 1
+  end
+  if n >= 0 and n < per[p + 5] and t >= 0 and t < (70368744177664 - n) / per[p + 5] then
+    return -((t * per[p + 5] + n) * 128 + shape * 64 + per[p + 4]) - 1
+  end
+  return nil
+end
+
 -- The lean check of a set's limits from limit i on (n limits, limit i's key KEYS[k + i],
 -- their block KEYS[k + n + 1]; `cost` and its text `cost_text` the check's; `now_us`: the
 -- time when read; ARGV[bounds_at]: the next calendar window's boundaries): limit i
