@@ -355,14 +355,29 @@ fn a_coalesced_call_replies_one_item_per_check_an_admit_packed() {
     );
     let set = redis.cmd_reply(
         &[
-            &["EVAL", &script, "3", "{b}:t", "{b}:w", "{b}:block", "m:5:0", &pair][..],
+            &[
+                "EVAL",
+                &script,
+                "3",
+                "{b}:t",
+                "{b}:w",
+                "{b}:block",
+                "m:5:0",
+                &pair,
+            ][..],
             &costs,
         ]
         .concat(),
     );
     assert_eq!(
         shapes(&set),
-        ["packed set", "packed set", "refusal", "packed set", "refusal"],
+        [
+            "packed set",
+            "packed set",
+            "refusal",
+            "packed set",
+            "refusal"
+        ],
         "{set:?}"
     );
 }

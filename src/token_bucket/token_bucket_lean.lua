@@ -34,8 +34,9 @@ end
 -- blocked key's value is marked, see token_bucket_mark); else false, and the steps
 -- decide (a refusal, a skew, a step back, a block). Nothing is written:
 -- token_bucket_commit(KEYS, k, tat, now, tau) stores the new TAT as token_bucket_store does.
-local function token_bucket_try(KEYS, k, interval, burst, epoch, cost, now_us)
-  local value = redis.call('GET', KEYS[k])
+-- token_bucket_admit(value, ...) decides the same on the key's value (`value`: as GET
+-- reads it, or the TAT a check before this one left in the same call).
+local function token_bucket_admit(value, interval, burst, epoch, cost, now_us)
   local tat = nil
   if value then
     -- (A skew, a floor or a block's mark: a value of more than one word.)
@@ -65,6 +66,10 @@ local function token_bucket_try(KEYS, k, interval, burst, epoch, cost, now_us)
   local full_in = new_tat - now
   return true, math.floor((tau - full_in + eps) / interval), math.ceil(full_in - eps), new_tat,
     now, tau
+end
+
+local function token_bucket_try(KEYS, k, interval, burst, epoch, cost, now_us)
+  return token_bucket_admit(redis.call('GET', KEYS[k]), interval, burst, epoch, cost, now_us)
 end
 
 -- The TAT goes to Redis as a number, which Redis writes with 17 significant digits: the

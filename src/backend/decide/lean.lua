@@ -228,3 +228,31 @@ local function lean(KEYS, ARGV, L, k, n, cost, cost_text, now_us)
   end
   return lean_from(KEYS, ARGV, L, k, cost, cost_text, n, 1, now_us, 3)
 end
+
+-- Coalesced checks of one key ('m', see engine.lua) of one token bucket: the lean check
+-- of each cost in turn (the costs from ARGV[3] on), on the TAT the checks before it left,
+-- the key read once and written once. Returns the call's reply as the engine's for 'm'
+-- (an item per check: each admit packed), or nil when a check is not the lean case (a
+-- refusal, a skew, a block's mark): the general engine then decides them all, nothing
+-- having been written.
+local function lean_coalesced(KEYS, ARGV, L, count, now_us)
+  local interval, burst, epoch, power, bits = L[3], L[4], L[5], L.per[5], L.per[4]
+  local value = redis.call('GET', KEYS[1])
+  local out = {}
+  local ok, left, full, now, tau
+  for j = 1, count do
+    ok, left, full, value, now, tau = token_bucket_admit(value, interval, burst, epoch,
+      ARGV[2 + j] + 0, now_us)
+    if not ok then
+      return nil
+    end
+    -- (Packed: see above.)
+    if full < (70368744177664 - left) / power then
+      out[j] = -((full * power + left) * 128 + 64 + bits) - 1
+    else
+      out[j] = { 1, 0, 1, left, 0, full }
+    end
+  end
+  token_bucket_commit(KEYS, 1, value, now, tau)
+  return out
+end
