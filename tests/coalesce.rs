@@ -87,9 +87,19 @@ fn costs() -> Vec<NonZeroU32> {
         .collect()
 }
 
-/// The state and remaining units of each check, all started at once (in this order).
-async fn at_once(limiter: &dyn Limiter, key: &[u8]) -> Vec<(State, u64)> {
-    let checks: Vec<_> = costs().into_iter().map(|c| limiter.check(key, c)).collect();
+/// Costs that every limit above admits together (10 units: the lean path of a
+/// coalesced call, which decides only when every check is admitted).
+fn fitting() -> Vec<NonZeroU32> {
+    [1, 2, 1, 3, 1, 2]
+        .into_iter()
+        .map(|c| NonZeroU32::new(c).unwrap())
+        .collect()
+}
+
+/// The state and remaining units of each check of `costs`, all started at once (in
+/// this order).
+async fn at_once(limiter: &dyn Limiter, key: &[u8], costs: &[NonZeroU32]) -> Vec<(State, u64)> {
+    let checks: Vec<_> = costs.iter().map(|&c| limiter.check(key, c)).collect();
     let mut answers = Vec::new();
     for decision in futures_join(checks).await {
         assert_ne!(decision.source, Source::Fallback, "{decision:?}");
@@ -120,8 +130,22 @@ async fn coalesced_decisions_equal_one_check_at_a_time() {
     {
         // Loads the script, so that the counted calls are the checks' own.
         limiter.check(b"warm-up", NonZeroU32::MIN).await;
+        // Checks that all fit: one call leads, the others go together in one.
         let calls = redis.command_calls("evalsha");
-        let coalesced = at_once(&*limiter, b"hot").await;
+        let fit = at_once(&*limiter, b"fits", &fitting()).await;
+        assert_eq!(redis.command_calls("evalsha") - calls, 2, "{name}");
+        let mut one_by_one = Vec::new();
+        for cost in fitting() {
+            let decision = reference.check(b"fits", cost).await;
+            one_by_one.push((decision.state, decision.remaining));
+        }
+        assert_eq!(fit, one_by_one, "{name}: checks that fit");
+        assert!(
+            fit.iter().all(|(s, _)| *s != State::OverQuota),
+            "{name}: {fit:?}"
+        );
+        let calls = redis.command_calls("evalsha");
+        let coalesced = at_once(&*limiter, b"hot", &costs()).await;
         let used = redis.command_calls("evalsha") - calls;
         let mut one_by_one = Vec::new();
         for cost in costs() {
@@ -153,7 +177,7 @@ async fn without_coalescing_every_check_is_a_call() {
     let (limiter, reference) = (&limiters(&backend)[1].1, &limiters(&in_process)[1].1);
     limiter.check(b"warm-up", NonZeroU32::MIN).await;
     let calls = redis.command_calls("evalsha");
-    let decisions = at_once(&**limiter, b"hot").await;
+    let decisions = at_once(&**limiter, b"hot", &costs()).await;
     // Every check but the one above the limit (answered without Redis).
     assert_eq!(redis.command_calls("evalsha") - calls, 39);
     let mut one_by_one = Vec::new();
@@ -273,6 +297,22 @@ async fn a_coalesced_call_decides_and_writes_as_its_checks_one_by_one() {
                 assert_eq!(answer(&a), answer(&b), "{what}: history at {at} µs");
             }
             clock.freeze_at(t0);
+            // Checks that all fit (the lean path), then checks past the limits.
+            let together: Vec<_> = futures_join(
+                fitting()
+                    .into_iter()
+                    .map(|c| batched.check(b"k", c))
+                    .collect(),
+            )
+            .await
+            .iter()
+            .map(answer)
+            .collect();
+            let mut alone = Vec::new();
+            for cost in fitting() {
+                alone.push(answer(&reference.check(b"k", cost).await));
+            }
+            assert_eq!(together, alone, "{what}: checks that fit");
             let calls = redis.command_calls("evalsha");
             let together: Vec<_> = futures_join(
                 costs()

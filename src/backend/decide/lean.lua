@@ -229,30 +229,80 @@ local function lean(KEYS, ARGV, L, k, n, cost, cost_text, now_us)
   return lean_from(KEYS, ARGV, L, k, cost, cost_text, n, 1, now_us, 3)
 end
 
--- Coalesced checks of one key ('m', see engine.lua) of one token bucket: the lean check
--- of each cost in turn (the costs from ARGV[3] on), on the TAT the checks before it left,
--- the key read once and written once. Returns the call's reply as the engine's for 'm'
--- (an item per check: each admit packed), or nil when a check is not the lean case (a
+-- Coalesced checks of one key ('m', see engine.lua) of one limit, as the lean check
+-- decides them: each check's reply is what its own call would reply after the checks
+-- before it. A token bucket tries each cost in turn (from ARGV[3] on) on the TAT the
+-- checks before it left, the key read once and written once; a window (fixed, aligned,
+-- calendar, rolling) tries their sum at once, which admits every check when it admits
+-- (a window's count only grows within a call: each check's count is the sum's less the
+-- costs after it, its time the sum's). Returns the call's reply as the engine's for 'm'
+-- (an item per check: each admit packed), or nil when that is not the lean case (a
 -- refusal, a skew, a block's mark): the general engine then decides them all, nothing
 -- having been written.
 local function lean_coalesced(KEYS, ARGV, L, count, now_us)
-  local interval, burst, epoch, power, bits = L[3], L[4], L[5], L.per[5], L.per[4]
-  local value = redis.call('GET', KEYS[1])
+  local kind, power, bits = L[1], L.per[5], L.per[4]
   local out = {}
-  local ok, left, full, now, tau
+  if kind == 't' then
+    local interval, burst, epoch = L[3], L[4], L[5]
+    local value = redis.call('GET', KEYS[1])
+    local ok, left, full, now, tau
+    for j = 1, count do
+      ok, left, full, value, now, tau = token_bucket_admit(value, interval, burst, epoch,
+        ARGV[2 + j] + 0, now_us)
+      if not ok then
+        return nil
+      end
+      -- (Packed: see above.)
+      if full < (70368744177664 - left) / power then
+        out[j] = -((full * power + left) * 128 + 64 + bits) - 1
+      else
+        out[j] = { 1, 0, 1, left, 0, full }
+      end
+    end
+    token_bucket_commit(KEYS, 1, value, now, tau)
+    return out
+  end
+  if kind ~= 'w' and kind ~= 'c' and kind ~= 'r' then
+    return nil
+  end
+  -- The costs follow a calendar window's four boundaries.
+  local at = kind == 'c' and 6 or 2
+  local total = 0
   for j = 1, count do
-    ok, left, full, value, now, tau = token_bucket_admit(value, interval, burst, epoch,
-      ARGV[2 + j] + 0, now_us)
+    total = total + ARGV[at + j]
+  end
+  local ok, sum, t
+  local shape = 0
+  if kind == 'r' then
+    local current, dead
+    ok, sum, t, current, dead = rolling_try(KEYS, 1, L[3], L[4], L[5], total, now_us)
     if not ok then
       return nil
     end
-    -- (Packed: see above.)
-    if full < (70368744177664 - left) / power then
-      out[j] = -((full * power + left) * 128 + 64 + bits) - 1
-    else
-      out[j] = { 1, 0, 1, left, 0, full }
+    rolling_commit(KEYS, 1, dead, current, total, total, L[4], L[5])
+    shape = 1
+  else
+    local length, offset = L[4], L[5]
+    if kind == 'c' then
+      local deadline = nil
+      deadline, length = calendar_window(ARGV, 3, math.floor(now_us / 1000))
+      offset = -deadline
+    end
+    ok, sum, t = period_try(KEYS, 1, 2, L[3], length, offset, total, total, now_us)
+    if not ok then
+      return nil
     end
   end
-  token_bucket_commit(KEYS, 1, value, now, tau)
+  for j = count, 1, -1 do
+    -- (Packed: see above.)
+    if t < (70368744177664 - sum) / power then
+      out[j] = -((t * power + sum) * 128 + shape * 64 + bits) - 1
+    elseif shape == 0 then
+      out[j] = { 1, 0, 1, sum, t }
+    else
+      out[j] = { 1, 0, 1, sum, 0, t }
+    end
+    sum = sum - ARGV[at + j]
+  end
   return out
 end
