@@ -28,15 +28,16 @@ end
 
 -- The lean check (src/backend/decide/lean.lua): the common case of token_bucket_state and
 -- token_bucket_step in the fewest commands and no tables, deciding exactly as they do.
--- token_bucket_try(KEYS, k, interval, burst, epoch, cost, now_us) reads the key alone and
--- returns true, the tokens left, the µs until full and the new TAT when the bucket
--- admits the cost with the key's time the server's (no skew, no step back, no block: a
--- blocked key's value is marked, see token_bucket_mark); else false, and the steps
--- decide (a refusal, a skew, a step back, a block). Nothing is written:
+-- token_bucket_try(value, interval, burst, epoch, cost, now_us), on the key's value alone
+-- (`value`: as the caller's GET of the key read it, or the TAT a check before this one
+-- left in the same call), returns true, the tokens left, the µs until full and the new
+-- TAT when the bucket admits the cost with the key's time the server's (no skew, no step
+-- back, no block: a blocked key's value is marked, see token_bucket_mark); else false,
+-- and the steps decide (a refusal, a skew, a step back, a block). Nothing is written:
 -- token_bucket_commit(KEYS, k, tat, now, tau) stores the new TAT as token_bucket_store does.
--- token_bucket_admit(value, ...) decides the same on the key's value (`value`: as GET
--- reads it, or the TAT a check before this one left in the same call).
-local function token_bucket_admit(value, interval, burst, epoch, cost, now_us)
+-- (The caller reads the key: for Redis a call of a function costs as much as ten
+-- operations.)
+local function token_bucket_try(value, interval, burst, epoch, cost, now_us)
   local tat = nil
   if value then
     -- (A skew, a floor or a block's mark: a value of more than one word.)
@@ -66,10 +67,6 @@ local function token_bucket_admit(value, interval, burst, epoch, cost, now_us)
   local full_in = new_tat - now
   return true, math.floor((tau - full_in + eps) / interval), math.ceil(full_in - eps), new_tat,
     now, tau
-end
-
-local function token_bucket_try(KEYS, k, interval, burst, epoch, cost, now_us)
-  return token_bucket_admit(redis.call('GET', KEYS[k]), interval, burst, epoch, cost, now_us)
 end
 
 -- The TAT goes to Redis as a number, which Redis writes with 17 significant digits: the

@@ -121,8 +121,8 @@ local function lean_from(KEYS, ARGV, L, k, cost, cost_text, n, i, now_us, bounds
     shape = 0
   elseif kind == 't' then
     now_us = now_us or unix_us(ARGV)
-    ok, r1, r2, c1, c2, c3 = token_bucket_try(KEYS, k + i, L[at + 2], L[at + 3], L[at + 4],
-      spent, now_us)
+    ok, r1, r2, c1, c2, c3 = token_bucket_try(redis.call('GET', KEYS[k + i]), L[at + 2],
+      L[at + 3], L[at + 4], spent, now_us)
   else
     now_us = now_us or unix_us(ARGV)
     ok, r1, r2, c1, c2 = rolling_try(KEYS, k + i, L[at + 2], L[at + 3], L[at + 4], spent,
@@ -181,8 +181,8 @@ local function lean(KEYS, ARGV, L, k, n, cost, cost_text, now_us)
     local ok, count, t, shape
     if kind == 't' then
       local tat, now, tau
-      ok, count, t, tat, now, tau = token_bucket_try(KEYS, k + 1, L[3], L[4], L[5], cost,
-        now_us or unix_us(ARGV))
+      ok, count, t, tat, now, tau = token_bucket_try(redis.call('GET', KEYS[k + 1]), L[3], L[4],
+        L[5], cost, now_us or unix_us(ARGV))
       if not ok then
         return nil
       end
@@ -247,7 +247,7 @@ local function lean_coalesced(KEYS, ARGV, L, count, now_us)
     local value = redis.call('GET', KEYS[1])
     local ok, left, full, now, tau
     for j = 1, count do
-      ok, left, full, value, now, tau = token_bucket_admit(value, interval, burst, epoch,
+      ok, left, full, value, now, tau = token_bucket_try(value, interval, burst, epoch,
         ARGV[2 + j] + 0, now_us)
       if not ok then
         return nil
