@@ -98,7 +98,11 @@
 //! engine, which reads the block. Marks live at least as long as the block; any call
 //! that writes while the key is blocked marks again, and the first one after the block
 //! has ended takes them off. A fixed window that starts during a block starts on an
-//! empty key, so the lean check reads the block whenever it starts a window.
+//! empty key, so the lean check reads the block whenever it starts a window. So a token
+//! bucket's or a rolling window's state lives at least until the block ends (a fixed
+//! window's keeps its window's end): this shows only when the server's clock steps
+//! forward past the state's own expiry during a block, where the state is kept instead
+//! of forgotten (`tests/model.rs` models it).
 //!
 //! What this costs a blocked key: the call that blocks it writes each limit's key once
 //! more, its checks run the general engine (as refusals do), and the first call after

@@ -323,6 +323,20 @@ impl Kept {
         }
     }
 
+    /// Keeps a token bucket's or a rolling window's key until `t` at least (a blocked
+    /// key's mark: see `Model::mark`).
+    pub(crate) fn keep_until(&mut self, t: u64) {
+        match self {
+            Self::Window(_) => {}
+            Self::Tat(bucket) => {
+                if let Some(bucket) = bucket {
+                    bucket.expiry = bucket.expiry.max(t);
+                }
+            }
+            Self::Buckets(ring) => ring.expiry = ring.expiry.max(t),
+        }
+    }
+
     /// Decides `cost` at `t`; with `write` (a check's writing step), spends it if
     /// admitted and stores a changed skew.
     pub(crate) fn decide(&mut self, limit: Limit, c: Clock, cost: u64, write: bool) -> Answer {

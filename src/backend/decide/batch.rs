@@ -16,6 +16,8 @@ use std::time::Duration;
 use dashmap::DashMap;
 use tokio::sync::oneshot;
 
+use super::coalesce::Part;
+
 /// The most checks one call carries (the rest go with the next).
 pub(crate) const MAX_BATCH: usize = 128;
 
@@ -46,9 +48,8 @@ pub(crate) struct Queued {
     /// The check's Redis key.
     pub(crate) redis_key: Vec<u8>,
     pub(crate) cost: NonZeroU32,
-    /// Gets the check's reply, or `None` when the call failed (the failure policy
-    /// answers).
-    pub(crate) reply: oneshot::Sender<Option<Vec<i64>>>,
+    /// Gets the check's part of the batch.
+    pub(crate) reply: oneshot::Sender<Part>,
 }
 
 /// What a check does: make its own call, or wait for a batch.
@@ -57,7 +58,7 @@ pub(crate) enum Turn {
     /// must call [`Batcher::next`] when it returns.
     Call,
     /// The bound is reached: the check's reply comes from a later batch.
-    Queued(oneshot::Receiver<Option<Vec<i64>>>),
+    Queued(oneshot::Receiver<Part>),
 }
 
 impl Batcher {
@@ -71,7 +72,7 @@ impl Batcher {
         route: u16,
         after: usize,
         call_timeout: Duration,
-        queued: impl FnOnce(oneshot::Sender<Option<Vec<i64>>>) -> Queued,
+        queued: impl FnOnce(oneshot::Sender<Part>) -> Queued,
     ) -> Turn {
         let round_trip_us = self.round_trip_us.load(Ordering::Relaxed);
         let timeout_us = u64::try_from(call_timeout.as_micros()).unwrap_or(u64::MAX);
@@ -144,7 +145,7 @@ mod tests {
         batcher
     }
 
-    fn queued(tx: oneshot::Sender<Option<Vec<i64>>>) -> Queued {
+    fn queued(tx: oneshot::Sender<Part>) -> Queued {
         Queued {
             redis_key: b"k".to_vec(),
             cost: NonZeroU32::MIN,
@@ -172,9 +173,9 @@ mod tests {
             panic!("a check arriving meanwhile queues");
         };
         for check in batch {
-            let _ = check.reply.send(Some(vec![1]));
+            let _ = check.reply.send(Ok(vec![1]));
         }
-        assert_eq!(first.try_recv().unwrap(), Some(vec![1]));
+        assert_eq!(first.try_recv().unwrap().ok(), Some(vec![1]));
         // The batch returns: the check queued meanwhile goes next.
         assert_eq!(batcher.next(0).len(), 1);
         // Nobody waits: the calls end, and the route is free.

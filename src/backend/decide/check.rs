@@ -80,7 +80,7 @@ pub(crate) fn check<T: Hosts + ?Sized>(
                 let deadline = redis.call_timeout();
                 return DecisionFuture::pending(async move {
                     let part = tokio::time::timeout(deadline, part).await;
-                    let part = part.ok().and_then(Result::ok).flatten().ok_or(None);
+                    let part = part.ok().and_then(Result::ok).unwrap_or(Err(None));
                     conclude(&*store, &redis, part, &redis_key, cost, deny_key)
                 });
             }
@@ -101,7 +101,8 @@ pub(crate) fn check<T: Hosts + ?Sized>(
         let deadline = redis.call_timeout();
         if let batch::Turn::Queued(part) = remote.batcher.turn(route, after, deadline, queued) {
             // Its wait: no longer than for a call of its own (the failure policy answers
-            // then); the batch's failure is reported by the batch.
+            // then); a batch's failure is reported by the batch, a key's error by
+            // this check.
             let leader = Leader {
                 store: Arc::clone(store),
                 redis: Arc::clone(redis),
@@ -111,7 +112,7 @@ pub(crate) fn check<T: Hosts + ?Sized>(
             };
             return DecisionFuture::pending(async move {
                 let part = tokio::time::timeout(deadline, part).await;
-                let part = part.ok().and_then(Result::ok).flatten().ok_or(None);
+                let part = part.ok().and_then(Result::ok).unwrap_or(Err(None));
                 let decision = conclude(
                     &*leader.store,
                     &leader.redis,
@@ -387,7 +388,7 @@ impl<T: Hosts + ?Sized> Drop for Leader<T> {
                     let mut batch = batch;
                     while !batch.is_empty() {
                         for check in batch {
-                            let _ = check.reply.send(None);
+                            let _ = check.reply.send(Err(None));
                         }
                         batch = self.store.remote().batcher.next(route);
                     }
@@ -404,7 +405,7 @@ impl<T: Hosts + ?Sized> Drop for Leader<T> {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             // No runtime to call from: the waiting checks answer by the failure policy.
             for check in waiting {
-                let _ = check.reply.send(None);
+                let _ = check.reply.send(Err(None));
             }
             let _ = self.store.remote().coalescer().next(hash);
             return;
@@ -461,7 +462,7 @@ async fn calls<T: Hosts + ?Sized>(
             None => vec![None; waiting.len()],
         };
         for (check, part) in waiting.drain(..).zip(parts) {
-            let _ = check.reply.send(part.map(<[i64]>::to_vec));
+            let _ = check.reply.send(part.map(<[i64]>::to_vec).ok_or(None));
         }
         waiting = remote.coalescer().next(hash);
     }
@@ -592,7 +593,7 @@ async fn send_batch<T: Hosts + ?Sized>(
         Ok(flat) => {
             let parts = split_batch(&flat, batch.len());
             for (check, part) in batch.into_iter().zip(parts) {
-                let _ = check.reply.send(part.map(<[i64]>::to_vec));
+                let _ = check.reply.send(part.map(<[i64]>::to_vec).ok_or(None));
             }
         }
         Err(error) if error.code() == Some("CROSSSLOT") => {
@@ -607,13 +608,14 @@ async fn send_batch<T: Hosts + ?Sized>(
         Err(error) => {
             remote.record_error(&error);
             for check in batch {
-                let _ = check.reply.send(None);
+                let _ = check.reply.send(Err(None));
             }
         }
     }
 }
 
-/// Each check of `batch` in its own call, all at once.
+/// Each check of `batch` in its own call, all at once (a call's error goes to its check,
+/// which reports it as a check of its own does).
 async fn alone<T: Hosts + ?Sized>(store: &Arc<T>, redis: &Arc<RedisBackend>, batch: Vec<Queued>) {
     let remote = store.remote();
     let lockout = store.blocks().lockout_ms();
@@ -632,19 +634,9 @@ async fn alone<T: Hosts + ?Sized>(store: &Arc<T>, redis: &Arc<RedisBackend>, bat
                 let started = std::time::Instant::now();
                 let result = redis.eval(&call).await;
                 remote.record_duration(started.elapsed());
-                match result {
-                    Ok(reply) => Some(reply),
-                    Err(error) => {
-                        remote.record_error(&error);
-                        if error.fault() == Fault::Key {
-                            let hash = remote.backend.inner.deny.hash(&check.redis_key);
-                            redis.key_error(hash, &error);
-                        }
-                        None
-                    }
-                }
+                result.map_err(Some)
             }
-            None => None,
+            None => Err(None),
         };
         let _ = check.reply.send(reply);
     });

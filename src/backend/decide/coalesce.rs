@@ -14,6 +14,13 @@ use dashmap::DashMap;
 use tokio::sync::oneshot;
 
 use super::deny::PreHashed;
+use crate::backend::redis::fault::ScriptError;
+
+/// A waiting check's part of a shared call (a coalesced or a batched one): its reply,
+/// or the call's error (`Err(Some)`: its own to report, a key's error; `Err(None)`:
+/// reported by the call, or no reply of the expected shape), which the failure policy
+/// answers.
+pub(crate) type Part = Result<Vec<i64>, Option<ScriptError>>;
 
 /// The calls in flight of one limiter, and the checks waiting for them.
 #[derive(Debug, Default)]
@@ -27,8 +34,8 @@ pub(crate) struct Coalescer {
 #[derive(Debug)]
 pub(crate) struct Waiting {
     pub(crate) cost: NonZeroU32,
-    /// Gets the check's part of the reply, or `None` when the call failed.
-    pub(crate) reply: oneshot::Sender<Option<Vec<i64>>>,
+    /// Gets the check's part of the call.
+    pub(crate) reply: oneshot::Sender<Part>,
 }
 
 /// What a check does: lead a call, or wait for a later one.
@@ -37,7 +44,7 @@ pub(crate) enum Turn {
     /// when it returns.
     Lead,
     /// A call is in flight: this check's part of the next one arrives here.
-    Wait(oneshot::Receiver<Option<Vec<i64>>>),
+    Wait(oneshot::Receiver<Part>),
 }
 
 impl Coalescer {
