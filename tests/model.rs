@@ -48,7 +48,8 @@
 //! differ from the model's by up to the steps' sizes (plus a rolling window's interval:
 //! a key's time moves by whole buckets), its reset may be another window's (a step
 //! across a window's edge), and it may refuse where the model admits (a step forward
-//! ended a window early on Redis). A decision above the capacity
+//! ended a window early on Redis) or refuse as blocked (nothing left, the block's
+//! shorter wait) where a step forward ended the block on Redis. A decision above the capacity
 //! says `Redis` or `Fallback` by the breaker's state. Nothing else may differ, but for
 //! the one approximate path, leases: a token bucket alone with leases (see
 //! [`run_leased`]) is held to the leases' documented bound instead of the model's
@@ -858,14 +859,19 @@ fn agrees(
         // wait may be off by the steps (a step forward may have ended the window, or
         // refilled the bucket, early on Redis: the model may even admit), for at most
         // the cache's maximum age, and its reset may be another window's (a step across
-        // a window's edge leaves the window the refusal saw): it is not compared.
+        // a window's edge leaves the window the refusal saw): it is not compared. A
+        // refusal cached while the key was blocked still says so (nothing left, the
+        // block's wait) where a step forward ended the block on Redis: it says no more
+        // than the model, and to come back no later.
         let near = |got: Option<u128>, want: Option<u128>| match (got, want) {
             (Some(got), Some(want)) => got.abs_diff(want) <= drift_us,
             _ => false,
         };
+        let blocked_then = answer.remaining == 0
+            && matches!((answer.retry_us, want.retry_us), (Some(got), Some(want)) if got <= want);
         let stepped = drift_us > 0
             && answer.state == State::OverQuota
-            && (want.admitted() || near(answer.retry_us, want.retry_us));
+            && (want.admitted() || near(answer.retry_us, want.retry_us) || blocked_then);
         return if same || stepped {
             Ok(())
         } else {
@@ -1253,6 +1259,27 @@ fn kept_cases() -> Vec<Case> {
                 Op::Settle(1),
                 Op::Return,
                 Op::Settle(0),
+            ],
+        },
+        // A 2000-case run of 2026-11-27: the deny cache (coalescing on) after a 1 ms
+        // block and a step of the server's clock past its end.
+        Case {
+            limits: vec![Limit::Period {
+                quota: 2,
+                period_ms: 10_000,
+                align: None,
+                calendar: false,
+            }],
+            set: false,
+            lockout_ms: None,
+            caller_skew_ms: -250,
+            ops: vec![
+                Op::Check(2),
+                Op::Settle(-1),
+                Op::Block(1),
+                Op::Batch(vec![1, 1]),
+                Op::Step(1),
+                Op::Batch(vec![1, 2]),
             ],
         },
     ]
