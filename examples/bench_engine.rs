@@ -530,6 +530,17 @@ fn crate_rows(backend: &Backend, path: &str) -> Vec<Row> {
             TokenBucketLimiter::new(backend, "tbc", tb).unwrap(),
             8,
         ),
+        batch_row(
+            &p("fixed window, coalesced (8 at once, per decision)"),
+            PeriodLimiter::new(backend, "fwc", PeriodConfig::new(HUGE, MINUTE)).unwrap(),
+            8,
+        ),
+        batch_row(
+            &p("rolling window, coalesced (8 at once, per decision)"),
+            RollingWindowLimiter::new(backend, "rwc", RollingConfig::new(HUGE, 10, MINUTE / 10))
+                .unwrap(),
+            8,
+        ),
         settle_row(
             &p("settled request, token bucket: check 100, settle +20"),
             TokenBucketLimiter::new(backend, "tbu", tb).unwrap(),
