@@ -595,8 +595,14 @@ impl Model {
     /// blocked key's state outlives the block; a fixed window's mark keeps its key's
     /// expiry, the window's end). Seen only when the server's clock steps past a key's
     /// own expiry during a block (the state stays where it would have been forgotten).
-    fn mark(&mut self, now: u64) {
+    ///
+    /// A block ending at `now` is over, and a call that reached Redis then deleted it
+    /// (`block_left` in the engine): no step of the server's clock brings it back.
+    fn mark(&mut self, now: u64, reached: bool) {
         if self.blocked_until <= now {
+            if reached && self.blocked_until == now {
+                self.blocked_until = 0;
+            }
             return;
         }
         for kept in &mut self.kept {
@@ -1041,7 +1047,9 @@ async fn run(case: &Case, host: Host, serial: u64) -> Result<(), String> {
             }
         };
         if !matches!(op, Op::Peek(_)) {
-            model.mark(t);
+            // (Whether a call reached Redis: a refusal from the deny cache did not.)
+            let reached = !redis || results.iter().any(|(_, _, d)| d.source == Source::Redis);
+            model.mark(t, reached);
         }
         // The server clock's steps within a deny-cache entry's life (see `agrees`), and
         // then a rolling window's interval: a key's time moves by whole buckets.
@@ -1280,6 +1288,25 @@ fn kept_cases() -> Vec<Case> {
                 Op::Batch(vec![1, 1]),
                 Op::Step(1),
                 Op::Batch(vec![1, 2]),
+            ],
+        },
+        // A 1500-case run on Valkey 8.0 of 2026-11-27: a block of 1 ms that ends at the
+        // very millisecond of the next call, then a step of the server's clock back.
+        Case {
+            limits: vec![Limit::Bucket {
+                rate: 4,
+                period_ms: 1_000,
+                burst: 4,
+            }],
+            set: true,
+            lockout_ms: None,
+            caller_skew_ms: -2_500,
+            ops: vec![
+                Op::Block(1),
+                Op::Wait(1),
+                Op::Refund(1),
+                Op::Step(-20_000),
+                Op::Check(1),
             ],
         },
     ]

@@ -52,10 +52,14 @@ local function period_try(KEYS, k, block, quota, length, offset, cost, cost_text
   end
   local ttl = redis.call('PTTL', KEYS[k])
   if count == cost and ttl == -1 and cost <= quota then
-    -- A new window.
-    if redis.call('PTTL', KEYS[block]) > 0 then
+    -- A new window (a block ending this very millisecond is over, and deleted: see
+    -- block_left in engine.lua).
+    local blocked = redis.call('PTTL', KEYS[block])
+    if blocked > 0 then
       redis.call('DEL', KEYS[k])
       return false
+    elseif blocked == 0 then
+      redis.call('DEL', KEYS[block])
     end
     if not offset then
       redis.call('PEXPIRE', KEYS[k], length)

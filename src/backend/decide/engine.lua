@@ -65,6 +65,17 @@ local function engine(KEYS, ARGV, L, H)
 local op = H[1]
 local cost = H[2]
 local n = #KEYS - 1
+-- The ms the key stays blocked (0: not blocked). A block ending this very millisecond
+-- (PTTL 0) is over; a call that may write (all but a peek) deletes it then, since it
+-- takes the key's marks off: a step of the server's clock back would otherwise bring
+-- the block back on keys the lean check no longer leaves to the engine.
+local function block_left()
+  local ms = redis.call('PTTL', KEYS[n + 1])
+  if ms == 0 and H[1] ~= 'p' then
+    redis.call('DEL', KEYS[n + 1])
+  end
+  return math.max(0, ms)
+end
 -- The lockout (ms) of a check; a reservation's longest wait (µs); a lease's size.
 local param = H[3]
 local limits = {}
@@ -144,7 +155,7 @@ if op == 'l' then
   end
 end
 if op == 'v' or op == 'l' then
-  local blocked = math.max(0, redis.call('PTTL', KEYS[n + 1]))
+  local blocked = block_left()
   if blocked == 0 then
     -- Reserve (one token bucket): the cost at the earliest time it fits, within the
     -- longest wait. Lease: at least the cost, at most the lease size.
@@ -167,7 +178,7 @@ local blocked = nil
 -- One decision: whether every limit admits it (1/0) and each limit's reply.
 local function decide(op, cost)
   if blocked == nil then
-    blocked = math.max(0, redis.call('PTTL', KEYS[n + 1]))
+    blocked = block_left()
   end
   if blocked > 0 then
     -- Blocked: nothing is spent; a limit that would refuse the cost says so (the reply's
