@@ -97,7 +97,8 @@
 //! window's count 2^52 more. A marked key is one the lean check leaves to the general
 //! engine, which reads the block. Marks live at least as long as the block; any call
 //! that writes while the key is blocked marks again, and the first one after the block
-//! has ended takes them off. A fixed window that starts during a block starts on an
+//! has ended takes them off (and deletes a block ending that very millisecond, which a
+//! step of the server's clock back would otherwise bring back unmarked). A fixed window that starts during a block starts on an
 //! empty key, so the lean check reads the block whenever it starts a window. So a token
 //! bucket's or a rolling window's state lives at least until the block ends (a fixed
 //! window's keeps its window's end): this shows only when the server's clock steps
