@@ -1047,8 +1047,12 @@ async fn run(case: &Case, host: Host, serial: u64) -> Result<(), String> {
             }
         };
         if !matches!(op, Op::Peek(_)) {
-            // (Whether a call reached Redis: a refusal from the deny cache did not.)
-            let reached = !redis || results.iter().any(|(_, _, d)| d.source == Source::Redis);
+            // (Whether a call reached Redis: a refusal from the deny cache did not, nor
+            // a cost above the capacity, answered at once.)
+            let reached = !redis
+                || results.iter().any(|(_, _, d)| {
+                    d.source == Source::Redis && d.state != State::ExceedsCapacity
+                });
             model.mark(t, reached);
         }
         // The server clock's steps within a deny-cache entry's life (see `agrees`), and
@@ -1305,6 +1309,32 @@ fn kept_cases() -> Vec<Case> {
                 Op::Block(1),
                 Op::Wait(1),
                 Op::Refund(1),
+                Op::Step(-20_000),
+                Op::Check(1),
+            ],
+        },
+        // The same with a cost above the capacity at the block's end (answered without
+        // a call, so the block stays, and the step back brings it back).
+        Case {
+            limits: vec![
+                Limit::Bucket {
+                    rate: 3,
+                    period_ms: 1_000,
+                    burst: 6,
+                },
+                Limit::Bucket {
+                    rate: 3,
+                    period_ms: 1_000,
+                    burst: 4,
+                },
+            ],
+            set: true,
+            lockout_ms: None,
+            caller_skew_ms: 40,
+            ops: vec![
+                Op::Block(1),
+                Op::Step(1),
+                Op::Check(5),
                 Op::Step(-20_000),
                 Op::Check(1),
             ],
