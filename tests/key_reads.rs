@@ -125,6 +125,29 @@ fn paths(redis: &RedisServer) -> Vec<bool> {
     }
 }
 
+/// The engine's commands among MONITOR's `lines` (but the server's clock, `TIME`, read
+/// once per call: no key), and those of them that named a block key.
+fn engine_commands(lines: &[String]) -> (u64, Vec<String>) {
+    let mut commands = 0;
+    let mut blocks = Vec::new();
+    for line in lines {
+        let Some((client, words)) = monitor_words(line) else {
+            continue;
+        };
+        let time = words
+            .first()
+            .is_some_and(|w| w.eq_ignore_ascii_case(b"TIME"));
+        if !client.contains("lua") || time {
+            continue;
+        }
+        commands += 1;
+        if words.iter().any(|w| w.windows(8).any(|s| s == b"}:block:")) {
+            blocks.push(line.clone());
+        }
+    }
+    (commands, blocks)
+}
+
 /// Checks of keys never blocked read and write their limits' keys alone: no command
 /// of the engine names a block key, on either engine path, for windows and buckets
 /// that hold a count and for keys whose state has expired (a bucket that refills in a
@@ -155,21 +178,8 @@ async fn a_check_reads_its_limits_keys_alone() {
             tokio::time::sleep(5 * MS).await;
         }
         let lines = monitor.until(redis.port(), "reads-end");
-        let mut commands = 0;
-        let mut blocks = Vec::new();
-        for line in &lines {
-            let Some((client, words)) = monitor_words(line) else {
-                continue;
-            };
-            if !client.contains("lua") {
-                continue;
-            }
-            commands += 1;
-            if words.iter().any(|w| w.windows(8).any(|s| s == b"}:block:")) {
-                blocks.push(line.clone());
-            }
-        }
-        let checks = 3 * limiters.len() * keys.len();
+        let (commands, blocks) = engine_commands(&lines);
+        let checks = 3 * limiters.len() as u64 * keys.len() as u64;
         eprintln!("functions: {functions}: {commands} commands for {checks} checks");
         assert!(
             commands >= checks,
@@ -385,24 +395,7 @@ async fn a_coalesced_call_reads_its_limits_key_alone() {
             }
             let calls = redis.command_calls("evalsha") - calls;
             let lines = monitor.until(redis.port(), "hot-end");
-            let mut commands = 0;
-            let mut blocks = Vec::new();
-            for line in &lines {
-                let Some((client, words)) = monitor_words(line) else {
-                    continue;
-                };
-                // (The server's clock, read once per call, is no key.)
-                let time = words
-                    .first()
-                    .is_some_and(|w| w.eq_ignore_ascii_case(b"TIME"));
-                if !client.contains("lua") || time {
-                    continue;
-                }
-                commands += 1;
-                if words.iter().any(|w| w.windows(8).any(|s| s == b"}:block:")) {
-                    blocks.push(line.clone());
-                }
-            }
+            let (commands, blocks) = engine_commands(&lines);
             eprintln!("{what}: {commands} commands in {calls} calls");
             assert!(
                 calls <= 2 * rounds,
