@@ -554,6 +554,19 @@ fn crate_rows(backend: &Backend, path: &str) -> Vec<Row> {
             -20,
         ),
         settle_row(
+            &p("settled request, fixed window: check 100, settle +20"),
+            PeriodLimiter::new(backend, "fwu", PeriodConfig::new(HUGE, MINUTE)).unwrap(),
+            100,
+            20,
+        ),
+        settle_row(
+            &p("settled request, rolling window, 10 buckets: check 100, settle -20"),
+            RollingWindowLimiter::new(backend, "rwd", RollingConfig::new(HUGE, 10, MINUTE / 10))
+                .unwrap(),
+            100,
+            -20,
+        ),
+        settle_row(
             &p("settled request, set requests + tokens: check 100, settle +20"),
             SetLimiter::new(
                 backend,
