@@ -413,3 +413,54 @@ async fn a_coalesced_call_reads_its_limits_key_alone() {
         }
     }
 }
+
+/// Settlements of keys never blocked (a layer's after each response, counting usage)
+/// read and write their limit's key alone, for every algorithm, on both engine paths:
+/// charges (above the estimate) and refunds (below it), each one call of at most two
+/// commands (a token bucket: `GET`, then `SET` or `DEL` when it changed; a window:
+/// `INCRBY` and `PTTL`; a rolling window: `HGETALL` and `HINCRBY` or `HDEL`, and the
+/// key's expiry when a bucket starts). Before, the general engine settled: every call
+/// read the key's block (`PTTL`), and a refund read the limit's key twice.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_settlement_reads_its_limits_key_alone() {
+    let redis = RedisServer::start();
+    let estimate = NonZeroU32::new(10).unwrap();
+    let deltas = [5, -3, 2, -4];
+    for functions in paths(&redis) {
+        let backend = backend(&redis, functions);
+        let keys: Vec<Vec<u8>> = (0..10).map(|i| format!("s{i}").into_bytes()).collect();
+        // The limits of one algorithm each (sets run the general engine).
+        let names = ["bucket", "fixed", "aligned", "calendar", "rolling"];
+        for (name, limiter) in names.into_iter().zip(limiters(&backend, true, None)) {
+            let what = format!("{name}, functions: {functions}");
+            for key in &keys {
+                assert!(limiter.check(key, estimate).await.is_admitted(), "{what}");
+            }
+            let monitor = Monitor::start(redis.port());
+            let _ = monitor.until(redis.port(), "settle-start");
+            for key in &keys {
+                for delta in deltas {
+                    let settled = limiter.settle(key, delta).expect("built-in").await;
+                    assert!(settled.is_admitted(), "{what}: {settled:?}");
+                    assert_eq!(settled.source, Source::Redis, "{what}: {settled:?}");
+                }
+            }
+            let lines = monitor.until(redis.port(), "settle-end");
+            let (commands, blocks) = engine_commands(&lines);
+            let settlements = (keys.len() * deltas.len()) as u64;
+            eprintln!("{what}: {commands} commands for {settlements} settlements");
+            assert!(
+                blocks.is_empty(),
+                "{what}: {} commands named the block key, such as {:?}",
+                blocks.len(),
+                &blocks[..blocks.len().min(3)]
+            );
+            // (A rolling window sets its key's expiry when a bucket starts: a few more.)
+            let most = if name == "rolling" { 5 } else { 4 };
+            assert!(
+                2 * commands <= most * settlements,
+                "{what}: {commands} commands for {settlements} settlements"
+            );
+        }
+    }
+}

@@ -94,8 +94,9 @@
 //! Redis pay for), the call that blocks a key also *marks* its limits' keys: a token
 //! bucket's value gets a last word `b` (`"<TAT> <skew> <floor> b"`; a key that held
 //! nothing is marked too, `"- 0 - b"`), a rolling window's hash a field `b`, a fixed
-//! window's count 2^52 more. A marked key is one the lean check leaves to the general
-//! engine, which reads the block. Marks live at least as long as the block; any call
+//! window's count 2^52 more. A marked key is one the lean check (and the lean
+//! settlement of one limit, which a layer counting usage makes after each response)
+//! leaves to the general engine, which reads the block. Marks live at least as long as the block; any call
 //! that writes while the key is blocked marks again, and the first one after the block
 //! has ended takes them off (and deletes a block ending that very millisecond, which a
 //! step of the server's clock back would otherwise bring back unmarked). A fixed window that starts during a block starts on an

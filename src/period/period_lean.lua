@@ -80,3 +80,61 @@ local function period_try(KEYS, k, block, quota, length, offset, cost, cost_text
   period_undo(KEYS, k, cost, count, ttl)
   return false
 end
+
+-- The lean settlement (src/backend/decide/lean.lua): period_charge (a `delta` above 0)
+-- or period_refund (below 0), then the steps' answer to a cost of 0, as the general
+-- engine runs a settlement, in the fewest commands: the count moved at once (INCRBY,
+-- `delta_text` as the client wrote it), as period_try counts. Returns true, the count
+-- and the ms until the window ends (the caller compares the count with the quota: above
+-- it, debt); else it takes the count back and returns false, and the steps settle (a
+-- skew, a clock step, a blocked key, a count that lost its expiry). A charge on a key
+-- that held nothing starts a window as period_try does (reading the key's block then);
+-- a refund that empties the window deletes it, and the answer is then the next
+-- window's, as the steps' on a key that holds nothing.
+local function period_settle(KEYS, k, block, length, offset, delta, delta_text, now_us)
+  local count = redis.pcall('INCRBY', KEYS[k], delta_text)
+  if type(count) ~= 'number' then
+    return false
+  end
+  local ttl = redis.call('PTTL', KEYS[k])
+  local before = count - delta
+  if ttl == -1 and before == 0 then
+    -- The key held nothing (its window had ended): a window starts, with the charge.
+    local blocked = redis.call('PTTL', KEYS[block])
+    if blocked > 0 then
+      redis.call('DEL', KEYS[k])
+      return false
+    elseif blocked == 0 then
+      redis.call('DEL', KEYS[block])
+    end
+  elseif ttl > 0 and ttl <= length and before > 0 and before < 4503599627370496 then
+    -- (2^52 and above: a blocked key's mark, see period_mark.)
+    if count > 0 then
+      return true, count, ttl
+    end
+  else
+    period_undo(KEYS, k, delta, count, ttl)
+    return false
+  end
+  -- A window that starts (a charge), or none (a refund: nothing held, or all given back).
+  if count <= 0 then
+    redis.call('DEL', KEYS[k])
+    count = 0
+  end
+  if not offset then
+    if count > 0 then
+      redis.call('PEXPIRE', KEYS[k], length)
+    end
+    return true, count, length
+  end
+  local now = math.floor(now_us / 1000)
+  local deadline = now - ((now + offset) % length) + length
+  if count > 0 then
+    if caller_time then
+      redis.call('PEXPIRE', KEYS[k], string.format('%d', deadline - now))
+    else
+      redis.call('PEXPIREAT', KEYS[k], string.format('%d', deadline))
+    end
+  end
+  return true, count, deadline - now
+end

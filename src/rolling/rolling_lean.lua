@@ -82,3 +82,64 @@ local function rolling_commit(KEYS, k, dead, current, cost, cost_text, buckets, 
     redis.call('PEXPIRE', KEYS[k], (buckets + 1) * interval)
   end
 end
+
+-- The lean settlement (src/backend/decide/lean.lua): rolling_charge (a `delta` above 0,
+-- counted in the current bucket as rolling_try and rolling_commit count a check) or
+-- rolling_refund (below 0: the newest buckets first, deleting those it empties), then
+-- the steps' answer to a cost of 0, as the general engine runs a settlement. Returns
+-- true, the sum after it and the ms until every counted unit has expired, when the
+-- window admits then; else false, nothing written, and the steps settle (debt, whose
+-- answer says which bucket's expiry pays it off; a skew; a bucket ahead of now; a
+-- block's mark).
+local function rolling_settle(KEYS, k, limit, buckets, interval, delta, delta_text, now_us)
+  if delta > 0 then
+    local ok, sum, t, current, dead = rolling_try(KEYS, k, limit, buckets, interval, delta,
+      now_us)
+    if not ok then
+      return false
+    end
+    rolling_commit(KEYS, k, dead, current, delta, delta_text, buckets, interval)
+    return true, sum, t
+  end
+  local now = math.floor(now_us / 1000)
+  local current = math.floor(now / interval)
+  local oldest = current - buckets + 1
+  local fields = redis.call('HGETALL', KEYS[k])
+  local sum = 0
+  if #fields > 0 then
+    local read
+    read, sum = pcall(rolling_live, fields, oldest, current)
+    if not read or not sum then
+      return false
+    end
+  end
+  local give = math.min(-delta, sum)
+  if sum - give > limit then
+    return false
+  end
+  -- The live buckets (rolling_live has read every field as a number), newest first.
+  local live, names, counts = {}, {}, {}
+  for i = 1, #fields, 2 do
+    local index, count = fields[i] + 0, fields[i + 1] + 0
+    if count > 0 and count % 1 == 0 and index % 1 == 0 and index >= oldest then
+      live[#live + 1] = index
+      names[index] = fields[i]
+      counts[index] = count
+    end
+  end
+  table.sort(live, function(x, y) return x > y end)
+  local left = give
+  for _, index in ipairs(live) do
+    if left <= 0 then
+      break
+    end
+    local name, count = names[index], counts[index]
+    if left >= count then
+      redis.call('HDEL', KEYS[k], name)
+    else
+      redis.call('HINCRBY', KEYS[k], name, -left)
+    end
+    left = left - count
+  end
+  return true, sum - give, (current + buckets) * interval - now
+end

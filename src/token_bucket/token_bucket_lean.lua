@@ -83,3 +83,61 @@ local function token_bucket_commit(KEYS, k, tat, now, tau)
   -- a Lua 5.4 server writes a float its own way. The ttl: a whole number of ms.)
   redis.call('SET', KEYS[k], string.format('%.17g', tat), 'PX', ttl)
 end
+
+-- The lean settlement (src/backend/decide/lean.lua): token_bucket_charge (a `delta`
+-- above 0) or token_bucket_refund (below 0), then the steps' answer to a cost of 0,
+-- as the general engine runs a settlement, on the key's value alone (`value`: as the
+-- caller's GET read it). Returns true, whether the bucket admits (false: it owes
+-- tokens), the tokens left, the µs until admissible (0 when it admits) and the µs until
+-- full, the bucket written as token_bucket_store would write it (a TAT past a full
+-- burst, debt, with its floor); else false, nothing written, and the engine settles (a
+-- skew, a step back, a floor, a block's mark: as token_bucket_try).
+local function token_bucket_settle(KEYS, k, value, interval, burst, epoch, delta, now_us)
+  local tat = nil
+  if value then
+    tat = tonumber(value)
+    if tat == nil then
+      return false
+    end
+  end
+  local now = now_us - epoch * 1000000
+  local tau = interval * burst
+  if tat ~= nil and not caller_time and now < tat - tau then
+    return false
+  end
+  if tat == nil or tat < now then
+    tat = now
+  end
+  local eps = ((now < 0 and -now or now) + tau) * 2 ^ -49 + 0.0001
+  if delta < 0 then
+    -- Given back: never below the key's time; a bucket full again is deleted.
+    if tat > now then
+      tat = math.max(now, tat + delta * interval)
+      if tat - now <= eps then
+        redis.call('DEL', KEYS[k])
+      else
+        token_bucket_commit(KEYS, k, tat, now, tau)
+      end
+    end
+  else
+    tat = tat + delta * interval
+    if not caller_time and tat - tau - now > eps then
+      -- Debt: the TAT with its floor, the key's time (token_bucket_store's value).
+      redis.call('SET', KEYS[k], string.format('%.4f %d %d', tat, 0, now), 'PX',
+        string.format('%d', math.max(1, math.ceil((tat - now) / 1000))))
+    else
+      token_bucket_commit(KEYS, k, tat, now, tau)
+    end
+  end
+  -- (token_bucket_step's answer to a cost of 0, written out.)
+  if caller_time and tat > now + tau then
+    tat = now + tau
+  end
+  local left = math.floor((tau - (tat - now) + eps) / interval)
+  local full = math.ceil(tat - now - eps)
+  local wait = tat - tau - now
+  if wait > eps then
+    return true, false, math.max(0, left), math.ceil(wait - eps), full
+  end
+  return true, true, left, 0, full
+end

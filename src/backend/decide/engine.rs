@@ -18,7 +18,8 @@ pub(crate) static ENGINE: LazyLock<Scripts> = LazyLock::new(|| {
 
 /// The engine's entry: the head's and the limits' words (read from the library's lists
 /// when it holds them, without a call), then the lean check for a check (and for
-/// coalesced checks of one limit), which returns when it decides.
+/// coalesced checks of one limit, and a settlement of one limit), which returns when it
+/// decides.
 const ENTRY: &str = "\
 local H = texts[1][ARGV[1]] or list_of(1, ARGV[1])
 local L = texts[2][ARGV[2]] or list_of(2, ARGV[2])
@@ -29,6 +30,11 @@ if H[1] == 'c' then
   end
 elseif H[1] == 'm' and #KEYS == 2 then
   local out = lean_coalesced(KEYS, ARGV, L, H[2], unix_us(ARGV))
+  if out then
+    return out
+  end
+elseif H[1] == 's' and #KEYS == 2 then
+  local out = lean_settle(KEYS, ARGV, L, H[2], H[4])
   if out then
     return out
   end

@@ -306,3 +306,56 @@ local function lean_coalesced(KEYS, ARGV, L, count, now_us)
   end
   return out
 end
+
+-- The lean settlement ('s', see engine.lua) of one limit by `delta` (and its text
+-- `delta_text`, as sent): each algorithm's X_settle charges it (above 0: spent whatever
+-- the limit says, debt past it) or gives it back (below 0) on the limit's own key, and
+-- says where the limit stands then, as the general engine's settlement would (its
+-- answer to a cost of 0): an admit packed, as the lean check's; a refusal (debt) as
+-- the engine's table. Returns nil when the general engine settles (a block's mark, a
+-- skew, a step back, a rolling window in debt, a settlement of 0), nothing written.
+local function lean_settle(KEYS, ARGV, L, delta, delta_text)
+  if delta == 0 then
+    return nil
+  end
+  local kind = L[1]
+  local ok, admitted, n, wait, t
+  local shape = 1
+  if kind == 't' then
+    ok, admitted, n, wait, t = token_bucket_settle(KEYS, 1, redis.call('GET', KEYS[1]), L[3],
+      L[4], L[5], delta, unix_us(ARGV))
+  elseif kind == 'w' or kind == 'c' then
+    local length, offset, now_us = L[4], L[5], nil
+    if kind == 'c' then
+      now_us = unix_us(ARGV)
+      local deadline = nil
+      deadline, length = calendar_window(ARGV, 3, math.floor(now_us / 1000))
+      offset = -deadline
+    elseif offset then
+      now_us = unix_us(ARGV)
+    end
+    ok, n, t = period_settle(KEYS, 1, 2, length, offset, delta, delta_text, now_us)
+    admitted = ok and n <= L[3]
+    shape = 0
+  elseif kind == 'r' then
+    ok, n, t = rolling_settle(KEYS, 1, L[3], L[4], L[5], delta, delta_text, unix_us(ARGV))
+    admitted = true
+  end
+  if not ok then
+    return nil
+  end
+  if not admitted then
+    if shape == 0 then
+      return { 0, 0, 0, n, t }
+    end
+    return { 0, 0, 0, n, wait, t }
+  end
+  -- (Packed: see above.)
+  local per = L.per
+  if t < (70368744177664 - n) / per[5] then
+    return -((t * per[5] + n) * 128 + shape * 64 + per[4]) - 1
+  elseif shape == 0 then
+    return { 1, 0, 1, n, t }
+  end
+  return { 1, 0, 1, n, 0, t }
+end
