@@ -473,9 +473,10 @@ async fn waits_at_most_the_call_timeout(key: &[u8]) {
     );
 }
 
-/// The script calls (`FCALL` and `EVALSHA`) `redis` has run so far.
+/// The script calls (`FCALL` and `EVALSHA`) `redis` has run so far (`command_calls`
+/// counts both under `evalsha`).
 fn script_calls(redis: &RedisServer) -> u64 {
-    redis.command_calls("fcall") + redis.command_calls("evalsha")
+    redis.command_calls("evalsha")
 }
 
 /// The keys of one round of batched checks, all at once: 24, one of them twice (a key
@@ -613,6 +614,92 @@ async fn a_key_error_in_a_batch_is_that_keys_alone() {
                 (decision.source, decision.remaining),
                 (Source::Redis, 19),
                 "{key}"
+            );
+        }
+    }
+}
+
+/// A settlement's delta in round `round` for the key at `at`: given back or charged,
+/// now and then 0 or past every limit (debt).
+fn round_delta(round: usize, at: usize) -> i64 {
+    match (round * 24 + at) % 13 {
+        4 => 0,
+        9 => 30,
+        n => [-3, -1, 2, 5, -2, 1][n % 6],
+    }
+}
+
+/// Settlements of many keys of one limiter, made at once past the bound of calls in
+/// flight, go with the batches as checks do (a few calls, not one each), and each
+/// settles exactly as its own call would: on a frozen server clock, round after round
+/// (refunds, charges, debt, a delta of 0, a set, lockouts), each answer equals the same
+/// settlement's made one by one on another limiter of the same server, to the
+/// microsecond, on both engine paths, and the keys stand where they do there (the next
+/// round's checks agree too).
+#[tokio::test]
+async fn settlements_go_with_the_batches_and_settle_as_one_by_one() {
+    let (redis, clock) = RedisServer::start_with_clock();
+    let t0: i64 = 1_800_000_000_000_000 + 321_987;
+    for functions in [true, false] {
+        let backend = |batch_after| {
+            Backend::builder()
+                .redis(redis.pool())
+                .deny_cache(0)
+                .coalesce(false)
+                .engine_functions(functions)
+                .call_timeout(Duration::from_secs(5))
+                .batch_after(batch_after)
+                .build()
+                .unwrap()
+        };
+        let (batching, single) = (backend(1), backend(0));
+        let batched = every_limit(&batching, &format!("sb-{functions}"));
+        let one_by_one = every_limit(&single, &format!("ss-{functions}"));
+        for ((kind, batched), (_, reference)) in batched.into_iter().zip(one_by_one) {
+            let what = format!("{kind}, functions: {functions}");
+            for limiter in [&batched, &reference] {
+                limiter.check(b"warm-up", NonZeroU32::MIN).await;
+            }
+            let (mut settlements, mut calls) = (0, 0);
+            for round in 0..6 {
+                clock.freeze_at(t0 + i64::try_from(round).unwrap() * 400_000);
+                let keys = round_keys();
+                for (at, key) in keys.iter().enumerate() {
+                    let cost = round_cost(round, at);
+                    let here = format!("{what}: round {round}, check of {key}");
+                    let (mine, theirs) = (batched.check(key.as_bytes(), cost).await, {
+                        reference.check(key.as_bytes(), cost).await
+                    });
+                    assert_eq!(answer(&mine), answer(&theirs), "{here}");
+                }
+                let before = script_calls(&redis);
+                let together = futures_join(
+                    keys.iter()
+                        .enumerate()
+                        .map(|(at, key)| {
+                            batched
+                                .settle(key.as_bytes(), round_delta(round, at))
+                                .expect("settles")
+                        })
+                        .collect(),
+                )
+                .await;
+                calls += script_calls(&redis) - before;
+                settlements += keys.len();
+                for (at, (key, decision)) in keys.iter().zip(together).enumerate() {
+                    let delta = round_delta(round, at);
+                    let alone = reference
+                        .settle(key.as_bytes(), delta)
+                        .expect("settles")
+                        .await;
+                    let here = format!("{what}: round {round}, {key} settled by {delta}");
+                    assert_eq!(answer(&decision), answer(&alone), "{here}");
+                }
+            }
+            // A call for the first settlement of a round, a few for the rest of it.
+            assert!(
+                calls * 4 <= settlements as u64,
+                "{what}: {calls} calls for {settlements} settlements"
             );
         }
     }

@@ -151,8 +151,9 @@ impl BackendBuilder {
     }
 
     /// Batching: how many calls of one limiter may be in flight to a Redis node (on
-    /// Redis Cluster, to one slot) before its checks of other keys wait and go together
-    /// (default [`DEFAULT_BATCH_AFTER`], 2; 0 turns batching off).
+    /// Redis Cluster, to one slot) before its checks of other keys (and its
+    /// [settlements](crate::Limiter::settle)) wait and go together (default
+    /// [`DEFAULT_BATCH_AFTER`], 2; 0 turns batching off).
     ///
     /// A check goes to Redis at once while fewer calls of its limiter are in flight;
     /// past that it queues, and when one of those calls returns, every check queued

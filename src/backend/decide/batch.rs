@@ -1,7 +1,8 @@
 //! Batching: once enough calls of one limiter are in flight to a Redis node (on Redis
-//! Cluster, to one slot), its checks of other keys queue, and each time one of those
-//! calls returns the queue goes to Redis in one script call (engine op `k`), which
-//! decides each check exactly as its own call would.
+//! Cluster, to one slot), its checks of other keys (and its settlements) queue, and each
+//! time one of those calls returns the queue goes to Redis in one script call (engine
+//! op `k`), which decides each check (and settles each settlement) exactly as its own
+//! call would.
 //!
 //! The coalescer (`coalesce.rs`) shares calls among checks of one key; this shares them
 //! among keys: a check here is one that leads its key. The fixed cost of a call in Redis
@@ -9,11 +10,13 @@
 //! load Redis decides more checks per second, and a queued check waits for a call that
 //! was ahead of it at Redis anyway.
 
+use std::io::Write;
 use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use dashmap::DashMap;
+use deadpool_redis::redis::{RedisWrite, ToRedisArgs};
 use tokio::sync::oneshot;
 
 use super::coalesce::Part;
@@ -42,14 +45,39 @@ struct Route {
     queue: Vec<Queued>,
 }
 
-/// A check waiting for the next call of its route.
+/// A check (or a settlement) waiting for the next call of its route.
 #[derive(Debug)]
 pub(crate) struct Queued {
     /// The check's Redis key.
     pub(crate) redis_key: Vec<u8>,
-    pub(crate) cost: NonZeroU32,
+    pub(crate) ask: Ask,
     /// Gets the check's part of the batch.
     pub(crate) reply: oneshot::Sender<Part>,
+}
+
+/// What a queued item asks of its key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Ask {
+    /// A check of the cost.
+    Check(NonZeroU32),
+    /// A settlement by the delta (see `Operation::Settle`).
+    Settle(i64),
+}
+
+impl ToRedisArgs for Ask {
+    /// Its text in a batch (see `batch` in `engine.lua`): a check's cost, a settlement's
+    /// delta after an `s`.
+    fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
+        let mut digits = itoa::Buffer::new();
+        match *self {
+            Self::Check(cost) => out.write_arg(digits.format(cost.get()).as_bytes()),
+            Self::Settle(delta) => {
+                let mut arg = out.writer_for_next_arg();
+                let _ = arg.write_all(b"s");
+                let _ = arg.write_all(digits.format(delta).as_bytes());
+            }
+        }
+    }
 }
 
 /// What a check does: make its own call, or wait for a batch.
@@ -148,7 +176,7 @@ mod tests {
     fn queued(tx: oneshot::Sender<Part>) -> Queued {
         Queued {
             redis_key: b"k".to_vec(),
-            cost: NonZeroU32::MIN,
+            ask: Ask::Check(NonZeroU32::MIN),
             reply: tx,
         }
     }
@@ -224,6 +252,17 @@ mod tests {
             batcher.observe(Duration::from_micros(200));
         }
         assert!(matches!(batcher.turn(0, 1, MS, queued), Turn::Queued(_)));
+    }
+
+    #[test]
+    fn an_item_is_a_cost_or_a_delta_after_an_s() {
+        let text = |ask: Ask| ask.to_redis_args();
+        assert_eq!(
+            text(Ask::Check(NonZeroU32::new(7).unwrap())),
+            [b"7".to_vec()]
+        );
+        assert_eq!(text(Ask::Settle(-3)), [b"s-3".to_vec()]);
+        assert_eq!(text(Ask::Settle(12)), [b"s12".to_vec()]);
     }
 
     #[test]

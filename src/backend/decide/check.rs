@@ -25,10 +25,10 @@ use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::batch::{self, Queued};
+use super::batch::{self, Ask, Queued};
 use super::coalesce::{Turn, Waiting};
 use super::deny::Denied;
-use super::engine::{batch_numbers, BATCH, CHECK, COALESCED, ENGINE, LEASE, PEEK, REFUND};
+use super::engine::{batch_numbers, BATCH, CHECK, COALESCED, ENGINE, LEASE, PEEK, REFUND, SETTLE};
 use super::hosts::Hosts;
 use super::lease::{self, Leases, Take};
 use crate::backend::redis::call::Call;
@@ -38,6 +38,7 @@ use crate::backend::redis::RedisBackend;
 use crate::backend::{FailurePolicy, DEFAULT_PROBE_INTERVAL};
 use crate::decision::{Decision, Source, State};
 use crate::limiter::DecisionFuture;
+use deadpool_redis::redis::ToRedisArgs;
 
 /// Answers a check from Redis when the breaker lets it through (one round trip, run by
 /// SHA), by the layer's [`FailurePolicy`] otherwise; a failed round trip is answered by
@@ -95,7 +96,7 @@ pub(crate) fn check<T: Hosts + ?Sized>(
     if let Some(route) = route {
         let queued = |reply| Queued {
             redis_key: redis_key.clone(),
-            cost,
+            ask: Ask::Check(cost),
             reply,
         };
         let deadline = redis.call_timeout();
@@ -359,10 +360,11 @@ pub(super) fn forget_refusal<T: Hosts + ?Sized>(store: &T, redis_key: &[u8]) {
     }
 }
 
-/// A check that makes its own call: what the call's future needs, and, with
-/// coalescing, the key's turn. Once that call is over (or the check is dropped), the
-/// checks that queued meanwhile go to Redis together, and so on until nobody waits.
-struct Leader<T: Hosts + ?Sized> {
+/// A check (or a settlement) that makes its own call: what the call's future needs,
+/// and, with coalescing, the key's turn. Once that call is over (or the check is
+/// dropped), the checks that queued meanwhile go to Redis together, and so on until
+/// nobody waits.
+pub(super) struct Leader<T: Hosts + ?Sized> {
     store: Arc<T>,
     redis: Arc<RedisBackend>,
     redis_key: Vec<u8>,
@@ -370,6 +372,20 @@ struct Leader<T: Hosts + ?Sized> {
     turn: Option<u128>,
     /// The route of the batcher (see `batch.rs`) this check made a call on.
     route: Option<u16>,
+}
+
+impl<T: Hosts + ?Sized> Leader<T> {
+    /// A call on the batcher's `route` that leads no key's coalesced checks (a
+    /// settlement's).
+    pub(super) fn of_route(store: &Arc<T>, redis: &Arc<RedisBackend>, route: u16) -> Self {
+        Self {
+            store: Arc::clone(store),
+            redis: Arc::clone(redis),
+            redis_key: Vec::new(),
+            turn: None,
+            route: Some(route),
+        }
+    }
 }
 
 impl<T: Hosts + ?Sized> Drop for Leader<T> {
@@ -472,7 +488,8 @@ async fn calls<T: Hosts + ?Sized>(
 /// and the block key, then the head (one text `op:count:param`: `count` a cost, or how
 /// many coalesced costs; `param` the lockout, a reservation's longest wait or a lease's
 /// size), the limits' arguments (one text), each calendar window's four boundaries,
-/// `extra` (the costs of coalesced checks; a lease's expired unused tokens), and the
+/// `extra` (the costs of coalesced checks; a lease's expired unused tokens; a batch's
+/// items), and the
 /// caller's time when the backend sends it. The one place that lays out `engine.lua`'s
 /// `ARGV`.
 pub(super) fn engine_call<T: Hosts + ?Sized>(
@@ -488,14 +505,15 @@ pub(super) fn engine_call<T: Hosts + ?Sized>(
 }
 
 /// [`engine_call`] for the keys of several checks (`(key, Redis key)` each, a batch's:
-/// each check's keys in turn, see `batch` in `engine.lua`).
-fn engine_call_of<T: Hosts + ?Sized>(
+/// each check's keys in turn, see `batch` in `engine.lua`), with `extra` of any kind
+/// of argument (a batch's: its items, [`Ask`]).
+fn engine_call_of<T: Hosts + ?Sized, E: ToRedisArgs>(
     store: &T,
     keys: &[(&[u8], &[u8])],
     op: &str,
     count: impl std::fmt::Display,
     param: u64,
-    extra: &[u32],
+    extra: &[E],
 ) -> Call {
     let remote = store.remote();
     let backend = remote.backend();
@@ -517,7 +535,7 @@ fn engine_call_of<T: Hosts + ?Sized>(
         op == PEEK,
         (limits + 1) * keys.len(),
         (limits + 1) * keys.len() + 1 + args + extra.len() + 1,
-        (limits + 1) * key_bytes + 3 * 20 + bytes + extra.len() * 10 + 20,
+        (limits + 1) * key_bytes + 3 * 20 + bytes + extra.len() * 21 + 20,
     );
     for &(key, redis_key) in keys {
         call.key(redis_key);
@@ -533,7 +551,7 @@ fn engine_call_of<T: Hosts + ?Sized>(
     // window of the time it reads: the server's, or the caller's sent below).
     let now_ms = i64::try_from(backend.caller_now_us() / 1_000).unwrap_or(i64::MAX);
     store.window_args(now_ms, &mut call);
-    for &number in extra {
+    for number in extra {
         call.arg(number);
     }
     if time == TimeSource::Caller {
@@ -580,8 +598,8 @@ async fn send_batch<T: Hosts + ?Sized>(
     }
     let mut call = {
         let pairs: Vec<(&[u8], &[u8])> = keys.iter().map(|(key, rk)| (&key[..], *rk)).collect();
-        let costs: Vec<u32> = batch.iter().map(|check| check.cost.get()).collect();
-        engine_call_of(&**store, &pairs, BATCH, batch.len(), lockout, &costs)
+        let asks: Vec<Ask> = batch.iter().map(|item| item.ask).collect();
+        engine_call_of(&**store, &pairs, BATCH, batch.len(), lockout, &asks)
     };
     call.reading(batch_numbers);
     drop(keys);
@@ -614,23 +632,23 @@ async fn send_batch<T: Hosts + ?Sized>(
     }
 }
 
-/// Each check of `batch` in its own call, all at once (a call's error goes to its check,
-/// which reports it as a check of its own does).
+/// Each check (settlement) of `batch` in its own call, all at once (a call's error goes
+/// to its check, which reports it as a check of its own does).
 async fn alone<T: Hosts + ?Sized>(store: &Arc<T>, redis: &Arc<RedisBackend>, batch: Vec<Queued>) {
     let remote = store.remote();
     let lockout = store.blocks().lockout_ms();
     let calls = batch.into_iter().map(|check| async move {
         let reply = match remote.key_of(&check.redis_key) {
             Some(key) => {
-                let call = engine_call(
-                    &**store,
-                    &key,
-                    &check.redis_key,
-                    CHECK,
-                    check.cost.get(),
-                    lockout,
-                    &[],
-                );
+                let redis_key = &check.redis_key;
+                let call = match check.ask {
+                    Ask::Check(cost) => {
+                        engine_call(&**store, &key, redis_key, CHECK, cost.get(), lockout, &[])
+                    }
+                    Ask::Settle(delta) => {
+                        engine_call(&**store, &key, redis_key, SETTLE, delta, lockout, &[])
+                    }
+                };
                 let started = std::time::Instant::now();
                 let result = redis.eval(&call).await;
                 remote.record_duration(started.elapsed());

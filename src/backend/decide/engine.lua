@@ -23,8 +23,8 @@
 --   the earliest time they fit; 'l' lease: at least the cost of one token bucket's
 --   tokens, at most `param`, after giving back the unused tokens of the key's expired
 --   lease (their count the first extra number); 'm' several checks of the key at once,
---   their count in place of the cost and their costs the extra numbers; 'k' checks of
---   several keys at once (`batch`, at the end);
+--   their count in place of the cost and their costs the extra numbers; 'k' checks and
+--   settlements of several keys at once (`batch`, at the end);
 -- - count: the cost;
 -- - param: the lockout (ms the key is blocked for when a check is refused; 0: none;
 --   for 'v': the longest wait in µs; for 'l': the lease's size).
@@ -289,15 +289,17 @@ end
 return out
 end
 
--- Checks of several keys of one limiter in one call ('k', src/backend/decide/batch.rs):
--- the head's count is how many; check j has its n + 1 keys (its limits', then its block)
--- from KEYS[(j - 1) * (n + 1) + 1], and its cost is the j-th of the last `count` numbers
--- (before the caller's time). Each is decided as its own call would decide it: by the
--- lean check, else by the engine on its own keys (a refusal, a block, a skew). The time
--- is read once. Returns each check's reply in order (the lean check's packed number or
--- table, or the engine's table). A check that raises an error (its key holds a value of
--- another type) replies `false` (read as no reply: the failure policy answers it), and
--- the checks after it go on: what a check before it wrote is its own.
+-- Checks and settlements of several keys of one limiter in one call ('k',
+-- src/backend/decide/batch.rs): the head's count is how many; item j has its n + 1 keys
+-- (its limits', then its block) from KEYS[(j - 1) * (n + 1) + 1], and its text is the
+-- j-th of the last `count` arguments (before the caller's time): a check's cost, or a
+-- settlement's delta after an 's' ('s-3'). Each is decided as its own call would decide
+-- it: by the lean check (the lean settlement), else by the engine on its own keys (a
+-- refusal, a block, a skew, a set's settlement). The time is read once. Returns each
+-- item's reply in order (the lean path's packed number or table, or the engine's
+-- table). An item that raises an error (its key holds a value of another type) replies
+-- `false` (read as no reply: the failure policy answers it), and the items after it go
+-- on: what an item before it wrote is its own.
 local function batch(KEYS, ARGV, L, H)
   local count = H[2]
   local n = #KEYS / count - 1
@@ -309,15 +311,24 @@ local function batch(KEYS, ARGV, L, H)
   local out = {}
   for j = 1, count do
     local k = (j - 1) * (n + 1)
-    local cost_text = ARGV[at + j]
-    local cost = cost_text + 0
-    local ok, reply = pcall(lean, KEYS, ARGV, L, k, n, cost, cost_text, now_us)
+    local text = ARGV[at + j]
+    local op = 'c'
+    if string.byte(text) == 115 then
+      op, text = 's', string.sub(text, 2)
+    end
+    local number = text + 0
+    local ok, reply = true, nil
+    if op == 'c' then
+      ok, reply = pcall(lean, KEYS, ARGV, L, k, n, number, text, now_us)
+    elseif n == 1 then
+      ok, reply = pcall(lean_settle, KEYS, ARGV, L, k, number, text, now_us)
+    end
     if ok and not reply then
       local keys = {}
       for i = 1, n + 1 do
         keys[i] = KEYS[k + i]
       end
-      ok, reply = pcall(engine, keys, ARGV, L, { 'c', cost, H[3], cost_text })
+      ok, reply = pcall(engine, keys, ARGV, L, { op, number, H[3], text })
     end
     out[j] = ok and reply
   end

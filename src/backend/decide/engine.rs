@@ -34,7 +34,7 @@ elseif H[1] == 'm' and #KEYS == 2 then
     return out
   end
 elseif H[1] == 's' and #KEYS == 2 then
-  local out = lean_settle(KEYS, ARGV, L, H[2], H[4])
+  local out = lean_settle(KEYS, ARGV, L, 0, H[2], H[4], nil)
   if out then
     return out
   end

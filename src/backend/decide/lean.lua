@@ -314,7 +314,7 @@ end
 -- answer to a cost of 0): an admit packed, as the lean check's; a refusal (debt) as
 -- the engine's table. Returns nil when the general engine settles (a block's mark, a
 -- skew, a step back, a rolling window in debt, a settlement of 0), nothing written.
-local function lean_settle(KEYS, ARGV, L, delta, delta_text)
+local function lean_settle(KEYS, ARGV, L, k, delta, delta_text, now_us)
   if delta == 0 then
     return nil
   end
@@ -322,23 +322,24 @@ local function lean_settle(KEYS, ARGV, L, delta, delta_text)
   local ok, admitted, n, wait, t
   local shape = 1
   if kind == 't' then
-    ok, admitted, n, wait, t = token_bucket_settle(KEYS, 1, redis.call('GET', KEYS[1]), L[3],
-      L[4], L[5], delta, unix_us(ARGV))
+    ok, admitted, n, wait, t = token_bucket_settle(KEYS, k + 1, redis.call('GET', KEYS[k + 1]),
+      L[3], L[4], L[5], delta, now_us or unix_us(ARGV))
   elseif kind == 'w' or kind == 'c' then
-    local length, offset, now_us = L[4], L[5], nil
+    local length, offset = L[4], L[5]
     if kind == 'c' then
-      now_us = unix_us(ARGV)
+      now_us = now_us or unix_us(ARGV)
       local deadline = nil
       deadline, length = calendar_window(ARGV, 3, math.floor(now_us / 1000))
       offset = -deadline
     elseif offset then
-      now_us = unix_us(ARGV)
+      now_us = now_us or unix_us(ARGV)
     end
-    ok, n, t = period_settle(KEYS, 1, 2, length, offset, delta, delta_text, now_us)
+    ok, n, t = period_settle(KEYS, k + 1, k + 2, length, offset, delta, delta_text, now_us)
     admitted = ok and n <= L[3]
     shape = 0
   elseif kind == 'r' then
-    ok, n, t = rolling_settle(KEYS, 1, L[3], L[4], L[5], delta, delta_text, unix_us(ARGV))
+    ok, n, t = rolling_settle(KEYS, k + 1, L[3], L[4], L[5], delta, delta_text,
+      now_us or unix_us(ARGV))
     admitted = true
   end
   if not ok then

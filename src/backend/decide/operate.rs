@@ -12,8 +12,10 @@ use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
+use super::batch::{self, Ask, Queued};
 use super::check::{
     answering, engine_call, forget_refusal, no_share, read_reply, refused_until_probe, unavailable,
+    Leader,
 };
 use super::engine::{BLOCK, PEEK, REFUND, RESERVE, RESET, SETTLE};
 use super::hosts::Hosts;
@@ -113,6 +115,37 @@ pub(crate) fn operate<T: Hosts + ?Sized>(
         Operation::Reserve { max_wait_us } => max_wait_us,
         _ => store.blocks().lockout_ms(),
     };
+    // Batching (`batch.rs`): past the bound of calls in flight, a settlement goes with
+    // the next batch of the limiter's checks, as a check does (it settles what a check
+    // spent: as many of them at saturation); its own call holds a turn like a check's.
+    let mut leader = None;
+    let after = backend.inner.batch_after;
+    if let (Operation::Settle { delta }, 1..) = (op, after) {
+        let route = redis.route(&redis_key);
+        let deadline = redis.call_timeout();
+        let queued = |reply| Queued {
+            redis_key: redis_key.clone(),
+            ask: Ask::Settle(delta),
+            reply,
+        };
+        match remote.batcher.turn(route, after, deadline, queued) {
+            batch::Turn::Queued(part) => {
+                // Its wait: no longer than for a call of its own (then settled in
+                // process, as a failed call's settlement is).
+                let store = Arc::clone(store);
+                let key = key.to_vec();
+                return DecisionFuture::pending(async move {
+                    let part = tokio::time::timeout(deadline, part).await;
+                    let decision = match part {
+                        Ok(Ok(Ok(reply))) => read_reply(&*store, &reply, NonZeroU32::MIN),
+                        _ => None,
+                    };
+                    decision.unwrap_or_else(|| operate_unavailable(&*store, op, &key, cost))
+                });
+            }
+            batch::Turn::Call => leader = Some(Leader::of_route(store, redis, route)),
+        }
+    }
     let call = match op {
         Operation::Settle { delta } => {
             engine_call(&**store, key, &redis_key, op.letter(), delta, param, &[])
@@ -132,7 +165,13 @@ pub(crate) fn operate<T: Hosts + ?Sized>(
             // Lost with a failed call, as an expired lease's would be.
             let _ = redis.eval(&give_back).await;
         }
+        let started = std::time::Instant::now();
         let reply = redis.eval(&call).await.ok();
+        if leader.is_some() {
+            store.remote().batcher.observe(started.elapsed());
+        }
+        // (A settlement's turn: the items queued meanwhile go now.)
+        drop(leader);
         let decision = reply.as_ref().and_then(|reply| {
             let cost = u32::try_from(cost).ok().and_then(NonZeroU32::new);
             read_reply(&*store, reply, cost.unwrap_or(NonZeroU32::MIN))
