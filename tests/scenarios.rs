@@ -846,6 +846,28 @@ fn set_requests_and_tokens(backend: &Backend, name: &str) -> Box<dyn Limiter> {
     Box::new(SetLimiter::new(backend, name, set).expect("valid"))
 }
 
+/// 3 requests per second as a token bucket (burst 3), whatever their cost, and 10 units
+/// per second: the LLM pair as `examples/bench_engine.rs` runs it.
+fn set_requests_bucket_and_tokens(backend: &Backend, name: &str) -> Box<dyn Limiter> {
+    let set = LimitSet::new()
+        .requests("rpm", TokenBucketConfig::new(3, SEC, 3))
+        .limit("tpm", PeriodConfig::new(10, SEC));
+    Box::new(SetLimiter::new(backend, name, set).expect("valid"))
+}
+
+/// A fixed window (5 per second) before a rolling window (3 in 10 x 100 ms): a
+/// settlement the window counts and the rolling window leaves to the general engine
+/// (a charge past its limit, a refund that leaves it in debt).
+fn set_window_then_rolling(backend: &Backend, name: &str) -> Box<dyn Limiter> {
+    let set = LimitSet::new()
+        .limit("window", PeriodConfig::new(5, SEC))
+        .limit(
+            "rolling",
+            RollingConfig::new(3, 10, Duration::from_millis(100)),
+        );
+    Box::new(SetLimiter::new(backend, name, set).expect("valid"))
+}
+
 /// A set's decision is the admitting limit with the least left, or the refusing limit
 /// with the longest wait; a refusal by any limit spends none of them.
 #[tokio::test]
@@ -913,6 +935,48 @@ async fn limit_set_hosts_agree() {
                 with(Op::Settle(-1), step(0, 0, HitQuota, 0, 200, None)),
                 step(0, 1, OverQuota, 0, 200, r(100)),
                 step(1_000, 2, HitQuota, 0, 200, None),
+            ],
+        },
+        Scenario {
+            name: "requests as a token bucket: a settlement reads it and reaches the tokens",
+            limiter: set_requests_bucket_and_tokens,
+            hosts: Hosts::All,
+            steps: vec![
+                // One request of the 3 (full again in 333 334 µs), 4 tokens of the 10.
+                step_us(0, 4, Allowed, 2, 333_334, None),
+                // 12 tokens of 10: the key owes 2 until the window ends.
+                with(Op::Settle(8), step(10, 0, OverQuota, 0, 990, r(990))),
+                // 7 of 10: the requests' 2 left are the least.
+                with(Op::Settle(-5), step_us(20, 0, Allowed, 2, 313_334, None)),
+                step(30, 3, HitQuota, 0, 970, None),
+                with(Op::Settle(-2), step_us(40, 0, Allowed, 1, 626_667, None)),
+            ],
+        },
+        Scenario {
+            name: "a settlement a later limit leaves to the engine is counted once",
+            limiter: set_window_then_rolling,
+            hosts: Hosts::All,
+            steps: vec![
+                step(0, 1, Allowed, 2, 1_000, None),
+                // The rolling window cannot take 4 more (5 of 3): the window's count is
+                // taken back, and the engine charges both.
+                with(Op::Settle(4), step(10, 0, OverQuota, 0, 990, r(990))),
+                // The rolling window stays in debt (4 of 3): taken back again.
+                with(Op::Settle(-1), step(20, 0, OverQuota, 0, 980, r(980))),
+                // 2 of 5 and 2 of 3.
+                with(Op::Settle(-2), step(30, 0, Allowed, 1, 970, None)),
+                step(40, 1, HitQuota, 0, 960, None),
+                step(50, 1, OverQuota, 0, 950, r(950)),
+                // 7 of 5 and 7 of 3: the rolling window owes until its last bucket
+                // (4 units) ends at 1 900 ms.
+                with(Op::Settle(4), step(950, 0, OverQuota, 0, 950, r(950))),
+                // A window that this settlement starts, taken back (the rolling window
+                // cannot take it: 6 of 3), then started by the engine: 2 of 5.
+                with(Op::Settle(2), step(1_000, 0, OverQuota, 0, 1_000, r(900))),
+                // 1 of 5; the rolling window still owes (5 of 3).
+                with(Op::Settle(-1), step(1_010, 0, OverQuota, 0, 990, r(890))),
+                // 3 of 5 and 3 of 3.
+                step(1_900, 2, HitQuota, 0, 1_000, None),
             ],
         },
         Scenario {

@@ -90,7 +90,9 @@ end
 -- skew, a clock step, a blocked key, a count that lost its expiry). A charge on a key
 -- that held nothing starts a window as period_try does (reading the key's block then);
 -- a refund that empties the window deletes it, and the answer is then the next
--- window's, as the steps' on a key that holds nothing.
+-- window's, as the steps' on a key that holds nothing. Its fourth and fifth results,
+-- the key's expiry as read (-1: it held nothing) and the count before, are for
+-- period_settle_undo.
 local function period_settle(KEYS, k, block, length, offset, delta, delta_text, now_us)
   local count = redis.pcall('INCRBY', KEYS[k], delta_text)
   if type(count) ~= 'number' then
@@ -110,7 +112,7 @@ local function period_settle(KEYS, k, block, length, offset, delta, delta_text, 
   elseif ttl > 0 and ttl <= length and before > 0 and before < 4503599627370496 then
     -- (2^52 and above: a blocked key's mark, see period_mark.)
     if count > 0 then
-      return true, count, ttl
+      return true, count, ttl, ttl, before
     end
   else
     period_undo(KEYS, k, delta, count, ttl)
@@ -125,7 +127,7 @@ local function period_settle(KEYS, k, block, length, offset, delta, delta_text, 
     if count > 0 then
       redis.call('PEXPIRE', KEYS[k], length)
     end
-    return true, count, length
+    return true, count, length, ttl, before
   end
   local now = math.floor(now_us / 1000)
   local deadline = now - ((now + offset) % length) + length
@@ -136,5 +138,19 @@ local function period_settle(KEYS, k, block, length, offset, delta, delta_text, 
       redis.call('PEXPIREAT', KEYS[k], string.format('%d', deadline))
     end
   end
-  return true, count, deadline - now
+  return true, count, deadline - now, ttl, before
+end
+
+-- Takes back what period_settle did (a set's settlement whose later limit leaves it to
+-- the general engine): `delta`, the count it returned, and the expiry and count before.
+-- A key that held nothing holds nothing again; a window still counting gets the delta
+-- back; a window the refund emptied (deleted) is written again as it stood.
+local function period_settle_undo(KEYS, k, delta, count, ttl, before)
+  if ttl == -1 then
+    redis.call('DEL', KEYS[k])
+  elseif count > 0 then
+    redis.call('INCRBY', KEYS[k], -delta)
+  else
+    redis.call('SET', KEYS[k], string.format('%d', before), 'PX', ttl)
+  end
 end

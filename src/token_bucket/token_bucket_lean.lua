@@ -84,6 +84,20 @@ local function token_bucket_commit(KEYS, k, tat, now, tau)
   redis.call('SET', KEYS[k], string.format('%.17g', tat), 'PX', ttl)
 end
 
+-- A settlement's write (token_bucket_settle): 1 the TAT (token_bucket_commit), 2 debt:
+-- the TAT past a full burst with its floor, the key's time (token_bucket_store's
+-- value), 3 a bucket full again, deleted.
+local function token_bucket_write(KEYS, k, write, tat, now, tau)
+  if write == 1 then
+    token_bucket_commit(KEYS, k, tat, now, tau)
+  elseif write == 2 then
+    redis.call('SET', KEYS[k], string.format('%.4f %d %d', tat, 0, now), 'PX',
+      string.format('%d', math.max(1, math.ceil((tat - now) / 1000))))
+  else
+    redis.call('DEL', KEYS[k])
+  end
+end
+
 -- The lean settlement (src/backend/decide/lean.lua): token_bucket_charge (a `delta`
 -- above 0) or token_bucket_refund (below 0), then the steps' answer to a cost of 0,
 -- as the general engine runs a settlement, on the key's value alone (`value`: as the
@@ -91,8 +105,11 @@ end
 -- tokens), the tokens left, the µs until admissible (0 when it admits) and the µs until
 -- full, the bucket written as token_bucket_store would write it (a TAT past a full
 -- burst, debt, with its floor); else false, nothing written, and the engine settles (a
--- skew, a step back, a floor, a block's mark: as token_bucket_try).
-local function token_bucket_settle(KEYS, k, value, interval, burst, epoch, delta, now_us)
+-- skew, a step back, a floor, a block's mark: as token_bucket_try). With a table
+-- `deferred` (a set's settlement), nothing is written: its write, TAT, time and tau go
+-- there for token_bucket_write (no write: deferred[1] nil).
+local function token_bucket_settle(KEYS, k, value, interval, burst, epoch, delta, now_us,
+    deferred)
   local tat = nil
   if value then
     tat = tonumber(value)
@@ -109,25 +126,21 @@ local function token_bucket_settle(KEYS, k, value, interval, burst, epoch, delta
     tat = now
   end
   local eps = ((now < 0 and -now or now) + tau) * 2 ^ -49 + 0.0001
+  local write = nil
   if delta < 0 then
     -- Given back: never below the key's time; a bucket full again is deleted.
     if tat > now then
       tat = math.max(now, tat + delta * interval)
-      if tat - now <= eps then
-        redis.call('DEL', KEYS[k])
-      else
-        token_bucket_commit(KEYS, k, tat, now, tau)
-      end
+      write = tat - now <= eps and 3 or 1
     end
   else
     tat = tat + delta * interval
-    if not caller_time and tat - tau - now > eps then
-      -- Debt: the TAT with its floor, the key's time (token_bucket_store's value).
-      redis.call('SET', KEYS[k], string.format('%.4f %d %d', tat, 0, now), 'PX',
-        string.format('%d', math.max(1, math.ceil((tat - now) / 1000))))
-    else
-      token_bucket_commit(KEYS, k, tat, now, tau)
-    end
+    write = (not caller_time and tat - tau - now > eps) and 2 or 1
+  end
+  if deferred then
+    deferred[1], deferred[2], deferred[3], deferred[4] = write, tat, now, tau
+  elseif write then
+    token_bucket_write(KEYS, k, write, tat, now, tau)
   end
   -- (token_bucket_step's answer to a cost of 0, written out.)
   if caller_time and tat > now + tau then

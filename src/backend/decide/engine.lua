@@ -320,8 +320,8 @@ local function batch(KEYS, ARGV, L, H)
     local ok, reply = true, nil
     if op == 'c' then
       ok, reply = pcall(lean, KEYS, ARGV, L, k, n, number, text, now_us)
-    elseif n == 1 then
-      ok, reply = pcall(lean_settle, KEYS, ARGV, L, k, number, text, now_us)
+    else
+      ok, reply = pcall(lean_settle, KEYS, ARGV, L, k, n, number, text, now_us)
     end
     if ok and not reply then
       local keys = {}

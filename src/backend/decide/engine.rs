@@ -33,8 +33,8 @@ elseif H[1] == 'm' and #KEYS == 2 then
   if out then
     return out
   end
-elseif H[1] == 's' and #KEYS == 2 then
-  local out = lean_settle(KEYS, ARGV, L, 0, H[2], H[4], nil)
+elseif H[1] == 's' then
+  local out = lean_settle(KEYS, ARGV, L, 0, #KEYS - 1, H[2], H[4], nil)
   if out then
     return out
   end

@@ -307,6 +307,127 @@ local function lean_coalesced(KEYS, ARGV, L, count, now_us)
   return out
 end
 
+-- The lean settlement of a set's n limits (their keys from KEYS[k + 1], their block
+-- KEYS[k + n + 1], as the lean check's; `now_us` the time if already read): each limit
+-- that counts cost settles by `delta` as its own lean settlement would (X_settle), and a
+-- member that counts requests (settling nothing) says where it stands (a token bucket's
+-- try of a cost of 0). All or nothing: a token bucket's write and a rolling window's
+-- charge wait until every limit has settled; a fixed window counts at once and is taken
+-- back (period_settle_undo) when a later limit leaves the settlement to the general
+-- engine; a rolling window's refund, which writes as it goes, is made last (one per
+-- set). Returns the engine's answer (every limit's admit packed, as the lean check's;
+-- with a limit in debt, the engine's table), or nil, nothing written: a member counting
+-- requests that is not a token bucket, two rolling refunds, and whatever a limit's own
+-- lean settlement leaves to the engine.
+local function lean_settle_set(KEYS, ARGV, L, k, n, delta, delta_text, now_us)
+  now_us = now_us or unix_us(ARGV)
+  local per = L.per
+  local bounds_at = 3
+  -- Each limit's answer (admitted, count, µs to wait or nil for a window's shape, t) and
+  -- its deferred write; the windows' undo (limit, count, ttl, before); the rolling refund.
+  local admits, counts, waits, ts, later = {}, {}, {}, {}, {}
+  local undo, last = nil, nil
+  local ok = true
+  for i = 1, n do
+    local p = i * 5 - 5
+    local kind, at = per[p + 1], per[p + 2]
+    local length, offset = L[at + 3], nil
+    if kind == 'c' then
+      local deadline
+      deadline, length = calendar_window(ARGV, bounds_at, math.floor(now_us / 1000))
+      bounds_at = bounds_at + 4
+      offset = -deadline
+    elseif kind == 'w' and L[at + 1] > 2 then
+      offset = L[at + 4]
+    end
+    if per[p + 3] then
+      ok = kind == 't'
+      if ok then
+        ok, counts[i], ts[i] = token_bucket_try(redis.call('GET', KEYS[k + i]), L[at + 2],
+          L[at + 3], L[at + 4], 0, now_us)
+        admits[i], waits[i] = true, 0
+      end
+    elseif kind == 't' then
+      local d = {}
+      ok, admits[i], counts[i], waits[i], ts[i] = token_bucket_settle(KEYS, k + i,
+        redis.call('GET', KEYS[k + i]), L[at + 2], L[at + 3], L[at + 4], delta, now_us, d)
+      later[i] = d
+    elseif kind == 'w' or kind == 'c' then
+      local ttl, before
+      ok, counts[i], ts[i], ttl, before = period_settle(KEYS, k + i, k + n + 1, length, offset,
+        delta, delta_text, now_us)
+      if ok then
+        admits[i] = counts[i] <= L[at + 2]
+        undo = undo or {}
+        undo[#undo + 1] = { i, counts[i], ttl, before }
+      end
+    elseif delta > 0 then
+      local current, dead
+      ok, counts[i], ts[i], current, dead = rolling_try(KEYS, k + i, L[at + 2], L[at + 3],
+        L[at + 4], delta, now_us)
+      admits[i], waits[i], later[i] = true, 0, { current, dead }
+    else
+      ok = not last
+      last = i
+    end
+    if not ok then
+      break
+    end
+  end
+  if ok and last then
+    local at = per[last * 5 - 3]
+    ok, counts[last], ts[last] = rolling_settle(KEYS, k + last, L[at + 2], L[at + 3],
+      L[at + 4], delta, delta_text, now_us)
+    admits[last], waits[last] = true, 0
+  end
+  if not ok then
+    for _, u in ipairs(undo or {}) do
+      period_settle_undo(KEYS, k + u[1], delta, u[2], u[3], u[4])
+    end
+    return nil
+  end
+  local all = true
+  for i = 1, n do
+    local d = later[i]
+    if d then
+      local at = per[i * 5 - 3]
+      if per[i * 5 - 4] == 't' then
+        if d[1] then
+          token_bucket_write(KEYS, k + i, d[1], d[2], d[3], d[4])
+        end
+      else
+        rolling_commit(KEYS, k + i, d[2], d[1], delta, delta_text, L[at + 3], L[at + 4])
+      end
+    end
+    all = all and admits[i]
+  end
+  if not all then
+    -- A limit in debt: the engine's table (each limit's answer to a cost of 0).
+    local out = { 0, 0 }
+    for i = 1, n do
+      out[#out + 1] = admits[i] and 1 or 0
+      out[#out + 1] = counts[i]
+      if waits[i] then
+        out[#out + 1] = waits[i]
+      end
+      out[#out + 1] = ts[i]
+    end
+    return out
+  end
+  -- (Packed: see above; a reply too large to pack as its table, as the lean check's.)
+  local out = n == 2 and { false, false } or {}
+  for i = 1, n do
+    local count, t, shape = counts[i], ts[i], waits[i] and 1 or 0
+    local p = i * 5 - 5
+    if t < (70368744177664 - count) / per[p + 5] then
+      out[i] = -((t * per[p + 5] + count) * 128 + shape * 64 + per[p + 4]) - 1
+    else
+      out[i] = shape == 0 and { 1, count, t } or { 1, count, 0, t }
+    end
+  end
+  return out
+end
+
 -- The lean settlement ('s', see engine.lua) of one limit by `delta` (and its text
 -- `delta_text`, as sent): each algorithm's X_settle charges it (above 0: spent whatever
 -- the limit says, debt past it) or gives it back (below 0) on the limit's own key, and
@@ -314,9 +435,12 @@ end
 -- answer to a cost of 0): an admit packed, as the lean check's; a refusal (debt) as
 -- the engine's table. Returns nil when the general engine settles (a block's mark, a
 -- skew, a step back, a rolling window in debt, a settlement of 0), nothing written.
-local function lean_settle(KEYS, ARGV, L, k, delta, delta_text, now_us)
+-- A set's (n limits) is lean_settle_set's.
+local function lean_settle(KEYS, ARGV, L, k, n, delta, delta_text, now_us)
   if delta == 0 then
     return nil
+  elseif n > 1 then
+    return lean_settle_set(KEYS, ARGV, L, k, n, delta, delta_text, now_us)
   end
   local kind = L[1]
   local ok, admitted, n, wait, t
