@@ -498,6 +498,42 @@ fn round_cost(round: usize, at: usize) -> NonZeroU32 {
     NonZeroU32::new(u32::try_from(cost).unwrap()).unwrap()
 }
 
+/// Every limit of [`every_limit`] twice on `redis` (names starting `run`): on a backend
+/// that batches past one call in flight, and on one that never batches (the reference),
+/// each having made a first call (checks queue once a round trip is known). Both
+/// without coalescing or a deny cache, on the engine path and clock given.
+async fn batching_and_reference(
+    redis: &RedisServer,
+    functions: bool,
+    time: tower_redis_ratelimit::backend::TimeSource,
+    run: &str,
+) -> Vec<(String, Box<dyn Limiter>, Box<dyn Limiter>)> {
+    let backend = |batch_after| {
+        Backend::builder()
+            .redis(redis.pool())
+            .deny_cache(0)
+            .coalesce(false)
+            .engine_functions(functions)
+            .time_source(time)
+            // A generous deadline: a loaded machine must not turn a slow call into a
+            // fallback.
+            .call_timeout(Duration::from_secs(5))
+            .batch_after(batch_after)
+            .build()
+            .unwrap()
+    };
+    let batched = every_limit(&backend(1), &format!("b-{run}"));
+    let one_by_one = every_limit(&backend(0), &format!("s-{run}"));
+    let mut pairs = Vec::new();
+    for ((kind, batched), (_, reference)) in batched.into_iter().zip(one_by_one) {
+        for limiter in [&batched, &reference] {
+            limiter.check(b"warm-up", NonZeroU32::MIN).await;
+        }
+        pairs.push((kind, batched, reference));
+    }
+    pairs
+}
+
 /// Checks of many keys of one limiter, made at once past the bound of calls in flight,
 /// go to Redis in a few calls, and each decides exactly as its own call would: on a
 /// frozen server clock, round after round (admits, refusals, lockouts and the blocks
@@ -515,27 +551,11 @@ async fn a_batch_of_keys_decides_as_its_checks_one_by_one() {
         (false, TimeSource::Server),
         (true, TimeSource::Caller),
     ] {
-        let backend = |batch_after| {
-            Backend::builder()
-                .redis(redis.pool())
-                .deny_cache(0)
-                .coalesce(false)
-                .engine_functions(functions)
-                .time_source(time)
-                .batch_after(batch_after)
-                .build()
-                .unwrap()
-        };
-        let (batching, single) = (backend(1), backend(0));
         let run = format!("{functions}-{time:?}");
-        let batched = every_limit(&batching, &format!("b-{run}"));
-        let one_by_one = every_limit(&single, &format!("s-{run}"));
-        for ((kind, batched), (_, reference)) in batched.into_iter().zip(one_by_one) {
+        for (kind, batched, reference) in
+            batching_and_reference(&redis, functions, time, &run).await
+        {
             let what = format!("{kind}, functions: {functions}, {time:?}");
-            // Checks queue once a call has returned (its round trip known).
-            for limiter in [&batched, &reference] {
-                limiter.check(b"warm-up", NonZeroU32::MIN).await;
-            }
             let (mut checks, mut calls) = (0, 0);
             for round in 0..8 {
                 clock.freeze_at(t0 + i64::try_from(round).unwrap() * 400_000);
@@ -638,28 +658,16 @@ fn round_delta(round: usize, at: usize) -> i64 {
 /// round's checks agree too).
 #[tokio::test]
 async fn settlements_go_with_the_batches_and_settle_as_one_by_one() {
+    use tower_redis_ratelimit::backend::TimeSource;
     let (redis, clock) = RedisServer::start_with_clock();
     let t0: i64 = 1_800_000_000_000_000 + 321_987;
     for functions in [true, false] {
-        let backend = |batch_after| {
-            Backend::builder()
-                .redis(redis.pool())
-                .deny_cache(0)
-                .coalesce(false)
-                .engine_functions(functions)
-                .call_timeout(Duration::from_secs(5))
-                .batch_after(batch_after)
-                .build()
-                .unwrap()
-        };
-        let (batching, single) = (backend(1), backend(0));
-        let batched = every_limit(&batching, &format!("sb-{functions}"));
-        let one_by_one = every_limit(&single, &format!("ss-{functions}"));
-        for ((kind, batched), (_, reference)) in batched.into_iter().zip(one_by_one) {
+        let run = format!("settle-{functions}");
+        let server = TimeSource::Server;
+        for (kind, batched, reference) in
+            batching_and_reference(&redis, functions, server, &run).await
+        {
             let what = format!("{kind}, functions: {functions}");
-            for limiter in [&batched, &reference] {
-                limiter.check(b"warm-up", NonZeroU32::MIN).await;
-            }
             let (mut settlements, mut calls) = (0, 0);
             for round in 0..6 {
                 clock.freeze_at(t0 + i64::try_from(round).unwrap() * 400_000);
@@ -667,9 +675,8 @@ async fn settlements_go_with_the_batches_and_settle_as_one_by_one() {
                 for (at, key) in keys.iter().enumerate() {
                     let cost = round_cost(round, at);
                     let here = format!("{what}: round {round}, check of {key}");
-                    let (mine, theirs) = (batched.check(key.as_bytes(), cost).await, {
-                        reference.check(key.as_bytes(), cost).await
-                    });
+                    let mine = batched.check(key.as_bytes(), cost).await;
+                    let theirs = reference.check(key.as_bytes(), cost).await;
                     assert_eq!(answer(&mine), answer(&theirs), "{here}");
                 }
                 let before = script_calls(&redis);
