@@ -478,3 +478,57 @@ async fn a_settlement_reads_its_limits_key_alone() {
         }
     }
 }
+
+/// A set with a token bucket or a rolling window never reads its block when one of its
+/// fixed windows starts: a blocked key's bucket or rolling window is marked for as long
+/// as the block runs (a key that held nothing too), and the lean check of the set leaves
+/// a marked member to the engine, so the window need not ask. Windows of 30 ms started
+/// anew in every round, on both engine paths, window first or last. Before, each start
+/// read the block (`PTTL`).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_sets_window_starts_without_reading_the_block() {
+    let redis = RedisServer::start();
+    for functions in paths(&redis) {
+        let backend = backend(&redis, functions);
+        let bucket = TokenBucketConfig::new(1_000_000, SEC, 1_000_000);
+        let short = PeriodConfig::new(1_000_000, 30 * MS);
+        let rolling = RollingConfig::new(1_000_000, 10, 100 * MS);
+        let sets = [
+            LimitSet::new()
+                .limit("bucket", bucket)
+                .limit("window", short),
+            LimitSet::new()
+                .limit("window", short)
+                .limit("rolling", rolling),
+            LimitSet::new()
+                .requests("requests", bucket)
+                .limit("window", short)
+                .limit("daily", PeriodConfig::new(1_000_000, 86_400 * SEC)),
+        ];
+        for (i, set) in sets.into_iter().enumerate() {
+            let what = format!("set {i}, functions: {functions}");
+            let limiter = SetLimiter::new(&backend, &format!("starts{i}"), set).unwrap();
+            let keys: Vec<Vec<u8>> = (0..10).map(|k| format!("w{k}").into_bytes()).collect();
+            let monitor = Monitor::start(redis.port());
+            let _ = monitor.until(redis.port(), "starts-start");
+            for _ in 0..3 {
+                for key in &keys {
+                    let decision = limiter.check(key, ONE).await;
+                    assert!(decision.is_admitted(), "{what}: {decision:?}");
+                    assert_eq!(decision.source, Source::Redis, "{what}");
+                }
+                // Every window ends: the next round starts them again.
+                tokio::time::sleep(40 * MS).await;
+            }
+            let lines = monitor.until(redis.port(), "starts-end");
+            let (commands, blocks) = engine_commands(&lines);
+            eprintln!("{what}: {commands} commands for 30 checks");
+            assert!(
+                blocks.is_empty(),
+                "{what}: {} commands named the block key, such as {:?}",
+                blocks.len(),
+                &blocks[..blocks.len().min(3)]
+            );
+        }
+    }
+}

@@ -43,7 +43,9 @@ end
 -- refusal, a new window over a stale key, a skew, a clock step, a blocked key). A key
 -- that held nothing starts its window here, as period_save would, unless the key's
 -- block (KEYS[block]) is set: a window the key holds is marked while it is blocked
--- (period_mark), a window that starts is not.
+-- (period_mark), a window that starts is not. A `block` of nil starts it without reading
+-- the block: a set's token bucket or rolling window is marked then, and leaves the set
+-- to the steps (see `marks` in src/backend/decide/lean.lua).
 local function period_try(KEYS, k, block, quota, length, offset, cost, cost_text, now_us)
   local count = redis.pcall('INCRBY', KEYS[k], cost_text)
   if type(count) ~= 'number' then
@@ -53,13 +55,15 @@ local function period_try(KEYS, k, block, quota, length, offset, cost, cost_text
   local ttl = redis.call('PTTL', KEYS[k])
   if count == cost and ttl == -1 and cost <= quota then
     -- A new window (a block ending this very millisecond is over, and deleted: see
-    -- block_left in engine.lua).
-    local blocked = redis.call('PTTL', KEYS[block])
-    if blocked > 0 then
-      redis.call('DEL', KEYS[k])
-      return false
-    elseif blocked == 0 then
-      redis.call('DEL', KEYS[block])
+    -- block_left in engine.lua). No `block`: another limit's mark tells (a set's).
+    if block then
+      local blocked = redis.call('PTTL', KEYS[block])
+      if blocked > 0 then
+        redis.call('DEL', KEYS[k])
+        return false
+      elseif blocked == 0 then
+        redis.call('DEL', KEYS[block])
+      end
     end
     if not offset then
       redis.call('PEXPIRE', KEYS[k], length)
@@ -88,7 +92,8 @@ end
 -- and the ms until the window ends (the caller compares the count with the quota: above
 -- it, debt); else it takes the count back and returns false, and the steps settle (a
 -- skew, a clock step, a blocked key, a count that lost its expiry). A charge on a key
--- that held nothing starts a window as period_try does (reading the key's block then);
+-- that held nothing starts a window as period_try does (reading the key's block then,
+-- unless `block` is nil, as there);
 -- a refund that empties the window deletes it, and the answer is then the next
 -- window's, as the steps' on a key that holds nothing. Its fourth and fifth results,
 -- the key's expiry as read (-1: it held nothing) and the count before, are for
@@ -102,12 +107,14 @@ local function period_settle(KEYS, k, block, length, offset, delta, delta_text, 
   local before = count - delta
   if ttl == -1 and before == 0 then
     -- The key held nothing (its window had ended): a window starts, with the charge.
-    local blocked = redis.call('PTTL', KEYS[block])
-    if blocked > 0 then
-      redis.call('DEL', KEYS[k])
-      return false
-    elseif blocked == 0 then
-      redis.call('DEL', KEYS[block])
+    if block then
+      local blocked = redis.call('PTTL', KEYS[block])
+      if blocked > 0 then
+        redis.call('DEL', KEYS[k])
+        return false
+      elseif blocked == 0 then
+        redis.call('DEL', KEYS[block])
+      end
     end
   elseif ttl > 0 and ttl <= length and before > 0 and before < 4503599627370496 then
     -- (2^52 and above: a blocked key's mark, see period_mark.)

@@ -14,7 +14,11 @@
 -- letter in capitals), and for packed replies the bits of its capacity (a token
 -- bucket's burst, its second argument, else its first: 2^(bits-1) <= capacity <
 -- 2^bits, counted by doubling: math.frexp is not in Lua 5.4) and 2^bits (an integer
--- in Lua 5.4 too, as `2 ^ bits` would not be).
+-- in Lua 5.4 too, as `2 ^ bits` would not be). And `marks`: whether a limit is a token
+-- bucket or a rolling window, whose key a block marks for as long as it runs (a key
+-- that held nothing too: token_bucket_mark, rolling_mark), so that the lean check,
+-- which leaves a marked limit to the engine, need not read the block for the set's
+-- fixed windows when they start.
 local texts = { {}, {} }
 local text_counts = { 0, 0 }
 local function list_of(kind, text)
@@ -41,6 +45,9 @@ local function list_of(kind, text)
       local p = #per
       per[p + 1], per[p + 2], per[p + 3], per[p + 4], per[p + 5] = kind, at, kind ~= letter,
         bits, power
+      if kind == 't' or kind == 'r' then
+        list.marks = true
+      end
       at = at + 2 + list[at + 1]
     end
     list.per = per
@@ -116,8 +123,13 @@ local function lean_from(KEYS, ARGV, L, k, cost, cost_text, n, i, now_us, bounds
       offset = L[at + 4]
       now_us = now_us or unix_us(ARGV)
     end
-    ok, r1, r2 = period_try(KEYS, k + i, k + n + 1, L[at + 2], length, offset, spent,
-      spent_text, now_us)
+    -- (The block is read when the window starts, unless another limit's mark tells.)
+    local block = k + n + 1
+    if L.marks then
+      block = nil
+    end
+    ok, r1, r2 = period_try(KEYS, k + i, block, L[at + 2], length, offset, spent, spent_text,
+      now_us)
     shape = 0
   elseif kind == 't' then
     now_us = now_us or unix_us(ARGV)
@@ -354,7 +366,11 @@ local function lean_settle_set(KEYS, ARGV, L, k, n, delta, delta_text, now_us)
       later[i] = d
     elseif kind == 'w' or kind == 'c' then
       local ttl, before
-      ok, counts[i], ts[i], ttl, before = period_settle(KEYS, k + i, k + n + 1, length, offset,
+      local block = k + n + 1
+      if L.marks then
+        block = nil
+      end
+      ok, counts[i], ts[i], ttl, before = period_settle(KEYS, k + i, block, length, offset,
         delta, delta_text, now_us)
       if ok then
         admits[i] = counts[i] <= L[at + 2]
