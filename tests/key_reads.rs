@@ -532,3 +532,71 @@ async fn a_sets_window_starts_without_reading_the_block() {
         }
     }
 }
+
+/// A rolling window's key is given its expiry when an even bucket starts, or an odd one
+/// whose even predecessor it does not hold: an even bucket's expiry (a window and a
+/// bucket past its start) covers the odd bucket after it. On a frozen server clock moved
+/// one bucket a round, 8 rounds of 10 keys start 80 buckets: at most 5 `PEXPIRE` per key
+/// (before, 8: one per bucket), on both engine paths, and the key never expires while a
+/// bucket it holds still counts (its `PTTL` reaches past the newest bucket's window).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_rolling_window_sets_its_expiry_every_other_bucket() {
+    let (redis, clock) = RedisServer::start_with_clock();
+    const INTERVAL_MS: i64 = 100;
+    const BUCKETS: i64 = 10;
+    for functions in paths(&redis) {
+        let backend = backend(&redis, functions);
+        let name = format!("expiry-{functions}");
+        let limiter =
+            RollingWindowLimiter::new(&backend, &name, RollingConfig::new(1_000, 10, 100 * MS))
+                .unwrap();
+        let keys: Vec<Vec<u8>> = (0..10).map(|k| format!("e{k}").into_bytes()).collect();
+        // A bucket's start, 40 ms into it for the first round.
+        let t0 = 1_800_000_000_000_000 + 40_000 + i64::from(functions) * 10_000_000;
+        let monitor = Monitor::start(redis.port());
+        let _ = monitor.until(redis.port(), "expiry-start");
+        let mut last_us = t0;
+        for round in 0..8 {
+            last_us = t0 + round * INTERVAL_MS * 1_000;
+            clock.freeze_at(last_us);
+            for key in &keys {
+                let decision = limiter.check(key, ONE).await;
+                assert!(decision.is_admitted(), "{decision:?}");
+                assert_eq!(decision.source, Source::Redis);
+            }
+        }
+        let lines = monitor.until(redis.port(), "expiry-end");
+        let expiries = lines
+            .iter()
+            .filter_map(|line| monitor_words(line))
+            .filter(|(client, words)| {
+                client.contains("lua")
+                    && words
+                        .first()
+                        .is_some_and(|w| w.eq_ignore_ascii_case(b"PEXPIRE"))
+            })
+            .count();
+        eprintln!("functions: {functions}: {expiries} PEXPIRE for 80 buckets started");
+        assert!(
+            expiries <= 5 * keys.len(),
+            "functions: {functions}: {expiries} PEXPIRE for 80 buckets started"
+        );
+        // The newest bucket counts until its window ends: the key lives that long.
+        let newest = last_us / 1_000 / INTERVAL_MS;
+        let counts_until_ms = (newest + BUCKETS) * INTERVAL_MS;
+        let stored = redis.cmd(&["KEYS", "*e3*"]);
+        let stored = stored
+            .lines()
+            .map(str::trim)
+            .find(|key| key.contains(name.as_str()) && !key.contains(":block:"))
+            .expect("the key")
+            .to_owned();
+        let ttl: i64 = redis.cmd(&["PTTL", &stored]).trim().parse().unwrap();
+        assert!(
+            last_us / 1_000 + ttl >= counts_until_ms,
+            "functions: {functions}: expires in {ttl} ms, counts for {} ms",
+            counts_until_ms - last_us / 1_000
+        );
+    }
+    clock.set_offset_us(0);
+}

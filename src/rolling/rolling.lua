@@ -62,15 +62,20 @@ local function rolling_state(KEYS, k, a, now_us)
 
   -- The live buckets by index, their indices in order, the fields to delete, the sum of
   -- the live counts. Every live index is at most `current`.
+  -- (And whether the key holds the bucket before the current one: see rolling_save.)
   local live = {}
   local indices = {}
   local dead = {}
   local sum = 0
+  local before = false
   for i = 1, #fields, 2 do
     local index = tonumber(fields[i])
     local count = tonumber(fields[i + 1])
-    if index and count and count > 0 and count % 1 == 0 and index % 1 == 0
-        and index >= oldest then
+    local valid = index and count and count > 0 and count % 1 == 0 and index % 1 == 0
+    if valid and index == current - 1 then
+      before = true
+    end
+    if valid and index >= oldest then
       sum = sum + count
       if not live[index] then
         live[index] = 0
@@ -85,7 +90,7 @@ local function rolling_state(KEYS, k, a, now_us)
   return { limit = limit, buckets = buckets, interval = interval,
     now = now + skew * interval, current = current, skew = skew,
     stored_skew = stored_skew, live = live, indices = indices, dead = dead,
-    sum = sum, added = 0, marked = marked }
+    sum = sum, added = 0, marked = marked, before = before }
 end
 
 local function rolling_step(s, cost, write)
@@ -140,10 +145,16 @@ local function rolling_save(KEYS, k, s)
     end
   end
   if s.added > 0 then
-    redis.call('HINCRBY', KEYS[k], string.format('%d', s.current), s.added)
+    local count = redis.call('HINCRBY', KEYS[k], string.format('%d', s.current), s.added)
     -- Kept a window and a bucket past now in the key's time (so past now by the skew
-    -- more on the server's clock).
-    redis.call('PEXPIRE', KEYS[k], string.format('%d', (s.buckets + 1 + s.skew) * s.interval))
+    -- more on the server's clock), set when the current bucket starts, but for an odd
+    -- bucket that follows the even one the key holds: that one's start set an expiry
+    -- that reaches this one's end (as the lean check, see rolling_commit). With a skew
+    -- (or one dropped now) and with the callers' clocks, at every write.
+    if caller_time or s.skew > 0 or s.stored_skew > 0
+        or (count == s.added and not (s.before and s.current % 2 == 1)) then
+      redis.call('PEXPIRE', KEYS[k], string.format('%d', (s.buckets + 1 + s.skew) * s.interval))
+    end
   end
 end
 -- Blocked keys (src/backend/decide/block.rs): the lean check reads the window's key

@@ -4,12 +4,18 @@
 -- rolling_step and rolling_save in the fewest commands and tables, deciding exactly as
 -- they do. rolling_try(KEYS, k, limit, buckets, interval, cost, now_us) reads the key and
 -- returns true, the sum after the cost, the ms until every counted unit has expired, the
--- current bucket and the dead fields (nil when none) when the window admits the cost
+-- current bucket, the dead fields (nil when none) and whether the key's expiry already
+-- covers the current bucket (`kept`, see rolling_commit) when the window admits the cost
 -- with the key's time the server's (no skew field, no bucket ahead of now); else false,
 -- and the steps decide (a refusal, a skew, a step back). Nothing is written:
--- rolling_commit(KEYS, k, dead, current, cost, cost_text, buckets, interval) writes what
--- rolling_save would (with the server's clock, the key's expiry only when the current
--- bucket starts: it outlives every bucket then).
+-- rolling_commit(KEYS, k, dead, current, cost, cost_text, buckets, interval, kept)
+-- writes what rolling_save would.
+--
+-- The key's expiry (with the server's clock): set when a bucket starts, a window and a
+-- bucket past then, so past the end of every bucket it holds; but not when an odd bucket
+-- starts and the key holds the even bucket before it, whose start set an expiry (every
+-- version sets it when an even bucket starts) that already reaches the odd bucket's
+-- end: one `PEXPIRE` for two buckets. rolling_save keeps the same rule.
 
 -- The units of the key's fields (HGETALL) in buckets from oldest to current, and its
 -- dead fields (nil when none); nil when the steps decide (a skew field, a bucket ahead
@@ -17,7 +23,7 @@
 -- number raises an error, which rolling_try's pcall turns into "the steps decide"
 -- (they delete it); tonumber() would cost Redis three times as much, twice per bucket.
 local function rolling_live(fields, oldest, current)
-  local sum, dead = 0, nil
+  local sum, dead, before = 0, nil, false
   for i = 1, #fields, 2 do
     local name = fields[i]
     if name == 's' or name == 'b' then
@@ -31,6 +37,9 @@ local function rolling_live(fields, oldest, current)
       if index > current then
         return nil
       end
+      if index == current - 1 then
+        before = true
+      end
       if index >= oldest then
         sum = sum + count
       else
@@ -42,7 +51,7 @@ local function rolling_live(fields, oldest, current)
       dead[#dead + 1] = name
     end
   end
-  return sum, dead
+  return sum, dead, before
 end
 
 local function rolling_try(KEYS, k, limit, buckets, interval, cost, now_us)
@@ -51,10 +60,10 @@ local function rolling_try(KEYS, k, limit, buckets, interval, cost, now_us)
   local current = math.floor(now / interval)
   local oldest = current - buckets + 1
   local fields = redis.call('HGETALL', KEYS[k])
-  local sum, dead = 0, nil
+  local sum, dead, before = 0, nil, false
   if #fields > 0 then
     local read
-    read, sum, dead = pcall(rolling_live, fields, oldest, current)
+    read, sum, dead, before = pcall(rolling_live, fields, oldest, current)
     if not read or not sum then
       return false
     end
@@ -62,23 +71,25 @@ local function rolling_try(KEYS, k, limit, buckets, interval, cost, now_us)
   if sum + cost > limit then
     return false
   end
-  return true, sum + cost, (current + buckets) * interval - now, current, dead
+  return true, sum + cost, (current + buckets) * interval - now, current, dead,
+    before and current % 2 == 1
 end
 
-local function rolling_commit(KEYS, k, dead, current, cost, cost_text, buckets, interval)
+local function rolling_commit(KEYS, k, dead, current, cost, cost_text, buckets, interval, kept)
   if dead then
     for i = 1, #dead, 500 do
       redis.call('HDEL', KEYS[k], unpack_list(dead, i, math.min(i + 499, #dead)))
     end
   end
-  -- The key's expiry is set when its current bucket starts: a window and a bucket past
-  -- then, so past the end of every bucket it holds. With the callers' clocks, at every
-  -- admission: buckets follow the caller's clock and the expiry the server's, so one
-  -- set at a bucket's start (by a caller ahead, or while the server's clock was behind)
-  -- may end before the bucket does. (Whole numbers below 10^17 as numbers: Redis writes
-  -- them in decimal digits, as string.format('%d') does. The cost goes as the client
-  -- wrote it, `cost_text`: Redis 7.0 writes a number with snprintf, which costs more.)
-  if redis.call('HINCRBY', KEYS[k], current, cost_text) == cost or caller_time then
+  -- The key's expiry is set when its current bucket starts (see above: not when `kept`).
+  -- With the callers' clocks, at every admission: buckets follow the caller's clock and
+  -- the expiry the server's, so one set at a bucket's start (by a caller ahead, or while
+  -- the server's clock was behind) may end before the bucket does. (Whole numbers below
+  -- 10^17 as numbers: Redis writes them in decimal digits, as string.format('%d') does.
+  -- The cost goes as the client wrote it, `cost_text`: Redis 7.0 writes a number with
+  -- snprintf, which costs more.)
+  if (redis.call('HINCRBY', KEYS[k], current, cost_text) == cost and not kept)
+      or caller_time then
     redis.call('PEXPIRE', KEYS[k], (buckets + 1) * interval)
   end
 end
@@ -93,12 +104,12 @@ end
 -- block's mark).
 local function rolling_settle(KEYS, k, limit, buckets, interval, delta, delta_text, now_us)
   if delta > 0 then
-    local ok, sum, t, current, dead = rolling_try(KEYS, k, limit, buckets, interval, delta,
-      now_us)
+    local ok, sum, t, current, dead, kept = rolling_try(KEYS, k, limit, buckets, interval,
+      delta, now_us)
     if not ok then
       return false
     end
-    rolling_commit(KEYS, k, dead, current, delta, delta_text, buckets, interval)
+    rolling_commit(KEYS, k, dead, current, delta, delta_text, buckets, interval, kept)
     return true, sum, t
   end
   local now = math.floor(now_us / 1000)

@@ -288,11 +288,23 @@ impl Ring {
             unreachable!("a rolling window")
         };
         let (current, _, skew) = self.current(interval_ms, c);
+        // The expiry is set when the current bucket starts, but for an odd bucket after
+        // the even one the key holds (whose start set an expiry reaching this one's
+        // end); with a skew (or one dropped now) and with the callers' clocks, at every
+        // write.
+        let before = current
+            .checked_sub(1)
+            .is_some_and(|b| self.counts.contains_key(&b));
+        let stored = self.skew;
         self.counts.retain(|&index, _| index + buckets > current);
         self.skew = skew;
         if added > 0 {
+            let starts = !self.counts.contains_key(&current);
             *self.counts.entry(current).or_default() += added;
-            self.expiry = c.server + (buckets + 1 + skew) * interval_ms;
+            let kept = before && current % 2 == 1;
+            if c.caller || skew > 0 || stored > 0 || (starts && !kept) {
+                self.expiry = c.server + (buckets + 1 + skew) * interval_ms;
+            }
         }
     }
 }

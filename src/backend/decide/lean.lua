@@ -137,7 +137,7 @@ local function lean_from(KEYS, ARGV, L, k, cost, cost_text, n, i, now_us, bounds
       L[at + 3], L[at + 4], spent, now_us)
   else
     now_us = now_us or unix_us(ARGV)
-    ok, r1, r2, c1, c2 = rolling_try(KEYS, k + i, L[at + 2], L[at + 3], L[at + 4], spent,
+    ok, r1, r2, c1, c2, c3 = rolling_try(KEYS, k + i, L[at + 2], L[at + 3], L[at + 4], spent,
       now_us)
   end
   if not ok then
@@ -160,7 +160,7 @@ local function lean_from(KEYS, ARGV, L, k, cost, cost_text, n, i, now_us, bounds
   if kind == 't' then
     token_bucket_commit(KEYS, k + i, c1, c2, c3)
   elseif kind == 'r' then
-    rolling_commit(KEYS, k + i, c2, c1, spent, spent_text, L[at + 3], L[at + 4])
+    rolling_commit(KEYS, k + i, c2, c1, spent, spent_text, L[at + 3], L[at + 4], c3)
   end
   -- (Packed: see above.) A reply too large to pack (a large limit's: a daily quota of
   -- 10^9 bytes) is the table the general engine would write for that limit, in its
@@ -209,11 +209,11 @@ local function lean(KEYS, ARGV, L, k, n, cost, cost_text, now_us)
           offset and (now_us or unix_us(ARGV)))
         shape = 0
       elseif kind == 'r' then
-        local current, dead
-        ok, count, t, current, dead = rolling_try(KEYS, k + 1, L[3], L[4], L[5], cost,
+        local current, dead, kept
+        ok, count, t, current, dead, kept = rolling_try(KEYS, k + 1, L[3], L[4], L[5], cost,
           now_us or unix_us(ARGV))
         if ok then
-          rolling_commit(KEYS, k + 1, dead, current, cost, cost_text, L[4], L[5])
+          rolling_commit(KEYS, k + 1, dead, current, cost, cost_text, L[4], L[5], kept)
         end
         shape = 1
       elseif kind == 'c' then
@@ -286,12 +286,12 @@ local function lean_coalesced(KEYS, ARGV, L, count, now_us)
   local ok, sum, t
   local shape = 0
   if kind == 'r' then
-    local current, dead
-    ok, sum, t, current, dead = rolling_try(KEYS, 1, L[3], L[4], L[5], total, now_us)
+    local current, dead, kept
+    ok, sum, t, current, dead, kept = rolling_try(KEYS, 1, L[3], L[4], L[5], total, now_us)
     if not ok then
       return nil
     end
-    rolling_commit(KEYS, 1, dead, current, total, total, L[4], L[5])
+    rolling_commit(KEYS, 1, dead, current, total, total, L[4], L[5], kept)
     shape = 1
   else
     local length, offset = L[4], L[5]
@@ -378,10 +378,10 @@ local function lean_settle_set(KEYS, ARGV, L, k, n, delta, delta_text, now_us)
         undo[#undo + 1] = { i, counts[i], ttl, before }
       end
     elseif delta > 0 then
-      local current, dead
-      ok, counts[i], ts[i], current, dead = rolling_try(KEYS, k + i, L[at + 2], L[at + 3],
-        L[at + 4], delta, now_us)
-      admits[i], waits[i], later[i] = true, 0, { current, dead }
+      local current, dead, kept
+      ok, counts[i], ts[i], current, dead, kept = rolling_try(KEYS, k + i, L[at + 2],
+        L[at + 3], L[at + 4], delta, now_us)
+      admits[i], waits[i], later[i] = true, 0, { current, dead, kept }
     else
       ok = not last
       last = i
@@ -412,7 +412,7 @@ local function lean_settle_set(KEYS, ARGV, L, k, n, delta, delta_text, now_us)
           token_bucket_write(KEYS, k + i, d[1], d[2], d[3], d[4])
         end
       else
-        rolling_commit(KEYS, k + i, d[2], d[1], delta, delta_text, L[at + 3], L[at + 4])
+        rolling_commit(KEYS, k + i, d[2], d[1], delta, delta_text, L[at + 3], L[at + 4], d[3])
       end
     end
     all = all and admits[i]
