@@ -33,6 +33,39 @@ local function calendar_window(ARGV, at, t)
   return t + b3 - b2, b3 - b2
 end
 
+-- A window that starts on KEYS[k], which holds `count`, this call's alone (0: nothing,
+-- a refund's): false, the count deleted, while the key's block (KEYS[block]) runs (a
+-- block ending this very millisecond is over, and deleted: see block_left in
+-- engine.lua; no `block`: another limit's mark tells, a set's); else true and the ms
+-- until the window ends, its expiry set when it counts anything (as period_save would).
+local function period_start(KEYS, k, block, length, offset, count, now_us)
+  if block then
+    local blocked = redis.call('PTTL', KEYS[block])
+    if blocked > 0 then
+      redis.call('DEL', KEYS[k])
+      return false
+    elseif blocked == 0 then
+      redis.call('DEL', KEYS[block])
+    end
+  end
+  if not offset then
+    if count > 0 then
+      redis.call('PEXPIRE', KEYS[k], length)
+    end
+    return true, length
+  end
+  local now = math.floor(now_us / 1000)
+  local deadline = now - ((now + offset) % length) + length
+  if count > 0 then
+    if caller_time then
+      redis.call('PEXPIRE', KEYS[k], string.format('%d', deadline - now))
+    else
+      redis.call('PEXPIREAT', KEYS[k], string.format('%d', deadline))
+    end
+  end
+  return true, deadline - now
+end
+
 -- The lean check (src/backend/decide/lean.lua): the common case of the steps
 -- (src/period/period.lua) in the fewest commands, deciding exactly as they do.
 -- period_try(KEYS, k, block, quota, length, offset, cost, cost_text, now_us) counts the
@@ -54,29 +87,12 @@ local function period_try(KEYS, k, block, quota, length, offset, cost, cost_text
   end
   local ttl = redis.call('PTTL', KEYS[k])
   if count == cost and ttl == -1 and cost <= quota then
-    -- A new window (a block ending this very millisecond is over, and deleted: see
-    -- block_left in engine.lua). No `block`: another limit's mark tells (a set's).
-    if block then
-      local blocked = redis.call('PTTL', KEYS[block])
-      if blocked > 0 then
-        redis.call('DEL', KEYS[k])
-        return false
-      elseif blocked == 0 then
-        redis.call('DEL', KEYS[block])
-      end
+    -- A new window.
+    local started, t = period_start(KEYS, k, block, length, offset, count, now_us)
+    if not started then
+      return false
     end
-    if not offset then
-      redis.call('PEXPIRE', KEYS[k], length)
-      return true, count, length
-    end
-    local now = math.floor(now_us / 1000)
-    local deadline = now - ((now + offset) % length) + length
-    if caller_time then
-      redis.call('PEXPIRE', KEYS[k], string.format('%d', deadline - now))
-    else
-      redis.call('PEXPIREAT', KEYS[k], string.format('%d', deadline))
-    end
-    return true, count, deadline - now
+    return true, count, t
   end
   if count ~= cost and ttl > 0 and ttl <= length and count <= quota then
     return true, count, ttl
@@ -105,47 +121,27 @@ local function period_settle(KEYS, k, block, length, offset, delta, delta_text, 
   end
   local ttl = redis.call('PTTL', KEYS[k])
   local before = count - delta
-  if ttl == -1 and before == 0 then
-    -- The key held nothing (its window had ended): a window starts, with the charge.
-    if block then
-      local blocked = redis.call('PTTL', KEYS[block])
-      if blocked > 0 then
-        redis.call('DEL', KEYS[k])
-        return false
-      elseif blocked == 0 then
-        redis.call('DEL', KEYS[block])
-      end
-    end
-  elseif ttl > 0 and ttl <= length and before > 0 and before < 4503599627370496 then
-    -- (2^52 and above: a blocked key's mark, see period_mark.)
-    if count > 0 then
-      return true, count, ttl, ttl, before
-    end
-  else
+  -- The key held nothing (its window had ended: a window starts, with a charge), or a
+  -- live window (2^52 and above: a blocked key's mark, see period_mark).
+  local starts = ttl == -1 and before == 0
+  local live = ttl > 0 and ttl <= length and before > 0 and before < 4503599627370496
+  if live and count > 0 then
+    return true, count, ttl, ttl, before
+  elseif not starts and not live then
     period_undo(KEYS, k, delta, count, ttl)
     return false
   end
-  -- A window that starts (a charge), or none (a refund: nothing held, or all given back).
+  -- A window that starts (a charge), or none (a refund: nothing held, or all given back;
+  -- the block is read only when the key held nothing).
   if count <= 0 then
     redis.call('DEL', KEYS[k])
     count = 0
   end
-  if not offset then
-    if count > 0 then
-      redis.call('PEXPIRE', KEYS[k], length)
-    end
-    return true, count, length, ttl, before
+  local ok, t = period_start(KEYS, k, starts and block or nil, length, offset, count, now_us)
+  if not ok then
+    return false
   end
-  local now = math.floor(now_us / 1000)
-  local deadline = now - ((now + offset) % length) + length
-  if count > 0 then
-    if caller_time then
-      redis.call('PEXPIRE', KEYS[k], string.format('%d', deadline - now))
-    else
-      redis.call('PEXPIREAT', KEYS[k], string.format('%d', deadline))
-    end
-  end
-  return true, count, deadline - now, ttl, before
+  return true, count, t, ttl, before
 end
 
 -- Takes back what period_settle did (a set's settlement whose later limit leaves it to
