@@ -2,50 +2,16 @@
 //! an authentication layer inside the limit) is logged at WARN, at most once per period
 //! per layer, naming the likely causes and the extractor that found nothing.
 
-use std::io::Write;
-use std::sync::{Arc, Mutex};
+mod support;
+
 use std::time::Duration;
 
 use axum::{body::Body, routing::get, Router};
 use http::{Request, StatusCode};
+use support::logs::capture;
 use tower::ServiceExt;
 use tower_redis_ratelimit::key::PeerIp;
 use tower_redis_ratelimit::{Backend, MissingKey, PeriodLimitLayer};
-
-/// Collects everything logged on this thread.
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl Captured {
-    fn text(&self) -> String {
-        String::from_utf8(self.0.lock().unwrap().clone()).unwrap()
-    }
-}
-
-fn capture() -> (Captured, tracing::subscriber::DefaultGuard) {
-    capture_up_to(tracing::Level::WARN)
-}
-
-fn capture_up_to(level: tracing::Level) -> (Captured, tracing::subscriber::DefaultGuard) {
-    let logs = Captured::default();
-    let writer = logs.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(move || writer.clone())
-        .with_ansi(false)
-        .with_max_level(level)
-        .finish();
-    (logs, tracing::subscriber::set_default(subscriber))
-}
 
 fn app(missing: MissingKey) -> Router {
     let limit = PeriodLimitLayer::builder(&Backend::in_process())
@@ -63,7 +29,7 @@ fn app(missing: MissingKey) -> Router {
 
 #[tokio::test]
 async fn a_missing_key_is_a_warning_once_per_period_naming_the_causes() {
-    let (logs, _guard) = capture();
+    let (logs, _guard) = capture(tracing::Level::WARN);
     // Served without `into_make_service_with_connect_info`: no peer address anywhere.
     let router = app(MissingKey::default());
     for _ in 0..200 {
@@ -100,7 +66,7 @@ async fn a_missing_key_is_a_warning_once_per_period_naming_the_causes() {
 
 #[tokio::test]
 async fn a_missing_key_the_layer_was_told_to_allow_is_no_warning() {
-    let (logs, _guard) = capture();
+    let (logs, _guard) = capture(tracing::Level::WARN);
     let router = app(MissingKey::Allow);
     let response = router
         .oneshot(Request::get("/").body(Body::empty()).unwrap())
@@ -119,7 +85,7 @@ async fn a_missing_key_the_layer_was_told_to_allow_is_no_warning() {
 async fn a_client_without_its_credential_is_no_warning() {
     use tower_redis_ratelimit::key::HeaderKey;
     use tower_redis_ratelimit::InFlightLimitLayer;
-    let (logs, _guard) = capture();
+    let (logs, _guard) = capture(tracing::Level::WARN);
     let backend = Backend::in_process();
     let limit = PeriodLimitLayer::builder(&backend)
         .name("llm.rpm")
@@ -189,7 +155,7 @@ async fn a_missing_credential_is_logged_and_answered_as_the_user_chose() {
         }
     }
 
-    let (logs, _guard) = capture_up_to(tracing::Level::INFO);
+    let (logs, _guard) = capture(tracing::Level::INFO);
     let backend = Backend::in_process();
     let limit = PeriodLimitLayer::builder(&backend)
         .name("llm.rpm")

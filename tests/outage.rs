@@ -4,9 +4,8 @@
 mod support;
 
 use std::convert::Infallible;
-use std::io::Write;
 use std::num::NonZeroU32;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use http::{Request, Response, StatusCode};
@@ -293,30 +292,9 @@ async fn script_flush_mid_traffic_is_invisible() {
     assert_eq!(backend.redis_healthy(), Some(true));
 }
 
-/// Collects everything the crate logs on this thread.
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 #[tokio::test]
 async fn one_outage_logs_once_and_runs_one_probe_that_stops_with_the_backend() {
-    let logs = Captured::default();
-    let writer = logs.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(move || writer.clone())
-        .with_ansi(false)
-        .with_max_level(tracing::Level::INFO)
-        .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let (logs, _guard) = support::logs::capture(tracing::Level::INFO);
 
     let mut redis = RedisServer::start();
     let backend = backend(&redis);
@@ -330,7 +308,7 @@ async fn one_outage_logs_once_and_runs_one_probe_that_stops_with_the_backend() {
     for check in checks {
         assert_eq!(check.await.source, Source::Fallback);
     }
-    let text = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+    let text = logs.text();
     assert_eq!(text.matches("redis judged unusable").count(), 1, "{text}");
     assert_eq!(backend.redis_switches(), Some(1));
     let metrics = tokio::runtime::Handle::current().metrics();

@@ -15,6 +15,7 @@
 
 mod cluster;
 pub(crate) mod http;
+pub(crate) mod logs;
 pub(crate) mod monitor;
 pub(crate) mod proxy;
 pub(crate) mod sentinel;
