@@ -60,7 +60,8 @@ pub const NEAR_LIMIT_TOTAL: &str = "ratelimit_near_limit_total";
 pub const FALLBACK_DECISIONS_TOTAL: &str = "ratelimit_fallback_decisions_total";
 /// `1` while a Redis backend answers from its fallback, by `prefix` (gauge).
 pub const FALLBACK_ACTIVE: &str = "ratelimit_fallback_active";
-/// Failed Redis checks, by `policy` and `kind` (counter).
+/// Failed Redis calls of checks and of the handles' operations (a settlement, a peek,
+/// ...), by `policy` and `kind` (counter).
 pub const REDIS_ERRORS_TOTAL: &str = "ratelimit_redis_errors_total";
 /// Breaker transitions of a Redis backend, by `prefix` and `to` (counter).
 pub const REDIS_SWITCHES_TOTAL: &str = "ratelimit_redis_switches_total";
@@ -225,8 +226,8 @@ pub(crate) fn settled(policy: &str, delta: i64) {
     let _ = (policy, delta);
 }
 
-/// Records a failed Redis check of policy `policy`; `kind` is `transport`, `server` or
-/// `key`.
+/// Records a failed Redis call (a check's, an operation's) of policy `policy`; `kind` is
+/// `transport`, `server` or `key`.
 pub(crate) fn redis_error(policy: &str, kind: &'static str) {
     #[cfg(feature = "metrics")]
     metrics::counter!(REDIS_ERRORS_TOTAL, "policy" => policy.to_owned(), "kind" => kind)

@@ -594,11 +594,14 @@ async fn a_batch_of_keys_decides_as_its_checks_one_by_one() {
     }
 }
 
-/// A key whose stored value Redis refuses (`WRONGTYPE`) fails its own check alone: the
-/// batch it went with is sent again as one call per check, the other keys are decided
-/// by Redis and the bad key by the failure policy.
+/// A key whose stored value Redis refuses (`WRONGTYPE`) fails its own check (its own
+/// settlement) alone: its item in the batch fails, the other keys are decided by Redis
+/// and the bad key by the failure policy. Its error is reported for that key, a check's
+/// and a settlement's alike (logged once a while per key), in words that say what
+/// happened.
 #[tokio::test]
 async fn a_key_error_in_a_batch_is_that_keys_alone() {
+    let (logs, _guard) = support::logs::capture(tracing::Level::WARN);
     let redis = RedisServer::start();
     let backend = Backend::builder()
         .redis(redis.pool())
@@ -609,16 +612,20 @@ async fn a_key_error_in_a_batch_is_that_keys_alone() {
         .unwrap();
     let limiter =
         TokenBucketLimiter::new(&backend, "wrong", TokenBucketConfig::new(1, HOUR, 20)).unwrap();
-    limiter.check(b"bad", NonZeroU32::MIN).await;
-    let stored = redis.cmd(&["KEYS", "*bad*"]);
-    let stored = stored
-        .lines()
-        .next()
-        .expect("the key's value")
-        .trim()
-        .to_owned();
-    redis.cmd(&["DEL", &stored]);
-    redis.cmd(&["LPUSH", &stored, "not a bucket"]);
+    // Two keys whose values something else replaced: one for the checks, one for the
+    // settlements (a key's error is logged once a while).
+    for bad in ["bad", "worse"] {
+        limiter.check(bad.as_bytes(), NonZeroU32::MIN).await;
+        let stored = redis.cmd(&["KEYS", &format!("*{bad}*")]);
+        let stored = stored
+            .lines()
+            .next()
+            .expect("the key's value")
+            .trim()
+            .to_owned();
+        redis.cmd(&["DEL", &stored]);
+        redis.cmd(&["LPUSH", &stored, "not a bucket"]);
+    }
     let keys = ["first", "a", "bad", "b", "c"];
     let decisions = futures_join(
         keys.iter()
@@ -636,6 +643,33 @@ async fn a_key_error_in_a_batch_is_that_keys_alone() {
                 "{key}"
             );
         }
+    }
+    let keys = ["first", "a", "worse", "b", "c"];
+    let settled = futures_join(
+        keys.iter()
+            .map(|key| limiter.settle(key.as_bytes(), -1).expect("settles"))
+            .collect(),
+    )
+    .await;
+    for (key, decision) in keys.iter().zip(settled) {
+        if *key == "worse" {
+            assert_eq!(decision.source, Source::Fallback, "{key}: {decision:?}");
+        } else {
+            assert_eq!(
+                (decision.source, decision.remaining),
+                (Source::Redis, 20),
+                "{key}"
+            );
+        }
+    }
+    let text = logs.text();
+    let reported = text
+        .lines()
+        .filter(|line| line.contains("redis error for one key"))
+        .collect::<Vec<_>>();
+    assert_eq!(reported.len(), 2, "{text}");
+    for line in reported {
+        assert!(line.contains("could not read this key's value"), "{line}");
     }
 }
 

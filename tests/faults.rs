@@ -218,8 +218,34 @@ async fn a_key_of_the_wrong_type_affects_only_its_own_requests() {
     assert_eq!(closed.check(b"fine", ONE).await.source, Source::Redis);
 }
 
-async fn refuses_writes_then_recovers(redis: &RedisServer, refuse: &[&[&str]], accept: &[&[&str]]) {
-    let backend = builder().redis_url(redis.url()).build().unwrap();
+/// How the checks of [`refuses_writes_then_recovers`] reach Redis.
+#[derive(Clone, Copy)]
+enum Calls {
+    /// Two at a time, each its own call (the defaults: Functions on Redis 7).
+    OwnCalls,
+    /// Sixteen at a time on the EVALSHA path, most of them batched (a batch's items
+    /// run in one script, each in `pcall`).
+    Batched,
+}
+
+async fn refuses_writes_then_recovers(
+    redis: &RedisServer,
+    refuse: &[&[&str]],
+    accept: &[&[&str]],
+    calls: Calls,
+) {
+    let (backend, tasks) = match calls {
+        Calls::OwnCalls => (builder().redis_url(redis.url()).build().unwrap(), 2),
+        Calls::Batched => {
+            let backend = builder()
+                .redis_url(redis.url())
+                .engine_functions(false)
+                .batch_after(1)
+                .build()
+                .unwrap();
+            (backend, 16)
+        }
+    };
     let limiter = limiter(&backend, "writes");
     assert_eq!(limiter.check(b"k", ONE).await.source, Source::Redis);
     for command in refuse {
@@ -230,7 +256,7 @@ async fn refuses_writes_then_recovers(redis: &RedisServer, refuse: &[&[&str]], a
     assert_eq!(redis.cmd(&["PING"]), "PONG");
     let during = load(
         &limiter,
-        2,
+        tasks,
         Duration::from_millis(1500),
         Duration::from_millis(1),
     )
@@ -260,6 +286,25 @@ async fn a_redis_out_of_memory_stays_in_fallback_until_it_accepts_writes() {
             &["CONFIG", "SET", "maxmemory", "1"],
         ],
         &[&["CONFIG", "SET", "maxmemory", "0"]],
+        Calls::OwnCalls,
+    )
+    .await;
+}
+
+/// Batched checks meet the refusal inside their batch's script: the batch fails as
+/// their own calls would (the breaker counts each of its checks), not item by item as
+/// if each key's value were at fault.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_out_of_memory_stops_batched_checks_as_their_own_calls() {
+    let redis = RedisServer::start();
+    refuses_writes_then_recovers(
+        &redis,
+        &[
+            &["CONFIG", "SET", "maxmemory-policy", "noeviction"],
+            &["CONFIG", "SET", "maxmemory", "1"],
+        ],
+        &[&["CONFIG", "SET", "maxmemory", "0"]],
+        Calls::Batched,
     )
     .await;
 }
@@ -273,6 +318,22 @@ async fn a_read_only_replica_stays_in_fallback_until_it_is_promoted() {
         &redis,
         &[&["REPLICAOF", "127.0.0.1", &port]],
         &[&["REPLICAOF", "NO", "ONE"]],
+        Calls::OwnCalls,
+    )
+    .await;
+}
+
+/// A replica refuses a batch's writes as it refuses a check's own call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_only_replica_stops_batched_checks_as_their_own_calls() {
+    let redis = RedisServer::start();
+    let primary = RedisServer::start();
+    let port = primary.port().to_string();
+    refuses_writes_then_recovers(
+        &redis,
+        &[&["REPLICAOF", "127.0.0.1", &port]],
+        &[&["REPLICAOF", "NO", "ONE"]],
+        Calls::Batched,
     )
     .await;
 }

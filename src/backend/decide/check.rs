@@ -25,8 +25,10 @@ use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::sync::oneshot;
+
 use super::batch::{self, Ask, Queued};
-use super::coalesce::{Turn, Waiting};
+use super::coalesce::{Part, Turn, Waiting};
 use super::deny::Denied;
 use super::engine::{batch_numbers, BATCH, CHECK, COALESCED, ENGINE, LEASE, PEEK, REFUND, SETTLE};
 use super::hosts::Hosts;
@@ -80,8 +82,7 @@ pub(crate) fn check<T: Hosts + ?Sized>(
                 let redis = Arc::clone(redis);
                 let deadline = redis.call_timeout();
                 return DecisionFuture::pending(async move {
-                    let part = tokio::time::timeout(deadline, part).await;
-                    let part = part.ok().and_then(Result::ok).unwrap_or(Err(None));
+                    let part = queued_part(part, deadline).await;
                     conclude(&*store, &redis, part, &redis_key, cost, deny_key)
                 });
             }
@@ -112,8 +113,7 @@ pub(crate) fn check<T: Hosts + ?Sized>(
                 route: None,
             };
             return DecisionFuture::pending(async move {
-                let part = tokio::time::timeout(deadline, part).await;
-                let part = part.ok().and_then(Result::ok).unwrap_or(Err(None));
+                let part = queued_part(part, deadline).await;
                 let decision = conclude(
                     &*leader.store,
                     &leader.redis,
@@ -611,7 +611,13 @@ async fn send_batch<T: Hosts + ?Sized>(
         Ok(flat) => {
             let parts = split_batch(&flat, batch.len());
             for (check, part) in batch.into_iter().zip(parts) {
-                let _ = check.reply.send(part.map(<[i64]>::to_vec).ok_or(None));
+                let part = match part {
+                    // The item raised an error (its key's value): its own to report.
+                    Some([]) => Err(Some(ScriptError::Unreadable)),
+                    Some(part) => Ok(part.to_vec()),
+                    None => Err(None),
+                };
+                let _ = check.reply.send(part);
             }
         }
         Err(error) if error.code() == Some("CROSSSLOT") => {
@@ -741,15 +747,37 @@ fn conclude<T: Hosts + ?Sized>(
         Err(error) => error,
     };
     if let Some(error) = error {
-        let fault = error.fault();
-        crate::metrics::redis_error(&remote.name, fault.label());
-        if fault == Fault::Key {
-            redis.key_error(remote.backend.inner.deny.hash(redis_key), &error);
-        }
+        report(store, redis, redis_key, &error);
     }
     // The key, read back from the Redis key (only on this failure path).
     let key = remote.layout().key_of(redis_key).unwrap_or_default();
     unavailable(store, &key, cost)
+}
+
+/// Reports a call's failure for `redis_key` (a check's, an operation's): counted by its
+/// fault, and a key's own fault logged for that key (once a while per key).
+pub(super) fn report<T: Hosts + ?Sized>(
+    store: &T,
+    redis: &RedisBackend,
+    redis_key: &[u8],
+    error: &ScriptError,
+) {
+    let remote = store.remote();
+    let fault = error.fault();
+    crate::metrics::redis_error(&remote.name, fault.label());
+    if fault == Fault::Key {
+        redis.key_error(remote.backend.inner.deny.hash(redis_key), error);
+    }
+}
+
+/// A queued item's part of its batch (a check's or a settlement's, `batch.rs`; a
+/// coalesced check's, `coalesce.rs`), waited for no longer than `deadline`:
+/// `Err(None)` when it did not come in time or its call failed (which the call reported).
+pub(super) async fn queued_part(part: oneshot::Receiver<Part>, deadline: Duration) -> Part {
+    match tokio::time::timeout(deadline, part).await {
+        Ok(Ok(part)) => part,
+        _ => Err(None),
+    }
 }
 
 /// The engine's reply: `{admitted, blocked ms, each limit's reply}`.

@@ -289,6 +289,33 @@ end
 return out
 end
 
+-- An item's error, as `pcall` caught it, raised again as the server's own error reply
+-- unless it is its key's: a stored value of another type (WRONGTYPE), one the script
+-- cannot read (ERR, or a Lua error without a code). Any other code (READONLY, OOM,
+-- NOPERM, BUSY, ...) and a command refused to this user concern every key, as the
+-- caller sorts them (src/backend/redis/fault.rs): the call fails as each item's own
+-- call would have, so that the breaker counts it. Redis 7 and later give the reply
+-- itself ('READONLY You ...'), Redis 6.2 with a place before it ('=[C]: -1: -READONLY
+-- You ...'); raised as an error table on 7 and later (the reply keeps its code), as a
+-- '-'-led text before (which 6.2 wraps as 'Error running script ...: -READONLY ...').
+local function raise_unless_keys(e)
+  if type(e) == 'table' then
+    e = e.err
+  end
+  e = tostring(e)
+  local code = string.match(e, '^%-?(%u+) ') or string.match(e, ': %-(%u+) ')
+  local refused = string.find(e, "can't run this command", 1, true)
+    or string.find(e, 'ACL failure in script', 1, true)
+  if not refused and (code == nil or code == 'WRONGTYPE' or code == 'ERR') then
+    return
+  end
+  local reply = code and string.sub(e, (string.find(e, code .. ' ', 1, true))) or e
+  if redis.REDIS_VERSION_NUM then
+    error(redis.error_reply(reply))
+  end
+  error('-' .. reply, 0)
+end
+
 -- Checks and settlements of several keys of one limiter in one call ('k',
 -- src/backend/decide/batch.rs): the head's count is how many; item j has its n + 1 keys
 -- (its limits', then its block) from KEYS[(j - 1) * (n + 1) + 1], and its text is the
@@ -297,9 +324,11 @@ end
 -- it: by the lean check (the lean settlement), else by the engine on its own keys (a
 -- refusal, a block, a skew, a set's settlement). The time is read once. Returns each
 -- item's reply in order (the lean path's packed number or table, or the engine's
--- table). An item that raises an error (its key holds a value of another type) replies
--- `false` (read as no reply: the failure policy answers it), and the items after it go
--- on: what an item before it wrote is its own.
+-- table). An item that raises an error of its key (its key holds a value of another
+-- type) replies `false` (its check reports it, the failure policy answers it), and the
+-- items after it go on: what an item before it wrote is its own. An error that concerns
+-- every key (see `raise_unless_keys`) fails the call, as it would have failed each
+-- item's own call.
 local function batch(KEYS, ARGV, L, H)
   local count = H[2]
   local n = #KEYS / count - 1
@@ -329,6 +358,9 @@ local function batch(KEYS, ARGV, L, H)
         keys[i] = KEYS[k + i]
       end
       ok, reply = pcall(engine, keys, ARGV, L, { op, number, H[3], text })
+    end
+    if not ok then
+      raise_unless_keys(reply)
     end
     out[j] = ok and reply
   end

@@ -14,13 +14,14 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use super::batch::{self, Ask, Queued};
 use super::check::{
-    answering, engine_call, forget_refusal, no_share, read_reply, refused_until_probe, unavailable,
-    Leader,
+    answering, engine_call, forget_refusal, no_share, queued_part, read_reply, refused_until_probe,
+    report, unavailable, Leader,
 };
 use super::engine::{BLOCK, PEEK, REFUND, RESERVE, RESET, SETTLE};
 use super::hosts::Hosts;
 use super::lease;
 use super::listing::MAX_LISTED;
+use crate::backend::redis::fault::ScriptError;
 use crate::backend::FailurePolicy;
 use crate::blocked::{Blocked, Listing};
 use crate::decision::{Decision, Source};
@@ -131,16 +132,25 @@ pub(crate) fn operate<T: Hosts + ?Sized>(
         match remote.batcher.turn(route, after, deadline, queued) {
             batch::Turn::Queued(part) => {
                 // Its wait: no longer than for a call of its own (then settled in
-                // process, as a failed call's settlement is).
+                // process, as a failed call's settlement is; its key's error reported
+                // here, a batch's by the batch).
                 let store = Arc::clone(store);
+                let redis = Arc::clone(redis);
                 let key = key.to_vec();
                 return DecisionFuture::pending(async move {
-                    let part = tokio::time::timeout(deadline, part).await;
-                    let decision = match part {
-                        Ok(Ok(Ok(reply))) => read_reply(&*store, &reply, NonZeroU32::MIN),
-                        _ => None,
-                    };
-                    decision.unwrap_or_else(|| operate_unavailable(&*store, op, &key, cost))
+                    let part = queued_part(part, deadline).await;
+                    let decision = part.map(|reply| {
+                        read_reply(&*store, &reply, NonZeroU32::MIN)
+                            .ok_or(ScriptError::Reply(reply))
+                    });
+                    match decision {
+                        Ok(Ok(decision)) => decision,
+                        Ok(Err(error)) | Err(Some(error)) => {
+                            report(&*store, &redis, &redis_key, &error);
+                            operate_unavailable(&*store, op, &key, cost)
+                        }
+                        Err(None) => operate_unavailable(&*store, op, &key, cost),
+                    }
                 });
             }
             batch::Turn::Call => leader = Some(Leader::of_route(store, redis, route)),
@@ -166,19 +176,32 @@ pub(crate) fn operate<T: Hosts + ?Sized>(
             let _ = redis.eval(&give_back).await;
         }
         let started = std::time::Instant::now();
-        let reply = redis.eval(&call).await.ok();
+        let result = redis.eval(&call).await;
         if leader.is_some() {
             store.remote().batcher.observe(started.elapsed());
         }
         // (A settlement's turn: the items queued meanwhile go now.)
         drop(leader);
-        let decision = reply.as_ref().and_then(|reply| {
+        let reply = result.as_ref().ok();
+        let decision = reply.and_then(|reply| {
             let cost = u32::try_from(cost).ok().and_then(NonZeroU32::new);
             read_reply(&*store, reply, cost.unwrap_or(NonZeroU32::MIN))
         });
+        match (&result, &decision) {
+            (Err(error), _) => report(&*store, &redis, &redis_key, error),
+            (Ok(reply), None) => {
+                report(
+                    &*store,
+                    &redis,
+                    &redis_key,
+                    &ScriptError::Reply(reply.clone()),
+                );
+            }
+            (Ok(_), Some(_)) => {}
+        }
         // Redis made the change: the list of blocked keys follows, before the answer
         // (a failed write is logged, never this operation's failure).
-        let blocked_ms = reply.as_ref().and_then(|reply| reply.get(1).copied());
+        let blocked_ms = reply.and_then(|reply| reply.get(1).copied());
         let remote = store.remote();
         let now_ms = remote.backend().clock().now_us() / 1_000;
         match (
@@ -301,7 +324,11 @@ pub(crate) async fn peek_each<T: Hosts + ?Sized>(
         let redis_key = remote.redis_key(&key);
         let lockout = store.blocks().lockout_ms();
         let call = engine_call(&*store, &key, &redis_key, PEEK, cost.get(), lockout, &[]);
-        if let Ok(reply) = redis.eval(&call).await {
+        let result = redis.eval(&call).await;
+        if let Err(error) = &result {
+            report(&*store, redis, &redis_key, error);
+        }
+        if let Ok(reply) = result {
             let blocked_ms = reply.get(1).and_then(|&ms| u64::try_from(ms).ok());
             let members = reply
                 .get(2..)

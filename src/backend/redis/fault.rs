@@ -54,6 +54,13 @@ pub(crate) enum ScriptError {
     TlsHandshake(Duration),
     #[error("unexpected script reply: {0:?}")]
     Reply(Vec<i64>),
+    /// A batch's item raised an error in the script (its key holds a value of another
+    /// type, or one the script cannot parse): that item's own fault.
+    #[error(
+        "the script could not read this key's value (a value of another type, written by \
+         something else?)"
+    )]
+    Unreadable,
     /// The server refused something the scripts need (found by the start-up probe):
     /// what, and the remedy.
     #[error("the server refuses {what} ({source}): {remedy}")]
@@ -93,7 +100,7 @@ impl ScriptError {
                 Fault::Transport => Fault::Transport,
             },
             Self::Redis(error) => classify(error),
-            Self::Reply(_) => Fault::Key,
+            Self::Reply(_) | Self::Unreadable => Fault::Key,
             Self::Refused { .. } => Fault::Server,
         }
     }
