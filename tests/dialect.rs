@@ -126,6 +126,32 @@ fn every_script_uses_only_what_lua_5_1_and_5_4_share() {
     assert!(passed, "luacheck:\n{said}");
 }
 
+/// Every library of Redis Functions loads on a server that has them: a library's
+/// top level runs once when it loads, where Redis lets it read only part of what a call
+/// may (no `_VERSION`, no `table` in Redis 7.0), and a library that fails to load sends
+/// every call by `EVALSHA` instead, at a cost.
+#[test]
+fn every_library_loads_as_redis_functions() {
+    let redis = RedisServer::start();
+    if !redis.runs_functions() {
+        eprintln!("{}: no Redis Functions to load", redis.version());
+        return;
+    }
+    let texts = lua_texts();
+    let libraries: Vec<_> = texts
+        .iter()
+        .filter(|(name, _)| name.ends_with(".library"))
+        .collect();
+    assert!(!libraries.is_empty(), "{:?}", names(&texts));
+    for (name, text) in libraries {
+        let loaded = redis.cmd(&["FUNCTION", "LOAD", "REPLACE", text]);
+        assert!(
+            loaded.starts_with("tower_redis_ratelimit_"),
+            "{name}: {loaded}"
+        );
+    }
+}
+
 fn names(texts: &[(String, String)]) -> Vec<&str> {
     texts.iter().map(|(name, _)| name.as_str()).collect()
 }
