@@ -85,12 +85,13 @@ local function rolling_commit(KEYS, k, dead, current, cost, cost_text, buckets, 
   -- With the callers' clocks, at every admission: buckets follow the caller's clock and
   -- the expiry the server's, so one set at a bucket's start (by a caller ahead, or while
   -- the server's clock was behind) may end before the bucket does. (Whole numbers below
-  -- 10^17 as numbers: Redis writes them in decimal digits, as string.format('%d') does.
-  -- The cost goes as the client wrote it, `cost_text`: Redis 7.0 writes a number with
-  -- snprintf, which costs more.)
-  if (redis.call('HINCRBY', KEYS[k], current, cost_text) == cost and not kept)
-      or caller_time then
-    redis.call('PEXPIRE', KEYS[k], (buckets + 1) * interval)
+  -- 10^17, as text unless native_numbers(). The cost goes as the client wrote it,
+  -- `cost_text`.)
+  local native = native_numbers()
+  local name = native and current or string.format('%d', current)
+  if (redis.call('HINCRBY', KEYS[k], name, cost_text) == cost and not kept) or caller_time then
+    local ttl = (buckets + 1) * interval
+    redis.call('PEXPIRE', KEYS[k], native and ttl or string.format('%d', ttl))
   end
 end
 

@@ -69,8 +69,12 @@ local function token_bucket_try(value, interval, burst, epoch, cost, now_us)
     now, tau
 end
 
--- The TAT goes to Redis as a number, which Redis writes with 17 significant digits: the
--- very double, read back alike by every release (the steps write four decimals).
+-- The TAT goes to Redis as digits that read back as the very double, alike in every
+-- release (the steps write four decimals): as a number where Redis writes it exactly
+-- (native_numbers()); else as text, its whole µs and seven decimals, exact when the TAT
+-- is a multiple of 2^-7 µs (0.0078125), as every TAT from 2^45 µs past the epoch on is
+-- (2027 with the default epoch), or else 17 significant digits. (Integer formats on the
+-- common path: libc's '%.17g' costs more.)
 local function token_bucket_commit(KEYS, k, tat, now, tau)
   local ttl = math.ceil((tat - now) / 1000)
   if ttl < 1 then
@@ -79,9 +83,18 @@ local function token_bucket_commit(KEYS, k, tat, now, tau)
   if caller_time then
     ttl = ttl + math.max(math.ceil(tau / 1000), 1000)
   end
-  -- (The TAT as text, with 17 significant digits, as Redis 5.1's Lua writes a number;
-  -- a Lua 5.4 server writes a float its own way. The ttl: a whole number of ms.)
-  redis.call('SET', KEYS[k], string.format('%.17g', tat), 'PX', ttl)
+  if native_numbers() then
+    redis.call('SET', KEYS[k], tat, 'PX', ttl)
+    return
+  end
+  local whole = math.floor(tat)
+  local text
+  if tat * 128 == math.floor(tat * 128) and tat >= 0 and tat < 9007199254740992 then
+    text = string.format('%d.%07d', whole, (tat - whole) * 10000000)
+  else
+    text = string.format('%.17g', tat)
+  end
+  redis.call('SET', KEYS[k], text, 'PX', string.format('%d', ttl))
 end
 
 -- A settlement's write (token_bucket_settle): 1 the TAT (token_bucket_commit), 2 debt:

@@ -10,8 +10,8 @@
 -- The dialect (checked by tests/dialect.rs): Lua 5.1 and 5.4 alike (Redis and Valkey run
 -- 5.1, Dragonfly 5.4): only the functions both have (no math.frexp; unpack through
 -- the prelude's unpack_list), every number in a reply or a command an integer (math.floor,
--- string.format), every key of a command written KEYS[i] in the call itself (cluster
--- proxies such as Alibaba Cloud's refuse a key held in a variable: the algorithms'
+-- string.format; a token bucket's TAT goes as a float only where native_numbers()), every
+-- key of a command written KEYS[i] in the call itself (cluster proxies such as Alibaba Cloud's refuse a key held in a variable: the algorithms'
 -- functions take KEYS and their key's index k), expiries set by PEXPIRE or PEXPIREAT or
 -- SET's PX (Garnet refuses SET's PXAT).
 -- ARGV: first the head, one text 'op:count:param':

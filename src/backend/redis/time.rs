@@ -72,13 +72,38 @@ pub enum TimeSource {
     Caller,
 }
 
-/// Sets `unix_us()` and `caller_time` for a script body, from `TIME`.
-const SERVER_PRELUDE: &str = "\
+/// What both preludes define first: `unpack_list()` and `native_numbers()`.
+macro_rules! common_prelude {
+    () => {
+        "\
 -- unpack: a global in Lua 5.1 (Redis, Valkey), table.unpack in Lua 5.4 (Dragonfly); read
 -- when called (a library of Redis Functions may not read `table` while it loads).
 local function unpack_list(list, i, j)
   return (table.unpack or unpack)(list, i, j) -- luacheck: ignore 113 143
 end
+-- Whether a number given to a command goes as it is: Redis 7.2 and later and Valkey
+-- (Lua 5.1) write it themselves, exactly (a whole number's digits, else the shortest
+-- digits that read back as the same double) and for a fraction of what string.format
+-- costs. Elsewhere it goes as text: Redis before 7.2 writes a number with libc's
+-- '%.17g', which costs more than string.format's integer formats; a Lua 5.4 server
+-- (Dragonfly, Garnet) or one that does not say its version, its own way. (Lua 5.1
+-- prints a whole float as '1', 5.4 as '1.0'.) Found at a call's first need and kept: a
+-- library of Redis Functions may read neither `tostring` nor `_VERSION` while it loads.
+local numbers_native = nil
+local function native_numbers()
+  if numbers_native == nil then
+    numbers_native = tostring(0.5 + 0.5) == '1' and (redis.REDIS_VERSION_NUM or 0) >= 459264
+  end
+  return numbers_native
+end
+"
+    };
+}
+
+/// Sets `unix_us()` and `caller_time` for a script body, from `TIME`.
+const SERVER_PRELUDE: &str = concat!(
+    common_prelude!(),
+    "\
 -- Time: the Redis server's clock.
 local caller_time = false
 local function unix_us(_)
@@ -86,21 +111,20 @@ local function unix_us(_)
   -- (Arithmetic reads TIME's numbers: tonumber() would cost Redis three times as much.)
   return t[1] * 1000000 + t[2]
 end
-";
+"
+);
 
 /// Sets `unix_us()` and `caller_time` for a script body, from the last `ARGV`.
-const CALLER_PRELUDE: &str = "\
--- unpack: a global in Lua 5.1 (Redis, Valkey), table.unpack in Lua 5.4 (Dragonfly); read
--- when called (a library of Redis Functions may not read `table` while it loads).
-local function unpack_list(list, i, j)
-  return (table.unpack or unpack)(list, i, j) -- luacheck: ignore 113 143
-end
+const CALLER_PRELUDE: &str = concat!(
+    common_prelude!(),
+    "\
 -- Time: the caller's clock, the last ARGV (microseconds since the Unix epoch).
 local caller_time = true
 local function unix_us(argv)
   return tonumber(argv[#argv])
 end
-";
+"
+);
 
 /// A script in both time versions (reading `TIME`, or the caller's time): as a script
 /// for `EVALSHA` each, and as one library of Redis Functions holding both.
