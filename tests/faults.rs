@@ -276,8 +276,8 @@ async fn refuses_writes_then_recovers(
     assert_eq!(backend.redis_switches(), Some(1));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_redis_out_of_memory_stays_in_fallback_until_it_accepts_writes() {
+/// A Redis out of memory (refusing every write) until it accepts writes again.
+async fn out_of_memory(calls: Calls) {
     let redis = RedisServer::start();
     refuses_writes_then_recovers(
         &redis,
@@ -286,9 +286,28 @@ async fn a_redis_out_of_memory_stays_in_fallback_until_it_accepts_writes() {
             &["CONFIG", "SET", "maxmemory", "1"],
         ],
         &[&["CONFIG", "SET", "maxmemory", "0"]],
-        Calls::OwnCalls,
+        calls,
     )
     .await;
+}
+
+/// A replica (refusing every write) until it is promoted.
+async fn read_only_replica(calls: Calls) {
+    let redis = RedisServer::start();
+    let primary = RedisServer::start();
+    let port = primary.port().to_string();
+    refuses_writes_then_recovers(
+        &redis,
+        &[&["REPLICAOF", "127.0.0.1", &port]],
+        &[&["REPLICAOF", "NO", "ONE"]],
+        calls,
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_out_of_memory_stays_in_fallback_until_it_accepts_writes() {
+    out_of_memory(Calls::OwnCalls).await;
 }
 
 /// Batched checks meet the refusal inside their batch's script: the batch fails as
@@ -296,46 +315,18 @@ async fn a_redis_out_of_memory_stays_in_fallback_until_it_accepts_writes() {
 /// if each key's value were at fault.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redis_out_of_memory_stops_batched_checks_as_their_own_calls() {
-    let redis = RedisServer::start();
-    refuses_writes_then_recovers(
-        &redis,
-        &[
-            &["CONFIG", "SET", "maxmemory-policy", "noeviction"],
-            &["CONFIG", "SET", "maxmemory", "1"],
-        ],
-        &[&["CONFIG", "SET", "maxmemory", "0"]],
-        Calls::Batched,
-    )
-    .await;
+    out_of_memory(Calls::Batched).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_read_only_replica_stays_in_fallback_until_it_is_promoted() {
-    let redis = RedisServer::start();
-    let primary = RedisServer::start();
-    let port = primary.port().to_string();
-    refuses_writes_then_recovers(
-        &redis,
-        &[&["REPLICAOF", "127.0.0.1", &port]],
-        &[&["REPLICAOF", "NO", "ONE"]],
-        Calls::OwnCalls,
-    )
-    .await;
+    read_only_replica(Calls::OwnCalls).await;
 }
 
 /// A replica refuses a batch's writes as it refuses a check's own call.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_read_only_replica_stops_batched_checks_as_their_own_calls() {
-    let redis = RedisServer::start();
-    let primary = RedisServer::start();
-    let port = primary.port().to_string();
-    refuses_writes_then_recovers(
-        &redis,
-        &[&["REPLICAOF", "127.0.0.1", &port]],
-        &[&["REPLICAOF", "NO", "ONE"]],
-        Calls::Batched,
-    )
-    .await;
+    read_only_replica(Calls::Batched).await;
 }
 
 /// A Redis `one_way` away each way, more than half the deadline for a round trip: a
