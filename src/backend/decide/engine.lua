@@ -11,8 +11,9 @@
 -- 5.1, Dragonfly 5.4): only the functions both have (no math.frexp; unpack through
 -- the prelude's unpack_list), every number in a reply or a command an integer (math.floor,
 -- string.format; a token bucket's TAT goes as a float only where native_numbers()), every
--- key of a command written KEYS[i] in the call itself (cluster proxies such as Alibaba Cloud's refuse a key held in a variable: the algorithms'
--- functions take KEYS and their key's index k), expiries set by PEXPIRE or PEXPIREAT or
+-- key of a command written KEYS[i] in the call itself (cluster proxies such as Alibaba
+-- Cloud's refuse a key held in a variable: the algorithms' functions take KEYS and their
+-- key's index k), expiries set by PEXPIRE or PEXPIREAT or
 -- SET's PX (Garnet refuses SET's PXAT).
 -- ARGV: first the head, one text 'op:count:param':
 -- - op: 'c' check: spend when every limit admits; 'p' peek: decide, spend nothing;

@@ -580,7 +580,17 @@ fn fcall_refused(error: &redis::RedisError) -> bool {
 pub(crate) fn lacks_functions(error: &redis::RedisError) -> bool {
     unknown_command(error)
         || error.kind() == ErrorKind::Server(ServerErrorKind::NoPerm)
-        || ScriptError::Redis(error.clone()).fault() == Fault::Key
+        || refused_library(error)
+}
+
+/// Whether a server that has Redis Functions refused the engine's library itself
+/// (`ERR Error registering functions: …`): the library's text, not the server, is at
+/// fault (`tests/dialect.rs` loads every library on each server of the matrix), so it is
+/// worth a warning where a server without Functions is not.
+pub(crate) fn refused_library(error: &redis::RedisError) -> bool {
+    !unknown_command(error)
+        && error.kind() != ErrorKind::Server(ServerErrorKind::NoPerm)
+        && ScriptError::Redis(error.clone()).fault() == Fault::Key
 }
 
 /// Whether the engine runs as Redis Functions (`FCALL`) on the server, as far as the
@@ -669,6 +679,15 @@ mod tests {
             "ERR Error registering functions",
         ] {
             assert!(lacks_functions(&replied(line)), "{line}");
+        }
+        let refused = "ERR Error registering functions: ERR user_function:16: Script \
+                       attempted to access nonexistent global variable 'tostring'";
+        assert!(lacks_functions(&replied(refused)) && refused_library(&replied(refused)));
+        for line in [
+            "ERR unknown command 'FUNCTION', with args beginning with: 'LOAD' '#!lua' ",
+            "NOPERM this user has no permissions to run the 'function|load' command",
+        ] {
+            assert!(!refused_library(&replied(line)), "{line}");
         }
         for line in [
             "OOM command not allowed when used memory > 'maxmemory'.",

@@ -15,7 +15,7 @@ use tokio::sync::watch;
 
 use self::call::Call;
 use self::changes::{Changes, OnChange};
-use self::connect::{lacks_functions, Conn, Connector, Functions};
+use self::connect::{lacks_functions, refused_library, Conn, Connector, Functions};
 use self::fault::{breaks_connection, Fault, ScriptError};
 use self::health::{Breaker, BreakerConfig, Outcome, RedisState};
 use self::time::{Scripts, TimeSource};
@@ -365,7 +365,17 @@ impl RedisBackend {
                 match library {
                     Some(Ok(())) => this.functions.on(),
                     // Redis before 7, `FUNCTION` renamed away or denied.
-                    Some(Err(error)) if lacks_functions(&error) => this.functions.off(&error),
+                    Some(Err(error)) if lacks_functions(&error) => {
+                        if refused_library(&error) {
+                            tracing::warn!(
+                                %error,
+                                "the server has Redis Functions but refused the engine's \
+                                 library: the engine runs by EVALSHA, at a higher cost per \
+                                 call (please report it, with the server's version)"
+                            );
+                        }
+                        this.functions.off(&error);
+                    }
                     // The way failed, or the server cannot serve anyone right now: its
                     // Functions are still to be learned.
                     Some(Err(error)) => {
