@@ -498,6 +498,13 @@ fn round_cost(round: usize, at: usize) -> NonZeroU32 {
     NonZeroU32::new(u32::try_from(cost).unwrap()).unwrap()
 }
 
+/// A check's cost in round `round` when every check of the round costs the same (a
+/// batch then sends its cost once): 1 to 4, and in one round one above every limit.
+fn round_cost_shared(round: usize, _at: usize) -> NonZeroU32 {
+    let cost = if round == 5 { 25 } else { 1 + round % 4 };
+    NonZeroU32::new(u32::try_from(cost).unwrap()).unwrap()
+}
+
 /// Every limit of [`every_limit`] twice on `redis` (names starting `run`): on a backend
 /// that batches past one call in flight, and on one that never batches (the reference),
 /// each having made a first call (checks queue once a round trip is known). Both
@@ -540,22 +547,27 @@ async fn batching_and_reference(
 /// they leave, an aligned window, a set, costs above the limit), each answer equals the
 /// same check's made one by one on another limiter of the same server, to the
 /// microsecond, on both engine paths. With the caller's clock (the time sent last,
-/// after the costs), the states and units agree.
+/// after the costs), the states and units agree. Alike when the checks of a round cost
+/// the same (their batches send the cost once).
 #[tokio::test]
 async fn a_batch_of_keys_decides_as_its_checks_one_by_one() {
     use tower_redis_ratelimit::backend::TimeSource;
     let (redis, clock) = RedisServer::start_with_clock();
     let t0: i64 = 1_800_000_000_000_000 + 654_321;
-    for (functions, time) in [
-        (true, TimeSource::Server),
-        (false, TimeSource::Server),
-        (true, TimeSource::Caller),
+    type Costs = fn(usize, usize) -> NonZeroU32;
+    for (functions, time, round_cost, costs) in [
+        (true, TimeSource::Server, round_cost as Costs, "mixed"),
+        (false, TimeSource::Server, round_cost, "mixed"),
+        (true, TimeSource::Caller, round_cost, "mixed"),
+        (true, TimeSource::Server, round_cost_shared, "shared"),
+        (false, TimeSource::Server, round_cost_shared, "shared"),
+        (true, TimeSource::Caller, round_cost_shared, "shared"),
     ] {
-        let run = format!("{functions}-{time:?}");
+        let run = format!("{functions}-{time:?}-{costs}");
         for (kind, batched, reference) in
             batching_and_reference(&redis, functions, time, &run).await
         {
-            let what = format!("{kind}, functions: {functions}, {time:?}");
+            let what = format!("{kind}, functions: {functions}, {time:?}, {costs} costs");
             let (mut checks, mut calls) = (0, 0);
             for round in 0..8 {
                 clock.freeze_at(t0 + i64::try_from(round).unwrap() * 400_000);
@@ -743,5 +755,63 @@ async fn settlements_go_with_the_batches_and_settle_as_one_by_one() {
                 "{what}: {calls} calls for {settlements} settlements"
             );
         }
+    }
+}
+
+/// A batch of checks that cost the same sends their cost once (an argument costs Redis
+/// about as much as a key: reading it, and a string in the script's `ARGV`), where each
+/// item sent its own: the head, the limits and the cost after the keys, on both engine
+/// paths.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_batch_of_one_cost_sends_it_once() {
+    use support::monitor::{monitor_words, Monitor};
+    let redis = RedisServer::start();
+    for functions in [true, false] {
+        let backend = Backend::builder()
+            .redis(redis.pool())
+            .deny_cache(0)
+            .coalesce(false)
+            .engine_functions(functions)
+            .call_timeout(Duration::from_secs(5))
+            .batch_after(1)
+            .build()
+            .unwrap();
+        let limiter =
+            TokenBucketLimiter::new(&backend, "shared", TokenBucketConfig::new(100, HOUR, 100))
+                .unwrap();
+        let two = NonZeroU32::new(2).unwrap();
+        assert!(limiter.check(b"warm-up", two).await.is_admitted());
+        let monitor = Monitor::start(redis.port());
+        let _ = monitor.until(redis.port(), "shared-start");
+        let checks: Vec<_> = (0..24)
+            .map(|i| limiter.check(format!("k{i}-{functions}").as_bytes(), two))
+            .collect();
+        for decision in futures_join(checks).await {
+            assert_eq!(decision.remaining, 98, "{decision:?}");
+        }
+        let lines = monitor.until(redis.port(), "shared-end");
+        let mut batches = 0;
+        for (client, words) in lines.iter().filter_map(|line| monitor_words(line)) {
+            let script = words.first().is_some_and(|w| {
+                w.eq_ignore_ascii_case(b"FCALL") || w.eq_ignore_ascii_case(b"EVALSHA")
+            });
+            if client.contains("lua") || !script {
+                continue;
+            }
+            let keys: usize = std::str::from_utf8(&words[2]).unwrap().parse().unwrap();
+            if keys <= 2 {
+                // (A check of its own.)
+                continue;
+            }
+            batches += 1;
+            assert_eq!(
+                words.len() - 3 - keys,
+                3,
+                "functions: {functions}: a batch of {} checks: {:?}",
+                keys / 2,
+                &words[3 + keys..]
+            );
+        }
+        assert!(batches > 0, "functions: {functions}: no batch in {lines:?}");
     }
 }

@@ -30,7 +30,9 @@ use tokio::sync::oneshot;
 use super::batch::{self, Ask, Queued};
 use super::coalesce::{Part, Turn, Waiting};
 use super::deny::Denied;
-use super::engine::{batch_numbers, BATCH, CHECK, COALESCED, ENGINE, LEASE, PEEK, REFUND, SETTLE};
+use super::engine::{
+    batch_numbers, BATCH, CHECK, COALESCED, ENGINE, LEASE, PEEK, REFUND, SETTLE, SHARED_BATCH,
+};
 use super::hosts::Hosts;
 use super::lease::{self, Leases, Take};
 use crate::backend::redis::call::Call;
@@ -599,7 +601,19 @@ async fn send_batch<T: Hosts + ?Sized>(
     let mut call = {
         let pairs: Vec<(&[u8], &[u8])> = keys.iter().map(|(key, rk)| (&key[..], *rk)).collect();
         let asks: Vec<Ask> = batch.iter().map(|item| item.ask).collect();
-        engine_call_of(&**store, &pairs, BATCH, batch.len(), lockout, &asks)
+        // Checks that all cost the same send their cost once.
+        if matches!(asks[0], Ask::Check(_)) && asks.iter().all(|ask| *ask == asks[0]) {
+            engine_call_of(
+                &**store,
+                &pairs,
+                SHARED_BATCH,
+                batch.len(),
+                lockout,
+                &asks[..1],
+            )
+        } else {
+            engine_call_of(&**store, &pairs, BATCH, batch.len(), lockout, &asks)
+        }
     };
     call.reading(batch_numbers);
     drop(keys);

@@ -25,7 +25,8 @@
 --   tokens, at most `param`, after giving back the unused tokens of the key's expired
 --   lease (their count the first extra number); 'm' several checks of the key at once,
 --   their count in place of the cost and their costs the extra numbers; 'k' checks and
---   settlements of several keys at once (`batch`, at the end);
+--   settlements of several keys at once (`batch`, at the end), 'K' checks of several
+--   keys that all cost the same, their cost the one extra number;
 -- - count: the cost;
 -- - param: the lockout (ms the key is blocked for when a check is refused; 0: none;
 --   for 'v': the longest wait in µs; for 'l': the lease's size).
@@ -321,9 +322,11 @@ end
 -- src/backend/decide/batch.rs): the head's count is how many; item j has its n + 1 keys
 -- (its limits', then its block) from KEYS[(j - 1) * (n + 1) + 1], and its text is the
 -- j-th of the last `count` arguments (before the caller's time): a check's cost, or a
--- settlement's delta after an 's' ('s-3'). Each is decided as its own call would decide
--- it: by the lean check (the lean settlement), else by the engine on its own keys (a
--- refusal, a block, a skew, a set's settlement). The time is read once. Returns each
+-- settlement's delta after an 's' ('s-3'); with 'K', every item's text is the one last
+-- argument (checks that cost the same: an argument costs Redis about as much as a
+-- key). Each is decided as its own call would decide it: by the lean check (the lean
+-- settlement), else by the engine on its own keys (a refusal, a block, a skew, a
+-- set's settlement). The time is read once. Returns each
 -- item's reply in order (the lean path's packed number or table, or the engine's
 -- table). An item that raises an error of its key (its key holds a value of another
 -- type) replies `false` (its check reports it, the failure policy answers it), and the
@@ -333,7 +336,11 @@ end
 local function batch(KEYS, ARGV, L, H)
   local count = H[2]
   local n = #KEYS / count - 1
-  local at = #ARGV - count
+  local step = 1
+  if H[1] == 'K' then
+    step = 0
+  end
+  local at = #ARGV - 1 - (count - 1) * step
   if caller_time then
     at = at - 1
   end
@@ -341,7 +348,7 @@ local function batch(KEYS, ARGV, L, H)
   local out = {}
   for j = 1, count do
     local k = (j - 1) * (n + 1)
-    local text = ARGV[at + j]
+    local text = ARGV[at + 1 + (j - 1) * step]
     local op = 'c'
     if string.byte(text) == 115 then
       op, text = 's', string.sub(text, 2)

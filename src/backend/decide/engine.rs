@@ -49,7 +49,7 @@ fn body<'a>(lean: &'a str, general: &'a str) -> Body<'a> {
         head: lean,
         entry: ENTRY,
         tail: general,
-        last: "if H[1] == 'k' then\n  return batch(KEYS, ARGV, L, H)\nend\nreturn engine(KEYS, ARGV, L, H)\n",
+        last: "if H[1] == 'k' or H[1] == 'K' then\n  return batch(KEYS, ARGV, L, H)\nend\nreturn engine(KEYS, ARGV, L, H)\n",
     }
 }
 
@@ -165,6 +165,8 @@ pub(crate) const CHECK: &str = "c";
 pub(crate) const COALESCED: &str = "m";
 /// Checks of several keys of one limiter, each decided as its own check (`batch.rs`).
 pub(crate) const BATCH: &str = "k";
+/// A [`BATCH`] of checks that all cost the same: the cost sent once.
+pub(crate) const SHARED_BATCH: &str = "K";
 /// A check that takes a lease (see `lease.rs`).
 pub(crate) const LEASE: &str = "l";
 /// What a check would answer, spending nothing.
