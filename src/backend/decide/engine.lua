@@ -346,14 +346,17 @@ local function batch(KEYS, ARGV, L, H)
   end
   local now_us = unix_us(ARGV)
   local out = {}
+  local op, text, number = 'c', nil, 0
   for j = 1, count do
     local k = (j - 1) * (n + 1)
-    local text = ARGV[at + 1 + (j - 1) * step]
-    local op = 'c'
-    if string.byte(text) == 115 then
-      op, text = 's', string.sub(text, 2)
+    -- (The one text of 'K' read once.)
+    if j == 1 or step == 1 then
+      op, text = 'c', ARGV[at + j]
+      if string.byte(text) == 115 then
+        op, text = 's', string.sub(text, 2)
+      end
+      number = text + 0
     end
-    local number = text + 0
     local ok, reply = true, nil
     if op == 'c' then
       ok, reply = pcall(lean, KEYS, ARGV, L, k, n, number, text, now_us)
