@@ -318,6 +318,38 @@ local function raise_unless_keys(e)
   error('-' .. reply, 0)
 end
 
+-- Items `from` to `count` of a batch (see `batch` below), each reply put in `out` in
+-- turn: an item that raises an error stops here, and it is the item after the last
+-- reply.
+local function batch_from(KEYS, ARGV, L, H, out, from, n, at, step, now_us)
+  local op, text, number = 'c', nil, 0
+  for j = from, H[2] do
+    local k = (j - 1) * (n + 1)
+    -- (The one text of 'K' read once.)
+    if j == from or step == 1 then
+      op, text = 'c', ARGV[at + 1 + (j - 1) * step]
+      if string.byte(text) == 115 then
+        op, text = 's', string.sub(text, 2)
+      end
+      number = text + 0
+    end
+    local reply = nil
+    if op == 'c' then
+      reply = lean(KEYS, ARGV, L, k, n, number, text, now_us)
+    else
+      reply = lean_settle(KEYS, ARGV, L, k, n, number, text, now_us)
+    end
+    if not reply then
+      local keys = {}
+      for i = 1, n + 1 do
+        keys[i] = KEYS[k + i]
+      end
+      reply = engine(keys, ARGV, L, { op, number, H[3], text })
+    end
+    out[j] = reply
+  end
+end
+
 -- Checks and settlements of several keys of one limiter in one call ('k',
 -- src/backend/decide/batch.rs): the head's count is how many; item j has its n + 1 keys
 -- (its limits', then its block) from KEYS[(j - 1) * (n + 1) + 1], and its text is the
@@ -346,34 +378,18 @@ local function batch(KEYS, ARGV, L, H)
   end
   local now_us = unix_us(ARGV)
   local out = {}
-  local op, text, number = 'c', nil, 0
-  for j = 1, count do
-    local k = (j - 1) * (n + 1)
-    -- (The one text of 'K' read once.)
-    if j == 1 or step == 1 then
-      op, text = 'c', ARGV[at + j]
-      if string.byte(text) == 115 then
-        op, text = 's', string.sub(text, 2)
-      end
-      number = text + 0
+  -- (One protected call for the items, another after each that raised an error: a
+  -- protected call per item costs Redis more than its commands' replies.)
+  local from = 1
+  while from <= count do
+    local ok, e = pcall(batch_from, KEYS, ARGV, L, H, out, from, n, at, step, now_us)
+    if ok then
+      break
     end
-    local ok, reply = true, nil
-    if op == 'c' then
-      ok, reply = pcall(lean, KEYS, ARGV, L, k, n, number, text, now_us)
-    else
-      ok, reply = pcall(lean_settle, KEYS, ARGV, L, k, n, number, text, now_us)
-    end
-    if ok and not reply then
-      local keys = {}
-      for i = 1, n + 1 do
-        keys[i] = KEYS[k + i]
-      end
-      ok, reply = pcall(engine, keys, ARGV, L, { op, number, H[3], text })
-    end
-    if not ok then
-      raise_unless_keys(reply)
-    end
-    out[j] = ok and reply
+    raise_unless_keys(e)
+    from = #out + 1
+    out[from] = false
+    from = from + 1
   end
   return out
 end
