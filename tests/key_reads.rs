@@ -602,3 +602,38 @@ async fn a_rolling_window_sets_its_expiry_every_other_bucket() {
     }
     clock.set_offset_us(0);
 }
+
+/// A token bucket whose interval is a whole number of µs (1 000 a second: 1 000 µs)
+/// stores its TAT as its digits alone, on both engine paths and every server: the
+/// fewest conversions for Redis before 7.2 (one, where the TAT with seven decimals took
+/// two), what Redis 7.2+ and Valkey write for a whole number themselves, and what every
+/// version reads back as the same double.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_whole_tat_is_stored_as_its_digits() {
+    let redis = RedisServer::start();
+    for functions in paths(&redis) {
+        let limiter = TokenBucketLimiter::new(
+            &backend(&redis, functions),
+            &format!("whole-{functions}"),
+            TokenBucketConfig::new(1_000, SEC, 1_000),
+        )
+        .unwrap();
+        for _ in 0..3 {
+            let decision = limiter.check(b"k", ONE).await;
+            assert_eq!(decision.source, Source::Redis, "{decision:?}");
+        }
+        let stored = redis.cmd(&["KEYS", &format!("*whole-{functions}*")]);
+        let key = stored
+            .lines()
+            .next()
+            .expect("the bucket's key")
+            .trim()
+            .to_owned();
+        let value = redis.cmd(&["GET", &key]);
+        let value = value.trim();
+        assert!(
+            !value.is_empty() && value.bytes().all(|b| b.is_ascii_digit()),
+            "functions: {functions}: {key} holds {value:?}"
+        );
+    }
+}

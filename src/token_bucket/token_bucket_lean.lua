@@ -73,8 +73,8 @@ end
 -- release (the steps write four decimals): as a number where Redis writes it exactly
 -- (native_numbers()); else as text, its whole µs and seven decimals, exact when the TAT
 -- is a multiple of 2^-7 µs (0.0078125), as every TAT from 2^45 µs past the epoch on is
--- (2027 with the default epoch), or else 17 significant digits. (Integer formats on the
--- common path: libc's '%.17g' costs more.)
+-- (2027 with the default epoch), or else 17 significant digits; a whole TAT as its
+-- digits alone. (Integer formats on the common path: libc's '%.17g' costs more.)
 local function token_bucket_commit(KEYS, k, tat, now, tau)
   local ttl = math.ceil((tat - now) / 1000)
   if ttl < 1 then
@@ -89,7 +89,10 @@ local function token_bucket_commit(KEYS, k, tat, now, tau)
   end
   local whole = math.floor(tat)
   local text
-  if tat * 128 == math.floor(tat * 128) and tat >= 0 and tat < 9007199254740992 then
+  if tat == whole and tat >= 0 and tat < 9007199254740992 then
+    -- (A whole TAT, as every one of a whole interval is: one conversion.)
+    text = string.format('%d', tat)
+  elseif tat * 128 == math.floor(tat * 128) and tat >= 0 and tat < 9007199254740992 then
     text = string.format('%d.%07d', whole, (tat - whole) * 10000000)
   else
     text = string.format('%.17g', tat)
