@@ -332,65 +332,86 @@ async fn a_coalesced_call_decides_and_writes_as_its_checks_one_by_one() {
 }
 
 /// A coalesced call replies with one item per check, and an admit is what a lean check
-/// replies: one packed number for one limit, a table of them for a set. So a hot key's
-/// call carries about a number per check, not the general engine's table of six or
-/// nine (which Redis builds and the client parses, for every check of the queue).
-/// Refusals keep their table. (The decisions read back from these replies are those
-/// of one check at a time: the tests above.)
+/// replies: one packed number per limit. So a hot key's call carries about a number per
+/// check and limit, not the general engine's table of six or nine (which Redis builds
+/// and the client parses, for every check of the queue). The call's reply is one table
+/// (the count of limits, then the items), as a batch's of many keys: an admit is never
+/// a table in it, not a set's, not a large limit's too large to pack (a wide admit:
+/// three numbers), since a table in a table costs Redis about 4 500 instructions to
+/// reply. Refusals keep their table. (The decisions read back from these replies are
+/// those of one check at a time: the tests above.)
 #[test]
 fn a_coalesced_call_replies_one_item_per_check_an_admit_packed() {
     let redis = RedisServer::start();
     let script = tower_redis_ratelimit::backend::engine_script();
     // A token bucket of 3 tokens (one an hour), alone and in a set with a fixed window
-    // of 4 an hour; costs 1, 1, 5 (refused), 1, 1 (refused: the bucket is empty).
+    // of 4 an hour, or of 2^40 a day (too large to pack); costs 1, 1, 5 (refused), 1, 1
+    // (refused: the bucket is empty).
     let bucket = "t:3:3600000000:3:1767225600";
     let pair = format!("{bucket}:w:2:4:3600000");
+    let large = format!("{bucket}:w:2:1099511627776:86400000");
     let costs = ["1", "1", "5", "1", "1"];
     let shapes = |reply: &Reply| -> Vec<&'static str> {
         let Reply::Array(items) = reply else {
             panic!("not a table: {reply:?}");
         };
-        items
-            .iter()
-            .map(|item| match item {
-                Reply::Int(packed) if *packed < 0 => "packed",
-                Reply::Array(inner) => match inner.first() {
-                    Some(Reply::Int(packed)) if *packed < 0 => "packed set",
-                    Some(Reply::Int(0)) => "refusal",
-                    _ => panic!("an item of another shape: {item:?} in {reply:?}"),
-                },
+        let mut items = items.iter();
+        let Some(&Reply::Int(n @ 1..)) = items.next() else {
+            panic!("not the count of limits first: {reply:?}");
+        };
+        let mut shapes = Vec::new();
+        while let Some(item) = items.next() {
+            match item {
+                Reply::Int(first) if *first < 0 => {
+                    // The item's n admits: each packed, or wide (bits 0, then n and t).
+                    let mut admit = Some(*first);
+                    let mut wide = false;
+                    for _ in 0..n {
+                        let packed = admit.take().unwrap_or_else(|| match items.next() {
+                            Some(Reply::Int(packed)) if *packed < 0 => *packed,
+                            other => panic!("not an admit: {other:?} in {reply:?}"),
+                        });
+                        if -(packed + 1) & 63 == 0 {
+                            wide = true;
+                            for _ in 0..2 {
+                                assert!(matches!(items.next(), Some(Reply::Int(0..))), "{reply:?}");
+                            }
+                        }
+                    }
+                    shapes.push(match (n, wide) {
+                        (1, false) => "packed",
+                        (1, true) => "wide",
+                        (_, false) => "packed set",
+                        (_, true) => "wide set",
+                    });
+                }
+                Reply::Array(inner) if matches!(inner.first(), Some(Reply::Int(0))) => {
+                    shapes.push("refusal");
+                }
                 _ => panic!("an item of another shape: {item:?} in {reply:?}"),
-            })
-            .collect()
+            }
+        }
+        shapes
     };
-    let one = redis.cmd_reply(
-        &[
-            &["EVAL", &script, "2", "{a}", "{a}:block", "m:5:0", bucket][..],
-            &costs,
-        ]
-        .concat(),
-    );
+    let coalesced = |keys: &[&str], limits: &str| {
+        let count = keys.len().to_string();
+        redis.cmd_reply(
+            &[
+                &["EVAL", &script, &count][..],
+                keys,
+                &["m:5:0", limits],
+                &costs,
+            ]
+            .concat(),
+        )
+    };
+    let one = coalesced(&["{a}", "{a}:block"], bucket);
     assert_eq!(
         shapes(&one),
         ["packed", "packed", "refusal", "packed", "refusal"],
         "{one:?}"
     );
-    let set = redis.cmd_reply(
-        &[
-            &[
-                "EVAL",
-                &script,
-                "3",
-                "{b}:t",
-                "{b}:w",
-                "{b}:block",
-                "m:5:0",
-                &pair,
-            ][..],
-            &costs,
-        ]
-        .concat(),
-    );
+    let set = coalesced(&["{b}:t", "{b}:w", "{b}:block"], &pair);
     assert_eq!(
         shapes(&set),
         [
@@ -402,6 +423,19 @@ fn a_coalesced_call_replies_one_item_per_check_an_admit_packed() {
         ],
         "{set:?}"
     );
+    let set = coalesced(&["{c}:t", "{c}:w", "{c}:block"], &large);
+    assert_eq!(
+        shapes(&set),
+        ["wide set", "wide set", "refusal", "wide set", "refusal"],
+        "{set:?}"
+    );
+    // A batch of keys (checks of one cost: `K`) replies alike.
+    let keys = ["{d}:t", "{d}:w", "{d}:block", "{e}:t", "{e}:w", "{e}:block"];
+    for (limits, shape) in [(&pair, "packed set"), (&large, "wide set")] {
+        let batch = redis
+            .cmd_reply(&[&["EVAL", &script, "6"][..], &keys, &["K:2:0", limits, "1"]].concat());
+        assert_eq!(shapes(&batch), [shape, shape], "{batch:?}");
+    }
 }
 
 /// Everything a decision says, and that it came from Redis.

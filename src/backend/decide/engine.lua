@@ -39,8 +39,9 @@
 -- last. The number of limits n is #KEYS - 1. (Two texts rather than a word per
 -- argument: Redis spends about a microsecond per argument of a call.)
 -- Returns {admitted by every limit (1/0), ms the key stays blocked (0: not blocked),
--- then each limit's reply in order}; for 'm', a table of one such reply per check (an
--- admit packed, see below), as a batch ('k') replies. With more than one
+-- then each limit's reply in order}; for 'm', one table of every check's reply, as a
+-- batch ('k') replies (the count of limits, then each check's: an admit as its limits'
+-- admits, packed or wide, see lean.lua). With more than one
 -- limit, every limit decides first without spending; only when all of them admit does
 -- each one spend what it decided, so a refusal by any
 -- limit spends nothing (and the limits that would have admitted reply with their
@@ -240,26 +241,26 @@ end
 local out = nil
 if op == 'm' then
   -- Coalesced checks of one key, in arrival order: `cost` is their count, their costs
-  -- follow the limits' arguments. Each decides as if it were its own call, and replies
-  -- in its own item of the call's reply, an admit packed as the lean check packs it
-  -- (`packed_reply` in lean.lua: one number for one limit, a table of them for a set;
-  -- a limit's reply too large to pack stands as its table), anything else as its table.
-  out = {}
-  local per = L.per
+  -- follow the limits' arguments. Each decides as if it were its own call, and its
+  -- reply goes in the call's one table as a batch's do (`batch` below: the count of
+  -- limits, then each check's: an admit as its limits' admits, packed or wide,
+  -- `put_admit` in lean.lua; anything else as its table).
+  out = { n }
+  local per, pos = L.per, 2
   for j = 1, cost do
     local admitted, replies = decide('c', tonumber(ARGV[at + j - 1]))
-    local item = nil
-    if admitted == 1 then
-      if n == 1 then
-        item = packed_reply(per, 1, replies[1])
-      else
-        item = {}
-        for i = 1, n do
-          item[i] = packed_reply(per, i, replies[i]) or replies[i]
-        end
-      end
+    local after = admitted == 1 and pos or nil
+    for i = 1, n do
+      after = after and put_admit(out, after, per, i, replies[i])
     end
-    out[j] = item or reply_of(admitted, replies)
+    if not after then
+      for x = pos, pos + 3 * n do
+        out[x] = nil
+      end
+      out[pos] = reply_of(admitted, replies)
+      after = pos + 1
+    end
+    pos = after
   end
 else
   out = reply_of(decide(op, cost))
@@ -318,12 +319,14 @@ local function raise_unless_keys(e)
   error('-' .. reply, 0)
 end
 
--- Items `from` to `count` of a batch (see `batch` below), each reply put in `out` in
--- turn: an item that raises an error stops here, and it is the item after the last
--- reply.
-local function batch_from(KEYS, ARGV, L, H, out, from, n, at, step, now_us)
+-- A batch's items from place[1] on (see `batch` below), each reply put in `out` from
+-- place[2] on: `place` says, for an item that raises an error, which item it was and
+-- where its reply begins.
+local function batch_from(KEYS, ARGV, L, H, out, place, n, at, step, now_us)
   local op, text, number = 'c', nil, 0
+  local from, pos = place[1], place[2]
   for j = from, H[2] do
+    place[1], place[2] = j, pos
     local k = (j - 1) * (n + 1)
     -- (The one text of 'K' read once.)
     if j == from or step == 1 then
@@ -333,21 +336,41 @@ local function batch_from(KEYS, ARGV, L, H, out, from, n, at, step, now_us)
       end
       number = text + 0
     end
-    local reply = nil
+    local after = nil
     if op == 'c' then
-      reply = lean(KEYS, ARGV, L, k, n, number, text, now_us)
+      after = lean(KEYS, ARGV, L, k, n, number, text, now_us, out, pos)
     else
-      reply = lean_settle(KEYS, ARGV, L, k, n, number, text, now_us)
+      local reply = lean_settle(KEYS, ARGV, L, k, n, number, text, now_us)
+      if type(reply) == 'number' then
+        out[pos] = reply
+        after = pos + 1
+      elseif reply and reply[1] < 0 then
+        -- (A table of admits: in place, as the lean check's.)
+        after = pos
+        for _, v in ipairs(reply) do
+          out[after] = v
+          after = after + 1
+        end
+      elseif reply then
+        out[pos] = reply
+        after = pos + 1
+      end
     end
-    if not reply then
+    if not after then
+      -- (What the lean check wrote is taken back: at most three numbers a limit.)
+      for x = pos, pos + 3 * n do
+        out[x] = nil
+      end
       local keys = {}
       for i = 1, n + 1 do
         keys[i] = KEYS[k + i]
       end
-      reply = engine(keys, ARGV, L, { op, number, H[3], text })
+      out[pos] = engine(keys, ARGV, L, { op, number, H[3], text })
+      after = pos + 1
     end
-    out[j] = reply
+    pos = after
   end
+  place[1] = H[2] + 1
 end
 
 -- Checks and settlements of several keys of one limiter in one call ('k',
@@ -358,12 +381,14 @@ end
 -- argument (checks that cost the same: an argument costs Redis about as much as a
 -- key). Each is decided as its own call would decide it: by the lean check (the lean
 -- settlement), else by the engine on its own keys (a refusal, a block, a skew, a
--- set's settlement). The time is read once. Returns each item's reply in order (the
--- lean path's packed number or table, or the engine's table). An item that raises an
--- error of its key (its key holds a value of another type) replies `false` (its check
--- reports it, the failure policy answers it), and the items after it go on: what an
--- item before it wrote is its own. An error that concerns every key (see
--- `raise_unless_keys`) fails the call, as it would have failed each item's own call.
+-- set's settlement). The time is read once. Returns one table: n, then each item's
+-- reply in order, flat (a table in a table costs Redis about 4 500 instructions to
+-- reply): an admit as its n limits' admits, packed or wide (see lean.lua), anything
+-- else as its table (the engine's). An item that raises an error of its key (its key
+-- holds a value of another type) replies `false` (its check reports it, the failure
+-- policy answers it), and the items after it go on: what an item before it wrote is
+-- its own. An error that concerns every key (see `raise_unless_keys`) fails the call,
+-- as it would have failed each item's own call.
 local function batch(KEYS, ARGV, L, H)
   local count = H[2]
   local n = #KEYS / count - 1
@@ -376,19 +401,22 @@ local function batch(KEYS, ARGV, L, H)
     at = at - 1
   end
   local now_us = unix_us(ARGV)
-  local out = {}
+  local out = { n }
   -- (One protected call for the items, another after each that raised an error: a
   -- protected call per item cost Redis about 500 instructions a check.)
-  local from = 1
-  while from <= count do
-    local ok, e = pcall(batch_from, KEYS, ARGV, L, H, out, from, n, at, step, now_us)
+  local place = { 1, 2 }
+  while place[1] <= count do
+    local ok, e = pcall(batch_from, KEYS, ARGV, L, H, out, place, n, at, step, now_us)
     if ok then
       break
     end
     raise_unless_keys(e)
-    from = #out + 1
-    out[from] = false
-    from = from + 1
+    local pos = place[2]
+    for x = pos, pos + 3 * n do
+      out[x] = nil
+    end
+    out[pos] = false
+    place[1], place[2] = place[1] + 1, pos + 1
   end
   return out
 end

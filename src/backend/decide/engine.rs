@@ -77,11 +77,11 @@ pub(crate) fn engine_general() -> String {
     .concat()
 }
 
-/// A script's reply as numbers: for the engine, its table, with a lean check's packed
-/// admits read back into the table they stand for (`packed` in `lean.lua`: one limit's
-/// reply is a negative number, a set's a table of them, in which a limit whose reply is
-/// too large to pack has its reply's table instead); other scripts' tables never start
-/// with a negative number or a table.
+/// A script's reply as numbers: for the engine, its table, with a lean check's admits
+/// read back into the table they stand for (`lean.lua`: one limit's reply is a packed
+/// negative number, or the table of its wide admit; a set's, a table of its limits'
+/// admits, each packed or wide); other scripts' tables never start with a negative
+/// number.
 pub(crate) fn reply_numbers(value: Value) -> redis::RedisResult<Vec<i64>> {
     match value {
         Value::Int(packed) if packed < 0 => {
@@ -90,22 +90,14 @@ pub(crate) fn reply_numbers(value: Value) -> redis::RedisResult<Vec<i64>> {
             unpack_into(&mut out, packed);
             Ok(out)
         }
-        Value::Array(items)
-            if matches!(items.first(), Some(Value::Int(first)) if *first < 0)
-                || matches!(items.first(), Some(Value::Array(_))) =>
-        {
+        Value::Array(items) if matches!(items.first(), Some(Value::Int(first)) if *first < 0) => {
             let mut out = Vec::with_capacity(2 + 4 * items.len());
             out.extend([1, 0]);
-            for item in items {
-                match item {
-                    Value::Int(packed) => unpack_into(&mut out, packed),
-                    Value::Array(reply) => out.extend(reply.into_iter().map(|v| match v {
-                        Value::Int(n) => n,
-                        // (Not the engine's: read as nothing admitted.)
-                        _ => 0,
-                    })),
+            let mut items = items.into_iter();
+            while let Some(item) = items.next() {
+                if !admit_into(&mut out, item, &mut items) {
                     // (Not the engine's: read as nothing admitted, which no decision reads.)
-                    _ => out.push(0),
+                    out.push(0);
                 }
             }
             Ok(out)
@@ -114,24 +106,69 @@ pub(crate) fn reply_numbers(value: Value) -> redis::RedisResult<Vec<i64>> {
     }
 }
 
-/// A batch's reply (engine op `k`: a table of each check's reply, each as
-/// [`reply_numbers`] reads it) as numbers: each check's reply after its length (none for
-/// a check that raised an error, whose failure policy answers).
+/// A batch's reply (engine ops `k`, `K` and `m`: one table, the count of limits `n`,
+/// then each check's reply in order, flat: an admit as its `n` limits' admits, packed
+/// or wide, anything else as its table, an item that raised an error as nil) as
+/// numbers: each check's reply, read as [`reply_numbers`] reads it, after its length
+/// (none for a check that raised an error, whose failure policy answers).
 pub(crate) fn batch_numbers(value: Value) -> redis::RedisResult<Vec<i64>> {
     let Value::Array(items) = value else {
         // (Not a batch's reply: read as no check's, which fails every check.)
         return Ok(Vec::new());
     };
+    let mut items = items.into_iter();
+    let Some(Value::Int(n @ 1..)) = items.next() else {
+        return Ok(Vec::new());
+    };
     let mut out = Vec::with_capacity(items.len() * 7);
-    for item in items {
-        let reply = match item {
-            Value::Nil | Value::Boolean(false) => Vec::new(),
-            item => reply_numbers(item).unwrap_or_default(),
-        };
-        out.push(i64::try_from(reply.len()).unwrap_or(i64::MAX));
-        out.extend(reply);
+    while let Some(item) = items.next() {
+        let at = out.len();
+        out.push(0);
+        match item {
+            Value::Nil | Value::Boolean(false) => {}
+            Value::Int(first) if first < 0 => {
+                out.extend([1, 0]);
+                let mut admit = Some(Value::Int(first));
+                for _ in 0..n {
+                    let read = match admit.take().or_else(|| items.next()) {
+                        Some(item) => admit_into(&mut out, item, &mut items),
+                        None => false,
+                    };
+                    if !read {
+                        // (Not the engine's: read as no check's, which fails every check.)
+                        return Ok(Vec::new());
+                    }
+                }
+            }
+            item => out.extend(reply_numbers(item).unwrap_or_default()),
+        }
+        out[at] = i64::try_from(out.len() - at - 1).unwrap_or(i64::MAX);
     }
     Ok(out)
+}
+
+/// Appends the reply that one limit's admit stands for (`item`, packed, or the first
+/// number of a wide admit, whose other two `rest` gives), or returns false when it is
+/// not an admit.
+fn admit_into(out: &mut Vec<i64>, item: Value, rest: &mut impl Iterator<Item = Value>) -> bool {
+    let Value::Int(first @ ..0) = item else {
+        return false;
+    };
+    let word = -(first.saturating_add(1));
+    if word & 63 != 0 {
+        unpack_into(out, first);
+        return true;
+    }
+    // Wide: -(shape * 64) - 1, then n and t.
+    let (Some(Value::Int(n)), Some(Value::Int(t))) = (rest.next(), rest.next()) else {
+        return false;
+    };
+    out.extend([1, n]);
+    if word & 64 != 0 {
+        out.push(0);
+    }
+    out.push(t);
+    true
 }
 
 /// Appends the reply `{1, n, t}` (shape 0, a fixed window's) or `{1, n, 0, t}` (shape 1)
@@ -315,6 +352,63 @@ mod tests {
             .unwrap(),
             [1, 0, 1, 5, 0, 2, 1, n, t]
         );
+    }
+
+    #[test]
+    fn wide_admits_read_back_into_the_engine_table() {
+        // A daily window of 2^40 (too large to pack): -(shape * 64) - 1, n, t; in a set
+        // after a packed token bucket, and alone.
+        let (n, t) = (1 << 40, 86_400_000);
+        let wide = |shape: i64| [-(shape << 6) - 1, n, t].map(Value::Int);
+        let mut set = vec![Value::Int(packed(5, 2, 1, 3))];
+        set.extend(wide(0));
+        assert_eq!(
+            reply_numbers(Value::Array(set)).unwrap(),
+            [1, 0, 1, 5, 0, 2, 1, n, t]
+        );
+        assert_eq!(
+            reply_numbers(Value::Array(wide(1).to_vec())).unwrap(),
+            [1, 0, 1, n, 0, t]
+        );
+        // (A wide admit cut short is not the engine's.)
+        assert_eq!(
+            reply_numbers(Value::Array(wide(0)[..2].to_vec())).unwrap(),
+            [1, 0, 0]
+        );
+    }
+
+    #[test]
+    fn a_batch_reads_back_into_each_checks_reply() {
+        // Two limits: an admit (packed, then wide), a refusal's table, an item that
+        // raised an error, an admit (both packed).
+        let items = [
+            Value::Int(2),
+            Value::Int(packed(5, 2, 1, 3)),
+            Value::Int(-1),
+            Value::Int(1 << 40),
+            Value::Int(7),
+            Value::Array([0, 0, 0, 0, 9, 2, 1, 3, 5].map(Value::Int).to_vec()),
+            Value::Nil,
+            Value::Int(packed(4, 1, 1, 3)),
+            Value::Int(packed(3, 9, 0, 7)),
+        ];
+        assert_eq!(
+            batch_numbers(Value::Array(items.to_vec())).unwrap(),
+            [
+                [9, 1, 0, 1, 5, 0, 2, 1, 1 << 40, 7].as_slice(),
+                &[9, 0, 0, 0, 0, 9, 2, 1, 3, 5],
+                &[0],
+                &[9, 1, 0, 1, 4, 0, 1, 1, 3, 9],
+            ]
+            .concat()
+        );
+        // Not a batch's reply (no count of limits, an admit cut short): no check's.
+        assert!(batch_numbers(Value::Array(items[1..].to_vec()))
+            .unwrap()
+            .is_empty());
+        assert!(batch_numbers(Value::Array(items[..3].to_vec()))
+            .unwrap()
+            .is_empty());
     }
 
     #[test]

@@ -42,6 +42,10 @@ local function list_of(kind, text)
       while power <= capacity do
         bits, power = bits + 1, power * 2
       end
+      -- (At least one bit: a packed admit's bits are never 0, which marks a wide one.)
+      if bits == 0 then
+        bits, power = 1, 2
+      end
       local p = #per
       per[p + 1], per[p + 2], per[p + 3], per[p + 4], per[p + 5] = kind, at, kind ~= letter,
         bits, power
@@ -67,14 +71,20 @@ end
 -- window's {1, n, t}; 1: {1, n, 0, t}), as -(v + 1) where
 -- v = (t * 2^bits + n) * 128 + shape * 64 + bits, when v is below 2^53, that is when
 -- t * 2^bits + n is below 2^46, which is asked before v is made (t < (2^46 - n) / 2^bits,
--- exact: a division by a power of two; in Lua 5.4 a product past 2^63 would wrap) (else
--- the reply is the table). Written out where it is made (a call costs Redis as much as ten
--- operations); read back by `engine::reply_numbers` (src/backend/decide/engine.rs).
+-- exact: a division by a power of two; in Lua 5.4 a product past 2^63 would wrap).
+-- An admit too large to pack (a large limit's: a daily quota of 10^9 bytes) is wide:
+-- three numbers, -(shape * 64) - 1 (bits 0, which no packed admit has: bits count at
+-- least one), then n and t. A set's reply is its limits' admits in order, each packed
+-- or wide, in one table; a batch's, every item's in one table (see `batch` in
+-- engine.lua): a table in a table costs Redis about 4 500 instructions to reply.
+-- Written out where they are made (a call costs Redis as much as ten operations); read
+-- back by `engine::reply_numbers` and `engine::batch_numbers`
+-- (src/backend/decide/engine.rs).
 
--- The general engine's admits packed alike (coalesced checks, 'm' in engine.lua): limit
--- i's admitted reply `r` ({1, n, t} or {1, n, 0, t}) as its packed number, or nil when
--- it does not fit (or is not of those shapes).
-local function packed_reply(per, i, r)
+-- Limit i's admitted reply `r` of the general engine ({1, n, t} or {1, n, 0, t}) as its
+-- admit in `out` from `pos`, packed or wide (coalesced checks, 'm' in engine.lua):
+-- returns the position after it, or nil when `r` is not of those shapes.
+local function put_admit(out, pos, per, i, r)
   local p = i * 5 - 5
   local n, t, shape = r[2], r[3], 0
   if r[4] then
@@ -83,21 +93,26 @@ local function packed_reply(per, i, r)
     end
     t, shape = r[4], 1
   end
-  if n >= 0 and n < per[p + 5] and t >= 0 and t < (70368744177664 - n) / per[p + 5] then
-    return -((t * per[p + 5] + n) * 128 + shape * 64 + per[p + 4]) - 1
+  if n < 0 or t < 0 then
+    return nil
+  elseif t < (70368744177664 - n) / per[p + 5] then
+    out[pos] = -((t * per[p + 5] + n) * 128 + shape * 64 + per[p + 4]) - 1
+    return pos + 1
   end
-  return nil
+  out[pos], out[pos + 1], out[pos + 2] = -shape * 64 - 1, n, t
+  return pos + 3
 end
 
 -- The lean check of a set's limits from limit i on (n limits, limit i's key KEYS[k + i],
 -- their block KEYS[k + n + 1]; `cost` and its text `cost_text` the check's; `now_us`: the
 -- time when read; ARGV[bounds_at]: the next calendar window's boundaries): limit i
--- tries, then the limits after it, and only
--- when they all admit does limit i write (or, when one does not, take back what it
--- counted). Returns a table of each limit's packed reply (or, for a reply too large to
--- pack, its table), or nil (the general engine decides). Each limit's
--- values wait in its call's locals (a table for them costs Redis more).
-local function lean_from(KEYS, ARGV, L, k, cost, cost_text, n, i, now_us, bounds_at)
+-- tries, and writes its admit in `out` from `pos` (packed or wide, see above), then the
+-- limits after it, and only when they all admit does limit i write its key (or, when
+-- one does not, take back what it counted). Returns the position after the last
+-- limit's admit, or nil (the general engine decides; what this wrote in `out` is the
+-- caller's to take back). Each limit's values wait in its call's locals (a table for
+-- them costs Redis more).
+local function lean_from(KEYS, ARGV, L, k, cost, cost_text, n, i, now_us, bounds_at, out, pos)
   local per, p = L.per, i * 5 - 5
   local kind, at = per[p + 1], per[p + 2]
   -- A member that counts requests spends one.
@@ -143,49 +158,49 @@ local function lean_from(KEYS, ARGV, L, k, cost, cost_text, n, i, now_us, bounds
   if not ok then
     return nil
   end
-  local out = nil
-  if i == n then
-    out = n == 2 and { false, false } or {}
+  -- (Packed or wide: see above.)
+  local after = pos + 1
+  if r2 < (70368744177664 - r1) / per[p + 5] then
+    out[pos] = -((r2 * per[p + 5] + r1) * 128 + shape * 64 + per[p + 4]) - 1
   else
-    out = lean_from(KEYS, ARGV, L, k, cost, cost_text, n, i + 1, now_us, bounds_at)
+    out[pos], out[pos + 1], out[pos + 2] = -shape * 64 - 1, r1, r2
+    after = pos + 3
   end
-  if not out then
-    -- A later limit does not admit: what a fixed window counted is taken back. (A
-    -- window it started, the count the cost: a key that held nothing.)
-    if kind == 'w' then
-      period_undo(KEYS, k + i, spent, r1, r1 == spent and -1 or 1)
+  if i < n then
+    after = lean_from(KEYS, ARGV, L, k, cost, cost_text, n, i + 1, now_us, bounds_at, out, after)
+    if not after then
+      -- A later limit does not admit: what a fixed window counted is taken back. (A
+      -- window it started, the count the cost: a key that held nothing.)
+      if kind == 'w' then
+        period_undo(KEYS, k + i, spent, r1, r1 == spent and -1 or 1)
+      end
+      return nil
     end
-    return nil
   end
   if kind == 't' then
     token_bucket_commit(KEYS, k + i, c1, c2, c3)
   elseif kind == 'r' then
     rolling_commit(KEYS, k + i, c2, c1, spent, spent_text, L[at + 3], L[at + 4], c3)
   end
-  -- (Packed: see above.) A reply too large to pack (a large limit's: a daily quota of
-  -- 10^9 bytes) is the table the general engine would write for that limit, in its
-  -- place: `engine::reply_numbers` reads both.
-  if r2 < (70368744177664 - r1) / per[p + 5] then
-    out[i] = -((r2 * per[p + 5] + r1) * 128 + shape * 64 + per[p + 4]) - 1
-  else
-    out[i] = shape == 0 and { 1, r1, r2 } or { 1, r1, 0, r2 }
-  end
-  return out
+  return after
 end
 
 -- The lean check: a check ('c') that every limit admits on its state as the steps would
 -- (the common case), decided in the fewest commands and tables by each algorithm's
 -- X_try, then written by X_commit (a fixed window counts in its try, and is taken back
 -- with period_undo when a later limit does not admit). Returns the engine's reply
--- (packed: one limit's as a number, a set's as a table of numbers), or nil when the
--- general engine below decides (a blocked key, a refusal, a skew, a clock step), with
--- nothing changed. The check's n limits have their keys from KEYS[k + 1] and their block
--- KEYS[k + n + 1] (k: 0 but in a batch, see `batch` in engine.lua); `cost` and
--- `cost_text` are its cost, as a number and as sent; `now_us` the time if already read.
+-- (packed: one limit's as a number, or a table of its wide admit; a set's as a table of
+-- its limits' admits), or nil when the general engine below decides (a blocked key, a
+-- refusal, a skew, a clock step), with nothing changed. The check's n limits have their
+-- keys from KEYS[k + 1] and their block KEYS[k + n + 1] (k: 0 but in a batch, see
+-- `batch` in engine.lua); `cost` and `cost_text` are its cost, as a number and as sent;
+-- `now_us` the time if already read. With `out` (a batch's reply), the limits' admits
+-- go there from `pos`, and it returns the position after them (or nil, what it wrote
+-- there the caller's to take back).
 -- Each limit's own key is all it reads: a blocked key's limits are marked (X_mark: the
 -- engine marks them when it blocks a key, and the lean check leaves a marked key to the
 -- engine), and a fixed window reads the block only when its window starts.
-local function lean(KEYS, ARGV, L, k, n, cost, cost_text, now_us)
+local function lean(KEYS, ARGV, L, k, n, cost, cost_text, now_us, out, pos)
   if n == 1 then
     -- One limit (L: its letter, its count of arguments, its arguments): the reply made
     -- at once.
@@ -229,16 +244,28 @@ local function lean(KEYS, ARGV, L, k, n, cost, cost_text, now_us)
         return nil
       end
     end
-    -- (Packed: see above.)
+    -- (Packed or wide: see above.)
     local per = L.per
     if t < (70368744177664 - count) / per[5] then
-      return -((t * per[5] + count) * 128 + shape * 64 + per[4]) - 1
-    elseif shape == 0 then
-      return { 1, 0, 1, count, t }
+      local packed = -((t * per[5] + count) * 128 + shape * 64 + per[4]) - 1
+      if out then
+        out[pos] = packed
+        return pos + 1
+      end
+      return packed
+    elseif out then
+      out[pos], out[pos + 1], out[pos + 2] = -shape * 64 - 1, count, t
+      return pos + 3
     end
-    return { 1, 0, 1, count, 0, t }
+    return { -shape * 64 - 1, count, t }
+  elseif out then
+    return lean_from(KEYS, ARGV, L, k, cost, cost_text, n, 1, now_us, 3, out, pos)
   end
-  return lean_from(KEYS, ARGV, L, k, cost, cost_text, n, 1, now_us, 3)
+  out = n == 2 and { false, false } or {}
+  if lean_from(KEYS, ARGV, L, k, cost, cost_text, n, 1, now_us, 3, out, 1) then
+    return out
+  end
+  return nil
 end
 
 -- Coalesced checks of one key ('m', see engine.lua) of one limit, as the lean check
@@ -246,14 +273,14 @@ end
 -- before it. A token bucket tries each cost in turn (from ARGV[3] on) on the TAT the
 -- checks before it left, the key read once and written once; a window (fixed, aligned,
 -- calendar, rolling) tries their sum at once, which admits every check when it admits
--- (a window's count only grows within a call: each check's count is the sum's less the
--- costs after it, its time the sum's). Returns the call's reply as the engine's for 'm'
--- (an item per check: each admit packed), or nil when that is not the lean case (a
--- refusal, a skew, a block's mark): the general engine then decides them all, nothing
--- having been written.
+-- (a window's count only grows within a call: each check's count is the one the key
+-- held before the call and the costs up to its own, its time the sum's). Returns the
+-- call's reply as the engine's for 'm' (the count of limits, 1, then each check's
+-- admit, packed or wide), or nil when that is not the lean case (a refusal, a skew, a
+-- block's mark): the general engine then decides them all, nothing having been written.
 local function lean_coalesced(KEYS, ARGV, L, count, now_us)
   local kind, power, bits = L[1], L.per[5], L.per[4]
-  local out = {}
+  local out, pos = { 1 }, 2
   if kind == 't' then
     local interval, burst, epoch = L[3], L[4], L[5]
     local value = redis.call('GET', KEYS[1])
@@ -264,11 +291,13 @@ local function lean_coalesced(KEYS, ARGV, L, count, now_us)
       if not ok then
         return nil
       end
-      -- (Packed: see above.)
+      -- (Packed or wide: see above.)
       if full < (70368744177664 - left) / power then
-        out[j] = -((full * power + left) * 128 + 64 + bits) - 1
+        out[pos] = -((full * power + left) * 128 + 64 + bits) - 1
+        pos = pos + 1
       else
-        out[j] = { 1, 0, 1, left, 0, full }
+        out[pos], out[pos + 1], out[pos + 2] = -65, left, full
+        pos = pos + 3
       end
     end
     token_bucket_commit(KEYS, 1, value, now, tau)
@@ -305,16 +334,17 @@ local function lean_coalesced(KEYS, ARGV, L, count, now_us)
       return nil
     end
   end
-  for j = count, 1, -1 do
-    -- (Packed: see above.)
-    if t < (70368744177664 - sum) / power then
-      out[j] = -((t * power + sum) * 128 + shape * 64 + bits) - 1
-    elseif shape == 0 then
-      out[j] = { 1, 0, 1, sum, t }
+  local n = sum - total
+  for j = 1, count do
+    n = n + ARGV[at + j]
+    -- (Packed or wide: see above.)
+    if t < (70368744177664 - n) / power then
+      out[pos] = -((t * power + n) * 128 + shape * 64 + bits) - 1
+      pos = pos + 1
     else
-      out[j] = { 1, 0, 1, sum, 0, t }
+      out[pos], out[pos + 1], out[pos + 2] = -shape * 64 - 1, n, t
+      pos = pos + 3
     end
-    sum = sum - ARGV[at + j]
   end
   return out
 end
@@ -430,15 +460,17 @@ local function lean_settle_set(KEYS, ARGV, L, k, n, delta, delta_text, now_us)
     end
     return out
   end
-  -- (Packed: see above; a reply too large to pack as its table, as the lean check's.)
-  local out = n == 2 and { false, false } or {}
+  -- (Packed or wide: see above, as the lean check's.)
+  local out, pos = n == 2 and { false, false } or {}, 1
   for i = 1, n do
     local count, t, shape = counts[i], ts[i], waits[i] and 1 or 0
     local p = i * 5 - 5
     if t < (70368744177664 - count) / per[p + 5] then
-      out[i] = -((t * per[p + 5] + count) * 128 + shape * 64 + per[p + 4]) - 1
+      out[pos] = -((t * per[p + 5] + count) * 128 + shape * 64 + per[p + 4]) - 1
+      pos = pos + 1
     else
-      out[i] = shape == 0 and { 1, count, t } or { 1, count, 0, t }
+      out[pos], out[pos + 1], out[pos + 2] = -shape * 64 - 1, count, t
+      pos = pos + 3
     end
   end
   return out
