@@ -1364,6 +1364,50 @@ fn kept_cases_decide_like_the_model() {
     shared().clock.set_offset_us(0);
 }
 
+/// A case a 2000-case run of 2026-11-28 found (on the main of 2132c7e too): a calendar
+/// day at its very start, the server's clock stepped 20 s back, a block of 1 ms, checks
+/// answered by Redis, then 1 ms later by the deny cache. While the server's clock is
+/// behind the window, Redis answers a whole period to wait at every moment; the deny
+/// cache ages its refusal by this process's clock and says to retry 1 ms earlier than
+/// the model (never later). The model forgives a cached refusal's drift only within the
+/// cache's 1 s after a step, and this step is older: either the cache or the model's
+/// rule has to change, which issue 37's note leaves to a decision.
+#[test]
+#[ignore = "fails: the deny cache ages a refusal that Redis, its clock behind a calendar \
+            window, does not age (see issue 37's note of 2026-11-28)"]
+fn a_cached_refusal_ages_while_the_servers_clock_is_behind_its_window() {
+    let _stop = StopServer;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    let case = Case {
+        limits: vec![Limit::Period {
+            quota: 4,
+            period_ms: 86_400_000,
+            align: Some(-28_800),
+            calendar: true,
+        }],
+        set: false,
+        lockout_ms: None,
+        caller_skew_ms: 40,
+        ops: vec![
+            Op::Settle(4),
+            Op::Step(-20_000),
+            Op::Wait(999),
+            Op::Block(1),
+            Op::Batch(vec![1, 1]),
+            Op::Wait(1),
+            Op::Batch(vec![1, 1]),
+        ],
+    };
+    let result = runtime.block_on(run(&case, Host::RedisCached, 2_000_000));
+    shared().clock.set_offset_us(0);
+    if let Err(why) = result {
+        panic!("{why}\n{case:?}");
+    }
+}
+
 #[test]
 fn every_host_and_path_decides_like_the_model() {
     let _stop = StopServer;
