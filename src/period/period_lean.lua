@@ -19,8 +19,8 @@ end
 -- length whose offset is minus its end: the edge the offset gives is then exactly the
 -- end, since t lies within one length before it.
 local function calendar_window(ARGV, at, t)
-  local b0, b1, b2, b3 = tonumber(ARGV[at]), tonumber(ARGV[at + 1]), tonumber(ARGV[at + 2]),
-    tonumber(ARGV[at + 3])
+  local b0, b1, b2, b3 = to_number(ARGV[at]), to_number(ARGV[at + 1]), to_number(ARGV[at + 2]),
+    to_number(ARGV[at + 3])
   if t < b0 then
     return t + b1 - b0, b1 - b0
   elseif t < b1 then
@@ -54,13 +54,13 @@ local function period_start(KEYS, k, block, length, offset, count, now_us)
     end
     return true, length
   end
-  local now = math.floor(now_us / 1000)
+  local now = floor(now_us / 1000)
   local deadline = now - ((now + offset) % length) + length
   if count > 0 then
     if caller_time then
-      redis.call('PEXPIRE', KEYS[k], string.format('%d', deadline - now))
+      redis.call('PEXPIRE', KEYS[k], format('%d', deadline - now))
     else
-      redis.call('PEXPIREAT', KEYS[k], string.format('%d', deadline))
+      redis.call('PEXPIREAT', KEYS[k], format('%d', deadline))
     end
   end
   return true, deadline - now
@@ -81,7 +81,7 @@ end
 -- to the steps (see `marks` in src/backend/decide/lean.lua).
 local function period_try(KEYS, k, block, quota, length, offset, cost, cost_text, now_us)
   local count = redis.pcall('INCRBY', KEYS[k], cost_text)
-  if type(count) ~= 'number' then
+  if type_of(count) ~= 'number' then
     -- "count skew": the steps decide.
     return false
   end
@@ -116,7 +116,7 @@ end
 -- period_settle_undo.
 local function period_settle(KEYS, k, block, length, offset, delta, delta_text, now_us)
   local count = redis.pcall('INCRBY', KEYS[k], delta_text)
-  if type(count) ~= 'number' then
+  if type_of(count) ~= 'number' then
     return false
   end
   local ttl = redis.call('PTTL', KEYS[k])
@@ -154,6 +154,6 @@ local function period_settle_undo(KEYS, k, delta, count, ttl, before)
   elseif count > 0 then
     redis.call('INCRBY', KEYS[k], -delta)
   else
-    redis.call('SET', KEYS[k], string.format('%d', before), 'PX', ttl)
+    redis.call('SET', KEYS[k], format('%d', before), 'PX', ttl)
   end
 end

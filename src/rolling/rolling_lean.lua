@@ -56,8 +56,8 @@ end
 
 local function rolling_try(KEYS, k, limit, buckets, interval, cost, now_us)
   -- (math.floor: a whole number, an integer in Lua 5.4 as well.)
-  local now = math.floor(now_us / 1000)
-  local current = math.floor(now / interval)
+  local now = floor(now_us / 1000)
+  local current = floor(now / interval)
   local oldest = current - buckets + 1
   local fields = redis.call('HGETALL', KEYS[k])
   local sum, dead, before = 0, nil, false
@@ -78,7 +78,7 @@ end
 local function rolling_commit(KEYS, k, dead, current, cost, cost_text, buckets, interval, kept)
   if dead then
     for i = 1, #dead, 500 do
-      redis.call('HDEL', KEYS[k], unpack_list(dead, i, math.min(i + 499, #dead)))
+      redis.call('HDEL', KEYS[k], unpack_list(dead, i, min(i + 499, #dead)))
     end
   end
   -- The key's expiry is set when its current bucket starts (see above: not when `kept`).
@@ -87,11 +87,11 @@ local function rolling_commit(KEYS, k, dead, current, cost, cost_text, buckets, 
   -- the server's clock was behind) may end before the bucket does. (Whole numbers below
   -- 10^17, as text unless native_numbers(). The cost goes as the client wrote it,
   -- `cost_text`.)
-  local native = native_numbers()
-  local name = native and current or string.format('%d', current)
+  local native = numbers_native
+  local name = native and current or format('%d', current)
   if (redis.call('HINCRBY', KEYS[k], name, cost_text) == cost and not kept) or caller_time then
     local ttl = (buckets + 1) * interval
-    redis.call('PEXPIRE', KEYS[k], native and ttl or string.format('%d', ttl))
+    redis.call('PEXPIRE', KEYS[k], native and ttl or format('%d', ttl))
   end
 end
 
@@ -113,8 +113,8 @@ local function rolling_settle(KEYS, k, limit, buckets, interval, delta, delta_te
     rolling_commit(KEYS, k, dead, current, delta, delta_text, buckets, interval, kept)
     return true, sum, t
   end
-  local now = math.floor(now_us / 1000)
-  local current = math.floor(now / interval)
+  local now = floor(now_us / 1000)
+  local current = floor(now / interval)
   local oldest = current - buckets + 1
   local fields = redis.call('HGETALL', KEYS[k])
   local sum = 0
@@ -125,7 +125,7 @@ local function rolling_settle(KEYS, k, limit, buckets, interval, delta, delta_te
       return false
     end
   end
-  local give = math.min(-delta, sum)
+  local give = min(-delta, sum)
   if sum - give > limit then
     return false
   end

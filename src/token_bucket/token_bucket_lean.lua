@@ -18,12 +18,12 @@ end
 -- Whole tokens in `span` µs of a bucket (the part of tau not yet spent), within the
 -- noise `eps` (token_bucket_eps).
 local function token_bucket_tokens(span, interval, eps)
-  return math.floor((span + eps) / interval)
+  return floor((span + eps) / interval)
 end
 
 -- `us` (a duration in µs) rounded up to the µs, within the noise `eps`.
 local function token_bucket_us(us, eps)
-  return math.ceil(us - eps)
+  return ceil(us - eps)
 end
 
 -- The lean check (src/backend/decide/lean.lua): the common case of token_bucket_state and
@@ -41,7 +41,7 @@ local function token_bucket_try(value, interval, burst, epoch, cost, now_us)
   local tat = nil
   if value then
     -- (A skew, a floor or a block's mark: a value of more than one word.)
-    tat = tonumber(value)
+    tat = to_number(value)
     if tat == nil then
       return false
     end
@@ -65,7 +65,7 @@ local function token_bucket_try(value, interval, burst, epoch, cost, now_us)
     return false
   end
   local full_in = new_tat - now
-  return true, math.floor((tau - full_in + eps) / interval), math.ceil(full_in - eps), new_tat,
+  return true, floor((tau - full_in + eps) / interval), ceil(full_in - eps), new_tat,
     now, tau
 end
 
@@ -76,28 +76,28 @@ end
 -- (2027 with the default epoch), or else 17 significant digits; a whole TAT as its
 -- digits alone. (Integer formats on the common path: libc's '%.17g' costs more.)
 local function token_bucket_commit(KEYS, k, tat, now, tau)
-  local ttl = math.ceil((tat - now) / 1000)
+  local ttl = ceil((tat - now) / 1000)
   if ttl < 1 then
     ttl = 1
   end
   if caller_time then
-    ttl = ttl + math.max(math.ceil(tau / 1000), 1000)
+    ttl = ttl + max(ceil(tau / 1000), 1000)
   end
-  if native_numbers() then
+  if numbers_native then
     redis.call('SET', KEYS[k], tat, 'PX', ttl)
     return
   end
-  local whole = math.floor(tat)
+  local whole = floor(tat)
   local text
   if tat == whole and tat >= 0 and tat < 9007199254740992 then
     -- (A whole TAT, as every one of a whole interval is: one conversion.)
-    text = string.format('%d', tat)
-  elseif tat * 128 == math.floor(tat * 128) and tat >= 0 and tat < 9007199254740992 then
-    text = string.format('%d.%07d', whole, (tat - whole) * 10000000)
+    text = format('%d', tat)
+  elseif tat * 128 == floor(tat * 128) and tat >= 0 and tat < 9007199254740992 then
+    text = format('%d.%07d', whole, (tat - whole) * 10000000)
   else
-    text = string.format('%.17g', tat)
+    text = format('%.17g', tat)
   end
-  redis.call('SET', KEYS[k], text, 'PX', string.format('%d', ttl))
+  redis.call('SET', KEYS[k], text, 'PX', format('%d', ttl))
 end
 
 -- A settlement's write (token_bucket_settle): 1 the TAT (token_bucket_commit), 2 debt:
@@ -107,8 +107,8 @@ local function token_bucket_write(KEYS, k, write, tat, now, tau)
   if write == 1 then
     token_bucket_commit(KEYS, k, tat, now, tau)
   elseif write == 2 then
-    redis.call('SET', KEYS[k], string.format('%.4f %d %d', tat, 0, now), 'PX',
-      string.format('%d', math.max(1, math.ceil((tat - now) / 1000))))
+    redis.call('SET', KEYS[k], format('%.4f %d %d', tat, 0, now), 'PX',
+      format('%d', max(1, ceil((tat - now) / 1000))))
   else
     redis.call('DEL', KEYS[k])
   end
@@ -128,7 +128,7 @@ local function token_bucket_settle(KEYS, k, value, interval, burst, epoch, delta
     deferred)
   local tat = nil
   if value then
-    tat = tonumber(value)
+    tat = to_number(value)
     if tat == nil then
       return false
     end
@@ -146,7 +146,7 @@ local function token_bucket_settle(KEYS, k, value, interval, burst, epoch, delta
   if delta < 0 then
     -- Given back: never below the key's time; a bucket full again is deleted.
     if tat > now then
-      tat = math.max(now, tat + delta * interval)
+      tat = max(now, tat + delta * interval)
       write = tat - now <= eps and 3 or 1
     end
   else
@@ -162,11 +162,11 @@ local function token_bucket_settle(KEYS, k, value, interval, burst, epoch, delta
   if caller_time and tat > now + tau then
     tat = now + tau
   end
-  local left = math.floor((tau - (tat - now) + eps) / interval)
-  local full = math.ceil(tat - now - eps)
+  local left = floor((tau - (tat - now) + eps) / interval)
+  local full = ceil(tat - now - eps)
   local wait = tat - tau - now
   if wait > eps then
-    return true, false, math.max(0, left), math.ceil(wait - eps), full
+    return true, false, max(0, left), ceil(wait - eps), full
   end
   return true, true, left, 0, full
 end

@@ -16,11 +16,14 @@ pub(crate) static ENGINE: LazyLock<Scripts> = LazyLock::new(|| {
     Scripts::new(body(&lean, &general), reply_numbers)
 });
 
-/// The engine's entry: the head's and the limits' words (read from the library's lists
-/// when it holds them, without a call), then the lean check for a check (and for
-/// coalesced checks of one limit, and a settlement of one limit), which returns when it
-/// decides.
+/// The engine's entry: the lean check's locals bound (`bind.lua`, once per library),
+/// the head's and the limits' words (read from the library's lists when it holds them,
+/// without a call), then the lean check for a check (and for coalesced checks of one
+/// limit, and a settlement of one limit), which returns when it decides.
 const ENTRY: &str = "\
+if not floor then
+  bind_lean()
+end
 local H = texts[1][ARGV[1]] or list_of(1, ARGV[1])
 local L = texts[2][ARGV[2]] or list_of(2, ARGV[2])
 if H[1] == 'c' then
@@ -57,6 +60,7 @@ fn body<'a>(lean: &'a str, general: &'a str) -> Body<'a> {
 /// common check runs, before the general engine's text.
 pub(crate) fn engine_lean() -> String {
     [
+        include_str!("bind.lua"),
         include_str!("../../period/period_lean.lua"),
         include_str!("../../token_bucket/token_bucket_lean.lua"),
         include_str!("../../rolling/rolling_lean.lua"),

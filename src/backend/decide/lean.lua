@@ -31,7 +31,7 @@ local function list_of(kind, text)
   else
     list = {}
     for word in string.gmatch(text, '[^:]+') do
-      list[#list + 1] = tonumber(word) or word
+      list[#list + 1] = to_number(word) or word
     end
     local per = {}
     local at = 1
@@ -130,7 +130,7 @@ local function lean_from(KEYS, ARGV, L, k, cost, cost_text, n, i, now_us, bounds
     if kind == 'c' then
       now_us = now_us or unix_us(ARGV)
       local deadline
-      deadline, length = calendar_window(ARGV, bounds_at, math.floor(now_us / 1000))
+      deadline, length = calendar_window(ARGV, bounds_at, floor(now_us / 1000))
       bounds_at = bounds_at + 4
       offset = -deadline
       kind = 'w'
@@ -235,7 +235,7 @@ local function lean(KEYS, ARGV, L, k, n, cost, cost_text, now_us, out, pos)
         -- A calendar window (its boundaries in ARGV[3] to ARGV[6]): a fixed window of the
         -- length of the window holding now, aligned to its end.
         now_us = now_us or unix_us(ARGV)
-        local deadline, length = calendar_window(ARGV, 3, math.floor(now_us / 1000))
+        local deadline, length = calendar_window(ARGV, 3, floor(now_us / 1000))
         ok, count, t = period_try(KEYS, k + 1, k + 2, L[3], length, -deadline, cost, cost_text,
           now_us)
         shape = 0
@@ -326,7 +326,7 @@ local function lean_coalesced(KEYS, ARGV, L, count, now_us)
     local length, offset = L[4], L[5]
     if kind == 'c' then
       local deadline = nil
-      deadline, length = calendar_window(ARGV, 3, math.floor(now_us / 1000))
+      deadline, length = calendar_window(ARGV, 3, floor(now_us / 1000))
       offset = -deadline
     end
     ok, sum, t = period_try(KEYS, 1, 2, L[3], length, offset, total, total, now_us)
@@ -376,7 +376,7 @@ local function lean_settle_set(KEYS, ARGV, L, k, n, delta, delta_text, now_us)
     local length, offset = L[at + 3], nil
     if kind == 'c' then
       local deadline
-      deadline, length = calendar_window(ARGV, bounds_at, math.floor(now_us / 1000))
+      deadline, length = calendar_window(ARGV, bounds_at, floor(now_us / 1000))
       bounds_at = bounds_at + 4
       offset = -deadline
     elseif kind == 'w' and L[at + 1] > 2 then
@@ -501,7 +501,7 @@ local function lean_settle(KEYS, ARGV, L, k, n, delta, delta_text, now_us)
     if kind == 'c' then
       now_us = now_us or unix_us(ARGV)
       local deadline = nil
-      deadline, length = calendar_window(ARGV, 3, math.floor(now_us / 1000))
+      deadline, length = calendar_window(ARGV, 3, floor(now_us / 1000))
       offset = -deadline
     elseif offset then
       now_us = now_us or unix_us(ARGV)
