@@ -246,12 +246,12 @@ if op == 'm' then
   -- limits, then each check's: an admit as its limits' admits, packed or wide,
   -- `put_admit` in lean.lua; anything else as its table).
   out = { n }
-  local per, pos = L.per, 2
+  local members, pos = L.members, 2
   for j = 1, cost do
     local admitted, replies = decide('c', tonumber(ARGV[at + j - 1]))
     local after = admitted == 1 and pos or nil
     for i = 1, n do
-      after = after and put_admit(out, after, per, i, replies[i])
+      after = after and put_admit(out, after, members[i], replies[i])
     end
     if not after then
       for x = pos, pos + 3 * n do

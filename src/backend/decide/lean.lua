@@ -9,16 +9,22 @@
 -- same texts on almost every call: with Redis Functions the library keeps the lists it
 -- read (at most 1000 texts of each kind; then it starts again), so a call reads none
 -- (by EVALSHA, each call reads its two). A limits' list
--- also holds what the lean check reads of each limit, five words per limit in `per`:
--- its letter in lower case, where its words start, whether it counts requests (its
--- letter in capitals), and for packed replies the bits of its capacity (a token
--- bucket's burst, its second argument, else its first: 2^(bits-1) <= capacity <
--- 2^bits, counted by doubling: math.frexp is not in Lua 5.4) and 2^bits (an integer
--- in Lua 5.4 too, as `2 ^ bits` would not be). And `marks`: whether a limit is a token
--- bucket or a rolling window, whose key a block marks for as long as it runs (a key
--- that held nothing too: token_bucket_mark, rolling_mark), so that the lean check,
--- which leaves a marked limit to the engine, need not read the block for the set's
--- fixed windows when they start.
+-- also holds `marks`: whether a limit is a token bucket or a rolling window, whose key
+-- a block marks for as long as it runs (a key that held nothing too: token_bucket_mark,
+-- rolling_mark), so that the lean check, which leaves a marked limit to the engine, need
+-- not read the block for the set's fixed windows when they start. And `members`, what
+-- the lean check reads of each limit, one table per limit, read by constant indexes
+-- (each of which costs Redis one operation, where `list[at + i]` costs two):
+--  [1] its letter in lower case; [2] where its words start in the list; [3] whether it
+--  counts requests (its letter in capitals); [4] the bits of its capacity (a token
+--  bucket's burst, its second argument, else its first: 2^(bits-1) <= capacity <
+--  2^bits, counted by doubling: math.frexp is not in Lua 5.4) and [5] 2^bits (an
+--  integer in Lua 5.4 too, as `2 ^ bits` would not be), for packed replies; [6], [7],
+--  [8] its first three arguments ([8] false for a fixed window of two: no offset);
+--  [9] below which ms or µs every admit of it packs (see "Packed replies" below: an
+--  admit's count is at most the capacity); [10] its packed admit's low bits (its shape
+--  * 64 + its bits) and [11] its wide admit's marker; [12] whether a fixed window that
+--  starts reads the block (no member is marked).
 local texts = { {}, {} }
 local text_counts = { 0, 0 }
 local function list_of(kind, text)
@@ -33,7 +39,7 @@ local function list_of(kind, text)
     for word in string.gmatch(text, '[^:]+') do
       list[#list + 1] = to_number(word) or word
     end
-    local per = {}
+    local members = {}
     local at = 1
     while at <= #list do
       local letter = list[at]
@@ -46,15 +52,23 @@ local function list_of(kind, text)
       if bits == 0 then
         bits, power = 1, 2
       end
-      local p = #per
-      per[p + 1], per[p + 2], per[p + 3], per[p + 4], per[p + 5] = kind, at, kind ~= letter,
-        bits, power
+      local shape = (kind == 'w' or kind == 'c') and 0 or 1
+      local third = list[at + 4]
+      if list[at + 1] < 3 then
+        third = false
+      end
+      members[#members + 1] = { kind, at, kind ~= letter, bits, power, list[at + 2],
+        list[at + 3], third, (70368744177664 - capacity) / power, shape * 64 + bits,
+        -shape * 64 - 1, true }
       if kind == 't' or kind == 'r' then
         list.marks = true
       end
       at = at + 2 + list[at + 1]
     end
-    list.per = per
+    for _, member in ipairs(members) do
+      member[12] = not list.marks
+    end
+    list.members = members
   end
   if text_counts[kind] >= 1000 then
     texts[kind] = {}
@@ -71,7 +85,10 @@ end
 -- window's {1, n, t}; 1: {1, n, 0, t}), as -(v + 1) where
 -- v = (t * 2^bits + n) * 128 + shape * 64 + bits, when v is below 2^53, that is when
 -- t * 2^bits + n is below 2^46, which is asked before v is made (t < (2^46 - n) / 2^bits,
--- exact: a division by a power of two; in Lua 5.4 a product past 2^63 would wrap).
+-- exact: a division by a power of two; in Lua 5.4 a product past 2^63 would wrap). An
+-- admit's n is at most the limit's capacity, so a t below (2^46 - capacity) / 2^bits
+-- (its member's [9]) always packs; a settlement's count may be above it (debt), and is
+-- asked with its own n.
 -- An admit too large to pack (a large limit's: a daily quota of 10^9 bytes) is wide:
 -- three numbers, -(shape * 64) - 1 (bits 0, which no packed admit has: bits count at
 -- least one), then n and t. A set's reply is its limits' admits in order, each packed
@@ -81,11 +98,11 @@ end
 -- back by `engine::reply_numbers` and `engine::batch_numbers`
 -- (src/backend/decide/engine.rs).
 
--- Limit i's admitted reply `r` of the general engine ({1, n, t} or {1, n, 0, t}) as its
--- admit in `out` from `pos`, packed or wide (coalesced checks, 'm' in engine.lua):
--- returns the position after it, or nil when `r` is not of those shapes.
-local function put_admit(out, pos, per, i, r)
-  local p = i * 5 - 5
+-- A limit's (its member `m`, see list_of) admitted reply `r` of the general engine
+-- ({1, n, t} or {1, n, 0, t}) as its admit in `out` from `pos`, packed or wide
+-- (coalesced checks, 'm' in engine.lua): returns the position after it, or nil when `r`
+-- is not of those shapes.
+local function put_admit(out, pos, m, r)
   local n, t, shape = r[2], r[3], 0
   if r[4] then
     if t ~= 0 then
@@ -95,8 +112,8 @@ local function put_admit(out, pos, per, i, r)
   end
   if n < 0 or t < 0 then
     return nil
-  elseif t < (70368744177664 - n) / per[p + 5] then
-    out[pos] = -((t * per[p + 5] + n) * 128 + shape * 64 + per[p + 4]) - 1
+  elseif t < (70368744177664 - n) / m[5] then
+    out[pos] = -((t * m[5] + n) * 128 + shape * 64 + m[4]) - 1
     return pos + 1
   end
   out[pos], out[pos + 1], out[pos + 2] = -shape * 64 - 1, n, t
@@ -113,57 +130,49 @@ end
 -- caller's to take back). Each limit's values wait in its call's locals (a table for
 -- them costs Redis more).
 local function lean_from(KEYS, ARGV, L, k, cost, cost_text, n, i, now_us, bounds_at, out, pos)
-  local per, p = L.per, i * 5 - 5
-  local kind, at = per[p + 1], per[p + 2]
+  local m = L.members[i]
+  local kind = m[1]
   -- A member that counts requests spends one.
   local spent, spent_text = cost, cost_text
-  if per[p + 3] then
+  if m[3] then
     spent, spent_text = 1, '1'
   end
   local ok, r1, r2, c1, c2, c3
-  local shape = 1
-  if kind == 'w' or kind == 'c' then
-    -- A fixed window; a calendar window is one aligned to the end of the window holding
-    -- now (its boundaries in ARGV, four per calendar member), taken back as a fixed
-    -- window.
-    local length, offset = L[at + 3], nil
-    if kind == 'c' then
-      now_us = now_us or unix_us(ARGV)
-      local deadline
-      deadline, length = calendar_window(ARGV, bounds_at, floor(now_us / 1000))
-      bounds_at = bounds_at + 4
-      offset = -deadline
-      kind = 'w'
-    elseif L[at + 1] > 2 then
-      offset = L[at + 4]
-      now_us = now_us or unix_us(ARGV)
-    end
-    -- (The block is read when the window starts, unless another limit's mark tells.)
-    local block = k + n + 1
-    if L.marks then
-      block = nil
-    end
-    ok, r1, r2 = period_try(KEYS, k + i, block, L[at + 2], length, offset, spent, spent_text,
-      now_us)
-    shape = 0
-  elseif kind == 't' then
+  if kind == 't' then
     now_us = now_us or unix_us(ARGV)
-    ok, r1, r2, c1, c2, c3 = token_bucket_try(redis.call('GET', KEYS[k + i]), L[at + 2],
-      L[at + 3], L[at + 4], spent, now_us)
+    ok, r1, r2, c1, c2, c3 = token_bucket_try(redis.call('GET', KEYS[k + i]), m[6], m[7], m[8],
+      spent, now_us)
+  elseif kind == 'w' then
+    -- A fixed window. (The block is read when the window starts, unless another limit's
+    -- mark tells: m[12].)
+    local offset = m[8]
+    if offset then
+      now_us = now_us or unix_us(ARGV)
+    end
+    ok, r1, r2 = period_try(KEYS, k + i, m[12] and k + n + 1, m[6], m[7], offset, spent,
+      spent_text, now_us)
+  elseif kind == 'c' then
+    -- A calendar window: one aligned to the end of the window holding now (its
+    -- boundaries in ARGV, four per calendar member), taken back as a fixed window.
+    now_us = now_us or unix_us(ARGV)
+    local deadline, length = calendar_window(ARGV, bounds_at, floor(now_us / 1000))
+    bounds_at = bounds_at + 4
+    kind = 'w'
+    ok, r1, r2 = period_try(KEYS, k + i, m[12] and k + n + 1, m[6], length, -deadline, spent,
+      spent_text, now_us)
   else
     now_us = now_us or unix_us(ARGV)
-    ok, r1, r2, c1, c2, c3 = rolling_try(KEYS, k + i, L[at + 2], L[at + 3], L[at + 4], spent,
-      now_us)
+    ok, r1, r2, c1, c2, c3 = rolling_try(KEYS, k + i, m[6], m[7], m[8], spent, now_us)
   end
   if not ok then
     return nil
   end
   -- (Packed or wide: see above.)
   local after = pos + 1
-  if r2 < (70368744177664 - r1) / per[p + 5] then
-    out[pos] = -((r2 * per[p + 5] + r1) * 128 + shape * 64 + per[p + 4]) - 1
+  if r2 < m[9] then
+    out[pos] = -((r2 * m[5] + r1) * 128 + m[10]) - 1
   else
-    out[pos], out[pos + 1], out[pos + 2] = -shape * 64 - 1, r1, r2
+    out[pos], out[pos + 1], out[pos + 2] = m[11], r1, r2
     after = pos + 3
   end
   if i < n then
@@ -180,7 +189,7 @@ local function lean_from(KEYS, ARGV, L, k, cost, cost_text, n, i, now_us, bounds
   if kind == 't' then
     token_bucket_commit(KEYS, k + i, c1, c2, c3)
   elseif kind == 'r' then
-    rolling_commit(KEYS, k + i, c2, c1, spent, spent_text, L[at + 3], L[at + 4], c3)
+    rolling_commit(KEYS, k + i, c2, c1, spent, spent_text, m[7], m[8], c3)
   end
   return after
 end
@@ -205,7 +214,7 @@ local function lean(KEYS, ARGV, L, k, n, cost, cost_text, now_us, out, pos)
     -- One limit (L: its letter, its count of arguments, its arguments): the reply made
     -- at once.
     local kind = L[1]
-    local ok, count, t, shape
+    local ok, count, t
     if kind == 't' then
       local tat, now, tau
       ok, count, t, tat, now, tau = token_bucket_try(redis.call('GET', KEYS[k + 1]), L[3], L[4],
@@ -214,7 +223,6 @@ local function lean(KEYS, ARGV, L, k, n, cost, cost_text, now_us, out, pos)
         return nil
       end
       token_bucket_commit(KEYS, k + 1, tat, now, tau)
-      shape = 1
     else
       if kind == 'w' then
         -- (L[5]: the offset of an aligned window, nil for one that starts at the first
@@ -222,7 +230,6 @@ local function lean(KEYS, ARGV, L, k, n, cost, cost_text, now_us, out, pos)
         local offset = L[5]
         ok, count, t = period_try(KEYS, k + 1, k + 2, L[3], L[4], offset, cost, cost_text,
           offset and (now_us or unix_us(ARGV)))
-        shape = 0
       elseif kind == 'r' then
         local current, dead, kept
         ok, count, t, current, dead, kept = rolling_try(KEYS, k + 1, L[3], L[4], L[5], cost,
@@ -230,7 +237,6 @@ local function lean(KEYS, ARGV, L, k, n, cost, cost_text, now_us, out, pos)
         if ok then
           rolling_commit(KEYS, k + 1, dead, current, cost, cost_text, L[4], L[5], kept)
         end
-        shape = 1
       elseif kind == 'c' then
         -- A calendar window (its boundaries in ARGV[3] to ARGV[6]): a fixed window of the
         -- length of the window holding now, aligned to its end.
@@ -238,31 +244,36 @@ local function lean(KEYS, ARGV, L, k, n, cost, cost_text, now_us, out, pos)
         local deadline, length = calendar_window(ARGV, 3, floor(now_us / 1000))
         ok, count, t = period_try(KEYS, k + 1, k + 2, L[3], length, -deadline, cost, cost_text,
           now_us)
-        shape = 0
       end
       if not ok then
         return nil
       end
     end
     -- (Packed or wide: see above.)
-    local per = L.per
-    if t < (70368744177664 - count) / per[5] then
-      local packed = -((t * per[5] + count) * 128 + shape * 64 + per[4]) - 1
+    local m = L.members[1]
+    if t < m[9] then
+      local packed = -((t * m[5] + count) * 128 + m[10]) - 1
       if out then
         out[pos] = packed
         return pos + 1
       end
       return packed
     elseif out then
-      out[pos], out[pos + 1], out[pos + 2] = -shape * 64 - 1, count, t
+      out[pos], out[pos + 1], out[pos + 2] = m[11], count, t
       return pos + 3
     end
-    return { -shape * 64 - 1, count, t }
+    return { m[11], count, t }
   elseif out then
     return lean_from(KEYS, ARGV, L, k, cost, cost_text, n, 1, now_us, 3, out, pos)
   end
-  out = n == 2 and { false, false } or {}
-  if lean_from(KEYS, ARGV, L, k, cost, cost_text, n, 1, now_us, 3, out, 1) then
+  -- (A pair's table made at the size of a packed and a wide admit, the common pair:
+  -- a table that grows costs Redis more than two slots emptied.)
+  out = n == 2 and { false, false, false, false } or {}
+  local after = lean_from(KEYS, ARGV, L, k, cost, cost_text, n, 1, now_us, 3, out, 1)
+  if after then
+    for x = after, 4 do
+      out[x] = nil
+    end
     return out
   end
   return nil
@@ -279,7 +290,8 @@ end
 -- admit, packed or wide), or nil when that is not the lean case (a refusal, a skew, a
 -- block's mark): the general engine then decides them all, nothing having been written.
 local function lean_coalesced(KEYS, ARGV, L, count, now_us)
-  local kind, power, bits = L[1], L.per[5], L.per[4]
+  local m = L.members[1]
+  local kind, power, low, wide = L[1], m[5], m[10], m[11]
   local out, pos = { 1 }, 2
   if kind == 't' then
     local interval, burst, epoch = L[3], L[4], L[5]
@@ -292,11 +304,11 @@ local function lean_coalesced(KEYS, ARGV, L, count, now_us)
         return nil
       end
       -- (Packed or wide: see above.)
-      if full < (70368744177664 - left) / power then
-        out[pos] = -((full * power + left) * 128 + 64 + bits) - 1
+      if full < m[9] then
+        out[pos] = -((full * power + left) * 128 + low) - 1
         pos = pos + 1
       else
-        out[pos], out[pos + 1], out[pos + 2] = -65, left, full
+        out[pos], out[pos + 1], out[pos + 2] = wide, left, full
         pos = pos + 3
       end
     end
@@ -313,7 +325,6 @@ local function lean_coalesced(KEYS, ARGV, L, count, now_us)
     total = total + ARGV[at + j]
   end
   local ok, sum, t
-  local shape = 0
   if kind == 'r' then
     local current, dead, kept
     ok, sum, t, current, dead, kept = rolling_try(KEYS, 1, L[3], L[4], L[5], total, now_us)
@@ -321,7 +332,6 @@ local function lean_coalesced(KEYS, ARGV, L, count, now_us)
       return nil
     end
     rolling_commit(KEYS, 1, dead, current, total, total, L[4], L[5], kept)
-    shape = 1
   else
     local length, offset = L[4], L[5]
     if kind == 'c' then
@@ -338,11 +348,11 @@ local function lean_coalesced(KEYS, ARGV, L, count, now_us)
   for j = 1, count do
     n = n + ARGV[at + j]
     -- (Packed or wide: see above.)
-    if t < (70368744177664 - n) / power then
-      out[pos] = -((t * power + n) * 128 + shape * 64 + bits) - 1
+    if t < m[9] then
+      out[pos] = -((t * power + n) * 128 + low) - 1
       pos = pos + 1
     else
-      out[pos], out[pos + 1], out[pos + 2] = -shape * 64 - 1, n, t
+      out[pos], out[pos + 1], out[pos + 2] = wide, n, t
       pos = pos + 3
     end
   end
@@ -363,7 +373,7 @@ end
 -- lean settlement leaves to the engine.
 local function lean_settle_set(KEYS, ARGV, L, k, n, delta, delta_text, now_us)
   now_us = now_us or unix_us(ARGV)
-  local per = L.per
+  local members = L.members
   local bounds_at = 3
   -- Each limit's answer (admitted, count, µs to wait or nil for a window's shape, t) and
   -- its deferred write; the windows' undo (limit, count, ttl, before); the rolling refund.
@@ -371,8 +381,8 @@ local function lean_settle_set(KEYS, ARGV, L, k, n, delta, delta_text, now_us)
   local undo, last = nil, nil
   local ok = true
   for i = 1, n do
-    local p = i * 5 - 5
-    local kind, at = per[p + 1], per[p + 2]
+    local m = members[i]
+    local kind, at = m[1], m[2]
     local length, offset = L[at + 3], nil
     if kind == 'c' then
       local deadline
@@ -382,7 +392,7 @@ local function lean_settle_set(KEYS, ARGV, L, k, n, delta, delta_text, now_us)
     elseif kind == 'w' and L[at + 1] > 2 then
       offset = L[at + 4]
     end
-    if per[p + 3] then
+    if m[3] then
       ok = kind == 't'
       if ok then
         ok, counts[i], ts[i] = token_bucket_try(redis.call('GET', KEYS[k + i]), L[at + 2],
@@ -396,12 +406,8 @@ local function lean_settle_set(KEYS, ARGV, L, k, n, delta, delta_text, now_us)
       later[i] = d
     elseif kind == 'w' or kind == 'c' then
       local ttl, before
-      local block = k + n + 1
-      if L.marks then
-        block = nil
-      end
-      ok, counts[i], ts[i], ttl, before = period_settle(KEYS, k + i, block, length, offset,
-        delta, delta_text, now_us)
+      ok, counts[i], ts[i], ttl, before = period_settle(KEYS, k + i, m[12] and k + n + 1,
+        length, offset, delta, delta_text, now_us)
       if ok then
         admits[i] = counts[i] <= L[at + 2]
         undo = undo or {}
@@ -421,7 +427,7 @@ local function lean_settle_set(KEYS, ARGV, L, k, n, delta, delta_text, now_us)
     end
   end
   if ok and last then
-    local at = per[last * 5 - 3]
+    local at = members[last][2]
     ok, counts[last], ts[last] = rolling_settle(KEYS, k + last, L[at + 2], L[at + 3],
       L[at + 4], delta, delta_text, now_us)
     admits[last], waits[last] = true, 0
@@ -436,8 +442,8 @@ local function lean_settle_set(KEYS, ARGV, L, k, n, delta, delta_text, now_us)
   for i = 1, n do
     local d = later[i]
     if d then
-      local at = per[i * 5 - 3]
-      if per[i * 5 - 4] == 't' then
+      local at = members[i][2]
+      if members[i][1] == 't' then
         if d[1] then
           token_bucket_write(KEYS, k + i, d[1], d[2], d[3], d[4])
         end
@@ -463,13 +469,12 @@ local function lean_settle_set(KEYS, ARGV, L, k, n, delta, delta_text, now_us)
   -- (Packed or wide: see above, as the lean check's.)
   local out, pos = n == 2 and { false, false } or {}, 1
   for i = 1, n do
-    local count, t, shape = counts[i], ts[i], waits[i] and 1 or 0
-    local p = i * 5 - 5
-    if t < (70368744177664 - count) / per[p + 5] then
-      out[pos] = -((t * per[p + 5] + count) * 128 + shape * 64 + per[p + 4]) - 1
+    local count, t, m = counts[i], ts[i], members[i]
+    if t < (70368744177664 - count) / m[5] then
+      out[pos] = -((t * m[5] + count) * 128 + m[10]) - 1
       pos = pos + 1
     else
-      out[pos], out[pos + 1], out[pos + 2] = -shape * 64 - 1, count, t
+      out[pos], out[pos + 1], out[pos + 2] = m[11], count, t
       pos = pos + 3
     end
   end
@@ -524,9 +529,9 @@ local function lean_settle(KEYS, ARGV, L, k, n, delta, delta_text, now_us)
     return { 0, 0, 0, n, wait, t }
   end
   -- (Packed: see above.)
-  local per = L.per
-  if t < (70368744177664 - n) / per[5] then
-    return -((t * per[5] + n) * 128 + shape * 64 + per[4]) - 1
+  local m = L.members[1]
+  if t < (70368744177664 - n) / m[5] then
+    return -((t * m[5] + n) * 128 + m[10]) - 1
   elseif shape == 0 then
     return { 1, 0, 1, n, t }
   end
