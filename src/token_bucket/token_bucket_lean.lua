@@ -74,7 +74,12 @@ end
 -- (native_numbers()); else as text, its whole µs and seven decimals, exact when the TAT
 -- is a multiple of 2^-7 µs (0.0078125), as every TAT from 2^45 µs past the epoch on is
 -- (2027 with the default epoch), or else 17 significant digits; a whole TAT as its
--- digits alone. (Integer formats on the common path: libc's '%.17g' costs more.)
+-- digits alone. (Integer formats on the common path: libc's '%.17g' costs more.) The
+-- expiry's text is kept for the next writes (at most 1000 of them, in the library of
+-- Redis Functions; for one call by EVALSHA): a bucket's expiries repeat (1 ms for a
+-- bucket kept near empty, at most its burst's ms), and string.format costs Redis 7.0
+-- about 1 100 instructions a check.
+local expiry_texts, expiry_count = {}, 0
 local function token_bucket_commit(KEYS, k, tat, now, tau)
   local ttl = ceil((tat - now) / 1000)
   if ttl < 1 then
@@ -97,7 +102,14 @@ local function token_bucket_commit(KEYS, k, tat, now, tau)
   else
     text = format('%.17g', tat)
   end
-  redis.call('SET', KEYS[k], text, 'PX', format('%d', ttl))
+  local expiry = expiry_texts[ttl]
+  if not expiry then
+    expiry = format('%d', ttl)
+    if expiry_count < 1000 then
+      expiry_texts[ttl], expiry_count = expiry, expiry_count + 1
+    end
+  end
+  redis.call('SET', KEYS[k], text, 'PX', expiry)
 end
 
 -- A settlement's write (token_bucket_settle): 1 the TAT (token_bucket_commit), 2 debt:
