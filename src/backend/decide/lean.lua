@@ -65,8 +65,8 @@ local function list_of(kind, text)
       end
       at = at + 2 + list[at + 1]
     end
-    for _, member in ipairs(members) do
-      member[12] = not list.marks
+    for i = 1, #members do
+      members[i][12] = not list.marks
     end
     list.members = members
   end
