@@ -162,6 +162,7 @@ impl Batcher {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::decide::coalesce::Share;
 
     /// A call timeout of 100 ms.
     const MS: Duration = Duration::from_millis(100);
@@ -201,9 +202,9 @@ mod tests {
             panic!("a check arriving meanwhile queues");
         };
         for check in batch {
-            let _ = check.reply.send(Ok(vec![1]));
+            let _ = check.reply.send(Ok(Share::whole(vec![1])));
         }
-        assert_eq!(first.try_recv().unwrap().ok(), Some(vec![1]));
+        assert_eq!(first.try_recv().unwrap().ok().as_deref(), Some(&[1][..]));
         // The batch returns: the check queued meanwhile goes next.
         assert_eq!(batcher.next(0).len(), 1);
         // Nobody waits: the calls end, and the route is free.

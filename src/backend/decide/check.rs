@@ -22,13 +22,14 @@
 //! here calls them. Each algorithm's two hosts are `hosts.rs`'s [`Hosts`].
 
 use std::num::NonZeroU32;
+use std::ops::{Deref, Range};
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::oneshot;
 
 use super::batch::{self, Ask, Queued};
-use super::coalesce::{Part, Turn, Waiting};
+use super::coalesce::{Part, Share, Turn, Waiting};
 use super::deny::Denied;
 use super::engine::{
     batch_numbers, BATCH, CHECK, COALESCED, ENGINE, LEASE, PEEK, REFUND, SETTLE, SHARED_BATCH,
@@ -475,12 +476,21 @@ async fn calls<T: Hosts + ?Sized>(
             }
             None => None,
         };
-        let parts = match &result {
-            Some(flat) => split_batch(flat, waiting.len()),
-            None => vec![None; waiting.len()],
-        };
-        for (check, part) in waiting.drain(..).zip(parts) {
-            let _ = check.reply.send(part.map(<[i64]>::to_vec).ok_or(None));
+        let ranges = result.and_then(|flat| {
+            let ranges = split_batch(&flat, waiting.len())?;
+            Some(Share::split(flat, ranges))
+        });
+        match ranges {
+            Some(parts) => {
+                for (check, part) in waiting.drain(..).zip(parts) {
+                    let _ = check.reply.send(Ok(part));
+                }
+            }
+            None => {
+                for check in waiting.drain(..) {
+                    let _ = check.reply.send(Err(None));
+                }
+            }
         }
         waiting = remote.coalescer().next(hash);
     }
@@ -622,18 +632,24 @@ async fn send_batch<T: Hosts + ?Sized>(
     remote.record_duration(started.elapsed());
     remote.batcher.observe(started.elapsed());
     match result {
-        Ok(flat) => {
-            let parts = split_batch(&flat, batch.len());
-            for (check, part) in batch.into_iter().zip(parts) {
-                let part = match part {
-                    // The item raised an error (its key's value): its own to report.
-                    Some([]) => Err(Some(ScriptError::Unreadable)),
-                    Some(part) => Ok(part.to_vec()),
-                    None => Err(None),
-                };
-                let _ = check.reply.send(part);
+        Ok(flat) => match split_batch(&flat, batch.len()) {
+            Some(ranges) => {
+                for (check, part) in batch.into_iter().zip(Share::split(flat, ranges)) {
+                    let part = if part.is_empty() {
+                        // The item raised an error (its key's value): its own to report.
+                        Err(Some(ScriptError::Unreadable))
+                    } else {
+                        Ok(part)
+                    };
+                    let _ = check.reply.send(part);
+                }
             }
-        }
+            None => {
+                for check in batch {
+                    let _ = check.reply.send(Err(None));
+                }
+            }
+        },
         Err(error) if error.code() == Some("CROSSSLOT") => {
             tracing::warn!(
                 limiter = %remote.name,
@@ -672,7 +688,7 @@ async fn alone<T: Hosts + ?Sized>(store: &Arc<T>, redis: &Arc<RedisBackend>, bat
                 let started = std::time::Instant::now();
                 let result = redis.eval(&call).await;
                 remote.record_duration(started.elapsed());
-                result.map_err(Some)
+                result.map(Share::whole).map_err(Some)
             }
             None => Err(None),
         };
@@ -681,31 +697,30 @@ async fn alone<T: Hosts + ?Sized>(store: &Arc<T>, redis: &Arc<RedisBackend>, bat
     futures_util::future::join_all(calls).await;
 }
 
-/// A batch's reply, read by [`batch_numbers`], split into its `count` checks' replies
-/// (`None` for each when it is not of that shape).
-fn split_batch(flat: &[i64], count: usize) -> Vec<Option<&[i64]>> {
+/// A batch's reply, read by [`batch_numbers`], split into its `count` checks' replies:
+/// where each is in it, or `None` when it is not of that shape.
+fn split_batch(flat: &[i64], count: usize) -> Option<Vec<Range<usize>>> {
     let mut parts = Vec::with_capacity(count);
-    let mut rest = flat;
-    while let Some((&len, tail)) = rest.split_first() {
-        let Some(len) = usize::try_from(len).ok().filter(|&len| len <= tail.len()) else {
-            break;
-        };
-        parts.push(&tail[..len]);
-        rest = &tail[len..];
+    let mut at = 0;
+    while let Some(&len) = flat.get(at) {
+        let start = at + 1;
+        let end = usize::try_from(len)
+            .ok()
+            .and_then(|len| start.checked_add(len))
+            .filter(|&end| end <= flat.len())?;
+        parts.push(start..end);
+        at = end;
     }
-    if parts.len() != count || !rest.is_empty() {
-        return vec![None; count];
-    }
-    parts.into_iter().map(Some).collect()
+    (parts.len() == count).then_some(parts)
 }
 
 /// A check's decision from its part of the engine's reply (caching a refusal in the
 /// deny cache), or, when the call failed (`Err(Some)`: the error; `Err(None)`: reported
 /// by the call this check went with), from the failure policy.
-fn conclude<T: Hosts + ?Sized>(
+fn conclude<T: Hosts + ?Sized, R: Deref<Target = [i64]>>(
     store: &T,
     redis: &Arc<RedisBackend>,
-    reply: Result<Vec<i64>, Option<ScriptError>>,
+    reply: Result<R, Option<ScriptError>>,
     redis_key: &[u8],
     cost: NonZeroU32,
     deny_key: Option<u128>,
@@ -756,7 +771,7 @@ fn conclude<T: Hosts + ?Sized>(
                 }
                 return decision;
             }
-            None => Some(ScriptError::Reply(reply)),
+            None => Some(ScriptError::Reply(reply.to_vec())),
         },
         Err(error) => error,
     };
@@ -879,5 +894,26 @@ pub(super) fn answering(redis: Option<&Arc<RedisBackend>>) -> Source {
         None => Source::InProcess,
         Some(redis) if redis.is_healthy() => Source::Redis,
         Some(_) => Source::Fallback,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_batch_reply_splits_into_its_checks_shares_or_none() {
+        let flat = vec![2, 1, 0, 0, 3, 1, 0, 7];
+        let ranges = split_batch(&flat, 3).expect("three items");
+        assert_eq!(ranges, vec![1..3, 4..4, 5..8]);
+        let shares: Vec<Vec<i64>> = Share::split(flat.clone(), ranges)
+            .map(|share| share.to_vec())
+            .collect();
+        assert_eq!(shares, vec![vec![1, 0], vec![], vec![1, 0, 7]]);
+        // Another count, a length past the end, a negative length: not of that shape.
+        assert_eq!(split_batch(&flat, 2), None);
+        assert_eq!(split_batch(&[3, 1, 0], 1), None);
+        assert_eq!(split_batch(&[-1, 1], 1), None);
+        assert_eq!(split_batch(&[], 0), Some(vec![]));
     }
 }

@@ -9,6 +9,8 @@
 //! with one request at a time costs exactly what it did: one call each, no waiting.
 
 use std::num::NonZeroU32;
+use std::ops::{Deref, Range};
+use std::sync::Arc;
 
 use dashmap::DashMap;
 use tokio::sync::oneshot;
@@ -20,7 +22,47 @@ use crate::backend::redis::fault::ScriptError;
 /// or the call's error (`Err(Some)`: its own to report, a key's error; `Err(None)`:
 /// reported by the call, or no reply of the expected shape), which the failure policy
 /// answers.
-pub(crate) type Part = Result<Vec<i64>, Option<ScriptError>>;
+pub(crate) type Part = Result<Share, Option<ScriptError>>;
+
+/// A check's reply within a shared call's: the call's numbers, which its checks share
+/// (one allocation a call, not one a check), and where this check's are.
+#[derive(Debug, Clone)]
+pub(crate) struct Share {
+    numbers: Arc<Vec<i64>>,
+    range: Range<usize>,
+}
+
+impl Share {
+    /// Each check's share of a call's `numbers`, by its range in them.
+    pub(crate) fn split(
+        numbers: Vec<i64>,
+        ranges: impl IntoIterator<Item = Range<usize>>,
+    ) -> impl Iterator<Item = Self> {
+        let numbers = Arc::new(numbers);
+        ranges.into_iter().map(move |range| Self {
+            numbers: Arc::clone(&numbers),
+            range,
+        })
+    }
+
+    /// A reply that is a call's own.
+    pub(crate) fn whole(numbers: Vec<i64>) -> Self {
+        let range = 0..numbers.len();
+        Self {
+            numbers: Arc::new(numbers),
+            range,
+        }
+    }
+}
+
+impl Deref for Share {
+    type Target = [i64];
+
+    fn deref(&self) -> &[i64] {
+        // (The ranges come from `split_batch`, within the numbers.)
+        self.numbers.get(self.range.clone()).unwrap_or_default()
+    }
+}
 
 /// The calls in flight of one limiter, and the checks waiting for them.
 #[derive(Debug, Default)]

@@ -141,7 +141,7 @@ pub(crate) fn operate<T: Hosts + ?Sized>(
                     let part = queued_part(part, deadline).await;
                     let decision = part.map(|reply| {
                         read_reply(&*store, &reply, NonZeroU32::MIN)
-                            .ok_or(ScriptError::Reply(reply))
+                            .ok_or_else(|| ScriptError::Reply(reply.to_vec()))
                     });
                     match decision {
                         Ok(Ok(decision)) => decision,
