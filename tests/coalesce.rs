@@ -294,8 +294,15 @@ async fn a_coalesced_call_decides_and_writes_as_its_checks_one_by_one() {
                 assert_eq!(answer(&a), answer(&b), "{what}: history at {at} µs");
             }
             clock.freeze_at(t0);
-            // Checks that all fit (the lean path), then checks past the limits.
-            for (fit, costs) in [(true, fitting()), (false, costs())] {
+            // Checks that all fit (the lean path), then checks past the limits; checks of
+            // one cost (their cost sent once) too.
+            let same = |cost, count| vec![NonZeroU32::new(cost).unwrap(); count];
+            for (fit, costs) in [
+                (true, same(1, 4)),
+                (true, fitting()),
+                (false, costs()),
+                (false, same(2, 30)),
+            ] {
                 let calls = redis.command_calls("evalsha");
                 let together: Vec<_> =
                     futures_join(costs.iter().map(|&c| batched.check(b"k", c)).collect())
@@ -393,18 +400,19 @@ fn a_coalesced_call_replies_one_item_per_check_an_admit_packed() {
         }
         shapes
     };
-    let coalesced = |keys: &[&str], limits: &str| {
+    let coalesced_of = |keys: &[&str], head: &str, limits: &str, costs: &[&str]| {
         let count = keys.len().to_string();
         redis.cmd_reply(
             &[
                 &["EVAL", &script, &count][..],
                 keys,
-                &["m:5:0", limits],
-                &costs,
+                &[head, limits],
+                costs,
             ]
             .concat(),
         )
     };
+    let coalesced = |keys: &[&str], limits: &str| coalesced_of(keys, "m:5:0", limits, &costs);
     let one = coalesced(&["{a}", "{a}:block"], bucket);
     assert_eq!(
         shapes(&one),
@@ -429,6 +437,23 @@ fn a_coalesced_call_replies_one_item_per_check_an_admit_packed() {
         ["wide set", "wide set", "refusal", "wide set", "refusal"],
         "{set:?}"
     );
+    // Checks of one cost, the cost sent once (`M`), alike: a bucket of 3 tokens admits
+    // three of five, a set's window of 4 four of five; every admit packed, or wide.
+    let one = coalesced_of(&["{f}", "{f}:block"], "M:5:0", bucket, &["1"]);
+    assert_eq!(
+        shapes(&one),
+        ["packed", "packed", "packed", "refusal", "refusal"],
+        "{one:?}"
+    );
+    let window = "w:2:4:3600000";
+    let one = coalesced_of(&["{g}", "{g}:block"], "M:5:0", window, &["1"]);
+    assert_eq!(
+        shapes(&one),
+        ["packed", "packed", "packed", "packed", "refusal"],
+        "{one:?}"
+    );
+    let set = coalesced_of(&["{h}:t", "{h}:w", "{h}:block"], "M:3:0", &large, &["1"]);
+    assert_eq!(shapes(&set), ["wide set", "wide set", "wide set"], "{set:?}");
     // A batch of keys (checks of one cost: `K`) replies alike.
     let keys = ["{d}:t", "{d}:w", "{d}:block", "{e}:t", "{e}:w", "{e}:block"];
     for (limits, shape) in [(&pair, "packed set"), (&large, "wide set")] {
@@ -847,5 +872,69 @@ async fn a_batch_of_one_cost_sends_it_once() {
             );
         }
         assert!(batches > 0, "functions: {functions}: no batch in {lines:?}");
+    }
+}
+
+/// Coalesced checks of a hot key that cost the same send their cost once (`M`), where
+/// each check sent its own (`m`): the head, the limits and the cost after the key and
+/// its block, on both engine paths. Checks of several costs still send each.
+#[tokio::test(flavor = "multi_thread")]
+async fn coalesced_checks_of_one_cost_send_it_once() {
+    use support::monitor::{monitor_words, Monitor};
+    let redis = RedisServer::start();
+    for functions in [true, false] {
+        let backend = Backend::builder()
+            .redis(redis.pool())
+            .deny_cache(0)
+            .engine_functions(functions)
+            .call_timeout(Duration::from_secs(5))
+            .build()
+            .unwrap();
+        let limiter =
+            TokenBucketLimiter::new(&backend, "hot", TokenBucketConfig::new(1000, HOUR, 1000))
+                .unwrap();
+        let key = format!("k-{functions}");
+        let (one, two) = (NonZeroU32::MIN, NonZeroU32::new(2).unwrap());
+        assert!(limiter.check(b"warm-up", two).await.is_admitted());
+        let monitor = Monitor::start(redis.port());
+        let _ = monitor.until(redis.port(), "hot-start");
+        let shared: Vec<_> = (0..24)
+            .map(|_| limiter.check(key.as_bytes(), two))
+            .collect();
+        for decision in futures_join(shared).await {
+            assert!(decision.is_admitted(), "{decision:?}");
+        }
+        let mixed: Vec<_> = (0..24)
+            .map(|i| limiter.check(key.as_bytes(), if i % 2 == 0 { one } else { two }))
+            .collect();
+        for decision in futures_join(mixed).await {
+            assert!(decision.is_admitted(), "{decision:?}");
+        }
+        let lines = monitor.until(redis.port(), "hot-end");
+        let mut sent = Vec::new();
+        for (client, words) in lines.iter().filter_map(|line| monitor_words(line)) {
+            let script = words.first().is_some_and(|w| {
+                w.eq_ignore_ascii_case(b"FCALL") || w.eq_ignore_ascii_case(b"EVALSHA")
+            });
+            if client.contains("lua") || !script {
+                continue;
+            }
+            let keys: usize = std::str::from_utf8(&words[2]).unwrap().parse().unwrap();
+            let head = std::str::from_utf8(&words[3 + keys]).unwrap();
+            let (op, count) = head.split_once(':').unwrap();
+            if op == "c" {
+                // (A check of its own: a call's leader.)
+                continue;
+            }
+            let count: usize = count.split(':').next().unwrap().parse().unwrap();
+            // The keys, the head and the limits, then the costs.
+            sent.push((op.to_owned(), count, words.len() - 5 - keys));
+        }
+        let what = format!("functions: {functions}: {sent:?}");
+        assert!(sent.iter().any(|(op, _, _)| op == "M"), "{what}");
+        assert!(sent.iter().any(|(op, _, _)| op == "m"), "{what}");
+        for (op, count, costs) in &sent {
+            assert_eq!(*costs, if op == "M" { 1 } else { *count }, "{what}");
+        }
     }
 }

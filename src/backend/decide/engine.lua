@@ -24,7 +24,8 @@
 --   the earliest time they fit; 'l' lease: at least the cost of one token bucket's
 --   tokens, at most `param`, after giving back the unused tokens of the key's expired
 --   lease (their count the first extra number); 'm' several checks of the key at once,
---   their count in place of the cost and their costs the extra numbers; 'k' checks and
+--   their count in place of the cost and their costs the extra numbers, 'M' several
+--   that all cost the same, their cost the one extra number; 'k' checks and
 --   settlements of several keys at once (`batch`, at the end), 'K' checks of several
 --   keys that all cost the same, their cost the one extra number;
 -- - count: the cost;
@@ -66,6 +67,11 @@ algorithms.R = algorithms.r
 -- `L`: the limits' words, `H` the head's (list_of); the lean check has been tried.
 local function engine(KEYS, ARGV, L, H)
 local op = H[1]
+-- Coalesced checks of one cost ('M') decide as 'm', their cost read for each.
+local shared = op == 'M'
+if shared then
+  op = 'm'
+end
 local cost = H[2]
 local n = #KEYS - 1
 -- The ms the key stays blocked (0: not blocked). A block ending this very millisecond
@@ -248,7 +254,7 @@ if op == 'm' then
   out = { n }
   local members, pos = L.members, 2
   for j = 1, cost do
-    local admitted, replies = decide('c', tonumber(ARGV[at + j - 1]))
+    local admitted, replies = decide('c', tonumber(ARGV[shared and at or at + j - 1]))
     local after = admitted == 1 and pos or nil
     for i = 1, n do
       after = after and put_admit(out, after, members[i], replies[i])
@@ -281,7 +287,7 @@ if first ~= 'p' then
   for i = 1, n do
     local marked = states[i] ~= nil and states[i].marked
     if blocked > 0 then
-      if not marked or (first ~= 'c' and first ~= 'm') then
+      if not marked or (first ~= 'c' and op ~= 'm') then
         limits[i][1].mark(KEYS, i, blocked)
       end
     elseif marked then

@@ -31,8 +31,8 @@ if H[1] == 'c' then
   if out then
     return out
   end
-elseif H[1] == 'm' and #KEYS == 2 then
-  local out = lean_coalesced(KEYS, ARGV, L, H[2], unix_us(ARGV))
+elseif (H[1] == 'm' or H[1] == 'M') and #KEYS == 2 then
+  local out = lean_coalesced(KEYS, ARGV, L, H[2], H[1] == 'M', unix_us(ARGV))
   if out then
     return out
   end
@@ -204,6 +204,8 @@ pub fn engine_admits(reply: &[i64]) -> bool {
 pub(crate) const CHECK: &str = "c";
 /// Coalesced checks of one key, each decided as its own check.
 pub(crate) const COALESCED: &str = "m";
+/// [`COALESCED`] checks that all cost the same: the cost sent once.
+pub(crate) const SHARED_COALESCED: &str = "M";
 /// Checks of several keys of one limiter, each decided as its own check (`batch.rs`).
 pub(crate) const BATCH: &str = "k";
 /// A [`BATCH`] of checks that all cost the same: the cost sent once.

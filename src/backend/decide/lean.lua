@@ -289,17 +289,25 @@ end
 -- call's reply as the engine's for 'm' (the count of limits, 1, then each check's
 -- admit, packed or wide), or nil when that is not the lean case (a refusal, a skew, a
 -- block's mark): the general engine then decides them all, nothing having been written.
-local function lean_coalesced(KEYS, ARGV, L, count, now_us)
+-- `shared`: the checks all cost the same, their cost the one number sent ('M').
+local function lean_coalesced(KEYS, ARGV, L, count, shared, now_us)
   local m = L.members[1]
   local kind, power, low, wide = L[1], m[5], m[10], m[11]
   local out, pos = { 1 }, 2
+  -- Check j's cost is ARGV[at + j * step] (the costs follow a calendar window's four
+  -- boundaries).
+  local at, step = kind == 'c' and 6 or 2, 1
+  if shared then
+    at, step = at + 1, 0
+  end
   if kind == 't' then
     local interval, burst, epoch = L[3], L[4], L[5]
     local value = redis.call('GET', KEYS[1])
     local ok, left, full, now, tau
+    local cost = shared and ARGV[at] + 0
     for j = 1, count do
       ok, left, full, value, now, tau = token_bucket_try(value, interval, burst, epoch,
-        ARGV[2 + j] + 0, now_us)
+        cost or ARGV[at + j] + 0, now_us)
       if not ok then
         return nil
       end
@@ -318,11 +326,13 @@ local function lean_coalesced(KEYS, ARGV, L, count, now_us)
   if kind ~= 'w' and kind ~= 'c' and kind ~= 'r' then
     return nil
   end
-  -- The costs follow a calendar window's four boundaries.
-  local at = kind == 'c' and 6 or 2
   local total = 0
-  for j = 1, count do
-    total = total + ARGV[at + j]
+  if shared then
+    total = count * ARGV[at]
+  else
+    for j = 1, count do
+      total = total + ARGV[at + j]
+    end
   end
   local ok, sum, t
   if kind == 'r' then
@@ -346,7 +356,7 @@ local function lean_coalesced(KEYS, ARGV, L, count, now_us)
   end
   local n = sum - total
   for j = 1, count do
-    n = n + ARGV[at + j]
+    n = n + ARGV[at + j * step]
     -- (Packed or wide: see above.)
     if t < m[9] then
       out[pos] = -((t * power + n) * 128 + low) - 1
