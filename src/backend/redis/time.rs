@@ -206,9 +206,17 @@ impl<'a> Body<'a> {
 impl Scripts {
     /// Both versions of `body`, whose replies `read` reads.
     pub(crate) fn new(body: Body<'_>, read: ReadReply) -> Self {
-        let hash = Script::new(&[body.head, body.tail].concat())
-            .get_hash()
-            .to_owned();
+        // The library's name tells its whole text apart: a library of another text
+        // (another version's, in a fleet mid-upgrade) keeps its own name.
+        let whole = [
+            prelude(TimeSource::Server),
+            prelude(TimeSource::Caller),
+            body.head,
+            body.entry,
+            body.tail,
+            body.last,
+        ];
+        let hash = Script::new(&whole.concat()).get_hash().to_owned();
         let tag = &hash[..16];
         let server = format!("tower_redis_ratelimit_{tag}_server");
         let caller = format!("tower_redis_ratelimit_{tag}_caller");
@@ -309,6 +317,35 @@ fn prelude(time: TimeSource) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A library's name tells its whole text apart: two versions of the engine that
+    /// differ only in what each call runs first (`entry`) or last (`last`) must not
+    /// share a name, or one instance of a fleet mid-upgrade would call the other's.
+    #[test]
+    fn a_library_of_another_text_has_another_name() {
+        let body = Body {
+            head: "local function engine() return 1 end\n",
+            entry: "local x = 1\n",
+            tail: "",
+            last: "return engine()\n",
+        };
+        let names = |body| {
+            let scripts = Scripts::new(body, plain_numbers);
+            let library = &scripts.library;
+            [TimeSource::Server, TimeSource::Caller].map(|t| library.function(t).to_owned())
+        };
+        let entry = Body {
+            entry: "local x = 2\n",
+            ..body
+        };
+        let last = Body {
+            last: "return engine() + 0\n",
+            ..body
+        };
+        assert_eq!(names(body), names(body));
+        assert_ne!(names(body), names(entry));
+        assert_ne!(names(body), names(last));
+    }
 
     #[test]
     fn the_preludes_differ() {
