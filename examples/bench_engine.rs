@@ -588,6 +588,14 @@ fn crate_rows(backend: &Backend, path: &str) -> Vec<Row> {
             Duration::ZERO,
             Duration::from_secs(10),
         ),
+        // The same hold without renewals: the renew row's excess over it is the
+        // renewals' alone, on keys as cold as theirs.
+        in_flight_row(
+            backend,
+            &p("inflightheld slot held 20 ms, lease 10 s (no renewal)"),
+            Duration::from_millis(20),
+            Duration::from_secs(10),
+        ),
         in_flight_row(
             backend,
             &p("inflightrenew slot held 20 ms, lease 30 ms (renewed every 10 ms)"),
