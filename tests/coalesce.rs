@@ -402,15 +402,7 @@ fn a_coalesced_call_replies_one_item_per_check_an_admit_packed() {
     };
     let coalesced_of = |keys: &[&str], head: &str, limits: &str, costs: &[&str]| {
         let count = keys.len().to_string();
-        redis.cmd_reply(
-            &[
-                &["EVAL", &script, &count][..],
-                keys,
-                &[head, limits],
-                costs,
-            ]
-            .concat(),
-        )
+        redis.cmd_reply(&[&["EVAL", &script, &count][..], keys, &[head, limits], costs].concat())
     };
     let coalesced = |keys: &[&str], limits: &str| coalesced_of(keys, "m:5:0", limits, &costs);
     let one = coalesced(&["{a}", "{a}:block"], bucket);
@@ -453,7 +445,11 @@ fn a_coalesced_call_replies_one_item_per_check_an_admit_packed() {
         "{one:?}"
     );
     let set = coalesced_of(&["{h}:t", "{h}:w", "{h}:block"], "M:3:0", &large, &["1"]);
-    assert_eq!(shapes(&set), ["wide set", "wide set", "wide set"], "{set:?}");
+    assert_eq!(
+        shapes(&set),
+        ["wide set", "wide set", "wide set"],
+        "{set:?}"
+    );
     // A batch of keys (checks of one cost: `K`) replies alike.
     let keys = ["{d}:t", "{d}:w", "{d}:block", "{e}:t", "{e}:w", "{e}:block"];
     for (limits, shape) in [(&pair, "packed set"), (&large, "wide set")] {
@@ -823,7 +819,7 @@ async fn settlements_go_with_the_batches_and_settle_as_one_by_one() {
 /// paths.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_batch_of_one_cost_sends_it_once() {
-    use support::monitor::{monitor_words, Monitor};
+    use support::monitor::{script_calls, Monitor};
     let redis = RedisServer::start();
     for functions in [true, false] {
         let backend = Backend::builder()
@@ -850,13 +846,7 @@ async fn a_batch_of_one_cost_sends_it_once() {
         }
         let lines = monitor.until(redis.port(), "shared-end");
         let mut batches = 0;
-        for (client, words) in lines.iter().filter_map(|line| monitor_words(line)) {
-            let script = words.first().is_some_and(|w| {
-                w.eq_ignore_ascii_case(b"FCALL") || w.eq_ignore_ascii_case(b"EVALSHA")
-            });
-            if client.contains("lua") || !script {
-                continue;
-            }
+        for words in script_calls(&lines) {
             let keys: usize = std::str::from_utf8(&words[2]).unwrap().parse().unwrap();
             if keys <= 2 {
                 // (A check of its own.)
@@ -880,7 +870,7 @@ async fn a_batch_of_one_cost_sends_it_once() {
 /// its block, on both engine paths. Checks of several costs still send each.
 #[tokio::test(flavor = "multi_thread")]
 async fn coalesced_checks_of_one_cost_send_it_once() {
-    use support::monitor::{monitor_words, Monitor};
+    use support::monitor::{script_calls, Monitor};
     let redis = RedisServer::start();
     for functions in [true, false] {
         let backend = Backend::builder()
@@ -912,13 +902,7 @@ async fn coalesced_checks_of_one_cost_send_it_once() {
         }
         let lines = monitor.until(redis.port(), "hot-end");
         let mut sent = Vec::new();
-        for (client, words) in lines.iter().filter_map(|line| monitor_words(line)) {
-            let script = words.first().is_some_and(|w| {
-                w.eq_ignore_ascii_case(b"FCALL") || w.eq_ignore_ascii_case(b"EVALSHA")
-            });
-            if client.contains("lua") || !script {
-                continue;
-            }
+        for words in script_calls(&lines) {
             let keys: usize = std::str::from_utf8(&words[2]).unwrap().parse().unwrap();
             let head = std::str::from_utf8(&words[3 + keys]).unwrap();
             let (op, count) = head.split_once(':').unwrap();

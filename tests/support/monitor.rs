@@ -57,6 +57,22 @@ impl Drop for Monitor {
     }
 }
 
+/// The words of each script call (`FCALL`, `EVALSHA`) a client made among `lines`: not
+/// the commands a script ran.
+pub(crate) fn script_calls(lines: &[String]) -> Vec<Vec<Vec<u8>>> {
+    lines
+        .iter()
+        .filter_map(|line| monitor_words(line))
+        .filter(|(client, words)| {
+            !client.contains("lua")
+                && words.first().is_some_and(|w| {
+                    w.eq_ignore_ascii_case(b"FCALL") || w.eq_ignore_ascii_case(b"EVALSHA")
+                })
+        })
+        .map(|(_, words)| words)
+        .collect()
+}
+
 /// The words of one `MONITOR` line after its `[db client]` part, unquoted (`redis-cli`
 /// writes them as `sdscatrepr` does: `\"`, `\\`, `\n`, `\r`, `\t`, `\a`, `\b`, `\xHH`).
 pub(crate) fn monitor_words(line: &str) -> Option<(String, Vec<Vec<u8>>)> {
