@@ -4,9 +4,10 @@
 //!
 //! A check of a key with no call in flight goes to Redis at once (it leads). Checks of
 //! that key arriving meanwhile queue; when the call returns, the queue goes to Redis in
-//! one call (engine op `m`), and so on until nobody waits. So a hot key under N
-//! concurrent requests costs about two calls per round trip instead of N, and a key
-//! with one request at a time costs exactly what it did: one call each, no waiting.
+//! one call (engine op `m`; `M` when they all cost the same, the cost sent once), and so
+//! on until nobody waits. So a hot key under N concurrent requests costs about two
+//! calls per round trip instead of N, and a key with one request at a time costs
+//! exactly what it did: one call each, no waiting.
 
 use std::num::NonZeroU32;
 use std::ops::{Deref, Range};
