@@ -457,19 +457,20 @@ async fn calls<T: Hosts + ?Sized>(
             waiting = remote.coalescer().next(hash);
             continue;
         }
-        let mut costs: Vec<u32> = waiting.iter().map(|check| check.cost.get()).collect();
-        let count = costs.len() as u64;
+        let count = waiting.len() as u64;
         // Checks that all cost the same (a hot key's, mostly) send their cost once: Redis
         // spends about a microsecond per argument of a call.
-        let op = if costs.iter().all(|&cost| cost == costs[0]) {
-            costs.truncate(1);
-            SHARED_COALESCED
+        let one = [waiting[0].cost.get()];
+        let each: Vec<u32>;
+        let (op, costs): (_, &[u32]) = if waiting.iter().all(|check| check.cost.get() == one[0]) {
+            (SHARED_COALESCED, &one)
         } else {
-            COALESCED
+            each = waiting.iter().map(|check| check.cost.get()).collect();
+            (COALESCED, &each)
         };
         // The reply: each check's in its own item, as a batch's (`engine.lua`, op `m`).
         let call: Option<Call> = key.as_deref().map(|key| {
-            let mut call = engine_call(&*store, key, &redis_key, op, count, lockout, &costs);
+            let mut call = engine_call(&*store, key, &redis_key, op, count, lockout, costs);
             call.reading(batch_numbers);
             call
         });

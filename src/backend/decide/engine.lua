@@ -282,12 +282,13 @@ end
 -- refused for the block writes nothing, and marks only a key that held nothing). The
 -- first call that may write after the block has ended takes the marks off (X_unmark).
 -- A peek writes nothing (FCALL_RO): a mark it reads is the engine's to take off.
-local first = H[1]
+-- (`first`: the op the call asked for, 'M' as 'm'; `op` is 'p' after a settlement.)
+local first = shared and 'm' or H[1]
 if first ~= 'p' then
   for i = 1, n do
     local marked = states[i] ~= nil and states[i].marked
     if blocked > 0 then
-      if not marked or (first ~= 'c' and op ~= 'm') then
+      if not marked or (first ~= 'c' and first ~= 'm') then
         limits[i][1].mark(KEYS, i, blocked)
       end
     elseif marked then
