@@ -118,7 +118,7 @@ async fn reset_by_value_lifts_the_block_on_redis() {
     let redis = RedisServer::start();
     reset_by_value_lifts_the_block(&redis.uncached_backend()).await;
     // With the deny cache on (the default): the reset clears this instance's cache too.
-    let cached = Backend::builder().redis(redis.pool()).build().unwrap();
+    let cached = redis.backend();
     reset_by_value_lifts_the_block(&cached).await;
 }
 
@@ -342,7 +342,7 @@ async fn axum_block_then_reset_by_address_in_process() {
 #[tokio::test]
 async fn axum_block_then_reset_by_address_on_redis() {
     let redis = RedisServer::start();
-    let backend = Backend::builder().redis(redis.pool()).build().unwrap();
+    let backend = redis.backend();
     axum_block_then_reset_by_address(&backend).await;
 }
 

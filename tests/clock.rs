@@ -25,6 +25,7 @@ const HOUR_US: i64 = 3_600_000_000;
 fn backend(redis: &RedisServer, time: TimeSource, offset_us: i64) -> Backend {
     Backend::builder()
         .redis(redis.pool())
+        .call_timeout(support::CALL_TIMEOUT)
         .time_source(time)
         .caller_clock_offset_us(offset_us)
         .deny_cache(0)
@@ -362,6 +363,7 @@ async fn rolling_callers_clocks_keep_the_hash_past_every_admission() {
     let manual = ManualClock::new(u64::try_from(T_US).unwrap());
     let backend = Backend::builder()
         .redis(redis.pool())
+        .call_timeout(support::CALL_TIMEOUT)
         .time_source(TimeSource::Caller)
         .manual_clock(manual.clone())
         .deny_cache(0)

@@ -165,6 +165,7 @@ async fn without_coalescing_every_check_is_a_call() {
     let redis = RedisServer::start();
     let backend = Backend::builder()
         .redis(redis.pool())
+        .call_timeout(support::CALL_TIMEOUT)
         .deny_cache(0)
         .coalesce(false)
         .batch_after(0)
@@ -266,6 +267,7 @@ async fn a_coalesced_call_decides_and_writes_as_its_checks_one_by_one() {
     let coalesced = redis.uncached_backend();
     let single = Backend::builder()
         .redis(redis.pool())
+        .call_timeout(support::CALL_TIMEOUT)
         .deny_cache(0)
         .coalesce(false)
         .build()
@@ -672,6 +674,7 @@ async fn a_key_error_in_a_batch_is_that_keys_alone() {
     let redis = RedisServer::start();
     let backend = Backend::builder()
         .redis(redis.pool())
+        .call_timeout(support::CALL_TIMEOUT)
         .deny_cache(0)
         .coalesce(false)
         .batch_after(1)

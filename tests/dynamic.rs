@@ -134,6 +134,7 @@ async fn a_changed_quota_applies_within_the_ttl_under_traffic() {
     // No deny cache: a raised quota applies even to a key Redis just refused.
     let backend = Backend::builder()
         .redis(redis.pool())
+        .call_timeout(support::CALL_TIMEOUT)
         .deny_cache(0)
         .build()
         .unwrap();
@@ -162,7 +163,8 @@ async fn a_changed_quota_applies_within_the_ttl_under_traffic() {
         s == StatusCode::OK && p == "\"pay\";q=10;w=60"
     })
     .await;
-    assert!(took <= ttl + Duration::from_millis(500), "took {took:?}");
+    // (Its bound: the TTL, with room for a busy machine.)
+    assert!(took <= ttl + Duration::from_secs(2), "took {took:?}");
     // 4 of 10 used: 6 more, then refused.
     let mut admitted = 0;
     while pay(&svc, "acme").await.0 == StatusCode::OK {
@@ -176,7 +178,8 @@ async fn a_changed_quota_applies_within_the_ttl_under_traffic() {
         s == StatusCode::TOO_MANY_REQUESTS && p == "\"pay\";q=5;w=60"
     })
     .await;
-    assert!(took <= ttl + Duration::from_millis(500), "took {took:?}");
+    // (Its bound: the TTL, with room for a busy machine.)
+    assert!(took <= ttl + Duration::from_secs(2), "took {took:?}");
     // Looked up about once per TTL per merchant, not once per request.
     let ttls = (start.elapsed().as_millis() / ttl.as_millis()) as usize;
     assert!(
@@ -189,7 +192,7 @@ async fn a_changed_quota_applies_within_the_ttl_under_traffic() {
 #[tokio::test]
 async fn a_failing_source_follows_each_policy() {
     let redis = RedisServer::start();
-    let backend = Backend::redis(redis.pool());
+    let backend = redis.backend();
     for (policy, known, unknown) in [
         (OnSourceError::LastKnown, Some("q=5"), Some("q=100")),
         (OnSourceError::Limit(50), Some("q=50"), Some("q=50")),
@@ -231,7 +234,7 @@ async fn a_failing_source_follows_each_policy() {
 #[tokio::test]
 async fn a_hanging_source_times_out_into_the_policy() {
     let redis = RedisServer::start();
-    let backend = Backend::redis(redis.pool());
+    let backend = redis.backend();
     for (policy, expected) in [
         (OnSourceError::LastKnown, StatusCode::OK),
         (OnSourceError::Limit(7), StatusCode::OK),
@@ -268,7 +271,7 @@ async fn a_hanging_source_times_out_into_the_policy() {
 #[tokio::test]
 async fn the_cache_holds_at_most_max_keys() {
     let redis = RedisServer::start();
-    let backend = Backend::redis(redis.pool());
+    let backend = redis.backend();
     let db = Arc::new(Db::default());
     let limiter = limits(&db).max_keys(64).build(&backend, "pay").unwrap();
     for i in 0..1_000 {
@@ -287,13 +290,14 @@ async fn the_cache_holds_at_most_max_keys() {
 #[tokio::test]
 async fn one_lookup_per_key_per_ttl_under_concurrent_requests() {
     let redis = RedisServer::start();
-    let backend = Backend::redis(redis.pool());
+    let backend = redis.backend();
     let db = Arc::new(Db::default());
     *db.delay.lock().unwrap() = Duration::from_millis(50);
     for m in 0..10 {
         db.set(&format!("m{m}"), 1_000);
     }
-    let ttl = Duration::from_millis(400);
+    // (Two seconds: the first two bursts fit in it however busy the machine.)
+    let ttl = Duration::from_secs(2);
     let limiter = Arc::new(limits(&db).ttl(ttl).build(&backend, "pay").unwrap());
     let burst = |limiter: Arc<_>| async move {
         let tasks: Vec<_> = (0..200)
@@ -320,6 +324,11 @@ async fn one_lookup_per_key_per_ttl_under_concurrent_requests() {
     // Stale: each key is refreshed once, in the background, while its requests use
     // the stale limit.
     burst(limiter.clone()).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while db.calls() < 20 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // (And no more: a refresh a key started is not started again.)
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(db.calls(), 20, "one refresh per key");
 }

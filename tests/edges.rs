@@ -88,7 +88,7 @@ async fn per_user_and_per_plan_limits_in_process() {
 #[tokio::test]
 async fn per_user_and_per_plan_limits_on_redis() {
     let redis = RedisServer::start();
-    per_user_and_per_plan(Backend::redis(redis.pool())).await;
+    per_user_and_per_plan(redis.backend()).await;
     // Each plan counts in a namespace of its own.
     assert_eq!(
         redis.cmd(&["GET", "ratelimit:{v1:ext::user-free}:period:profile.free"]),
@@ -358,7 +358,7 @@ async fn the_reports_pair_is_one_script_call_per_request() {
 #[tokio::test]
 async fn stacked_burst_and_daily_in_the_example() {
     let redis = RedisServer::start();
-    let app = tenants::app(&Backend::redis(redis.pool())).unwrap();
+    let app = tenants::app(&redis.backend()).unwrap();
     for remaining in [2, 1, 0] {
         let (response, _) = send(&app, Method::GET, "/search", &[FREE]).await;
         assert_eq!(response.status(), StatusCode::OK);

@@ -116,7 +116,7 @@ async fn example_in_process_quota_then_resource_exhausted() {
 #[tokio::test]
 async fn example_on_redis_quota_then_resource_exhausted() {
     let redis = RedisServer::start();
-    quota_then_resource_exhausted(Backend::redis(redis.pool())).await;
+    quota_then_resource_exhausted(redis.backend()).await;
     assert_eq!(
         redis.cmd(&["GET", "ratelimit:{v1:ext:client:alice}:period:grpc"]),
         "5",

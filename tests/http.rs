@@ -87,7 +87,7 @@ async fn in_process_quota_then_429() {
 #[tokio::test]
 async fn redis_quota_then_429() {
     let redis = RedisServer::start();
-    quota_then_429(Backend::redis(redis.pool())).await;
+    quota_then_429(redis.backend()).await;
     assert_eq!(
         redis.cmd(&["GET", "ratelimit:{v1:hdr:x-api-key:alice}:period:period"]),
         "3",
@@ -98,8 +98,8 @@ async fn redis_quota_then_429() {
 #[tokio::test]
 async fn two_servers_sharing_redis_admit_the_quota_once() {
     let redis = RedisServer::start();
-    let one = Served::start(app(&Backend::redis(redis.pool()), 4)).await;
-    let two = Served::start(app(&Backend::redis(redis.pool()), 4)).await;
+    let one = Served::start(app(&redis.backend(), 4)).await;
+    let two = Served::start(app(&redis.backend(), 4)).await;
     let mut ok = 0;
     for i in 0..10 {
         let served = if i % 2 == 0 { &one } else { &two };
@@ -195,7 +195,7 @@ async fn the_inner_service_is_not_called_when_rejected() {
 #[tokio::test]
 async fn redis_rejections_do_not_call_the_inner_service_either() {
     let redis = RedisServer::start();
-    let layer = PeriodLimitLayer::builder(&Backend::redis(redis.pool()))
+    let layer = PeriodLimitLayer::builder(&redis.backend())
         .name("p")
         .quota(2)
         .period(Duration::from_secs(60))

@@ -28,6 +28,7 @@ const ONE: NonZeroU32 = NonZeroU32::MIN;
 fn backend(redis: &RedisServer, prefix: &str) -> Backend {
     Backend::builder()
         .redis(redis.pool())
+        .call_timeout(support::CALL_TIMEOUT)
         .prefix(prefix)
         .deny_cache(0)
         .build()
@@ -313,7 +314,7 @@ async fn the_fallback_keeps_byte_keys_apart_and_whole() {
 #[tokio::test]
 async fn an_api_key_that_spells_an_ip_does_not_spend_that_ips_quota() {
     let redis = RedisServer::start();
-    let served = Served::start(quickstart::app(&Backend::redis(redis.pool())).unwrap()).await;
+    let served = Served::start(quickstart::app(&redis.backend()).unwrap()).await;
     let routes = [
         ("/period", quickstart::PERIOD_QUOTA),
         ("/token", quickstart::TOKEN_BURST),
@@ -363,7 +364,7 @@ fn per_header(backend: &Backend) -> Router {
 #[tokio::test]
 async fn header_keys_that_are_not_utf8_stay_distinct() {
     let redis = RedisServer::start();
-    for backend in [Backend::in_process(), Backend::redis(redis.pool())] {
+    for backend in [Backend::in_process(), redis.backend()] {
         let served = Served::start(per_header(&backend)).await;
         let values: [&[u8]; 4] = [b"\xff", b"\xfe", b"k\x80", b"k\x81"];
         for value in values {
@@ -398,7 +399,7 @@ fn behind_proxy(backend: &Backend) -> Router {
 #[tokio::test]
 async fn ipv6_clients_behind_a_trusted_proxy_share_one_quota_per_64() {
     let redis = RedisServer::start();
-    for backend in [Backend::in_process(), Backend::redis(redis.pool())] {
+    for backend in [Backend::in_process(), redis.backend()] {
         let served = Served::start(behind_proxy(&backend)).await;
         let xff = |client: &'static str| [("x-forwarded-for", client)];
         // Three addresses of one /64: two requests between them, then 429.

@@ -90,7 +90,7 @@ async fn two_instances_stay_within_the_bound() {
 #[tokio::test]
 async fn refusals_use_the_deny_cache() {
     let redis = RedisServer::start();
-    let backend = tower_redis_ratelimit::Backend::redis(redis.pool());
+    let backend = tower_redis_ratelimit::redis.backend();
     let config = TokenBucketConfig::new(1, HOUR, 5).lease(2, Duration::from_secs(30));
     let limiter = TokenBucketLimiter::new(&backend, "flood", config).unwrap();
     limiter.check(b"warm-up", ONE).await;

@@ -12,6 +12,7 @@ mod llm_proxy;
 
 use std::net::SocketAddr;
 use std::time::Duration;
+use tokio::time::Instant;
 
 use axum::Router;
 use bytes::Bytes;
@@ -148,12 +149,16 @@ async fn tokens(backend: &Backend, key: &str) -> u64 {
     limiter.settle(key.as_bytes(), 0).unwrap().await.remaining
 }
 
-/// Waits until the background settlement has brought `key`'s tokens within `expected`
-/// (the bucket refills by about 17 a second meanwhile).
-async fn tokens_left(backend: &Backend, key: &str, expected: std::ops::RangeInclusive<u64>) {
+/// Waits until the background settlement has brought `key`'s tokens to 1 000 less
+/// `spent`, plus what the bucket refilled since the first request (`since`: one token
+/// every 60 ms, however slow the machine).
+async fn tokens_left(backend: &Backend, key: &str, spent: u64, since: Instant) {
     let mut last = 0;
+    let mut expected = 0..=0;
     for _ in 0..300 {
         last = tokens(backend, key).await;
+        let refilled = u64::try_from(since.elapsed().as_millis() / 60).unwrap_or(u64::MAX);
+        expected = 1_000 - spent..=(1_000 - spent + refilled + 1).min(1_000);
         if expected.contains(&last) {
             return;
         }
@@ -172,6 +177,7 @@ async fn gateway(backend: Backend) {
     assert_eq!(answer.status, StatusCode::BAD_REQUEST);
 
     // 5 prompt words + max_tokens 100 reserved; 40 completion tokens used: 45 spent.
+    let since = Instant::now();
     let answer = proxy
         .post(
             Some("k1"),
@@ -182,7 +188,7 @@ async fn gateway(backend: Backend) {
     assert_eq!(answer.status, StatusCode::OK, "{}", answer.body);
     let json: Value = serde_json::from_str(&answer.body).unwrap();
     assert_eq!(json["usage"]["total_tokens"], 45);
-    tokens_left(&backend, "k1", 955..=957).await;
+    tokens_left(&backend, "k1", 45, since).await;
 
     // Streamed: 2 + 1 prompt words, 300 tokens streamed, 256 reserved (no max_tokens):
     // settled from the last chunk to 303.
@@ -191,7 +197,7 @@ async fn gateway(backend: Backend) {
         .await;
     assert_eq!(answer.status, StatusCode::OK);
     assert!(answer.body.ends_with("data: [DONE]\n\n"), "{}", answer.body);
-    tokens_left(&backend, "k1", 652..=656).await;
+    tokens_left(&backend, "k1", 45 + 303, since).await;
 
     // 13 reserved, 2 003 used: the key owes about 1 350 tokens, paid off by the refill
     // (1 000 a minute) in about 81 s.

@@ -91,8 +91,11 @@ async fn two_instances_never_exceed_one_shared_limit() {
     let admitted = times.len() as u64;
     let elapsed = start.elapsed();
     let per_second = max_per_second(&times);
+    // The times are when the tasks woke, not when Redis decided: a wake-up late by a
+    // slot (125 ms) on a busy machine moves an admission into the next second's count,
+    // hence 2 of slack. Two instances that did not share the limit would reach 2 * 8.
     assert!(
-        per_second as u64 <= rate + burst,
+        per_second as u64 <= rate + burst + 2,
         "{per_second} admissions within one second: {times:?}"
     );
     // Never more than the bucket allows over the whole run; and the limit is used.
@@ -193,11 +196,13 @@ async fn a_dropped_waiter_spends_nothing_and_leaves_no_task() {
     );
 }
 
-/// Waiters on one key in one process are admitted in order, through Redis too.
+/// Waiters on one key in one process are admitted in order, through Redis too. (Two
+/// tokens a second: their turns are 500 ms apart or more, wider than a busy machine's
+/// delays.)
 #[tokio::test]
 async fn first_in_first_out_on_redis() {
     let redis = RedisServer::start();
-    let waiter = bucket(&backend(&redis), "fifo", 10, 3);
+    let waiter = bucket(&backend(&redis), "fifo", 2, 3);
     let three = NonZeroU32::new(3).unwrap();
     waiter.acquire(b"k", three, Duration::ZERO).await.unwrap();
     let order = Arc::new(Mutex::new(Vec::new()));
@@ -264,10 +269,10 @@ async fn redis_down_follows_the_failure_policy() {
         assert_eq!(decision.source, Source::FailOpen);
     }
 
-    // Two per second in-process: the second waits about half a second.
+    // Two per second in-process: the second waits about half a second after the first.
+    let start = Instant::now();
     let first = fallback.acquire(b"k", ONE, max_wait).await.unwrap();
     assert_eq!(first.source, Source::Fallback);
-    let start = Instant::now();
     let second = fallback.acquire(b"k", ONE, max_wait).await.unwrap();
     assert_eq!(second.source, Source::Fallback);
     assert!(
@@ -309,10 +314,13 @@ async fn example_upstream_and_two_clients() {
     }
     let per_second = arrivals.per_second();
     assert_eq!(per_second.iter().sum::<u64>(), 24, "{per_second:?}");
+    // Counted when the requests arrive, after the clients woke and sent them: a request
+    // late by a slot (100 ms) on a busy machine counts in the next second, hence 2 of
+    // slack. Clients that did not share the limit would send 2 * 10.
     assert!(
         per_second
             .iter()
-            .all(|n| *n <= settings.rate + settings.burst),
+            .all(|n| *n <= settings.rate + settings.burst + 2),
         "{per_second:?}"
     );
     let json = arrivals.json();

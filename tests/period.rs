@@ -27,7 +27,7 @@ async fn states(limiter: &PeriodLimiter, key: &str, n: usize) -> Vec<State> {
 #[tokio::test]
 async fn quota_five_gives_four_allowed_one_hit_quota_then_over_quota() {
     let redis = RedisServer::start();
-    let backend = Backend::redis(redis.pool());
+    let backend = redis.backend();
     let limiter = limiter(&backend, PeriodConfig::new(5, Duration::from_secs(60)));
     use State::*;
     assert_eq!(
@@ -56,7 +56,7 @@ async fn quota_five_gives_four_allowed_one_hit_quota_then_over_quota() {
 async fn quota_one_is_hit_quota_at_once() {
     let redis = RedisServer::start();
     let limiter = limiter(
-        &Backend::redis(redis.pool()),
+        &redis.backend(),
         PeriodConfig::new(1, Duration::from_secs(10)),
     );
     assert_eq!(
@@ -69,7 +69,7 @@ async fn quota_one_is_hit_quota_at_once() {
 async fn window_resets_after_expiry_with_sub_second_periods() {
     let redis = RedisServer::start();
     let limiter = limiter(
-        &Backend::redis(redis.pool()),
+        &redis.backend(),
         PeriodConfig::new(2, Duration::from_millis(150)),
     );
     assert_eq!(
@@ -88,7 +88,7 @@ async fn window_resets_after_expiry_with_sub_second_periods() {
 #[tokio::test]
 async fn aligned_windows_end_on_the_zone_boundary() {
     let redis = RedisServer::start();
-    let backend = Backend::redis(redis.pool());
+    let backend = redis.backend();
     let day = Duration::from_secs(86_400);
     let limiter = PeriodLimiter::new(
         &backend,
@@ -150,7 +150,7 @@ fn redis_now_ms(redis: &RedisServer) -> i64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_requests_on_one_key_admit_exactly_the_quota() {
     let redis = RedisServer::start();
-    let backend = Backend::redis(redis.pool());
+    let backend = redis.backend();
     let limiter = Arc::new(limiter(
         &backend,
         PeriodConfig::new(25, Duration::from_secs(60)),
@@ -181,11 +181,11 @@ async fn two_instances_sharing_redis_admit_the_quota_once() {
     let redis = RedisServer::start();
     // Two processes' worth of state: separate pools, backends and limiters.
     let a = limiter(
-        &Backend::redis(redis.pool()),
+        &redis.backend(),
         PeriodConfig::new(4, Duration::from_secs(60)),
     );
     let b = limiter(
-        &Backend::redis(redis.pool()),
+        &redis.backend(),
         PeriodConfig::new(4, Duration::from_secs(60)),
     );
     let mut admitted = 0;
@@ -200,7 +200,7 @@ async fn two_instances_sharing_redis_admit_the_quota_once() {
 async fn weighted_costs_and_costs_beyond_the_quota() {
     let redis = RedisServer::start();
     let limiter = limiter(
-        &Backend::redis(redis.pool()),
+        &redis.backend(),
         PeriodConfig::new(10, Duration::from_secs(60)),
     );
     let cost = |n| NonZeroU32::new(n).unwrap();
@@ -220,7 +220,7 @@ async fn weighted_costs_and_costs_beyond_the_quota() {
 async fn script_flush_mid_traffic_is_invisible() {
     let redis = RedisServer::start();
     let limiter = limiter(
-        &Backend::redis(redis.pool()),
+        &redis.backend(),
         PeriodConfig::new(3, Duration::from_secs(60)),
     );
     assert_eq!(limiter.check(b"k", ONE).await.source, Source::Redis);
@@ -238,7 +238,7 @@ async fn script_flush_mid_traffic_is_invisible() {
 async fn a_counter_without_expiry_starts_a_new_window() {
     let redis = RedisServer::start();
     let limiter = limiter(
-        &Backend::redis(redis.pool()),
+        &redis.backend(),
         PeriodConfig::new(3, Duration::from_secs(60)),
     );
     // Someone wrote the key without an expiry: it must not lock the key out forever.
@@ -290,7 +290,7 @@ async fn unreachable_redis_is_answered_by_the_fallback() {
 async fn a_flood_on_a_refused_key_is_answered_by_the_deny_cache() {
     let redis = RedisServer::start();
     let limiter = limiter(
-        &Backend::redis(redis.pool()),
+        &redis.backend(),
         PeriodConfig::new(3, Duration::from_secs(60)),
     );
     let mut admitted = 0;
@@ -326,7 +326,7 @@ async fn without_the_deny_cache_every_check_asks_redis() {
 async fn refusals_of_larger_costs_are_not_cached() {
     let redis = RedisServer::start();
     let limiter = limiter(
-        &Backend::redis(redis.pool()),
+        &redis.backend(),
         PeriodConfig::new(5, Duration::from_secs(60)),
     );
     assert!(limiter

@@ -116,7 +116,11 @@ async fn held_replies_arrive_late_and_block_the_line() {
         async move { redis::cmd("PING").query_async::<String>(&mut conn).await }
     });
     // Once the first reply is held, later replies queue behind it (head-of-line).
-    tokio::time::sleep(STALL / 4).await;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while proxy.stats().held == 0 {
+        assert!(Instant::now() < deadline, "the first reply was never held");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     proxy.hold_replies(0.0, Duration::ZERO);
     let second: String = redis::cmd("ECHO")
         .arg("x")

@@ -89,8 +89,8 @@ async fn on_redis() {
 #[tokio::test]
 async fn two_processes_sharing_redis_admit_the_quota_once() {
     let redis = RedisServer::start();
-    let one = Served::start(quickstart::app(&Backend::redis(redis.pool())).unwrap()).await;
-    let two = Served::start(quickstart::app(&Backend::redis(redis.pool())).unwrap()).await;
+    let one = Served::start(quickstart::app(&redis.backend()).unwrap()).await;
+    let two = Served::start(quickstart::app(&redis.backend()).unwrap()).await;
     for (route, limit) in [
         ("/period", quickstart::PERIOD_QUOTA),
         ("/token", quickstart::TOKEN_BURST),

@@ -73,7 +73,7 @@ fn pttl(redis: &RedisServer, key: &str) -> i64 {
 async fn admits_exactly_the_limit_within_a_window() {
     let redis = RedisServer::start();
     let limiter = limiter(
-        &Backend::redis(redis.pool()),
+        &redis.backend(),
         RollingConfig::new(5, 10, Duration::from_secs(6)),
     );
     use State::*;
@@ -98,10 +98,7 @@ async fn admits_exactly_the_limit_within_a_window() {
 #[tokio::test]
 async fn the_key_is_one_hash_of_live_buckets_with_an_expiry() {
     let redis = RedisServer::start();
-    let limiter = limiter(
-        &Backend::redis(redis.pool()),
-        RollingConfig::new(1_000, 4, 20 * MS),
-    );
+    let limiter = limiter(&redis.backend(), RollingConfig::new(1_000, 4, 20 * MS));
     let key = "ratelimit:{v1:k}:rolling:test";
     let start = Instant::now();
     let mut admitted = 0;
@@ -255,7 +252,7 @@ async fn straddling_a_window_edge_does_not_double_the_limit() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_requests_on_one_key_admit_exactly_the_limit() {
     let redis = RedisServer::start();
-    let backend = Backend::redis(redis.pool());
+    let backend = redis.backend();
     let limiter = Arc::new(limiter(
         &backend,
         RollingConfig::new(25, 10, Duration::from_secs(6)),
@@ -288,8 +285,8 @@ async fn two_instances_sharing_redis_share_one_window() {
     let redis = RedisServer::start();
     // Two processes' worth of state: separate pools, backends and limiters.
     let config = RollingConfig::new(4, 10, Duration::from_secs(6));
-    let a = limiter(&Backend::redis(redis.pool()), config);
-    let b = limiter(&Backend::redis(redis.pool()), config);
+    let a = limiter(&redis.backend(), config);
+    let b = limiter(&redis.backend(), config);
     let mut admitted = 0;
     for i in 0..10 {
         let instance = if i % 2 == 0 { &a } else { &b };
@@ -308,7 +305,7 @@ async fn two_instances_sharing_redis_share_one_window() {
 async fn weighted_costs_and_costs_beyond_the_limit() {
     let redis = RedisServer::start();
     let limiter = limiter(
-        &Backend::redis(redis.pool()),
+        &redis.backend(),
         RollingConfig::new(10, 10, Duration::from_secs(6)),
     );
     let d = limiter.check(b"k", cost(6)).await;
@@ -335,10 +332,7 @@ async fn weighted_costs_and_costs_beyond_the_limit() {
 #[tokio::test]
 async fn retry_after_waits_for_the_buckets_that_free_enough() {
     let redis = RedisServer::start();
-    let limiter = limiter(
-        &Backend::redis(redis.pool()),
-        RollingConfig::new(4, 10, 30 * MS),
-    );
+    let limiter = limiter(&redis.backend(), RollingConfig::new(4, 10, 30 * MS));
     // Two units now, two units at least one bucket later.
     limiter.check(b"k", cost(2)).await;
     tokio::time::sleep(70 * MS).await;
@@ -356,10 +350,7 @@ async fn retry_after_waits_for_the_buckets_that_free_enough() {
 #[tokio::test]
 async fn a_flood_on_a_refused_key_is_answered_by_the_deny_cache_until_a_bucket_frees() {
     let redis = RedisServer::start();
-    let limiter = limiter(
-        &Backend::redis(redis.pool()),
-        RollingConfig::new(3, 10, 30 * MS),
-    );
+    let limiter = limiter(&redis.backend(), RollingConfig::new(3, 10, 30 * MS));
     let mut admitted = 0;
     let mut retry = None;
     for _ in 0..500 {
@@ -383,7 +374,7 @@ async fn a_flood_on_a_refused_key_is_answered_by_the_deny_cache_until_a_bucket_f
 async fn expired_and_foreign_fields_are_dropped() {
     let redis = RedisServer::start();
     let limiter = limiter(
-        &Backend::redis(redis.pool()),
+        &redis.backend(),
         RollingConfig::new(3, 10, Duration::from_secs(6)),
     );
     let key = "ratelimit:{v1:k}:rolling:test";
@@ -403,7 +394,7 @@ async fn expired_and_foreign_fields_are_dropped() {
 async fn script_flush_mid_traffic_is_invisible() {
     let redis = RedisServer::start();
     let limiter = limiter(
-        &Backend::redis(redis.pool()),
+        &redis.backend(),
         RollingConfig::new(3, 10, Duration::from_secs(6)),
     );
     assert_eq!(limiter.check(b"k", ONE).await.source, Source::Redis);

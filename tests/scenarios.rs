@@ -159,9 +159,13 @@ async fn run(
         .call_timeout(Duration::from_secs(10));
     let backend = match host {
         Host::InProcess => builder.build(),
-        Host::RedisServerTime => builder.redis(redis.pool()).build(),
+        Host::RedisServerTime => builder
+            .redis(redis.pool())
+            .call_timeout(support::CALL_TIMEOUT)
+            .build(),
         Host::RedisCallerTime => builder
             .redis(redis.pool())
+            .call_timeout(support::CALL_TIMEOUT)
             .time_source(TimeSource::Caller)
             .build(),
     }
@@ -1419,6 +1423,7 @@ async fn calendar_windows_follow_the_server_clock() {
             .deny_cache(0)
             .call_timeout(Duration::from_secs(10))
             .redis(redis.pool())
+            .call_timeout(support::CALL_TIMEOUT)
             .build()
             .expect("backend");
         let limiter = day_new_york(&backend, &format!("server-clock-{skew_ms}"));

@@ -233,7 +233,7 @@ fn invalid_sets_fail_when_built() {
 async fn a_blocked_set_says_no_limit_has_units_left() {
     let redis = RedisServer::start();
     let minute = Duration::from_secs(60);
-    let cached = Backend::builder().redis(redis.pool()).build().unwrap();
+    let cached = redis.backend();
     for backend in [cached, Backend::in_process()] {
         let layer = LimitSetLayer::builder(&backend)
             .name("llm")

@@ -18,6 +18,7 @@ use http_body_util::BodyExt;
 use support::settle::{backend, source, standing, until_remaining, Host, MINUTE, SEC};
 use support::RedisServer;
 use tokio::task::JoinSet;
+use tokio::time::Instant;
 use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
 use tower_redis_ratelimit::key::HeaderKey;
 use tower_redis_ratelimit::period::{PeriodConfig, PeriodLimiter};
@@ -127,33 +128,64 @@ async fn debt_refuses_until_paid_off_with_its_retry_after() {
             }));
     let call = |used: u32| Request::get("/").header("x-user", "u").body(used).unwrap();
     // 35 used of 10: 25 owed beyond an empty bucket, paid off in 2.5 s.
+    let start = Instant::now();
     let response = service.ready().await.unwrap().call(call(35)).await.unwrap();
     assert_eq!(response.status(), StatusCode::OK);
     response.into_body().collect().await.unwrap();
-    // The settlement lands in the background.
-    let mut owed = standing(&limiter, b"hdr:x-user:u").await;
-    for _ in 0..200 {
-        if owed.state == State::OverQuota {
+    // The settlement lands in the background. (When the last standing was read:
+    // between `asked` and `told`.)
+    let (mut asked, mut owed, mut told);
+    loop {
+        asked = Instant::now();
+        owed = standing(&limiter, b"hdr:x-user:u").await;
+        told = Instant::now();
+        if owed.state == State::OverQuota || told.duration_since(start) > Duration::from_secs(5) {
             break;
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
-        owed = standing(&limiter, b"hdr:x-user:u").await;
     }
     assert_eq!(owed.state, State::OverQuota, "{owed:?}");
     let retry = owed.retry_after.unwrap();
     assert!(
-        retry > Duration::from_millis(2_000) && retry <= Duration::from_millis(2_500),
+        retry > Duration::from_millis(1_500) && retry <= Duration::from_millis(2_500),
         "{retry:?}"
     );
+    // A request's Retry-After: the debt left when Redis decided it (some time between
+    // the standing's `asked` and the request's reply), and one token (0.1 s) for each
+    // unit of its cost of 2, in whole seconds rounded up.
+    let retry_after = |sent: Instant, replied: Instant| {
+        let at_most = (retry + Duration::from_millis(200)).saturating_sub(sent - told);
+        let at_least = (retry + Duration::from_millis(200)).saturating_sub(replied - asked);
+        at_least.as_secs_f64().ceil() as u64..=at_most.as_secs_f64().ceil() as u64
+    };
+    let seconds = |response: &Response<_>| -> u64 {
+        response.headers()["retry-after"]
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let sent = Instant::now();
     let refused = service.ready().await.unwrap().call(call(1)).await.unwrap();
     assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
-    assert_eq!(refused.headers()["retry-after"], "3");
+    let expected = retry_after(sent, Instant::now());
+    assert!(
+        expected.contains(&seconds(&refused)),
+        "{:?} not in {expected:?}",
+        refused.headers()
+    );
     // Not paid off a second before: still refused.
-    tokio::time::sleep(retry.saturating_sub(Duration::from_secs(1))).await;
+    tokio::time::sleep_until(told + retry.saturating_sub(Duration::from_secs(1))).await;
+    let sent = Instant::now();
     let refused = service.ready().await.unwrap().call(call(1)).await.unwrap();
     assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
     // The debt's last second, and one token (0.1 s) for the cost of 1.
-    assert_eq!(refused.headers()["retry-after"], "2");
+    let expected = retry_after(sent, Instant::now());
+    assert!(
+        expected.contains(&seconds(&refused)),
+        "{:?} not in {expected:?}",
+        refused.headers()
+    );
     // Paid off, and the 2 reserved fit once 2 tokens are back (0.2 s more).
     tokio::time::sleep(Duration::from_millis(1_300)).await;
     let admitted = service.ready().await.unwrap().call(call(2)).await.unwrap();

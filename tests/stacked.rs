@@ -72,7 +72,7 @@ async fn a_burst_rejection_does_not_burn_daily_quota_in_process() {
 #[tokio::test]
 async fn a_burst_rejection_does_not_burn_daily_quota_on_redis() {
     let redis = RedisServer::start();
-    let backend = Backend::redis(redis.pool());
+    let backend = redis.backend();
     let (burst, daily) = burst_and_daily(&backend, 2, 5);
     let (calls, svc) = stack(burst, daily);
     for _ in 0..4 {
@@ -148,7 +148,7 @@ async fn shadow_mode_serves_everything_and_adds_no_headers() {
 #[tokio::test]
 async fn shadow_mode_on_redis_counts_like_enforcement_without_waiting() {
     let redis = RedisServer::start();
-    let (calls, svc) = counting(shadow_layer(&Backend::redis(redis.pool()), 2));
+    let (calls, svc) = counting(shadow_layer(&redis.backend(), 2));
     for _ in 0..4 {
         let response = svc.clone().oneshot(keyed("a")).await.unwrap();
         assert_eq!(response.status(), StatusCode::OK);

@@ -52,6 +52,10 @@ const CLUSTER_CREATE_TIMEOUT: Duration = Duration::from_secs(30);
 const PORT_ATTEMPTS: usize = 5;
 /// Connect/read/write timeout of the raw RESP helpers.
 const CMD_TIMEOUT: Duration = Duration::from_secs(5);
+/// The call timeout of the backends the harness builds ([`RedisServer::backend`]): long
+/// enough that a busy CI machine never turns a check into the failure policy's answer
+/// (the default, 100 ms, is for production, where a slow Redis must not hold requests).
+pub(crate) const CALL_TIMEOUT: Duration = Duration::from_secs(2);
 /// Lines of server log printed when a test panics.
 const LOG_TAIL_LINES: usize = 50;
 /// Cluster bus port = client port + this; both must be valid and free.

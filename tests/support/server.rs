@@ -377,11 +377,23 @@ impl RedisServer {
             .expect("could not create a deadpool-redis pool")
     }
 
-    /// A Redis backend on this server without the deny cache, so that every check runs
-    /// its script.
+    /// A Redis backend on this server with the default settings but the call timeout,
+    /// which is [`CALL_TIMEOUT`]: a test that asserts a check was decided by Redis
+    /// must not see the failure policy answer because the machine was busy.
+    pub(crate) fn backend(&self) -> tower_redis_ratelimit::Backend {
+        tower_redis_ratelimit::Backend::builder()
+            .redis(self.pool())
+            .call_timeout(CALL_TIMEOUT)
+            .build()
+            .expect("a valid backend")
+    }
+
+    /// [`RedisServer::backend`] without the deny cache, so that every check runs its
+    /// script.
     pub(crate) fn uncached_backend(&self) -> tower_redis_ratelimit::Backend {
         tower_redis_ratelimit::Backend::builder()
             .redis(self.pool())
+            .call_timeout(CALL_TIMEOUT)
             .deny_cache(0)
             .build()
             .expect("a valid backend")
