@@ -116,7 +116,10 @@ async fn an_operator_blocks_lists_and_lifts_a_client_by_its_api_key() {
         call(&b, "GET", "/", Some("trap")).await.0,
         StatusCode::TOO_MANY_REQUESTS
     );
-    support::channel_subscribers(&redis, "ratelimit:changes", 2).await;
+    assert_eq!(
+        support::channel_subscribers(&redis, "ratelimit:changes", 2).await,
+        2
+    );
 
     // Lifted through A: the client is admitted again on B, well within the max age.
     let (status, lifted) = call(&a, "POST", "/admin/api/trap/reset", None).await;

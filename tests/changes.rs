@@ -249,8 +249,9 @@ async fn without_the_subscription_the_max_age_bounds_a_change() {
     let admitted = poll_until(&a, b"k", Decision::is_admitted).await;
     let admitted = admitted.unwrap_or_else(|last| panic!("A still refuses: {last:?}"));
     let took = cached_at.elapsed();
+    // (With 2 s of room for a busy machine: far below the refusal's own hour.)
     assert!(
-        took <= max_age + Duration::from_millis(500),
+        took <= max_age + Duration::from_secs(2),
         "admitted {took:?} after the refusal was cached (max age {max_age:?}): {admitted:?}"
     );
     assert_eq!(

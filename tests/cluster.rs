@@ -192,7 +192,8 @@ async fn in_flight_slots_on_keys_over_all_slots() {
         .build()
         .unwrap();
     backend.probe_redis().await.unwrap();
-    let lease = Duration::from_millis(600);
+    // (A lease of 1.5 s: renewals every 500 ms keep it however busy the machine.)
+    let lease = Duration::from_millis(1_500);
     let limiter =
         InFlightLimiter::new(&backend, "jobs", InFlightConfig::new(2).lease(lease)).unwrap();
     let mut held = Vec::new();

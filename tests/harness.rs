@@ -80,8 +80,9 @@ fn restart_waits_until_the_port_is_free_again() {
     // Someone else holds the port for a while: the first attempts fail with
     // "Address already in use" and restart() keeps trying.
     let squatter = TcpListener::bind(("127.0.0.1", server.port())).expect("bind the freed port");
+    // (2 s: long enough that the first attempt meets it on a busy machine.)
     let release = std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_millis(500));
+        std::thread::sleep(Duration::from_secs(2));
         drop(squatter);
     });
     server.restart();

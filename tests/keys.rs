@@ -215,14 +215,19 @@ async fn a_server_without_functions_decides_byte_keys_from_the_first_check() {
                 .redis_url(url.clone())
                 .prefix(prefix)
                 .deny_cache(0)
+                .call_timeout(support::CALL_TIMEOUT)
                 .build()
                 .unwrap()
         };
         // What a connection's setup costs in error replies (the refused `FUNCTION LOAD`;
         // a client's `CLIENT SETINFO` on a server before 7.2).
+        // (Counted once the backend's change subscription, made in the background after
+        // its first connection, is up: its connection's setup counts too.)
         let before = stat(&redis, "total_error_replies");
-        backend("setup").probe_redis().await.unwrap();
-        let setup = stat(&redis, "total_error_replies") - before;
+        let setup = backend("setup");
+        setup.probe_redis().await.unwrap();
+        assert_eq!(support::subscribed_clients(&redis, 1).await, 1, "{what}");
+        let setup_errors = stat(&redis, "total_error_replies") - before;
 
         let before = (
             stat(&redis, "total_error_replies"),
@@ -240,11 +245,13 @@ async fn a_server_without_functions_decides_byte_keys_from_the_first_check() {
                 checks += 2;
             }
         }
+        assert_eq!(support::subscribed_clients(&redis, 2).await, 2, "{what}");
         assert_eq!(
             stat(&redis, "total_error_replies") - before.0,
-            setup,
+            setup_errors,
             "{what}: no check met a refusal"
         );
+        drop(setup);
         assert_eq!(
             redis.command_calls("evalsha") - before.1,
             checks,

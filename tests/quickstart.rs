@@ -128,8 +128,9 @@ async fn keeps_answering_when_redis_dies_and_returns_to_it() {
                 status == StatusCode::OK || status == StatusCode::TOO_MANY_REQUESTS,
                 "{route}: {status} {body}"
             );
+            // (A hang has no bound; 2 s leaves room for a busy machine.)
             assert!(
-                started.elapsed() < Duration::from_millis(500),
+                started.elapsed() < Duration::from_secs(2),
                 "{route} hung"
             );
         }

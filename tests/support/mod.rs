@@ -69,13 +69,13 @@ const NOT_FOUND_HINT: &str = "run scripts/test, which installs it";
 
 /// How many of `redis`'s clients are subscribed to a channel (the backends' change
 /// subscriptions: a backend built from URLs makes one in the background after its
-/// first connection), once at least `at_least` are or 2 s have passed.
+/// first connection), once at least `at_least` are or 5 s have passed.
 pub(crate) async fn subscribed_clients(redis: &RedisServer, at_least: usize) -> usize {
     let start = Instant::now();
     loop {
         let list = redis.cmd(&["CLIENT", "LIST"]);
         let subscribed = list.lines().filter(|line| line.contains(" sub=1 ")).count();
-        if subscribed >= at_least || start.elapsed() > Duration::from_secs(2) {
+        if subscribed >= at_least || start.elapsed() > Duration::from_secs(5) {
             return subscribed;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
@@ -83,7 +83,7 @@ pub(crate) async fn subscribed_clients(redis: &RedisServer, at_least: usize) -> 
 }
 
 /// How many clients of `redis` are subscribed to `channel`, once at least `at_least`
-/// are or 2 s have passed.
+/// are or 5 s have passed.
 pub(crate) async fn channel_subscribers(redis: &RedisServer, channel: &str, at_least: i64) -> i64 {
     let start = Instant::now();
     loop {
@@ -93,7 +93,7 @@ pub(crate) async fn channel_subscribers(redis: &RedisServer, channel: &str, at_l
             .last()
             .and_then(|n| n.parse().ok())
             .unwrap_or(0);
-        if count >= at_least || start.elapsed() > Duration::from_secs(2) {
+        if count >= at_least || start.elapsed() > Duration::from_secs(5) {
             return count;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
