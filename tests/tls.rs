@@ -119,6 +119,10 @@ async fn rediss_with_an_acl_user_and_a_custom_ca_limits_on_redis() {
     let backend = Backend::builder()
         .redis_url(format!("rediss://alice:{PASSWORD}@127.0.0.1:{port}"))
         .tls_ca_pem(pki.ca.clone())
+        // (The probe's key lives a probe interval: a minute, so that it is still there
+        // when counted below however busy the machine; the checks wait 2 s for a call.)
+        .probe_interval(Duration::from_secs(60))
+        .call_timeout(support::CALL_TIMEOUT)
         .build()
         .unwrap();
     backend.probe_redis().await.unwrap();
