@@ -110,6 +110,9 @@ async fn an_operator_blocks_lists_and_lifts_a_merchant() {
         let backend = Backend::builder()
             .redis_url(redis.url())
             .prefix("tenants")
+            // (Not the default 100 ms: a busy machine must not turn a call, the first
+            // one connecting, into the failure policy's answer.)
+            .call_timeout(support::CALL_TIMEOUT)
             .build()
             .unwrap();
         tenants::app_with_admin(&backend, "s3cret").unwrap()
@@ -198,12 +201,23 @@ async fn start_export(app: &Router, ms: Option<u64>, m: &str) -> Response<axum::
     app.clone().oneshot(req).await.unwrap()
 }
 
+/// How long the two exports of [`exports_in_flight`] run, in ms: well past a lease of the
+/// Redis test and the wait after it.
+const EXPORT_MS: u64 = 2_000;
+
+/// The lease of the Redis test: renewed every 300 ms, so a renewal may come 600 ms late
+/// before a slot runs out (at 300 ms, renewed every 100 ms, a busy CI machine's renewal
+/// was once 200 ms late).
+const REDIS_LEASE: Duration = Duration::from_millis(900);
+
 /// At most 2 exports of one merchant in flight across `apps` (instances sharing a
 /// backend or a Redis): a slot is held until the export's last row is sent.
 async fn exports_in_flight(apps: [Router; 2]) {
     let started = Instant::now();
-    let first = start_export(&apps[0], Some(800), "m-1").await;
-    let second = start_export(&apps[1], Some(800), "m-1").await;
+    let first = start_export(&apps[0], Some(EXPORT_MS), "m-1").await;
+    let second = start_export(&apps[1], Some(EXPORT_MS), "m-1").await;
+    // Both slots are taken (their leases start) by now.
+    let taken = Instant::now();
     assert_eq!(first.status(), StatusCode::OK);
     assert_eq!(second.status(), StatusCode::OK);
     for app in &apps {
@@ -215,8 +229,9 @@ async fn exports_in_flight(apps: [Router; 2]) {
     let (response, body) = support::http::read(start_export(&apps[0], Some(0), "m-2").await).await;
     assert_eq!(response.status(), StatusCode::OK);
     assert_eq!(body, "done\n");
-    // Past a lease of the Redis test (300 ms), the exports still hold their slots.
-    tokio::time::sleep(Duration::from_millis(450)).await;
+    // Past a lease of the Redis test from when the slots were taken (leases that were
+    // not renewed have run out), the exports still hold their slots.
+    tokio::time::sleep_until((taken + REDIS_LEASE + Duration::from_millis(300)).into()).await;
     let (response, _) = support::http::read(start_export(&apps[1], Some(0), "m-1").await).await;
     assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
     // The exports stream their rows for their whole time.
@@ -226,7 +241,7 @@ async fn exports_in_flight(apps: [Router; 2]) {
         "{rows}"
     );
     let (_, _) = support::http::read(second).await;
-    assert!(started.elapsed() >= Duration::from_millis(800));
+    assert!(started.elapsed() >= Duration::from_millis(EXPORT_MS));
     // Both slots come back once the bodies end.
     let start = Instant::now();
     loop {
@@ -269,23 +284,23 @@ async fn exports_are_limited_in_flight_in_process() {
     assert!(tenants::app_with_export_lease(&backend, Duration::ZERO).is_err());
 }
 
-/// Two instances on one Redis, each with its own connection, and a lease (300 ms)
-/// shorter than the exports (800 ms): the renewal keeps their slots.
+/// Two instances on one Redis, each with its own connection, and a lease (900 ms)
+/// shorter than the exports (2 s): the renewal keeps their slots.
 #[tokio::test]
 async fn exports_are_limited_in_flight_across_instances_on_redis() {
     let redis = RedisServer::start();
-    let lease = Duration::from_millis(300);
     let mut apps = Vec::new();
     for _ in 0..2 {
         let backend = Backend::builder()
             .redis_url(redis.url())
             .prefix("tenants")
-            .call_timeout(Duration::from_millis(500))
+            // (A busy machine must not turn a slow call into the failure policy's answer.)
+            .call_timeout(support::CALL_TIMEOUT)
             .build()
             .unwrap();
         // Connected first: no export may fall back for want of a connection.
         backend.probe_redis().await.unwrap();
-        apps.push(tenants::app_with_export_lease(&backend, lease).unwrap());
+        apps.push(tenants::app_with_export_lease(&backend, REDIS_LEASE).unwrap());
     }
     exports_in_flight(apps.try_into().unwrap()).await;
 }
@@ -315,9 +330,16 @@ async fn per_merchant_limits_key_on_the_merchant_header() {
 
 /// `GET /reports`: an atomic pair (2 per second, 10 per day) per merchant, the only limit
 /// of its route: one script call per request, both limits in the headers, burst first.
+/// On the server's clock frozen: the burst gives nothing back between the requests.
 #[tokio::test]
 async fn the_reports_pair_is_one_script_call_per_request() {
-    let redis = RedisServer::start();
+    let (redis, clock) = RedisServer::start_with_clock();
+    // (On real time the third request had to come within 500 ms of the first, before a
+    // token came back; the pair decides on the server's clock, which now stands still.)
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap();
+    clock.freeze_at(i64::try_from(now.as_micros()).unwrap());
     let backend = redis.uncached_backend();
     let app = tenants::app(&backend).unwrap();
     let merchant = [FREE, ("x-merchant-id", "m-7")];

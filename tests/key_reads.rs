@@ -6,10 +6,10 @@
 mod support;
 
 use std::num::NonZeroU32;
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use support::monitor::{monitor_words, Monitor};
-use support::RedisServer;
+use support::{RedisServer, ServerClock};
 use tower_redis_ratelimit::period::{Calendar, PeriodConfig, PeriodLimiter, UtcOffset};
 use tower_redis_ratelimit::rolling::{RollingConfig, RollingWindowLimiter};
 use tower_redis_ratelimit::set::{LimitSet, SetLimiter};
@@ -116,6 +116,19 @@ fn backend(redis: &RedisServer, functions: bool) -> Backend {
         .unwrap()
 }
 
+/// Freezes `redis`'s clock at the real time now: from then on it moves only by
+/// [`step`], so a block, a lockout and the expiry of the limits' keys last what the test
+/// says, in the server's time, however long the checks under them take.
+fn freeze_now(clock: &ServerClock) {
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
+    clock.freeze_at(i64::try_from(now.as_micros()).unwrap());
+}
+
+/// Moves a frozen server clock on by `by`.
+fn step(clock: &ServerClock, by: Duration) {
+    clock.step_us(i64::try_from(by.as_micros()).unwrap());
+}
+
 /// The engine paths this server has: Redis Functions (when it has them) and `EVALSHA`.
 fn paths(redis: &RedisServer) -> Vec<bool> {
     if redis.has_functions() {
@@ -200,10 +213,15 @@ async fn a_check_reads_its_limits_keys_alone() {
 /// other, whatever the key held (a count, nothing, a state that expires during the
 /// block, a window that ends during it), whatever is done to it while blocked
 /// (refunds, settlements, a shorter block), on both engine paths; once the block has
-/// ended the key is admitted again and its checks read its limits' keys alone.
+/// ended the key is admitted again and its checks read its limits' keys alone. On a
+/// frozen server clock, which the test moves.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_block_holds_whatever_the_limits_keys_do() {
-    let redis = RedisServer::start();
+    // (On real time "fresh" had to be still blocked 400 ms after its block, past a dozen
+    // calls and a 200 ms sleep: a busy CI machine could take longer. The blocks and the
+    // limits' keys live on the server's clock, so they now last exactly the steps.)
+    let (redis, clock) = RedisServer::start_with_clock();
+    freeze_now(&clock);
     for functions in paths(&redis) {
         let (a, b) = (backend(&redis, functions), backend(&redis, functions));
         let (a, b) = (limiters(&a, false, None), limiters(&b, false, None));
@@ -226,7 +244,7 @@ async fn a_block_holds_whatever_the_limits_keys_do() {
             }
             // A shorter block replaces the longer one: the key is free at its end.
             a.block(b"held", 150 * MS).unwrap().await;
-            tokio::time::sleep(200 * MS).await;
+            step(&clock, 200 * MS);
             assert!(
                 b.check(b"held", ONE).await.is_admitted(),
                 "after the shorter block"
@@ -234,7 +252,7 @@ async fn a_block_holds_whatever_the_limits_keys_do() {
             // The other key's block outlives what its limits held.
             let refused = b.check(b"fresh", ONE).await;
             assert!(!refused.is_admitted(), "{refused:?}");
-            tokio::time::sleep(250 * MS).await;
+            step(&clock, 250 * MS);
             let admitted = b.check(b"fresh", ONE).await;
             assert!(admitted.is_admitted(), "after the block: {admitted:?}");
         }
@@ -265,42 +283,52 @@ fn short(backend: &Backend, lockout: Option<Duration>) -> Vec<Box<dyn Limiter>> 
 }
 
 /// The limits' keys expire during the block, which still refuses the key on the other
-/// instance until it ends.
+/// instance until it ends. On a frozen server clock, which the test moves.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_block_outlives_keys_that_expire_under_it() {
-    let redis = RedisServer::start();
+    // (On real time the third refused check, 300 ms in, had to come before the 400 ms
+    // block ended: a busy CI machine could be later. The block and the keys' expiries
+    // are the server's clock's, so they now last exactly the steps.)
+    let (redis, clock) = RedisServer::start_with_clock();
+    freeze_now(&clock);
     for functions in paths(&redis) {
         let (a, b) = (backend(&redis, functions), backend(&redis, functions));
         for (a, b) in short(&a, None).iter().zip(&short(&b, None)) {
             assert!(a.check(b"k", ONE).await.is_admitted());
             a.block(b"k", 400 * MS).unwrap().await;
             for _ in 0..3 {
-                tokio::time::sleep(100 * MS).await;
+                step(&clock, 100 * MS);
                 let refused = b.check(b"k", ONE).await;
                 assert!(!refused.is_admitted(), "{refused:?}");
             }
-            tokio::time::sleep(150 * MS).await;
+            step(&clock, 150 * MS);
             assert!(b.check(b"k", ONE).await.is_admitted());
         }
     }
 }
 
 /// A lockout started on one instance refuses the key's checks on the other once its
-/// limits would admit them again (their keys expired or refilled under it).
+/// limits would admit them again (their keys expired or refilled under it). On a frozen
+/// server clock, which the test moves.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_lockout_refuses_on_every_instance() {
-    let redis = RedisServer::start();
+    // (On real time the refusal had to come within 300 ms of the lockout's start for its
+    // retry-after to be above 100 ms, and the last check came on the lockout's very end.
+    // The lockout and the keys' expiries are the server's clock's: they now last exactly
+    // the steps, and the last step goes 50 ms past the end.)
+    let (redis, clock) = RedisServer::start_with_clock();
+    freeze_now(&clock);
     for functions in paths(&redis) {
         let (a, b) = (backend(&redis, functions), backend(&redis, functions));
         let lockout = Some(400 * MS);
         for (a, b) in short(&a, lockout).iter().zip(&short(&b, lockout)) {
             let key = b"locked";
             while a.check(key, ONE).await.is_admitted() {}
-            tokio::time::sleep(100 * MS).await;
+            step(&clock, 100 * MS);
             let refused = b.check(key, ONE).await;
             assert!(!refused.is_admitted(), "{refused:?}");
             assert!(refused.retry_after.unwrap() > 100 * MS, "{refused:?}");
-            tokio::time::sleep(300 * MS).await;
+            step(&clock, 350 * MS);
             assert!(b.check(key, ONE).await.is_admitted());
         }
     }

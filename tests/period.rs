@@ -68,17 +68,17 @@ async fn quota_one_is_hit_quota_at_once() {
 #[tokio::test]
 async fn window_resets_after_expiry_with_sub_second_periods() {
     let redis = RedisServer::start();
-    let limiter = limiter(
-        &redis.backend(),
-        PeriodConfig::new(2, Duration::from_millis(150)),
-    );
+    // (900 ms, still under a second: the four checks below must fall in one window, and
+    // a busy CI machine took longer than the 150 ms this was.)
+    let period = Duration::from_millis(900);
+    let limiter = limiter(&redis.backend(), PeriodConfig::new(2, period));
     assert_eq!(
         states(&limiter, "k", 3).await,
         [State::Allowed, State::HitQuota, State::OverQuota]
     );
     let over = limiter.check(b"k", ONE).await;
     let wait = over.retry_after.unwrap();
-    assert!(wait <= Duration::from_millis(150), "{wait:?}");
+    assert!(wait <= period, "{wait:?}");
     tokio::time::sleep(wait + Duration::from_millis(20)).await;
     let fresh = limiter.check(b"k", ONE).await;
     assert_eq!(fresh.state, State::Allowed);
@@ -87,7 +87,7 @@ async fn window_resets_after_expiry_with_sub_second_periods() {
 
 #[tokio::test]
 async fn aligned_windows_end_on_the_zone_boundary() {
-    let redis = RedisServer::start();
+    let (redis, clock) = RedisServer::start_with_clock();
     let backend = redis.backend();
     let day = Duration::from_secs(86_400);
     let limiter = PeriodLimiter::new(
@@ -112,7 +112,12 @@ async fn aligned_windows_end_on_the_zone_boundary() {
         first.reset
     );
 
-    // A short aligned period: windows end on multiples of 2 s, shifted by the offset.
+    // A short aligned period: windows end on multiples of 2 s, shifted by the offset
+    // (so on odd seconds). The server's clock is frozen on the next even second, in the
+    // middle of a window: on real time the key could expire between the check and its
+    // `PTTL` (now and then on a busy machine).
+    let mid_window_ms = (redis_now_ms(&redis) / 2_000 + 1) * 2_000;
+    clock.freeze_at(mid_window_ms * 1_000);
     let short = PeriodLimiter::new(
         &backend,
         "short",
@@ -259,7 +264,10 @@ async fn unreachable_redis_is_answered_by_the_fallback() {
     let pool = redis.pool();
     let backend = Backend::builder()
         .redis(pool)
-        .call_timeout(Duration::from_millis(200))
+        // (A killed server refuses at once: the deadline is not what is tested, and the
+        // checks before the kill and after the restart, which connect and load the engine,
+        // must not miss it on a busy machine.)
+        .call_timeout(support::CALL_TIMEOUT)
         .probe_interval(Duration::from_millis(50))
         .build()
         .unwrap();
@@ -627,6 +635,9 @@ async fn a_server_without_functions_runs_the_engine_by_evalsha() {
             .redis_url(redis.url())
             .engine_functions(true)
             .deny_cache(0)
+            // (Not the default 100 ms: a busy machine must not turn the first call, which
+            // connects and finds no Functions, into the failure policy's answer.)
+            .call_timeout(support::CALL_TIMEOUT)
             .build()
             .unwrap(),
         PeriodConfig::new(3, Duration::from_secs(60)),
