@@ -6,7 +6,7 @@ use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::Duration;
 
-use support::{RedisServer, Reply};
+use support::{RedisServer, Reply, ServerClock};
 use tokio::time::Instant;
 use tower_redis_ratelimit::rolling::{RollingConfig, RollingWindowLimiter};
 use tower_redis_ratelimit::{Backend, Limiter, Source, State};
@@ -28,6 +28,19 @@ async fn states(limiter: &RollingWindowLimiter, key: &str, n: usize) -> Vec<Stat
         out.push(limiter.check(key.as_bytes(), ONE).await.state);
     }
     out
+}
+
+/// 2027-01-15T08:00:00Z in Unix milliseconds: where the tests on a frozen server clock
+/// start, on the grid of every interval they use (1 s, 500, 50, 30 and 20 ms).
+const T_MS: u64 = 1_800_000_000_000;
+
+/// Freezes the server's wall clock at `ms` Unix milliseconds (see [`ServerClock`]).
+fn freeze_ms(clock: &ServerClock, ms: u64) {
+    clock.freeze_at(i64::try_from(ms * 1_000).expect("fits"));
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).expect("fits")
 }
 
 fn redis_now_ms(redis: &RedisServer) -> u64 {
@@ -97,15 +110,20 @@ async fn admits_exactly_the_limit_within_a_window() {
 
 #[tokio::test]
 async fn the_key_is_one_hash_of_live_buckets_with_an_expiry() {
-    let redis = RedisServer::start();
+    // The server's clock is frozen and stepped by the test: each check's fields and
+    // expiry are read at the very time the check ran (on real time, a 20 ms bucket could
+    // end, and the key's 60-100 ms expiry run down, in the few commands between; and a
+    // busy machine may not fit many checks in a fixed span).
+    let (redis, clock) = RedisServer::start_with_clock();
     let limiter = limiter(&redis.backend(), RollingConfig::new(1_000, 4, 20 * MS));
     let key = "ratelimit:{v1:k}:rolling:test";
-    let start = Instant::now();
-    let mut admitted = 0;
-    while start.elapsed() < Duration::from_millis(250) {
+    // 40 checks 7 ms apart: 280 ms, 14 buckets, three and a half windows, at every
+    // offset within a bucket.
+    let mut now_ms = T_MS;
+    for _ in 0..40 {
+        freeze_ms(&clock, now_ms);
         let d = limiter.check(b"k", ONE).await;
         assert_eq!(d.source, Source::Redis);
-        admitted += 1;
         assert_eq!(d.state, State::Allowed);
         let buckets = buckets_of(&redis, "k");
         assert!(
@@ -113,33 +131,43 @@ async fn the_key_is_one_hash_of_live_buckets_with_an_expiry() {
             "{} fields: {buckets:?}",
             buckets.len()
         );
-        // The fields are absolute bucket indices: Unix milliseconds / interval.
+        // The fields are absolute bucket indices: Unix milliseconds / interval, of live
+        // buckets only (the server's `TIME` is the check's).
         let now_bucket = redis_now_ms(&redis) / 20;
+        assert_eq!(now_bucket, now_ms / 20);
         for &(index, _) in &buckets {
-            // (A bucket may have ended between the check and this TIME.)
-            assert!(index + 5 > now_bucket && index <= now_bucket, "{index}");
+            assert!(
+                index + 4 > now_bucket && index <= now_bucket,
+                "{index} in bucket {now_bucket}"
+            );
         }
         let sum: u64 = buckets.iter().map(|&(_, count)| count).sum();
-        assert!(sum <= 1_000 - d.remaining, "{sum} vs {}", d.remaining);
+        assert_eq!(sum, 1_000 - d.remaining, "{buckets:?}");
         let ttl = pttl(&redis, "k");
         assert!(ttl > 0 && ttl <= 100, "pttl {ttl}");
-        tokio::time::sleep(3 * MS).await;
+        now_ms += 7;
     }
-    assert!(admitted > 10);
     assert_eq!(redis.cmd(&["TYPE", key]), "hash");
     assert_eq!(redis.cmd(&["KEYS", "*"]), key);
     // Idle keys vanish: one window plus one interval after the last admission.
-    tokio::time::sleep(110 * MS).await;
+    let last_ms = now_ms - 7;
+    freeze_ms(&clock, last_ms + 101);
     assert_eq!(redis.cmd(&["EXISTS", key]), "0");
 }
 
 #[tokio::test]
 async fn buckets_expire_and_admit_again() {
-    let redis = RedisServer::start();
+    // The server's clock is frozen and set by the test: the expiry is checked 1 ms
+    // either side of the time Redis names (on real time, a check had to reach Redis
+    // within 15 ms of a sleep's end, which a busy machine misses).
+    let (redis, clock) = RedisServer::start_with_clock();
     let limiter = limiter(
         &redis.uncached_backend(),
         RollingConfig::new(3, 10, 50 * MS),
     );
+    // 10 ms into a bucket.
+    let t = T_MS + 10;
+    freeze_ms(&clock, t);
     assert_eq!(
         states(&limiter, "k", 4).await,
         [
@@ -151,17 +179,17 @@ async fn buckets_expire_and_admit_again() {
     );
     let over = limiter.check(b"k", ONE).await;
     let retry = over.retry_after.unwrap();
-    assert!(retry <= Duration::from_millis(500), "{retry:?}");
-    assert!(retry > Duration::from_millis(400), "{retry:?}");
+    // The bucket of the units counted at `t` stops counting a window after it starts.
+    assert_eq!(retry, 490 * MS);
     // Shortly before the oldest bucket expires the request is still rejected ...
-    tokio::time::sleep(retry - 15 * MS).await;
+    freeze_ms(&clock, t + millis(retry) - 1);
     assert_eq!(limiter.check(b"k", ONE).await.state, State::OverQuota);
     // ... and once it has, admitted.
-    tokio::time::sleep(20 * MS).await;
+    freeze_ms(&clock, t + millis(retry));
     let d = limiter.check(b"k", ONE).await;
     assert!(d.is_admitted(), "{d:?}");
     // A whole window after that, the full limit is available again.
-    tokio::time::sleep(d.reset + 5 * MS).await;
+    freeze_ms(&clock, t + millis(retry) + millis(d.reset));
     assert_eq!(
         states(&limiter, "k", 4).await,
         [
@@ -178,73 +206,56 @@ async fn straddling_a_window_edge_does_not_double_the_limit() {
     const LIMIT: usize = 5;
     const WINDOW_MS: u64 = 500;
     const INTERVAL_MS: u64 = 50;
-    let redis = RedisServer::start();
+    // The server's clock is frozen and set to each request's time: admissions are
+    // stamped with the very time Redis decided them (stamped with local times, a reply
+    // late by a few tens of ms on a busy machine put a sixth admission in a span).
+    let (redis, clock) = RedisServer::start_with_clock();
     let limiter = limiter(
         &redis.uncached_backend(),
         RollingConfig::new(LIMIT as u64, 10, Duration::from_millis(INTERVAL_MS)),
     );
-    // Warm up the connection and the script cache.
-    limiter.check(b"warm-up", ONE).await;
-    // Find the next window edge on the Redis server's clock (bucket edges are multiples
-    // of the interval in Unix time, so window edges can be taken on multiples of it too),
-    // as a local instant.
-    let before = Instant::now();
-    let now_ms = redis_now_ms(&redis);
-    let mut to_edge = WINDOW_MS - now_ms % WINDOW_MS;
-    if to_edge < 60 {
-        to_edge += WINDOW_MS;
-    }
-    let edge = before + Duration::from_millis(to_edge);
-    let at = |offset_ms: i64| {
-        if offset_ms >= 0 {
-            edge + Duration::from_millis(offset_ms.unsigned_abs())
-        } else {
-            edge - Duration::from_millis(offset_ms.unsigned_abs())
-        }
-    };
+    // A window edge on the server's clock (bucket edges are multiples of the interval in
+    // Unix time, so window edges can be taken on multiples of it too); times below are
+    // ms from it.
+    let edge = T_MS;
+    assert_eq!(edge % WINDOW_MS, 0);
+    let at = |offset_ms: i64| edge.checked_add_signed(offset_ms).unwrap();
 
     // A fixed-window attack: the whole limit in the last 40 ms before the edge ...
-    let mut admitted = Vec::new();
+    let mut admitted: Vec<i64> = Vec::new();
     for i in 0..LIMIT as i64 {
-        tokio::time::sleep_until(at(-40 + i * 5)).await;
+        let offset = -40 + i * 5;
+        freeze_ms(&clock, at(offset));
         let d = limiter.check(b"k", ONE).await;
         assert!(d.is_admitted(), "the burst fits: {d:?}");
-        admitted.push(Instant::now());
+        admitted.push(offset);
     }
     // ... then probes every 5 ms for most of a window past the edge.
     let mut rejected_after_edge = 0;
-    let mut offset = 0;
-    while offset <= 520 {
-        tokio::time::sleep_until(at(offset)).await;
+    for offset in (0..=520).step_by(5) {
+        freeze_ms(&clock, at(offset));
         let d = limiter.check(b"k", ONE).await;
         assert_eq!(d.source, Source::Redis);
-        let now = Instant::now();
         if d.is_admitted() {
-            admitted.push(now);
-        } else if now.duration_since(edge) < Duration::from_millis(380) {
+            admitted.push(offset);
+        } else if offset < 450 {
             rejected_after_edge += 1;
         }
-        offset += 5;
     }
     // A fixed window would have admitted the limit again right after the edge; here the
     // burst's bucket (ends 450 ms after the edge) keeps it out until then.
     let first_after = admitted[LIMIT..].first().copied();
     let first_after = first_after.expect("the burst's bucket expired and admitted again");
-    assert!(
-        first_after.duration_since(edge) > Duration::from_millis(380),
-        "admitted {:?} after the edge",
-        first_after.duration_since(edge)
-    );
-    assert!(rejected_after_edge >= 50, "{rejected_after_edge}");
-    // Any span of (buckets - 1) intervals holds at most the limit; admission times are
-    // local and late by up to one round trip, hence the margin.
-    let span = Duration::from_millis(WINDOW_MS - INTERVAL_MS - 10);
+    assert_eq!(first_after, 450, "admitted {first_after} ms after the edge");
+    assert_eq!(rejected_after_edge, 90);
+    // Any span of (buckets - 1) intervals holds at most the limit.
+    let span = i64::try_from(WINDOW_MS - INTERVAL_MS).unwrap();
     for (i, &start) in admitted.iter().enumerate() {
-        let within = admitted[i..]
-            .iter()
-            .filter(|&&t| t.duration_since(start) <= span)
-            .count();
-        assert!(within <= LIMIT, "{within} admitted within {span:?}");
+        let within = admitted[i..].iter().filter(|&&t| t - start <= span).count();
+        assert!(
+            within <= LIMIT,
+            "{within} admitted within {span} ms: {admitted:?}"
+        );
     }
     assert!(admitted.len() <= 2 * LIMIT);
 }
@@ -331,18 +342,26 @@ async fn weighted_costs_and_costs_beyond_the_limit() {
 
 #[tokio::test]
 async fn retry_after_waits_for_the_buckets_that_free_enough() {
-    let redis = RedisServer::start();
+    // The server's clock is frozen and set by the test: the retry-afters are exact, and
+    // the check once the first bucket has expired runs while the second still counts (on
+    // real time, the two were read a round trip apart, and a sleep had 28 ms of room).
+    let (redis, clock) = RedisServer::start_with_clock();
     let limiter = limiter(&redis.backend(), RollingConfig::new(4, 10, 30 * MS));
-    // Two units now, two units at least one bucket later.
-    limiter.check(b"k", cost(2)).await;
-    tokio::time::sleep(70 * MS).await;
+    // Two units now (5 ms into a bucket), two units at least one bucket later (70 ms on:
+    // two buckets later, 15 ms into it).
+    let t = T_MS + 5;
+    freeze_ms(&clock, t);
+    assert_eq!(limiter.check(b"k", cost(2)).await.state, State::Allowed);
+    let later = t + 70;
+    freeze_ms(&clock, later);
     assert_eq!(limiter.check(b"k", cost(2)).await.state, State::HitQuota);
     let small = limiter.check(b"k", cost(2)).await.retry_after.unwrap();
     let large = limiter.check(b"k", cost(3)).await.retry_after.unwrap();
-    // A cost of 2 waits for the first bucket only, a cost of 3 for the second too.
-    assert!(large >= small + 30 * MS, "{small:?} vs {large:?}");
-    assert!(small <= 300 * MS && large <= 300 * MS);
-    tokio::time::sleep(small + 2 * MS).await;
+    // A cost of 2 waits for the first bucket only (it ends a window after `T_MS`), a cost
+    // of 3 for the second too (two buckets later).
+    assert_eq!(small, Duration::from_millis(T_MS + 300 - later));
+    assert_eq!(large, small + 60 * MS);
+    freeze_ms(&clock, later + millis(small));
     assert_eq!(limiter.check(b"k", cost(3)).await.state, State::OverQuota);
     assert_eq!(limiter.check(b"k", cost(2)).await.state, State::HitQuota);
 }
@@ -350,7 +369,10 @@ async fn retry_after_waits_for_the_buckets_that_free_enough() {
 #[tokio::test]
 async fn a_flood_on_a_refused_key_is_answered_by_the_deny_cache_until_a_bucket_frees() {
     let redis = RedisServer::start();
-    let limiter = limiter(&redis.backend(), RollingConfig::new(3, 10, 30 * MS));
+    // 100 ms buckets: Redis's refusal holds for at least 9 of them (and the cache answers
+    // it for at most its max age, 1 s), so the flood and the checks after it fit with
+    // room on a busy machine (30 ms buckets left them under 270 ms).
+    let limiter = limiter(&redis.backend(), RollingConfig::new(3, 10, 100 * MS));
     let mut admitted = 0;
     let mut retry = None;
     for _ in 0..500 {
@@ -413,7 +435,10 @@ async fn unreachable_redis_is_answered_by_the_fallback() {
     let mut redis = RedisServer::start();
     let backend = Backend::builder()
         .redis(redis.pool())
-        .call_timeout(Duration::from_millis(200))
+        // The harness's call timeout: the killed server refuses connections at once, so
+        // the fallback never waits on it, and a busy machine never turns a check that
+        // must reach Redis into the fallback's (200 ms left too little room).
+        .call_timeout(support::CALL_TIMEOUT)
         .probe_interval(Duration::from_millis(50))
         .build()
         .unwrap();
@@ -451,7 +476,10 @@ const HOUR_US: i64 = 3_600_000_000;
 #[tokio::test]
 async fn a_step_back_of_the_redis_clock_never_admits_more_than_the_limit() {
     let (redis, clock) = RedisServer::start_with_clock();
-    // A 10 s window, so the test's own run time never expires a bucket.
+    // The clock is frozen (half a second into a 1 s bucket) and moved by the steps alone:
+    // on real time, a second's edge passed between the admissions and the last step
+    // moved the key's time, and so its skew, by a bucket.
+    freeze_ms(&clock, T_MS + 500);
     let limiter = limiter(
         &redis.uncached_backend(),
         RollingConfig::new(5, 10, Duration::from_secs(1)),
