@@ -129,10 +129,7 @@ async fn keeps_answering_when_redis_dies_and_returns_to_it() {
                 "{route}: {status} {body}"
             );
             // (A hang has no bound; 2 s leaves room for a busy machine.)
-            assert!(
-                started.elapsed() < Duration::from_secs(2),
-                "{route} hung"
-            );
+            assert!(started.elapsed() < Duration::from_secs(2), "{route} hung");
         }
     }
     redis.restart();
