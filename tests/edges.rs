@@ -336,10 +336,7 @@ async fn the_reports_pair_is_one_script_call_per_request() {
     let (redis, clock) = RedisServer::start_with_clock();
     // (On real time the third request had to come within 500 ms of the first, before a
     // token came back; the pair decides on the server's clock, which now stands still.)
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap();
-    clock.freeze_at(i64::try_from(now.as_micros()).unwrap());
+    clock.freeze_now();
     let backend = redis.uncached_backend();
     let app = tenants::app(&backend).unwrap();
     let merchant = [FREE, ("x-merchant-id", "m-7")];

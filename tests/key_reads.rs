@@ -6,10 +6,10 @@
 mod support;
 
 use std::num::NonZeroU32;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use support::monitor::{monitor_words, Monitor};
-use support::{RedisServer, ServerClock};
+use support::RedisServer;
 use tower_redis_ratelimit::period::{Calendar, PeriodConfig, PeriodLimiter, UtcOffset};
 use tower_redis_ratelimit::rolling::{RollingConfig, RollingWindowLimiter};
 use tower_redis_ratelimit::set::{LimitSet, SetLimiter};
@@ -116,19 +116,6 @@ fn backend(redis: &RedisServer, functions: bool) -> Backend {
         .unwrap()
 }
 
-/// Freezes `redis`'s clock at the real time now: from then on it moves only by
-/// [`step`], so a block, a lockout and the expiry of the limits' keys last what the test
-/// says, in the server's time, however long the checks under them take.
-fn freeze_now(clock: &ServerClock) {
-    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
-    clock.freeze_at(i64::try_from(now.as_micros()).unwrap());
-}
-
-/// Moves a frozen server clock on by `by`.
-fn step(clock: &ServerClock, by: Duration) {
-    clock.step_us(i64::try_from(by.as_micros()).unwrap());
-}
-
 /// The engine paths this server has: Redis Functions (when it has them) and `EVALSHA`.
 fn paths(redis: &RedisServer) -> Vec<bool> {
     if redis.has_functions() {
@@ -221,7 +208,7 @@ async fn a_block_holds_whatever_the_limits_keys_do() {
     // calls and a 200 ms sleep: a busy CI machine could take longer. The blocks and the
     // limits' keys live on the server's clock, so they now last exactly the steps.)
     let (redis, clock) = RedisServer::start_with_clock();
-    freeze_now(&clock);
+    clock.freeze_now();
     for functions in paths(&redis) {
         let (a, b) = (backend(&redis, functions), backend(&redis, functions));
         let (a, b) = (limiters(&a, false, None), limiters(&b, false, None));
@@ -244,7 +231,7 @@ async fn a_block_holds_whatever_the_limits_keys_do() {
             }
             // A shorter block replaces the longer one: the key is free at its end.
             a.block(b"held", 150 * MS).unwrap().await;
-            step(&clock, 200 * MS);
+            clock.step(200 * MS);
             assert!(
                 b.check(b"held", ONE).await.is_admitted(),
                 "after the shorter block"
@@ -252,7 +239,7 @@ async fn a_block_holds_whatever_the_limits_keys_do() {
             // The other key's block outlives what its limits held.
             let refused = b.check(b"fresh", ONE).await;
             assert!(!refused.is_admitted(), "{refused:?}");
-            step(&clock, 250 * MS);
+            clock.step(250 * MS);
             let admitted = b.check(b"fresh", ONE).await;
             assert!(admitted.is_admitted(), "after the block: {admitted:?}");
         }
@@ -290,18 +277,18 @@ async fn a_block_outlives_keys_that_expire_under_it() {
     // block ended: a busy CI machine could be later. The block and the keys' expiries
     // are the server's clock's, so they now last exactly the steps.)
     let (redis, clock) = RedisServer::start_with_clock();
-    freeze_now(&clock);
+    clock.freeze_now();
     for functions in paths(&redis) {
         let (a, b) = (backend(&redis, functions), backend(&redis, functions));
         for (a, b) in short(&a, None).iter().zip(&short(&b, None)) {
             assert!(a.check(b"k", ONE).await.is_admitted());
             a.block(b"k", 400 * MS).unwrap().await;
             for _ in 0..3 {
-                step(&clock, 100 * MS);
+                clock.step(100 * MS);
                 let refused = b.check(b"k", ONE).await;
                 assert!(!refused.is_admitted(), "{refused:?}");
             }
-            step(&clock, 150 * MS);
+            clock.step(150 * MS);
             assert!(b.check(b"k", ONE).await.is_admitted());
         }
     }
@@ -317,18 +304,18 @@ async fn a_lockout_refuses_on_every_instance() {
     // The lockout and the keys' expiries are the server's clock's: they now last exactly
     // the steps, and the last step goes 50 ms past the end.)
     let (redis, clock) = RedisServer::start_with_clock();
-    freeze_now(&clock);
+    clock.freeze_now();
     for functions in paths(&redis) {
         let (a, b) = (backend(&redis, functions), backend(&redis, functions));
         let lockout = Some(400 * MS);
         for (a, b) in short(&a, lockout).iter().zip(&short(&b, lockout)) {
             let key = b"locked";
             while a.check(key, ONE).await.is_admitted() {}
-            step(&clock, 100 * MS);
+            clock.step(100 * MS);
             let refused = b.check(key, ONE).await;
             assert!(!refused.is_admitted(), "{refused:?}");
             assert!(refused.retry_after.unwrap() > 100 * MS, "{refused:?}");
-            step(&clock, 350 * MS);
+            clock.step(350 * MS);
             assert!(b.check(key, ONE).await.is_admitted());
         }
     }

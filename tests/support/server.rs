@@ -620,10 +620,25 @@ impl ServerClock {
         self.write(unix_us, 1);
     }
 
+    /// Stops the server's wall clock at the real time now; from then on it moves only
+    /// by [`ServerClock::step`], so blocks, lockouts and key expiries last what the test
+    /// says in the server's time, however long the calls under them take.
+    pub(crate) fn freeze_now(&self) {
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .expect("after the epoch");
+        self.freeze_at(i64::try_from(now.as_micros()).expect("fits"));
+    }
+
     /// Steps the server's clock by `by_us` (an offset, or a frozen time).
     pub(crate) fn step_us(&self, by_us: i64) {
         let (time, mode) = self.read();
         self.write(time + by_us, mode);
+    }
+
+    /// Steps the server's clock by `by` ([`ServerClock::step_us`]).
+    pub(crate) fn step(&self, by: Duration) {
+        self.step_us(i64::try_from(by.as_micros()).expect("fits"));
     }
 }
 
