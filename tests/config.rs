@@ -398,3 +398,60 @@ fn every_backend_field_reaches_the_builder() {
     );
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// Every form of every algorithm's limit (calendars, offsets, lockouts, leases) and of
+/// `missing_key` writes back to the text it was read from: the algorithms' own config
+/// types are what a rule file holds.
+#[test]
+fn every_limit_form_reads_back_as_written() {
+    let text = r#"
+        [[rules]]
+        name = "fixed"
+        limit = { algorithm = "period", quota = 5, period = "1m", align = "+05:30", lockout = "15m" }
+        key = "global"
+        missing_key = "allow"
+
+        [[rules]]
+        name = "week"
+        limit = { algorithm = "period", quota = 5, calendar = "week", zone = "Europe/Berlin", week_starts = "sunday" }
+        key = "global"
+        missing_key = { reject = 401 }
+
+        [[rules]]
+        name = "month"
+        limit = { algorithm = "period", quota = 5, calendar = "month", zone = "UTC" }
+        key = "global"
+
+        [[rules]]
+        name = "bucket"
+        limit = { algorithm = "token_bucket", rate = 10, per = "1s", burst = 20, lease = { size = 5, lifetime = "100ms" } }
+        key = "global"
+
+        [[rules]]
+        name = "locked"
+        limit = { algorithm = "token_bucket", rate = 10, burst = 20, lockout = "1m" }
+        key = "global"
+        missing_key = { key = "anonymous" }
+
+        [[rules]]
+        name = "rolling"
+        limit = { algorithm = "rolling_window", limit = 10, buckets = 6, interval = "10s", lockout = "30s" }
+        key = "global"
+    "#;
+    let config = parse(text);
+    let written = toml::to_string(&config).unwrap();
+    let again: RulesConfig = toml::from_str(&written).unwrap();
+    assert_eq!(again, config, "{written}");
+    for form in [
+        "align = \"+05:30\"",
+        "lockout = \"15m\"",
+        "week_starts = \"sunday\"",
+        "zone = \"Europe/Berlin\"",
+        "calendar = \"month\"",
+        "lifetime = \"100ms\"",
+        "reject = 401",
+    ] {
+        assert!(written.contains(form), "{form} in {written}");
+    }
+    config.build().expect("every form builds");
+}

@@ -15,7 +15,7 @@
 //! |---|---|
 //! | the backend | [`BackendConfig`]: `url`, `cluster_urls`, `sentinel`, `tls`, `prefix`, `call_timeout`, `probe_interval`, `breaker`, `failure_policy`, `fallback_share`, `fallback_rounding`, `max_local_keys`, `deny_cache` |
 //! | a rule | [`RuleConfig`]: `name`, `limit`, `key`, `cost`, `failure_policy`, `fallback_share`, `fallback_rounding`, `shadow`, `headers`, `decision_extension`, `missing_key`, `max_key_len` |
-//! | an algorithm | [`LimitConfig`]: `{ algorithm = "period", quota, period, align }`, `{ algorithm = "token_bucket", rate, per, burst }`, `{ algorithm = "rolling_window", limit, buckets, interval }` |
+//! | an algorithm | [`LimitConfig`], holding the algorithm's own config type: `{ algorithm = "period", quota, period, align, lockout }` or with `calendar`, `zone`, `week_starts` ([`PeriodConfig`](crate::period::PeriodConfig)), `{ algorithm = "token_bucket", rate, per, burst, lockout, lease }` ([`TokenBucketConfig`](crate::token_bucket::TokenBucketConfig)), `{ algorithm = "rolling_window", limit, buckets, interval, lockout }` ([`RollingConfig`](crate::rolling::RollingConfig)) |
 //! | a key | [`KeyConfig`]: `"global"`, `"peer_ip"`, `{ forwarded_ip = { trusted = [..] } }`, `{ header = ".." }`, `"path"`, `"matched_path"`, `{ or = [..] }`, `{ and = [..] }` |
 //!
 //! Durations are [`humantime`](https://docs.rs/humantime) strings (`"100ms"`, `"2s"`,
@@ -75,10 +75,8 @@ use serde::{Deserialize, Serialize};
 
 pub use self::backend::{BackendConfig, BreakerSettings, SentinelConfig, TlsConfig};
 pub use self::key::{ForwardedIpConfig, KeyConfig, PeerIpConfig, RuleKey};
-pub use self::rule::{
-    LimitConfig, MissingKeyConfig, PeriodLimitConfig, RollingLimitConfig, RuleConfig, RuleLayer,
-    TokenBucketLimitConfig,
-};
+pub use self::rule::{LimitConfig, RuleConfig, RuleLayer};
+pub(crate) use self::rule::{MissingKeyFile, PeriodFile, RollingFile, TokenBucketFile};
 
 use crate::backend::Backend;
 use crate::error::ConfigError;

@@ -72,7 +72,7 @@ pub struct RuleConfig {
     pub decision_extension: Option<bool>,
     /// [`LayerBuilder::on_missing_key`] (default: reject with 400).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub missing_key: Option<MissingKeyConfig>,
+    pub missing_key: Option<MissingKey>,
     /// [`LayerBuilder::max_key_len`] (default 256).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_key_len: Option<usize>,
@@ -137,7 +137,7 @@ impl RuleConfig {
             builder = builder.decision_extension(extension);
         }
         if let Some(missing) = &self.missing_key {
-            builder = builder.on_missing_key(missing.build()?);
+            builder = builder.on_missing_key(missing.clone());
         }
         if let Some(len) = self.max_key_len {
             builder = builder.max_key_len(len);
@@ -155,16 +155,20 @@ impl RuleConfig {
     }
 }
 
-/// An algorithm and its parameters, tagged by `algorithm`.
+/// An algorithm and its parameters, tagged by `algorithm`: the algorithm's own config
+/// type, read from the file.
 ///
-/// | `algorithm` | parameters | built as |
+/// | `algorithm` | parameters | reads |
 /// |---|---|---|
-/// | `"period"` | `quota`, `period`, optional `align` (`"UTC"`, `"+05:30"`, `"-08:00"`); or `quota`, `calendar` (`"day"`, `"week"`, `"month"`), `zone` (an IANA name) and for weeks `week_starts` (default `"monday"`) | [`PeriodConfig`] |
-/// | `"token_bucket"` | `rate`, `per` (default `"1s"`), `burst` | [`TokenBucketConfig`] |
-/// | `"rolling_window"` | `limit`, `buckets`, `interval` | [`RollingConfig`] |
+/// | `"period"` | `quota`, `period`, optional `align` (`"UTC"`, `"+05:30"`, `"-08:00"`); or `quota`, `calendar` (`"day"`, `"week"`, `"month"`), `zone` (an IANA name) and for weeks `week_starts` (default `"monday"`); optional `lockout` | [`PeriodConfig`] |
+/// | `"token_bucket"` | `rate`, `per` (default `"1s"`), `burst`; optional `lockout`, `lease = { size, lifetime }` | [`TokenBucketConfig`] |
+/// | `"rolling_window"` | `limit`, `buckets`, `interval`; optional `lockout` | [`RollingConfig`] |
 ///
 /// Durations are [`humantime`](https://docs.rs/humantime) strings: `"100ms"`, `"2s"`,
-/// `"1m"`, `"1day"`, `"1h 30m"`.
+/// `"1m"`, `"1day"`, `"1h 30m"`. What only a file can get wrong (an unknown calendar unit,
+/// a zone missing, an offset that does not parse) fails when the file is read; values the
+/// limiters refuse (a zero quota, an unknown zone) fail when the rule is built, with the
+/// builders' own errors.
 ///
 /// ```toml
 /// # 5 SMS codes per phone per local day in New York (23 or 25 hours on DST days).
@@ -178,49 +182,48 @@ impl RuleConfig {
 #[non_exhaustive]
 pub enum LimitConfig {
     /// A fixed window.
-    Period(PeriodLimitConfig),
+    Period(PeriodConfig),
     /// A token bucket.
-    TokenBucket(TokenBucketLimitConfig),
+    TokenBucket(TokenBucketConfig),
     /// A rolling window.
-    RollingWindow(RollingLimitConfig),
+    RollingWindow(RollingConfig),
 }
 
-/// The parameters of [`LimitConfig::Period`].
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+/// How a [`PeriodConfig`] is written in a file (the `"period"` row of [`LimitConfig`]).
+#[derive(Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
-#[non_exhaustive]
-pub struct PeriodLimitConfig {
-    /// Units per window.
-    pub quota: u64,
-    /// The window (none with `calendar`).
+pub(crate) struct PeriodFile {
+    quota: u64,
     #[serde(
         default,
         with = "humantime_serde",
         skip_serializing_if = "Duration::is_zero"
     )]
-    pub period: Duration,
-    /// Aligns windows to local time at this UTC offset (`"UTC"`, `"+05:30"`).
+    period: Duration,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub align: Option<String>,
-    /// Calendar windows in place of `period`: `"day"`, `"week"` or `"month"` in `zone`
-    /// ([`Calendar`]).
+    align: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub calendar: Option<String>,
-    /// The IANA time zone of `calendar` (`"America/New_York"`, `"UTC"`); required with it.
+    calendar: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub zone: Option<String>,
-    /// The first day of a `"week"` calendar (`"monday"` to `"sunday"`; default
-    /// `"monday"`).
+    zone: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub week_starts: Option<String>,
+    week_starts: Option<String>,
+    #[serde(
+        default,
+        with = "humantime_serde",
+        skip_serializing_if = "Option::is_none"
+    )]
+    lockout: Option<Duration>,
 }
 
-impl PeriodLimitConfig {
-    /// The limiter's settings, with the calendar's names parsed (the zone itself is
-    /// checked when the limiter is built).
-    fn settings(&self) -> Result<PeriodConfig, ConfigError> {
-        let calendar = match (&self.calendar, &self.zone) {
-            (None, None) if self.week_starts.is_none() => None,
+impl TryFrom<PeriodFile> for PeriodConfig {
+    type Error = ConfigError;
+
+    /// The calendar's names parsed (the zone itself is checked when the limiter is
+    /// built).
+    fn try_from(file: PeriodFile) -> Result<Self, ConfigError> {
+        let calendar = match (&file.calendar, &file.zone) {
+            (None, None) if file.week_starts.is_none() => None,
             (None, _) => {
                 return Err(ConfigError::Missing {
                     setting: "calendar",
@@ -229,13 +232,13 @@ impl PeriodLimitConfig {
             (Some(_), None) => return Err(ConfigError::Missing { setting: "zone" }),
             (Some(unit), Some(zone)) => Some(match unit.as_str() {
                 "week" => {
-                    let first = match &self.week_starts {
+                    let first = match &file.week_starts {
                         Some(day) => day.parse()?,
                         None => Weekday::Monday,
                     };
                     Calendar::week(zone, first)
                 }
-                _ if self.week_starts.is_some() => {
+                _ if file.week_starts.is_some() => {
                     return Err(ConfigError::Conflict {
                         reason: "`week_starts` is for a \"week\" calendar",
                     })
@@ -252,90 +255,134 @@ impl PeriodLimitConfig {
         };
         let mut config = match calendar {
             Some(calendar) => {
-                let mut config = PeriodConfig::calendar(self.quota, calendar);
+                let mut config = PeriodConfig::calendar(file.quota, calendar);
                 // A period given too is the limiter's to refuse.
-                config.period = self.period;
+                config.period = file.period;
                 config
             }
-            None => PeriodConfig::new(self.quota, self.period),
+            None => PeriodConfig::new(file.quota, file.period),
         };
-        if let Some(offset) = &self.align {
+        if let Some(offset) = &file.align {
             config = config.align(parse_offset(offset)?);
         }
+        config.lockout = file.lockout;
         Ok(config)
     }
 }
 
-/// The parameters of [`LimitConfig::TokenBucket`].
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+impl From<PeriodConfig> for PeriodFile {
+    fn from(config: PeriodConfig) -> Self {
+        let (calendar, zone, week_starts) = match config.calendar {
+            Some(calendar) => {
+                let (unit, week_starts) = calendar.unit_names();
+                (
+                    Some(unit.to_owned()),
+                    Some(calendar.zone().to_owned()),
+                    week_starts.map(str::to_owned),
+                )
+            }
+            None => (None, None, None),
+        };
+        Self {
+            quota: config.quota,
+            period: config.period,
+            align: config.align.map(format_offset),
+            calendar,
+            zone,
+            week_starts,
+            lockout: config.lockout,
+        }
+    }
+}
+
+/// How a [`TokenBucketConfig`] is written in a file (the `"token_bucket"` row of
+/// [`LimitConfig`]).
+#[derive(Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
-#[non_exhaustive]
-pub struct TokenBucketLimitConfig {
-    /// Tokens added per `per`.
-    pub rate: u64,
-    /// The refill period (default one second).
+pub(crate) struct TokenBucketFile {
+    rate: u64,
     #[serde(default = "one_second", with = "humantime_serde")]
-    pub per: Duration,
-    /// The bucket's size.
-    pub burst: u64,
+    per: Duration,
+    burst: u64,
+    #[serde(
+        default,
+        with = "humantime_serde",
+        skip_serializing_if = "Option::is_none"
+    )]
+    lockout: Option<Duration>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    lease: Option<LeaseFile>,
+}
+
+/// A token bucket's `lease = { size = 50, lifetime = "100ms" }`.
+#[derive(Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+struct LeaseFile {
+    size: u64,
+    #[serde(with = "humantime_serde")]
+    lifetime: Duration,
 }
 
 fn one_second() -> Duration {
     Duration::from_secs(1)
 }
 
-/// The parameters of [`LimitConfig::RollingWindow`].
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-#[non_exhaustive]
-pub struct RollingLimitConfig {
-    /// Units within any window.
-    pub limit: u64,
-    /// Buckets per window.
-    pub buckets: u32,
-    /// The length of one bucket.
-    #[serde(with = "humantime_serde")]
-    pub interval: Duration,
+impl From<TokenBucketFile> for TokenBucketConfig {
+    fn from(file: TokenBucketFile) -> Self {
+        let mut config = TokenBucketConfig::new(file.rate, file.per, file.burst);
+        config.lockout = file.lockout;
+        config.lease = file.lease.map(|lease| (lease.size, lease.lifetime));
+        config
+    }
 }
 
-impl LimitConfig {
-    /// A fixed window of `quota` per `period`.
-    pub fn period(quota: u64, period: Duration) -> Self {
-        Self::Period(PeriodLimitConfig {
-            quota,
-            period,
-            align: None,
-            calendar: None,
-            zone: None,
-            week_starts: None,
-        })
+impl From<TokenBucketConfig> for TokenBucketFile {
+    fn from(config: TokenBucketConfig) -> Self {
+        Self {
+            rate: config.rate,
+            per: config.period,
+            burst: config.burst,
+            lockout: config.lockout,
+            lease: config
+                .lease
+                .map(|(size, lifetime)| LeaseFile { size, lifetime }),
+        }
     }
+}
 
-    /// A fixed window of `quota` per local `calendar` unit (`"day"`, `"week"` or
-    /// `"month"`) in the IANA time `zone`.
-    pub fn calendar(quota: u64, calendar: &str, zone: &str) -> Self {
-        Self::Period(PeriodLimitConfig {
-            quota,
-            period: Duration::ZERO,
-            align: None,
-            calendar: Some(calendar.to_owned()),
-            zone: Some(zone.to_owned()),
-            week_starts: None,
-        })
+/// How a [`RollingConfig`] is written in a file (the `"rolling_window"` row of
+/// [`LimitConfig`]).
+#[derive(Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RollingFile {
+    limit: u64,
+    buckets: u32,
+    #[serde(with = "humantime_serde")]
+    interval: Duration,
+    #[serde(
+        default,
+        with = "humantime_serde",
+        skip_serializing_if = "Option::is_none"
+    )]
+    lockout: Option<Duration>,
+}
+
+impl From<RollingFile> for RollingConfig {
+    fn from(file: RollingFile) -> Self {
+        let mut config = RollingConfig::new(file.limit, file.buckets, file.interval);
+        config.lockout = file.lockout;
+        config
     }
+}
 
-    /// A token bucket of `rate` per `per` with `burst`.
-    pub fn token_bucket(rate: u64, per: Duration, burst: u64) -> Self {
-        Self::TokenBucket(TokenBucketLimitConfig { rate, per, burst })
-    }
-
-    /// A rolling window of `limit` within `buckets` x `interval`.
-    pub fn rolling_window(limit: u64, buckets: u32, interval: Duration) -> Self {
-        Self::RollingWindow(RollingLimitConfig {
-            limit,
-            buckets,
-            interval,
-        })
+impl From<RollingConfig> for RollingFile {
+    fn from(config: RollingConfig) -> Self {
+        Self {
+            limit: config.limit,
+            buckets: config.buckets,
+            interval: config.interval,
+            lockout: config.lockout,
+        }
     }
 }
 
@@ -345,17 +392,9 @@ impl Algorithm for LimitConfig {
 
     fn build(self, backend: &Backend, name: &str) -> Result<Self::Limiter, ConfigError> {
         Ok(match self {
-            Self::Period(c) => Arc::new(PeriodLimiter::new(backend, name, c.settings()?)?),
-            Self::TokenBucket(c) => Arc::new(TokenBucketLimiter::new(
-                backend,
-                name,
-                TokenBucketConfig::new(c.rate, c.per, c.burst),
-            )?),
-            Self::RollingWindow(c) => Arc::new(RollingWindowLimiter::new(
-                backend,
-                name,
-                RollingConfig::new(c.limit, c.buckets, c.interval),
-            )?),
+            Self::Period(c) => Arc::new(PeriodLimiter::new(backend, name, c)?),
+            Self::TokenBucket(c) => Arc::new(TokenBucketLimiter::new(backend, name, c)?),
+            Self::RollingWindow(c) => Arc::new(RollingWindowLimiter::new(backend, name, c)?),
         })
     }
 }
@@ -392,25 +431,34 @@ fn parse_offset(text: &str) -> Result<UtcOffset, ConfigError> {
     ))
 }
 
-/// What a rule does with a request that has no key: `"allow"`, `{ reject = 400 }` or
-/// `{ key = "anonymous" }` ([`MissingKey`]).
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+/// The form [`parse_offset`] reads: `UTC`, or `+HH:MM` / `-HH:MM`.
+fn format_offset(offset: UtcOffset) -> String {
+    let seconds = offset.seconds();
+    if seconds == 0 {
+        return "UTC".to_owned();
+    }
+    let sign = if seconds < 0 { '-' } else { '+' };
+    let minutes = seconds.unsigned_abs() / 60;
+    format!("{sign}{:02}:{:02}", minutes / 60, minutes % 60)
+}
+
+/// How a [`MissingKey`] is written in a file: `"allow"`, `{ reject = 400 }` or
+/// `{ key = "anonymous" }`.
+#[derive(Deserialize, Serialize)]
 #[serde(rename_all = "snake_case")]
-#[non_exhaustive]
-pub enum MissingKeyConfig {
-    /// Answer with this HTTP status.
+pub(crate) enum MissingKeyFile {
     Reject(u16),
-    /// Let the request through unlimited.
     Allow,
-    /// Limit the request under this constant key.
     Key(String),
 }
 
-impl MissingKeyConfig {
-    fn build(&self) -> Result<MissingKey, ConfigError> {
-        Ok(match self {
-            Self::Reject(code) => MissingKey::Reject(
-                StatusCode::from_u16(*code)
+impl TryFrom<MissingKeyFile> for MissingKey {
+    type Error = ConfigError;
+
+    fn try_from(file: MissingKeyFile) -> Result<Self, ConfigError> {
+        Ok(match file {
+            MissingKeyFile::Reject(code) => MissingKey::Reject(
+                StatusCode::from_u16(code)
                     .ok()
                     .filter(|status| status.is_client_error() || status.is_server_error())
                     .ok_or_else(|| ConfigError::InvalidValue {
@@ -418,15 +466,33 @@ impl MissingKeyConfig {
                         reason: format!("{code} is not an HTTP error status (400 to 599)"),
                     })?,
             ),
-            Self::Allow => MissingKey::Allow,
-            Self::Key(key) => MissingKey::Key(Cow::Owned(key.clone())),
+            MissingKeyFile::Allow => MissingKey::Allow,
+            MissingKeyFile::Key(key) => MissingKey::Key(Cow::Owned(key)),
         })
+    }
+}
+
+impl From<MissingKey> for MissingKeyFile {
+    fn from(missing: MissingKey) -> Self {
+        match missing {
+            MissingKey::Reject(status) => Self::Reject(status.as_u16()),
+            MissingKey::Allow => Self::Allow,
+            MissingKey::Key(key) => Self::Key(key.into_owned()),
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::parse_offset;
+
+    #[test]
+    fn offsets_read_back_as_written() {
+        for text in ["UTC", "+05:30", "-08:00", "+14:00", "-00:30"] {
+            let offset = parse_offset(text).unwrap();
+            assert_eq!(super::format_offset(offset), text);
+        }
+    }
 
     #[test]
     fn offsets() {

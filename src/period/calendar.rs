@@ -29,10 +29,27 @@ pub enum Weekday {
     Sunday,
 }
 
+/// The weekdays' names, Monday first.
+const WEEKDAY_NAMES: [(&str, Weekday); 7] = [
+    ("monday", Weekday::Monday),
+    ("tuesday", Weekday::Tuesday),
+    ("wednesday", Weekday::Wednesday),
+    ("thursday", Weekday::Thursday),
+    ("friday", Weekday::Friday),
+    ("saturday", Weekday::Saturday),
+    ("sunday", Weekday::Sunday),
+];
+
 impl Weekday {
     /// Days after Monday (Monday 0, Sunday 6).
     fn days_after_monday(self) -> i8 {
         self as i8
+    }
+
+    /// The day's name as [`FromStr`] reads it (`"monday"`).
+    #[cfg(feature = "serde")]
+    fn name(self) -> &'static str {
+        WEEKDAY_NAMES[self.days_after_monday() as usize].0
     }
 }
 
@@ -41,16 +58,7 @@ impl FromStr for Weekday {
 
     /// An English weekday name, any case (`"monday"`, `"Sunday"`).
     fn from_str(text: &str) -> Result<Self, ConfigError> {
-        const NAMES: [(&str, Weekday); 7] = [
-            ("monday", Weekday::Monday),
-            ("tuesday", Weekday::Tuesday),
-            ("wednesday", Weekday::Wednesday),
-            ("thursday", Weekday::Thursday),
-            ("friday", Weekday::Friday),
-            ("saturday", Weekday::Saturday),
-            ("sunday", Weekday::Sunday),
-        ];
-        NAMES
+        WEEKDAY_NAMES
             .iter()
             .find(|(name, _)| name.eq_ignore_ascii_case(text))
             .map(|&(_, day)| day)
@@ -115,6 +123,17 @@ impl std::fmt::Debug for Calendar {
 }
 
 impl Calendar {
+    /// The unit's name in a rule file (`"day"`, `"week"`, `"month"`) and, for a week,
+    /// its first day's.
+    #[cfg(feature = "serde")]
+    pub(crate) fn unit_names(&self) -> (&'static str, Option<&'static str>) {
+        match self.unit {
+            Unit::Day => ("day", None),
+            Unit::Week(first) => ("week", Some(first.name())),
+            Unit::Month => ("month", None),
+        }
+    }
+
     /// Local days in `zone` (an IANA name such as `"America/New_York"`, or `"UTC"`).
     #[must_use]
     pub fn day(zone: &str) -> Self {

@@ -135,8 +135,20 @@ impl UtcOffset {
     }
 }
 
-/// The settings of a fixed-window limit.
-#[derive(Debug, Clone, Copy, Default)]
+/// The settings of a fixed-window limit: what [`PeriodLimitLayer::builder`]
+/// fills, a member of a [`LimitSet`](crate::set::LimitSet) or a plan, and (with the `serde`
+/// feature) the `"period"` limit of a rule file ([`LimitConfig`](crate::config::LimitConfig)).
+///
+/// [`PeriodLimitLayer::builder`]: crate::PeriodLimitLayer::builder
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Deserialize, serde::Serialize),
+    serde(
+        try_from = "crate::config::PeriodFile",
+        into = "crate::config::PeriodFile"
+    )
+)]
 pub struct PeriodConfig {
     pub(crate) quota: u64,
     pub(crate) period: Duration,

@@ -22,7 +22,15 @@ pub const MAX_BUCKETS: u32 = 1_000;
 const MAX_WINDOW_MS: u64 = 10 * 366 * 86_400_000;
 
 /// The settings of a rolling-window limit.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Deserialize, serde::Serialize),
+    serde(
+        from = "crate::config::RollingFile",
+        into = "crate::config::RollingFile"
+    )
+)]
 pub struct RollingConfig {
     pub(crate) limit: u64,
     pub(crate) buckets: u32,

@@ -69,7 +69,18 @@ pub use self::warn::MISSING_KEY_WARNING_INTERVAL;
 /// added with `with_interceptor`) that runs inside the limit instead of before it, so the
 /// request extensions do not yet hold what [`ExtensionKey`](crate::key::ExtensionKey)
 /// reads. Each one is also counted in the [metrics](crate::metrics).
+///
+/// With the `serde` feature it reads as a rule file writes it: `"allow"`,
+/// `{ reject = 400 }` (an HTTP error status) or `{ key = "anonymous" }`.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Deserialize, serde::Serialize),
+    serde(
+        try_from = "crate::config::MissingKeyFile",
+        into = "crate::config::MissingKeyFile"
+    )
+)]
 #[non_exhaustive]
 pub enum MissingKey {
     /// Answer with this status (and a short text body; for a gRPC call with the `grpc`

@@ -96,7 +96,15 @@ use crate::limiter::DecisionFuture;
 const TAT_EPOCH_SECS: i64 = 1_767_225_600;
 
 /// The settings of a token bucket.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Deserialize, serde::Serialize),
+    serde(
+        from = "crate::config::TokenBucketFile",
+        into = "crate::config::TokenBucketFile"
+    )
+)]
 pub struct TokenBucketConfig {
     pub(crate) rate: u64,
     pub(crate) period: Duration,
