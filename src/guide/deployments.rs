@@ -5,10 +5,13 @@
 //! With the `cluster` feature, give the backend the nodes' URLs with
 //! `BackendBuilder::redis_cluster_urls` (the backend connects itself, with
 //! `TCP_NODELAY`), or a `deadpool_redis::cluster` pool with
-//! `BackendBuilder::redis_cluster`. Every check is one script on one Redis key,
-//! `<prefix>:{v1:<escaped key>}:<algorithm>:<name>` (the [layout](crate::backend#redis-keys)),
-//! so it runs on the node that owns that key's slot; there are no cross-slot operations
-//! and no hash tags to plan. The crate writes the hash tag itself: the braces hold the
+//! `BackendBuilder::redis_cluster`. Every check is one script on the keys of one hash
+//! slot: its limits' keys, `<prefix>:{v1:<escaped key>}:<algorithm>:<name>` (one, or a
+//! set's members; the [layout](crate::backend#redis-keys)), and the key's block,
+//! `<prefix>:{v1:<escaped key>}:block:...`, so it runs on the node that owns that slot;
+//! no script touches two slots and there are no hash tags to plan. (The list of a
+//! limit's blocked keys, `<prefix>:blocked:...`, is outside every hash tag and written
+//! by calls of its own beside a block.) The crate writes the hash tag itself: the braces hold the
 //! layout version and the limited key, with any `{`, `}` or `%` in the key escaped
 //! (`%7B`, `%7D`, `%25`), so a key's slot depends on the limited key alone. Keys spread
 //! over the whole cluster by limited key, whatever braces a client puts into its key,

@@ -30,11 +30,14 @@
 //! These calls take the key a layer counts, [tag](crate::key#tags) and all
 //! (`hdr:x-api-key:trap`), not the client's value (`trap`): see below for acting by value.
 //!
-//! A block or a reset made on one instance reaches the other instances' answers at once
-//! on Redis, except where another instance answers a refusal from its local deny cache:
-//! there, within the deny cache's
-//! [max age](crate::BackendBuilder::deny_cache_max_age) (1 s by default). In process
-//! (and in the fallback), blocks and resets reach only this process.
+//! A block or a reset made on one instance reaches the other instances' answers on Redis
+//! at once: the limit's state is in Redis, and the instance that made the change
+//! publishes it, so that every other backend forgets its cached refusal of that key when
+//! the message arrives (one pub/sub hop; see
+//! [Changes on every instance](crate::guide::operations#changes-on-every-instance)).
+//! Only while a backend's subscription is down does a refusal it cached stand for up to
+//! the deny cache's [max age](crate::BackendBuilder::deny_cache_max_age) (1 s by
+//! default). In process (and in the fallback), blocks and resets reach only this process.
 //!
 //! ```
 //! use std::num::NonZeroU32;
