@@ -36,6 +36,9 @@ pub trait Limiter: Send + Sync + 'static {
     ///
     /// The default is [`policy`](Self::policy) alone. The first policy is the default
     /// one, which [`policy`](Self::policy) returns and [`check`](Self::check) applies.
+    // Plumbing for plans and dynamic limits (a limiter that chooses a policy per
+    // request); hidden: a limiter of your own needs none of it.
+    #[doc(hidden)]
     fn policies(&self) -> &[Policy] {
         std::slice::from_ref(self.policy())
     }
@@ -43,6 +46,9 @@ pub trait Limiter: Send + Sync + 'static {
     /// The index in [`policies`](Self::policies) of the policy that applies to a
     /// request, from its head (method, URI, headers, extensions). Only asked when there
     /// is more than one policy; the default is `0`.
+    // Plumbing for plans and dynamic limits (a limiter that chooses a policy per
+    // request); hidden: a limiter of your own needs none of it.
+    #[doc(hidden)]
     fn select(&self, request: &http::request::Parts) -> usize {
         let _ = request;
         0
@@ -51,6 +57,9 @@ pub trait Limiter: Send + Sync + 'static {
     /// Counts `cost` units against `key` under the policy at `index` in
     /// [`policies`](Self::policies). The default ignores `index` and calls
     /// [`check`](Self::check).
+    // Plumbing for plans and dynamic limits (a limiter that chooses a policy per
+    // request); hidden: a limiter of your own needs none of it.
+    #[doc(hidden)]
     fn check_policy(&self, index: usize, key: &[u8], cost: NonZeroU32) -> DecisionFuture {
         let _ = index;
         self.check(key, cost)
@@ -80,6 +89,9 @@ pub trait Limiter: Send + Sync + 'static {
     /// [`policies`](Self::policies) (the one [`check_policy`](Self::check_policy) spent
     /// them under): what counting by outcome calls. The default ignores `index` and calls
     /// [`refund`](Self::refund).
+    // Plumbing for plans and dynamic limits (a limiter that chooses a policy per
+    // request); hidden: a limiter of your own needs none of it.
+    #[doc(hidden)]
     fn refund_policy(&self, index: usize, key: &[u8], cost: NonZeroU32) -> Option<DecisionFuture> {
         let _ = index;
         self.refund(key, cost)
@@ -128,6 +140,9 @@ pub trait Limiter: Send + Sync + 'static {
     /// [`policies`](Self::policies) (the one [`check_policy`](Self::check_policy) spent
     /// the units under): what a layer that settles after the response calls. The
     /// default ignores `index` and calls [`settle`](Self::settle).
+    // Plumbing for plans and dynamic limits (a limiter that chooses a policy per
+    // request); hidden: a limiter of your own needs none of it.
+    #[doc(hidden)]
     fn settle_policy(&self, index: usize, key: &[u8], delta: i64) -> Option<DecisionFuture> {
         let _ = index;
         self.settle(key, delta)

@@ -7,7 +7,7 @@
 //! [cost](super::LayerBuilder::cost)), so concurrent requests never overshoot by more
 //! than their own underestimates. When the body ends (its last frame, an error, or the
 //! body dropped: a client that went away, a panic), a [`Meter`] settles to the actual
-//! cost with one call ([`Limiter::settle_policy`](crate::Limiter::settle_policy)), in the
+//! cost with one call (a [`Limiter::settle`](crate::Limiter::settle) of its policy), in the
 //! background: less than the estimate gives the difference back, more spends the extra
 //! past the limit (the key owes it, and is refused until it is paid off). A request
 //! whose actual cost cannot be read keeps its estimate: never free, never charged twice.
