@@ -154,3 +154,52 @@
 //!     .layer(limit)
 //!     .layer(tower_http::cors::CorsLayer::permissive());
 //! ```
+//!
+//! # What combines with what
+//!
+//! Every way of making a limit yields an algorithm config that a
+//! [`LayerBuilder`](crate::LayerBuilder) builds, so they nest:
+//!
+//! | this | holds | for |
+//! |---|---|---|
+//! | a [`PeriodConfig`](crate::period::PeriodConfig), [`TokenBucketConfig`](crate::token_bucket::TokenBucketConfig) or [`RollingConfig`](crate::rolling::RollingConfig) | one limit | one layer, a set's member, a plan |
+//! | a [`LimitSet`](crate::set::LimitSet) | several algorithms on one key, all or nothing | a layer ([`LimitSetLayer`](crate::LimitSetLayer)), a plan |
+//! | [`Plans`](crate::Plans) | one limit per plan, chosen per request: any of the above | a layer |
+//! | [`DynamicLimits`](crate::dynamic::DynamicLimits) | one algorithm whose number comes from your store per key | a layer, a plan |
+//! | stacked layers | limits on different keys (per user *and* per merchant) | a router |
+//!
+//! A plan may be a set: per-minute *and* daily limits per plan, decided together.
+//!
+//! ```
+//! use std::time::Duration;
+//! use tower_redis_ratelimit::key::ExtensionKey;
+//! use tower_redis_ratelimit::period::PeriodConfig;
+//! use tower_redis_ratelimit::set::LimitSet;
+//! use tower_redis_ratelimit::{Backend, ExtensionPlan, LayerBuilder, Plans};
+//!
+//! #[derive(Clone, Copy, PartialEq, Debug)]
+//! enum Plan { Free, Pro }
+//! #[derive(Clone, Debug)]
+//! struct ApiKey(String);
+//! impl std::fmt::Display for ApiKey {
+//!     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result { f.write_str(&self.0) }
+//! }
+//!
+//! # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
+//! let (minute, day) = (Duration::from_secs(60), Duration::from_secs(86_400));
+//! let plans = Plans::new(ExtensionPlan::<Plan>::new())
+//!     .plan(Plan::Free, "free", LimitSet::new()
+//!         .limit("minute", PeriodConfig::new(60, minute))
+//!         .limit("daily", PeriodConfig::new(1_000, day)))
+//!     .plan(Plan::Pro, "pro", LimitSet::new()
+//!         .limit("minute", PeriodConfig::new(600, minute))
+//!         .limit("daily", PeriodConfig::new(10_000, day)));
+//! let api = LayerBuilder::new(&Backend::in_process(), plans)
+//!     .name("api")
+//!     .key(ExtensionKey::<ApiKey>::new())
+//!     .build()?;
+//! # let _ = api; Ok(()) }
+//! ```
+//!
+//! The headers name each plan's limits (`"api.pro.minute"`, `"api.pro.daily"`), and a refusal by
+//! either spends neither.
