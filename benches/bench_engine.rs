@@ -608,7 +608,8 @@ fn crate_rows(backend: &Backend, path: &str) -> Vec<Row> {
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
     let url = std::env::var("REDIS_URL").expect("REDIS_URL");
-    let rounds: usize = std::env::args().filter(|arg| arg != "--bench")
+    let rounds: usize = std::env::args()
+        .filter(|arg| arg != "--bench")
         .nth(1)
         .map_or(3, |r| r.parse().expect("rounds"));
     // With REDIS_CLUSTER_URLS (comma-separated masters), the crate's rows run on that

@@ -244,7 +244,8 @@ fn main() {
         let keys = args.get(4).and_then(|n| n.parse().ok()).unwrap_or(1);
         return run(route, n, keys);
     }
-    let keys: usize = std::env::args().filter(|arg| arg != "--bench")
+    let keys: usize = std::env::args()
+        .filter(|arg| arg != "--bench")
         .nth(1)
         .map(|n| n.parse().expect("the key count is a whole number"))
         .unwrap_or(100_000);

@@ -206,7 +206,10 @@ fn header() {
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let args: Vec<String> = std::env::args().filter(|arg| arg != "--bench").skip(1).collect();
+    let args: Vec<String> = std::env::args()
+        .filter(|arg| arg != "--bench")
+        .skip(1)
+        .collect();
     let which = args.first().map_or("all", String::as_str).to_owned();
     let number = |i: usize, default: u64| -> Result<u64, Box<dyn std::error::Error>> {
         Ok(match args.get(i) {

@@ -53,7 +53,8 @@ fn summary(name: &str, samples: &mut [Duration]) {
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
-    let trials: usize = std::env::args().filter(|arg| arg != "--bench")
+    let trials: usize = std::env::args()
+        .filter(|arg| arg != "--bench")
         .nth(1)
         .map(|n| n.parse())
         .transpose()?
