@@ -40,7 +40,7 @@
 //! lock, and a key inserted by two requests at once is inserted once (the second waits
 //! for the first).
 //!
-//! The price, measured (`BENCHMARKS.md`): a check on a hot key costs what it did on
+//! The price, measured (`benches/NOTES.md`): a check on a hot key costs what it did on
 //! `DashMap` (~90 ns), but with 100 000 keys cycling it costs ~100 to ~150 ns more for
 //! the token bucket and the fixed window (an index table, then the slab: one more cache
 //! miss than a map holding the state inline). In exchange the store is bounded, never

@@ -5,7 +5,7 @@
 //! Two backends ("instances") share one real `redis-server`; the deny cache's max age
 //! is 30 s, so that without propagation every test below fails. Each polls instance A
 //! in a bounded loop (well under the max age) until the change shows: no timed
-//! assertion on latency (`examples/propagation.rs` measures it).
+//! assertion on latency (`benches/propagation.rs` measures it).
 
 mod support;
 

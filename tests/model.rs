@@ -58,7 +58,7 @@
 //!
 //! `PROPTEST_CASES` sets the number of cases (default 48 here: a short run in
 //! `scripts/test`); a release runs `PROPTEST_CASES=3000 cargo test --all-features
-//! --test model` (about 2 minutes; see `BENCHMARKS.md`). A failure prints the shrunk case.
+//! --test model` (about 2 minutes; see `benches/NOTES.md`). A failure prints the shrunk case.
 
 #[path = "model/kept.rs"]
 mod kept;

@@ -851,7 +851,7 @@ fn set_requests_and_tokens(backend: &Backend, name: &str) -> Box<dyn Limiter> {
 }
 
 /// 3 requests per second as a token bucket (burst 3), whatever their cost, and 10 units
-/// per second: the LLM pair as `examples/bench_engine.rs` runs it.
+/// per second: the LLM pair as `benches/bench_engine.rs` runs it.
 fn set_requests_bucket_and_tokens(backend: &Backend, name: &str) -> Box<dyn Limiter> {
     let set = LimitSet::new()
         .requests("rpm", TokenBucketConfig::new(3, SEC, 3))

@@ -14,7 +14,7 @@
 //!
 //! - `keys/*`: one key extraction with the built-in extractors (see `keys.rs`).
 //! - `service/*`: one HTTP request through an axum `Router` (no network) on the routes of
-//!   the `loadtest` example: no limiter, the in-process token bucket with and without
+//!   the `loadtest` harness: no limiter, the in-process token bucket with and without
 //!   headers, `tower_governor` with and without headers (see `service.rs`).
 //!
 //! Rates are huge (nothing is refused) except in the `refused` groups. Each check is one

@@ -1,5 +1,5 @@
 //! `service/*`: one HTTP request through an axum `Router` (no network, no hyper), on the
-//! routes of the `loadtest` example: `unlimited` (no limiter), `token_bucket` (the
+//! routes of the `loadtest` harness: `unlimited` (no limiter), `token_bucket` (the
 //! in-process `TokenBucketLayer` with its defaults: `RateLimit` / `RateLimit-Policy`
 //! headers and the `Decision` extension), `token_bucket_no_headers` (both off),
 //! `governor` (`tower_governor` 0.8, same quota and key) and `governor_headers` (with its
@@ -26,7 +26,7 @@ use http::{HeaderValue, Request};
 use tower::ServiceExt;
 use tower_redis_ratelimit::Backend;
 
-#[path = "../../examples/support/routes.rs"]
+#[path = "../support/routes.rs"]
 mod routes;
 
 use routes::API_KEY;

@@ -1,6 +1,6 @@
 -- The floor of a batch of checks of the atomic pair (a token bucket and a daily fixed
 -- window) if the pair kept its two states in one key, a layout the crate does not have
--- (see BENCHMARKS.md, "The pair in one key"): per check one GET of the value "TAT count
+-- (see benches/NOTES.md, "The pair in one key"): per check one GET of the value "TAT count
 -- end" (µs, units, the window's end in ms), one SET of it with the later of the two
 -- expiries, and the same reply as floor-pair.lua's (the bucket's packed admit, the
 -- window's wide one), with the crate's call shape (per check the set's key and its

@@ -1,6 +1,6 @@
 -- GCRA as go-redis/redis_rate runs it: the arrival time in seconds since an epoch, a
 -- float; SET with EX while the bucket is not full. Written for the benchmarks
--- (examples/bench_engine.rs, scripts/bench-cost) from the published algorithm.
+-- (benches/bench_engine.rs, scripts/bench-cost) from the published algorithm.
 -- KEYS[1]: the key; ARGV: burst, rate, period (s), cost.
 redis.replicate_commands()
 local key = KEYS[1]

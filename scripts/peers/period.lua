@@ -1,5 +1,5 @@
 -- A fixed window as go-zero's PeriodLimit runs it: INCRBY, EXPIRE on the first unit.
--- Written for the benchmarks (examples/bench_engine.rs, scripts/bench-cost) from the
+-- Written for the benchmarks (benches/bench_engine.rs, scripts/bench-cost) from the
 -- published algorithm. KEYS[1]: the key; ARGV: the quota, the window (s).
 local limit = tonumber(ARGV[1])
 local window = tonumber(ARGV[2])

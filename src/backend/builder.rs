@@ -158,7 +158,7 @@ impl BackendBuilder {
     /// A check goes to Redis at once while fewer calls of its limiter are in flight;
     /// past that it queues, and when one of those calls returns, every check queued
     /// meanwhile goes in one script call, which decides each exactly as its own call would
-    /// (one call's fixed cost in Redis shared by all of them: see `BENCHMARKS.md`). A
+    /// (one call's fixed cost in Redis shared by all of them: see `benches/NOTES.md`). A
     /// queued check waits for a call that was ahead of it at Redis anyway, then for its
     /// own, and never longer than the [call timeout](Self::call_timeout) in all. Below
     /// that load nothing changes: one call per check, sent at once. On Redis Cluster only
@@ -197,7 +197,7 @@ impl BackendBuilder {
     /// down to a multiple of their number).
     ///
     /// Measured resident bytes per key with the bound reached (`VmRSS`, glibc; see
-    /// `BENCHMARKS.md`): about 100 for the fixed window and the token bucket, about 250
+    /// `benches/NOTES.md`): about 100 for the fixed window and the token bucket, about 250
     /// for a rolling window of 10 buckets (two keys' worth), at most about 190 per key's
     /// worth for any rolling window: the default stays under 256 MB (under 100 MiB for
     /// the fixed window and the token bucket) whatever the number of keys. Size it to

@@ -96,7 +96,7 @@
 //!   of other keys queue, and when one of those calls returns they go together in one
 //!   script call, which decides each exactly as its own call would. Redis pays a call's
 //!   fixed cost once per batch, so at high load it decides more checks per second (the
-//!   figures are in `BENCHMARKS.md`); below that load every check makes its own call at
+//!   figures are in `benches/NOTES.md`); below that load every check makes its own call at
 //!   once. On Redis Cluster only keys of one slot go together.
 //! - **Leases** (opt-in, approximate; token buckets:
 //!   [`TokenBucketConfig::lease`](crate::token_bucket::TokenBucketConfig::lease)): a

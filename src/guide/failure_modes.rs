@@ -61,7 +61,7 @@
 //! | many concurrent checks at a cold start or after a restart | one connection attempt at a time, shared by every waiting check (no herd) |
 //!
 //! The figures of each row, measured with a fault-injecting proxy, are in
-//! `BENCHMARKS.md` (`cargo run --release --example chaos`).
+//! `benches/NOTES.md` (`cargo bench --bench chaos`).
 //!
 //! Logs stay quiet and useful: one `warn` when the breaker opens (with the fault and the
 //! ratio or streak that opened it), one `info` when a probe succeeds and one when the
@@ -121,7 +121,7 @@
 //! [`ratelimit_local_evictions_total`](crate::metrics::LOCAL_EVICTIONS_TOTAL). Nothing
 //! is swept: expired state is reset when its key comes back, so no request waits on a
 //! sweep. Lower the bound on a small service, raise it if more keys than that are
-//! active within your longest window; `BENCHMARKS.md` has the key-flood figures.
+//! active within your longest window; `benches/NOTES.md` has the key-flood figures.
 //!
 //! # Clock steps
 //!

@@ -32,4 +32,4 @@
 //! its [share](crate::BackendBuilder::fallback_share) of the slots. Put an in-flight
 //! limit next to a rate limit, not instead of one: it bounds concurrency, not volume.
 //! The `tenants` example limits `GET /export` so; see the [`in_flight`](crate::in_flight)
-//! module for the design and its costs (`BENCHMARKS.md`).
+//! module for the design and its costs (`benches/NOTES.md`).

@@ -82,7 +82,7 @@
 //! - a message makes the backend forget its cached refusal of the key and end its
 //!   lease of the key (the lease's units are forgotten), so the next check of the key
 //!   goes to Redis: within about one Redis round trip of the change (measured in
-//!   `BENCHMARKS.md`: from a reset on one instance to the first admission on another).
+//!   `benches/NOTES.md`: from a reset on one instance to the first admission on another).
 //!   No check waits for the subscription or pays for it.
 //!
 //! When the subscription is down (a partition, a restart, a user without the right to

@@ -24,7 +24,7 @@
 //!   one key queue in order in each process and only the head asks Redis, at the time
 //!   the last refusal named: about one call per request with one instance sending, and
 //!   one per instance per admission when several saturate one key. See
-//!   `BENCHMARKS.md`.
+//!   `benches/NOTES.md`.
 //! - **Redis down**: the backend's [`FailurePolicy`](crate::FailurePolicy): `Fallback`
 //!   waits on the in-process state (give it a [fallback
 //!   share](crate::BackendBuilder::fallback_share) of `1/N` for N instances),

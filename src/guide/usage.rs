@@ -112,7 +112,7 @@
 //! counts them; the [metrics](crate::metrics) count the units settled
 //! (`ratelimit_settled_units_total`, `charged` or `returned`). A settled request costs
 //! two engine calls on Redis: its check, and its settlement after the response (none
-//! when the actual cost equals the estimate); see `BENCHMARKS.md`.
+//! when the actual cost equals the estimate); see `benches/NOTES.md`.
 //!
 //! # Lockouts
 //!

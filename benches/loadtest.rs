@@ -2,8 +2,8 @@
 //! in their rate limiter, so `wrk` can measure what each limiter costs per request.
 //!
 //! ```text
-//! cargo run --release --example loadtest                                   # in-process only
-//! REDIS_URL=redis://127.0.0.1:6379 cargo run --release --example loadtest  # with /token/redis
+//! cargo bench --bench loadtest                                   # in-process only
+//! REDIS_URL=redis://127.0.0.1:6379 cargo bench --bench loadtest  # with /token/redis
 //! wrk -t1 -c32 -d10s --latency -H 'x-api-key: k1' http://127.0.0.1:3000/token/in-process
 //! ```
 //!
@@ -91,7 +91,7 @@ fn env_or<T: std::str::FromStr>(name: &str, default: T) -> Result<T, String> {
 async fn no_redis() -> (StatusCode, &'static str) {
     (
         StatusCode::SERVICE_UNAVAILABLE,
-        "REDIS_URL is not set: restart the loadtest example with \
+        "REDIS_URL is not set: restart the loadtest harness with \
          REDIS_URL=redis://127.0.0.1:<port> to enable /token/redis and /bare/evalsha\n",
     )
 }
@@ -157,7 +157,7 @@ async fn serve() -> Result<(), Box<dyn std::error::Error>> {
     }
     let port: u16 = env_or("PORT", 3000)?;
 
-    // The in-process rows (shared with the `costs` example and the `service/*` benches).
+    // The in-process rows (shared with the `costs` harness and the `service/*` benches).
     let mut app = routes::router(&Backend::in_process(), rate)?;
 
     let redis = match std::env::var("REDIS_URL") {

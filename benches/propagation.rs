@@ -8,7 +8,7 @@
 //!
 //! ```text
 //! redis-server --port 6390 --save '' &
-//! REDIS_URL=redis://127.0.0.1:6390 cargo run --release --example propagation -- [trials]
+//! REDIS_URL=redis://127.0.0.1:6390 cargo bench --bench propagation -- [trials]
 //! ```
 //!
 //! Prints the median, the 90th and 99th percentiles and the maximum of both, and of
@@ -54,6 +54,7 @@ fn summary(name: &str, samples: &mut [Duration]) {
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
     let trials: usize = std::env::args()
+        .filter(|arg| arg != "--bench")
         .nth(1)
         .map(|n| n.parse())
         .transpose()?

@@ -3,10 +3,10 @@
 //! row says otherwise), through the fault-injecting proxy of the test support.
 //!
 //! ```text
-//! cargo run --release --example chaos                    # every scenario, ~2.5 minutes
-//! CHAOS_ONLY=rtt cargo run --release --example chaos     # one scenario (or a list: held,rtt)
-//! CHAOS_SECS=3 cargo run --release --example chaos       # shorter measuring windows
-//! RUST_LOG=tower_redis_ratelimit=info cargo run --release --example chaos  # show the logs
+//! cargo bench --bench chaos                    # every scenario, ~2.5 minutes
+//! CHAOS_ONLY=rtt cargo bench --bench chaos     # one scenario (or a list: held,rtt)
+//! CHAOS_SECS=3 cargo bench --bench chaos       # shorter measuring windows
+//! RUST_LOG=tower_redis_ratelimit=info cargo bench --bench chaos  # show the logs
 //! ```
 //!
 //! Everything runs on loopback and stops by itself: each scenario starts its own

@@ -4,23 +4,23 @@
 //! on the load of the machine.
 //!
 //! ```text
-//! cargo run --release --example costs            # 100 000 keys
-//! cargo run --release --example costs -- 1000000 # a million keys
+//! cargo bench --bench costs            # 100 000 keys
+//! cargo bench --bench costs -- 1000000 # a million keys
 //! # instructions per request, exactly: the instructions of 10 000 requests on one
 //! # route (callgrind's "Collected"), divided by 10 000
 //! valgrind --tool=callgrind --toggle-collect=costs::measured \
-//!     target/release/examples/costs run /token/in-process 10000
+//!     "$(scripts/harness costs)" run /token/in-process 10000
 //! # the same cycling through 1000 keys
 //! valgrind --tool=callgrind --toggle-collect=costs::measured \
-//!     target/release/examples/costs run /token/in-process 10000 1000
+//!     "$(scripts/harness costs)" run /token/in-process 10000 1000
 //! # the lease route (a token bucket with leases of 50 tokens for 60 s) on a running
 //! # redis-server: with as many keys as requests, every measured check is answered from
 //! # its key's lease (the warm-up took one lease per key)
 //! REDIS_URL=redis://127.0.0.1:PORT valgrind --tool=callgrind --toggle-collect=costs::measured \
-//!     target/release/examples/costs run /token/redis-lease 10000 10000
+//!     "$(scripts/harness costs)" run /token/redis-lease 10000 10000
 //! ```
 //!
-//! 1. **Per request**: the routes of the `loadtest` example (`/unlimited`,
+//! 1. **Per request**: the routes of the `loadtest` harness (`/unlimited`,
 //!    `/token/in-process` with headers and `Decision` extension, the same without,
 //!    `/governor`, `/governor/headers`, and with `REDIS_URL` `/token/redis-lease`) in
 //!    one axum `Router`, each called 10 000 times
@@ -32,7 +32,7 @@
 //!    once each through `TokenBucketLimiter::check` on `Backend::in_process()`, and the
 //!    same count of `String` keys through a keyed `governor::RateLimiter` (DashMap, what
 //!    `tower_governor` uses), and of `HeaderValue` keys copied out of the request (what
-//!    the `loadtest` example's `tower_governor` key extractor stores): the heap bytes
+//!    the `loadtest` harness's `tower_governor` key extractor stores): the heap bytes
 //!    still held afterwards, per key. The bytes of the keys themselves are counted when
 //!    the limiter keeps them (governor stores each key; the crate stores a 128-bit hash).
 
@@ -231,7 +231,7 @@ fn sizes() {
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args().collect();
+    let args: Vec<String> = std::env::args().filter(|arg| arg != "--bench").collect();
     if args.get(1).map(String::as_str) == Some("sizes") {
         return sizes();
     }
@@ -245,6 +245,7 @@ fn main() {
         return run(route, n, keys);
     }
     let keys: usize = std::env::args()
+        .filter(|arg| arg != "--bench")
         .nth(1)
         .map(|n| n.parse().expect("the key count is a whole number"))
         .unwrap_or(100_000);

@@ -12,7 +12,7 @@
 //! Run by `scripts/bench-engine`, which starts the `redis-server`.
 //!
 //! ```text
-//! REDIS_URL=redis://127.0.0.1:PORT cargo run --release --example bench_engine -- [rounds]
+//! REDIS_URL=redis://127.0.0.1:PORT cargo bench --bench bench_engine -- [rounds]
 //! ```
 //!
 //! Every row checks 10 000 keys twice, 64 checks in flight, nothing refused, in ten
@@ -609,6 +609,7 @@ fn crate_rows(backend: &Backend, path: &str) -> Vec<Row> {
 async fn main() {
     let url = std::env::var("REDIS_URL").expect("REDIS_URL");
     let rounds: usize = std::env::args()
+        .filter(|arg| arg != "--bench")
         .nth(1)
         .map_or(3, |r| r.parse().expect("rounds"));
     // With REDIS_CLUSTER_URLS (comma-separated masters), the crate's rows run on that

@@ -1,4 +1,4 @@
-//! The in-process routes the `loadtest` example serves, shared with the `costs` example
+//! The in-process routes the `loadtest` harness serves, shared with the `costs` harness
 //! and the `service/*` benches so that all three measure the same router: `/unlimited`,
 //! `/token/in-process` (the crate's defaults: headers and the `Decision` extension),
 //! `/token/in-process/no-headers`, `/governor` and `/governor/headers`

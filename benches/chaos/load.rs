@@ -157,7 +157,7 @@ pub(crate) async fn check_key_layout(redis: &RedisServer, instance: &Instance) {
     assert_eq!(
         redis.cmd(&["EXISTS", &key]),
         "1",
-        "the crate no longer keeps {key:?}: update redis_key() in examples/chaos/main.rs \
+        "the crate no longer keeps {key:?}: update redis_key() in benches/chaos/main.rs \
          (keys now: {})",
         redis.cmd(&["KEYS", "*"]).replace('\n', ", ")
     );

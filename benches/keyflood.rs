@@ -9,10 +9,10 @@
 //! the machine's other processes.
 //!
 //! ```text
-//! cargo run --release --example keyflood                     # all, 15 s at 45 000 keys/s
-//! cargo run --release --example keyflood -- rolling 60       # one algorithm, 60 s
-//! cargo run --release --example keyflood -- all 15 45000 65  # seconds, keys/s, expiry s
-//! cargo run --release --example keyflood -- rolling 30 45000 0 8  # rolling: 8 buckets
+//! cargo bench --bench keyflood                     # all, 15 s at 45 000 keys/s
+//! cargo bench --bench keyflood -- rolling 60       # one algorithm, 60 s
+//! cargo bench --bench keyflood -- all 15 45000 65  # seconds, keys/s, expiry s
+//! cargo bench --bench keyflood -- rolling 30 45000 0 8  # rolling: 8 buckets
 //! ```
 //!
 //! Each algorithm runs in a fresh child process (this program started again), so one
@@ -206,7 +206,10 @@ fn header() {
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
+    let args: Vec<String> = std::env::args()
+        .filter(|arg| arg != "--bench")
+        .skip(1)
+        .collect();
     let which = args.first().map_or("all", String::as_str).to_owned();
     let number = |i: usize, default: u64| -> Result<u64, Box<dyn std::error::Error>> {
         Ok(match args.get(i) {
