@@ -22,7 +22,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use axum::{routing::get, Extension, Router};
-use tower_redis_ratelimit::key::{HeaderKey, PeerIp};
+use tower_redis_ratelimit::key::{HeaderKey, KeyExtractorExt, PeerIp};
 use tower_redis_ratelimit::{
     Backend, ConfigError, Decision, PeriodLimitLayer, RollingWindowLayer, TokenBucketLayer,
 };

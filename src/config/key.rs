@@ -293,9 +293,7 @@ impl KeyExtractor for RuleKey {
             Inner::Path(key) => key.keys_for(value),
             #[cfg(feature = "axum")]
             Inner::MatchedPath(key) => key.keys_for(value),
-            Inner::Or(keys) => crate::key::any_branch(
-                keys.iter().map(|key| key.keys_for(value)),
-            ),
+            Inner::Or(keys) => crate::key::any_branch(keys.iter().map(|key| key.keys_for(value))),
             Inner::And(_) => Err(KeyForError::Pair),
         }
     }

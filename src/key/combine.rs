@@ -55,7 +55,9 @@ where
     B: KeyExtractor,
 {
     fn extract<'r>(&self, parts: &'r Parts) -> Option<Key<'r>> {
-        self.first.extract(parts).or_else(|| self.second.extract(parts))
+        self.first
+            .extract(parts)
+            .or_else(|| self.second.extract(parts))
     }
 
     /// The keys of every branch that can count `value`, left to right, each once: a

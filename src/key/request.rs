@@ -362,7 +362,8 @@ impl MatchedPathKey {
 #[cfg(feature = "axum")]
 impl KeyExtractor for MatchedPathKey {
     fn extract<'r>(&self, parts: &'r Parts) -> Option<Key<'r>> {
-        parts.extensions
+        parts
+            .extensions
             .get::<axum::extract::MatchedPath>()
             .map(|path| Key::concat(&[b"route:", path.as_str().as_bytes()]))
     }

@@ -119,7 +119,7 @@ impl<L: Limiter, K, C, R> LimitLayer<L, K, C, R> {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use tower_redis_ratelimit::key::{HeaderKey, PeerIp};
+    /// use tower_redis_ratelimit::key::{HeaderKey, KeyExtractorExt, PeerIp};
     /// use tower_redis_ratelimit::{Backend, PeriodLimitLayer};
     ///
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -333,7 +333,7 @@ impl<L: Limiter, K, C, R> LimitLayer<L, K, C, R> {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use tower_redis_ratelimit::key::{HeaderKey, PeerIp};
+    /// use tower_redis_ratelimit::key::{HeaderKey, KeyExtractorExt, PeerIp};
     /// use tower_redis_ratelimit::{Backend, PeriodLimitLayer};
     ///
     /// # #[tokio::main(flavor = "current_thread")]
