@@ -40,8 +40,7 @@ impl<K, R> InFlightLimitLayer<K, R> {
 
     /// The keys this layer counts a request carrying the client's `value` under,
     /// exactly as its extractor would make them; see [`KeyExtractor::keys_for`] and
-    /// [`LimitLayer::keys_for`](crate::LimitLayer::keys_for) (`B`: the request body
-    /// type, to be named for the built-in extractors; any type does).
+    /// [`LimitLayer::keys_for`](crate::LimitLayer::keys_for).
     ///
     /// Keys longer than the layer's [`max_key_len`](InFlightLayerBuilder::max_key_len)
     /// are left out: the layer never counts them.

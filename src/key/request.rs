@@ -267,8 +267,7 @@ where
     /// ```
     /// use tower_redis_ratelimit::key::{ExtensionKey, KeyExtractor};
     ///
-    /// # struct UserId;
-    /// let key = ExtensionKey::<UserId>::new().tag("user");
+    /// let key = ExtensionKey::<String>::new().tag("user");
     /// assert_eq!(key.keys_for(b"carol")?, ["ext:user:carol"]);
     /// # Ok::<(), tower_redis_ratelimit::key::KeyForError>(())
     /// ```
