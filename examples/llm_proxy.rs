@@ -40,6 +40,7 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::{Request, State};
+use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -272,7 +273,7 @@ pub(crate) fn proxy_app(
         .requests("rpm", TokenBucketConfig::new(rpm, minute, rpm))
         .limit("tpm", TokenBucketConfig::new(tpm, minute, tpm))
         .key(HeaderKey::from_static("authorization"))
-        .cost(|request: &Request| request.extensions().get::<Estimate>().map_or(1, |e| e.0))
+        .cost(|parts: &Parts| parts.extensions.get::<Estimate>().map_or(1, |e| e.0))
         .settle(Usage::body(USAGE_TAIL, total_tokens))
         .build()?;
     let upstream = Upstream {

@@ -34,7 +34,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use tokio::time::Instant;
 use tower::{ServiceBuilder, ServiceExt};
-use tower_redis_ratelimit::outbound::{FixedKey, OutboundError, OutboundLayer, Waiter};
+use tower_redis_ratelimit::outbound::{OutboundError, OutboundLayer, Waiter};
 use tower_redis_ratelimit::token_bucket::{TokenBucketConfig, TokenBucketLimiter};
 use tower_redis_ratelimit::Backend;
 
@@ -121,9 +121,14 @@ pub(crate) async fn client(
     let config = TokenBucketConfig::new(settings.rate, Duration::from_secs(1), settings.burst);
     let limiter = TokenBucketLimiter::new(backend, "outbound", config)?;
     let uri: Uri = settings.upstream_url.parse()?;
-    // One limit for this upstream, whichever instance sends.
-    let key = format!("upstream:{}", uri.authority().map_or("", |a| a.as_str()));
-    let layer = OutboundLayer::new(Waiter::new(limiter), settings.max_wait).key(FixedKey::new(key));
+    // One limit per upstream (the authority each request is sent to), whichever
+    // instance sends: the key `fn:upstream:127.0.0.1:3001`.
+    let layer = OutboundLayer::new(Waiter::new(limiter), settings.max_wait).key(
+        |parts: &http::request::Parts| {
+            let authority = parts.uri.authority()?;
+            Some(format!("upstream:{authority}"))
+        },
+    );
     let http = Client::builder(TokioExecutor::new()).build_http::<Empty<Bytes>>();
     let client = ServiceBuilder::new().layer(layer).service(http);
 

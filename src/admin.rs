@@ -63,7 +63,6 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use axum::body::Body;
 use axum::extract::{Path, RawQuery, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -107,7 +106,7 @@ trait Limit: Send + Sync {
 impl<L, K, C, R> Limit for LimitLayer<L, K, C, R>
 where
     L: Limiter,
-    K: KeyExtractor<Body> + Send + Sync + 'static,
+    K: KeyExtractor,
     C: Send + Sync + 'static,
     R: Send + Sync + 'static,
 {
@@ -123,17 +122,17 @@ where
         let layer = self.clone();
         Box::pin(async move {
             match action {
-                Action::Peek(cost) => layer.peek_value::<Body>(value, cost).await,
-                Action::Reset => layer.reset_value::<Body>(value).await,
-                Action::Block(duration) => layer.block_value::<Body>(value, duration).await,
-                Action::Refund(units) => layer.refund_value::<Body>(value, units).await,
+                Action::Peek(cost) => layer.peek_value(value, cost).await,
+                Action::Reset => layer.reset_value(value).await,
+                Action::Block(duration) => layer.block_value(value, duration).await,
+                Action::Refund(units) => layer.refund_value(value, units).await,
             }
         })
     }
 
     fn blocked(&self, max: usize) -> Pin<Box<dyn Future<Output = Listed> + Send>> {
         let layer = self.clone();
-        Box::pin(async move { layer.blocked::<Body>(max).await })
+        Box::pin(async move { layer.blocked(max).await })
     }
 }
 
@@ -166,7 +165,7 @@ impl AdminRouter {
     pub fn limit<L, K, C, R>(mut self, layer: &LimitLayer<L, K, C, R>) -> Self
     where
         L: Limiter,
-        K: KeyExtractor<Body> + Send + Sync + 'static,
+        K: KeyExtractor,
         C: Send + Sync + 'static,
         R: Send + Sync + 'static,
     {

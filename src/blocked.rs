@@ -31,8 +31,8 @@ use crate::key::Key;
 ///     .period(Duration::from_secs(60))
 ///     .key(HeaderKey::from_static("x-api-key"))
 ///     .build()?;
-/// layer.block_value::<()>("trap", Duration::from_secs(3_600)).await?;
-/// let blocked = layer.blocked::<()>(100).await?;
+/// layer.block_value("trap", Duration::from_secs(3_600)).await?;
+/// let blocked = layer.blocked(100).await?;
 /// assert_eq!(blocked[0].limit, "api");
 /// assert_eq!(blocked[0].key, "hdr:x-api-key:trap");
 /// assert_eq!(blocked[0].value.as_ref().unwrap(), "trap");

@@ -1,32 +1,34 @@
 //! How many units a request costs.
 
-use http::Request;
+use http::request::Parts;
 
-/// Chooses how many units (tokens, quota units) a request costs.
+/// Chooses how many units (tokens, quota units) a request costs, from its head
+/// ([`http::request::Parts`]: method, URI, headers, extensions), never its body, so one
+/// cost serves every body type, inbound, in flight and outbound alike.
 ///
-/// Implemented for closures `Fn(&Request<B>) -> u32`, so costs can depend on the route,
+/// Implemented for closures `Fn(&Parts) -> u32`, so costs can depend on the route,
 /// the method or a header. A cost of `0` makes the request free: it is neither checked
 /// nor counted.
 ///
 /// ```
-/// use http::{Method, Request};
+/// use http::{request::Parts, Method};
 ///
 /// // Writes cost five times as much as reads.
-/// let cost = |req: &Request<()>| if req.method() == Method::GET { 1 } else { 5 };
-/// # fn takes<C: tower_redis_ratelimit::Cost<()>>(_: C) {}
+/// let cost = |parts: &Parts| if parts.method == Method::GET { 1 } else { 5 };
+/// # fn takes<C: tower_redis_ratelimit::Cost>(_: C) {}
 /// # takes(cost);
 /// ```
-pub trait Cost<B>: Send + Sync + 'static {
-    /// The request's cost in units.
-    fn cost(&self, req: &Request<B>) -> u32;
+pub trait Cost: Send + Sync + 'static {
+    /// The cost in units of the request whose head is `parts`.
+    fn cost(&self, parts: &Parts) -> u32;
 }
 
-impl<B, F> Cost<B> for F
+impl<F> Cost for F
 where
-    F: Fn(&Request<B>) -> u32 + Send + Sync + 'static,
+    F: Fn(&Parts) -> u32 + Send + Sync + 'static,
 {
-    fn cost(&self, req: &Request<B>) -> u32 {
-        self(req)
+    fn cost(&self, parts: &Parts) -> u32 {
+        self(parts)
     }
 }
 
@@ -34,8 +36,8 @@ where
 #[derive(Debug, Clone, Copy, Default)]
 pub struct UnitCost;
 
-impl<B> Cost<B> for UnitCost {
-    fn cost(&self, _req: &Request<B>) -> u32 {
+impl Cost for UnitCost {
+    fn cost(&self, _parts: &Parts) -> u32 {
         1
     }
 }
@@ -44,8 +46,8 @@ impl<B> Cost<B> for UnitCost {
 #[derive(Debug, Clone, Copy)]
 pub struct FixedCost(pub u32);
 
-impl<B> Cost<B> for FixedCost {
-    fn cost(&self, _req: &Request<B>) -> u32 {
+impl Cost for FixedCost {
+    fn cost(&self, _parts: &Parts) -> u32 {
         self.0
     }
 }
@@ -62,9 +64,9 @@ impl<B> Cost<B> for FixedCost {
 /// use tower_redis_ratelimit::{Cost, HeaderCost};
 ///
 /// let cost = HeaderCost::new(CONTENT_LENGTH, 1);
-/// let upload = Request::post("/").header("content-length", "2048").body(()).unwrap();
+/// let (upload, ()) = Request::post("/").header("content-length", "2048").body(()).unwrap().into_parts();
 /// assert_eq!(cost.cost(&upload), 2_048);
-/// assert_eq!(cost.cost(&Request::new(())), 1);
+/// assert_eq!(cost.cost(&Request::new(()).into_parts().0), 1);
 /// ```
 #[derive(Debug, Clone)]
 pub struct HeaderCost {
@@ -80,9 +82,10 @@ impl HeaderCost {
     }
 }
 
-impl<B> Cost<B> for HeaderCost {
-    fn cost(&self, req: &Request<B>) -> u32 {
-        req.headers()
+impl Cost for HeaderCost {
+    fn cost(&self, parts: &Parts) -> u32 {
+        parts
+            .headers
             .get(&self.name)
             .and_then(|value| value.to_str().ok())
             .and_then(|text| text.trim().parse::<u64>().ok())

@@ -36,7 +36,7 @@
 //! ```
 //! use std::time::Duration;
 //! use axum::{routing::get, Router};
-//! use tower_redis_ratelimit::{key::{HeaderKey, PeerIp}, Backend, PeriodLimitLayer};
+//! use tower_redis_ratelimit::{key::{HeaderKey, KeyExtractorExt, PeerIp}, Backend, PeriodLimitLayer};
 //!
 //! # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
 //! // In production: Backend::redis(pool), shared by every layer of the process.

@@ -185,13 +185,13 @@ pub trait Limiter: Send + Sync + 'static {
     ///     .period(Duration::from_secs(60))
     ///     .key(HeaderKey::from_static("x-api-key"))
     ///     .build()?;
-    /// layer.block_value::<()>("trap", Duration::from_secs(3_600)).await?;
+    /// layer.block_value("trap", Duration::from_secs(3_600)).await?;
     /// // By the key: the key the layer counts the API key `trap` under.
-    /// let key = &layer.keys_for::<()>("trap")?[0];
+    /// let key = &layer.keys_for("trap")?[0];
     /// assert_eq!(key, "hdr:x-api-key:trap");
     /// assert!(layer.limiter().reset(key).expect("built-in").await.is_admitted());
     /// // Or by the value, in one call.
-    /// layer.reset_value::<()>("trap").await?;
+    /// layer.reset_value("trap").await?;
     /// # Ok(()) }
     /// ```
     fn reset(&self, key: &[u8]) -> Option<DecisionFuture> {

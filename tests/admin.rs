@@ -10,15 +10,17 @@ use std::convert::Infallible;
 use std::num::NonZeroU32;
 use std::time::Duration;
 
-use axum::body::Body;
 use axum::routing::get;
 use axum::Router;
+use http::request::Parts;
 use http::{Request, Response, StatusCode};
 use support::http::Served;
 use support::RedisServer;
 use tower::{service_fn, ServiceBuilder, ServiceExt};
 use tower_redis_ratelimit::dynamic::DynamicLimits;
-use tower_redis_ratelimit::key::{ExtensionKey, HeaderKey, Key, KeyExtractor, KeyForError, PeerIp};
+use tower_redis_ratelimit::key::{
+    ExtensionKey, HeaderKey, Key, KeyExtractor, KeyExtractorExt, KeyForError, PeerIp,
+};
 use tower_redis_ratelimit::period::PeriodConfig;
 use tower_redis_ratelimit::service::{AdminError, ExtensionPlan, Plans};
 use tower_redis_ratelimit::{
@@ -29,8 +31,9 @@ const ONE: NonZeroU32 = NonZeroU32::MIN;
 const MINUTE: Duration = Duration::from_secs(60);
 
 /// The extractor: the API key in `x-api-key`, read by a closure (`fn:` keys).
-fn api_key(req: &Request<String>) -> Option<String> {
-    req.headers()
+fn api_key(parts: &Parts) -> Option<String> {
+    parts
+        .headers
         .get("x-api-key")?
         .to_str()
         .ok()
@@ -135,7 +138,7 @@ async fn or_layers_act_on_every_branch_and_refuse_impossible_values() {
         .build()
         .unwrap();
     // An address: the header branch could carry it too, and the IP branch counts it.
-    let keys = layer.keys_for::<()>("203.0.113.7").unwrap();
+    let keys = layer.keys_for("203.0.113.7").unwrap();
     assert_eq!(
         keys,
         [
@@ -143,19 +146,16 @@ async fn or_layers_act_on_every_branch_and_refuse_impossible_values() {
             Key::from("ip:203.0.113.7")
         ]
     );
-    let blocked = layer
-        .block_value::<()>("203.0.113.7", MINUTE)
-        .await
-        .unwrap();
+    let blocked = layer.block_value("203.0.113.7", MINUTE).await.unwrap();
     assert_eq!(blocked.len(), 2);
     assert!(blocked.iter().all(|(_, decision)| !decision.is_admitted()));
     // An API key: only the header branch can produce it.
     assert_eq!(
-        layer.keys_for::<()>("trap").unwrap(),
+        layer.keys_for("trap").unwrap(),
         [Key::from("hdr:x-api-key:trap")]
     );
     // Bytes no header can carry, and no address: no branch could ever count it.
-    let err = layer.reset_value::<()>("a\nb").await.unwrap_err();
+    let err = layer.reset_value("a\nb").await.unwrap_err();
     assert!(
         matches!(err, AdminError::Key(KeyForError::NoBranch(_))),
         "{err:?}"
@@ -190,16 +190,16 @@ async fn every_layer_kind_acts_by_value() {
         .build()
         .unwrap();
     assert_eq!(
-        plan_layer.keys_for::<()>("carol").unwrap(),
+        plan_layer.keys_for("carol").unwrap(),
         [Key::from("ext:user:carol")]
     );
-    plan_layer.block_value::<()>("carol", MINUTE).await.unwrap();
+    plan_layer.block_value("carol", MINUTE).await.unwrap();
     let paid = plan_layer.limiter().plan(&Plan::Paid).unwrap();
     assert!(
         !paid.check(b"ext:user:carol", ONE).await.is_admitted(),
         "every plan"
     );
-    plan_layer.reset_value::<()>("carol").await.unwrap();
+    plan_layer.reset_value("carol").await.unwrap();
     assert!(paid.check(b"ext:user:carol", ONE).await.is_admitted());
 
     let set_layer = LimitSetLayer::builder(&backend)
@@ -209,13 +209,13 @@ async fn every_layer_kind_acts_by_value() {
         .key(user)
         .build()
         .unwrap();
-    set_layer.block_value::<()>("carol", MINUTE).await.unwrap();
+    set_layer.block_value("carol", MINUTE).await.unwrap();
     assert!(!set_layer
         .limiter()
         .check(b"ext:user:carol", ONE)
         .await
         .is_admitted());
-    set_layer.reset_value::<()>("carol").await.unwrap();
+    set_layer.reset_value("carol").await.unwrap();
     assert!(set_layer
         .limiter()
         .check(b"ext:user:carol", ONE)
@@ -235,9 +235,9 @@ async fn every_layer_kind_acts_by_value() {
     for _ in 0..3 {
         dynamic_layer.limiter().check(b"ext:user:carol", ONE).await;
     }
-    let peek = dynamic_layer.peek_value::<()>("carol", ONE).await.unwrap();
+    let peek = dynamic_layer.peek_value("carol", ONE).await.unwrap();
     assert_eq!(peek[0].1.state, State::OverQuota, "{peek:?}");
-    dynamic_layer.reset_value::<()>("carol").await.unwrap();
+    dynamic_layer.reset_value("carol").await.unwrap();
     assert!(dynamic_layer
         .limiter()
         .check(b"ext:user:carol", ONE)
@@ -256,14 +256,14 @@ async fn every_layer_kind_acts_by_value() {
         .await
         .unwrap();
     assert_eq!(
-        exports.keys_for::<()>("acme").unwrap(),
+        exports.keys_for("acme").unwrap(),
         [Key::from("hdr:x-merchant-id:acme")]
     );
-    let held = exports.in_flight_value::<()>("acme").await.unwrap();
+    let held = exports.in_flight_value("acme").await.unwrap();
     assert_eq!(held, [(Key::from("hdr:x-merchant-id:acme"), 1)]);
     drop(slot);
     assert!(matches!(
-        exports.in_flight_value::<()>("").await,
+        exports.in_flight_value("").await,
         Err(KeyForError::Unreachable { .. })
     ));
 }
@@ -273,9 +273,10 @@ async fn every_layer_kind_acts_by_value() {
 async fn a_custom_extractor_cannot_say() {
     #[derive(Clone, Debug)]
     struct Tenant;
-    impl<B> KeyExtractor<B> for Tenant {
-        fn extract<'r>(&self, req: &'r Request<B>) -> Option<Key<'r>> {
-            req.uri()
+    impl KeyExtractor for Tenant {
+        fn extract<'r>(&self, parts: &'r Parts) -> Option<Key<'r>> {
+            parts
+                .uri
                 .host()
                 .map(|host| Key::concat(&[b"tenant:", host.as_bytes()]))
         }
@@ -287,7 +288,7 @@ async fn a_custom_extractor_cannot_say() {
         .key(Tenant)
         .build()
         .unwrap();
-    let err = layer.reset_value::<()>("acme").await.unwrap_err();
+    let err = layer.reset_value("acme").await.unwrap_err();
     assert!(matches!(
         err,
         AdminError::Key(KeyForError::Unsupported { .. })
@@ -312,7 +313,7 @@ async fn axum_block_then_reset_by_address(backend: &Backend) {
     let client = "127.0.0.1";
     assert_eq!(served.get("/", &[]).await.0.status(), StatusCode::OK);
 
-    let blocked = layer.block_value::<Body>(client, MINUTE).await.unwrap();
+    let blocked = layer.block_value(client, MINUTE).await.unwrap();
     assert_eq!(blocked[0].0, "ip:127.0.0.1");
     assert_eq!(
         served.get("/", &[]).await.0.status(),
@@ -320,14 +321,14 @@ async fn axum_block_then_reset_by_address(backend: &Backend) {
     );
     // From a spawned task, as an admin handler runs: the futures are `Send`.
     let admin = layer.clone();
-    tokio::spawn(async move { admin.reset_value::<Body>(client).await })
+    tokio::spawn(async move { admin.reset_value(client).await })
         .await
         .unwrap()
         .unwrap();
     assert_eq!(served.get("/", &[]).await.0.status(), StatusCode::OK);
 
     // Not an address: `PeerIp` could never count it.
-    let err = layer.reset_value::<Body>("localhost").await.unwrap_err();
+    let err = layer.reset_value("localhost").await.unwrap_err();
     assert!(matches!(
         err,
         AdminError::Key(KeyForError::Unreachable { .. })
@@ -359,7 +360,7 @@ async fn a_key_too_long_for_the_layer_is_an_error() {
         .build()
         .unwrap();
     let long = "a-rather-long-api-key";
-    let err = layer.block_value::<()>(long, MINUTE).await.unwrap_err();
+    let err = layer.block_value(long, MINUTE).await.unwrap_err();
     assert!(
         matches!(
             err,
@@ -371,6 +372,6 @@ async fn a_key_too_long_for_the_layer_is_an_error() {
         "{err:?}"
     );
     // An `or`: the header's key is too long, the address's fits: only it is acted on.
-    let keys = layer.keys_for::<()>("203.0.113.7").unwrap();
+    let keys = layer.keys_for("203.0.113.7").unwrap();
     assert_eq!(keys, [Key::from("ip:203.0.113.7")]);
 }

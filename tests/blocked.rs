@@ -10,7 +10,7 @@ use std::time::{Duration, SystemTime};
 
 use support::RedisServer;
 use tower_redis_ratelimit::dynamic::DynamicLimits;
-use tower_redis_ratelimit::key::{ExtensionKey, HeaderKey, PeerIp, TaggedKey};
+use tower_redis_ratelimit::key::{ExtensionKey, HeaderKey, KeyExtractorExt, PeerIp, TaggedKey};
 use tower_redis_ratelimit::period::{PeriodConfig, PeriodLimiter};
 use tower_redis_ratelimit::service::{AdminError, ExtensionPlan, Plans};
 use tower_redis_ratelimit::set::{LimitSet, SetLimiter};
@@ -271,7 +271,7 @@ async fn a_listing_without_redis_is_an_error() {
         .key(HeaderKey::from_static("x-api-key"))
         .build()
         .unwrap();
-    let error = layer.blocked::<()>(10).await.unwrap_err();
+    let error = layer.blocked(10).await.unwrap_err();
     assert!(matches!(error, AdminError::Listing(_)), "{error:?}");
 }
 
@@ -327,8 +327,8 @@ async fn values_sets_plans_and_dynamic_limits(backend: &Backend) {
         .key(HeaderKey::from_static("x-api-key").or(PeerIp::new()))
         .build()
         .unwrap();
-    api.block_value::<()>("trap", MINUTE).await.unwrap();
-    api.block_value::<()>("a:b", 2 * MINUTE).await.unwrap();
+    api.block_value("trap", MINUTE).await.unwrap();
+    api.block_value("a:b", 2 * MINUTE).await.unwrap();
     api.limiter()
         .block(b"ip:198.51.100.1", 3 * MINUTE)
         .unwrap()
@@ -338,7 +338,7 @@ async fn values_sets_plans_and_dynamic_limits(backend: &Backend) {
         .unwrap()
         .await;
     api.limiter().block(b"fn:other", 5 * MINUTE).unwrap().await;
-    let listed = api.blocked::<()>(100).await.unwrap();
+    let listed = api.blocked(100).await.unwrap();
     let values: Vec<(String, Option<String>)> = listed
         .iter()
         .map(|b| {
@@ -370,8 +370,8 @@ async fn values_sets_plans_and_dynamic_limits(backend: &Backend) {
         .key(user())
         .build()
         .unwrap();
-    set.block_value::<()>("carol", MINUTE).await.unwrap();
-    let listed = set.blocked::<()>(100).await.unwrap();
+    set.block_value("carol", MINUTE).await.unwrap();
+    let listed = set.blocked(100).await.unwrap();
     assert_eq!(named(&listed), [pair("llm", "ext:user:carol")]);
     assert_eq!(listed[0].value.as_ref().unwrap(), "carol");
 
@@ -383,8 +383,8 @@ async fn values_sets_plans_and_dynamic_limits(backend: &Backend) {
         .key(user())
         .build()
         .unwrap();
-    per_plan.block_value::<()>("dave", MINUTE).await.unwrap();
-    let listed = per_plan.blocked::<()>(100).await.unwrap();
+    per_plan.block_value("dave", MINUTE).await.unwrap();
+    let listed = per_plan.blocked(100).await.unwrap();
     let mut names = named(&listed);
     names.sort();
     assert_eq!(
@@ -394,7 +394,7 @@ async fn values_sets_plans_and_dynamic_limits(backend: &Backend) {
             pair("profile.paid", "ext:user:dave")
         ]
     );
-    assert_eq!(per_plan.blocked::<()>(1).await.unwrap().len(), 1);
+    assert_eq!(per_plan.blocked(1).await.unwrap().len(), 1);
 
     let source = |_: TaggedKey<'_>| async { Ok::<_, Infallible>(Some(3)) };
     let dynamic = LayerBuilder::new(
@@ -405,11 +405,11 @@ async fn values_sets_plans_and_dynamic_limits(backend: &Backend) {
     .key(user())
     .build()
     .unwrap();
-    dynamic.block_value::<()>("erin", MINUTE).await.unwrap();
-    let listed = dynamic.blocked::<()>(100).await.unwrap();
+    dynamic.block_value("erin", MINUTE).await.unwrap();
+    let listed = dynamic.blocked(100).await.unwrap();
     assert_eq!(named(&listed), [pair("dyn", "ext:user:erin")]);
-    dynamic.reset_value::<()>("erin").await.unwrap();
-    assert!(dynamic.blocked::<()>(100).await.unwrap().is_empty());
+    dynamic.reset_value("erin").await.unwrap();
+    assert!(dynamic.blocked(100).await.unwrap().is_empty());
 
     // A set built as a limiter lists under its own name too.
     let pair_set = SetLimiter::new(

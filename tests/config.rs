@@ -17,7 +17,9 @@ use support::http::Served;
 use support::RedisServer;
 use tower_redis_ratelimit::backend::TimeSource;
 use tower_redis_ratelimit::config::{BackendConfig, KeyConfig, RulesConfig};
-use tower_redis_ratelimit::key::{ForwardedIp, HeaderKey, KeyExtractor, PathKey, PeerIp};
+use tower_redis_ratelimit::key::{
+    ForwardedIp, HeaderKey, KeyExtractor, KeyExtractorExt, PathKey, PeerIp,
+};
 use tower_redis_ratelimit::{
     Backend, FailurePolicy, Limiter, PeriodLimitLayer, RollingWindowLayer, Source, TokenBucketLayer,
 };
@@ -110,14 +112,13 @@ async fn every_algorithm_builds_its_limit() {
     }
 }
 
-fn request(peer: &str, headers: &[(&str, &str)], path: &str) -> http::Request<()> {
+fn request(peer: &str, headers: &[(&str, &str)], path: &str) -> http::request::Parts {
     let mut req = http::Request::builder().uri(path);
     for (name, value) in headers {
         req = req.header(*name, *value);
     }
-    let mut req = req.body(()).unwrap();
-    req.extensions_mut()
-        .insert(peer.parse::<SocketAddr>().unwrap());
+    let (mut req, ()) = req.body(()).unwrap().into_parts();
+    req.extensions.insert(peer.parse::<SocketAddr>().unwrap());
     req
 }
 
@@ -144,7 +145,7 @@ fn keys_are_those_of_the_extractors() {
         ),
     ];
     let forwarded = ForwardedIp::from_strs(["10.0.0.0/8"]).unwrap();
-    let cases: Vec<(&str, Box<dyn KeyExtractor<()>>)> = vec![
+    let cases: Vec<(&str, Box<dyn KeyExtractor>)> = vec![
         ("\"global\"", Box::new(tower_redis_ratelimit::key::GlobalKey)),
         ("\"peer_ip\"", Box::new(PeerIp::new())),
         ("{ peer_ip = { ipv6_prefix = 48 } }", Box::new(PeerIp::new().ipv6_prefix(48))),
@@ -177,7 +178,7 @@ fn keys_are_those_of_the_extractors() {
         // And the keys a client's value is counted under (issue 35), errors included.
         for value in ["k1", "203.0.113.7", "2001:db8:1:2::9", "/a", "", "a\nb"] {
             let want = code.keys_for(value.as_bytes());
-            let got = KeyExtractor::<()>::keys_for(&from_file, value.as_bytes());
+            let got = from_file.keys_for(value.as_bytes());
             assert_eq!(got, want, "{text}: {value:?}");
         }
     }

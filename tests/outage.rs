@@ -500,7 +500,7 @@ async fn a_fallback_share_rounded_to_nothing_refuses_until_redis_is_back() {
             .rate(3, minute)
             .burst(3)
             .cost(tower_redis_ratelimit::FixedCost(1))
-            .key(|_: &Request<()>| Some("k"))
+            .key(|_: &http::request::Parts| Some("k"))
             .build();
         assert!(layer.is_ok(), "{rounding:?}: {:?}", layer.err());
     }

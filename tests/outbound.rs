@@ -361,7 +361,7 @@ async fn a_tonic_channel_waits_its_turn() {
     // Ten calls per second, one at a time.
     let waiter = bucket(&Backend::in_process(), "grpc", 10, 1);
     let layer = OutboundLayer::new(waiter.clone(), 5 * SEC)
-        .key(|req: &http::Request<tonic::body::Body>| req.uri().path().to_owned());
+        .key(|req: &http::request::Parts| Some(req.uri.path().to_owned()));
     let mut client = HealthClient::new(tower::ServiceBuilder::new().layer(layer).service(channel));
     let start = Instant::now();
     for _ in 0..3 {

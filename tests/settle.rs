@@ -110,7 +110,7 @@ async fn debt_refuses_until_paid_off_with_its_retry_after() {
         .rate(10, Duration::from_secs(1))
         .burst(10)
         .key(HeaderKey::from_static("x-user"))
-        .cost(|_: &Request<u32>| 2)
+        .cost(|_: &http::request::Parts| 2)
         .settle(Usage::header(HeaderName::from_static("x-used")))
         .build()
         .unwrap();
@@ -209,7 +209,7 @@ async fn two_instances_spend_exactly_what_their_requests_used() {
             .quota(QUOTA)
             .period(Duration::from_secs(600))
             .key(HeaderKey::from_static("x-user"))
-            .cost(|_: &Request<()>| ESTIMATE)
+            .cost(|_: &http::request::Parts| ESTIMATE)
             .settle(Usage::header(HeaderName::from_static("x-used")))
             .build()
             .unwrap();
@@ -279,7 +279,7 @@ async fn a_shadow_layer_settles_what_it_admitted() {
             .name(format!("shadow-{host:?}").to_lowercase())
             .quota(1_000)
             .period(MINUTE)
-            .cost(|_: &Request<()>| 100)
+            .cost(|_: &http::request::Parts| 100)
             .settle(Usage::bytes())
             .shadow(true)
             .build()
@@ -351,7 +351,7 @@ async fn a_plan_settles_under_its_own_limit() {
         .plan(Plan::Paid, "paid", PeriodConfig::new(1_000, MINUTE));
     let layer = LayerBuilder::new(&Backend::in_process(), plans)
         .name("plans")
-        .cost(|_: &Request<()>| 50)
+        .cost(|_: &http::request::Parts| 50)
         .settle(Usage::header(HeaderName::from_static("x-used")))
         .build()
         .unwrap();

@@ -69,7 +69,7 @@ async fn a_streamed_body_settles_to_its_bytes_exactly() {
             .quota(100_000)
             .period(MINUTE)
             .key(HeaderKey::from_static("x-tenant"))
-            .cost(|_: &Request<()>| 1_000)
+            .cost(|_: &http::request::Parts| 1_000)
             .settle(Usage::bytes())
             .build()
             .unwrap();
@@ -129,7 +129,7 @@ async fn a_client_gone_mid_stream_settles_what_was_sent() {
         .quota(1_000_000)
         .period(MINUTE)
         .key(HeaderKey::from_static("x-tenant"))
-        .cost(|_: &Request<AxumBody>| 10_000)
+        .cost(|_: &http::request::Parts| 10_000)
         .settle(Usage::bytes())
         .build()
         .unwrap();
@@ -327,7 +327,7 @@ async fn trailers_and_the_end_of_the_body() {
             .name(name)
             .quota(100)
             .period(MINUTE)
-            .cost(|_: &Request<()>| 10)
+            .cost(|_: &http::request::Parts| 10)
             .settle(usage)
             .build()
             .unwrap();
@@ -383,7 +383,7 @@ async fn a_panicking_body_settles_what_it_produced() {
         .name("panics")
         .quota(1_000)
         .period(MINUTE)
-        .cost(|_: &Request<()>| 100)
+        .cost(|_: &http::request::Parts| 100)
         .settle(Usage::bytes())
         .build()
         .unwrap();

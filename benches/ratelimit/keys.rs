@@ -8,21 +8,22 @@ use std::hint::black_box;
 use std::net::SocketAddr;
 
 use criterion::{Criterion, Throughput};
+use http::request::Parts;
 use http::Request;
-use tower_redis_ratelimit::key::{HeaderKey, KeyExtractor, PathKey, PeerIp};
+use tower_redis_ratelimit::key::{HeaderKey, KeyExtractor, KeyExtractorExt, PathKey, PeerIp};
 
-fn request(peer: &str, api_key: Option<&str>) -> Request<()> {
+fn request(peer: &str, api_key: Option<&str>) -> Parts {
     let mut req = Request::get("/v1/users/42");
     if let Some(api_key) = api_key {
         req = req.header("x-api-key", api_key);
     }
-    let mut req = req.body(()).expect("a valid request");
-    req.extensions_mut()
+    let (mut req, ()) = req.body(()).expect("a valid request").into_parts();
+    req.extensions
         .insert(peer.parse::<SocketAddr>().expect("an address"));
     req
 }
 
-fn bench<K: KeyExtractor<()>>(c: &mut Criterion, name: &str, key: &K, req: &Request<()>) {
+fn bench<K: KeyExtractor>(c: &mut Criterion, name: &str, key: &K, req: &Parts) {
     let mut group = c.benchmark_group("keys");
     group.throughput(Throughput::Elements(1));
     group.bench_function(name, |b| {
@@ -41,6 +42,6 @@ pub(crate) fn benches(c: &mut Criterion) {
     bench(c, "header_or_ip/ipv6_64", &quickstart, &v6);
     let per_route = HeaderKey::from_static("x-api-key").and(PathKey::new());
     bench(c, "header_and_path", &per_route, &with_key);
-    let closure = |req: &Request<()>| Some(req.uri().path().to_owned());
+    let closure = |req: &Parts| Some(req.uri.path().to_owned());
     bench(c, "closure", &closure, &with_key);
 }

@@ -260,23 +260,23 @@ enum Inner {
     And(Box<[RuleKey]>),
 }
 
-impl<B> KeyExtractor<B> for RuleKey {
-    fn extract<'r>(&self, req: &'r http::Request<B>) -> Option<Key<'r>> {
+impl KeyExtractor for RuleKey {
+    fn extract<'r>(&self, parts: &'r http::request::Parts) -> Option<Key<'r>> {
         match &self.0 {
-            Inner::Global(key) => key.extract(req),
-            Inner::PeerIp(key) => key.extract(req),
-            Inner::ForwardedIp(key) => key.extract(req),
-            Inner::Header(key) => key.extract(req),
-            Inner::Path(key) => key.extract(req),
+            Inner::Global(key) => key.extract(parts),
+            Inner::PeerIp(key) => key.extract(parts),
+            Inner::ForwardedIp(key) => key.extract(parts),
+            Inner::Header(key) => key.extract(parts),
+            Inner::Path(key) => key.extract(parts),
             #[cfg(feature = "axum")]
-            Inner::MatchedPath(key) => key.extract(req),
-            Inner::Or(keys) => keys.iter().find_map(|key| key.extract(req)),
+            Inner::MatchedPath(key) => key.extract(parts),
+            Inner::Or(keys) => keys.iter().find_map(|key| key.extract(parts)),
             Inner::And(keys) => {
                 // Left to right, as `a.and(b).and(c)`: and(and(a, b), c).
                 let mut keys = keys.iter();
-                let first = keys.next()?.extract(req)?;
+                let first = keys.next()?.extract(parts)?;
                 keys.try_fold(first, |joined, key| {
-                    let next = key.extract(req)?;
+                    let next = key.extract(parts)?;
                     Some(crate::key::join(&joined, &next))
                 })
             }
@@ -293,10 +293,7 @@ impl<B> KeyExtractor<B> for RuleKey {
             Inner::Path(key) => key.keys_for(value),
             #[cfg(feature = "axum")]
             Inner::MatchedPath(key) => key.keys_for(value),
-            Inner::Or(keys) => crate::key::any_branch(
-                keys.iter()
-                    .map(|key| KeyExtractor::<()>::keys_for(key, value)),
-            ),
+            Inner::Or(keys) => crate::key::any_branch(keys.iter().map(|key| key.keys_for(value))),
             Inner::And(_) => Err(KeyForError::Pair),
         }
     }
@@ -304,16 +301,16 @@ impl<B> KeyExtractor<B> for RuleKey {
     /// As the extractor built in code: see [`KeyExtractor::origin`].
     fn origin(&self) -> KeyOrigin {
         match &self.0 {
-            Inner::Global(key) => KeyExtractor::<B>::origin(key),
-            Inner::PeerIp(key) => KeyExtractor::<B>::origin(key),
-            Inner::ForwardedIp(key) => KeyExtractor::<B>::origin(key),
-            Inner::Header(key) => KeyExtractor::<B>::origin(key),
-            Inner::Path(key) => KeyExtractor::<B>::origin(key),
+            Inner::Global(key) => key.origin(),
+            Inner::PeerIp(key) => key.origin(),
+            Inner::ForwardedIp(key) => key.origin(),
+            Inner::Header(key) => key.origin(),
+            Inner::Path(key) => key.origin(),
             #[cfg(feature = "axum")]
-            Inner::MatchedPath(key) => KeyExtractor::<B>::origin(key),
+            Inner::MatchedPath(key) => key.origin(),
             Inner::Or(keys) | Inner::And(keys) => keys
                 .iter()
-                .map(KeyExtractor::<B>::origin)
+                .map(KeyExtractor::origin)
                 .fold(KeyOrigin::Client, KeyOrigin::either),
         }
     }

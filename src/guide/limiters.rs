@@ -79,13 +79,11 @@
 //! layer) is an [`AdminError`](crate::service::AdminError), never a success on a key no
 //! request is counted under.
 //!
-//! The type parameter is the request body type the layer's extractor reads: inferred for
-//! a closure, named for the built-in extractors (any type does: `()`, or your router's
-//! `axum::body::Body`).
+//! Extractors read the request's head, never its body, so these take no type parameter.
 //!
 //! ```
 //! use std::time::Duration;
-//! use tower_redis_ratelimit::key::{HeaderKey, PeerIp};
+//! use tower_redis_ratelimit::key::{HeaderKey, KeyExtractorExt, PeerIp};
 //! use tower_redis_ratelimit::{Backend, PeriodLimitLayer};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
@@ -97,14 +95,14 @@
 //!     .key(HeaderKey::from_static("x-api-key").or(PeerIp::new()))
 //!     .build()?;
 //! // Block the client with the API key `trap` for an hour, on every instance.
-//! let blocked = api.block_value::<()>("trap", Duration::from_secs(3_600)).await?;
+//! let blocked = api.block_value("trap", Duration::from_secs(3_600)).await?;
 //! assert_eq!(blocked[0].0, "hdr:x-api-key:trap");
 //! assert!(!blocked[0].1.is_admitted());
 //! // Where it stands, then lift the block.
-//! assert!(!api.peek_value::<()>("trap", std::num::NonZeroU32::MIN).await?[0].1.is_admitted());
-//! api.reset_value::<()>("trap").await?;
+//! assert!(!api.peek_value("trap", std::num::NonZeroU32::MIN).await?[0].1.is_admitted());
+//! api.reset_value("trap").await?;
 //! // An address: the header's key and the address's key, both reset.
-//! let reset = api.reset_value::<()>("203.0.113.7").await?;
+//! let reset = api.reset_value("203.0.113.7").await?;
 //! assert_eq!(reset.len(), 2);
 //! # Ok(()) }
 //! ```

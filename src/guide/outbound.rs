@@ -12,8 +12,13 @@
 //! - **Limit**: build a limiter on the Redis backend, named and keyed alike in every
 //!   instance (the same prefix, name and key are the same Redis key). A token bucket
 //!   with a burst of 1 spreads calls evenly, as most upstream quotas expect; the key is
-//!   the unit the upstream limits (an account, a sender), the cost a closure on the
-//!   request (tokens of a completion).
+//!   the unit the upstream limits (an account, a sender), the cost what a call spends
+//!   (tokens of a completion). Both are read from the request's head by the inbound
+//!   layers' own traits: a [`KeyExtractor`](crate::key::KeyExtractor) (the default,
+//!   [`GlobalKey`](crate::key::GlobalKey), is one limit for every call; a call the
+//!   extractor finds no key in waits on `GlobalKey`'s key `global` too) and a
+//!   [`Cost`](crate::Cost) (a [`HeaderCost`](crate::HeaderCost) on a header the caller
+//!   sets, or a closure on the head).
 //! - **Maximum wait**: a call fails with
 //!   [`WaitError::TimedOut`](crate::outbound::WaitError) once it cannot be admitted in
 //!   time, at once when the shared state already says so. Set it below the caller's

@@ -66,7 +66,7 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use axum::extract::Request;
+//! use http::request::Parts;
 //! use tower_redis_ratelimit::key::HeaderKey;
 //! use tower_redis_ratelimit::service::{Finished, Usage};
 //! use tower_redis_ratelimit::token_bucket::TokenBucketConfig;
@@ -94,7 +94,7 @@
 //!     .requests("rpm", TokenBucketConfig::new(60, minute, 60))
 //!     .limit("tpm", TokenBucketConfig::new(10_000, minute, 10_000))
 //!     .key(HeaderKey::from_static("authorization"))
-//!     .cost(|req: &Request| req.extensions().get::<Estimate>().map_or(1, |e| e.0))
+//!     .cost(|parts: &Parts| parts.extensions.get::<Estimate>().map_or(1, |e| e.0))
 //!     .settle(Usage::body(64 * 1024, total_tokens))
 //!     .build()?;
 //! # let _ = llm; Ok(()) }

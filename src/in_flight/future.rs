@@ -35,17 +35,6 @@ pub(super) trait Decide: Send + Sync + 'static {
     ) -> Result<Option<Slot>, Response<Bytes>>;
 }
 
-/// Acts on `acquired` for the request `req` (its head apart from its body, and back).
-pub(super) fn decide_on<B>(
-    decide: &dyn Decide,
-    req: Request<B>,
-    acquired: Acquired,
-) -> (Request<B>, Result<Option<Slot>, Response<Bytes>>) {
-    let (mut parts, body) = req.into_parts();
-    let decided = decide.decide(&mut parts, acquired);
-    (Request::from_parts(parts, body), decided)
-}
-
 pin_project! {
     /// The response future of [`InFlightService`](super::InFlightService): waits for the slot when it needs a
     /// round trip, then runs the inner service (the slot goes with its body) or yields
@@ -67,7 +56,8 @@ pin_project! {
     {
         Acquire {
             acquire: Acquire,
-            request: Option<Request<B>>,
+            // The request's head and body, apart since the service split them.
+            request: Option<(http::request::Parts, B)>,
             service: Option<S>,
             decide: Arc<dyn Decide>,
         },
@@ -83,18 +73,19 @@ pin_project! {
 }
 
 impl<S: Service<Request<B>>, B> InFlightFuture<S, B> {
-    /// Waits for `acquire`, then acts on it with `decide`: `request` to `service`, or
-    /// the rejection.
+    /// Waits for `acquire`, then acts on it with `decide`: the request (`parts` and
+    /// `body`) to `service`, or the rejection.
     pub(super) fn acquire(
         acquire: Acquire,
-        request: Request<B>,
+        parts: http::request::Parts,
+        body: B,
         service: S,
         decide: Arc<dyn Decide>,
     ) -> Self {
         Self {
             state: FutureState::Acquire {
                 acquire,
-                request: Some(request),
+                request: Some((parts, body)),
                 service: Some(service),
                 decide,
             },
@@ -133,12 +124,11 @@ where
                     decide,
                 } => {
                     let acquired = ready!(Pin::new(acquire).poll(cx));
-                    let request = request.take().expect("polled after completion");
-                    let (request, decided) = decide_on(&**decide, request, acquired);
-                    match decided {
+                    let (mut parts, body) = request.take().expect("polled after completion");
+                    match decide.decide(&mut parts, acquired) {
                         Ok(slot) => {
                             let mut service = service.take().expect("polled after completion");
-                            let future = service.call(request);
+                            let future = service.call(Request::from_parts(parts, body));
                             this.state.set(FutureState::Inner {
                                 future,
                                 guard: slot.map(Guard::Slot),

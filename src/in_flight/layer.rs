@@ -40,8 +40,7 @@ impl<K, R> InFlightLimitLayer<K, R> {
 
     /// The keys this layer counts a request carrying the client's `value` under,
     /// exactly as its extractor would make them; see [`KeyExtractor::keys_for`] and
-    /// [`LimitLayer::keys_for`](crate::LimitLayer::keys_for) (`B`: the request body
-    /// type, to be named for the built-in extractors; any type does).
+    /// [`LimitLayer::keys_for`](crate::LimitLayer::keys_for).
     ///
     /// Keys longer than the layer's [`max_key_len`](InFlightLayerBuilder::max_key_len)
     /// are left out: the layer never counts them.
@@ -60,12 +59,12 @@ impl<K, R> InFlightLimitLayer<K, R> {
     ///     .slots(2)
     ///     .key(HeaderKey::from_static("x-merchant-id"))
     ///     .build()?;
-    /// assert_eq!(exports.keys_for::<()>("acme")?, ["hdr:x-merchant-id:acme"]);
+    /// assert_eq!(exports.keys_for("acme")?, ["hdr:x-merchant-id:acme"]);
     /// # Ok(()) }
     /// ```
-    pub fn keys_for<B>(&self, value: impl AsRef<[u8]>) -> Result<Vec<Key<'static>>, KeyForError>
+    pub fn keys_for(&self, value: impl AsRef<[u8]>) -> Result<Vec<Key<'static>>, KeyForError>
     where
-        K: KeyExtractor<B>,
+        K: KeyExtractor,
     {
         let max_key_len = self.shared.options.max_key_len;
         crate::key::fitting(self.shared.key.keys_for(value.as_ref())?, max_key_len)
@@ -91,18 +90,18 @@ impl<K, R> InFlightLimitLayer<K, R> {
     ///     .key(HeaderKey::from_static("x-merchant-id"))
     ///     .build()?;
     /// let slot = exports.limiter().acquire(b"hdr:x-merchant-id:acme").await;
-    /// let held = exports.in_flight_value::<()>("acme").await?;
+    /// let held = exports.in_flight_value("acme").await?;
     /// assert_eq!(held, [("hdr:x-merchant-id:acme".into(), 1)]);
     /// # drop(slot); Ok(()) }
     /// ```
-    pub async fn in_flight_value<B>(
+    pub async fn in_flight_value(
         &self,
         value: impl AsRef<[u8]>,
     ) -> Result<Vec<(Key<'static>, u64)>, KeyForError>
     where
-        K: KeyExtractor<B>,
+        K: KeyExtractor,
     {
-        let keys = self.keys_for::<B>(value)?;
+        let keys = self.keys_for(value)?;
         let mut held = Vec::with_capacity(keys.len());
         for key in keys {
             let count = self.shared.limiter.in_flight(&key).await;

@@ -11,7 +11,7 @@ use bytes::Bytes;
 use http::{Request, Response};
 use tower_service::Service;
 
-use super::future::{decide_on, Decide, Guard, InFlightBody, InFlightFuture};
+use super::future::{Decide, Guard, InFlightBody, InFlightFuture};
 use super::host::{Acquire, Acquired};
 use super::{InFlightLimiter, Slot};
 use crate::decision::Decision;
@@ -70,7 +70,7 @@ impl<S: fmt::Debug, K, R> fmt::Debug for InFlightService<S, K, R> {
 impl<S, K, R, ReqBody, ResBody> Service<Request<ReqBody>> for InFlightService<S, K, R>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
-    K: KeyExtractor<ReqBody>,
+    K: KeyExtractor,
     R: OnRejection,
 {
     type Response = Response<InFlightBody<ResBody>>;
@@ -83,13 +83,15 @@ where
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
         let shared = &self.shared;
+        // The head apart from the body, once (a move, no copy): the exemption, the key
+        // and the decision read it in place.
+        let (mut parts, body) = req.into_parts();
         // An exempt request takes no slot and carries no headers.
-        let (exempt, req) = shared.options.exempt.test(req);
-        if exempt {
-            return InFlightFuture::inner(self.inner.call(req), None);
+        if shared.options.exempt.test(&parts) {
+            return InFlightFuture::inner(self.inner.call(Request::from_parts(parts, body)), None);
         }
         let shadow = shared.options.shadow;
-        let mut acquire = match shared.key.extract(&req) {
+        let mut acquire = match shared.key.extract(&parts) {
             Some(key) if key.len() <= shared.options.max_key_len => {
                 shared.limiter.acquire_raw(&key)
             }
@@ -103,14 +105,15 @@ where
                                 status: *status,
                                 policy: shared.limiter.policy().name(),
                                 too_long: key.is_some(),
-                                method: req.method(),
-                                uri: req.uri(),
-                                headers: req.headers(),
+                                method: &parts.method,
+                                uri: &parts.uri,
+                                headers: &parts.headers,
                             })
-                            .unwrap_or_else(|| missing_key(*status, req.headers()));
+                            .unwrap_or_else(|| missing_key(*status, &parts.headers));
                         return InFlightFuture::done(response);
                     }
                     MissingKey::Reject(_) | MissingKey::Allow => {
+                        let req = Request::from_parts(parts, body);
                         return InFlightFuture::inner(self.inner.call(req), None);
                     }
                     MissingKey::Key(key) => shared.limiter.acquire_raw(key.as_bytes()),
@@ -118,18 +121,27 @@ where
             }
         };
         if shadow {
-            return InFlightFuture::inner(self.inner.call(req), shared.shadow(acquire));
+            let guard = shared.shadow(acquire);
+            return InFlightFuture::inner(self.inner.call(Request::from_parts(parts, body)), guard);
         }
         if let Some(acquired) = acquire.take_ready() {
-            let (req, decided) = decide_on(&**shared, req, acquired);
-            return match decided {
-                Ok(slot) => InFlightFuture::inner(self.inner.call(req), slot.map(Guard::Slot)),
+            return match shared.decide(&mut parts, acquired) {
+                Ok(slot) => InFlightFuture::inner(
+                    self.inner.call(Request::from_parts(parts, body)),
+                    slot.map(Guard::Slot),
+                ),
                 Err(response) => InFlightFuture::done(response),
             };
         }
         let clone = self.inner.clone();
         let inner = mem::replace(&mut self.inner, clone);
-        InFlightFuture::acquire(acquire, req, inner, Arc::clone(shared) as Arc<dyn Decide>)
+        InFlightFuture::acquire(
+            acquire,
+            parts,
+            body,
+            inner,
+            Arc::clone(shared) as Arc<dyn Decide>,
+        )
     }
 }
 

@@ -1,7 +1,6 @@
 //! Keys from the client's address: [`PeerIp`] (the TCP peer) and [`ForwardedIp`] (the
 //! client behind trusted proxies), IPv6 grouped by prefix.
 
-use super::combine::combinators;
 use super::*;
 
 /// The TCP peer address of the connection; the key is `ip:` and the address,
@@ -52,6 +51,19 @@ impl PeerIp {
         self.ipv6_prefix = ip::clamp_prefix(prefix);
         self
     }
+}
+
+impl Default for PeerIp {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl KeyExtractor for PeerIp {
+    fn extract<'r>(&self, parts: &'r Parts) -> Option<Key<'r>> {
+        let peer = ip::peer_ip(parts)?;
+        Some(ip::ip_key(peer, self.ipv6_prefix))
+    }
 
     /// The key of a client at the address `value`: `ip:` and the address, an IPv6
     /// address grouped by the extractor's [prefix](Self::ipv6_prefix) as extraction
@@ -64,7 +76,7 @@ impl PeerIp {
     /// [`KeyForError::Unreachable`] for a value that is not an IP address.
     ///
     /// ```
-    /// use tower_redis_ratelimit::key::PeerIp;
+    /// use tower_redis_ratelimit::key::{PeerIp, KeyExtractor};
     ///
     /// assert_eq!(PeerIp::new().keys_for(b"203.0.113.7")?, ["ip:203.0.113.7"]);
     /// assert_eq!(
@@ -74,27 +86,8 @@ impl PeerIp {
     /// assert!(PeerIp::new().keys_for(b"localhost").is_err());
     /// # Ok::<(), tower_redis_ratelimit::key::KeyForError>(())
     /// ```
-    pub fn keys_for(&self, value: &[u8]) -> Result<Vec<Key<'static>>, KeyForError> {
-        ip::value_key(value, self.ipv6_prefix, "PeerIp").map(|key| vec![key])
-    }
-}
-
-impl Default for PeerIp {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-combinators!(PeerIp);
-
-impl<B> KeyExtractor<B> for PeerIp {
-    fn extract<'r>(&self, req: &'r http::Request<B>) -> Option<Key<'r>> {
-        let peer = ip::peer_ip(req)?;
-        Some(ip::ip_key(peer, self.ipv6_prefix))
-    }
-
     fn keys_for(&self, value: &[u8]) -> Result<Vec<Key<'static>>, KeyForError> {
-        Self::keys_for(self, value)
+        ip::value_key(value, self.ipv6_prefix, "PeerIp").map(|key| vec![key])
     }
 }
 
@@ -165,19 +158,20 @@ pub enum ForwardedHeader {
 /// let key = ForwardedIp::from_strs(["10.0.0.0/8", "192.0.2.1"])?;
 ///
 /// // Client 203.0.113.7 -> proxy 192.0.2.1 -> load balancer 10.0.0.2 -> app.
-/// let mut req = http::Request::builder()
+/// let (mut req, ()) = http::Request::builder()
 ///     .header("x-forwarded-for", "198.51.100.1, 203.0.113.7, 192.0.2.1")
-///     .body(())?;
-/// req.extensions_mut().insert("10.0.0.2:50000".parse::<SocketAddr>()?);
+///     .body(())?
+///     .into_parts();
+/// req.extensions.insert("10.0.0.2:50000".parse::<SocketAddr>()?);
 /// assert_eq!(key.extract(&req).unwrap(), "ip:203.0.113.7");
 ///
 /// // The same header from an untrusted peer is ignored.
-/// req.extensions_mut().insert("198.51.100.99:50000".parse::<SocketAddr>()?);
+/// req.extensions.insert("198.51.100.99:50000".parse::<SocketAddr>()?);
 /// assert_eq!(key.extract(&req).unwrap(), "ip:198.51.100.99");
 ///
 /// // IPv6 clients are limited per /64.
-/// req.extensions_mut().insert("10.0.0.2:50000".parse::<SocketAddr>()?);
-/// req.headers_mut().insert("x-forwarded-for", "2001:db8:1:2::abcd".parse()?);
+/// req.extensions.insert("10.0.0.2:50000".parse::<SocketAddr>()?);
+/// req.headers.insert("x-forwarded-for", "2001:db8:1:2::abcd".parse()?);
 /// assert_eq!(key.extract(&req).unwrap(), "ip:2001:db8:1:2::/64");
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
@@ -246,6 +240,38 @@ impl ForwardedIp {
         &self.trusted
     }
 
+    /// The client address of the request whose head is `parts` (before IPv6 prefix grouping).
+    fn client_ip(&self, parts: &Parts) -> Option<IpAddr> {
+        let peer = ip::peer_ip(parts)?;
+        if !ip::is_trusted(&self.trusted, peer) {
+            return Some(peer);
+        }
+        let source = match self.header {
+            ForwardedHeader::Forwarded => ip::ChainHeader::Forwarded,
+            ForwardedHeader::XForwardedFor => ip::ChainHeader::XForwardedFor,
+            ForwardedHeader::Auto => {
+                if parts.headers.contains_key(FORWARDED) {
+                    ip::ChainHeader::Forwarded
+                } else {
+                    ip::ChainHeader::XForwardedFor
+                }
+            }
+        };
+        Some(ip::resolve_client(
+            &parts.headers,
+            source,
+            peer,
+            &self.trusted,
+        ))
+    }
+}
+
+impl KeyExtractor for ForwardedIp {
+    fn extract<'r>(&self, parts: &'r Parts) -> Option<Key<'r>> {
+        let client = self.client_ip(parts)?;
+        Some(ip::ip_key(client, self.ipv6_prefix))
+    }
+
     /// The key of a client at the address `value` (the client behind the proxies, as
     /// extraction finds it): `ip:` and the address, IPv6 grouped by the extractor's
     /// [prefix](Self::ipv6_prefix); see [`PeerIp::keys_for`].
@@ -255,52 +281,14 @@ impl ForwardedIp {
     /// [`KeyForError::Unreachable`] for a value that is not an IP address.
     ///
     /// ```
-    /// use tower_redis_ratelimit::key::ForwardedIp;
+    /// use tower_redis_ratelimit::key::{ForwardedIp, KeyExtractor};
     ///
     /// let key = ForwardedIp::from_strs(["10.0.0.0/8"]).unwrap().ipv6_prefix(56);
     /// assert_eq!(key.keys_for(b"203.0.113.7")?, ["ip:203.0.113.7"]);
     /// assert_eq!(key.keys_for(b"2001:db8:1:2::abcd")?, ["ip:2001:db8:1::/56"]);
     /// # Ok::<(), tower_redis_ratelimit::key::KeyForError>(())
     /// ```
-    pub fn keys_for(&self, value: &[u8]) -> Result<Vec<Key<'static>>, KeyForError> {
-        ip::value_key(value, self.ipv6_prefix, "ForwardedIp").map(|key| vec![key])
-    }
-
-    /// The client address of `req` (before IPv6 prefix grouping).
-    fn client_ip<B>(&self, req: &http::Request<B>) -> Option<IpAddr> {
-        let peer = ip::peer_ip(req)?;
-        if !ip::is_trusted(&self.trusted, peer) {
-            return Some(peer);
-        }
-        let source = match self.header {
-            ForwardedHeader::Forwarded => ip::ChainHeader::Forwarded,
-            ForwardedHeader::XForwardedFor => ip::ChainHeader::XForwardedFor,
-            ForwardedHeader::Auto => {
-                if req.headers().contains_key(FORWARDED) {
-                    ip::ChainHeader::Forwarded
-                } else {
-                    ip::ChainHeader::XForwardedFor
-                }
-            }
-        };
-        Some(ip::resolve_client(
-            req.headers(),
-            source,
-            peer,
-            &self.trusted,
-        ))
-    }
-}
-
-combinators!(ForwardedIp);
-
-impl<B> KeyExtractor<B> for ForwardedIp {
-    fn extract<'r>(&self, req: &'r http::Request<B>) -> Option<Key<'r>> {
-        let client = self.client_ip(req)?;
-        Some(ip::ip_key(client, self.ipv6_prefix))
-    }
-
     fn keys_for(&self, value: &[u8]) -> Result<Vec<Key<'static>>, KeyForError> {
-        Self::keys_for(self, value)
+        ip::value_key(value, self.ipv6_prefix, "ForwardedIp").map(|key| vec![key])
     }
 }

@@ -1,24 +1,20 @@
 //! Combining extractors: [`Or`] (the first key found) and [`And`] (both keys, joined
 //! unambiguously, whatever their bytes), made by [`KeyExtractorExt`]'s `or` / `and` on
-//! every extractor and by the same inherent methods of the built-in ones
-//! (`combinators!`).
+//! every extractor.
 
 use super::*;
 
-/// Combinators for every [`KeyExtractor`].
-///
-/// The built-in extractors (and [`Or`] / [`And`]) also have inherent `or` /
-/// `and` methods with the same behavior, which work without naming the body
-/// type (these extractors implement [`KeyExtractor<B>`] for every `B`, so
-/// the trait methods could not infer it).
-pub trait KeyExtractorExt<B>: KeyExtractor<B> + Sized {
+/// Combinators for every [`KeyExtractor`]: bring the trait into scope
+/// (`use tower_redis_ratelimit::key::KeyExtractorExt`) to write `a.or(b)` and
+/// `a.and(b)`.
+pub trait KeyExtractorExt: KeyExtractor + Sized {
     /// Uses the key of `self`, or if it has none the key of `other`,
     /// unchanged.
     ///
     /// The two branches never share a key: each built-in extractor tags its
     /// keys (see the [table](super#tags)), so a header value that spells an IP
     /// address is still not that address's key.
-    fn or<O: KeyExtractor<B>>(self, other: O) -> Or<Self, O> {
+    fn or<O: KeyExtractor>(self, other: O) -> Or<Self, O> {
         Or::new(self, other)
     }
 
@@ -30,36 +26,12 @@ pub trait KeyExtractorExt<B>: KeyExtractor<B> + Sized {
     /// key ends, so different pairs of byte strings never produce the same
     /// key (`("a:b", "c")` becomes `and:3:a:b:c`, `("a", "b:c")` becomes
     /// `and:1:a:b:c`).
-    fn and<O: KeyExtractor<B>>(self, other: O) -> And<Self, O> {
+    fn and<O: KeyExtractor>(self, other: O) -> And<Self, O> {
         And::new(self, other)
     }
 }
 
-impl<B, K: KeyExtractor<B>> KeyExtractorExt<B> for K {}
-
-/// Adds inherent `or` / `and` methods to extractors that work for any body
-/// type, so they can be combined without naming `B`.
-macro_rules! combinators {
-    ($ty:ident $(<$($param:ident),+>)?) => {
-        impl $(<$($param),+>)? $ty $(<$($param),+>)? {
-            /// Uses the key of `self`, or if it has none the key of `other`.
-            ///
-            /// See [`KeyExtractorExt::or`].
-            pub fn or<O>(self, other: O) -> Or<Self, O> {
-                Or::new(self, other)
-            }
-
-            /// Combines the keys of `self` and `other` unambiguously (`None`
-            /// when either has none).
-            ///
-            /// See [`KeyExtractorExt::and`].
-            pub fn and<O>(self, other: O) -> And<Self, O> {
-                And::new(self, other)
-            }
-        }
-    };
-}
-pub(super) use combinators;
+impl<K: KeyExtractor> KeyExtractorExt for K {}
 
 /// The first key of two extractors: `A`'s, or `B`'s when `A` has none.
 ///
@@ -77,15 +49,15 @@ impl<A, B> Or<A, B> {
     }
 }
 
-combinators!(Or<A, B>);
-
-impl<Body, A, B> KeyExtractor<Body> for Or<A, B>
+impl<A, B> KeyExtractor for Or<A, B>
 where
-    A: KeyExtractor<Body>,
-    B: KeyExtractor<Body>,
+    A: KeyExtractor,
+    B: KeyExtractor,
 {
-    fn extract<'r>(&self, req: &'r http::Request<Body>) -> Option<Key<'r>> {
-        self.first.extract(req).or_else(|| self.second.extract(req))
+    fn extract<'r>(&self, parts: &'r Parts) -> Option<Key<'r>> {
+        self.first
+            .extract(parts)
+            .or_else(|| self.second.extract(parts))
     }
 
     /// The keys of every branch that can count `value`, left to right, each once: a
@@ -119,16 +91,14 @@ impl<A, B> And<A, B> {
     }
 }
 
-combinators!(And<A, B>);
-
-impl<Body, A, B> KeyExtractor<Body> for And<A, B>
+impl<A, B> KeyExtractor for And<A, B>
 where
-    A: KeyExtractor<Body>,
-    B: KeyExtractor<Body>,
+    A: KeyExtractor,
+    B: KeyExtractor,
 {
-    fn extract<'r>(&self, req: &'r http::Request<Body>) -> Option<Key<'r>> {
-        let first = self.first.extract(req)?;
-        let second = self.second.extract(req)?;
+    fn extract<'r>(&self, parts: &'r Parts) -> Option<Key<'r>> {
+        let first = self.first.extract(parts)?;
+        let second = self.second.extract(parts)?;
         Some(join(&first, &second))
     }
 

@@ -24,11 +24,11 @@ pub(crate) const MAX_FORWARDING_HEADER_LEN: usize = 8 * 1024;
 /// The TCP peer address of a request: axum's `ConnectInfo<SocketAddr>` (with
 /// the `axum` feature), tonic's `TcpConnectInfo` (with the `grpc` feature), then
 /// a plain `SocketAddr` extension. The result is already [`normalize`]d.
-pub(crate) fn peer_ip<B>(req: &http::Request<B>) -> Option<IpAddr> {
+pub(crate) fn peer_ip(parts: &http::request::Parts) -> Option<IpAddr> {
     #[cfg(feature = "axum")]
     {
-        if let Some(info) = req
-            .extensions()
+        if let Some(info) = parts
+            .extensions
             .get::<axum::extract::ConnectInfo<SocketAddr>>()
         {
             return Some(normalize(info.0.ip()));
@@ -36,15 +36,16 @@ pub(crate) fn peer_ip<B>(req: &http::Request<B>) -> Option<IpAddr> {
     }
     #[cfg(feature = "grpc")]
     {
-        if let Some(addr) = req
-            .extensions()
+        if let Some(addr) = parts
+            .extensions
             .get::<tonic::transport::server::TcpConnectInfo>()
             .and_then(|info| info.remote_addr())
         {
             return Some(normalize(addr.ip()));
         }
     }
-    req.extensions()
+    parts
+        .extensions
         .get::<SocketAddr>()
         .map(|addr| normalize(addr.ip()))
 }

@@ -3,14 +3,15 @@
 
 use std::net::IpAddr;
 
-use http::{HeaderValue, Request};
+use http::request::Parts;
+use http::HeaderValue;
 
 use super::ip::parse_forwarded_line;
 use super::tests::{key, req, with_peer, with_peer_and_headers};
 use super::*;
 
 /// The address in an IP key, after checking its `ip:` tag.
-fn ip<K: KeyExtractor<()>>(k: &K, req: &Request<()>) -> Option<String> {
+fn ip<K: KeyExtractor>(k: &K, req: &Parts) -> Option<String> {
     key(k, req).map(|key| {
         key.strip_prefix("ip:")
             .unwrap_or_else(|| panic!("{key} has no `ip:` tag"))
@@ -43,12 +44,12 @@ fn peer_ip_prefers_connect_info() {
 
     use axum::extract::ConnectInfo;
     let mut r = with_peer("192.0.2.1:1");
-    r.extensions_mut()
+    r.extensions
         .insert(ConnectInfo("198.51.100.2:2".parse::<SocketAddr>().unwrap()));
     assert_eq!(ip(&PeerIp::new(), &r).as_deref(), Some("198.51.100.2"));
 
     let mut r = req();
-    r.extensions_mut().insert(ConnectInfo(
+    r.extensions.insert(ConnectInfo(
         "[::ffff:198.51.100.3]:2".parse::<SocketAddr>().unwrap(),
     ));
     assert_eq!(ip(&PeerIp::new(), &r).as_deref(), Some("198.51.100.3"));
@@ -111,7 +112,7 @@ fn proxies() -> ForwardedIp {
 #[test]
 fn forwarded_ip_none_without_peer() {
     let mut r = req();
-    r.headers_mut()
+    r.headers
         .insert("x-forwarded-for", HeaderValue::from_static("1.2.3.4"));
     assert_eq!(ip(&proxies(), &r), None);
 }
@@ -214,11 +215,11 @@ fn xff_multiple_lines_and_empty_elements() {
 #[test]
 fn xff_non_ascii_line_is_garbage() {
     let mut r = with_peer("10.0.0.1:1");
-    r.headers_mut().append(
+    r.headers.append(
         "x-forwarded-for",
         HeaderValue::from_bytes(b"1.1.1.1, \xff").unwrap(),
     );
-    r.headers_mut()
+    r.headers
         .append("x-forwarded-for", HeaderValue::from_static("10.7.7.7"));
     assert_eq!(ip(&proxies(), &r).as_deref(), Some("10.7.7.7"));
 }
@@ -394,9 +395,9 @@ fn forwarded_ip_uses_connect_info() {
 
     use axum::extract::ConnectInfo;
     let mut r = req();
-    r.extensions_mut()
+    r.extensions
         .insert(ConnectInfo("10.0.0.1:1".parse::<SocketAddr>().unwrap()));
-    r.headers_mut()
+    r.headers
         .insert("x-forwarded-for", HeaderValue::from_static("203.0.113.1"));
     assert_eq!(ip(&proxies(), &r).as_deref(), Some("203.0.113.1"));
 }

@@ -61,30 +61,29 @@
 //! // address; the app runs behind a load balancer in 10.0.0.0/8.
 //! let key = HeaderKey::from_static("x-api-key").or(ForwardedIp::from_strs(["10.0.0.0/8"])?);
 //!
-//! let mut req = http::Request::builder()
+//! let (mut head, ()) = http::Request::builder()
 //!     .header("x-forwarded-for", "203.0.113.7, 10.1.2.3")
-//!     .body(())?;
-//! req.extensions_mut().insert("10.0.0.1:443".parse::<SocketAddr>()?);
-//! assert_eq!(key.extract(&req).unwrap(), "ip:203.0.113.7");
+//!     .body(())?
+//!     .into_parts();
+//! head.extensions.insert("10.0.0.1:443".parse::<SocketAddr>()?);
+//! assert_eq!(key.extract(&head).unwrap(), "ip:203.0.113.7");
 //!
-//! req.headers_mut().insert("x-api-key", "secret-1".parse()?);
-//! assert_eq!(key.extract(&req).unwrap(), "hdr:x-api-key:secret-1");
+//! head.headers.insert("x-api-key", "secret-1".parse()?);
+//! assert_eq!(key.extract(&head).unwrap(), "hdr:x-api-key:secret-1");
 //!
 //! // A client whose API key spells an address still has a key of its own.
-//! req.headers_mut().insert("x-api-key", "203.0.113.7".parse()?);
-//! assert_eq!(key.extract(&req).unwrap(), "hdr:x-api-key:203.0.113.7");
+//! head.headers.insert("x-api-key", "203.0.113.7".parse()?);
+//! assert_eq!(key.extract(&head).unwrap(), "hdr:x-api-key:203.0.113.7");
 //!
 //! // A separate limit per API key and path:
 //! let per_route = HeaderKey::from_static("x-api-key").and(PathKey::new());
-//! req.headers_mut().insert("x-api-key", "k1".parse()?);
-//! assert_eq!(per_route.extract(&req).unwrap(), "and:16:hdr:x-api-key:k1:path:/");
+//! head.headers.insert("x-api-key", "k1".parse()?);
+//! assert_eq!(per_route.extract(&head).unwrap(), "and:16:hdr:x-api-key:k1:path:/");
 //!
 //! // Closures work as extractors; their keys are tagged `fn:`.
-//! let tenant = |req: &http::Request<()>| {
-//!     req.uri().host().map(str::to_owned)
-//! };
+//! let tenant = |parts: &http::request::Parts| parts.uri.host().map(str::to_owned);
 //! let per_tenant = tenant.or(key);
-//! assert_eq!(per_tenant.extract(&req).unwrap(), "hdr:x-api-key:k1");
+//! assert_eq!(per_tenant.extract(&head).unwrap(), "hdr:x-api-key:k1");
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
@@ -95,6 +94,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use http::header::{HeaderName, FORWARDED};
+use http::request::Parts;
 use ipnet::IpNet;
 
 mod ip;
@@ -112,14 +112,16 @@ pub use self::value::KeyForError;
 /// controls.
 pub const DEFAULT_IPV6_PREFIX: u8 = 64;
 
-/// Extracts the rate-limit key of a request.
+/// Extracts the rate-limit key of a request from its head
+/// ([`http::request::Parts`]: method, URI, headers, extensions), never its body, so
+/// one extractor serves every body type, inbound, in flight and outbound alike.
 ///
 /// Returning `None` means no key could be extracted; the service then
 /// applies its missing-key policy. A [`Key`] is bytes that either borrow from
 /// the request or, when short, are built on the stack: no allocation on the
 /// hot path.
 ///
-/// Implemented for every closure `Fn(&Request<B>) -> Option<T>` where
+/// Implemented for every closure `Fn(&Parts) -> Option<T>` where
 /// `T: AsRef<[u8]>` (`String`, `&'static str`, `Vec<u8>`, [`Bytes`](bytes::Bytes),
 /// a [`Key`], ...); its key is `fn:` followed by the bytes it returns, so it
 /// never equals a key of a built-in extractor it is combined with.
@@ -133,19 +135,19 @@ pub const DEFAULT_IPV6_PREFIX: u8 = 64;
 /// #[derive(Clone, Debug)]
 /// struct ApiVersion;
 ///
-/// impl<B> KeyExtractor<B> for ApiVersion {
-///     fn extract<'r>(&self, req: &'r http::Request<B>) -> Option<Key<'r>> {
-///         let segment = req.uri().path().trim_start_matches('/').split('/').next()?;
+/// impl KeyExtractor for ApiVersion {
+///     fn extract<'r>(&self, parts: &'r http::request::Parts) -> Option<Key<'r>> {
+///         let segment = parts.uri.path().trim_start_matches('/').split('/').next()?;
 ///         (!segment.is_empty()).then(|| Key::concat(&[b"version:", segment.as_bytes()]))
 ///     }
 /// }
 ///
-/// let req = http::Request::builder().uri("/v2/users").body(()).unwrap();
-/// assert_eq!(ApiVersion.extract(&req).unwrap(), "version:v2");
+/// let (parts, ()) = http::Request::builder().uri("/v2/users").body(()).unwrap().into_parts();
+/// assert_eq!(ApiVersion.extract(&parts).unwrap(), "version:v2");
 /// ```
-pub trait KeyExtractor<B>: Send + Sync + 'static {
-    /// Returns the key of `req`, or `None` when it has none.
-    fn extract<'r>(&self, req: &'r http::Request<B>) -> Option<Key<'r>>;
+pub trait KeyExtractor: Send + Sync + 'static {
+    /// Returns the key of the request whose head is `parts`, or `None` when it has none.
+    fn extract<'r>(&self, parts: &'r Parts) -> Option<Key<'r>>;
 
     /// The keys a request carrying the client's `value` is counted under, exactly as
     /// [`extract`](Self::extract) would make them: what an administrator acts on when
@@ -187,9 +189,9 @@ pub trait KeyExtractor<B>: Send + Sync + 'static {
     /// #[derive(Clone, Debug)]
     /// struct ApiVersion;
     ///
-    /// impl<B> KeyExtractor<B> for ApiVersion {
-    ///     fn extract<'r>(&self, req: &'r http::Request<B>) -> Option<Key<'r>> {
-    ///         let segment = req.uri().path().trim_start_matches('/').split('/').next()?;
+    /// impl KeyExtractor for ApiVersion {
+    ///     fn extract<'r>(&self, parts: &'r http::request::Parts) -> Option<Key<'r>> {
+    ///         let segment = parts.uri.path().trim_start_matches('/').split('/').next()?;
     ///         (!segment.is_empty()).then(|| Key::concat(&[b"version:", segment.as_bytes()]))
     ///     }
     ///
@@ -204,9 +206,9 @@ pub trait KeyExtractor<B>: Send + Sync + 'static {
     ///     }
     /// }
     ///
-    /// let req = http::Request::builder().uri("/v2/users").body(()).unwrap();
-    /// let keys = KeyExtractor::<()>::keys_for(&ApiVersion, b"v2").unwrap();
-    /// assert_eq!(keys, [ApiVersion.extract(&req).unwrap()]);
+    /// let (parts, ()) = http::Request::builder().uri("/v2/users").body(()).unwrap().into_parts();
+    /// let keys = ApiVersion.keys_for(b"v2").unwrap();
+    /// assert_eq!(keys, [ApiVersion.extract(&parts).unwrap()]);
     /// ```
     fn keys_for(&self, value: &[u8]) -> Result<Vec<Key<'static>>, KeyForError> {
         let _ = value;
@@ -239,11 +241,11 @@ pub trait KeyExtractor<B>: Send + Sync + 'static {
 /// use tower_redis_ratelimit::key::{HeaderKey, KeyExtractor, KeyExtractorExt, KeyOrigin, PeerIp};
 ///
 /// let api_key = HeaderKey::from_static("x-api-key");
-/// assert_eq!(KeyExtractor::<()>::origin(&api_key), KeyOrigin::Client);
+/// assert_eq!(api_key.origin(), KeyOrigin::Client);
 /// // Without the header, the peer address: a request with neither means that the
 /// // server gives no peer address (a misconfiguration), not a client's mistake.
 /// let or_peer = HeaderKey::from_static("x-api-key").or(PeerIp::new());
-/// assert_eq!(KeyExtractor::<()>::origin(&or_peer), KeyOrigin::Server);
+/// assert_eq!(or_peer.origin(), KeyOrigin::Server);
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -270,13 +272,13 @@ impl KeyOrigin {
 /// The tag of closure keys.
 const FN_TAG: &[u8] = b"fn:";
 
-impl<B, F, T> KeyExtractor<B> for F
+impl<F, T> KeyExtractor for F
 where
-    F: Fn(&http::Request<B>) -> Option<T> + Send + Sync + 'static,
+    F: Fn(&Parts) -> Option<T> + Send + Sync + 'static,
     T: AsRef<[u8]>,
 {
-    fn extract<'r>(&self, req: &'r http::Request<B>) -> Option<Key<'r>> {
-        self(req).map(|key| Key::concat(&[FN_TAG, key.as_ref()]))
+    fn extract<'r>(&self, parts: &'r Parts) -> Option<Key<'r>> {
+        self(parts).map(|key| Key::concat(&[FN_TAG, key.as_ref()]))
     }
 
     /// `fn:` and the value: a closure's key is the bytes it returns, whatever they are.

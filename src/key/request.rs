@@ -1,7 +1,6 @@
 //! Keys from the request itself: [`GlobalKey`], [`HeaderKey`], [`ExtensionKey`],
 //! [`PathKey`] and `MatchedPathKey` (feature `axum`).
 
-use super::combine::combinators;
 use super::value;
 use super::*;
 
@@ -19,10 +18,16 @@ impl GlobalKey {
     pub const fn new() -> Self {
         Self
     }
+}
+
+impl KeyExtractor for GlobalKey {
+    fn extract<'r>(&self, _parts: &'r Parts) -> Option<Key<'r>> {
+        Some(Key::borrowed(Self::KEY.as_bytes()))
+    }
 
     /// Always [`KeyForError::Shared`]: every request is counted under the one key
     /// `global`, so no client's value names it, and acting on it would act on everybody
-    /// (in an [`or`](Self::or), this branch names no key). See
+    /// (in an [`or`](KeyExtractorExt::or), this branch names no key). See
     /// [`KeyExtractor::keys_for`].
     ///
     /// # Errors
@@ -30,25 +35,13 @@ impl GlobalKey {
     /// Always [`KeyForError::Shared`].
     ///
     /// ```
-    /// use tower_redis_ratelimit::key::{GlobalKey, KeyForError};
+    /// use tower_redis_ratelimit::key::{GlobalKey, KeyForError, KeyExtractor};
     ///
     /// assert_eq!(GlobalKey.keys_for(b"carol"), Err(KeyForError::Shared));
     /// ```
-    pub fn keys_for(&self, value: &[u8]) -> Result<Vec<Key<'static>>, KeyForError> {
+    fn keys_for(&self, value: &[u8]) -> Result<Vec<Key<'static>>, KeyForError> {
         let _ = value;
         Err(KeyForError::Shared)
-    }
-}
-
-combinators!(GlobalKey);
-
-impl<B> KeyExtractor<B> for GlobalKey {
-    fn extract<'r>(&self, _req: &'r http::Request<B>) -> Option<Key<'r>> {
-        Some(Key::borrowed(Self::KEY.as_bytes()))
-    }
-
-    fn keys_for(&self, value: &[u8]) -> Result<Vec<Key<'static>>, KeyForError> {
-        Self::keys_for(self, value)
     }
 
     fn origin(&self) -> KeyOrigin {
@@ -70,9 +63,10 @@ impl<B> KeyExtractor<B> for GlobalKey {
 /// use tower_redis_ratelimit::key::{HeaderKey, KeyExtractor};
 ///
 /// let key = HeaderKey::from_static("x-api-key");
-/// let req = http::Request::builder()
+/// let (req, ()) = http::Request::builder()
 ///     .header("x-api-key", http::HeaderValue::from_bytes(b"k\xff")?)
-///     .body(())?;
+///     .body(())?
+///     .into_parts();
 /// assert_eq!(key.extract(&req).unwrap(), b"hdr:x-api-key:k\xff");
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
@@ -103,6 +97,21 @@ impl HeaderKey {
     pub fn name(&self) -> &HeaderName {
         &self.name
     }
+}
+
+impl KeyExtractor for HeaderKey {
+    fn extract<'r>(&self, parts: &'r Parts) -> Option<Key<'r>> {
+        let value = parts.headers.get(&self.name)?;
+        if value.is_empty() {
+            return None;
+        }
+        Some(Key::concat(&[
+            b"hdr:",
+            self.name.as_str().as_bytes(),
+            b":",
+            value.as_bytes(),
+        ]))
+    }
 
     /// The key of a request whose header carries `value` (an API key, say):
     /// `hdr:`, the header name, `:` and the value's bytes. See
@@ -115,14 +124,14 @@ impl HeaderKey {
     /// line feed).
     ///
     /// ```
-    /// use tower_redis_ratelimit::key::HeaderKey;
+    /// use tower_redis_ratelimit::key::{HeaderKey, KeyExtractor};
     ///
     /// let key = HeaderKey::from_static("x-api-key");
     /// assert_eq!(key.keys_for(b"trap")?, ["hdr:x-api-key:trap"]);
     /// assert!(key.keys_for(b"a\nb").is_err());
     /// # Ok::<(), tower_redis_ratelimit::key::KeyForError>(())
     /// ```
-    pub fn keys_for(&self, value: &[u8]) -> Result<Vec<Key<'static>>, KeyForError> {
+    fn keys_for(&self, value: &[u8]) -> Result<Vec<Key<'static>>, KeyForError> {
         value::non_empty(value, "HeaderKey")?;
         if http::HeaderValue::from_bytes(value).is_err() {
             return Err(KeyForError::Unreachable {
@@ -136,27 +145,6 @@ impl HeaderKey {
             b":",
             value,
         ])])
-    }
-}
-
-combinators!(HeaderKey);
-
-impl<B> KeyExtractor<B> for HeaderKey {
-    fn extract<'r>(&self, req: &'r http::Request<B>) -> Option<Key<'r>> {
-        let value = req.headers().get(&self.name)?;
-        if value.is_empty() {
-            return None;
-        }
-        Some(Key::concat(&[
-            b"hdr:",
-            self.name.as_str().as_bytes(),
-            b":",
-            value.as_bytes(),
-        ]))
-    }
-
-    fn keys_for(&self, value: &[u8]) -> Result<Vec<Key<'static>>, KeyForError> {
-        Self::keys_for(self, value)
     }
 
     fn origin(&self) -> KeyOrigin {
@@ -189,9 +177,9 @@ impl<B> KeyExtractor<B> for HeaderKey {
 /// }
 ///
 /// let key = ExtensionKey::<UserId>::new();
-/// let mut req = http::Request::new(());
+/// let (mut req, ()) = http::Request::new(()).into_parts();
 /// assert_eq!(key.extract(&req), None);
-/// req.extensions_mut().insert(UserId(42));
+/// req.extensions.insert(UserId(42));
 /// assert_eq!(key.extract(&req).unwrap(), "ext::user-42");
 /// assert_eq!(key.tag("user").extract(&req).unwrap(), "ext:user:user-42");
 /// ```
@@ -229,36 +217,7 @@ impl<T> ExtensionKey<T> {
         self.tag = tag;
         self
     }
-
-    /// The key of a request whose extension displays as `value` (a user id, say):
-    /// `ext:`, the [tag](Self::tag), `:` and the value. See [`KeyExtractor::keys_for`].
-    ///
-    /// # Errors
-    ///
-    /// [`KeyForError::Unreachable`] for an empty value (an extension that displays as
-    /// nothing is no key) and for bytes that are not UTF-8 (`Display` writes text).
-    ///
-    /// ```
-    /// use tower_redis_ratelimit::key::ExtensionKey;
-    ///
-    /// # struct UserId;
-    /// let key = ExtensionKey::<UserId>::new().tag("user");
-    /// assert_eq!(key.keys_for(b"carol")?, ["ext:user:carol"]);
-    /// # Ok::<(), tower_redis_ratelimit::key::KeyForError>(())
-    /// ```
-    pub fn keys_for(&self, value: &[u8]) -> Result<Vec<Key<'static>>, KeyForError> {
-        value::non_empty(value, "ExtensionKey")?;
-        value::text(value, "ExtensionKey", "`Display` writes UTF-8 text")?;
-        Ok(vec![Key::concat(&[
-            b"ext:",
-            self.tag.as_bytes(),
-            b":",
-            value,
-        ])])
-    }
 }
-
-combinators!(ExtensionKey<T>);
 
 impl<T> Default for ExtensionKey<T> {
     fn default() -> Self {
@@ -285,20 +244,42 @@ impl<T> fmt::Debug for ExtensionKey<T> {
     }
 }
 
-impl<B, T> KeyExtractor<B> for ExtensionKey<T>
+impl<T> KeyExtractor for ExtensionKey<T>
 where
     T: fmt::Display + Send + Sync + 'static,
 {
-    fn extract<'r>(&self, req: &'r http::Request<B>) -> Option<Key<'r>> {
-        let value = req.extensions().get::<T>()?;
+    fn extract<'r>(&self, parts: &'r Parts) -> Option<Key<'r>> {
+        let value = parts.extensions.get::<T>()?;
         let mut key = Key::concat(&[b"ext:", self.tag.as_bytes(), b":"]);
         let tagged = key.len();
         write!(Writer(&mut key), "{value}").ok()?;
         (key.len() > tagged).then_some(key)
     }
 
+    /// The key of a request whose extension displays as `value` (a user id, say):
+    /// `ext:`, the [tag](Self::tag), `:` and the value. See [`KeyExtractor::keys_for`].
+    ///
+    /// # Errors
+    ///
+    /// [`KeyForError::Unreachable`] for an empty value (an extension that displays as
+    /// nothing is no key) and for bytes that are not UTF-8 (`Display` writes text).
+    ///
+    /// ```
+    /// use tower_redis_ratelimit::key::{ExtensionKey, KeyExtractor};
+    ///
+    /// let key = ExtensionKey::<String>::new().tag("user");
+    /// assert_eq!(key.keys_for(b"carol")?, ["ext:user:carol"]);
+    /// # Ok::<(), tower_redis_ratelimit::key::KeyForError>(())
+    /// ```
     fn keys_for(&self, value: &[u8]) -> Result<Vec<Key<'static>>, KeyForError> {
-        Self::keys_for(self, value)
+        value::non_empty(value, "ExtensionKey")?;
+        value::text(value, "ExtensionKey", "`Display` writes UTF-8 text")?;
+        Ok(vec![Key::concat(&[
+            b"ext:",
+            self.tag.as_bytes(),
+            b":",
+            value,
+        ])])
     }
 }
 
@@ -317,6 +298,13 @@ impl PathKey {
     pub const fn new() -> Self {
         Self
     }
+}
+
+impl KeyExtractor for PathKey {
+    fn extract<'r>(&self, parts: &'r Parts) -> Option<Key<'r>> {
+        let path = parts.uri.path();
+        (!path.is_empty()).then(|| Key::concat(&[b"path:", path.as_bytes()]))
+    }
 
     /// The key of a request for the path `value`: `path:` and the path. See
     /// [`KeyExtractor::keys_for`].
@@ -327,13 +315,13 @@ impl PathKey {
     /// (`/users/42`, or `*`): an empty value, a query string, a host.
     ///
     /// ```
-    /// use tower_redis_ratelimit::key::PathKey;
+    /// use tower_redis_ratelimit::key::{PathKey, KeyExtractor};
     ///
     /// assert_eq!(PathKey.keys_for(b"/users/42")?, ["path:/users/42"]);
     /// assert!(PathKey.keys_for(b"/users?id=42").is_err());
     /// # Ok::<(), tower_redis_ratelimit::key::KeyForError>(())
     /// ```
-    pub fn keys_for(&self, value: &[u8]) -> Result<Vec<Key<'static>>, KeyForError> {
+    fn keys_for(&self, value: &[u8]) -> Result<Vec<Key<'static>>, KeyForError> {
         value::non_empty(value, "PathKey")?;
         let not_a_path = KeyForError::Unreachable {
             extractor: "PathKey",
@@ -343,19 +331,6 @@ impl PathKey {
             Ok(uri) if uri.path().as_bytes() == value => Ok(vec![Key::concat(&[b"path:", value])]),
             _ => Err(not_a_path),
         }
-    }
-}
-
-combinators!(PathKey);
-
-impl<B> KeyExtractor<B> for PathKey {
-    fn extract<'r>(&self, req: &'r http::Request<B>) -> Option<Key<'r>> {
-        let path = req.uri().path();
-        (!path.is_empty()).then(|| Key::concat(&[b"path:", path.as_bytes()]))
-    }
-
-    fn keys_for(&self, value: &[u8]) -> Result<Vec<Key<'static>>, KeyForError> {
-        Self::keys_for(self, value)
     }
 
     fn origin(&self) -> KeyOrigin {
@@ -381,6 +356,16 @@ impl MatchedPathKey {
     pub const fn new() -> Self {
         Self
     }
+}
+
+#[cfg(feature = "axum")]
+impl KeyExtractor for MatchedPathKey {
+    fn extract<'r>(&self, parts: &'r Parts) -> Option<Key<'r>> {
+        parts
+            .extensions
+            .get::<axum::extract::MatchedPath>()
+            .map(|path| Key::concat(&[b"route:", path.as_str().as_bytes()]))
+    }
 
     /// The key of requests matched by the route template `value`: `route:` and the
     /// template. See [`KeyExtractor::keys_for`].
@@ -391,12 +376,12 @@ impl MatchedPathKey {
     /// `/`).
     ///
     /// ```
-    /// use tower_redis_ratelimit::key::MatchedPathKey;
+    /// use tower_redis_ratelimit::key::{MatchedPathKey, KeyExtractor};
     ///
     /// assert_eq!(MatchedPathKey.keys_for(b"/users/{id}")?, ["route:/users/{id}"]);
     /// # Ok::<(), tower_redis_ratelimit::key::KeyForError>(())
     /// ```
-    pub fn keys_for(&self, value: &[u8]) -> Result<Vec<Key<'static>>, KeyForError> {
+    fn keys_for(&self, value: &[u8]) -> Result<Vec<Key<'static>>, KeyForError> {
         let reason = "a route is text starting with `/`";
         let route = value::text(value, "MatchedPathKey", reason)?;
         if !route.starts_with('/') {
@@ -406,21 +391,5 @@ impl MatchedPathKey {
             });
         }
         Ok(vec![Key::concat(&[b"route:", value])])
-    }
-}
-
-#[cfg(feature = "axum")]
-combinators!(MatchedPathKey);
-
-#[cfg(feature = "axum")]
-impl<B> KeyExtractor<B> for MatchedPathKey {
-    fn extract<'r>(&self, req: &'r http::Request<B>) -> Option<Key<'r>> {
-        req.extensions()
-            .get::<axum::extract::MatchedPath>()
-            .map(|path| Key::concat(&[b"route:", path.as_str().as_bytes()]))
-    }
-
-    fn keys_for(&self, value: &[u8]) -> Result<Vec<Key<'static>>, KeyForError> {
-        Self::keys_for(self, value)
     }
 }

@@ -29,7 +29,7 @@ use std::fmt;
 /// ```
 /// use tower_redis_ratelimit::key::{ExtensionKey, HeaderKey, KeyExtractor, TaggedKey};
 ///
-/// let req = http::Request::builder().header("x-merchant-id", "acme").body(())?;
+/// let (req, ()) = http::Request::builder().header("x-merchant-id", "acme").body(())?.into_parts();
 /// let key = HeaderKey::from_static("x-merchant-id").extract(&req).unwrap();
 /// let tagged = TaggedKey::parse(&key);
 /// assert_eq!(tagged.tag(), b"hdr:x-merchant-id");

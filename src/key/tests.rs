@@ -4,25 +4,25 @@
 use std::collections::HashSet;
 use std::net::SocketAddr;
 
+use http::request::Parts;
 use http::{HeaderValue, Request};
 
 use super::*;
 
-pub(super) fn req() -> Request<()> {
-    Request::new(())
+pub(super) fn req() -> Parts {
+    Request::new(()).into_parts().0
 }
 
-pub(super) fn with_peer(peer: &str) -> Request<()> {
+pub(super) fn with_peer(peer: &str) -> Parts {
     let mut req = req();
-    req.extensions_mut()
-        .insert(peer.parse::<SocketAddr>().unwrap());
+    req.extensions.insert(peer.parse::<SocketAddr>().unwrap());
     req
 }
 
-pub(super) fn with_peer_and_headers(peer: &str, headers: &[(&str, &str)]) -> Request<()> {
+pub(super) fn with_peer_and_headers(peer: &str, headers: &[(&str, &str)]) -> Parts {
     let mut req = with_peer(peer);
     for (name, value) in headers {
-        req.headers_mut().append(
+        req.headers.append(
             HeaderName::from_bytes(name.as_bytes()).unwrap(),
             HeaderValue::from_str(value).unwrap(),
         );
@@ -31,7 +31,7 @@ pub(super) fn with_peer_and_headers(peer: &str, headers: &[(&str, &str)]) -> Req
 }
 
 /// The key as text (every key of these tests is UTF-8 unless it says otherwise).
-pub(super) fn key<K: KeyExtractor<()>>(k: &K, req: &Request<()>) -> Option<String> {
+pub(super) fn key<K: KeyExtractor>(k: &K, req: &Parts) -> Option<String> {
     k.extract(req)
         .map(|key| String::from_utf8(key.into()).expect("a UTF-8 key"))
 }
@@ -61,10 +61,10 @@ fn public_types_are_clone_debug_send_sync() {
 
 #[test]
 fn extractors_are_object_safe() {
-    let extractors: Vec<Box<dyn KeyExtractor<()>>> = vec![
+    let extractors: Vec<Box<dyn KeyExtractor>> = vec![
         Box::new(GlobalKey::new()),
         Box::new(PathKey::new()),
-        Box::new(|_: &Request<()>| Some("closure")),
+        Box::new(|_: &Parts| Some("closure")),
         Box::new(HeaderKey::from_static("x-a")),
     ];
     let keys: Vec<_> = extractors.iter().map(|k| key(&**k, &req())).collect();
@@ -78,7 +78,7 @@ fn extractors_are_object_safe() {
         ]
     );
 
-    fn key<K: KeyExtractor<()> + ?Sized>(k: &K, req: &Request<()>) -> Option<Vec<u8>> {
+    fn key<K: KeyExtractor + ?Sized>(k: &K, req: &Parts) -> Option<Vec<u8>> {
         k.extract(req).map(Vec::from)
     }
 }
@@ -87,35 +87,35 @@ fn extractors_are_object_safe() {
 
 #[test]
 fn closure_returning_owned_keys() {
-    let tenant = |req: &Request<()>| {
-        req.headers()
+    let tenant = |req: &Parts| {
+        req.headers
             .get("x-tenant")
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned)
     };
     let mut r = req();
     assert_eq!(tenant.extract(&r), None);
-    r.headers_mut()
+    r.headers
         .insert("x-tenant", HeaderValue::from_static("acme"));
     let k = tenant.extract(&r);
     assert!(no_heap(&k));
     assert_eq!(k.unwrap(), "fn:acme");
 
     // `&'static str`, bytes and `Bytes` are keys as well.
-    let constant = |_: &Request<()>| Some("const");
+    let constant = |_: &Parts| Some("const");
     assert_eq!(key(&constant, &r).as_deref(), Some("fn:const"));
-    let bytes = |_: &Request<()>| Some(vec![0xff_u8, b'x']);
+    let bytes = |_: &Parts| Some(vec![0xff_u8, b'x']);
     assert_eq!(bytes.extract(&r).unwrap(), b"fn:\xffx");
-    let shared = |_: &Request<()>| Some(bytes::Bytes::from_static(b"\x00"));
+    let shared = |_: &Parts| Some(bytes::Bytes::from_static(b"\x00"));
     assert_eq!(shared.extract(&r).unwrap(), b"fn:\x00");
-    let never = |_: &Request<()>| None::<String>;
+    let never = |_: &Parts| None::<String>;
     assert_eq!(key(&never, &r), None);
 }
 
 #[test]
 fn closures_combine_with_trait_methods() {
-    let never = |_: &Request<()>| None::<String>;
-    let always = |_: &Request<()>| Some("x".to_owned());
+    let never = |_: &Parts| None::<String>;
+    let always = |_: &Parts| Some("x".to_owned());
     assert_eq!(key(&never.or(GlobalKey), &req()).as_deref(), Some("global"));
     assert_eq!(
         key(&always.and(PathKey), &req()).as_deref(),
@@ -143,7 +143,9 @@ fn path_key_is_the_path_without_query_and_allocates_nothing() {
     let r = Request::builder()
         .uri("https://example.com/users/42?page=2")
         .body(())
-        .unwrap();
+        .unwrap()
+        .into_parts()
+        .0;
     let k = PathKey::new().extract(&r);
     assert!(no_heap(&k));
     assert_eq!(k.unwrap(), "path:/users/42");
@@ -155,7 +157,9 @@ fn path_key_none_without_path() {
         .method("CONNECT")
         .uri("example.com:443")
         .body(())
-        .unwrap();
+        .unwrap()
+        .into_parts()
+        .0;
     assert_eq!(key(&PathKey, &r), None);
 }
 
@@ -191,7 +195,7 @@ fn header_key_non_ascii_values() {
     let k = HeaderKey::from_static("x-user");
     let mut r = req();
     // Valid UTF-8 (not visible ASCII): still borrowed.
-    r.headers_mut().insert(
+    r.headers.insert(
         "x-user",
         HeaderValue::from_bytes("jürgen".as_bytes()).unwrap(),
     );
@@ -206,7 +210,7 @@ fn header_key_non_ascii_values() {
         "a\u{fffd}b".as_bytes(),
         b"a\x80b",
     ] {
-        r.headers_mut()
+        r.headers
             .insert("x-user", HeaderValue::from_bytes(value).unwrap());
         let v = k.extract(&r).unwrap();
         assert_eq!(v, [&b"hdr:x-user:"[..], value].concat()[..]);
@@ -215,7 +219,7 @@ fn header_key_non_ascii_values() {
     assert_eq!(keys.len(), 4, "different bytes, different keys");
     // Long values are keys too (on the heap).
     let long = "k".repeat(200);
-    r.headers_mut()
+    r.headers
         .insert("x-user", HeaderValue::from_str(&long).unwrap());
     let v = k.extract(&r).unwrap();
     assert!(v.is_on_heap());
@@ -238,7 +242,7 @@ fn extension_key() {
     let k = ExtensionKey::<UserId>::new();
     let mut r = req();
     assert_eq!(key(&k, &r), None);
-    r.extensions_mut().insert(UserId(7));
+    r.extensions.insert(UserId(7));
     assert_eq!(key(&k, &r).as_deref(), Some("ext::user:7"));
     assert!(format!("{k:?}").contains("UserId"));
     let copy = k;
@@ -265,15 +269,15 @@ fn extension_key_empty_display_is_none() {
         }
     }
     let mut r = req();
-    r.extensions_mut().insert(Empty);
+    r.extensions.insert(Empty);
     assert_eq!(key(&ExtensionKey::<Empty>::default(), &r), None);
 }
 
 #[test]
 fn extension_key_with_plain_types() {
     let mut r = req();
-    r.extensions_mut().insert(42_u32);
-    r.extensions_mut().insert(String::from("tenant-a"));
+    r.extensions.insert(42_u32);
+    r.extensions.insert(String::from("tenant-a"));
     assert_eq!(
         key(&ExtensionKey::<u32>::new(), &r).as_deref(),
         Some("ext::42")
@@ -321,8 +325,8 @@ fn and_requires_both_keys() {
 #[derive(Clone, Copy)]
 struct Raw(&'static [u8]);
 
-impl KeyExtractor<()> for Raw {
-    fn extract<'r>(&self, _req: &'r Request<()>) -> Option<Key<'r>> {
+impl KeyExtractor for Raw {
+    fn extract<'r>(&self, _req: &'r Parts) -> Option<Key<'r>> {
         Some(Key::borrowed(self.0))
     }
 }
@@ -373,10 +377,10 @@ fn or_branches_never_share_a_key() {
         key(&PeerIp::new(), &with_peer("127.0.0.1:1")),
         key(&PathKey, &req()),
         key(&GlobalKey, &req()),
-        key(&|_: &Request<()>| Some("x"), &req()),
+        key(&|_: &Parts| Some("x"), &req()),
         key(&ExtensionKey::<u32>::new(), &{
             let mut r = req();
-            r.extensions_mut().insert(7_u32);
+            r.extensions.insert(7_u32);
             r
         }),
     ];
@@ -402,7 +406,7 @@ fn nested_combinators() {
     assert_eq!(key(&k, &r).as_deref(), Some("and:9:hdr:x-b:b:ip:1.2.3.4"));
     assert_eq!(key(&k, &req()).as_deref(), Some("global"));
     // Explicit trait syntax works as well.
-    let k = KeyExtractorExt::<()>::or(PathKey, GlobalKey);
+    let k = KeyExtractorExt::or(PathKey, GlobalKey);
     assert_eq!(key(&k, &r).as_deref(), Some("path:/"));
 }
 
@@ -422,7 +426,8 @@ async fn matched_path_key_from_router() {
     use tower::ServiceExt;
 
     async fn handler(req: Request<Body>) -> String {
-        let key = MatchedPathKey::new().or(PathKey).extract(&req);
+        let (parts, _) = req.into_parts();
+        let key = MatchedPathKey::new().or(PathKey).extract(&parts);
         assert!(no_heap(&key));
         String::from_utf8(key.unwrap().into()).unwrap()
     }

@@ -11,7 +11,7 @@ use super::Key;
 /// Its message never shows the value (it may be an API key).
 ///
 /// ```
-/// use tower_redis_ratelimit::key::{KeyForError, PeerIp};
+/// use tower_redis_ratelimit::key::{KeyExtractor, KeyForError, PeerIp};
 ///
 /// let err = PeerIp::new().keys_for(b"localhost").unwrap_err();
 /// assert!(matches!(err, KeyForError::Unreachable { extractor: "PeerIp", .. }));

@@ -4,6 +4,7 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
+use http::request::Parts;
 use http::{HeaderValue, Request};
 use proptest::prelude::*;
 
@@ -21,7 +22,7 @@ impl fmt::Display for User {
 /// The keys of a value as text, or the error.
 type Keys = Result<Vec<String>, KeyForError>;
 
-fn keys<K: KeyExtractor<()>>(k: &K, value: &str) -> Keys {
+fn keys<K: KeyExtractor>(k: &K, value: &str) -> Keys {
     k.keys_for(value.as_bytes()).map(|keys| {
         keys.into_iter()
             .map(|key| String::from_utf8(key.into()).unwrap())
@@ -29,8 +30,8 @@ fn keys<K: KeyExtractor<()>>(k: &K, value: &str) -> Keys {
     })
 }
 
-fn closure(req: &Request<()>) -> Option<String> {
-    Some(req.headers().get("x-api-key")?.to_str().ok()?.to_owned())
+fn closure(req: &Parts) -> Option<String> {
+    Some(req.headers.get("x-api-key")?.to_str().ok()?.to_owned())
 }
 
 #[test]
@@ -112,7 +113,7 @@ fn values_no_request_carries_are_errors() {
     let user = |v: &str| keys(&ExtensionKey::<User>::new().tag("user"), v);
     assert!(unreachable(&user, ""));
     assert_eq!(
-        KeyExtractor::<()>::keys_for(&ExtensionKey::<User>::new(), b"\xff"),
+        KeyExtractor::keys_for(&ExtensionKey::<User>::new(), b"\xff"),
         Err(KeyForError::Unreachable {
             extractor: "ExtensionKey",
             reason: "`Display` writes UTF-8 text"
@@ -173,9 +174,9 @@ fn ipv6_is_grouped_by_the_extractors_prefix() {
 fn a_custom_extractor_cannot_say_by_default() {
     #[derive(Clone, Debug)]
     struct Tenant;
-    impl<B> KeyExtractor<B> for Tenant {
-        fn extract<'r>(&self, req: &'r http::Request<B>) -> Option<Key<'r>> {
-            req.uri()
+    impl KeyExtractor for Tenant {
+        fn extract<'r>(&self, req: &'r http::request::Parts) -> Option<Key<'r>> {
+            req.uri
                 .host()
                 .map(|host| Key::concat(&[b"tenant:", host.as_bytes()]))
         }
@@ -202,22 +203,22 @@ fn a_custom_extractor_cannot_say_by_default() {
 /// What `extract` makes of a request carrying `value` where `kind` reads it.
 fn extracted(kind: usize, value: &[u8]) -> Option<(Vec<u8>, Vec<u8>)> {
     let text = std::str::from_utf8(value).ok();
-    let mut req = Request::new(());
+    let mut req = Request::new(()).into_parts().0;
     let (extract, keys_for): (Option<Key<'_>>, _) = match kind {
         0 => {
             let key = HeaderKey::from_static("x-api-key");
-            req.headers_mut()
+            req.headers
                 .insert("x-api-key", HeaderValue::from_bytes(value).ok()?);
             (key.extract(&req).map(Key::into_owned), key.keys_for(value))
         }
         1 => {
             let key = ExtensionKey::<User>::new().tag("user");
-            req.extensions_mut().insert(User(text?.to_owned()));
+            req.extensions.insert(User(text?.to_owned()));
             (key.extract(&req).map(Key::into_owned), key.keys_for(value))
         }
         2 => {
-            let key = |req: &Request<()>| req.extensions().get::<Vec<u8>>().cloned();
-            req.extensions_mut().insert(value.to_vec());
+            let key = |req: &Parts| req.extensions.get::<Vec<u8>>().cloned();
+            req.extensions.insert(value.to_vec());
             (key.extract(&req).map(Key::into_owned), key.keys_for(value))
         }
         3 => {
@@ -227,7 +228,7 @@ fn extracted(kind: usize, value: &[u8]) -> Option<(Vec<u8>, Vec<u8>)> {
             if uri.path().as_bytes() != value {
                 return None;
             }
-            *req.uri_mut() = uri;
+            req.uri = uri;
             (key.extract(&req).map(Key::into_owned), key.keys_for(value))
         }
         _ => unreachable!(),
@@ -245,13 +246,13 @@ fn ip_keys(ip: IpAddr, prefix: u8) -> [Vec<u8>; 4] {
     let forwarded = ForwardedIp::from_strs(["10.0.0.0/8"])
         .unwrap()
         .ipv6_prefix(prefix);
-    let mut direct = Request::new(());
-    direct.extensions_mut().insert(SocketAddr::new(ip, 443));
-    let mut proxied = Request::new(());
+    let mut direct = Request::new(()).into_parts().0;
+    direct.extensions.insert(SocketAddr::new(ip, 443));
+    let mut proxied = Request::new(()).into_parts().0;
     proxied
-        .extensions_mut()
+        .extensions
         .insert(SocketAddr::new(Ipv4Addr::new(10, 0, 0, 1).into(), 443));
-    proxied.headers_mut().insert(
+    proxied.headers.insert(
         "x-forwarded-for",
         HeaderValue::from_str(&ip.to_string()).unwrap(),
     );

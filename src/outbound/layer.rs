@@ -6,47 +6,55 @@ use std::time::Duration;
 
 use tower_layer::Layer;
 
-use super::{FixedKey, Outbound, Waiter};
-use crate::cost::UnitCost;
+use super::{Outbound, Waiter};
+use crate::cost::{Cost, UnitCost};
+use crate::key::{GlobalKey, KeyExtractor};
 use crate::limiter::Limiter;
 
 /// A tower [`Layer`] for clients: every call through the [`Outbound`] service it builds
 /// waits (up to a maximum) until the limit admits it, then goes to the inner service.
 ///
-/// The request type is anything the inner service takes (an `http::Request` for a
-/// `hyper-util` client or a `tonic` channel, your own type for a service wrapping
-/// `reqwest`); the key comes from a [`RequestKey`](super::RequestKey) (the default is
-/// one [`FixedKey`] for every call), the cost from a
-/// [`RequestCost`](super::RequestCost) (the default is one unit per call).
+/// The inner service takes `http::Request<B>` of any body `B` (a `hyper-util` client, a
+/// `tonic` channel, a service of yours wrapping `reqwest`). The key is read from each
+/// request's head by a [`KeyExtractor`], the same trait as the inbound layers' (the
+/// default is [`GlobalKey`]: one limit for every call); a request it finds no key in
+/// waits on [`GlobalKey`]'s key `global` too, since a client's call has no one to be
+/// refused to. The cost comes from a [`Cost`] (the default is one unit per call; a
+/// weighted cost reads a header, e.g. [`HeaderCost`](crate::HeaderCost) on
+/// `x-max-tokens`, or an extension the caller set).
 ///
 /// Cloning is cheap: clones, and every service they build, share one [`Waiter`] (one
 /// queue per key in this process).
 ///
 /// ```
 /// use std::time::Duration;
-/// use http::Request;
+/// use http::{HeaderName, Request};
 /// use tower::{service_fn, ServiceBuilder, ServiceExt};
 /// use tower_redis_ratelimit::outbound::{OutboundLayer, Waiter};
 /// use tower_redis_ratelimit::token_bucket::{TokenBucketConfig, TokenBucketLimiter};
-/// use tower_redis_ratelimit::Backend;
+/// use tower_redis_ratelimit::{Backend, HeaderCost};
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// // The LLM API allows 10 000 tokens per minute; a request costs its `max_tokens`.
+/// // The LLM API allows 10 000 tokens per minute; a request costs the `x-max-tokens`
+/// // its caller set (one token without it).
 /// let config = TokenBucketConfig::new(10_000, Duration::from_secs(60), 10_000);
 /// let limiter = TokenBucketLimiter::new(&Backend::in_process(), "llm", config)?;
 /// let layer = OutboundLayer::new(Waiter::new(limiter), Duration::from_secs(30))
-///     .cost(|req: &Request<u32>| *req.body());
+///     .cost(HeaderCost::new(HeaderName::from_static("x-max-tokens"), 1));
 /// let client = ServiceBuilder::new()
 ///     .layer(layer)
-///     .service(service_fn(|req: Request<u32>| async move {
-///         Ok::<_, std::io::Error>(format!("{} tokens", req.body()))
+///     .service(service_fn(|req: Request<String>| async move {
+///         Ok::<_, std::io::Error>(format!("{} tokens", req.headers()["x-max-tokens"].to_str().unwrap()))
 ///     }));
-/// let answer = client.oneshot(Request::new(512)).await?;
+/// let request = Request::post("/v1/complete")
+///     .header("x-max-tokens", "512")
+///     .body(String::from("Hello"))?;
+/// let answer = client.oneshot(request).await?;
 /// assert_eq!(answer, "512 tokens");
 /// # Ok(()) }
 /// ```
-pub struct OutboundLayer<L, K = FixedKey, C = UnitCost> {
+pub struct OutboundLayer<L, K = GlobalKey, C = UnitCost> {
     waiter: Waiter<L>,
     key: Arc<K>,
     cost: Arc<C>,
@@ -55,11 +63,11 @@ pub struct OutboundLayer<L, K = FixedKey, C = UnitCost> {
 
 impl<L> OutboundLayer<L> {
     /// A layer whose calls wait on `waiter`'s limit for at most `max_wait` each, all
-    /// under one key (the empty [`FixedKey`]), one unit per call.
+    /// under one key ([`GlobalKey`]), one unit per call.
     pub fn new(waiter: Waiter<L>, max_wait: Duration) -> Self {
         Self {
             waiter,
-            key: Arc::new(FixedKey::default()),
+            key: Arc::new(GlobalKey),
             cost: Arc::new(UnitCost),
             max_wait,
         }
@@ -67,9 +75,11 @@ impl<L> OutboundLayer<L> {
 }
 
 impl<L, K, C> OutboundLayer<L, K, C> {
-    /// The key each call waits on (a [`RequestKey`](super::RequestKey): a
-    /// [`FixedKey`] or a closure on the request).
-    pub fn key<K2>(self, key: K2) -> OutboundLayer<L, K2, C> {
+    /// The key each call waits on, read from the request's head: any [`KeyExtractor`]
+    /// (a [`HeaderKey`](crate::key::HeaderKey) naming the account the upstream limits
+    /// per, a closure `Fn(&Parts) -> Option<T>`, [`GlobalKey`] for one limit). A request
+    /// it finds no key in waits on [`GlobalKey`]'s key `global`.
+    pub fn key<K2: KeyExtractor>(self, key: K2) -> OutboundLayer<L, K2, C> {
         OutboundLayer {
             waiter: self.waiter,
             key: Arc::new(key),
@@ -78,9 +88,10 @@ impl<L, K, C> OutboundLayer<L, K, C> {
         }
     }
 
-    /// The cost of each call (a [`RequestCost`](super::RequestCost): `UnitCost`,
-    /// `FixedCost` or a closure on the request).
-    pub fn cost<C2>(self, cost: C2) -> OutboundLayer<L, K, C2> {
+    /// The cost of each call, read from the request's head: any [`Cost`]
+    /// (`UnitCost`, `FixedCost`, [`HeaderCost`](crate::HeaderCost) or a closure
+    /// `Fn(&Parts) -> u32`).
+    pub fn cost<C2: Cost>(self, cost: C2) -> OutboundLayer<L, K, C2> {
         OutboundLayer {
             waiter: self.waiter,
             key: self.key,

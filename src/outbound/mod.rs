@@ -8,7 +8,9 @@
 //! backends as the inbound layers: a token bucket in Redis, shared by every instance, or
 //! in-process); [`OutboundLayer`] puts the wait in front of any tower client (a
 //! `hyper-util` client, a `tonic` channel, a service wrapping `reqwest`), with the key
-//! and a weighted cost read from each request.
+//! and a weighted cost read from each request's head by the same
+//! [`KeyExtractor`](crate::key::KeyExtractor) and [`Cost`](crate::Cost) the inbound
+//! layers use.
 //!
 //! # How the wait works
 //!
@@ -49,6 +51,7 @@
 //! use hyper_util::client::legacy::Client;
 //! use hyper_util::rt::TokioExecutor;
 //! use tower::{ServiceBuilder, ServiceExt};
+//! use tower_redis_ratelimit::key::HeaderKey;
 //! use tower_redis_ratelimit::outbound::{OutboundError, OutboundLayer, WaitError, Waiter};
 //! use tower_redis_ratelimit::token_bucket::{TokenBucketConfig, TokenBucketLimiter};
 //! use tower_redis_ratelimit::Backend;
@@ -60,10 +63,7 @@
 //! let config = TokenBucketConfig::new(100, Duration::from_secs(1), 10);
 //! let limiter = TokenBucketLimiter::new(&backend, "payments", config)?;
 //! let layer = OutboundLayer::new(Waiter::new(limiter), Duration::from_secs(10))
-//!     .key(|req: &Request<Empty<bytes::Bytes>>| {
-//!         let account = req.headers().get("x-account").map(|v| v.as_bytes().to_vec());
-//!         account.unwrap_or_default()
-//!     });
+//!     .key(HeaderKey::from_static("x-account"));
 //! let client = Client::builder(TokioExecutor::new()).build_http::<Empty<bytes::Bytes>>();
 //! let client = ServiceBuilder::new().layer(layer).service(client);
 //!
@@ -83,13 +83,11 @@
 
 mod error;
 mod layer;
-mod request;
 mod service;
 mod waiter;
 
 pub use self::error::{OutboundError, WaitError};
 pub use self::layer::OutboundLayer;
-pub use self::request::{FixedKey, RequestCost, RequestKey};
 pub use self::service::{Outbound, ResponseFuture};
 pub use self::waiter::Waiter;
 

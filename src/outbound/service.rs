@@ -9,17 +9,21 @@ use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
+use http::Request;
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
-use super::{OutboundError, RequestCost, RequestKey, WaitError, Waiter};
+use super::{OutboundError, WaitError, Waiter};
+use crate::cost::Cost;
 use crate::decision::Decision;
+use crate::key::{GlobalKey, Key, KeyExtractor};
 use crate::limiter::Limiter;
 
 /// Waits for the limit before each call to an inner client service; built by
 /// [`OutboundLayer`](super::OutboundLayer).
 ///
-/// `poll_ready` is the inner service's. `call` reads the request's key and cost, then
+/// `poll_ready` is the inner service's. `call` reads the request's key and cost from its
+/// head (a request without a key waits on [`GlobalKey`]'s key `global`), then
 /// its future waits in the key's queue until the limit admits the cost (or fails with
 /// [`OutboundError::Wait`] without calling the inner service), and then calls the
 /// inner service (made ready again first, as `ServiceExt::oneshot` would). A request of
@@ -93,30 +97,37 @@ impl<S: fmt::Debug, L: Limiter, K, C> fmt::Debug for Outbound<S, L, K, C> {
     }
 }
 
-impl<S, L, K, C, Req> Service<Req> for Outbound<S, L, K, C>
+impl<S, L, K, C, B> Service<Request<B>> for Outbound<S, L, K, C>
 where
-    S: Service<Req> + Clone,
+    S: Service<Request<B>> + Clone,
     L: Limiter,
-    K: RequestKey<Req>,
-    C: RequestCost<Req>,
+    K: KeyExtractor,
+    C: Cost,
 {
     type Response = S::Response;
     type Error = OutboundError<S::Error>;
-    type Future = ResponseFuture<S, Req>;
+    type Future = ResponseFuture<S, Request<B>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx).map_err(OutboundError::Inner)
     }
 
-    fn call(&mut self, request: Req) -> Self::Future {
-        let Some(cost) = NonZeroU32::new(self.cost.cost(&request)) else {
+    fn call(&mut self, request: Request<B>) -> Self::Future {
+        // The head apart from the body, once (a move, no copy), for the cost and the key.
+        let (parts, body) = request.into_parts();
+        let Some(cost) = NonZeroU32::new(self.cost.cost(&parts)) else {
             return ResponseFuture {
                 state: State::Inner {
-                    future: self.inner.call(request),
+                    future: self.inner.call(Request::from_parts(parts, body)),
                 },
             };
         };
-        let key = self.key.key(&request);
+        // The wait outlives the request's head: the key is owned (on the stack when short).
+        let key = self
+            .key
+            .extract(&parts)
+            .map_or(Key::borrowed(GlobalKey::KEY.as_bytes()), Key::into_owned);
+        let request = Request::from_parts(parts, body);
         let waiter = self.waiter.clone();
         let max_wait = self.max_wait;
         let wait = Box::pin(async move { waiter.acquire(&key, cost, max_wait).await });

@@ -254,40 +254,58 @@ async fn fail_closed_and_unknown_retry_do_not_wait() {
     assert!(matches!(error, Err(WaitError::Refused { .. })), "{error:?}");
 }
 
+/// A request to send: its key in `x-key` (none when empty), its cost in `x-cost`.
+fn outgoing(key: &str, cost: u32) -> http::Request<()> {
+    let mut req = http::Request::builder().header("x-cost", cost);
+    if !key.is_empty() {
+        req = req.header("x-key", key);
+    }
+    req.body(()).unwrap()
+}
+
+/// The `x-cost` of a request that was sent.
+fn sent_cost(req: &http::Request<()>) -> u32 {
+    req.headers()["x-cost"].to_str().unwrap().parse().unwrap()
+}
+
 #[tokio::test(start_paused = true)]
 async fn the_layer_waits_then_calls_with_key_and_cost_from_the_request() {
     let calls = Arc::new(AtomicU32::new(0));
     let inner = {
         let calls = Arc::clone(&calls);
-        service_fn(move |req: (String, u32)| {
+        service_fn(move |req: http::Request<()>| {
             calls.fetch_add(1, Ordering::Relaxed);
-            async move { Ok::<_, std::io::Error>(req.1) }
+            let cost = sent_cost(&req);
+            async move { Ok::<_, std::io::Error>(cost) }
         })
     };
     let layer = OutboundLayer::new(
         Waiter::new(bucket(Duration::from_millis(100), 5)),
         Duration::from_millis(300),
     )
-    .key(|req: &(String, u32)| req.0.clone())
-    .cost(|req: &(String, u32)| req.1);
+    .key(|parts: &http::request::Parts| parts.headers.get("x-key").map(|v| v.as_bytes().to_vec()))
+    .cost(crate::HeaderCost::new(
+        http::HeaderName::from_static("x-cost"),
+        1,
+    ));
     let client = ServiceBuilder::new().layer(layer).service(inner);
     let start = Instant::now();
-    assert_eq!(client.clone().oneshot(("a".into(), 5)).await.unwrap(), 5);
+    assert_eq!(client.clone().oneshot(outgoing("a", 5)).await.unwrap(), 5);
     // "b" has its own bucket; a free call never waits.
-    assert_eq!(client.clone().oneshot(("b".into(), 5)).await.unwrap(), 5);
-    assert_eq!(client.clone().oneshot(("a".into(), 0)).await.unwrap(), 0);
+    assert_eq!(client.clone().oneshot(outgoing("b", 5)).await.unwrap(), 5);
+    assert_eq!(client.clone().oneshot(outgoing("a", 0)).await.unwrap(), 0);
     assert_eq!(start.elapsed(), Duration::ZERO);
     // Two tokens are back after 200 ms.
-    assert_eq!(client.clone().oneshot(("a".into(), 2)).await.unwrap(), 2);
+    assert_eq!(client.clone().oneshot(outgoing("a", 2)).await.unwrap(), 2);
     assert_eq!(start.elapsed(), Duration::from_millis(200));
     assert_eq!(calls.load(Ordering::Relaxed), 4);
     // Beyond the maximum wait, and above the burst: not sent, and matchable.
-    let error = client.clone().oneshot(("a".into(), 5)).await.unwrap_err();
+    let error = client.clone().oneshot(outgoing("a", 5)).await.unwrap_err();
     assert!(
         matches!(error, OutboundError::Wait(WaitError::TimedOut { .. })),
         "{error:?}"
     );
-    let error = client.clone().oneshot(("a".into(), 6)).await.unwrap_err();
+    let error = client.clone().oneshot(outgoing("a", 6)).await.unwrap_err();
     assert!(matches!(
         error.wait_error(),
         Some(WaitError::ExceedsCapacity { .. })
@@ -299,25 +317,66 @@ async fn the_layer_waits_then_calls_with_key_and_cost_from_the_request() {
     );
 }
 
+/// A request its extractor finds no key in waits on `GlobalKey`'s key: the limit of a
+/// layer keyed by `GlobalKey` (the default), never refused for want of a key.
+#[tokio::test(start_paused = true)]
+async fn a_request_without_a_key_waits_on_the_global_key() {
+    let waiter = Waiter::new(bucket(Duration::from_millis(100), 5));
+    let echo = || {
+        service_fn(|req: http::Request<()>| async move { Ok::<_, std::io::Error>(sent_cost(&req)) })
+    };
+    let cost = || crate::HeaderCost::new(http::HeaderName::from_static("x-cost"), 1);
+    let by_key = ServiceBuilder::new()
+        .layer(
+            OutboundLayer::new(waiter.clone(), Duration::from_secs(1))
+                .key(crate::key::HeaderKey::from_static("x-key"))
+                .cost(cost()),
+        )
+        .service(echo());
+    let global = ServiceBuilder::new()
+        .layer(OutboundLayer::new(waiter.clone(), Duration::from_secs(1)).cost(cost()))
+        .service(echo());
+    let start = Instant::now();
+    // No `x-key`: the whole burst of the key `global`, at once.
+    assert_eq!(by_key.clone().oneshot(outgoing("", 5)).await.unwrap(), 5);
+    // A client's own key is another bucket: no wait.
+    assert_eq!(by_key.clone().oneshot(outgoing("a", 5)).await.unwrap(), 5);
+    assert_eq!(start.elapsed(), Duration::ZERO);
+    // The `GlobalKey` layer shares the emptied bucket: it waits for a token.
+    assert_eq!(global.clone().oneshot(outgoing("", 1)).await.unwrap(), 1);
+    assert_eq!(start.elapsed(), Duration::from_millis(100));
+    let standing = waiter
+        .limiter()
+        .peek(crate::key::GlobalKey::KEY.as_bytes(), ONE)
+        .expect("a token bucket peeks")
+        .await;
+    assert!(!standing.is_admitted(), "{standing:?}");
+}
+
 #[tokio::test(start_paused = true)]
 async fn inner_errors_are_kept_apart_from_wait_errors() {
     let layer = OutboundLayer::new(
         Waiter::new(bucket(Duration::from_secs(1), 1)),
         Duration::ZERO,
     )
-    .key(FixedKey::from_static("upstream"))
+    .key(crate::key::GlobalKey)
     .cost(FixedCost(1));
-    let client = ServiceBuilder::new()
-        .layer(layer)
-        .service(service_fn(|_: ()| async {
-            Err::<(), _>(std::io::Error::other("upstream down"))
-        }));
-    let error = client.clone().oneshot(()).await.unwrap_err();
+    let client =
+        ServiceBuilder::new()
+            .layer(layer)
+            .service(service_fn(|_: http::Request<()>| async {
+                Err::<(), _>(std::io::Error::other("upstream down"))
+            }));
+    let error = client
+        .clone()
+        .oneshot(http::Request::new(()))
+        .await
+        .unwrap_err();
     assert!(error.wait_error().is_none());
     let source = std::error::Error::source(&error).unwrap();
     assert_eq!(source.to_string(), "upstream down");
     assert_eq!(error.into_inner().unwrap().to_string(), "upstream down");
-    let error = client.oneshot(()).await.unwrap_err();
+    let error = client.oneshot(http::Request::new(())).await.unwrap_err();
     assert!(matches!(error, OutboundError::Wait(_)), "{error:?}");
     assert!(error.to_string().contains("not sent"), "{error}");
 }

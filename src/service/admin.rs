@@ -30,7 +30,7 @@ use crate::limiter::{DecisionFuture, Limiter};
 ///     .key(PeerIp::new())
 ///     .build()?;
 /// // An API key given to a per-address layer: no request is counted under it.
-/// let err = layer.reset_value::<()>("trap").await.unwrap_err();
+/// let err = layer.reset_value("trap").await.unwrap_err();
 /// assert!(matches!(err, AdminError::Key(_)));
 /// assert_eq!(
 ///     err.to_string(),
@@ -95,11 +95,6 @@ const VALUE_STARTS: usize = 8;
 /// address), resolved through this layer's own extractor to the key(s) it counts the
 /// value under ([`KeyExtractor::keys_for`]), then the [`Limiter`]'s action on each.
 ///
-/// The type parameter `B` is the body type of the requests the layer serves, the one
-/// its extractor is a [`KeyExtractor`] of: inferred for a closure, to be named for the
-/// built-in extractors, which serve every body (any type does; `()` is the shortest):
-/// `layer.reset_value::<axum::body::Body>("trap")`.
-///
 /// Each action answers one `(key, decision)` per key, in the order of
 /// [`keys_for`](Self::keys_for): one for most extractors, one per branch that can count
 /// the value for an [`or`](crate::key::KeyExtractorExt::or) (every one is acted on). A
@@ -124,7 +119,7 @@ impl<L: Limiter, K, C, R> LimitLayer<L, K, C, R> {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use tower_redis_ratelimit::key::{HeaderKey, PeerIp};
+    /// use tower_redis_ratelimit::key::{HeaderKey, KeyExtractorExt, PeerIp};
     /// use tower_redis_ratelimit::{Backend, PeriodLimitLayer};
     ///
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -134,17 +129,17 @@ impl<L: Limiter, K, C, R> LimitLayer<L, K, C, R> {
     ///     .period(Duration::from_secs(60))
     ///     .key(HeaderKey::from_static("x-api-key").or(PeerIp::new()))
     ///     .build()?;
-    /// assert_eq!(layer.keys_for::<()>("trap")?, ["hdr:x-api-key:trap"]);
+    /// assert_eq!(layer.keys_for("trap")?, ["hdr:x-api-key:trap"]);
     /// // An address sent as an API key is counted under the header's key.
     /// assert_eq!(
-    ///     layer.keys_for::<()>("203.0.113.7")?,
+    ///     layer.keys_for("203.0.113.7")?,
     ///     ["hdr:x-api-key:203.0.113.7", "ip:203.0.113.7"]
     /// );
     /// # Ok(()) }
     /// ```
-    pub fn keys_for<B>(&self, value: impl AsRef<[u8]>) -> Result<Vec<Key<'static>>, KeyForError>
+    pub fn keys_for(&self, value: impl AsRef<[u8]>) -> Result<Vec<Key<'static>>, KeyForError>
     where
-        K: KeyExtractor<B>,
+        K: KeyExtractor,
     {
         crate::key::fitting(
             self.extractor().keys_for(value.as_ref())?,
@@ -174,23 +169,23 @@ impl<L: Limiter, K, C, R> LimitLayer<L, K, C, R> {
     ///     .period(Duration::from_secs(60))
     ///     .key(HeaderKey::from_static("x-api-key"))
     ///     .build()?;
-    /// let standing = layer.peek_value::<()>("trap", NonZeroU32::MIN).await?;
+    /// let standing = layer.peek_value("trap", NonZeroU32::MIN).await?;
     /// assert_eq!(standing[0].0, "hdr:x-api-key:trap");
     /// // Nothing spent yet: a check would admit, leaving 59.
     /// assert!(standing[0].1.is_admitted());
     /// assert_eq!(standing[0].1.remaining, 59);
     /// # Ok(()) }
     /// ```
-    pub async fn peek_value<B>(
+    pub async fn peek_value(
         &self,
         value: impl AsRef<[u8]>,
         cost: NonZeroU32,
     ) -> Result<Vec<(Key<'static>, Decision)>, AdminError>
     where
-        K: KeyExtractor<B>,
+        K: KeyExtractor,
     {
         let limiter = self.limiter();
-        self.act::<B>(value.as_ref(), "peek", |key| limiter.peek(key, cost))
+        self.act(value.as_ref(), "peek", |key| limiter.peek(key, cost))
             .await
     }
 
@@ -217,21 +212,21 @@ impl<L: Limiter, K, C, R> LimitLayer<L, K, C, R> {
     ///     .period(Duration::from_secs(60))
     ///     .key(HeaderKey::from_static("x-api-key"))
     ///     .build()?;
-    /// layer.block_value::<()>("trap", Duration::from_secs(3600)).await?;
-    /// let reset = layer.reset_value::<()>("trap").await?;
+    /// layer.block_value("trap", Duration::from_secs(3600)).await?;
+    /// let reset = layer.reset_value("trap").await?;
     /// assert_eq!(reset[0].0, "hdr:x-api-key:trap");
     /// assert!(reset[0].1.is_admitted());
     /// # Ok(()) }
     /// ```
-    pub async fn reset_value<B>(
+    pub async fn reset_value(
         &self,
         value: impl AsRef<[u8]>,
     ) -> Result<Vec<(Key<'static>, Decision)>, AdminError>
     where
-        K: KeyExtractor<B>,
+        K: KeyExtractor,
     {
         let limiter = self.limiter();
-        self.act::<B>(value.as_ref(), "reset", |key| limiter.reset(key))
+        self.act(value.as_ref(), "reset", |key| limiter.reset(key))
             .await
     }
 
@@ -259,20 +254,20 @@ impl<L: Limiter, K, C, R> LimitLayer<L, K, C, R> {
     ///     .period(Duration::from_secs(60))
     ///     .key(HeaderKey::from_static("x-api-key"))
     ///     .build()?;
-    /// let blocked = layer.block_value::<()>("trap", Duration::from_secs(3600)).await?;
+    /// let blocked = layer.block_value("trap", Duration::from_secs(3600)).await?;
     /// assert!(!blocked[0].1.is_admitted());
     /// # Ok(()) }
     /// ```
-    pub async fn block_value<B>(
+    pub async fn block_value(
         &self,
         value: impl AsRef<[u8]>,
         duration: Duration,
     ) -> Result<Vec<(Key<'static>, Decision)>, AdminError>
     where
-        K: KeyExtractor<B>,
+        K: KeyExtractor,
     {
         let limiter = self.limiter();
-        self.act::<B>(value.as_ref(), "block", |key| limiter.block(key, duration))
+        self.act(value.as_ref(), "block", |key| limiter.block(key, duration))
             .await
     }
 
@@ -299,20 +294,20 @@ impl<L: Limiter, K, C, R> LimitLayer<L, K, C, R> {
     ///     .key(HeaderKey::from_static("x-api-key"))
     ///     .build()?;
     /// layer.limiter().check(b"hdr:x-api-key:trap", NonZeroU32::MIN).await;
-    /// let refunded = layer.refund_value::<()>("trap", NonZeroU32::MIN).await?;
+    /// let refunded = layer.refund_value("trap", NonZeroU32::MIN).await?;
     /// assert_eq!(refunded[0].1.remaining, 60);
     /// # Ok(()) }
     /// ```
-    pub async fn refund_value<B>(
+    pub async fn refund_value(
         &self,
         value: impl AsRef<[u8]>,
         cost: NonZeroU32,
     ) -> Result<Vec<(Key<'static>, Decision)>, AdminError>
     where
-        K: KeyExtractor<B>,
+        K: KeyExtractor,
     {
         let limiter = self.limiter();
-        self.act::<B>(value.as_ref(), "refund", |key| limiter.refund(key, cost))
+        self.act(value.as_ref(), "refund", |key| limiter.refund(key, cost))
             .await
     }
 
@@ -338,7 +333,7 @@ impl<L: Limiter, K, C, R> LimitLayer<L, K, C, R> {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use tower_redis_ratelimit::key::{HeaderKey, PeerIp};
+    /// use tower_redis_ratelimit::key::{HeaderKey, KeyExtractorExt, PeerIp};
     /// use tower_redis_ratelimit::{Backend, PeriodLimitLayer};
     ///
     /// # #[tokio::main(flavor = "current_thread")]
@@ -349,19 +344,19 @@ impl<L: Limiter, K, C, R> LimitLayer<L, K, C, R> {
     ///     .period(Duration::from_secs(60))
     ///     .key(HeaderKey::from_static("x-api-key").or(PeerIp::new()))
     ///     .build()?;
-    /// layer.block_value::<()>("trap", Duration::from_secs(3_600)).await?;
-    /// let blocked = layer.blocked::<()>(100).await?;
+    /// layer.block_value("trap", Duration::from_secs(3_600)).await?;
+    /// let blocked = layer.blocked(100).await?;
     /// assert_eq!(blocked.len(), 1);
     /// assert_eq!(blocked[0].key, "hdr:x-api-key:trap");
     /// assert_eq!(blocked[0].value.as_ref().unwrap(), "trap");
     /// // Lifted by that value.
-    /// layer.reset_value::<()>("trap").await?;
-    /// assert!(layer.blocked::<()>(100).await?.is_empty());
+    /// layer.reset_value("trap").await?;
+    /// assert!(layer.blocked(100).await?.is_empty());
     /// # Ok(()) }
     /// ```
-    pub async fn blocked<B>(&self, max: usize) -> Result<Vec<Blocked>, AdminError>
+    pub async fn blocked(&self, max: usize) -> Result<Vec<Blocked>, AdminError>
     where
-        K: KeyExtractor<B>,
+        K: KeyExtractor,
     {
         let listing = self
             .limiter()
@@ -369,7 +364,7 @@ impl<L: Limiter, K, C, R> LimitLayer<L, K, C, R> {
             .ok_or(AdminError::Unsupported { action: "list" })?;
         let mut listed = listing.await.map_err(AdminError::Listing)?;
         for entry in &mut listed {
-            entry.value = self.value_of::<B>(&entry.key);
+            entry.value = self.value_of(&entry.key);
         }
         Ok(listed)
     }
@@ -377,9 +372,9 @@ impl<L: Limiter, K, C, R> LimitLayer<L, K, C, R> {
     /// The client's value whose keys include `key`, if the extractor names one: the key
     /// itself, or what follows one of its first [`VALUE_STARTS`] `:` (a tag's end),
     /// longest first.
-    fn value_of<B>(&self, key: &[u8]) -> Option<Key<'static>>
+    fn value_of(&self, key: &[u8]) -> Option<Key<'static>>
     where
-        K: KeyExtractor<B>,
+        K: KeyExtractor,
     {
         let starts = std::iter::once(0).chain(
             key.iter()
@@ -392,7 +387,7 @@ impl<L: Limiter, K, C, R> LimitLayer<L, K, C, R> {
             .map(|start| &key[start..])
             .filter(|value| !value.is_empty())
             .find(|value| {
-                self.keys_for::<B>(value)
+                self.keys_for(value)
                     .is_ok_and(|keys| keys.iter().any(|k| k.as_bytes() == key))
             })
             .map(|value| Key::from(value.to_vec()))
@@ -400,16 +395,16 @@ impl<L: Limiter, K, C, R> LimitLayer<L, K, C, R> {
 
     /// Resolves `value` to its keys, starts `action` on each (all before awaiting any),
     /// and collects the decisions.
-    async fn act<B>(
+    async fn act(
         &self,
         value: &[u8],
         name: &'static str,
         action: impl Fn(&[u8]) -> Option<DecisionFuture>,
     ) -> Result<Vec<(Key<'static>, Decision)>, AdminError>
     where
-        K: KeyExtractor<B>,
+        K: KeyExtractor,
     {
-        let keys = self.keys_for::<B>(value)?;
+        let keys = self.keys_for(value)?;
         let checks = keys
             .iter()
             .map(|key| action(key).ok_or(AdminError::Unsupported { action: name }))

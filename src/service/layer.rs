@@ -277,7 +277,7 @@ impl<A, K, C, R> LayerBuilder<A, K, C, R> {
     ///     .rate(1_000, Duration::from_secs(60))
     ///     .burst(1_000)
     ///     .key(HeaderKey::from_static("x-tenant"))
-    ///     .cost(|_: &Request<()>| 100)
+    ///     .cost(|_: &http::request::Parts| 100)
     ///     .settle(Usage::header(HeaderName::from_static("x-rows")))
     ///     .build()?;
     /// # let _ = layer; Ok(()) }

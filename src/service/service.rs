@@ -81,8 +81,8 @@ impl<S, L, K, C, R, ReqBody, ResBody> Service<Request<ReqBody>> for LimitService
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
     L: Limiter,
-    K: KeyExtractor<ReqBody>,
-    C: Cost<ReqBody>,
+    K: KeyExtractor,
+    C: Cost,
     R: OnRejection,
 {
     type Response = Response<ResponseBody<ResBody>>;
@@ -95,24 +95,32 @@ where
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
         let shared = &self.shared;
+        // The head apart from the body, once (a move, no copy): the exemption, the cost,
+        // the plan and the key read it in place; the request is whole again before the
+        // inner service sees it.
+        let (mut parts, body) = req.into_parts();
         // An exempt request is neither checked nor counted, and carries no headers.
-        let (exempt, mut req) = shared.options.exempt.test(req);
-        if exempt {
-            return ResponseFuture::inner(self.inner.call(req), None, None);
+        if shared.options.exempt.test(&parts) {
+            return ResponseFuture::inner(
+                self.inner.call(Request::from_parts(parts, body)),
+                None,
+                None,
+            );
         }
-        let Some(cost) = NonZeroU32::new(shared.cost.cost(&req)) else {
-            return ResponseFuture::inner(self.inner.call(req), None, None);
+        let Some(cost) = NonZeroU32::new(shared.cost.cost(&parts)) else {
+            return ResponseFuture::inner(
+                self.inner.call(Request::from_parts(parts, body)),
+                None,
+                None,
+            );
         };
-        // One policy (the common case): the request is not moved to ask the limiter.
         let policy = if shared.headers.len() > 1 {
-            let (policy, selected) = select(&shared.limiter, shared.headers.len(), req);
-            req = selected;
-            policy
+            select(&shared.limiter, shared.headers.len(), &parts)
         } else {
             0
         };
         let mut settle = None;
-        let mut check: DecisionFuture = match shared.key.extract(&req) {
+        let mut check: DecisionFuture = match shared.key.extract(&parts) {
             Some(key) if key.len() <= shared.options.max_key_len => {
                 if shared.settles() {
                     settle = Some(Settle {
@@ -137,15 +145,19 @@ where
                                 status: *status,
                                 policy: shared.limiter.policies()[policy].name(),
                                 too_long,
-                                method: req.method(),
-                                uri: req.uri(),
-                                headers: req.headers(),
+                                method: &parts.method,
+                                uri: &parts.uri,
+                                headers: &parts.headers,
                             })
-                            .unwrap_or_else(|| missing_key(*status, req.headers()));
+                            .unwrap_or_else(|| missing_key(*status, &parts.headers));
                         return ResponseFuture::done(response);
                     }
                     MissingKey::Reject(_) | MissingKey::Allow => {
-                        return ResponseFuture::inner(self.inner.call(req), None, None);
+                        return ResponseFuture::inner(
+                            self.inner.call(Request::from_parts(parts, body)),
+                            None,
+                            None,
+                        );
                     }
                     MissingKey::Key(key) => {
                         shared.limiter.check_policy(policy, key.as_bytes(), cost)
@@ -162,11 +174,13 @@ where
             {
                 // The request body's bytes, counted by `CountRequestBytes` inside.
                 let bytes = Arc::new(RequestBytes::default());
-                req.extensions_mut()
+                parts
+                    .extensions
                     .insert(RequestBytesSlot(Arc::clone(&bytes)));
                 settle.request_bytes = Some(bytes);
             }
         }
+        let mut req = Request::from_parts(parts, body);
         if let Some(decision) = check.take_ready() {
             shared.record(policy, &decision);
             return if shared.options.shadow {
@@ -220,12 +234,13 @@ where
     }
 }
 
-/// The index of the policy that applies to `req` among `count` (more than one), asked
-/// of the limiter on the request's head (no allocation: the head and body are only
-/// moved apart and back).
-fn select<L: Limiter, B>(limiter: &L, count: usize, req: Request<B>) -> (usize, Request<B>) {
-    let (parts, body) = req.into_parts();
-    let index = limiter.select(&parts);
-    let index = if index < count { index } else { 0 };
-    (index, Request::from_parts(parts, body))
+/// The index of the policy that applies to the request whose head is `parts` among
+/// `count` (more than one), asked of the limiter.
+fn select<L: Limiter>(limiter: &L, count: usize, parts: &http::request::Parts) -> usize {
+    let index = limiter.select(parts);
+    if index < count {
+        index
+    } else {
+        0
+    }
 }
