@@ -205,6 +205,20 @@ impl<B> fmt::Debug for InFlightBody<B> {
     }
 }
 
+/// An empty body of the inner type, as a response made outside the limit needs one
+/// (tower-http's `CorsLayer` answers a preflight with `Default::default()`): it holds no
+/// slot.
+impl<B: Default> Default for InFlightBody<B> {
+    fn default() -> Self {
+        Self {
+            kind: Kind::Inner {
+                body: B::default(),
+                guard: None,
+            },
+        }
+    }
+}
+
 impl<B> Body for InFlightBody<B>
 where
     B: Body<Data = Bytes>,

@@ -52,6 +52,15 @@ impl<B> ResponseBody<B> {
     }
 }
 
+/// An empty body of the inner type, as a response made outside the limit needs one
+/// (tower-http's `CorsLayer` answers a preflight with `Default::default()`): it settles
+/// nothing.
+impl<B: Default> Default for ResponseBody<B> {
+    fn default() -> Self {
+        Self::inner(B::default(), None)
+    }
+}
+
 impl<B> Body for ResponseBody<B>
 where
     B: Body<Data = Bytes>,
