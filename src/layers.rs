@@ -219,7 +219,7 @@ impl<K, C, R> LayerBuilder<RollingConfig, K, C, R> {
     }
 
     /// How many buckets make up the window (required, 1 to
-    /// [`MAX_BUCKETS`](crate::rolling::MAX_BUCKETS)). More buckets track the window more
+    /// 1 000: each check of the Redis script visits them all). More buckets track the window more
     /// closely.
     pub fn buckets(mut self, buckets: u32) -> Self {
         self.algorithm.buckets = buckets;

@@ -265,6 +265,16 @@ pub trait Limiter: Send + Sync + 'static {
         let _ = (key, cost, max_wait);
         None
     }
+
+    /// Not part of the API: a policy whose quota also bounds the cost of one request,
+    /// beside [`policies`](Self::policies) (a [set](crate::set)'s smallest member, whose
+    /// quota is below the set's policy's), so that a layer's builder refuses a
+    /// [`FixedCost`](crate::FixedCost) no request could ever pay. `None` by default;
+    /// limiters that wrap others (plans, `Arc`) answer for what they wrap.
+    #[doc(hidden)]
+    fn bounding_policy(&self) -> Option<&Policy> {
+        None
+    }
 }
 
 impl<L: Limiter + ?Sized> Limiter for std::sync::Arc<L> {
@@ -294,6 +304,10 @@ impl<L: Limiter + ?Sized> Limiter for std::sync::Arc<L> {
 
     fn refund(&self, key: &[u8], cost: NonZeroU32) -> Option<DecisionFuture> {
         (**self).refund(key, cost)
+    }
+
+    fn bounding_policy(&self) -> Option<&Policy> {
+        (**self).bounding_policy()
     }
 
     fn refund_policy(&self, index: usize, key: &[u8], cost: NonZeroU32) -> Option<DecisionFuture> {

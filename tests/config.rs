@@ -374,7 +374,7 @@ fn every_backend_field_reaches_the_builder() {
         dir.display()
     ));
     let from_file = config.backend.builder().unwrap();
-    let in_code = Backend::builder()
+    let in_code = support::backend_builder()
         .redis_url("rediss://u:p@127.0.0.1:6380/0")
         .prefix("p")
         .call_timeout(Duration::from_millis(150))
@@ -393,7 +393,7 @@ fn every_backend_field_reaches_the_builder() {
     assert_eq!(format!("{from_file:?}"), format!("{in_code:?}"));
     assert_ne!(
         format!("{from_file:?}"),
-        format!("{:?}", Backend::builder()),
+        format!("{:?}", support::backend_builder()),
         "not the defaults"
     );
     let _ = std::fs::remove_dir_all(dir);

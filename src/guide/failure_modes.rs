@@ -118,7 +118,7 @@
 //! 10 buckets, which counts as two keys). A client that sends ever new keys (random API keys, say) cannot grow
 //! it further: when full, keys seen only once are dropped first, so the keys being
 //! limited keep their counts; each drop is counted in
-//! [`ratelimit_local_evictions_total`](crate::metrics::LOCAL_EVICTIONS_TOTAL). Nothing
+//! `ratelimit_local_evictions_total` (see [`metrics`](crate::metrics)). Nothing
 //! is swept: expired state is reset when its key comes back, so no request waits on a
 //! sweep. Lower the bound on a small service, raise it if more keys than that are
 //! active within your longest window; `BENCHMARKS.md` has the key-flood figures.

@@ -69,17 +69,8 @@ use crate::decision::State;
 
 /// Whether a request is a gRPC call: its `content-type` starts with `application/grpc`
 /// (`application/grpc`, `application/grpc+proto`, `application/grpc-web`, ...).
-///
-/// ```
-/// use tower_redis_ratelimit::grpc::is_grpc;
-///
-/// let mut headers = http::HeaderMap::new();
-/// assert!(!is_grpc(&headers));
-/// headers.insert("content-type", "application/grpc+proto".parse().unwrap());
-/// assert!(is_grpc(&headers));
-/// ```
 #[must_use]
-pub fn is_grpc(headers: &HeaderMap) -> bool {
+pub(crate) fn is_grpc(headers: &HeaderMap) -> bool {
     headers
         .get(CONTENT_TYPE)
         .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))

@@ -17,13 +17,13 @@ use std::ops::{Deref, DerefMut};
 
 mod window;
 
-pub use self::window::{Bucket, RollingWindow, RollingWindowError};
+pub(crate) use self::window::RollingWindow;
 
 /// What a [`Ring`] does when it is advanced to a bucket older than its newest one (the
 /// clock stepped back, or callers' clocks disagree).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 #[non_exhaustive]
-pub enum StepBack {
+pub(crate) enum StepBack {
     /// The buckets follow the clock back: each keeps its value and its age, as if no
     /// time had passed. A step back then never frees a bucket early, and never keeps
     /// one longer than a window after the step. For a single clock that may be stepped,
@@ -77,14 +77,14 @@ pub enum StepBack {
 /// assert_eq!((ring.newest(), ring.iter().sum::<u64>()), (3, 5));
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct Ring<B> {
+pub(crate) struct Ring<B> {
     newest: u64,
     buckets: B,
 }
 
 impl<V: Default> Ring<Box<[V]>> {
     /// A ring of `size` default buckets, the newest at index 0.
-    pub fn new(size: std::num::NonZeroUsize) -> Self {
+    pub(crate) fn new(size: std::num::NonZeroUsize) -> Self {
         Self {
             newest: 0,
             buckets: std::iter::repeat_with(V::default)
@@ -101,21 +101,22 @@ impl<B> Ring<B> {
     /// With [`into_parts`](Self::into_parts), this lets a caller keep a ring packed
     /// into its own storage (the index beside the values, in one allocation) and
     /// borrow it as a `Ring<&mut [V]>` for a step.
-    pub fn from_parts<V>(newest: u64, buckets: B) -> Option<Self>
+    pub(crate) fn from_parts<V>(newest: u64, buckets: B) -> Option<Self>
     where
         B: Deref<Target = [V]>,
     {
         (!buckets.is_empty()).then_some(Self { newest, buckets })
     }
 
+    #[cfg(test)]
     /// The newest bucket's index and the buckets, as [`from_parts`](Self::from_parts)
     /// takes them.
-    pub fn into_parts(self) -> (u64, B) {
+    pub(crate) fn into_parts(self) -> (u64, B) {
         (self.newest, self.buckets)
     }
 
     /// The index of the newest bucket.
-    pub fn newest(&self) -> u64 {
+    pub(crate) fn newest(&self) -> u64 {
         self.newest
     }
 }
@@ -125,7 +126,7 @@ where
     B: Deref<Target = [V]>,
 {
     /// How many buckets the ring holds (at least 1).
-    pub fn size(&self) -> usize {
+    pub(crate) fn size(&self) -> usize {
         self.buckets.len()
     }
 
@@ -136,7 +137,7 @@ where
 
     /// Every bucket, oldest first: the last one is the newest bucket, the first one
     /// `size - 1` buckets older. Never-written buckets hold `V::default()`.
-    pub fn iter<'a>(&'a self) -> impl DoubleEndedIterator<Item = &'a V> + Clone + 'a
+    pub(crate) fn iter<'a>(&'a self) -> impl DoubleEndedIterator<Item = &'a V> + Clone + 'a
     where
         V: 'a,
     {
@@ -147,7 +148,7 @@ where
 
     /// How many of the buckets have expired at bucket `current`: 0 when `current` is
     /// not past the newest bucket, and at most `size`.
-    pub fn expired_at(&self, current: u64) -> usize {
+    pub(crate) fn expired_at(&self, current: u64) -> usize {
         let ahead = current.saturating_sub(self.newest);
         usize::try_from(ahead).map_or(self.size(), |ahead| ahead.min(self.size()))
     }
@@ -155,7 +156,7 @@ where
     /// The buckets still live at bucket `current`, oldest first: [`iter`](Self::iter)
     /// without the ones that [`advance`](Self::advance) to `current` would clear. The
     /// ring is not changed.
-    pub fn live<'a>(&'a self, current: u64) -> impl Iterator<Item = &'a V> + Clone + 'a
+    pub(crate) fn live<'a>(&'a self, current: u64) -> impl Iterator<Item = &'a V> + Clone + 'a
     where
         V: 'a,
     {
@@ -169,7 +170,7 @@ where
     V: Default,
 {
     /// Every bucket, oldest first, to change in place (see [`iter`](Ring::iter)).
-    pub fn iter_mut<'a>(&'a mut self) -> impl DoubleEndedIterator<Item = &'a mut V> + 'a
+    pub(crate) fn iter_mut<'a>(&'a mut self) -> impl DoubleEndedIterator<Item = &'a mut V> + 'a
     where
         V: 'a,
     {
@@ -185,7 +186,12 @@ where
     /// passed to `expired` oldest first, and left as `V::default()`. Back (`current`
     /// below the newest bucket), `step_back` says whether the buckets follow, or the
     /// newest bucket stays newest and is returned.
-    pub fn advance(&mut self, current: u64, step_back: StepBack, expired: impl FnMut(V)) -> &mut V {
+    pub(crate) fn advance(
+        &mut self,
+        current: u64,
+        step_back: StepBack,
+        expired: impl FnMut(V),
+    ) -> &mut V {
         if current > self.newest {
             let clear = self.expired_at(current);
             let first = (self.slot(self.newest) + 1) % self.size();
