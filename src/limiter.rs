@@ -141,7 +141,8 @@ pub trait Limiter: Send + Sync + 'static {
     /// within about one Redis round trip of it (its message on the backends' change
     /// subscription), an instance's deny cache stops refusing the key and its lease of
     /// the key ends; while an instance's subscription is down (or the backend was built
-    /// on a pool of yours, which gives it none), within the backend's
+    /// on a pool of yours without a
+    /// [`subscription_url`](crate::BackendBuilder::subscription_url)), within the backend's
     /// [`deny_cache_max_age`](crate::BackendBuilder::deny_cache_max_age) (1 s by
     /// default) and, for a lease, its lifetime. See
     /// [Changes on every instance](crate::guide::operations#changes-on-every-instance).
@@ -195,8 +196,9 @@ pub trait Limiter: Send + Sync + 'static {
     /// every instance sharing the store at once: within about one Redis round trip of
     /// it (its message on the backends' change subscription), an instance's deny cache
     /// forgets what it cached of the key and its lease of the key ends; while an
-    /// instance's subscription is down (or the backend was built on a pool of yours,
-    /// which gives it none), within the backend's
+    /// instance's subscription is down (or the backend was built on a pool of yours
+    /// without a [`subscription_url`](crate::BackendBuilder::subscription_url)), within
+    /// the backend's
     /// [`deny_cache_max_age`](crate::BackendBuilder::deny_cache_max_age) (1 s by
     /// default) and, for a lease, its lifetime. See
     /// [Changes on every instance](crate::guide::operations#changes-on-every-instance).

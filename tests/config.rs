@@ -17,6 +17,7 @@ use support::http::Served;
 use support::RedisServer;
 use tower_redis_ratelimit::backend::TimeSource;
 use tower_redis_ratelimit::config::{BackendConfig, KeyConfig, RulesConfig};
+use tower_redis_ratelimit::key::GlobalKey;
 use tower_redis_ratelimit::key::{ForwardedIp, HeaderKey, KeyExtractor, PathKey, PeerIp};
 use tower_redis_ratelimit::{
     Backend, FailurePolicy, Limiter, PeriodLimitLayer, RollingWindowLayer, Source, TokenBucketLayer,
@@ -71,6 +72,7 @@ async fn every_algorithm_builds_its_limit() {
         let built = match name {
             "fixed" => PeriodLimitLayer::builder(&rules.backend)
                 .name("x")
+                .key(GlobalKey)
                 .quota(2)
                 .period(window)
                 .build()
@@ -80,6 +82,7 @@ async fn every_algorithm_builds_its_limit() {
                 .window(),
             "bucket" => TokenBucketLayer::builder(&rules.backend)
                 .name("x")
+                .key(GlobalKey)
                 .rate(1, Duration::from_secs(3_600))
                 .burst(3)
                 .build()
@@ -89,6 +92,7 @@ async fn every_algorithm_builds_its_limit() {
                 .window(),
             _ => RollingWindowLayer::builder(&rules.backend)
                 .name("x")
+                .key(GlobalKey)
                 .limit(4)
                 .buckets(10)
                 .interval(Duration::from_millis(100))

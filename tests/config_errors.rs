@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use tower_redis_ratelimit::config::RulesConfig;
+use tower_redis_ratelimit::key::GlobalKey;
 use tower_redis_ratelimit::{
     period::Calendar, Backend, ConfigError, PeriodLimitLayer, RollingWindowLayer, TokenBucketLayer,
 };
@@ -279,6 +280,7 @@ fn a_fixed_cost_above_the_capacity_is_refused_when_built() {
     // At the capacity it builds.
     TokenBucketLayer::builder(&backend)
         .name("tb")
+        .key(GlobalKey)
         .rate(1, second)
         .burst(5)
         .cost(FixedCost(5))
@@ -477,7 +479,6 @@ fn the_example_rule_file_builds() {
 /// is spelled `.key(GlobalKey)`, never a silent default (issue 51).
 #[test]
 fn a_layer_without_a_key_does_not_build() {
-    use tower_redis_ratelimit::key::GlobalKey;
     use tower_redis_ratelimit::InFlightLimitLayer;
 
     let backend = Backend::in_process();
@@ -525,7 +526,6 @@ fn a_layer_without_a_key_does_not_build() {
 /// too: the check asks the limiter (`Limiter::bounding_policy`), not its type.
 #[test]
 fn a_fixed_cost_above_a_wrapped_sets_smallest_member_does_not_build() {
-    use tower_redis_ratelimit::key::GlobalKey;
     use tower_redis_ratelimit::period::PeriodConfig;
     use tower_redis_ratelimit::service::{ExtensionPlan, Plans};
     use tower_redis_ratelimit::set::LimitSet;

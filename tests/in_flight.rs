@@ -21,6 +21,7 @@ use tokio::time::Instant;
 use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
 use tower_redis_ratelimit::backend::{ShareRounding, TimeSource};
 use tower_redis_ratelimit::in_flight::{InFlightConfig, InFlightLimiter};
+use tower_redis_ratelimit::key::GlobalKey;
 use tower_redis_ratelimit::key::HeaderKey;
 use tower_redis_ratelimit::{Backend, FailurePolicy, InFlightLimitLayer, Source, State};
 
@@ -82,6 +83,7 @@ async fn three_times_fifty(backends: &[Backend; 3]) {
     for backend in backends {
         let layer = InFlightLimitLayer::builder(backend)
             .name("export")
+            .key(GlobalKey)
             .slots(10)
             .build()
             .unwrap();
@@ -435,6 +437,7 @@ async fn while_redis_is_out_the_failure_policy_decides() {
     let limiter = |policy: FailurePolicy| {
         let layer = InFlightLimitLayer::builder(&backend)
             .name("out")
+            .key(GlobalKey)
             .slots(4)
             .fallback_share(0.5)
             .on_redis_failure(policy)
@@ -585,6 +588,7 @@ async fn a_shadow_layer_serves_everything_and_holds_slots() {
     for backend in [backend(&redis.url()).await, Backend::in_process()] {
         let layer = InFlightLimitLayer::builder(&backend)
             .name("shadow")
+            .key(GlobalKey)
             .slots(1)
             .shadow(true)
             .build()

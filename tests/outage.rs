@@ -12,6 +12,7 @@ use http::{Request, Response, StatusCode};
 use support::RedisServer;
 use tokio::time::Instant;
 use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
+use tower_redis_ratelimit::key::GlobalKey;
 use tower_redis_ratelimit::period::{PeriodConfig, PeriodLimiter};
 use tower_redis_ratelimit::token_bucket::{TokenBucketConfig, TokenBucketLimiter};
 use tower_redis_ratelimit::{
@@ -65,6 +66,7 @@ fn stack(
 ) -> impl Service<Request<()>, Response = Response<impl Sized>, Error = Infallible> + Clone {
     let period = PeriodLimitLayer::builder(backend)
         .name("day")
+        .key(GlobalKey)
         .quota(5)
         .period(Duration::from_secs(60))
         .on_redis_failure(policy)
@@ -72,6 +74,7 @@ fn stack(
         .unwrap();
     let token = TokenBucketLayer::builder(backend)
         .name("burst")
+        .key(GlobalKey)
         .rate(1, Duration::from_secs(60))
         .burst(3)
         .on_redis_failure(policy)
@@ -527,12 +530,14 @@ async fn the_fallback_headers_state_this_instances_share() {
     let minute = Duration::from_secs(60);
     let period = PeriodLimitLayer::builder(&backend)
         .name("api")
+        .key(GlobalKey)
         .quota(60)
         .period(minute)
         .build()
         .unwrap();
     let token = TokenBucketLayer::builder(&backend)
         .name("burst")
+        .key(GlobalKey)
         .rate(30, minute)
         .burst(30)
         .build()

@@ -84,11 +84,13 @@ pub(crate) fn is_grpc(headers: &HeaderMap) -> bool {
 ///
 /// ```
 /// use std::time::Duration;
+/// use tower_redis_ratelimit::key::GlobalKey;
 /// use tower_redis_ratelimit::{grpc::GrpcRejection, Backend, TokenBucketLayer};
 ///
 /// # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
 /// let limit = TokenBucketLayer::builder(&Backend::in_process())
 ///     .name("rpc")
+///     .key(GlobalKey)
 ///     .rate(50, Duration::from_secs(1))
 ///     .burst(10)
 ///     .on_rejection(GrpcRejection)

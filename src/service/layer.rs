@@ -121,12 +121,14 @@ impl<A> LayerBuilder<A> {
     ///
     /// ```
     /// use std::time::Duration;
+    /// use tower_redis_ratelimit::key::GlobalKey;
     /// use tower_redis_ratelimit::{period::PeriodConfig, Backend, LayerBuilder};
     ///
     /// # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
     /// let config = PeriodConfig::new(100, Duration::from_secs(60));
     /// let layer = LayerBuilder::new(&Backend::in_process(), config)
     ///     .name("api")
+    ///     .key(GlobalKey)
     ///     .build()?;
     /// # let _ = layer; Ok(()) }
     /// ```
@@ -232,11 +234,13 @@ impl<A, K, C, R> LayerBuilder<A, K, C, R> {
     ///
     /// ```
     /// use std::time::Duration;
+    /// use tower_redis_ratelimit::key::GlobalKey;
     /// use tower_redis_ratelimit::{Backend, TokenBucketLayer};
     ///
     /// # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
     /// let trial = TokenBucketLayer::builder(&Backend::in_process())
     ///     .name("api-v2-trial")
+    ///     .key(GlobalKey)
     ///     .rate(50, Duration::from_secs(1))
     ///     .burst(10)
     ///     .shadow(true)
