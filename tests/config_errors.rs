@@ -297,6 +297,7 @@ fn a_fixed_cost_above_the_capacity_is_refused_when_built() {
     let shared = || {
         TokenBucketLayer::builder(&redis)
             .name("tb")
+            .key(GlobalKey)
             .rate(10, second)
             .burst(10)
             .cost(FixedCost(5))

@@ -106,6 +106,7 @@ async fn the_layer_builders_have_lockout_and_lease() {
         .unwrap();
     let leased = TokenBucketLayer::builder(&backend)
         .name("leased")
+        .key(GlobalKey)
         .rate(1_000, Duration::from_secs(1))
         .burst(1)
         .lease(1, Duration::from_millis(100))
