@@ -52,30 +52,7 @@ pub(crate) enum StepBack {
 /// `unix_ms / interval_ms`) and passes them in. A bucket whose index is at most
 /// `current - size` has expired at `current`.
 ///
-/// # Example
-///
-/// ```
-/// use std::num::NonZeroUsize;
-/// use tower_redis_ratelimit::ring::{Ring, StepBack};
-///
-/// // Three buckets of counts; the index is, say, whole seconds.
-/// let mut ring = Ring::<Box<[u64]>>::new(NonZeroUsize::new(3).unwrap());
-/// *ring.advance(10, StepBack::Follow, drop) += 1;
-/// *ring.advance(11, StepBack::Follow, drop) += 2;
-/// *ring.advance(11, StepBack::Follow, drop) += 3;
-/// assert_eq!(ring.iter().copied().collect::<Vec<_>>(), [0, 1, 5]);
-///
-/// // At 13, buckets 9 and 10 have expired: `live` skips them, `advance` clears them.
-/// assert_eq!(ring.live(13).copied().collect::<Vec<_>>(), [5]);
-/// let mut expired = 0;
-/// ring.advance(13, StepBack::Follow, |count| expired += count);
-/// assert_eq!((expired, ring.newest()), (1, 13));
-/// assert_eq!(ring.iter().copied().collect::<Vec<_>>(), [5, 0, 0]);
-///
-/// // The clock steps back by 10: the buckets follow it, keeping their values.
-/// ring.advance(3, StepBack::Follow, drop);
-/// assert_eq!((ring.newest(), ring.iter().sum::<u64>()), (3, 5));
-/// ```
+/// The unit test `the_documented_walk` walks a ring through time, forward and back.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(crate) struct Ring<B> {
     newest: u64,
@@ -218,6 +195,27 @@ where
 mod tests {
     use super::*;
     use std::num::NonZeroUsize;
+
+    #[test]
+    fn the_documented_walk() {
+        // Three buckets of counts; the index is, say, whole seconds.
+        let mut ring = Ring::<Box<[u64]>>::new(NonZeroUsize::new(3).unwrap());
+        *ring.advance(10, StepBack::Follow, drop) += 1;
+        *ring.advance(11, StepBack::Follow, drop) += 2;
+        *ring.advance(11, StepBack::Follow, drop) += 3;
+        assert_eq!(ring.iter().copied().collect::<Vec<_>>(), [0, 1, 5]);
+
+        // At 13, buckets 9 and 10 have expired: `live` skips them, `advance` clears them.
+        assert_eq!(ring.live(13).copied().collect::<Vec<_>>(), [5]);
+        let mut expired = 0;
+        ring.advance(13, StepBack::Follow, |count| expired += count);
+        assert_eq!((expired, ring.newest()), (1, 13));
+        assert_eq!(ring.iter().copied().collect::<Vec<_>>(), [5, 0, 0]);
+
+        // The clock steps back by 10: the buckets follow it, keeping their values.
+        ring.advance(3, StepBack::Follow, drop);
+        assert_eq!((ring.newest(), ring.iter().sum::<u64>()), (3, 5));
+    }
 
     fn ring(size: usize) -> Ring<Box<[u64]>> {
         Ring::new(NonZeroUsize::new(size).unwrap())

@@ -59,39 +59,9 @@ pub(crate) enum RollingWindowError {
 /// runtime the system's monotonic clock is used.
 ///
 /// Inside, it is a [`Ring`] of [`Bucket`]s behind a mutex, advanced with
-/// [`StepBack::Hold`]. For other clocks or locking, use a [`Ring`] directly.
+/// [`StepBack::Hold`].
 ///
-/// # Example
-///
-/// ```rust
-/// use std::num::NonZeroUsize;
-/// use std::time::Duration;
-///
-/// use tower_redis_ratelimit::ring::{RollingWindow, RollingWindowError};
-///
-/// // Ten buckets of 100 ms each: statistics over the last second.
-/// let size = NonZeroUsize::new(10).expect("non-zero");
-/// let window = RollingWindow::new(size, Duration::from_millis(100))?;
-///
-/// // Record request outcomes: 1.0 for a failure, 0.0 for a success.
-/// window.add(1.0);
-/// window.add(0.0);
-/// window.add(0.0);
-/// window.add(1.0);
-///
-/// assert_eq!(window.count(), 4);
-/// assert_eq!(window.sum(), 2.0);
-///
-/// // Or aggregate the live buckets yourself, oldest first.
-/// let mut failures = 0.0;
-/// let mut total = 0;
-/// window.reduce(|bucket| {
-///     failures += bucket.sum;
-///     total += bucket.count;
-/// });
-/// assert_eq!(failures / total as f64, 0.5);
-/// # Ok::<(), RollingWindowError>(())
-/// ```
+/// The unit test `the_documented_statistics` records outcomes and reads them back.
 #[derive(Debug)]
 pub(crate) struct RollingWindow {
     /// Bucket `i` covers `start + i * interval` and the interval after it.
