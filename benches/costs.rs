@@ -129,12 +129,18 @@ fn lease(
     tower_redis_ratelimit::token_bucket::TokenBucketLimiter,
     tower_redis_ratelimit::key::HeaderKey,
 > {
-    let pool = tower_redis_ratelimit::backend::pool_config(
-        url.to_owned(),
-        tower_redis_ratelimit::backend::DEFAULT_CALL_TIMEOUT,
-    )
-    .create_pool(Some(tower_redis_ratelimit::deadpool_redis::Runtime::Tokio1))
-    .expect("a Redis pool");
+    let mut config = tower_redis_ratelimit::deadpool_redis::Config::from_url(url);
+    let timeout = Some(std::time::Duration::from_millis(100));
+    let mut pool = tower_redis_ratelimit::deadpool_redis::PoolConfig::default();
+    (
+        pool.timeouts.wait,
+        pool.timeouts.create,
+        pool.timeouts.recycle,
+    ) = (timeout, timeout, timeout);
+    config.pool = Some(pool);
+    let pool = config
+        .create_pool(Some(tower_redis_ratelimit::deadpool_redis::Runtime::Tokio1))
+        .expect("a Redis pool");
     let backend = Backend::builder()
         .redis(pool)
         .prefix("costs")

@@ -37,7 +37,7 @@
 //!   bucket accepts).
 //! - `REDIS_URL`: enables `/token/redis`.
 //! - `REDIS_POOL_SIZE`: the deadpool-redis pool size (default: deadpool's, twice the
-//!   number of CPUs). The pool is `backend::pool_config(url, DEFAULT_CALL_TIMEOUT)`.
+//!   number of CPUs). The pool has wait, create and recycle timeouts of the call timeout.
 //! - `WORKER_THREADS`: tokio's worker threads (default: one per CPU).
 //! - `CALL_TIMEOUT_MS`: the Redis backend's call timeout (default 100; longer under
 //!   callgrind, which slows Redis down fifty times).
@@ -53,7 +53,6 @@ use std::time::Duration;
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::get;
 use deadpool_redis::redis::{self, aio::MultiplexedConnection};
-use tower_redis_ratelimit::backend::{pool_config, DEFAULT_BATCH_AFTER, DEFAULT_CALL_TIMEOUT};
 use tower_redis_ratelimit::key::HeaderKey;
 use tower_redis_ratelimit::period::PeriodConfig;
 use tower_redis_ratelimit::token_bucket::TokenBucketConfig;
@@ -69,6 +68,9 @@ use routes::{ok, API_KEY};
 
 /// The default of `BENCH_RATE`: a token per microsecond and a burst of a million.
 const DEFAULT_RATE: u64 = 1_000_000;
+/// The backend's default call timeout and batching threshold.
+const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_millis(100);
+const DEFAULT_BATCH_AFTER: usize = 2;
 /// The highest `BENCH_RATE`: a token per microsecond (the most the limiters accept).
 const MAX_RATE: u64 = 1_000_000;
 /// The script every check runs (the engine), for the bare `EVALSHA` route.
@@ -278,4 +280,16 @@ async fn serve() -> Result<(), Box<dyn std::error::Error>> {
     )
     .await?;
     Ok(())
+}
+
+/// A `deadpool-redis` configuration whose wait, create and recycle timeouts are
+/// `timeout` (the backend's call timeout), so a hung Redis or a full pool fails fast.
+fn pool_config(url: impl Into<String>, timeout: Duration) -> deadpool_redis::Config {
+    let mut config = deadpool_redis::Config::from_url(url);
+    let mut pool = deadpool_redis::PoolConfig::default();
+    pool.timeouts.wait = Some(timeout);
+    pool.timeouts.create = Some(timeout);
+    pool.timeouts.recycle = Some(timeout);
+    config.pool = Some(pool);
+    config
 }

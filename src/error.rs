@@ -115,6 +115,11 @@ impl fmt::Display for ConfigError {
             Self::TooLong { setting } => write!(f, "`{setting}` is too long"),
             Self::TooLarge { setting, max } => write!(f, "`{setting}` must be at most {max}"),
             Self::InvalidRedisUrl { reason } => write!(f, "invalid Redis URL: {reason}"),
+            Self::Missing { setting: "key" } => f.write_str(
+                "a layer needs a key: call `.key(..)` with how requests are told apart (a \
+                 `PeerIp`, a header, ...); `.key(GlobalKey)` is one limit shared by every \
+                 request",
+            ),
             Self::Missing { setting } => write!(f, "`{setting}` is required but was not set"),
             Self::InvalidName { setting, reason } => write!(f, "invalid `{setting}`: {reason}"),
             Self::OutOfRange { setting, reason } => write!(f, "`{setting}` {reason}"),

@@ -79,12 +79,14 @@ impl<K, C, R> LayerBuilder<PeriodConfig, K, C, R> {
     ///
     /// ```
     /// use std::time::Duration;
+    /// use tower_redis_ratelimit::key::GlobalKey;
     /// use tower_redis_ratelimit::{Backend, PeriodLimitLayer};
     ///
     /// # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
     /// // Five attempts per minute; a sixth locks the key out for 15 minutes.
     /// let layer = PeriodLimitLayer::builder(&Backend::in_process())
     ///     .name("login")
+    ///     .key(GlobalKey)
     ///     .quota(5)
     ///     .period(Duration::from_secs(60))
     ///     .lockout(Duration::from_secs(15 * 60))
@@ -144,12 +146,14 @@ impl<K, C, R> LayerBuilder<TokenBucketConfig, K, C, R> {
     ///
     /// ```
     /// use std::time::Duration;
+    /// use tower_redis_ratelimit::key::GlobalKey;
     /// use tower_redis_ratelimit::{Backend, TokenBucketLayer};
     ///
     /// # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
     /// // 10 000 per second per key; each instance takes up to 50 at a time, for 100 ms.
     /// let layer = TokenBucketLayer::builder(&Backend::in_process())
     ///     .name("hot")
+    ///     .key(GlobalKey)
     ///     .rate(10_000, Duration::from_secs(1))
     ///     .burst(10_000)
     ///     .lease(50, Duration::from_millis(100))
@@ -166,11 +170,13 @@ impl<K, C, R> LayerBuilder<TokenBucketConfig, K, C, R> {
     ///
     /// ```
     /// use std::time::Duration;
+    /// use tower_redis_ratelimit::key::GlobalKey;
     /// use tower_redis_ratelimit::{Backend, TokenBucketLayer};
     ///
     /// # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
     /// let layer = TokenBucketLayer::builder(&Backend::in_process())
     ///     .name("api")
+    ///     .key(GlobalKey)
     ///     .rate(10, Duration::from_secs(1))
     ///     .burst(20)
     ///     .lockout(Duration::from_secs(60))
@@ -219,7 +225,7 @@ impl<K, C, R> LayerBuilder<RollingConfig, K, C, R> {
     }
 
     /// How many buckets make up the window (required, 1 to
-    /// [`MAX_BUCKETS`](crate::rolling::MAX_BUCKETS)). More buckets track the window more
+    /// 1 000: each check of the Redis script visits them all). More buckets track the window more
     /// closely.
     pub fn buckets(mut self, buckets: u32) -> Self {
         self.algorithm.buckets = buckets;
@@ -238,11 +244,13 @@ impl<K, C, R> LayerBuilder<RollingConfig, K, C, R> {
     ///
     /// ```
     /// use std::time::Duration;
+    /// use tower_redis_ratelimit::key::GlobalKey;
     /// use tower_redis_ratelimit::{Backend, RollingWindowLayer};
     ///
     /// # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
     /// let layer = RollingWindowLayer::builder(&Backend::in_process())
     ///     .name("otp")
+    ///     .key(GlobalKey)
     ///     .limit(3)
     ///     .buckets(10)
     ///     .interval(Duration::from_secs(6))
@@ -297,6 +305,7 @@ impl<K, C, R> LayerBuilder<LimitSet, K, C, R> {
     ///
     /// ```
     /// use std::time::Duration;
+    /// use tower_redis_ratelimit::key::GlobalKey;
     /// use tower_redis_ratelimit::period::PeriodConfig;
     /// use tower_redis_ratelimit::{Backend, LimitSetLayer};
     ///
@@ -304,6 +313,7 @@ impl<K, C, R> LayerBuilder<LimitSet, K, C, R> {
     /// let minute = Duration::from_secs(60);
     /// let llm = LimitSetLayer::builder(&Backend::in_process())
     ///     .name("llm")
+    ///     .key(GlobalKey)
     ///     .requests("rpm", PeriodConfig::new(60, minute))
     ///     .limit("tpm", PeriodConfig::new(10_000, minute))
     ///     .build()?;
@@ -319,12 +329,14 @@ impl<K, C, R> LayerBuilder<LimitSet, K, C, R> {
     ///
     /// ```
     /// use std::time::Duration;
+    /// use tower_redis_ratelimit::key::GlobalKey;
     /// use tower_redis_ratelimit::period::PeriodConfig;
     /// use tower_redis_ratelimit::{Backend, LimitSetLayer};
     ///
     /// # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
     /// let layer = LimitSetLayer::builder(&Backend::in_process())
     ///     .name("login")
+    ///     .key(GlobalKey)
     ///     .limit("minute", PeriodConfig::new(5, Duration::from_secs(60)))
     ///     .limit("day", PeriodConfig::new(20, Duration::from_secs(86_400)))
     ///     .lockout(Duration::from_secs(15 * 60))

@@ -21,9 +21,6 @@
 //! refuses everything, as each layer's [`FailurePolicy`] says). A local deny cache keeps
 //! a flood on one refused key away from Redis.
 //!
-//! The services' own statistics (error rates, load) can use the public in-process
-//! [`RollingWindow`](ring::RollingWindow).
-//!
 //! A request's key comes from a [`KeyExtractor`](key::KeyExtractor) (peer IP, the client
 //! IP behind trusted proxies, a header, an authenticated user, or any closure); its cost
 //! from a [`Cost`]. An admitted request carries the [`Decision`] in its extensions and
@@ -39,7 +36,9 @@
 //! use tower_redis_ratelimit::{key::{HeaderKey, KeyExtractorExt, PeerIp}, Backend, PeriodLimitLayer};
 //!
 //! # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
-//! // In production: Backend::redis(pool), shared by every layer of the process.
+//! // In production, one Redis backend shared by every layer of the process: your pool
+//! // (with TCP_NODELAY) and its URL for the change subscription, see
+//! // `BackendBuilder::redis`: Backend::builder().redis(pool).subscription_url(url).build()?
 //! let backend = Backend::in_process();
 //! let limit = PeriodLimitLayer::builder(&backend)
 //!     .name("api")
@@ -114,7 +113,7 @@ pub mod metrics;
 pub mod outbound;
 pub mod period;
 pub mod response;
-pub mod ring;
+pub(crate) mod ring;
 pub mod rolling;
 pub mod service;
 pub mod set;

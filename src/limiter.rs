@@ -156,7 +156,8 @@ pub trait Limiter: Send + Sync + 'static {
     /// within about one Redis round trip of it (its message on the backends' change
     /// subscription), an instance's deny cache stops refusing the key and its lease of
     /// the key ends; while an instance's subscription is down (or the backend was built
-    /// on a pool of yours, which gives it none), within the backend's
+    /// on a pool of yours without a
+    /// [`subscription_url`](crate::BackendBuilder::subscription_url)), within the backend's
     /// [`deny_cache_max_age`](crate::BackendBuilder::deny_cache_max_age) (1 s by
     /// default) and, for a lease, its lifetime. See
     /// [Changes on every instance](crate::guide::operations#changes-on-every-instance).
@@ -210,8 +211,9 @@ pub trait Limiter: Send + Sync + 'static {
     /// every instance sharing the store at once: within about one Redis round trip of
     /// it (its message on the backends' change subscription), an instance's deny cache
     /// forgets what it cached of the key and its lease of the key ends; while an
-    /// instance's subscription is down (or the backend was built on a pool of yours,
-    /// which gives it none), within the backend's
+    /// instance's subscription is down (or the backend was built on a pool of yours
+    /// without a [`subscription_url`](crate::BackendBuilder::subscription_url)), within
+    /// the backend's
     /// [`deny_cache_max_age`](crate::BackendBuilder::deny_cache_max_age) (1 s by
     /// default) and, for a lease, its lifetime. See
     /// [Changes on every instance](crate::guide::operations#changes-on-every-instance).
@@ -280,6 +282,16 @@ pub trait Limiter: Send + Sync + 'static {
         let _ = (key, cost, max_wait);
         None
     }
+
+    /// Not part of the API: a policy whose quota also bounds the cost of one request,
+    /// beside [`policies`](Self::policies) (a [set](crate::set)'s smallest member, whose
+    /// quota is below the set's policy's), so that a layer's builder refuses a
+    /// [`FixedCost`](crate::FixedCost) no request could ever pay. `None` by default;
+    /// limiters that wrap others (plans, `Arc`) answer for what they wrap.
+    #[doc(hidden)]
+    fn bounding_policy(&self) -> Option<&Policy> {
+        None
+    }
 }
 
 impl<L: Limiter + ?Sized> Limiter for std::sync::Arc<L> {
@@ -309,6 +321,10 @@ impl<L: Limiter + ?Sized> Limiter for std::sync::Arc<L> {
 
     fn refund(&self, key: &[u8], cost: NonZeroU32) -> Option<DecisionFuture> {
         (**self).refund(key, cost)
+    }
+
+    fn bounding_policy(&self) -> Option<&Policy> {
+        (**self).bounding_policy()
     }
 
     fn refund_policy(&self, index: usize, key: &[u8], cost: NonZeroU32) -> Option<DecisionFuture> {

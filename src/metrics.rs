@@ -39,43 +39,46 @@
 //! refused for a key the server should have provided (at most one line per layer every
 //! 10 s, with a count of the others; see [`KeyOrigin`](crate::key::KeyOrigin)), `info`
 //! for shadow rejections.
-//!
-//! ```
-//! # #[cfg(feature = "metrics")] {
-//! use tower_redis_ratelimit::metrics::{REQUESTS_TOTAL, NEAR_LIMIT_TOTAL};
-//! assert_eq!(REQUESTS_TOTAL, "ratelimit_requests_total");
-//! # let _ = NEAR_LIMIT_TOTAL; }
-//! ```
 
 use std::time::Duration;
 
 use crate::decision::{Decision, Policy, Source};
 
 /// Requests by `policy` and `outcome` (counter).
-pub const REQUESTS_TOTAL: &str = "ratelimit_requests_total";
+#[cfg(feature = "metrics")]
+pub(crate) const REQUESTS_TOTAL: &str = "ratelimit_requests_total";
 /// Admitted requests that left at most 10 % of the limit, by `policy` (counter).
-pub const NEAR_LIMIT_TOTAL: &str = "ratelimit_near_limit_total";
+#[cfg(feature = "metrics")]
+pub(crate) const NEAR_LIMIT_TOTAL: &str = "ratelimit_near_limit_total";
 /// Decisions taken without Redis while it was unreachable, by `policy` and `source`
 /// (counter).
-pub const FALLBACK_DECISIONS_TOTAL: &str = "ratelimit_fallback_decisions_total";
+#[cfg(feature = "metrics")]
+pub(crate) const FALLBACK_DECISIONS_TOTAL: &str = "ratelimit_fallback_decisions_total";
 /// `1` while a Redis backend answers from its fallback, by `prefix` (gauge).
-pub const FALLBACK_ACTIVE: &str = "ratelimit_fallback_active";
+#[cfg(feature = "metrics")]
+pub(crate) const FALLBACK_ACTIVE: &str = "ratelimit_fallback_active";
 /// Failed Redis calls of checks and of the handles' operations (a settlement, a peek,
 /// ...), by `policy` and `kind` (counter).
-pub const REDIS_ERRORS_TOTAL: &str = "ratelimit_redis_errors_total";
+#[cfg(feature = "metrics")]
+pub(crate) const REDIS_ERRORS_TOTAL: &str = "ratelimit_redis_errors_total";
 /// Breaker transitions of a Redis backend, by `prefix` and `to` (counter).
-pub const REDIS_SWITCHES_TOTAL: &str = "ratelimit_redis_switches_total";
+#[cfg(feature = "metrics")]
+pub(crate) const REDIS_SWITCHES_TOTAL: &str = "ratelimit_redis_switches_total";
 /// Time a Redis backend spent away from Redis, in whole seconds, by `prefix` (counter).
-pub const REDIS_FALLBACK_SECONDS_TOTAL: &str = "ratelimit_redis_fallback_seconds_total";
+#[cfg(feature = "metrics")]
+pub(crate) const REDIS_FALLBACK_SECONDS_TOTAL: &str = "ratelimit_redis_fallback_seconds_total";
 /// The time of each Redis check in seconds, by `policy` (histogram).
-pub const REDIS_DURATION_SECONDS: &str = "ratelimit_redis_duration_seconds";
+#[cfg(feature = "metrics")]
+pub(crate) const REDIS_DURATION_SECONDS: &str = "ratelimit_redis_duration_seconds";
 
 /// Units settled after responses, by `policy` and `direction` (`charged`: spent beyond
 /// the estimates; `returned`: given back) (counter).
-pub const SETTLED_UNITS_TOTAL: &str = "ratelimit_settled_units_total";
+#[cfg(feature = "metrics")]
+pub(crate) const SETTLED_UNITS_TOTAL: &str = "ratelimit_settled_units_total";
 
 /// Keys dropped from a backend's full in-process state, by `prefix` (counter).
-pub const LOCAL_EVICTIONS_TOTAL: &str = "ratelimit_local_evictions_total";
+#[cfg(feature = "metrics")]
+pub(crate) const LOCAL_EVICTIONS_TOTAL: &str = "ratelimit_local_evictions_total";
 
 /// Whether an admitted decision left at most 10 % of its limit.
 fn near_limit(decision: &Decision) -> bool {
@@ -351,5 +354,35 @@ mod tests {
         assert_eq!(unshared(Source::Fallback), Some(Unshared::Fallback));
         assert_eq!(unshared(Source::FailOpen), Some(Unshared::FailOpen));
         assert_eq!(unshared(Source::FailClosed), Some(Unshared::FailClosed));
+    }
+
+    /// The table of the module docs names every metric the code records, with its kind.
+    #[test]
+    #[cfg(feature = "metrics")]
+    fn the_table_names_every_metric_with_its_kind() {
+        let docs = include_str!("metrics.rs");
+        for (name, kind) in [
+            (REQUESTS_TOTAL, "counter"),
+            (NEAR_LIMIT_TOTAL, "counter"),
+            (FALLBACK_DECISIONS_TOTAL, "counter"),
+            (FALLBACK_ACTIVE, "gauge"),
+            (REDIS_ERRORS_TOTAL, "counter"),
+            (REDIS_SWITCHES_TOTAL, "counter"),
+            (REDIS_FALLBACK_SECONDS_TOTAL, "counter"),
+            (REDIS_DURATION_SECONDS, "histogram"),
+            (SETTLED_UNITS_TOTAL, "counter"),
+            (LOCAL_EVICTIONS_TOTAL, "counter"),
+        ] {
+            let row = format!("//! | `{name}` | {kind} |");
+            assert!(docs.contains(&row), "no row {row:?} in the metrics table");
+        }
+        let rows = docs
+            .lines()
+            .filter(|l| l.starts_with("//! | `ratelimit_"))
+            .count();
+        assert_eq!(
+            rows, 10,
+            "the table has a row for a metric the code does not record"
+        );
     }
 }

@@ -54,7 +54,7 @@ use crate::rolling::{RollingConfig, RollingWindowLimiter};
 use crate::token_bucket::{TokenBucketConfig, TokenBucketLimiter};
 
 /// The most limits in one set.
-pub const MAX_LIMITS: usize = 8;
+pub(crate) const MAX_LIMITS: usize = 8;
 
 /// Locks of the in-process set checks: one is taken per check, by key.
 const LOCKS: usize = 64;
@@ -189,7 +189,7 @@ impl SetLimiter {
     ///
     /// # Errors
     ///
-    /// A [`ConfigError`] for an empty set, more than [`MAX_LIMITS`] limits, two limits
+    /// A [`ConfigError`] for an empty set, more than 8 limits, two limits
     /// of the same name, an invalid name, or a limit's own invalid settings.
     pub fn new(backend: &Backend, name: &str, set: LimitSet) -> Result<Self, ConfigError> {
         validate_name("name", name)?;
@@ -334,7 +334,12 @@ fn join<'a>(items: impl Iterator<Item = &'a [u8]>) -> HeaderValue {
     HeaderValue::from_maybe_shared(v.freeze()).expect("made of valid header values")
 }
 
-crate::hosted::hosted_limiter!(SetLimiter, hosts);
+crate::hosted::hosted_limiter!(SetLimiter, hosts, {
+    /// The set's smallest member: the largest cost the set can ever admit is its quota.
+    fn bounding_policy(&self) -> Option<&Policy> {
+        Some(self.smallest_member())
+    }
+});
 
 impl SetHosts {
     /// One decision from the members': the admitting one with the least left when all

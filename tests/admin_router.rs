@@ -59,7 +59,7 @@ async fn an_operator_blocks_lists_and_lifts_a_client_by_its_api_key() {
     // Refusals cached for up to 30 s: the client is admitted again on the other instance
     // at once only because the reset reaches its deny cache (the change subscription).
     let backend = || {
-        Backend::builder()
+        support::backend_builder()
             .redis_url(redis.url())
             .deny_cache_max_age(Duration::from_secs(30))
             .build()

@@ -24,7 +24,10 @@ const MINUTE: Duration = Duration::from_secs(60);
 
 /// A backend on `redis` from its URL (as a service builds one).
 fn redis_backend(redis: &RedisServer) -> Backend {
-    Backend::builder().redis_url(redis.url()).build().unwrap()
+    support::backend_builder()
+        .redis_url(redis.url())
+        .build()
+        .unwrap()
 }
 
 /// The `(limit, key)` of each entry, in order.
@@ -252,7 +255,7 @@ async fn a_listing_reads_the_list_alone() {
 /// A listing while Redis does not answer is an error, never a panic or a guess.
 #[tokio::test]
 async fn a_listing_without_redis_is_an_error() {
-    let backend = Backend::builder()
+    let backend = support::backend_builder()
         .redis_url("redis://127.0.0.1:1")
         .build()
         .unwrap();
@@ -445,7 +448,7 @@ async fn through_layers_on_redis() {
 async fn on_redis_cluster() {
     let cluster = support::RedisCluster::start(3);
     let backend = || {
-        Backend::builder()
+        support::backend_builder()
             .redis_cluster_urls(cluster.urls())
             .build()
             .unwrap()

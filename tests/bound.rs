@@ -36,7 +36,7 @@ use support::proxy::FaultProxy;
 use support::RedisServer;
 use tower_redis_ratelimit::period::{PeriodConfig, PeriodLimiter};
 use tower_redis_ratelimit::token_bucket::{TokenBucketConfig, TokenBucketLimiter};
-use tower_redis_ratelimit::{Backend, Limiter, Source};
+use tower_redis_ratelimit::{Limiter, Source};
 
 const INSTANCES: usize = 3;
 const KEYS: usize = 3;
@@ -89,7 +89,7 @@ fn instance(redis: &RedisServer, rng: &mut Rng) -> Instance {
     proxy.set_seed(rng.next());
     let coalesce = rng.below(2) == 0;
     let deny_cache = if rng.below(2) == 0 { 0 } else { 10_000 };
-    let backend = Backend::builder()
+    let backend = support::backend_builder()
         .redis(proxy.pool())
         .coalesce(coalesce)
         .deny_cache(deny_cache)

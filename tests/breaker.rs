@@ -18,14 +18,16 @@ use std::time::Duration;
 use support::proxy::FaultProxy;
 use support::RedisServer;
 use tokio::time::Instant;
-use tower_redis_ratelimit::backend::{RedisState, DEFAULT_CALL_TIMEOUT, DEFAULT_PROBE_INTERVAL};
+use tower_redis_ratelimit::backend::RedisState;
 use tower_redis_ratelimit::period::{PeriodConfig, PeriodLimiter};
 use tower_redis_ratelimit::{Backend, FailurePolicy, Limiter, Source, State};
 
 const ONE: NonZeroU32 = NonZeroU32::MIN;
 /// The defaults: the issue was measured with them.
-const CALL: Duration = DEFAULT_CALL_TIMEOUT;
-const PROBE: Duration = DEFAULT_PROBE_INTERVAL;
+/// The default call timeout (documented on `BackendBuilder::call_timeout`).
+const CALL: Duration = Duration::from_millis(100);
+/// The default probe interval (documented on `BackendBuilder::probe_interval`).
+const PROBE: Duration = Duration::from_millis(500);
 /// A check answered without waiting for Redis takes well under this.
 const AT_ONCE: Duration = Duration::from_millis(50);
 /// The documented bound for a quiet service: the breaker opens within two probe rounds
@@ -197,7 +199,10 @@ fn judge(seen: &[Seen], switched: Option<Duration>, bound: Duration) -> Duration
 async fn stopped_at(every: Duration) {
     let mut redis = RedisServer::start();
     let proxy = FaultProxy::start(redis.port());
-    let backend = Backend::builder().redis_url(proxy.url()).build().unwrap();
+    let backend = support::backend_builder()
+        .redis_url(proxy.url())
+        .build()
+        .unwrap();
     let limiter = limiter(&backend);
     warm(&limiter).await;
     redis.kill();
@@ -238,7 +243,10 @@ fn hung() -> (RedisServer, FaultProxy, Backend) {
     let redis = RedisServer::start();
     let proxy = FaultProxy::start(redis.port());
     proxy.blackhole(true);
-    let backend = Backend::builder().redis_url(proxy.url()).build().unwrap();
+    let backend = support::backend_builder()
+        .redis_url(proxy.url())
+        .build()
+        .unwrap();
     (redis, proxy, backend)
 }
 
@@ -289,7 +297,7 @@ async fn a_redis_that_never_answers_from_start_up_switches_under_load() {
 async fn the_breaker_cannot_stick_open_on_its_own_refusals() {
     let mut redis = RedisServer::start();
     let proxy = FaultProxy::start(redis.port());
-    let backend = Backend::builder()
+    let backend = support::backend_builder()
         .redis_url(proxy.url())
         .failure_policy(FailurePolicy::FailClosed)
         .probe_interval(Duration::from_millis(100))
@@ -385,7 +393,7 @@ async fn the_breaker_cannot_stick_open_on_its_own_refusals() {
 async fn time_away_is_counted_in_seconds_while_the_outage_lasts() {
     use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 
-    use tower_redis_ratelimit::metrics::REDIS_FALLBACK_SECONDS_TOTAL as AWAY;
+    const AWAY: &str = "ratelimit_redis_fallback_seconds_total";
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
     // The runtime is single-threaded: the probe records here too.
@@ -401,7 +409,7 @@ async fn time_away_is_counted_in_seconds_while_the_outage_lasts() {
     };
     let mut redis = RedisServer::start();
     let proxy = FaultProxy::start(redis.port());
-    let backend = Backend::builder()
+    let backend = support::backend_builder()
         .redis_url(proxy.url())
         .probe_interval(Duration::from_millis(100))
         .recovery(Duration::from_millis(200))

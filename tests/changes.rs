@@ -35,7 +35,7 @@ const POLL: Duration = Duration::from_millis(20);
 
 /// An instance on `url` whose deny cache answers a refusal for up to [`MAX_AGE`].
 fn instance(url: &str, max_age: Duration) -> Backend {
-    Backend::builder()
+    support::backend_builder()
         .redis_url(url)
         .deny_cache_max_age(max_age)
         .build()
@@ -266,7 +266,7 @@ async fn without_the_subscription_the_max_age_bounds_a_change() {
 async fn a_reset_reaches_the_other_instance_on_a_cluster() {
     let cluster = support::RedisCluster::start(3);
     let instance = || {
-        Backend::builder()
+        support::backend_builder()
             .redis_cluster_urls(cluster.urls())
             .deny_cache_max_age(MAX_AGE)
             .build()

@@ -23,7 +23,7 @@ const HOUR_US: i64 = 3_600_000_000;
 /// A backend on `redis` with `time`, the caller's clock moved by `offset_us`, no deny
 /// cache (every check runs the script).
 fn backend(redis: &RedisServer, time: TimeSource, offset_us: i64) -> Backend {
-    Backend::builder()
+    support::backend_builder()
         .redis(redis.pool())
         .call_timeout(support::CALL_TIMEOUT)
         .time_source(time)
@@ -361,7 +361,7 @@ async fn period_a_step_back_and_return_admits_nothing_more() {
 async fn rolling_callers_clocks_keep_the_hash_past_every_admission() {
     let (redis, clock) = RedisServer::start_with_clock();
     let manual = ManualClock::new(u64::try_from(T_US).unwrap());
-    let backend = Backend::builder()
+    let backend = support::backend_builder()
         .redis(redis.pool())
         .call_timeout(support::CALL_TIMEOUT)
         .time_source(TimeSource::Caller)

@@ -12,7 +12,7 @@ use tower_redis_ratelimit::deadpool_redis::{cluster, Runtime};
 use tower_redis_ratelimit::period::{PeriodConfig, PeriodLimiter};
 use tower_redis_ratelimit::rolling::{RollingConfig, RollingWindowLimiter};
 use tower_redis_ratelimit::token_bucket::{TokenBucketConfig, TokenBucketLimiter};
-use tower_redis_ratelimit::{Backend, Limiter, Source};
+use tower_redis_ratelimit::{Limiter, Source};
 
 const ONE: NonZeroU32 = NonZeroU32::MIN;
 
@@ -46,7 +46,10 @@ async fn every_layer_limits_exactly_with_keys_over_all_slots() {
     let pool = cluster::Config::from_urls(cluster.urls())
         .create_pool(Some(Runtime::Tokio1))
         .unwrap();
-    let backend = Backend::builder().redis_cluster(pool).build().unwrap();
+    let backend = support::backend_builder()
+        .redis_cluster(pool)
+        .build()
+        .unwrap();
     let period =
         PeriodLimiter::new(&backend, "p", PeriodConfig::new(3, Duration::from_secs(60))).unwrap();
     let bucket = TokenBucketLimiter::new(
@@ -106,7 +109,10 @@ async fn noscript_on_a_cluster_is_handled() {
     let pool = cluster::Config::from_urls(cluster.urls())
         .create_pool(Some(Runtime::Tokio1))
         .unwrap();
-    let backend = Backend::builder().redis_cluster(pool).build().unwrap();
+    let backend = support::backend_builder()
+        .redis_cluster(pool)
+        .build()
+        .unwrap();
     let limiter = PeriodLimiter::new(
         &backend,
         "p",
@@ -137,7 +143,7 @@ async fn noscript_on_a_cluster_is_handled() {
 #[tokio::test]
 async fn a_cluster_reached_by_urls_limits_on_every_node() {
     let cluster = RedisCluster::start(3);
-    let backend = Backend::builder()
+    let backend = support::backend_builder()
         .redis_cluster_urls(cluster.urls())
         .build()
         .unwrap();
@@ -162,7 +168,10 @@ async fn a_set_of_limits_decides_in_one_slot() {
     let pool = cluster::Config::from_urls(cluster.urls())
         .create_pool(Some(Runtime::Tokio1))
         .unwrap();
-    let backend = Backend::builder().redis_cluster(pool).build().unwrap();
+    let backend = support::backend_builder()
+        .redis_cluster(pool)
+        .build()
+        .unwrap();
     let set = LimitSet::new()
         .limit(
             "burst",
@@ -186,7 +195,7 @@ async fn in_flight_slots_on_keys_over_all_slots() {
     let pool = cluster::Config::from_urls(cluster.urls())
         .create_pool(Some(Runtime::Tokio1))
         .unwrap();
-    let backend = Backend::builder()
+    let backend = support::backend_builder()
         .redis_cluster(pool)
         .call_timeout(Duration::from_millis(500))
         .build()
@@ -258,7 +267,7 @@ async fn rotating_credentials_reauthenticate_every_nodes_connection() {
     add_user("app-blue", "blue-1");
     let current = Arc::new(Mutex::new(("app-blue", "blue-1")));
     let issued = Arc::clone(&current);
-    let backend = Backend::builder()
+    let backend = support::backend_builder()
         .redis_cluster_urls(cluster.urls())
         .call_timeout(Duration::from_secs(2))
         .credentials(move || {

@@ -163,7 +163,7 @@ async fn coalesced_decisions_equal_one_check_at_a_time() {
 #[tokio::test]
 async fn without_coalescing_every_check_is_a_call() {
     let redis = RedisServer::start();
-    let backend = Backend::builder()
+    let backend = support::backend_builder()
         .redis(redis.pool())
         .call_timeout(support::CALL_TIMEOUT)
         .deny_cache(0)
@@ -265,7 +265,7 @@ async fn a_coalesced_call_decides_and_writes_as_its_checks_one_by_one() {
     let (redis, clock) = RedisServer::start_with_clock();
     let t0: i64 = 1_800_000_000_000_000 + 123_456;
     let coalesced = redis.uncached_backend();
-    let single = Backend::builder()
+    let single = support::backend_builder()
         .redis(redis.pool())
         .call_timeout(support::CALL_TIMEOUT)
         .deny_cache(0)
@@ -498,7 +498,7 @@ async fn waits_at_most_the_call_timeout(key: &[u8]) {
     // mistake's.)
     let timeout = Duration::from_secs(1);
     let mut redis = RedisServer::start();
-    let backend = Backend::builder()
+    let backend = support::backend_builder()
         .redis(redis.pool())
         .deny_cache(0)
         .call_timeout(timeout)
@@ -582,7 +582,7 @@ async fn batching_and_reference(
     run: &str,
 ) -> Vec<(String, Box<dyn Limiter>, Box<dyn Limiter>)> {
     let backend = |batch_after| {
-        Backend::builder()
+        support::backend_builder()
             .redis(redis.pool())
             .deny_cache(0)
             .coalesce(false)
@@ -681,7 +681,7 @@ async fn a_batch_of_keys_decides_as_its_checks_one_by_one() {
 async fn a_key_error_in_a_batch_is_that_keys_alone() {
     let (logs, _guard) = support::logs::capture(tracing::Level::WARN);
     let redis = RedisServer::start();
-    let backend = Backend::builder()
+    let backend = support::backend_builder()
         .redis(redis.pool())
         .call_timeout(support::CALL_TIMEOUT)
         .deny_cache(0)
@@ -834,7 +834,7 @@ async fn a_batch_of_one_cost_sends_it_once() {
     use support::monitor::{script_calls, Monitor};
     let redis = RedisServer::start();
     for functions in [true, false] {
-        let backend = Backend::builder()
+        let backend = support::backend_builder()
             .redis(redis.pool())
             .deny_cache(0)
             .coalesce(false)
@@ -885,7 +885,7 @@ async fn coalesced_checks_of_one_cost_send_it_once() {
     use support::monitor::{script_calls, Monitor};
     let redis = RedisServer::start();
     for functions in [true, false] {
-        let backend = Backend::builder()
+        let backend = support::backend_builder()
             .redis(redis.pool())
             .deny_cache(0)
             .engine_functions(functions)

@@ -18,7 +18,7 @@ use support::RedisServer;
 use tower_redis_ratelimit::backend::TimeSource;
 use tower_redis_ratelimit::config::{BackendConfig, KeyConfig, RulesConfig};
 use tower_redis_ratelimit::key::{
-    ForwardedIp, HeaderKey, KeyExtractor, KeyExtractorExt, PathKey, PeerIp,
+    ForwardedIp, GlobalKey, HeaderKey, KeyExtractor, KeyExtractorExt, PathKey, PeerIp,
 };
 use tower_redis_ratelimit::{
     Backend, FailurePolicy, Limiter, PeriodLimitLayer, RollingWindowLayer, Source, TokenBucketLayer,
@@ -73,6 +73,7 @@ async fn every_algorithm_builds_its_limit() {
         let built = match name {
             "fixed" => PeriodLimitLayer::builder(&rules.backend)
                 .name("x")
+                .key(GlobalKey)
                 .quota(2)
                 .period(window)
                 .build()
@@ -82,6 +83,7 @@ async fn every_algorithm_builds_its_limit() {
                 .window(),
             "bucket" => TokenBucketLayer::builder(&rules.backend)
                 .name("x")
+                .key(GlobalKey)
                 .rate(1, Duration::from_secs(3_600))
                 .burst(3)
                 .build()
@@ -91,6 +93,7 @@ async fn every_algorithm_builds_its_limit() {
                 .window(),
             _ => RollingWindowLayer::builder(&rules.backend)
                 .name("x")
+                .key(GlobalKey)
                 .limit(4)
                 .buckets(10)
                 .interval(Duration::from_millis(100))
@@ -375,7 +378,7 @@ fn every_backend_field_reaches_the_builder() {
         dir.display()
     ));
     let from_file = config.backend.builder().unwrap();
-    let in_code = Backend::builder()
+    let in_code = support::backend_builder()
         .redis_url("rediss://u:p@127.0.0.1:6380/0")
         .prefix("p")
         .call_timeout(Duration::from_millis(150))
@@ -394,7 +397,7 @@ fn every_backend_field_reaches_the_builder() {
     assert_eq!(format!("{from_file:?}"), format!("{in_code:?}"));
     assert_ne!(
         format!("{from_file:?}"),
-        format!("{:?}", Backend::builder()),
+        format!("{:?}", support::backend_builder()),
         "not the defaults"
     );
     let _ = std::fs::remove_dir_all(dir);

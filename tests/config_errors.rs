@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use tower_redis_ratelimit::config::RulesConfig;
+use tower_redis_ratelimit::key::GlobalKey;
 use tower_redis_ratelimit::{
     period::Calendar, Backend, ConfigError, PeriodLimitLayer, RollingWindowLayer, TokenBucketLayer,
 };
@@ -276,6 +277,7 @@ fn a_fixed_cost_above_the_capacity_is_refused_when_built() {
     // At the capacity it builds.
     TokenBucketLayer::builder(&backend)
         .name("tb")
+        .key(GlobalKey)
         .rate(1, second)
         .burst(5)
         .cost(FixedCost(5))
@@ -292,6 +294,7 @@ fn a_fixed_cost_above_the_capacity_is_refused_when_built() {
     let shared = || {
         TokenBucketLayer::builder(&redis)
             .name("tb")
+            .key(GlobalKey)
             .rate(10, second)
             .burst(10)
             .cost(FixedCost(5))
@@ -475,4 +478,95 @@ fn calendar_windows_from_a_file() {
 fn the_example_rule_file_builds() {
     let config = parse(include_str!("../examples/rules.toml"));
     config.build().expect("examples/rules.toml builds");
+}
+
+/// A layer built without `.key(..)` does not build: one limit shared by every request
+/// is spelled `.key(GlobalKey)`, never a silent default (issue 51).
+#[test]
+fn a_layer_without_a_key_does_not_build() {
+    use tower_redis_ratelimit::InFlightLimitLayer;
+
+    let backend = Backend::in_process();
+    let minute = Duration::from_secs(60);
+    let layer = || {
+        PeriodLimitLayer::builder(&backend)
+            .name("api")
+            .quota(10)
+            .period(minute)
+    };
+    let error = layer().build().unwrap_err();
+    assert!(
+        matches!(error, ConfigError::Missing { setting: "key", .. }),
+        "{error:?}"
+    );
+    let message = error.to_string();
+    assert!(message.contains("`.key(..)`"), "{message}");
+    assert!(
+        message.contains("`.key(GlobalKey)` is one limit shared by every request"),
+        "{message}"
+    );
+    layer().key(GlobalKey).build().unwrap();
+
+    let in_flight = || {
+        InFlightLimitLayer::builder(&backend)
+            .name("exports")
+            .slots(2)
+    };
+    let error = in_flight().build().unwrap_err();
+    assert!(
+        matches!(error, ConfigError::Missing { setting: "key", .. }),
+        "{error:?}"
+    );
+    in_flight().key(GlobalKey).build().unwrap();
+
+    // A rule file without `key` keeps its documented default, the global key.
+    parse(
+        "[[rules]]\nname = \"r\"\nlimit = { algorithm = \"period\", quota = 1, period = \"1s\" }\n",
+    )
+    .build()
+    .unwrap();
+}
+
+/// A fixed cost above a set's smallest member is refused for a set wrapped in plans
+/// too: the check asks the limiter (`Limiter::bounding_policy`), not its type.
+#[test]
+fn a_fixed_cost_above_a_wrapped_sets_smallest_member_does_not_build() {
+    use tower_redis_ratelimit::period::PeriodConfig;
+    use tower_redis_ratelimit::service::{ExtensionPlan, Plans};
+    use tower_redis_ratelimit::set::LimitSet;
+    use tower_redis_ratelimit::{FixedCost, LayerBuilder};
+
+    #[derive(Clone, Copy, PartialEq, Eq, Debug)]
+    enum Plan {
+        Free,
+    }
+    let backend = Backend::in_process();
+    let minute = Duration::from_secs(60);
+    let set = || {
+        LimitSet::new()
+            .limit("rpm", PeriodConfig::new(100, minute))
+            .limit("burst", PeriodConfig::new(3, Duration::from_secs(1)))
+    };
+    let layer = |cost: u32| {
+        let plans = Plans::new(ExtensionPlan::<Plan>::new()).plan(Plan::Free, "free", set());
+        LayerBuilder::new(&backend, plans)
+            .name("api")
+            .key(GlobalKey)
+            .cost(FixedCost(cost))
+            .build()
+    };
+    let error = layer(5).unwrap_err();
+    assert!(
+        matches!(
+            &error,
+            ConfigError::CostAboveCapacity {
+                cost: 5,
+                capacity: 3,
+                fallback: false,
+                ..
+            }
+        ),
+        "{error:?}"
+    );
+    layer(3).unwrap();
 }

@@ -43,7 +43,7 @@ impl Issuer {
 
     fn backend(&self, redis: &RedisServer) -> Backend {
         let issuer = self.clone();
-        Backend::builder()
+        support::backend_builder()
             .redis_url(redis.url())
             .deny_cache(0)
             // Generous: the test counts failed decisions, which a loaded machine's slow
@@ -320,7 +320,7 @@ async fn a_failing_provider_follows_the_failure_policy_and_logs_once() {
 
 #[test]
 fn credentials_with_a_pool_are_refused_when_built() {
-    let error = Backend::builder()
+    let error = support::backend_builder()
         .redis(
             deadpool_redis::Config::from_url("redis://127.0.0.1:1")
                 .create_pool(Some(deadpool_redis::Runtime::Tokio1))

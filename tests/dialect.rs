@@ -436,7 +436,7 @@ async fn record(
     // (MONITOR prints only what arrives after it started.)
     let _ = monitor.until(server.port(), "dialect-start");
     let manual = ManualClock::new(T0_US);
-    let backend = Backend::builder()
+    let backend = support::backend_builder()
         .manual_clock(manual.clone())
         .deny_cache(0)
         .coalesce(false)

@@ -132,7 +132,7 @@ async fn until(svc: &Svc, merchant: &str, done: impl Fn(StatusCode, &str) -> boo
 async fn a_changed_quota_applies_within_the_ttl_under_traffic() {
     let redis = RedisServer::start();
     // No deny cache: a raised quota applies even to a key Redis just refused.
-    let backend = Backend::builder()
+    let backend = support::backend_builder()
         .redis(redis.pool())
         .call_timeout(support::CALL_TIMEOUT)
         .deny_cache(0)

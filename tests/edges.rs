@@ -107,7 +107,7 @@ async fn per_user_and_per_plan_limits_on_redis() {
 async fn an_operator_blocks_lists_and_lifts_a_merchant() {
     let redis = RedisServer::start();
     let instance = || {
-        let backend = Backend::builder()
+        let backend = support::backend_builder()
             .redis_url(redis.url())
             .prefix("tenants")
             // (Not the default 100 ms: a busy machine must not turn a call, the first
@@ -291,7 +291,7 @@ async fn exports_are_limited_in_flight_across_instances_on_redis() {
     let redis = RedisServer::start();
     let mut apps = Vec::new();
     for _ in 0..2 {
-        let backend = Backend::builder()
+        let backend = support::backend_builder()
             .redis_url(redis.url())
             .prefix("tenants")
             // (A busy machine must not turn a slow call into the failure policy's answer.)
@@ -426,9 +426,10 @@ mod metrics_recorded {
     use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
     use tower_redis_ratelimit::deadpool_redis;
     use tower_redis_ratelimit::key::HeaderKey;
-    use tower_redis_ratelimit::metrics::{
-        FALLBACK_DECISIONS_TOTAL, NEAR_LIMIT_TOTAL, REQUESTS_TOTAL,
-    };
+    // The names of the table in the `metrics` module docs.
+    const FALLBACK_DECISIONS_TOTAL: &str = "ratelimit_fallback_decisions_total";
+    const NEAR_LIMIT_TOTAL: &str = "ratelimit_near_limit_total";
+    const REQUESTS_TOTAL: &str = "ratelimit_requests_total";
     use tower_redis_ratelimit::PeriodLimitLayer;
 
     use super::*;

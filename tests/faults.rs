@@ -21,7 +21,9 @@ const RECOVERY: Duration = Duration::from_millis(300);
 
 /// The crate's defaults, with a faster probe and recovery to keep tests short.
 fn builder() -> BackendBuilder {
-    Backend::builder().probe_interval(PROBE).recovery(RECOVERY)
+    support::backend_builder()
+        .probe_interval(PROBE)
+        .recovery(RECOVERY)
 }
 
 fn limiter(backend: &Backend, name: &str) -> Arc<PeriodLimiter> {
@@ -560,7 +562,7 @@ async fn backends_built_from_a_pool_recover_the_same_way() {
 
 #[test]
 fn invalid_breaker_settings_fail_when_built() {
-    let err = Backend::builder()
+    let err = support::backend_builder()
         .breaker_failure_ratio(1.5)
         .build()
         .unwrap_err();
@@ -568,12 +570,15 @@ fn invalid_breaker_settings_fail_when_built() {
         err.to_string(),
         "`breaker_failure_ratio` must be a fraction in (0, 1]"
     );
-    let err = Backend::builder().breaker_min_calls(0).build().unwrap_err();
+    let err = support::backend_builder()
+        .breaker_min_calls(0)
+        .build()
+        .unwrap_err();
     assert_eq!(
         err.to_string(),
         "`breaker_min_calls` must be greater than zero"
     );
-    let err = Backend::builder()
+    let err = support::backend_builder()
         .breaker_window(Duration::ZERO)
         .build()
         .unwrap_err();
@@ -607,7 +612,7 @@ async fn the_return_after_a_partition_is_within_the_documented_bound() {
     let redis = RedisServer::start();
     let proxy = FaultProxy::start(redis.port());
     proxy.set_latency(ONE_WAY);
-    let backend = Backend::builder()
+    let backend = support::backend_builder()
         .redis_url(proxy.url())
         .probe_interval(PROBE_INTERVAL)
         .call_timeout(DEADLINE)
@@ -643,7 +648,7 @@ async fn the_return_after_a_partition_is_within_the_documented_bound() {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let back = healed.elapsed();
-    let bound = PROBE_INTERVAL + tower_redis_ratelimit::backend::DEFAULT_RECOVERY + ONE_WAY * 2;
+    let bound = PROBE_INTERVAL + Duration::from_secs(1) + ONE_WAY * 2;
     eprintln!("first decision from redis after {first:?}, healthy after {back:?}");
     assert!(
         back <= bound + Duration::from_millis(300),

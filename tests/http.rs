@@ -15,7 +15,7 @@ use http_body_util::BodyExt;
 use support::http::Served;
 use support::RedisServer;
 use tower::{service_fn, ServiceBuilder, ServiceExt};
-use tower_redis_ratelimit::key::{ForwardedIp, HeaderKey, KeyExtractorExt, PeerIp};
+use tower_redis_ratelimit::key::{ForwardedIp, GlobalKey, HeaderKey, KeyExtractorExt, PeerIp};
 use tower_redis_ratelimit::response::{Rejection, RATELIMIT, RATELIMIT_POLICY};
 use tower_redis_ratelimit::{
     Backend, ConfigError, Decision, MissingKey, PeriodLimitLayer, ProblemJson, State,
@@ -311,6 +311,7 @@ async fn custom_rejections_and_header_options() {
     };
     let layer = PeriodLimitLayer::builder(&Backend::in_process())
         .name("p")
+        .key(GlobalKey)
         .quota(1)
         .period(Duration::from_secs(60))
         .on_rejection(teapot)
@@ -335,6 +336,7 @@ fn every_invalid_configuration_fails_when_built() {
     let valid = || {
         PeriodLimitLayer::builder(&backend)
             .name("p")
+            .key(GlobalKey)
             .quota(1)
             .period(Duration::from_secs(1))
     };
@@ -386,6 +388,7 @@ async fn works_as_router_layer_and_route_layer() {
     let limit = || {
         PeriodLimitLayer::builder(&Backend::in_process())
             .name("p")
+            .key(GlobalKey)
             .quota(1)
             .period(Duration::from_secs(60))
             .build()
@@ -487,6 +490,7 @@ async fn stacked_layers_list_every_decision_outermost_first() {
     let layer = |name: &str, quota: u64| {
         PeriodLimitLayer::builder(&backend)
             .name(name)
+            .key(GlobalKey)
             .quota(quota)
             .period(Duration::from_secs(60))
             .build()

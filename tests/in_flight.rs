@@ -21,6 +21,7 @@ use tokio::time::Instant;
 use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
 use tower_redis_ratelimit::backend::{ShareRounding, TimeSource};
 use tower_redis_ratelimit::in_flight::{InFlightConfig, InFlightLimiter};
+use tower_redis_ratelimit::key::GlobalKey;
 use tower_redis_ratelimit::key::HeaderKey;
 use tower_redis_ratelimit::{Backend, FailurePolicy, InFlightLimitLayer, Source, State};
 
@@ -28,7 +29,7 @@ use tower_redis_ratelimit::{Backend, FailurePolicy, InFlightLimitLayer, Source, 
 /// with generous deadlines: the renewals of these tests must not miss on a loaded
 /// machine, and no call may fall back for want of a connection.
 async fn backend(url: &str) -> Backend {
-    let backend = Backend::builder()
+    let backend = support::backend_builder()
         .redis_url(url)
         .call_timeout(Duration::from_millis(500))
         .build()
@@ -82,6 +83,7 @@ async fn three_times_fifty(backends: &[Backend; 3]) {
     for backend in backends {
         let layer = InFlightLimitLayer::builder(backend)
             .name("export")
+            .key(GlobalKey)
             .slots(10)
             .build()
             .unwrap();
@@ -425,7 +427,7 @@ async fn a_killed_process_slots_come_back_within_one_lease() {
 async fn while_redis_is_out_the_failure_policy_decides() {
     let redis = RedisServer::start();
     let proxy = FaultProxy::start(redis.port());
-    let backend = Backend::builder()
+    let backend = support::backend_builder()
         .redis_url(proxy.url())
         .call_timeout(Duration::from_millis(500))
         .probe_interval(Duration::from_millis(100))
@@ -435,6 +437,7 @@ async fn while_redis_is_out_the_failure_policy_decides() {
     let limiter = |policy: FailurePolicy| {
         let layer = InFlightLimitLayer::builder(&backend)
             .name("out")
+            .key(GlobalKey)
             .slots(4)
             .fallback_share(0.5)
             .on_redis_failure(policy)
@@ -490,13 +493,13 @@ async fn the_two_hosts_decide_alike() {
     let mut runs = Vec::new();
     // (Not the default call timeout of 100 ms: a busy machine must not turn a slow call
     // into the failure policy's answer.)
-    let evalsha = Backend::builder()
+    let evalsha = support::backend_builder()
         .redis_url(redis.url())
         .engine_functions(false)
         .call_timeout(support::CALL_TIMEOUT)
         .build()
         .unwrap();
-    let caller_time = Backend::builder()
+    let caller_time = support::backend_builder()
         .redis_url(redis.url())
         .prefix("caller")
         .time_source(TimeSource::Caller)
@@ -585,6 +588,7 @@ async fn a_shadow_layer_serves_everything_and_holds_slots() {
     for backend in [backend(&redis.url()).await, Backend::in_process()] {
         let layer = InFlightLimitLayer::builder(&backend)
             .name("shadow")
+            .key(GlobalKey)
             .slots(1)
             .shadow(true)
             .build()
@@ -704,7 +708,7 @@ async fn a_fallback_share_below_one_slot_rounds_as_the_layer_chose() {
     ] {
         let mut held = Vec::new();
         for _ in 0..3 {
-            let backend = Backend::builder()
+            let backend = support::backend_builder()
                 .redis_url(&url)
                 .fallback_share(1.0 / 3.0)
                 .fallback_rounding(rounding)

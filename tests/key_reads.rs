@@ -105,7 +105,7 @@ fn limiters(backend: &Backend, large: bool, lockout: Option<Duration>) -> Vec<Bo
 }
 
 fn backend(redis: &RedisServer, functions: bool) -> Backend {
-    Backend::builder()
+    support::backend_builder()
         .redis(redis.pool())
         .deny_cache(0)
         .coalesce(false)
@@ -384,7 +384,7 @@ async fn an_atomic_pair_costs_its_members_commands() {
 async fn a_coalesced_call_reads_its_limits_key_alone() {
     let redis = RedisServer::start();
     for functions in paths(&redis) {
-        let backend = Backend::builder()
+        let backend = support::backend_builder()
             .redis(redis.pool())
             .deny_cache(0)
             .engine_functions(functions)

@@ -26,7 +26,7 @@ const ONE: NonZeroU32 = NonZeroU32::MIN;
 
 /// A backend on `redis` with `prefix` and no deny cache (every check reaches Redis).
 fn backend(redis: &RedisServer, prefix: &str) -> Backend {
-    Backend::builder()
+    support::backend_builder()
         .redis(redis.pool())
         .call_timeout(support::CALL_TIMEOUT)
         .prefix(prefix)
@@ -80,7 +80,7 @@ fn colliding_tuples() -> Vec<[(&'static str, &'static str, &'static [u8]); 2]> {
 #[test]
 fn braces_in_prefixes_and_names_are_refused_when_built() {
     for prefix in ["{app}", "a{", "}"] {
-        let built = Backend::builder().prefix(prefix).build();
+        let built = support::backend_builder().prefix(prefix).build();
         assert!(built.is_err(), "prefix {prefix:?}");
     }
     let backend = Backend::in_process();
@@ -211,7 +211,7 @@ async fn a_server_without_functions_decides_byte_keys_from_the_first_check() {
             None => redis.url(),
         };
         let backend = |prefix: &str| {
-            Backend::builder()
+            support::backend_builder()
                 .redis_url(url.clone())
                 .prefix(prefix)
                 .deny_cache(0)

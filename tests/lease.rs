@@ -145,7 +145,7 @@ fn a_lease_and_a_lockout_conflict() {
         .lockout(Duration::from_secs(60));
     for backend in [
         Backend::in_process(),
-        Backend::builder()
+        support::backend_builder()
             .redis_url("redis://127.0.0.1:1")
             .build()
             .unwrap(),

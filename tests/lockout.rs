@@ -7,6 +7,7 @@ use std::num::NonZeroU32;
 use std::time::Duration;
 
 use support::RedisServer;
+use tower_redis_ratelimit::key::GlobalKey;
 use tower_redis_ratelimit::period::{PeriodConfig, PeriodLimiter};
 use tower_redis_ratelimit::set::{LimitSet, SetLimiter};
 use tower_redis_ratelimit::token_bucket::TokenBucketConfig;
@@ -89,6 +90,7 @@ async fn the_layer_builders_have_lockout_and_lease() {
     let backend = Backend::in_process();
     let period = PeriodLimitLayer::builder(&backend)
         .name("p")
+        .key(GlobalKey)
         .quota(1)
         .period(Duration::from_millis(50))
         .lockout(MINUTE)
@@ -96,6 +98,7 @@ async fn the_layer_builders_have_lockout_and_lease() {
         .unwrap();
     let bucket = TokenBucketLayer::builder(&backend)
         .name("t")
+        .key(GlobalKey)
         .rate(1_000, Duration::from_secs(1))
         .burst(1)
         .lockout(MINUTE)
@@ -103,6 +106,7 @@ async fn the_layer_builders_have_lockout_and_lease() {
         .unwrap();
     let leased = TokenBucketLayer::builder(&backend)
         .name("leased")
+        .key(GlobalKey)
         .rate(1_000, Duration::from_secs(1))
         .burst(1)
         .lease(1, Duration::from_millis(100))
@@ -110,6 +114,7 @@ async fn the_layer_builders_have_lockout_and_lease() {
     assert!(leased.is_ok());
     let rolling = RollingWindowLayer::builder(&backend)
         .name("r")
+        .key(GlobalKey)
         .limit(1)
         .buckets(1)
         .interval(Duration::from_millis(50))
@@ -118,6 +123,7 @@ async fn the_layer_builders_have_lockout_and_lease() {
         .unwrap();
     let set = LimitSetLayer::builder(&backend)
         .name("s")
+        .key(GlobalKey)
         .limit("burst", PeriodConfig::new(1, Duration::from_millis(50)))
         .lockout(MINUTE)
         .build()

@@ -690,7 +690,7 @@ impl Drop for StopServer {
 fn backend(host: Host, manual: &ManualClock, ahead_ms: i64) -> Backend {
     let shared = shared();
     // A generous deadline: a loaded machine must not turn a slow call into a fallback.
-    let builder = Backend::builder()
+    let builder = support::backend_builder()
         .manual_clock(manual.clone())
         .caller_clock_offset_us(ahead_ms * 1_000)
         .call_timeout(Duration::from_secs(5));

@@ -12,6 +12,7 @@ use http::{Request, Response, StatusCode};
 use support::RedisServer;
 use tokio::time::Instant;
 use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
+use tower_redis_ratelimit::key::GlobalKey;
 use tower_redis_ratelimit::period::{PeriodConfig, PeriodLimiter};
 use tower_redis_ratelimit::token_bucket::{TokenBucketConfig, TokenBucketLimiter};
 use tower_redis_ratelimit::{
@@ -27,7 +28,8 @@ const DEADLINE: Duration = Duration::from_millis(500);
 const SCHEDULING: Duration = Duration::from_millis(300);
 const RECOVERY: Duration = Duration::from_millis(200);
 /// Enough failed calls for the breaker to judge (its default minimum).
-const JUDGED: usize = tower_redis_ratelimit::backend::DEFAULT_BREAKER_MIN_CALLS as usize;
+/// The default of `BackendBuilder::breaker_min_calls`.
+const JUDGED: usize = 20;
 
 fn backend(redis: &RedisServer) -> Backend {
     backend_with(redis, DEADLINE)
@@ -36,7 +38,7 @@ fn backend(redis: &RedisServer) -> Backend {
 /// [`backend`] with another call timeout: the harness's ([`support::CALL_TIMEOUT`])
 /// where the test asserts that Redis answered and bounds no time by the deadline.
 fn backend_with(redis: &RedisServer, call_timeout: Duration) -> Backend {
-    Backend::builder()
+    support::backend_builder()
         .redis(redis.pool())
         .call_timeout(call_timeout)
         .probe_interval(PROBE)
@@ -64,6 +66,7 @@ fn stack(
 ) -> impl Service<Request<()>, Response = Response<impl Sized>, Error = Infallible> + Clone {
     let period = PeriodLimitLayer::builder(backend)
         .name("day")
+        .key(GlobalKey)
         .quota(5)
         .period(Duration::from_secs(60))
         .on_redis_failure(policy)
@@ -71,6 +74,7 @@ fn stack(
         .unwrap();
     let token = TokenBucketLayer::builder(backend)
         .name("burst")
+        .key(GlobalKey)
         .rate(1, Duration::from_secs(60))
         .burst(3)
         .on_redis_failure(policy)
@@ -218,7 +222,7 @@ async fn fail_open_and_fail_closed_policies() {
 async fn the_fallback_applies_its_share_of_the_limit() {
     let mut redis = RedisServer::start();
     // Four instances share the limit: each fallback admits a quarter of it.
-    let backend = Backend::builder()
+    let backend = support::backend_builder()
         .redis(redis.pool())
         .call_timeout(DEADLINE)
         .probe_interval(PROBE)
@@ -252,7 +256,7 @@ async fn the_fallback_applies_its_share_of_the_limit() {
 #[test]
 fn invalid_failure_settings_fail_when_built() {
     for share in [0.0, -0.5, 1.5, f64::NAN] {
-        let err = Backend::builder()
+        let err = support::backend_builder()
             .fallback_share(share)
             .build()
             .unwrap_err();
@@ -352,9 +356,10 @@ async fn one_outage_logs_once_and_runs_one_probe_that_stops_with_the_backend() {
 #[tokio::test]
 async fn redis_latency_errors_and_the_fallback_gauge_are_recorded() {
     use metrics_util::debugging::{DebugValue, DebuggingRecorder};
-    use tower_redis_ratelimit::metrics::{
-        FALLBACK_ACTIVE, REDIS_DURATION_SECONDS, REDIS_ERRORS_TOTAL, REDIS_SWITCHES_TOTAL,
-    };
+    const FALLBACK_ACTIVE: &str = "ratelimit_fallback_active";
+    const REDIS_DURATION_SECONDS: &str = "ratelimit_redis_duration_seconds";
+    const REDIS_ERRORS_TOTAL: &str = "ratelimit_redis_errors_total";
+    const REDIS_SWITCHES_TOTAL: &str = "ratelimit_redis_switches_total";
 
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
@@ -387,7 +392,7 @@ async fn redis_latency_errors_and_the_fallback_gauge_are_recorded() {
     // The harness's deadline, so that the checks before the outage are answered by Redis
     // however busy the machine; and a probe interval of 1 s, so that no probe (whose
     // failure would count too) runs while the checks below fail, each at once.
-    let backend = Backend::builder()
+    let backend = support::backend_builder()
         .redis(redis.pool())
         .call_timeout(support::CALL_TIMEOUT)
         .probe_interval(Duration::from_secs(1))
@@ -465,7 +470,7 @@ async fn a_fallback_share_rounded_to_nothing_refuses_until_redis_is_back() {
         (ShareRounding::AtLeastOne, true),
         (ShareRounding::WithinLimit, false),
     ] {
-        let backend = Backend::builder()
+        let backend = support::backend_builder()
             .redis_url(&url)
             .probe_interval(PROBE)
             .fallback_share(0.25)
@@ -515,7 +520,7 @@ async fn the_fallback_headers_state_this_instances_share() {
     let mut redis = RedisServer::start();
     // (The harness's deadline: the first request's headers are Redis's however busy the
     // machine; the killed server fails the second at once.)
-    let backend = Backend::builder()
+    let backend = support::backend_builder()
         .redis(redis.pool())
         .call_timeout(support::CALL_TIMEOUT)
         .probe_interval(PROBE)
@@ -525,12 +530,14 @@ async fn the_fallback_headers_state_this_instances_share() {
     let minute = Duration::from_secs(60);
     let period = PeriodLimitLayer::builder(&backend)
         .name("api")
+        .key(GlobalKey)
         .quota(60)
         .period(minute)
         .build()
         .unwrap();
     let token = TokenBucketLayer::builder(&backend)
         .name("burst")
+        .key(GlobalKey)
         .rate(30, minute)
         .burst(30)
         .build()

@@ -28,7 +28,7 @@ const MARGIN: Duration = Duration::from_secs(3);
 /// with a call timeout long enough that a loaded machine does not hand checks to the
 /// fallback.
 fn backend(redis: &RedisServer) -> Backend {
-    Backend::builder()
+    support::backend_builder()
         .redis(redis.pool())
         .deny_cache(0)
         .call_timeout(2 * SEC)
@@ -224,7 +224,7 @@ async fn first_in_first_out_on_redis() {
 
 /// A backend on `redis` with `policy` and short timeouts.
 fn with_policy(redis: &RedisServer, policy: FailurePolicy) -> Backend {
-    Backend::builder()
+    support::backend_builder()
         .redis(redis.pool())
         .deny_cache(0)
         .call_timeout(Duration::from_millis(200))

@@ -262,7 +262,7 @@ async fn a_counter_without_expiry_starts_a_new_window() {
 async fn unreachable_redis_is_answered_by_the_fallback() {
     let mut redis = RedisServer::start();
     let pool = redis.pool();
-    let backend = Backend::builder()
+    let backend = support::backend_builder()
         .redis(pool)
         // (A killed server refuses at once: the deadline is not what is tested, and the
         // checks before the kill and after the restart, which connect and load the engine,
@@ -442,7 +442,10 @@ async fn in_process_a_jump_forward_at_most_ends_the_window_early() {
 /// nor resets a key that is being limited (it is hit again and again, so it stays).
 #[tokio::test(start_paused = true)]
 async fn a_flood_of_new_keys_does_not_reset_a_limited_key() {
-    let backend = Backend::builder().max_local_keys(1_000).build().unwrap();
+    let backend = support::backend_builder()
+        .max_local_keys(1_000)
+        .build()
+        .unwrap();
     let limiter = limiter(&backend, PeriodConfig::new(5, Duration::from_secs(60)));
     assert_eq!(
         states(&limiter, "k", 6).await.last(),
@@ -468,12 +471,12 @@ async fn a_flood_of_new_keys_does_not_reset_a_limited_key() {
 #[tokio::test(start_paused = true)]
 async fn evictions_are_counted() {
     use metrics_util::debugging::{DebugValue, DebuggingRecorder};
-    use tower_redis_ratelimit::metrics::LOCAL_EVICTIONS_TOTAL;
+    const LOCAL_EVICTIONS_TOTAL: &str = "ratelimit_local_evictions_total";
 
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
     let _guard = metrics::set_default_local_recorder(&recorder);
-    let backend = Backend::builder()
+    let backend = support::backend_builder()
         .prefix("flooded")
         .max_local_keys(100)
         .build()
@@ -559,7 +562,7 @@ async fn the_engine_runs_as_functions_on_redis_7_and_by_evalsha_when_told() {
         .unwrap();
     let config = PeriodConfig::new(3, Duration::from_secs(60));
     let functions = limiter(
-        &Backend::builder()
+        &support::backend_builder()
             .redis_url(redis.url())
             .engine_functions(true)
             .deny_cache(0)
@@ -571,7 +574,7 @@ async fn the_engine_runs_as_functions_on_redis_7_and_by_evalsha_when_told() {
         config,
     );
     let evalsha = limiter(
-        &Backend::builder()
+        &support::backend_builder()
             .redis_url(redis.url())
             .engine_functions(false)
             .deny_cache(0)
@@ -631,7 +634,7 @@ async fn a_server_without_functions_runs_the_engine_by_evalsha() {
     let redis = RedisServer::start_with(args);
     assert!(redis.cmd(&["FCALL", "f", "0"]).contains("unknown command"));
     let limiter = limiter(
-        &Backend::builder()
+        &support::backend_builder()
             .redis_url(redis.url())
             .engine_functions(true)
             .deny_cache(0)
@@ -659,7 +662,7 @@ async fn a_server_without_functions_runs_the_engine_by_evalsha() {
 async fn calendar_windows_expire_at_their_end_and_admit_the_quota() {
     use tower_redis_ratelimit::period::Calendar;
     let redis = RedisServer::start();
-    let backend = Backend::builder()
+    let backend = support::backend_builder()
         .redis(redis.pool())
         .call_timeout(Duration::from_secs(10))
         .build()

@@ -65,7 +65,7 @@ async fn in_process() {
 async fn on_redis() {
     let redis = RedisServer::start();
     advertised_limits(
-        Backend::builder()
+        support::backend_builder()
             .redis(redis.pool())
             .prefix("quickstart")
             .build()
@@ -110,7 +110,7 @@ async fn two_processes_sharing_redis_admit_the_quota_once() {
 async fn keeps_answering_when_redis_dies_and_returns_to_it() {
     let mut redis = RedisServer::start();
     // As the example builds it from REDIS_URL.
-    let backend = Backend::builder()
+    let backend = support::backend_builder()
         .redis_url(redis.url())
         .prefix("quickstart")
         .build()

@@ -16,7 +16,7 @@ use tower_redis_ratelimit::{Backend, Limiter, Source, State};
 const ONE: NonZeroU32 = NonZeroU32::MIN;
 
 fn backend(redis: &RedisServer) -> Backend {
-    Backend::builder()
+    support::backend_builder()
         .redis_url(redis.url())
         .call_timeout(Duration::from_secs(5))
         .build()

@@ -26,7 +26,7 @@ fn add_user(redis: &RedisServer, user: &str, denied: &[&str]) {
 }
 
 fn backend(redis: &RedisServer, user: &str, time: TimeSource) -> Backend {
-    Backend::builder()
+    support::backend_builder()
         .redis_url(format!("redis://{user}:pw@127.0.0.1:{}", redis.port()))
         .time_source(time)
         .build()
@@ -70,7 +70,7 @@ async fn a_server_refusing_time_in_scripts_is_told_to_use_the_callers_clock() {
 async fn checks_refused_a_command_open_the_breaker() {
     let redis = RedisServer::start();
     add_user(&redis, "no-time", &["-time"]);
-    let backend = Backend::builder()
+    let backend = support::backend_builder()
         .redis_url(format!("redis://no-time:pw@127.0.0.1:{}", redis.port()))
         .breaker_min_calls(5)
         .build()

@@ -433,7 +433,7 @@ async fn script_flush_mid_traffic_is_invisible() {
 #[tokio::test]
 async fn unreachable_redis_is_answered_by_the_fallback() {
     let mut redis = RedisServer::start();
-    let backend = Backend::builder()
+    let backend = support::backend_builder()
         .redis(redis.pool())
         // The harness's call timeout: the killed server refuses connections at once, so
         // the fallback never waits on it, and a busy machine never turns a check that

@@ -151,7 +151,7 @@ async fn run(
     clock: &ServerClock,
 ) -> Vec<Answer> {
     let manual = ManualClock::new(unix_us(0));
-    let builder = Backend::builder()
+    let builder = support::backend_builder()
         .manual_clock(manual.clone())
         .deny_cache(0)
         // The table is about decisions, not deadlines: a first call under load
@@ -1417,7 +1417,7 @@ async fn calendar_windows_follow_the_server_clock() {
     ] {
         let server_us = server_ms * 1_000;
         let manual = ManualClock::new(u64::try_from(server_us).expect("after 1970"));
-        let backend = Backend::builder()
+        let backend = support::backend_builder()
             .manual_clock(manual)
             .caller_clock_offset_us(skew_ms * 1_000)
             .deny_cache(0)

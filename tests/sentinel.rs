@@ -16,7 +16,7 @@ use tokio::time::Instant;
 use tower_redis_ratelimit::backend::RedisState;
 use tower_redis_ratelimit::key::GlobalKey;
 use tower_redis_ratelimit::period::{PeriodConfig, PeriodLimiter};
-use tower_redis_ratelimit::{Backend, Limiter, PeriodLimitLayer, Source};
+use tower_redis_ratelimit::{Limiter, PeriodLimitLayer, Source};
 
 const ONE: NonZeroU32 = NonZeroU32::MIN;
 const PROBE: Duration = Duration::from_millis(100);
@@ -24,7 +24,7 @@ const PROBE: Duration = Duration::from_millis(100);
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_backend_follows_a_failover_with_the_replicated_counts() {
     let mut group = SentinelGroup::start();
-    let backend = Backend::builder()
+    let backend = support::backend_builder()
         .redis_sentinel(MASTER_NAME, group.urls())
         .probe_interval(PROBE)
         .recovery(Duration::from_millis(200))

@@ -17,7 +17,10 @@ use tokio::task::JoinSet;
 use tower_redis_ratelimit::key::HeaderKey;
 use tower_redis_ratelimit::period::PeriodConfig;
 use tower_redis_ratelimit::rolling::RollingConfig;
-use tower_redis_ratelimit::set::{LimitSet, SetLimiter, SetMember, MAX_LIMITS};
+use tower_redis_ratelimit::set::{LimitSet, SetLimiter, SetMember};
+
+/// The most limits in one set (documented on `SetLimiter::new`).
+const MAX_LIMITS: usize = 8;
 use tower_redis_ratelimit::token_bucket::TokenBucketConfig;
 use tower_redis_ratelimit::{Backend, ConfigError, LimitSetLayer, Limiter, Source};
 

@@ -20,6 +20,7 @@ use support::RedisServer;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
+use tower_redis_ratelimit::key::GlobalKey;
 use tower_redis_ratelimit::key::HeaderKey;
 use tower_redis_ratelimit::period::{PeriodConfig, PeriodLimiter};
 use tower_redis_ratelimit::rolling::{RollingConfig, RollingWindowLimiter};
@@ -277,6 +278,7 @@ async fn a_shadow_layer_settles_what_it_admitted() {
     for host in [Host::InProcess, Host::Redis] {
         let layer = PeriodLimitLayer::builder(&backend(host, &redis))
             .name(format!("shadow-{host:?}").to_lowercase())
+            .key(GlobalKey)
             .quota(1_000)
             .period(MINUTE)
             .cost(|_: &http::request::Parts| 100)
@@ -351,6 +353,7 @@ async fn a_plan_settles_under_its_own_limit() {
         .plan(Plan::Paid, "paid", PeriodConfig::new(1_000, MINUTE));
     let layer = LayerBuilder::new(&Backend::in_process(), plans)
         .name("plans")
+        .key(GlobalKey)
         .cost(|_: &http::request::Parts| 50)
         .settle(Usage::header(HeaderName::from_static("x-used")))
         .build()

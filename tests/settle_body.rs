@@ -21,6 +21,7 @@ use http_body_util::BodyExt;
 use support::settle::{backend, standing, until_remaining, Host, MINUTE};
 use support::RedisServer;
 use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
+use tower_redis_ratelimit::key::GlobalKey;
 use tower_redis_ratelimit::key::HeaderKey;
 use tower_redis_ratelimit::service::Usage;
 use tower_redis_ratelimit::{Backend, PeriodLimitLayer};
@@ -325,6 +326,7 @@ async fn trailers_and_the_end_of_the_body() {
     ] {
         let layer = PeriodLimitLayer::builder(&backend)
             .name(name)
+            .key(GlobalKey)
             .quota(100)
             .period(MINUTE)
             .cost(|_: &http::request::Parts| 10)
@@ -381,6 +383,7 @@ impl Body for Panicking {
 async fn a_panicking_body_settles_what_it_produced() {
     let layer = PeriodLimitLayer::builder(&Backend::in_process())
         .name("panics")
+        .key(GlobalKey)
         .quota(1_000)
         .period(MINUTE)
         .cost(|_: &http::request::Parts| 100)

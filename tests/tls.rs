@@ -116,7 +116,7 @@ async fn rediss_with_an_acl_user_and_a_custom_ca_limits_on_redis() {
     let Some((redis, port)) = tls_server(&pki, false) else {
         return;
     };
-    let backend = Backend::builder()
+    let backend = support::backend_builder()
         .redis_url(format!("rediss://alice:{PASSWORD}@127.0.0.1:{port}"))
         .tls_ca_pem(pki.ca.clone())
         // (The probe's key lives a probe interval: a minute, so that it is still there
@@ -156,14 +156,14 @@ async fn mutual_tls_needs_the_client_certificate() {
         return;
     };
     let url = format!("rediss://alice:{PASSWORD}@127.0.0.1:{port}");
-    let without = Backend::builder()
+    let without = support::backend_builder()
         .redis_url(&url)
         .tls_ca_pem(pki.ca.clone())
         .build()
         .unwrap();
     let error = without.probe_redis().await.unwrap_err();
     assert!(!error.is_refusal(), "the handshake fails: {error}");
-    let with = Backend::builder()
+    let with = support::backend_builder()
         .redis_url(&url)
         .tls_ca_pem(pki.ca.clone())
         .tls_client_auth_pem(pki.client_cert.clone(), pki.client_key.clone())
@@ -179,7 +179,7 @@ async fn a_server_signed_by_an_unknown_authority_is_refused() {
     let Some((_redis, port)) = tls_server(&pki, false) else {
         return;
     };
-    let backend = Backend::builder()
+    let backend = support::backend_builder()
         .redis_url(format!("rediss://alice:{PASSWORD}@127.0.0.1:{port}"))
         .build()
         .unwrap();
@@ -198,7 +198,7 @@ async fn a_wrong_password_is_a_clear_error_and_never_shown() {
         return;
     };
     let wrong = "not-the-password-91c2";
-    let builder = Backend::builder()
+    let builder = support::backend_builder()
         .redis_url(format!("rediss://alice:{wrong}@127.0.0.1:{port}"))
         .tls_ca_pem(pki.ca.clone())
         .tls_client_auth_pem(pki.client_cert.clone(), pki.client_key.clone())
@@ -252,7 +252,7 @@ async fn mutual_tls_from_configuration_files() {
 #[tokio::test]
 async fn rediss_to_a_plaintext_port_says_the_handshake_did_not_complete() {
     let plain = RedisServer::start();
-    let backend = Backend::builder()
+    let backend = support::backend_builder()
         .redis_url(format!(
             "rediss://alice:{PASSWORD}@127.0.0.1:{}",
             plain.port()

@@ -90,7 +90,8 @@ fn redis_key(prefix: &str, kind: &str, name: &str, key: &str) -> String {
 }
 
 /// The crate's default key prefix.
-const PREFIX: &str = tower_redis_ratelimit::backend::DEFAULT_PREFIX;
+/// The default key prefix (`BackendBuilder::prefix`).
+const PREFIX: &str = "ratelimit";
 /// The limiter kind of [`PeriodLimiter`] in the key layout.
 const KIND: &str = "period";
 const ONE: NonZeroU32 = NonZeroU32::MIN;

@@ -534,12 +534,12 @@ pub(crate) async fn latency(settings: &Settings) -> Vec<Row> {
     rows
 }
 
-/// A pool like `backend::pool_config(url, DEFAULT_CALL_TIMEOUT)` whose connections have
-/// `TCP_NODELAY` on.
+/// A pool with wait, create and recycle timeouts of 100 ms (the backend's call timeout)
+/// whose connections have `TCP_NODELAY` on.
 pub(crate) fn nodelay_pool(url: &str) -> deadpool_redis::Pool {
     use deadpool_redis::redis::io::tcp::TcpSettings;
     use deadpool_redis::redis::IntoConnectionInfo;
-    let timeout = Some(tower_redis_ratelimit::backend::DEFAULT_CALL_TIMEOUT);
+    let timeout = Some(Duration::from_millis(100));
     let info = url
         .into_connection_info()
         .expect("a valid Redis URL")

@@ -38,7 +38,6 @@ use criterion::measurement::WallTime;
 use criterion::{BenchmarkGroup, BenchmarkId, Criterion, Throughput};
 use tokio::runtime::Runtime;
 use tokio::task::JoinSet;
-use tower_redis_ratelimit::backend::{pool_config, DEFAULT_CALL_TIMEOUT};
 use tower_redis_ratelimit::deadpool_redis::{self, redis};
 use tower_redis_ratelimit::period::{PeriodConfig, PeriodLimiter};
 use tower_redis_ratelimit::rolling::{RollingConfig, RollingWindowLimiter};
@@ -530,4 +529,19 @@ pub(crate) fn benches(c: &mut Criterion) {
 
     drop(rt);
     drop(server);
+}
+
+/// The backend's default call timeout.
+const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_millis(100);
+
+/// A `deadpool-redis` configuration whose wait, create and recycle timeouts are
+/// `timeout` (the backend's call timeout), so a hung Redis or a full pool fails fast.
+fn pool_config(url: impl Into<String>, timeout: Duration) -> deadpool_redis::Config {
+    let mut config = deadpool_redis::Config::from_url(url);
+    let mut pool = deadpool_redis::PoolConfig::default();
+    pool.timeouts.wait = Some(timeout);
+    pool.timeouts.create = Some(timeout);
+    pool.timeouts.recycle = Some(timeout);
+    config.pool = Some(pool);
+    config
 }

@@ -34,6 +34,8 @@ pub struct BackendBuilder {
     /// More than one place for Redis was given.
     targets: usize,
     tls: Tls,
+    /// Where the change subscription of a backend on a pool connects.
+    subscription_url: Option<String>,
     #[cfg(feature = "sentinel")]
     master_auth: Option<(String, String)>,
     credentials: Option<Box<dyn CredentialsProvider>>,
@@ -61,6 +63,7 @@ impl Default for BackendBuilder {
             target: None,
             targets: 0,
             tls: Tls::default(),
+            subscription_url: None,
             #[cfg(feature = "sentinel")]
             master_auth: None,
             credentials: None,
@@ -76,8 +79,7 @@ impl Default for BackendBuilder {
             failover: Failover::default(),
             time: TimeSource::default(),
             caller_offset_us: 0,
-            functions: std::env::var_os("TOWER_REDIS_RATELIMIT_EVALSHA")
-                .is_none_or(|v| v.is_empty()),
+            functions: true,
             manual_clock: None,
         }
     }
@@ -89,6 +91,7 @@ impl fmt::Debug for BackendBuilder {
             .field("redis", &self.target.as_ref().map(Target::kind))
             .field("tls", &self.tls)
             .field("credentials_provider", &self.credentials.is_some())
+            .field("subscription_url", &self.subscription_url.is_some())
             .field("prefix", &self.prefix)
             .field("call_timeout", &self.call_timeout)
             .field("probe_interval", &self.probe_interval)
@@ -112,13 +115,14 @@ impl BackendBuilder {
     }
 
     /// The longest a refusal is answered from the local deny cache without asking Redis
-    /// again (default [`DEFAULT_DENY_CACHE_MAX_AGE`], 1 s; at least 1 ms), however long
+    /// again (default 1 s; at least 1 ms), however long
     /// the refusal lasts; a key flooded while refused costs Redis one call per max age
     /// per instance. A reset, refund or block made through this backend reaches its
     /// answers at once; another instance's reset or block of a key (an administrator
     /// lifting a 15-minute lockout) within about a round trip, by the change
     /// subscription, and within this max age while that subscription is down or
-    /// missing (a backend on a pool of yours): see
+    /// missing (a backend on a pool of yours without a
+    /// [`subscription_url`](Self::subscription_url)): see
     /// [Changes on every instance](crate::guide::operations#changes-on-every-instance).
     ///
     /// ```
@@ -152,8 +156,8 @@ impl BackendBuilder {
 
     /// Batching: how many calls of one limiter may be in flight to a Redis node (on
     /// Redis Cluster, to one slot) before its checks of other keys (and its
-    /// [settlements](crate::Limiter::settle)) wait and go together (default
-    /// [`DEFAULT_BATCH_AFTER`], 2; 0 turns batching off).
+    /// [settlements](crate::Limiter::settle)) wait and go together (default 2; 0
+    /// turns batching off).
     ///
     /// A check goes to Redis at once while fewer calls of its limiter are in flight;
     /// past that it queues, and when one of those calls returns, every check queued
@@ -182,7 +186,7 @@ impl BackendBuilder {
     }
 
     /// The most keys the in-process state of this backend holds, all layers together
-    /// (default [`DEFAULT_MAX_LOCAL_KEYS`], one million). This state answers every check
+    /// (default 1 000 000). This state answers every check
     /// of an in-process backend and a Redis backend's checks while Redis is unreachable.
     ///
     /// A fixed-window or token-bucket key counts as one key, a rolling-window key as
@@ -190,7 +194,7 @@ impl BackendBuilder {
     /// full, a new key makes room by dropping another: keys seen only once go first (they
     /// wait in a small probation queue), then the keys hit least recently; a dropped key
     /// starts again with its full limit, and each drop is counted in the
-    /// [`ratelimit_local_evictions_total`](crate::metrics::LOCAL_EVICTIONS_TOTAL) metric.
+    /// `ratelimit_local_evictions_total` [metric](crate::metrics).
     /// Expired state is never swept: it is reset when its key is hit again, and is the
     /// first to go when room is needed, so no request ever waits on a sweep. The bound
     /// is split evenly over up to 64 shards, each with its own lock (so it is rounded
@@ -256,8 +260,8 @@ impl BackendBuilder {
     /// Not part of the API: with `false`, the engine runs by `EVALSHA` even on servers
     /// with Redis Functions (the default: Functions where the server has them, Redis 7
     /// and later; `EVALSHA` elsewhere), so that tests and benchmarks cover both paths.
-    /// The environment variable `TOWER_REDIS_RATELIMIT_EVALSHA` (any value) sets the
-    /// default to `false`.
+    /// The library reads no environment variable: the tests' support sets this from
+    /// `TOWER_REDIS_RATELIMIT_EVALSHA`.
     #[doc(hidden)]
     pub fn engine_functions(mut self, enabled: bool) -> Self {
         self.functions = enabled;
@@ -352,7 +356,8 @@ impl BackendBuilder {
     /// window under 20 ms, zero [`max_local_keys`](Self::max_local_keys), a Redis URL that
     /// cannot work (its message names what: the scheme, with the accepted ones, the
     /// host, the port, the cargo feature `rediss://` needs; never the URL's password),
-    /// or more than one place for Redis.
+    /// more than one place for Redis, or a
+    /// [`subscription_url`](Self::subscription_url) without a pool.
     pub fn build(mut self) -> Result<Backend, ConfigError> {
         validate_name("prefix", &self.prefix)?;
         if self.max_local_keys == 0 {
@@ -478,7 +483,13 @@ impl Backend {
             .expect("the default configuration is valid")
     }
 
-    /// A Redis backend on `pool` with the default settings.
+    /// A Redis backend on `pool` with the default settings: its sockets are the pool's,
+    /// and it has no change subscription (resets and blocks made on other instances
+    /// reach it within the deny cache's max age, 1 s). For both, build the pool with
+    /// `TCP_NODELAY` and give its URL to
+    /// [`subscription_url`](BackendBuilder::subscription_url): see
+    /// [`BackendBuilder::redis`], which says why the backend cannot derive either from
+    /// the pool.
     #[must_use]
     pub fn redis(pool: deadpool_redis::Pool) -> Self {
         Self::builder()

@@ -163,60 +163,29 @@ pub(crate) use self::decide::lease::Leases;
 pub(crate) use self::decide::operate::{list_blocked, operate, peek_each, Operation};
 pub(crate) use self::redis::call::{Args, Call};
 pub use self::redis::credentials::{Credentials, CredentialsFuture, CredentialsProvider};
-pub use self::redis::health::{
-    RedisState, DEFAULT_BREAKER_FAILURE_RATIO, DEFAULT_BREAKER_MIN_CALLS, DEFAULT_BREAKER_WINDOW,
-    DEFAULT_RECOVERY,
-};
+pub use self::redis::health::RedisState;
 pub(crate) use self::redis::time::Scripts;
 pub use self::redis::time::TimeSource;
 #[doc(hidden)]
 pub use crate::clock::ManualClock;
 
 /// The default key prefix.
-pub const DEFAULT_PREFIX: &str = "ratelimit";
+pub(crate) const DEFAULT_PREFIX: &str = "ratelimit";
 /// The default deadline of one Redis round trip (pool wait included).
-pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_millis(100);
+pub(crate) const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_millis(100);
 /// The default interval of the health probe while Redis is unreachable.
-pub const DEFAULT_PROBE_INTERVAL: Duration = Duration::from_millis(500);
+pub(crate) const DEFAULT_PROBE_INTERVAL: Duration = Duration::from_millis(500);
 /// The default number of refused keys the local deny cache remembers.
-pub const DEFAULT_DENY_CACHE_CAPACITY: usize = 10_000;
+pub(crate) const DEFAULT_DENY_CACHE_CAPACITY: usize = 10_000;
 /// The default of [`BackendBuilder::deny_cache_max_age`]: how long a refusal is answered
 /// from the local deny cache at most before Redis is asked again.
-pub const DEFAULT_DENY_CACHE_MAX_AGE: Duration = Duration::from_secs(1);
+pub(crate) const DEFAULT_DENY_CACHE_MAX_AGE: Duration = Duration::from_secs(1);
 /// The default of [`BackendBuilder::batch_after`]: a limiter's checks of other keys go
 /// together once two of its calls are in flight to a node.
-pub const DEFAULT_BATCH_AFTER: usize = 2;
+pub(crate) const DEFAULT_BATCH_AFTER: usize = 2;
 /// The default of [`BackendBuilder::max_local_keys`]: one million keys, under 256 MB
 /// of in-process state with any algorithm (measured figures there).
-pub const DEFAULT_MAX_LOCAL_KEYS: u64 = crate::local::DEFAULT_MAX_KEYS;
-
-/// A `deadpool-redis` configuration for a limiter backend: the pool's wait, create and
-/// recycle timeouts are set to `timeout` (use the backend's call timeout), so a hung
-/// Redis or a full pool fails fast instead of queueing requests.
-///
-/// The backend's [call timeout](BackendBuilder::call_timeout) bounds every check
-/// anyway; pool timeouts also free the pool's slots and connection attempts promptly.
-///
-/// ```no_run
-/// use std::time::Duration;
-/// use tower_redis_ratelimit::{backend::pool_config, deadpool_redis::Runtime, Backend};
-///
-/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// let pool = pool_config("redis://127.0.0.1:6379", Duration::from_millis(100))
-///     .create_pool(Some(Runtime::Tokio1))?;
-/// let backend = Backend::redis(pool);
-/// # Ok(()) }
-/// ```
-#[must_use]
-pub fn pool_config(url: impl Into<String>, timeout: Duration) -> deadpool_redis::Config {
-    let mut config = deadpool_redis::Config::from_url(url);
-    let mut pool = deadpool_redis::PoolConfig::default();
-    pool.timeouts.wait = Some(timeout);
-    pool.timeouts.create = Some(timeout);
-    pool.timeouts.recycle = Some(timeout);
-    config.pool = Some(pool);
-    config
-}
+pub(crate) const DEFAULT_MAX_LOCAL_KEYS: u64 = crate::local::DEFAULT_MAX_KEYS;
 
 /// What a layer answers when Redis cannot: while the backend's breaker has judged Redis
 /// unusable (see [`BackendBuilder::breaker_failure_ratio`]), and for a single check whose

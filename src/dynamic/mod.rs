@@ -205,11 +205,11 @@ impl WithLimit for TokenBucketConfig {
 }
 
 /// The default [`ttl`](DynamicLimits::ttl): 30 seconds.
-pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
+pub(crate) const DEFAULT_TTL: Duration = Duration::from_secs(30);
 /// The default [`max_keys`](DynamicLimits::max_keys): 100 000.
-pub const DEFAULT_MAX_KEYS: usize = 100_000;
+pub(crate) const DEFAULT_MAX_KEYS: usize = 100_000;
 /// The default [`lookup_timeout`](DynamicLimits::lookup_timeout): 250 ms.
-pub const DEFAULT_LOOKUP_TIMEOUT: Duration = Duration::from_millis(250);
+pub(crate) const DEFAULT_LOOKUP_TIMEOUT: Duration = Duration::from_millis(250);
 /// How many distinct limits keep a built limiter at once.
 const MAX_LIMITS: usize = 4_096;
 

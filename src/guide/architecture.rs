@@ -13,7 +13,7 @@
 //! | algorithms | [`period`](crate::period), [`token_bucket`](crate::token_bucket), [`rolling`](crate::rolling) | each a pure step (stored state, now, cost, settings) -> (state, decision), with two hosts: a Lua script and the in-process state |
 //! | deciding | `backend/decide/` | a check's journey in one file (`check.rs`: route, lease, breaker, deny cache, coalescing, engine call, conclusion, failure policy) and the handles' operations beside it (`operate.rs`); the engine's Lua, the deny cache, coalescing, leases, blocks and the Redis key layout |
 //! | the backend | [`backend`](crate::backend) (its handle and builder), `backend/redis/`, `local.rs`, `clock.rs` | where state lives: the Redis connection and its judgement (URLs, TLS, Sentinel, credentials, connections, the breaker and its probe, fault kinds, the scripts' clock), knowing nothing of deciding, and the bounded in-process host |
-//! | building blocks | [`ring`](crate::ring) | the pure ring of time buckets under the rolling-window limiter's in-process host and the breaker's [`RollingWindow`](crate::ring::RollingWindow); uses nothing else of the crate |
+//! | building blocks | `ring/` (crate-private) | the pure ring of time buckets under the rolling-window limiter's in-process host and the breaker's `RollingWindow`; uses nothing else of the crate |
 //!
 //! Imports run one way, down this table; `scripts/modgraph` prints the module graph of
 //! `src/` and fails on a cycle (CI runs it).

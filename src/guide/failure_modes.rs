@@ -75,7 +75,8 @@
 //! backend built from a URL ([`redis_url`](crate::BackendBuilder::redis_url),
 //! [`redis_cluster_urls`](crate::BackendBuilder::redis_cluster_urls)) sets `TCP_NODELAY`
 //! on its sockets; a pool built with `deadpool_redis::Config` leaves it off, which costs
-//! latency under concurrency.
+//! latency under concurrency: build your pool with it as
+//! [`BackendBuilder::redis`](crate::BackendBuilder::redis) shows.
 //!
 //! What a layer answers meanwhile is its [`FailurePolicy`](crate::FailurePolicy):
 //!
@@ -104,7 +105,8 @@
 //! within about a Redis round trip, by the change subscription (see
 //! [Changes on every instance](crate::guide::operations#changes-on-every-instance));
 //! while that subscription is down (Redis unreachable, or a backend on a pool of
-//! yours, which has none), within the max age, as a lockout's end always does. When
+//! yours without a [`subscription_url`](crate::BackendBuilder::subscription_url)),
+//! within the max age, as a lockout's end always does. When
 //! the subscription is made again, every cached refusal is forgotten. A set refused
 //! from the deny cache lists every limit in its headers, as Redis's refusal did.
 //!
@@ -118,7 +120,7 @@
 //! 10 buckets, which counts as two keys). A client that sends ever new keys (random API keys, say) cannot grow
 //! it further: when full, keys seen only once are dropped first, so the keys being
 //! limited keep their counts; each drop is counted in
-//! [`ratelimit_local_evictions_total`](crate::metrics::LOCAL_EVICTIONS_TOTAL). Nothing
+//! `ratelimit_local_evictions_total` (see [`metrics`](crate::metrics)). Nothing
 //! is swept: expired state is reset when its key comes back, so no request waits on a
 //! sweep. Lower the bound on a small service, raise it if more keys than that are
 //! active within your longest window; `benches/NOTES.md` has the key-flood figures.

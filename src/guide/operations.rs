@@ -92,10 +92,11 @@
 //! lasts at most its lifetime. When the subscription is made again, the instance
 //! forgets every cached refusal, since changes made meanwhile were not heard. A
 //! backend built on a pool of yours ([`Backend::redis`](crate::Backend::redis),
-//! [`BackendBuilder::redis_cluster`](crate::BackendBuilder::redis_cluster)) has no
-//! subscription: the pool makes connections the backend cannot configure for one, so
-//! there the max age is the bound; build it from URLs
-//! ([`redis_url`](crate::BackendBuilder::redis_url) and the like) for changes at once.
+//! [`BackendBuilder::redis_cluster`](crate::BackendBuilder::redis_cluster)) subscribes
+//! through the pool's URL given to
+//! [`subscription_url`](crate::BackendBuilder::subscription_url) (deadpool-redis does
+//! not tell a pool's address, and the pool's connections cannot take messages); without
+//! it there is no subscription, and the max age is the bound.
 //!
 //! A [dynamic limit](crate::dynamic) that changes in your store is applied by each
 //! instance when its cache looks the key up again (within the cache's TTL), and from

@@ -178,7 +178,8 @@ impl<K, R> InFlightLayerBuilder<K, R> {
         self
     }
 
-    /// How requests are told apart (default: one [`GlobalKey`] for all requests).
+    /// How requests are told apart (required; [`GlobalKey`] for one limit shared by
+    /// every request); see [`LayerBuilder::key`].
     pub fn key<K2>(self, key: K2) -> InFlightLayerBuilder<K2, R> {
         InFlightLayerBuilder {
             inner: self.inner.key(key),
@@ -262,7 +263,9 @@ impl<K, R> InFlightLayerBuilder<K, R> {
     ///
     /// # Errors
     ///
-    /// A [`ConfigError`] for a missing or invalid name, zero slots, a zero lease or
+    /// A [`ConfigError`] for a missing or invalid name, a missing
+    /// [key](InFlightLayerBuilder::key) (`.key(GlobalKey)` for one limit shared by every
+    /// request), zero slots, a zero lease or
     /// `retry_after`, a zero maximum key length, or invalid failure settings.
     pub fn build(self) -> Result<InFlightLimitLayer<K, R>, ConfigError>
     where
@@ -271,6 +274,7 @@ impl<K, R> InFlightLayerBuilder<K, R> {
     {
         let checked = self.inner.checked()?;
         let limiter = InFlightLimiter::new(&checked.backend, &checked.name, checked.algorithm)?;
+        crate::service::require_key(checked.keyed)?;
         let metrics = LayerMetrics::new(std::slice::from_ref(limiter.policy()));
         Ok(InFlightLimitLayer {
             shared: Arc::new(Shared {

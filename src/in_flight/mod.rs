@@ -77,12 +77,11 @@
 //! # Metrics
 //!
 //! As for the other layers (feature `metrics`): every request is counted in
-//! [`REQUESTS_TOTAL`](crate::metrics::REQUESTS_TOTAL) under the layer's name, by outcome
-//! (a refusal, a shadow refusal, a missing key; a request that took the last slot also
-//! in [`NEAR_LIMIT_TOTAL`](crate::metrics::NEAR_LIMIT_TOTAL)), fallback decisions in
-//! [`FALLBACK_DECISIONS_TOTAL`](crate::metrics::FALLBACK_DECISIONS_TOTAL), and each call
-//! that takes a slot on Redis in
-//! [`REDIS_DURATION_SECONDS`](crate::metrics::REDIS_DURATION_SECONDS).
+//! `ratelimit_requests_total` under the layer's name, by outcome (a refusal, a shadow
+//! refusal, a missing key; a request that took the last slot also in
+//! `ratelimit_near_limit_total`), fallback decisions in
+//! `ratelimit_fallback_decisions_total`, and each call that takes a slot on Redis in
+//! `ratelimit_redis_duration_seconds` (the table: [`metrics`](crate::metrics)).
 //!
 //! # Shadow mode
 //!
@@ -109,9 +108,9 @@ use crate::decision::{Decision, Policy};
 use crate::error::ConfigError;
 
 /// The default [lease](InFlightConfig::lease): ten seconds.
-pub const DEFAULT_LEASE: Duration = Duration::from_secs(10);
+pub(crate) const DEFAULT_LEASE: Duration = Duration::from_secs(10);
 /// The default [`retry_after`](InFlightConfig::retry_after) of a refusal: one second.
-pub const DEFAULT_RETRY_AFTER: Duration = Duration::from_secs(1);
+pub(crate) const DEFAULT_RETRY_AFTER: Duration = Duration::from_secs(1);
 
 /// The settings of an in-flight limit.
 ///

@@ -34,8 +34,8 @@ pub struct PeerIp {
 }
 
 impl PeerIp {
-    /// Creates the extractor, keying IPv6 clients by their /64
-    /// ([`DEFAULT_IPV6_PREFIX`]).
+    /// Creates the extractor, keying IPv6 clients by their /64 (see
+    /// [`ipv6_prefix`](Self::ipv6_prefix)).
     pub const fn new() -> Self {
         Self {
             ipv6_prefix: DEFAULT_IPV6_PREFIX,

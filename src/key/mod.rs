@@ -110,7 +110,7 @@ pub use self::value::KeyForError;
 /// The IPv6 prefix length [`PeerIp`] and [`ForwardedIp`] group clients by,
 /// unless told otherwise: a /64, the smallest network a single host usually
 /// controls.
-pub const DEFAULT_IPV6_PREFIX: u8 = 64;
+pub(crate) const DEFAULT_IPV6_PREFIX: u8 = 64;
 
 /// Extracts the rate-limit key of a request from its head
 /// ([`http::request::Parts`]: method, URI, headers, extensions), never its body, so

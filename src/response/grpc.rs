@@ -69,17 +69,8 @@ use crate::decision::State;
 
 /// Whether a request is a gRPC call: its `content-type` starts with `application/grpc`
 /// (`application/grpc`, `application/grpc+proto`, `application/grpc-web`, ...).
-///
-/// ```
-/// use tower_redis_ratelimit::grpc::is_grpc;
-///
-/// let mut headers = http::HeaderMap::new();
-/// assert!(!is_grpc(&headers));
-/// headers.insert("content-type", "application/grpc+proto".parse().unwrap());
-/// assert!(is_grpc(&headers));
-/// ```
 #[must_use]
-pub fn is_grpc(headers: &HeaderMap) -> bool {
+pub(crate) fn is_grpc(headers: &HeaderMap) -> bool {
     headers
         .get(CONTENT_TYPE)
         .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
@@ -93,11 +84,13 @@ pub fn is_grpc(headers: &HeaderMap) -> bool {
 ///
 /// ```
 /// use std::time::Duration;
+/// use tower_redis_ratelimit::key::GlobalKey;
 /// use tower_redis_ratelimit::{grpc::GrpcRejection, Backend, TokenBucketLayer};
 ///
 /// # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
 /// let limit = TokenBucketLayer::builder(&Backend::in_process())
 ///     .name("rpc")
+///     .key(GlobalKey)
 ///     .rate(50, Duration::from_secs(1))
 ///     .burst(10)
 ///     .on_rejection(GrpcRejection)

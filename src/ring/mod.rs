@@ -17,13 +17,13 @@ use std::ops::{Deref, DerefMut};
 
 mod window;
 
-pub use self::window::{Bucket, RollingWindow, RollingWindowError};
+pub(crate) use self::window::RollingWindow;
 
 /// What a [`Ring`] does when it is advanced to a bucket older than its newest one (the
 /// clock stepped back, or callers' clocks disagree).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 #[non_exhaustive]
-pub enum StepBack {
+pub(crate) enum StepBack {
     /// The buckets follow the clock back: each keeps its value and its age, as if no
     /// time had passed. A step back then never frees a bucket early, and never keeps
     /// one longer than a window after the step. For a single clock that may be stepped,
@@ -52,39 +52,16 @@ pub enum StepBack {
 /// `unix_ms / interval_ms`) and passes them in. A bucket whose index is at most
 /// `current - size` has expired at `current`.
 ///
-/// # Example
-///
-/// ```
-/// use std::num::NonZeroUsize;
-/// use tower_redis_ratelimit::ring::{Ring, StepBack};
-///
-/// // Three buckets of counts; the index is, say, whole seconds.
-/// let mut ring = Ring::<Box<[u64]>>::new(NonZeroUsize::new(3).unwrap());
-/// *ring.advance(10, StepBack::Follow, drop) += 1;
-/// *ring.advance(11, StepBack::Follow, drop) += 2;
-/// *ring.advance(11, StepBack::Follow, drop) += 3;
-/// assert_eq!(ring.iter().copied().collect::<Vec<_>>(), [0, 1, 5]);
-///
-/// // At 13, buckets 9 and 10 have expired: `live` skips them, `advance` clears them.
-/// assert_eq!(ring.live(13).copied().collect::<Vec<_>>(), [5]);
-/// let mut expired = 0;
-/// ring.advance(13, StepBack::Follow, |count| expired += count);
-/// assert_eq!((expired, ring.newest()), (1, 13));
-/// assert_eq!(ring.iter().copied().collect::<Vec<_>>(), [5, 0, 0]);
-///
-/// // The clock steps back by 10: the buckets follow it, keeping their values.
-/// ring.advance(3, StepBack::Follow, drop);
-/// assert_eq!((ring.newest(), ring.iter().sum::<u64>()), (3, 5));
-/// ```
+/// The unit test `the_documented_walk` walks a ring through time, forward and back.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct Ring<B> {
+pub(crate) struct Ring<B> {
     newest: u64,
     buckets: B,
 }
 
 impl<V: Default> Ring<Box<[V]>> {
     /// A ring of `size` default buckets, the newest at index 0.
-    pub fn new(size: std::num::NonZeroUsize) -> Self {
+    pub(crate) fn new(size: std::num::NonZeroUsize) -> Self {
         Self {
             newest: 0,
             buckets: std::iter::repeat_with(V::default)
@@ -101,21 +78,22 @@ impl<B> Ring<B> {
     /// With [`into_parts`](Self::into_parts), this lets a caller keep a ring packed
     /// into its own storage (the index beside the values, in one allocation) and
     /// borrow it as a `Ring<&mut [V]>` for a step.
-    pub fn from_parts<V>(newest: u64, buckets: B) -> Option<Self>
+    pub(crate) fn from_parts<V>(newest: u64, buckets: B) -> Option<Self>
     where
         B: Deref<Target = [V]>,
     {
         (!buckets.is_empty()).then_some(Self { newest, buckets })
     }
 
+    #[cfg(test)]
     /// The newest bucket's index and the buckets, as [`from_parts`](Self::from_parts)
     /// takes them.
-    pub fn into_parts(self) -> (u64, B) {
+    pub(crate) fn into_parts(self) -> (u64, B) {
         (self.newest, self.buckets)
     }
 
     /// The index of the newest bucket.
-    pub fn newest(&self) -> u64 {
+    pub(crate) fn newest(&self) -> u64 {
         self.newest
     }
 }
@@ -125,7 +103,7 @@ where
     B: Deref<Target = [V]>,
 {
     /// How many buckets the ring holds (at least 1).
-    pub fn size(&self) -> usize {
+    pub(crate) fn size(&self) -> usize {
         self.buckets.len()
     }
 
@@ -136,7 +114,7 @@ where
 
     /// Every bucket, oldest first: the last one is the newest bucket, the first one
     /// `size - 1` buckets older. Never-written buckets hold `V::default()`.
-    pub fn iter<'a>(&'a self) -> impl DoubleEndedIterator<Item = &'a V> + Clone + 'a
+    pub(crate) fn iter<'a>(&'a self) -> impl DoubleEndedIterator<Item = &'a V> + Clone + 'a
     where
         V: 'a,
     {
@@ -147,7 +125,7 @@ where
 
     /// How many of the buckets have expired at bucket `current`: 0 when `current` is
     /// not past the newest bucket, and at most `size`.
-    pub fn expired_at(&self, current: u64) -> usize {
+    pub(crate) fn expired_at(&self, current: u64) -> usize {
         let ahead = current.saturating_sub(self.newest);
         usize::try_from(ahead).map_or(self.size(), |ahead| ahead.min(self.size()))
     }
@@ -155,7 +133,7 @@ where
     /// The buckets still live at bucket `current`, oldest first: [`iter`](Self::iter)
     /// without the ones that [`advance`](Self::advance) to `current` would clear. The
     /// ring is not changed.
-    pub fn live<'a>(&'a self, current: u64) -> impl Iterator<Item = &'a V> + Clone + 'a
+    pub(crate) fn live<'a>(&'a self, current: u64) -> impl Iterator<Item = &'a V> + Clone + 'a
     where
         V: 'a,
     {
@@ -169,7 +147,7 @@ where
     V: Default,
 {
     /// Every bucket, oldest first, to change in place (see [`iter`](Ring::iter)).
-    pub fn iter_mut<'a>(&'a mut self) -> impl DoubleEndedIterator<Item = &'a mut V> + 'a
+    pub(crate) fn iter_mut<'a>(&'a mut self) -> impl DoubleEndedIterator<Item = &'a mut V> + 'a
     where
         V: 'a,
     {
@@ -185,7 +163,12 @@ where
     /// passed to `expired` oldest first, and left as `V::default()`. Back (`current`
     /// below the newest bucket), `step_back` says whether the buckets follow, or the
     /// newest bucket stays newest and is returned.
-    pub fn advance(&mut self, current: u64, step_back: StepBack, expired: impl FnMut(V)) -> &mut V {
+    pub(crate) fn advance(
+        &mut self,
+        current: u64,
+        step_back: StepBack,
+        expired: impl FnMut(V),
+    ) -> &mut V {
         if current > self.newest {
             let clear = self.expired_at(current);
             let first = (self.slot(self.newest) + 1) % self.size();
@@ -212,6 +195,27 @@ where
 mod tests {
     use super::*;
     use std::num::NonZeroUsize;
+
+    #[test]
+    fn the_documented_walk() {
+        // Three buckets of counts; the index is, say, whole seconds.
+        let mut ring = Ring::<Box<[u64]>>::new(NonZeroUsize::new(3).unwrap());
+        *ring.advance(10, StepBack::Follow, drop) += 1;
+        *ring.advance(11, StepBack::Follow, drop) += 2;
+        *ring.advance(11, StepBack::Follow, drop) += 3;
+        assert_eq!(ring.iter().copied().collect::<Vec<_>>(), [0, 1, 5]);
+
+        // At 13, buckets 9 and 10 have expired: `live` skips them, `advance` clears them.
+        assert_eq!(ring.live(13).copied().collect::<Vec<_>>(), [5]);
+        let mut expired = 0;
+        ring.advance(13, StepBack::Follow, |count| expired += count);
+        assert_eq!((expired, ring.newest()), (1, 13));
+        assert_eq!(ring.iter().copied().collect::<Vec<_>>(), [5, 0, 0]);
+
+        // The clock steps back by 10: the buckets follow it, keeping their values.
+        ring.advance(3, StepBack::Follow, drop);
+        assert_eq!((ring.newest(), ring.iter().sum::<u64>()), (3, 5));
+    }
 
     fn ring(size: usize) -> Ring<Box<[u64]>> {
         Ring::new(NonZeroUsize::new(size).unwrap())

@@ -17,7 +17,7 @@ use super::{Ring, StepBack};
 /// during one interval.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 #[non_exhaustive]
-pub struct Bucket {
+pub(crate) struct Bucket {
     /// Sum of the values added to this bucket.
     pub sum: f64,
     /// Number of values added to this bucket.
@@ -34,7 +34,7 @@ impl Bucket {
 /// Error returned when a [`RollingWindow`] cannot be created.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
-pub enum RollingWindowError {
+pub(crate) enum RollingWindowError {
     /// The bucket interval was zero.
     #[error("rolling window interval must be greater than zero")]
     ZeroInterval,
@@ -59,41 +59,11 @@ pub enum RollingWindowError {
 /// runtime the system's monotonic clock is used.
 ///
 /// Inside, it is a [`Ring`] of [`Bucket`]s behind a mutex, advanced with
-/// [`StepBack::Hold`]. For other clocks or locking, use a [`Ring`] directly.
+/// [`StepBack::Hold`].
 ///
-/// # Example
-///
-/// ```rust
-/// use std::num::NonZeroUsize;
-/// use std::time::Duration;
-///
-/// use tower_redis_ratelimit::ring::{RollingWindow, RollingWindowError};
-///
-/// // Ten buckets of 100 ms each: statistics over the last second.
-/// let size = NonZeroUsize::new(10).expect("non-zero");
-/// let window = RollingWindow::new(size, Duration::from_millis(100))?;
-///
-/// // Record request outcomes: 1.0 for a failure, 0.0 for a success.
-/// window.add(1.0);
-/// window.add(0.0);
-/// window.add(0.0);
-/// window.add(1.0);
-///
-/// assert_eq!(window.count(), 4);
-/// assert_eq!(window.sum(), 2.0);
-///
-/// // Or aggregate the live buckets yourself, oldest first.
-/// let mut failures = 0.0;
-/// let mut total = 0;
-/// window.reduce(|bucket| {
-///     failures += bucket.sum;
-///     total += bucket.count;
-/// });
-/// assert_eq!(failures / total as f64, 0.5);
-/// # Ok::<(), RollingWindowError>(())
-/// ```
+/// The unit test `the_documented_statistics` records outcomes and reads them back.
 #[derive(Debug)]
-pub struct RollingWindow {
+pub(crate) struct RollingWindow {
     /// Bucket `i` covers `start + i * interval` and the interval after it.
     ring: Mutex<Ring<Box<[Bucket]>>>,
     start: Instant,
@@ -109,7 +79,7 @@ impl RollingWindow {
     /// # Errors
     ///
     /// Returns [`RollingWindowError::ZeroInterval`] if `interval` is zero.
-    pub fn new(size: NonZeroUsize, interval: Duration) -> Result<Self, RollingWindowError> {
+    pub(crate) fn new(size: NonZeroUsize, interval: Duration) -> Result<Self, RollingWindowError> {
         Self::new_at(size, interval, Instant::now())
     }
 
@@ -130,6 +100,7 @@ impl RollingWindow {
         })
     }
 
+    #[cfg(test)]
     /// Whether [`reduce`](Self::reduce) (and the helpers built on it) should
     /// skip the current, still-filling bucket. Off by default.
     ///
@@ -137,13 +108,13 @@ impl RollingWindow {
     /// the newest bucket: once time has moved past it, the newest bucket is
     /// complete and is always visited.
     #[must_use]
-    pub fn ignore_current(mut self, yes: bool) -> Self {
+    pub(crate) fn ignore_current(mut self, yes: bool) -> Self {
         self.ignore_current = yes;
         self
     }
 
     /// Adds `v` to the bucket of the current interval.
-    pub fn add(&self, v: f64) {
+    pub(crate) fn add(&self, v: f64) {
         self.add_at(Instant::now(), v);
     }
 
@@ -151,7 +122,7 @@ impl RollingWindow {
     ///
     /// Times earlier than the start of the newest bucket (non-monotonic
     /// callers) are treated as belonging to the newest bucket.
-    pub fn add_at(&self, now: Instant, v: f64) {
+    pub(crate) fn add_at(&self, now: Instant, v: f64) {
         let current = self.index(now);
         self.lock().advance(current, StepBack::Hold, drop).add(v);
     }
@@ -164,7 +135,7 @@ impl RollingWindow {
     ///
     /// The window is locked while `f` runs: `f` must not call methods of the
     /// same window.
-    pub fn reduce<F: FnMut(&Bucket)>(&self, f: F) {
+    pub(crate) fn reduce<F: FnMut(&Bucket)>(&self, f: F) {
         self.reduce_at(Instant::now(), f);
     }
 
@@ -172,7 +143,7 @@ impl RollingWindow {
     ///
     /// Times earlier than the start of the newest bucket are treated as
     /// belonging to the newest bucket. The window is not modified.
-    pub fn reduce_at<F: FnMut(&Bucket)>(&self, now: Instant, f: F) {
+    pub(crate) fn reduce_at<F: FnMut(&Bucket)>(&self, now: Instant, f: F) {
         let current = self.index(now);
         let ring = self.lock();
         let live = self.size - ring.expired_at(current);
@@ -183,36 +154,41 @@ impl RollingWindow {
             .for_each(f);
     }
 
+    #[cfg(test)]
     /// Sum of all values in the live buckets (see [`reduce`](Self::reduce)).
-    pub fn sum(&self) -> f64 {
+    pub(crate) fn sum(&self) -> f64 {
         let mut sum = 0.0;
         self.reduce(|b| sum += b.sum);
         sum
     }
 
+    #[cfg(test)]
     /// Number of values in the live buckets (see [`reduce`](Self::reduce)).
-    pub fn count(&self) -> u64 {
+    pub(crate) fn count(&self) -> u64 {
         let mut count = 0u64;
         self.reduce(|b| count = count.saturating_add(b.count));
         count
     }
 
+    #[cfg(test)]
     /// Copies of the live buckets, oldest first (see
     /// [`reduce`](Self::reduce)). Intended for inspection and tests; unlike
     /// the other methods it allocates.
-    pub fn buckets(&self) -> Vec<Bucket> {
+    pub(crate) fn buckets(&self) -> Vec<Bucket> {
         let mut buckets = Vec::with_capacity(self.size());
         self.reduce(|b| buckets.push(*b));
         buckets
     }
 
+    #[cfg(test)]
     /// Number of buckets in the window.
-    pub fn size(&self) -> usize {
+    pub(crate) fn size(&self) -> usize {
         self.size
     }
 
+    #[cfg(test)]
     /// Time covered by each bucket.
-    pub fn interval(&self) -> Duration {
+    pub(crate) fn interval(&self) -> Duration {
         self.interval
     }
 

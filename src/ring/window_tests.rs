@@ -325,3 +325,28 @@ async fn driven_by_paused_tokio_clock() {
     assert_eq!(sums(&w), [0.0, 0.0, 8.0]);
     assert_eq!(ignoring.sum(), 0.0);
 }
+
+#[test]
+fn the_documented_statistics() {
+    // Ten buckets of 100 ms each: statistics over the last second.
+    let size = NonZeroUsize::new(10).expect("non-zero");
+    let window = RollingWindow::new(size, Duration::from_millis(100)).unwrap();
+
+    // Record request outcomes: 1.0 for a failure, 0.0 for a success.
+    window.add(1.0);
+    window.add(0.0);
+    window.add(0.0);
+    window.add(1.0);
+
+    assert_eq!(window.count(), 4);
+    assert_eq!(window.sum(), 2.0);
+
+    // Or aggregate the live buckets yourself, oldest first.
+    let mut failures = 0.0;
+    let mut total = 0;
+    window.reduce(|bucket| {
+        failures += bucket.sum;
+        total += bucket.count;
+    });
+    assert_eq!(failures / total as f64, 0.5);
+}

@@ -16,7 +16,7 @@ use crate::error::ConfigError;
 use crate::ring::StepBack;
 
 /// The most buckets a window may have (each check of the Redis script visits them all).
-pub const MAX_BUCKETS: u32 = 1_000;
+pub(crate) const MAX_BUCKETS: u32 = 1_000;
 
 /// The longest window accepted (ten years, as for the fixed window's period).
 const MAX_WINDOW_MS: u64 = 10 * 366 * 86_400_000;
@@ -100,7 +100,7 @@ impl RollingWindowLimiter {
     ///
     /// # Errors
     ///
-    /// A [`ConfigError`] for a zero limit, zero or more than [`MAX_BUCKETS`] buckets, an
+    /// A [`ConfigError`] for a zero limit, zero or more than 1 000 buckets, an
     /// interval under one millisecond, a window (`buckets` × `interval`) over ten years,
     /// more buckets than the backend's in-process state holds for one key (with a tiny
     /// [`max_local_keys`](crate::BackendBuilder::max_local_keys)), or an invalid name.

@@ -109,6 +109,7 @@ fn invalid_configurations() {
 fn builder_sets_the_policy() {
     let layer = RollingWindowLayer::builder(&Backend::in_process())
         .name("api")
+        .key(crate::key::GlobalKey)
         .limit(7)
         .buckets(4)
         .interval(Duration::from_micros(250_900))

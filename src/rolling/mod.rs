@@ -1,16 +1,13 @@
 //! Rolling-window limits: at most `limit` units per key within any window of `buckets`
 //! consecutive time buckets of `interval` each (10 buckets of 100 ms: a one-second
 //! window that moves forward every 100 ms). Redis runs `rolling.lua`, the in-process
-//! host a [`Ring`](crate::ring::Ring) of counts per key, with the same semantics.
+//! host a ring of counts per key, with the same semantics.
 //!
 //! | item | what | file |
 //! |---|---|---|
 //! | [`RollingWindowLimiter`], [`RollingConfig`] | the settings, and the limiter on a backend (its layer is [`RollingWindowLayer`](crate::RollingWindowLayer)) | `limiter.rs` |
 //! | in-process counts | per key a ring of counts and their sum: the pure step `(state, now, cost, settings) -> (state, outcome)` | `memory.rs` |
 //! | the Redis script | the same step on a hash of bucket counts | `rolling.lua` |
-//!
-//! For statistics of your own over a rolling window (error rates, load), see
-//! [`ring::RollingWindow`](crate::ring::RollingWindow).
 //!
 //! # Semantics
 //!
@@ -46,7 +43,7 @@
 //! field per non-empty live bucket, its absolute index `floor(unix_ms / interval)`,
 //! holding that bucket's count. One atomic script sums the live buckets, deletes the
 //! expired ones and counts the request; the hash expires one window plus one interval
-//! after the last admitted request. In process, each key holds a [`Ring`](crate::ring::Ring) of `buckets`
+//! after the last admitted request. In process, each key holds a ring of `buckets`
 //! counters and their sum, in one allocation, in the backend's bounded state
 //! ([`max_local_keys`](crate::BackendBuilder::max_local_keys), where a key counts as
 //! `ceil(buckets / 8)` keys): about 250 bytes per key for 10 buckets.
@@ -75,7 +72,7 @@
 //! clock that is advanced).
 //!
 //! With the callers' clocks ([`TimeSource::Caller`](crate::backend::TimeSource)), say
-//! within `s` of each other, buckets are never moved back ([`StepBack::Hold`](crate::ring::StepBack::Hold)): a caller
+//! within `s` of each other, buckets are never moved back (the ring's `StepBack::Hold`): a caller
 //! whose clock is behind the newest bucket counts from that bucket instead (moving them back would age
 //! them once per call of that caller, without bound). So a unit is forgotten when the
 //! clock furthest ahead says so, and:
@@ -106,4 +103,4 @@ pub(crate) mod counts;
 mod limiter;
 pub(crate) mod memory;
 
-pub use self::limiter::{RollingConfig, RollingWindowLimiter, MAX_BUCKETS};
+pub use self::limiter::{RollingConfig, RollingWindowLimiter};

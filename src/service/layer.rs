@@ -97,6 +97,8 @@ pub struct LayerBuilder<A, K = GlobalKey, C = UnitCost, R = DefaultRejection> {
     pub(crate) algorithm: A,
     name: Option<String>,
     key: K,
+    /// Whether [`key`](Self::key) was called: without it, [`build`](Self::build) fails.
+    keyed: bool,
     cost: C,
     rejection: R,
     options: Options,
@@ -119,12 +121,14 @@ impl<A> LayerBuilder<A> {
     ///
     /// ```
     /// use std::time::Duration;
+    /// use tower_redis_ratelimit::key::GlobalKey;
     /// use tower_redis_ratelimit::{period::PeriodConfig, Backend, LayerBuilder};
     ///
     /// # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
     /// let config = PeriodConfig::new(100, Duration::from_secs(60));
     /// let layer = LayerBuilder::new(&Backend::in_process(), config)
     ///     .name("api")
+    ///     .key(GlobalKey)
     ///     .build()?;
     /// # let _ = layer; Ok(()) }
     /// ```
@@ -134,6 +138,7 @@ impl<A> LayerBuilder<A> {
             algorithm,
             name: None,
             key: GlobalKey,
+            keyed: false,
             cost: UnitCost,
             rejection: DefaultRejection,
             options: Options::default(),
@@ -151,13 +156,16 @@ impl<A, K, C, R> LayerBuilder<A, K, C, R> {
         self
     }
 
-    /// How requests are told apart (default: one [`GlobalKey`] for all requests).
+    /// How requests are told apart (required): a [`KeyExtractor`](crate::key::KeyExtractor)
+    /// such as [`PeerIp`](crate::key::PeerIp) or a header, or [`GlobalKey`] for one limit
+    /// shared by every request. [`build`](Self::build) fails without it.
     pub fn key<K2>(self, key: K2) -> LayerBuilder<A, K2, C, R> {
         LayerBuilder {
             backend: self.backend,
             algorithm: self.algorithm,
             name: self.name,
             key,
+            keyed: true,
             cost: self.cost,
             rejection: self.rejection,
             options: self.options,
@@ -171,6 +179,7 @@ impl<A, K, C, R> LayerBuilder<A, K, C, R> {
             algorithm: self.algorithm,
             name: self.name,
             key: self.key,
+            keyed: self.keyed,
             cost,
             rejection: self.rejection,
             options: self.options,
@@ -184,6 +193,7 @@ impl<A, K, C, R> LayerBuilder<A, K, C, R> {
             algorithm: self.algorithm,
             name: self.name,
             key: self.key,
+            keyed: self.keyed,
             cost: self.cost,
             rejection,
             options: self.options,
@@ -224,11 +234,13 @@ impl<A, K, C, R> LayerBuilder<A, K, C, R> {
     ///
     /// ```
     /// use std::time::Duration;
+    /// use tower_redis_ratelimit::key::GlobalKey;
     /// use tower_redis_ratelimit::{Backend, TokenBucketLayer};
     ///
     /// # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
     /// let trial = TokenBucketLayer::builder(&Backend::in_process())
     ///     .name("api-v2-trial")
+    ///     .key(GlobalKey)
     ///     .rate(50, Duration::from_secs(1))
     ///     .burst(10)
     ///     .shadow(true)
@@ -394,7 +406,8 @@ impl<A, K, C, R> LayerBuilder<A, K, C, R> {
     ///
     /// # Errors
     ///
-    /// A [`ConfigError`] for a missing or invalid name, a zero maximum key length, a
+    /// A [`ConfigError`] for a missing or invalid name, a missing [key](Self::key), a
+    /// zero maximum key length, a
     /// [`FixedCost`](crate::FixedCost) above the capacity of a policy (a fixed window's
     /// quota, a token bucket's burst, a rolling window's limit, a set's smallest member;
     /// on Redis with the [`Fallback`](FailurePolicy::Fallback) policy, also that capacity
@@ -411,6 +424,7 @@ impl<A, K, C, R> LayerBuilder<A, K, C, R> {
             algorithm,
             name,
             key,
+            keyed,
             cost,
             rejection,
             options,
@@ -424,11 +438,11 @@ impl<A, K, C, R> LayerBuilder<A, K, C, R> {
         for policy in policies {
             validate_name("policy name", policy.name())?;
         }
-        // A set's members are decided together under the set's one policy.
-        let members = (&limiter as &dyn Any)
-            .downcast_ref::<crate::set::SetLimiter>()
-            .map(crate::set::SetLimiter::smallest_member);
-        check_fixed_cost(&cost, policies.iter().chain(members), &backend)?;
+        // A set's members are decided together under the set's one policy: its smallest
+        // member bounds a request's cost (for a set wrapped in plans too).
+        let bound = limiter.bounding_policy();
+        check_fixed_cost(&cost, policies.iter().chain(bound), &backend)?;
+        require_key(keyed)?;
         let headers = policies.iter().map(HeaderParts::new).collect();
         let metrics = LayerMetrics::new(policies);
         Ok(LimitLayer {
@@ -481,6 +495,16 @@ fn check_fixed_cost<'p, C: 'static>(
     Ok(())
 }
 
+/// Refuses a layer built without [`key`](LayerBuilder::key): one limit shared by every
+/// request is a choice to spell (`.key(GlobalKey)`), never a default.
+pub(crate) fn require_key(keyed: bool) -> Result<(), ConfigError> {
+    if keyed {
+        Ok(())
+    } else {
+        Err(ConfigError::Missing { setting: "key" })
+    }
+}
+
 /// Refuses a [`max_key_len`](LayerBuilder::max_key_len) shorter than every key the
 /// extractor can make (`global`, or `hdr:<name>:` and one byte): every request would be
 /// refused as having no key.
@@ -509,6 +533,8 @@ pub(crate) struct Checked<A, K, C, R> {
     pub(crate) algorithm: A,
     pub(crate) name: String,
     pub(crate) key: K,
+    /// Whether the key was given; see [`require_key`].
+    pub(crate) keyed: bool,
     pub(crate) cost: C,
     pub(crate) rejection: R,
     pub(crate) options: Options,
@@ -539,6 +565,7 @@ impl<A, K: 'static, C, R> LayerBuilder<A, K, C, R> {
             algorithm: self.algorithm,
             name,
             key: self.key,
+            keyed: self.keyed,
             cost: self.cost,
             rejection: self.rejection,
             options: self.options,

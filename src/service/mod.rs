@@ -37,6 +37,7 @@ pub use self::admin::AdminError;
 pub use self::body::ResponseBody;
 pub use self::counted::{CountRequestBytes, CountRequestBytesService, CountedBody};
 pub use self::future::ResponseFuture;
+pub(crate) use self::layer::require_key;
 pub use self::layer::{Algorithm, LayerBuilder, LimitLayer};
 pub use self::outcome::CountIf;
 use self::outcome::Settle;
@@ -45,7 +46,6 @@ pub use self::service::LimitService;
 pub use self::usage::{Finished, Usage};
 use self::usage::{Meter, SettleUsage};
 pub(crate) use self::warn::MissingKeyWarning;
-pub use self::warn::MISSING_KEY_WARNING_INTERVAL;
 
 /// What happens to a request whose key cannot be extracted (or is longer than
 /// [`LayerBuilder::max_key_len`]).
@@ -61,7 +61,7 @@ pub use self::warn::MISSING_KEY_WARNING_INTERVAL;
 /// (a short text by default; `application/problem+json` with
 /// [`ProblemJson`](crate::response::ProblemJson)). A request refused for a key the server should have provided
 /// ([`KeyOrigin::Server`]: a misconfiguration) is logged with a `warn` [`tracing`] event, at
-/// most once per [`MISSING_KEY_WARNING_INTERVAL`] per layer (with how many were refused
+/// most once per 10 s per layer (with how many were refused
 /// meanwhile without a line of their own), naming the key extractor and the usual
 /// causes: an axum server started without
 /// `into_make_service_with_connect_info::<SocketAddr>()` (no peer address for

@@ -298,6 +298,15 @@ where
         self.limiter(index).settle(key, delta)
     }
 
+    /// The smallest bound of any plan's limiter (a plan that is a set: its smallest
+    /// member).
+    fn bounding_policy(&self) -> Option<&Policy> {
+        self.plans
+            .iter()
+            .filter_map(|(_, limiter)| limiter.bounding_policy())
+            .min_by_key(|policy| policy.quota())
+    }
+
     /// Forgets `key` under every plan (a key's plan may change), and says where it
     /// stands under the default one.
     fn reset(&self, key: &[u8]) -> Option<DecisionFuture> {

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 /// How often a layer logs requests it refused for a missing key, at most: one `warn`
 /// line per interval, which counts the refusals since the previous line.
-pub const MISSING_KEY_WARNING_INTERVAL: Duration = Duration::from_secs(10);
+pub(crate) const MISSING_KEY_WARNING_INTERVAL: Duration = Duration::from_secs(10);
 
 /// When a layer may next warn about a missing key, and how many refusals were not
 /// logged since it last did.

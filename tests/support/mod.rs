@@ -29,6 +29,21 @@ pub(crate) use self::cluster::RedisCluster;
 #[allow(unused_imports)]
 pub(crate) use self::server::{RedisServer, ServerClock};
 
+/// `Backend::builder()` on the engine path the environment asks for: with
+/// `TOWER_REDIS_RATELIMIT_EVALSHA` set (to anything but the empty string), the engine
+/// runs by `EVALSHA` even on servers with Redis Functions, so that a whole test file
+/// can run on that path (`scripts/matrix` does, for `scenarios`). The library itself
+/// reads no environment variable: this sets its hidden `engine_functions` switch.
+pub(crate) fn backend_builder() -> tower_redis_ratelimit::BackendBuilder {
+    tower_redis_ratelimit::Backend::builder().engine_functions(!evalsha_forced())
+}
+
+/// Whether `TOWER_REDIS_RATELIMIT_EVALSHA` forces the `EVALSHA` path (see
+/// [`backend_builder`]).
+pub(crate) fn evalsha_forced() -> bool {
+    std::env::var_os("TOWER_REDIS_RATELIMIT_EVALSHA").is_some_and(|v| !v.is_empty())
+}
+
 use std::fmt;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read};

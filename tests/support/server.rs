@@ -381,7 +381,7 @@ impl RedisServer {
     /// which is [`CALL_TIMEOUT`]: a test that asserts a check was decided by Redis
     /// must not see the failure policy answer because the machine was busy.
     pub(crate) fn backend(&self) -> tower_redis_ratelimit::Backend {
-        tower_redis_ratelimit::Backend::builder()
+        super::backend_builder()
             .redis(self.pool())
             .call_timeout(CALL_TIMEOUT)
             .build()
@@ -391,7 +391,7 @@ impl RedisServer {
     /// [`RedisServer::backend`] without the deny cache, so that every check runs its
     /// script.
     pub(crate) fn uncached_backend(&self) -> tower_redis_ratelimit::Backend {
-        tower_redis_ratelimit::Backend::builder()
+        super::backend_builder()
             .redis(self.pool())
             .call_timeout(CALL_TIMEOUT)
             .deny_cache(0)
@@ -471,7 +471,7 @@ impl RedisServer {
     /// Functions on this server: it has them, and `TOWER_REDIS_RATELIMIT_EVALSHA` does
     /// not force the `EVALSHA` path.
     pub(crate) fn runs_functions(&self) -> bool {
-        self.has_functions() && std::env::var_os("TOWER_REDIS_RATELIMIT_EVALSHA").is_none()
+        self.has_functions() && !super::evalsha_forced()
     }
 
     /// Whether the server knows `command` under that name (`COMMAND INFO`).

@@ -23,7 +23,7 @@ pub(crate) fn backend(host: Host, redis: &RedisServer) -> Backend {
     match host {
         Host::InProcess => Backend::in_process(),
         Host::Redis => redis.uncached_backend(),
-        Host::Fallback => Backend::builder()
+        Host::Fallback => super::backend_builder()
             .redis_url(format!("redis://127.0.0.1:{}", super::free_port()))
             .call_timeout(Duration::from_millis(200))
             .build()

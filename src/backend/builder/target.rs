@@ -42,11 +42,58 @@ impl BackendBuilder {
     /// Keeps limits in Redis through this pool (without it, limits stay in-process).
     ///
     /// The backend takes one connection out of the pool and keeps it (every check is
-    /// pipelined on it), replacing it when it fails. Its socket has the pool's settings:
-    /// a pool built with `deadpool_redis::Config` leaves `TCP_NODELAY` off, which costs
-    /// latency under concurrency; [`redis_url`](Self::redis_url) turns it on.
+    /// pipelined on it), replacing it when it fails. Given a pool whose connections have
+    /// `TCP_NODELAY` on and the pool's URL for its change subscription
+    /// ([`subscription_url`](Self::subscription_url)), it has every property of a
+    /// backend that connects itself ([`redis_url`](Self::redis_url)):
+    ///
+    /// ```no_run
+    /// use tower_redis_ratelimit::deadpool_redis::{self, redis, Runtime};
+    /// use tower_redis_ratelimit::Backend;
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let url = "redis://127.0.0.1:6379";
+    /// // `TCP_NODELAY` on the pool's connections: a check is one small request, which
+    /// // Nagle's algorithm would hold back while an earlier one is unacknowledged.
+    /// let info = redis::IntoConnectionInfo::into_connection_info(url)?
+    ///     .set_tcp_settings(redis::io::tcp::TcpSettings::default().set_nodelay(true));
+    /// let pool = deadpool_redis::Pool::builder(deadpool_redis::Manager::new(info)?)
+    ///     .runtime(Runtime::Tokio1)
+    ///     .build()?;
+    /// let backend = Backend::builder()
+    ///     .redis(pool.clone())
+    ///     // Resets and blocks made on other instances reach this one at once.
+    ///     .subscription_url(url)
+    ///     .build()?;
+    /// # let _ = backend; Ok(()) }
+    /// ```
+    ///
+    /// What the backend cannot do for a pool (deadpool-redis 0.23, redis 1.x): turn
+    /// `TCP_NODELAY` on, or subscribe without being told where. A pool's manager keeps
+    /// its client (address, credentials, socket settings) private, a connection taken
+    /// from it exposes no socket, and a pool made by `deadpool_redis::Config` always has
+    /// `TCP_NODELAY` off (its `Config` has no TCP setting): under concurrency that costs
+    /// about a round trip per request. Without a subscription URL, resets and blocks
+    /// made on other instances reach this one within the deny cache's
+    /// [max age](Self::deny_cache_max_age).
     pub fn redis(self, pool: deadpool_redis::Pool) -> Self {
-        self.target(Target::Pool(Connector::Pool(pool)))
+        self.target(Target::Pool(Connector::Pool(pool, None)))
+    }
+
+    /// For a backend on a pool of yours ([`redis`](Self::redis), or
+    /// [`redis_cluster`](Self::redis_cluster) with one node's URL): the URL of the pool's
+    /// Redis, which the backend's change subscription connects to, so that resets and
+    /// blocks made on other instances reach this one within about a round trip (see
+    /// [Changes on every instance](crate::guide::operations#changes-on-every-instance)),
+    /// exactly as for a backend that connects itself. deadpool-redis does not tell a
+    /// pool's address, hence this setting. The subscription's connection has
+    /// `TCP_NODELAY`, speaks RESP3, and trusts the certificates of
+    /// [`tls_ca_pem`](Self::tls_ca_pem); its credentials are those of the URL. Without it
+    /// (the default) a backend on a pool has no subscription; [`build`](Self::build)
+    /// refuses it for a backend without a pool.
+    pub fn subscription_url(mut self, url: impl Into<String>) -> Self {
+        self.subscription_url = Some(url.into());
+        self
     }
 
     /// Keeps limits in the Redis Cluster whose nodes (some or all of them) are at `urls`.
@@ -201,12 +248,15 @@ impl BackendBuilder {
 
     /// Keeps limits in a Redis Cluster through this pool. Every script touches one key,
     /// so each check runs on the node that owns the key's slot. The pool's connections
-    /// keep deadpool's socket settings (`TCP_NODELAY` off);
-    /// [`redis_cluster_urls`](Self::redis_cluster_urls) turns it on.
+    /// keep the pool's socket settings (`TCP_NODELAY` off unless the pool was built with
+    /// it, as for [`redis`](Self::redis));
+    /// [`redis_cluster_urls`](Self::redis_cluster_urls) turns it on. Give the URL of one
+    /// node to [`subscription_url`](Self::subscription_url) for the change subscription
+    /// (a `PUBLISH` on any node reaches the subscribers of every node).
     #[cfg(feature = "cluster")]
     #[cfg_attr(docsrs, doc(cfg(feature = "cluster")))]
     pub fn redis_cluster(self, pool: deadpool_redis::cluster::Pool) -> Self {
-        self.target(Target::Pool(Connector::ClusterPool(pool)))
+        self.target(Target::Pool(Connector::ClusterPool(pool, None)))
     }
 
     /// The connector for the place of Redis given, if one was; refuses more than one,
@@ -234,9 +284,24 @@ impl BackendBuilder {
         let invalid = |error: deadpool_redis::redis::RedisError| ConfigError::InvalidRedisUrl {
             reason: error.to_string(),
         };
+        let subscription = self.subscription_url.take();
+        if subscription.is_some() && !matches!(self.target, Some(Target::Pool(_))) {
+            return Err(ConfigError::Conflict {
+                reason: "`subscription_url` is for a backend on a pool of yours: a backend \
+                         that connects itself subscribes through its own connections",
+            });
+        }
         Ok(match self.target.take() {
             None => None,
-            Some(Target::Pool(connector)) => Some(connector),
+            Some(Target::Pool(connector)) => Some(match subscription {
+                None => connector,
+                Some(url) => {
+                    check_url(&url, None)?;
+                    connector
+                        .with_subscription(&url, &self.tls)
+                        .map_err(invalid)?
+                }
+            }),
             Some(Target::Url(url)) => {
                 check_url(&url, None)?;
                 Some(Connector::from_url(&url, &self.tls, credentials).map_err(invalid)?)

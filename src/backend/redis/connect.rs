@@ -98,14 +98,17 @@ impl Target {
 /// Where connections come from.
 #[derive(Clone)]
 pub(crate) enum Connector {
-    /// A user's pool; the backend takes one connection out of it and keeps it.
-    Pool(deadpool_redis::Pool),
+    /// A user's pool; the backend takes one connection out of it and keeps it. The
+    /// client of its change subscription, when given one (the pool does not tell its
+    /// address).
+    Pool(deadpool_redis::Pool, Option<Box<redis::Client>>),
     /// A client the backend built from a URL, and the credentials its connections
     /// authenticate with when they rotate.
     Client(Box<redis::Client>, Option<Rotation>),
-    /// A user's cluster pool.
+    /// A user's cluster pool, and the client of one node for the change subscription,
+    /// when given one.
     #[cfg(feature = "cluster")]
-    ClusterPool(deadpool_redis::cluster::Pool),
+    ClusterPool(deadpool_redis::cluster::Pool, Option<Box<redis::Client>>),
     /// A cluster client the backend built from URLs, a client for each of those
     /// nodes (the change subscription is made on one of them) and the credentials
     /// their connections authenticate with when they rotate.
@@ -127,7 +130,7 @@ impl Connector {
     /// Whether its connections go to a Redis Cluster.
     pub(crate) fn is_cluster(&self) -> bool {
         #[cfg(feature = "cluster")]
-        if matches!(self, Self::ClusterPool(_) | Self::Cluster(..)) {
+        if matches!(self, Self::ClusterPool(..) | Self::Cluster(..)) {
             return true;
         }
         false
@@ -138,16 +141,30 @@ impl fmt::Debug for Connector {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         // Never the URLs: they may hold passwords.
         let kind = match self {
-            Self::Pool(_) => "pool",
+            Self::Pool(..) => "pool",
             Self::Client(..) => "url",
             #[cfg(feature = "cluster")]
-            Self::ClusterPool(_) => "cluster pool",
+            Self::ClusterPool(..) => "cluster pool",
             #[cfg(feature = "cluster")]
             Self::Cluster(..) => "cluster urls",
             #[cfg(feature = "sentinel")]
             Self::Sentinel(..) => "sentinel",
         };
         f.debug_struct("Connector").field("kind", &kind).finish()
+    }
+}
+
+impl Connector {
+    /// A user's pool whose change subscription connects to `url` (the pool's Redis, or
+    /// one node of its cluster), with `TCP_NODELAY` and the certificates of `tls`.
+    pub(crate) fn with_subscription(self, url: &str, tls: &Tls) -> Result<Self, redis::RedisError> {
+        let client = Some(Box::new(client(url, tls)?));
+        Ok(match self {
+            Self::Pool(pool, _) => Self::Pool(pool, client),
+            #[cfg(feature = "cluster")]
+            Self::ClusterPool(pool, _) => Self::ClusterPool(pool, client),
+            other => other,
+        })
     }
 }
 
@@ -284,7 +301,7 @@ impl Connector {
             None => config.clone(),
         };
         Ok(match self {
-            Self::Pool(pool) => Conn::Single(deadpool_redis::Connection::take(
+            Self::Pool(pool, _) => Conn::Single(deadpool_redis::Connection::take(
                 pool.get().await.map_err(ScriptError::from_pool)?,
             )),
             Self::Client(client, credentials) => Conn::Single(
@@ -302,7 +319,7 @@ impl Connector {
                     })?,
             ),
             #[cfg(feature = "cluster")]
-            Self::ClusterPool(pool) => Conn::Cluster(deadpool_redis::cluster::Connection::take(
+            Self::ClusterPool(pool, _) => Conn::Cluster(deadpool_redis::cluster::Connection::take(
                 pool.get().await.map_err(ScriptError::from_pool)?,
             )),
             #[cfg(feature = "cluster")]
@@ -324,8 +341,10 @@ impl Connector {
     /// `changes.rs`): made as a check connection is, with the same address, TLS and
     /// credentials (rotated on it too), but in RESP3, where a multiplexed connection
     /// takes messages beside replies. On a cluster, on one node (`attempt` picks which,
-    /// in turn): a `PUBLISH` on any node reaches the subscribers of every node. `None`
-    /// for a user's pool, which makes no connection the backend could configure.
+    /// in turn): a `PUBLISH` on any node reaches the subscribers of every node. For a
+    /// user's pool, from the client of its
+    /// [`subscription_url`](crate::BackendBuilder::subscription_url); `None` without one
+    /// (deadpool-redis keeps a pool's address and credentials to itself).
     pub(crate) async fn subscribe(
         &self,
         channel: &str,
@@ -337,9 +356,12 @@ impl Connector {
         #[cfg(not(feature = "cluster"))]
         let _ = attempt;
         let (client, credentials) = match self {
-            Self::Pool(_) => return Ok(None),
+            Self::Pool(_, None) => return Ok(None),
+            Self::Pool(_, Some(client)) => (resp3(client)?, None),
             #[cfg(feature = "cluster")]
-            Self::ClusterPool(_) => return Ok(None),
+            Self::ClusterPool(_, None) => return Ok(None),
+            #[cfg(feature = "cluster")]
+            Self::ClusterPool(_, Some(client)) => (resp3(client)?, None),
             Self::Client(client, credentials) => (resp3(client)?, credentials.clone()),
             #[cfg(feature = "cluster")]
             Self::Cluster(_, nodes, credentials) => {
@@ -660,6 +682,23 @@ mod tests {
             panic!("a URL makes a client");
         };
         assert!(client.get_connection_info().tcp_settings().nodelay());
+    }
+
+    #[test]
+    fn the_subscription_of_a_pool_has_tcp_nodelay() {
+        let pool = deadpool_redis::Config::from_url("redis://127.0.0.1:1")
+            .create_pool(Some(deadpool_redis::Runtime::Tokio1))
+            .unwrap();
+        let connector = Connector::Pool(pool, None)
+            .with_subscription("redis://127.0.0.1:6379", &Tls::default())
+            .unwrap();
+        let Connector::Pool(_, Some(client)) = connector else {
+            panic!("a pool with a subscription client");
+        };
+        assert!(client.get_connection_info().tcp_settings().nodelay());
+        // In RESP3 for the subscription, the settings kept.
+        let resp3 = resp3(&client).unwrap();
+        assert!(resp3.get_connection_info().tcp_settings().nodelay());
     }
 
     /// The error a server answers with `line` (without its `-` and `\r\n`).

@@ -24,13 +24,13 @@ use crate::error::ConfigError;
 use crate::ring::RollingWindow;
 
 /// The default span of recent calls the breaker judges.
-pub const DEFAULT_BREAKER_WINDOW: Duration = Duration::from_secs(2);
+pub(crate) const DEFAULT_BREAKER_WINDOW: Duration = Duration::from_secs(2);
 /// The default number of calls within the window below which the ratio is not judged.
-pub const DEFAULT_BREAKER_MIN_CALLS: u32 = 20;
+pub(crate) const DEFAULT_BREAKER_MIN_CALLS: u32 = 20;
 /// The default share of failed calls within the window that opens the breaker.
-pub const DEFAULT_BREAKER_FAILURE_RATIO: f64 = 0.5;
+pub(crate) const DEFAULT_BREAKER_FAILURE_RATIO: f64 = 0.5;
 /// The default time over which traffic returns to Redis after a successful probe.
-pub const DEFAULT_RECOVERY: Duration = Duration::from_secs(1);
+pub(crate) const DEFAULT_RECOVERY: Duration = Duration::from_secs(1);
 
 /// The share of checks sent to Redis when recovery starts.
 const FIRST_SHARE: f64 = 0.1;
