@@ -257,7 +257,7 @@ fn build(backend: &Backend, export_lease: Duration) -> Result<(Router, AdminRout
     let exports = InFlightLimitLayer::builder(backend)
         .name("export")
         .slots(2)
-        .lease(export_lease)
+        .slot_ttl(export_lease)
         .key(HeaderKey::from_static("x-merchant-id"))
         .build()?;
 

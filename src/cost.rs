@@ -21,6 +21,13 @@ use http::request::Parts;
 pub trait Cost: Send + Sync + 'static {
     /// The cost in units of the request whose head is `parts`.
     fn cost(&self, parts: &Parts) -> u32;
+
+    /// The cost of every request, when it is the same for all: what the layer builder
+    /// checks against the limits' capacities. The default, `None`, checks nothing.
+    #[doc(hidden)]
+    fn fixed(&self) -> Option<u32> {
+        None
+    }
 }
 
 impl<F> Cost for F
@@ -49,6 +56,10 @@ pub struct FixedCost(pub u32);
 impl Cost for FixedCost {
     fn cost(&self, _parts: &Parts) -> u32 {
         self.0
+    }
+
+    fn fixed(&self) -> Option<u32> {
+        Some(self.0)
     }
 }
 

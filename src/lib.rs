@@ -16,7 +16,8 @@
 //!
 //! Every layer is built on a [`Backend`]: [`Backend::in_process`] keeps limits in this
 //! process; [`Backend::redis`] keeps them in Redis (through a [`deadpool_redis`] pool,
-//! with atomic Lua scripts run by SHA that read the Redis server's clock), and falls back
+//! with one atomic Lua engine that reads the Redis server's clock, loaded once per
+//! server as a library of Redis Functions on Redis 7 and later, as a script run by SHA before), and falls back
 //! to in-process state with the same semantics while Redis is unreachable (or admits or
 //! refuses everything, as each layer's [`FailurePolicy`] says). A local deny cache keeps
 //! a flood on one refused key away from Redis.
@@ -36,10 +37,11 @@
 //! use tower_redis_ratelimit::{key::{HeaderKey, KeyExtractorExt, PeerIp}, Backend, PeriodLimitLayer};
 //!
 //! # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
-//! // In production, one Redis backend shared by every layer of the process: your pool
-//! // (with TCP_NODELAY) and its URL for the change subscription, see
-//! // `BackendBuilder::redis`: Backend::builder().redis(pool).subscription_url(url).build()?
-//! let backend = Backend::in_process();
+//! // One backend for the process, shared by every layer. From a URL it makes its own
+//! // connections (TCP_NODELAY, and the subscription that brings resets and blocks from
+//! // other instances); nothing connects until the first check. `Backend::in_process()`
+//! // for tests; a pool of yours: `BackendBuilder::redis`.
+//! let backend = Backend::builder().redis_url("redis://127.0.0.1:6379").build()?;
 //! let limit = PeriodLimitLayer::builder(&backend)
 //!     .name("api")
 //!     .quota(100)

@@ -204,7 +204,7 @@ async fn in_flight_slots_on_keys_over_all_slots() {
     // (A lease of 1.5 s: renewals every 500 ms keep it however busy the machine.)
     let lease = Duration::from_millis(1_500);
     let limiter =
-        InFlightLimiter::new(&backend, "jobs", InFlightConfig::new(2).lease(lease)).unwrap();
+        InFlightLimiter::new(&backend, "jobs", InFlightConfig::new(2).slot_ttl(lease)).unwrap();
     let mut held = Vec::new();
     for key in keys() {
         for _ in 0..2 {

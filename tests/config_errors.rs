@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use tower_redis_ratelimit::config::RulesConfig;
-use tower_redis_ratelimit::key::GlobalKey;
+use tower_redis_ratelimit::key::{GlobalKey, KeyExtractorExt};
 use tower_redis_ratelimit::{
     period::Calendar, Backend, ConfigError, PeriodLimitLayer, RollingWindowLayer, TokenBucketLayer,
 };
@@ -353,6 +353,32 @@ fn a_fixed_cost_above_the_capacity_is_refused_when_built() {
         .max_key_len(15)
         .build()
         .unwrap();
+
+    // The same check sees through combinators and rule files (it once skipped every
+    // extractor but a bare `GlobalKey` or `HeaderKey`).
+    let wrapped = PeriodLimitLayer::builder(&backend)
+        .name("p")
+        .quota(1)
+        .period(second)
+        .key(
+            tower_redis_ratelimit::key::HeaderKey::from_static("x-api-key")
+                .or(tower_redis_ratelimit::key::GlobalKey),
+        )
+        .max_key_len(5)
+        .build()
+        .unwrap_err();
+    assert!(
+        matches!(wrapped, ConfigError::Conflict { .. }),
+        "{wrapped:?}"
+    );
+    let from_file = build_error(
+        "[[rules]]\nname = \"r\"\nlimit = { algorithm = \"period\", quota = 1, period = \"1s\" }\n\
+         key = { header = \"x-api-key\" }\nmax_key_len = 10\n",
+    );
+    assert!(
+        matches!(from_file, ConfigError::Conflict { .. }),
+        "{from_file:?}"
+    );
 }
 
 /// A Redis URL that cannot work says what is wrong (the scheme, the host, the port),

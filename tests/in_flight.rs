@@ -187,7 +187,7 @@ fn streaming(
     let layer = InFlightLimitLayer::builder(backend)
         .name("stream")
         .slots(1)
-        .lease(lease)
+        .slot_ttl(lease)
         .key(HeaderKey::from_static("x-merchant-id"))
         .build()
         .unwrap();
@@ -281,11 +281,11 @@ async fn cancel_and_drop_give_the_slot_back() {
     let backend = backend(&redis.url()).await;
     let lease = Duration::from_secs(30);
     let limiter =
-        InFlightLimiter::new(&backend, "cancel", InFlightConfig::new(1).lease(lease)).unwrap();
+        InFlightLimiter::new(&backend, "cancel", InFlightConfig::new(1).slot_ttl(lease)).unwrap();
     let layer = InFlightLimitLayer::builder(&backend)
         .name("cancel")
         .slots(1)
-        .lease(lease)
+        .slot_ttl(lease)
         .key(HeaderKey::from_static("x-merchant-id"))
         .build()
         .unwrap();
@@ -343,7 +343,7 @@ const CHILD_LEASE_MS: &str = "IN_FLIGHT_CHILD_LEASE_MS";
 async fn in_flight_child_holds_slots() {
     let url = std::env::var(CHILD_URL).expect("started by a_killed_process_slots_come_back");
     let lease_ms: u64 = std::env::var(CHILD_LEASE_MS).unwrap().parse().unwrap();
-    let config = InFlightConfig::new(2).lease(Duration::from_millis(lease_ms));
+    let config = InFlightConfig::new(2).slot_ttl(Duration::from_millis(lease_ms));
     let limiter = InFlightLimiter::new(&backend(&url).await, "jobs", config).unwrap();
     let _one = limiter.acquire(b"k").await.unwrap();
     let _two = limiter.acquire(b"k").await.unwrap();
@@ -384,7 +384,7 @@ async fn a_killed_process_slots_come_back_within_one_lease() {
         let _ = child.kill();
         panic!("the child process never held its slots");
     }
-    let config = InFlightConfig::new(2).lease(lease);
+    let config = InFlightConfig::new(2).slot_ttl(lease);
     let limiter = InFlightLimiter::new(&backend(&redis.url()).await, "jobs", config).unwrap();
     assert_eq!(limiter.in_flight(b"k").await, 2);
     // Two leases later the living child still holds both (it renews them).
@@ -626,7 +626,7 @@ async fn a_shadow_layer_serves_everything_and_holds_slots() {
 async fn renewal_is_one_call_per_key_whatever_the_slots() {
     let redis = RedisServer::start();
     let lease = Duration::from_millis(600);
-    let config = InFlightConfig::new(5).lease(lease);
+    let config = InFlightConfig::new(5).slot_ttl(lease);
     let limiter = InFlightLimiter::new(&backend(&redis.url()).await, "batch", config).unwrap();
     let mut slots = Vec::new();
     for key in [b"a", b"b"] {
@@ -671,7 +671,7 @@ fn the_renewal_survives_its_first_runtime() {
     let limiter = runtime().block_on(async {
         let backend = backend(&redis.url()).await;
         let limiter =
-            InFlightLimiter::new(&backend, "runtimes", InFlightConfig::new(1).lease(lease))
+            InFlightLimiter::new(&backend, "runtimes", InFlightConfig::new(1).slot_ttl(lease))
                 .unwrap();
         drop(limiter.acquire(b"k").await.unwrap());
         // The release goes in the background, on this runtime.
@@ -754,7 +754,7 @@ fn slot_commands(redis: &RedisServer) -> u64 {
 async fn a_renewal_runs_fewer_commands_than_an_acquire() {
     let redis = RedisServer::start();
     let lease = Duration::from_millis(600);
-    let config = InFlightConfig::new(5).lease(lease);
+    let config = InFlightConfig::new(5).slot_ttl(lease);
     let limiter = InFlightLimiter::new(&backend(&redis.url()).await, "cost", config).unwrap();
     // Every call of the script drops the leases that ran out first: one
     // ZREMRANGEBYSCORE per call, whatever the path (FCALL or EVALSHA).

@@ -298,6 +298,20 @@ impl KeyExtractor for RuleKey {
         }
     }
 
+    /// As the extractor built in code: known for a global or header key, and for an
+    /// `or` of keys that all know theirs.
+    fn shortest_key(&self) -> Option<usize> {
+        match &self.0 {
+            Inner::Global(key) => key.shortest_key(),
+            Inner::Header(key) => key.shortest_key(),
+            Inner::Or(keys) => keys
+                .iter()
+                .map(KeyExtractor::shortest_key)
+                .try_fold(usize::MAX, |shortest, key| Some(shortest.min(key?))),
+            _ => None,
+        }
+    }
+
     /// As the extractor built in code: see [`KeyExtractor::origin`].
     fn origin(&self) -> KeyOrigin {
         match &self.0 {

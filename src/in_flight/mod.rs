@@ -18,7 +18,7 @@
 //! let exports = InFlightLimitLayer::builder(&backend)
 //!     .name("export")
 //!     .slots(2)
-//!     .lease(Duration::from_secs(10))
+//!     .slot_ttl(Duration::from_secs(10))
 //!     .key(HeaderKey::from_static("x-merchant-id"))
 //!     .build()?;
 //! let app: Router = Router::new().route("/export", get(|| async { "..." })).layer(exports);
@@ -36,7 +36,7 @@
 //! request runs, its lease is renewed: one task per limiter renews every slot this
 //! instance holds every third of a lease, with **one call per key** whatever the
 //! number of slots held on it. So a process that dies (`kill -9`, a lost host) holds
-//! its slots at most one [lease](InFlightConfig::lease) more: the next request of the
+//! its slots at most one [slot TTL](InFlightConfig::slot_ttl) more: the next request of the
 //! key after that finds them expired, and no sweeper is needed. The set itself expires
 //! at most one lease after its longest lease (its expiry is set to two leases whenever
 //! less than one is left, so that most calls only read it). A renewal costs Redis less
@@ -85,7 +85,7 @@
 //!
 //! # Shadow mode
 //!
-//! A [shadow](InFlightLayerBuilder::shadow) layer takes and holds slots as an enforcing
+//! A [shadow](crate::LayerBuilder::shadow) layer takes and holds slots as an enforcing
 //! one would (in a task of its own, never making the request wait) and records every
 //! refusal in the [metrics](crate::metrics), but serves every request.
 
@@ -101,14 +101,14 @@ use std::time::Duration;
 
 pub use self::future::{InFlightBody, InFlightFuture};
 use self::host::{Acquire, Held, Slots};
-pub use self::layer::{InFlightLayerBuilder, InFlightLimitLayer};
+pub use self::layer::InFlightLimitLayer;
 pub use self::service::InFlightService;
 use crate::backend::Backend;
 use crate::decision::{Decision, Policy};
 use crate::error::ConfigError;
 
-/// The default [lease](InFlightConfig::lease): ten seconds.
-pub(crate) const DEFAULT_LEASE: Duration = Duration::from_secs(10);
+/// The default [slot TTL](InFlightConfig::slot_ttl): ten seconds.
+pub(crate) const DEFAULT_SLOT_TTL: Duration = Duration::from_secs(10);
 /// The default [`retry_after`](InFlightConfig::retry_after) of a refusal: one second.
 pub(crate) const DEFAULT_RETRY_AFTER: Duration = Duration::from_secs(1);
 
@@ -118,13 +118,14 @@ pub(crate) const DEFAULT_RETRY_AFTER: Duration = Duration::from_secs(1);
 /// use std::time::Duration;
 /// use tower_redis_ratelimit::in_flight::InFlightConfig;
 ///
-/// let config = InFlightConfig::new(10).lease(Duration::from_secs(30));
-/// assert_eq!(config.slots(), 10);
+/// // 10 at once per key; a slot outlives a process that died for at most 30 s.
+/// let config = InFlightConfig::new(10).slot_ttl(Duration::from_secs(30));
+/// # let _ = config;
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct InFlightConfig {
     slots: u64,
-    lease: Duration,
+    slot_ttl: Duration,
     retry_after: Duration,
 }
 
@@ -136,22 +137,22 @@ impl Default for InFlightConfig {
 
 impl InFlightConfig {
     /// At most `slots` requests of one key in flight at once (at least 1), with the
-    /// default lease and retry-after.
+    /// default slot TTL and retry-after.
     #[must_use]
     pub fn new(slots: u64) -> Self {
         Self {
             slots,
-            lease: DEFAULT_LEASE,
+            slot_ttl: DEFAULT_SLOT_TTL,
             retry_after: DEFAULT_RETRY_AFTER,
         }
     }
 
     /// How long a slot on Redis outlives the process holding it (default 10 s; whole
-    /// milliseconds, at least 1 ms): a running request renews its lease every third of
-    /// it, so a slot is given back at most one lease after its process died.
+    /// milliseconds, at least 1 ms): a running request renews its slot's TTL every third
+    /// of it, so a slot is given back at most one TTL after its process died.
     #[must_use]
-    pub fn lease(mut self, lease: Duration) -> Self {
-        self.lease = lease;
+    pub fn slot_ttl(mut self, ttl: Duration) -> Self {
+        self.slot_ttl = ttl;
         self
     }
 
@@ -163,27 +164,19 @@ impl InFlightConfig {
         self
     }
 
-    /// The number of slots per key.
-    #[must_use]
-    pub fn slots(&self) -> u64 {
-        self.slots
-    }
-
-    /// The lease of a slot.
-    #[must_use]
-    pub fn lease_duration(&self) -> Duration {
-        self.lease
-    }
-
     fn validate(&self) -> Result<(), ConfigError> {
         if self.slots == 0 {
             return Err(ConfigError::Zero { setting: "slots" });
         }
-        if self.lease.as_millis() == 0 {
-            return Err(ConfigError::ZeroDuration { setting: "lease" });
+        if self.slot_ttl.as_millis() == 0 {
+            return Err(ConfigError::ZeroDuration {
+                setting: "slot_ttl",
+            });
         }
-        if self.lease.as_secs() > 366 * 86_400 {
-            return Err(ConfigError::TooLong { setting: "lease" });
+        if self.slot_ttl.as_secs() > 366 * 86_400 {
+            return Err(ConfigError::TooLong {
+                setting: "slot_ttl",
+            });
         }
         if self.retry_after.is_zero() {
             return Err(ConfigError::ZeroDuration {
@@ -224,7 +217,7 @@ impl fmt::Debug for InFlightLimiter {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("InFlightLimiter")
             .field("policy", &self.policy)
-            .field("lease", &self.slots.lease)
+            .field("slot_ttl", &self.slots.lease)
             .finish_non_exhaustive()
     }
 }
@@ -245,10 +238,10 @@ impl InFlightLimiter {
                 backend,
                 name,
                 config.slots,
-                config.lease,
+                config.slot_ttl,
                 config.retry_after,
             )),
-            policy: Arc::new(Policy::new(name, config.slots, config.lease)),
+            policy: Arc::new(Policy::new(name, config.slots, config.slot_ttl)),
         })
     }
 

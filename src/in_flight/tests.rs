@@ -53,12 +53,16 @@ fn invalid_settings_fail_when_built() {
         ConfigError::Zero { setting: "slots" }
     );
     assert_eq!(
-        err(InFlightConfig::new(1).lease(Duration::ZERO)),
-        ConfigError::ZeroDuration { setting: "lease" }
+        err(InFlightConfig::new(1).slot_ttl(Duration::ZERO)),
+        ConfigError::ZeroDuration {
+            setting: "slot_ttl"
+        }
     );
     assert_eq!(
-        err(InFlightConfig::new(1).lease(Duration::from_micros(999))),
-        ConfigError::ZeroDuration { setting: "lease" }
+        err(InFlightConfig::new(1).slot_ttl(Duration::from_micros(999))),
+        ConfigError::ZeroDuration {
+            setting: "slot_ttl"
+        }
     );
     assert_eq!(
         err(InFlightConfig::new(1).retry_after(Duration::ZERO)),
@@ -66,7 +70,7 @@ fn invalid_settings_fail_when_built() {
             setting: "retry_after"
         }
     );
-    let layer = |builder: InFlightLayerBuilder| builder.build().unwrap_err();
+    let layer = |builder: crate::LayerBuilder<InFlightConfig>| builder.build().unwrap_err();
     assert_eq!(
         layer(InFlightLimitLayer::builder(&backend).slots(1)),
         ConfigError::Missing { setting: "name" }
@@ -80,8 +84,10 @@ fn invalid_settings_fail_when_built() {
             InFlightLimitLayer::builder(&backend)
                 .name("a")
                 .slots(1)
-                .lease(Duration::ZERO)
+                .slot_ttl(Duration::ZERO)
         ),
-        ConfigError::ZeroDuration { setting: "lease" }
+        ConfigError::ZeroDuration {
+            setting: "slot_ttl"
+        }
     );
 }

@@ -73,6 +73,11 @@ where
     fn origin(&self) -> KeyOrigin {
         self.first.origin().either(self.second.origin())
     }
+
+    /// The shorter of the two branches' shortest keys, when both know theirs.
+    fn shortest_key(&self) -> Option<usize> {
+        Some(self.first.shortest_key()?.min(self.second.shortest_key()?))
+    }
 }
 
 /// Both keys of two extractors, joined unambiguously.

@@ -227,6 +227,14 @@ pub trait KeyExtractor: Send + Sync + 'static {
     fn origin(&self) -> KeyOrigin {
         KeyOrigin::Server
     }
+
+    /// The length of the shortest key this extractor makes, when it knows it: what
+    /// the layer builder checks [`max_key_len`](crate::LayerBuilder::max_key_len)
+    /// against. The default, `None`, checks nothing.
+    #[doc(hidden)]
+    fn shortest_key(&self) -> Option<usize> {
+        None
+    }
 }
 
 /// Who provides what a [`KeyExtractor`] reads: see [`KeyExtractor::origin`].

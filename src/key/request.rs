@@ -25,6 +25,10 @@ impl KeyExtractor for GlobalKey {
         Some(Key::borrowed(Self::KEY.as_bytes()))
     }
 
+    fn shortest_key(&self) -> Option<usize> {
+        Some(Self::KEY.len())
+    }
+
     /// Always [`KeyForError::Shared`]: every request is counted under the one key
     /// `global`, so no client's value names it, and acting on it would act on everybody
     /// (in an [`or`](KeyExtractorExt::or), this branch names no key). See
@@ -111,6 +115,11 @@ impl KeyExtractor for HeaderKey {
             b":",
             value.as_bytes(),
         ]))
+    }
+
+    /// `hdr:<name>:` and one byte.
+    fn shortest_key(&self) -> Option<usize> {
+        Some("hdr:".len() + self.name.as_str().len() + ":".len() + 1)
     }
 
     /// The key of a request whose header carries `value` (an API key, say):

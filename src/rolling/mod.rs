@@ -39,7 +39,8 @@
 //!
 //! # Storage
 //!
-//! On Redis, each limited key is one hash (`<prefix>:rolling:<name>:<key>`) with one
+//! On Redis, each limited key is one hash (`<prefix>:{v1:<key>}:rolling:<name>`, the
+//! [layout](crate::backend#redis-keys)) with one
 //! field per non-empty live bucket, its absolute index `floor(unix_ms / interval)`,
 //! holding that bucket's count. One atomic script sums the live buckets, deletes the
 //! expired ones and counts the request; the hash expires one window plus one interval

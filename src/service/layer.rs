@@ -2,7 +2,6 @@
 //! an algorithm's settings and the shared ones (key, cost, rejection, missing key) when
 //! the layer is built.
 
-use std::any::Any;
 use std::fmt;
 use std::sync::Arc;
 
@@ -10,9 +9,9 @@ use tower_layer::Layer;
 
 use super::{LimitService, MissingKey, Options, Shared};
 use crate::backend::{Backend, FailurePolicy};
-use crate::cost::{FixedCost, UnitCost};
+use crate::cost::{Cost, UnitCost};
 use crate::error::{validate_name, ConfigError};
-use crate::key::GlobalKey;
+use crate::key::{GlobalKey, KeyExtractor};
 use crate::limiter::Limiter;
 use crate::metrics::LayerMetrics;
 use crate::response::{DefaultRejection, HeaderParts, OnRejection};
@@ -401,7 +400,9 @@ impl<A, K, C, R> LayerBuilder<A, K, C, R> {
         self.backend = self.backend.with_failover(failover);
         self
     }
+}
 
+impl<A: Algorithm, K, C, R> LayerBuilder<A, K, C, R> {
     /// Checks every setting and builds the layer.
     ///
     /// # Errors
@@ -414,9 +415,8 @@ impl<A, K, C, R> LayerBuilder<A, K, C, R> {
     /// times the fallback share), or any setting of the algorithm that cannot work.
     pub fn build(self) -> Result<LimitLayer<A::Limiter, K, C, R>, ConfigError>
     where
-        A: Algorithm,
-        K: Send + Sync + 'static,
-        C: Send + Sync + 'static,
+        K: KeyExtractor,
+        C: Cost,
         R: OnRejection,
     {
         let Checked {
@@ -464,12 +464,12 @@ impl<A, K, C, R> LayerBuilder<A, K, C, R> {
 /// would get a `429` that no wait can cure. Costs computed per request (closures) are
 /// unknown here; a request whose cost is above the capacity is refused as
 /// [`State::ExceedsCapacity`](crate::State::ExceedsCapacity).
-fn check_fixed_cost<'p, C: 'static>(
+fn check_fixed_cost<'p, C: Cost>(
     cost: &C,
     policies: impl Iterator<Item = &'p crate::decision::Policy>,
     backend: &Backend,
 ) -> Result<(), ConfigError> {
-    let Some(FixedCost(cost)) = (cost as &dyn Any).downcast_ref::<FixedCost>().copied() else {
+    let Some(cost) = cost.fixed() else {
         return Ok(());
     };
     let Some(smallest) = policies.min_by_key(|policy| policy.quota()) else {
@@ -508,13 +508,8 @@ pub(crate) fn require_key(keyed: bool) -> Result<(), ConfigError> {
 /// Refuses a [`max_key_len`](LayerBuilder::max_key_len) shorter than every key the
 /// extractor can make (`global`, or `hdr:<name>:` and one byte): every request would be
 /// refused as having no key.
-fn check_key_fits<K: 'static>(key: &K, max_key_len: usize) -> Result<(), ConfigError> {
-    let key = key as &dyn Any;
-    let shortest = if key.is::<GlobalKey>() {
-        GlobalKey::KEY.len()
-    } else if let Some(header) = key.downcast_ref::<crate::key::HeaderKey>() {
-        "hdr:".len() + header.name().as_str().len() + ":".len() + 1
-    } else {
+fn check_key_fits<K: KeyExtractor>(key: &K, max_key_len: usize) -> Result<(), ConfigError> {
+    let Some(shortest) = key.shortest_key() else {
         return Ok(());
     };
     if max_key_len < shortest {
@@ -540,7 +535,7 @@ pub(crate) struct Checked<A, K, C, R> {
     pub(crate) options: Options,
 }
 
-impl<A, K: 'static, C, R> LayerBuilder<A, K, C, R> {
+impl<A, K: KeyExtractor, C, R> LayerBuilder<A, K, C, R> {
     /// Checks the settings every layer shares (name, failure settings, key length, the
     /// missing-key fallback), as [`build`](Self::build) does.
     pub(crate) fn checked(self) -> Result<Checked<A, K, C, R>, ConfigError> {

@@ -98,7 +98,8 @@ impl BackendBuilder {
 
     /// Keeps limits in the Redis Cluster whose nodes (some or all of them) are at `urls`.
     /// The backend connects itself, with `TCP_NODELAY` on every socket; this is the
-    /// recommended way to reach a cluster. Every script touches one key, so each check
+    /// recommended way to reach a cluster. Every script touches the keys of one hash slot
+    /// (a check's limits and its block share the limited key's hash tag), so each check
     /// runs on the node that owns the key's slot. Nothing connects until the first check.
     ///
     /// ```
@@ -246,7 +247,8 @@ impl BackendBuilder {
         self
     }
 
-    /// Keeps limits in a Redis Cluster through this pool. Every script touches one key,
+    /// Keeps limits in a Redis Cluster through this pool. Every script touches the keys of
+    /// one hash slot,
     /// so each check runs on the node that owns the key's slot. The pool's connections
     /// keep the pool's socket settings (`TCP_NODELAY` off unless the pool was built with
     /// it, as for [`redis`](Self::redis));
