@@ -633,7 +633,7 @@ async fn main() {
     let paths: &[(&str, bool)] = &[("functions", true), ("evalsha", false)];
     for &(path, functions) in paths {
         let backend = backend(&url, &cluster, functions);
-        backend.probe_redis().await.expect("redis");
+        backend.warm_up().await.expect("redis");
         rows.extend(crate_rows(&backend, path));
         std::mem::forget(backend);
     }

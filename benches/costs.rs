@@ -211,10 +211,10 @@ fn measured(
 }
 
 /// `costs sizes`: the bytes of what a request moves around (a decision, a check, the
-/// response future of a `LimitService` around an axum route).
+/// response future of a `Limit` around an axum route).
 fn sizes() {
     use std::mem::size_of;
-    type Future = tower_redis_ratelimit::service::ResponseFuture<axum::routing::Route, Body>;
+    type Future = tower_redis_ratelimit::limit::ResponseFuture<axum::routing::Route, Body>;
     println!("| type | bytes |");
     println!("|---|---:|");
     println!(

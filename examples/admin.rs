@@ -43,7 +43,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 .prefix("admin-example")
                 .redis_url(url)
                 .build()?;
-            if let Err(error) = backend.probe_redis().await {
+            if let Err(error) = backend.warm_up().await {
                 eprintln!("redis: {error} (answering in process until it is up)");
             }
             backend

@@ -54,7 +54,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use serde_json::{json, Value};
 use tower_redis_ratelimit::key::HeaderKey;
-use tower_redis_ratelimit::service::{Finished, Usage};
+use tower_redis_ratelimit::limit::{Finished, Usage};
 use tower_redis_ratelimit::token_bucket::TokenBucketConfig;
 use tower_redis_ratelimit::{Backend, ConfigError, LimitSetLayer};
 

@@ -43,8 +43,8 @@ use axum::{Extension, Router};
 use serde::Deserialize;
 use tower_redis_ratelimit::admin::AdminRouter;
 use tower_redis_ratelimit::key::ExtensionKey;
+use tower_redis_ratelimit::limit::CountIf;
 use tower_redis_ratelimit::period::PeriodConfig;
-use tower_redis_ratelimit::service::CountIf;
 use tower_redis_ratelimit::{Backend, ConfigError, LayerBuilder};
 
 /// The window in which failures count, and how long a lockout lasts.

@@ -194,7 +194,7 @@ async fn run_client() -> Result<bool, Box<dyn std::error::Error>> {
                 .redis_url(url)
                 .prefix("outbound")
                 .build()?;
-            if let Err(error) = backend.probe_redis().await {
+            if let Err(error) = backend.warm_up().await {
                 eprintln!("warning: {error}; waiting on the in-process fallback");
             }
             println!("the limit is shared in Redis");

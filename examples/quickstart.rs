@@ -31,7 +31,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             .build()?,
         Err(_) => Backend::in_process(),
     };
-    if let Err(error) = backend.probe_redis().await {
+    if let Err(error) = backend.warm_up().await {
         tracing::warn!(%error, "redis unreachable: limits are kept in this process until it answers");
     }
     let port: u16 = std::env::var("PORT").map_or(Ok(3000), |port| port.parse())?;

@@ -58,7 +58,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     if rules.backend.is_redis() {
         // Wrong credentials or an unreachable server show up now, not at the first request.
-        if let Err(error) = rules.backend.probe_redis().await {
+        if let Err(error) = rules.backend.warm_up().await {
             eprintln!("Redis is not usable yet ({error}); the failure policy answers meanwhile");
         }
     }

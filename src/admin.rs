@@ -73,8 +73,8 @@ use serde_json::{json, Value};
 use crate::blocked::Blocked;
 use crate::decision::Decision;
 use crate::key::{Key, KeyExtractor};
+use crate::limit::{AdminError, LimitLayer};
 use crate::limiter::Limiter;
-use crate::service::{AdminError, LimitLayer};
 
 /// The answer of an admin action: each key's decision.
 type Answered = Result<Vec<(Key<'static>, Decision)>, AdminError>;

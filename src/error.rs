@@ -147,7 +147,7 @@ impl fmt::Display for ConfigError {
                  in-process fallback ({capacity}: its limit times `fallback_share`, rounded \
                  down), so every request would be refused while Redis is unreachable; lower \
                  the cost, raise the limit or `fallback_share`, or choose another \
-                 `on_redis_failure` policy"
+                 `failure_policy` policy"
             ),
         }
     }

@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use crate::backend::Backend;
 use crate::error::ConfigError;
+use crate::limit::{Algorithm, LayerBuilder, LimitLayer};
 use crate::period::{Calendar, PeriodConfig, PeriodLimiter, UtcOffset};
 use crate::rolling::{RollingConfig, RollingWindowLimiter};
-use crate::service::{Algorithm, LayerBuilder, LimitLayer};
 use crate::set::{LimitSet, SetLimiter, SetMember};
 use crate::token_bucket::{TokenBucketConfig, TokenBucketLimiter};
 

@@ -108,6 +108,7 @@ mod hosted;
 pub mod in_flight;
 pub mod key;
 mod layers;
+pub mod limit;
 mod limiter;
 mod local;
 mod lua_texts;
@@ -117,7 +118,6 @@ pub mod period;
 pub mod response;
 pub(crate) mod ring;
 pub mod rolling;
-pub mod service;
 pub mod set;
 pub mod token_bucket;
 
@@ -134,6 +134,7 @@ pub use crate::decision::{Decision, Decisions, Policy, Source, State};
 pub use crate::error::{BoxError, ConfigError};
 pub use crate::in_flight::InFlightLimitLayer;
 pub use crate::layers::{LimitSetLayer, PeriodLimitLayer, RollingWindowLayer, TokenBucketLayer};
+pub use crate::limit::{ExtensionPlan, LayerBuilder, Limit, LimitLayer, MissingKey, Plans};
 pub use crate::limiter::{DecisionFuture, Limiter};
 #[doc(hidden)]
 pub use crate::lua_texts::lua_texts;
@@ -141,9 +142,6 @@ pub use crate::lua_texts::lua_texts;
 #[cfg_attr(docsrs, doc(cfg(feature = "grpc")))]
 pub use crate::response::grpc;
 pub use crate::response::{DefaultRejection, OnRejection, ProblemJson};
-pub use crate::service::{
-    ExtensionPlan, LayerBuilder, LimitLayer, LimitService, MissingKey, Plans,
-};
 
 /// The README's Rust code blocks, compiled by `cargo test --doc`, so that what users
 /// copy from the crates.io page builds.

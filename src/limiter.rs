@@ -10,7 +10,7 @@ use crate::blocked::Listing;
 use crate::decision::{Decision, Policy};
 
 /// A rate-limit algorithm bound to a backend: the one thing the generic
-/// [`LimitService`](crate::LimitService) service asks.
+/// [`Limit`](crate::Limit) service asks.
 ///
 /// The three built-in limiters ([`PeriodLimiter`](crate::period::PeriodLimiter),
 /// [`TokenBucketLimiter`](crate::token_bucket::TokenBucketLimiter),
@@ -32,7 +32,7 @@ pub trait Limiter: Send + Sync + 'static {
     fn check(&self, key: &[u8], cost: NonZeroU32) -> DecisionFuture;
 
     /// Every policy this limiter can apply, for limiters that choose one per request
-    /// (such as [`PlanLimiter`](crate::service::PlanLimiter), one policy per plan).
+    /// (such as [`PlanLimiter`](crate::limit::PlanLimiter), one policy per plan).
     ///
     /// The default is [`policy`](Self::policy) alone. The first policy is the default
     /// one, which [`policy`](Self::policy) returns and [`check`](Self::check) applies.

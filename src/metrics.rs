@@ -16,7 +16,7 @@
 //! | `ratelimit_redis_switches_total` | counter | `prefix`, `to` | breaker transitions of a Redis backend: `to` is `fallback` (judged unusable), `recovering` (a probe succeeded) or `redis` (recovered) |
 //! | `ratelimit_redis_fallback_seconds_total` | counter | `prefix` | time a Redis backend spent away from Redis (fallback and recovery), in whole seconds, counted while it lasts (every probe interval) and when it ends |
 //! | `ratelimit_redis_duration_seconds` | histogram | `policy` | the time of each Redis check, pool wait included |
-//! | `ratelimit_settled_units_total` | counter | `policy`, `direction` | units settled after responses ([`Usage`](crate::service::Usage)): `direction` is `charged` (actual costs above the estimates) or `returned` (below) |
+//! | `ratelimit_settled_units_total` | counter | `policy`, `direction` | units settled after responses ([`Usage`](crate::limit::Usage)): `direction` is `charged` (actual costs above the estimates) or `returned` (below) |
 //! | `ratelimit_local_evictions_total` | counter | `prefix` | keys dropped from a backend's (by key prefix) full in-process state to make room for new ones (see [`max_local_keys`](crate::BackendBuilder::max_local_keys)) |
 //!
 //! The outcomes of `ratelimit_requests_total` exclude each other, so their sum is the
@@ -30,7 +30,7 @@
 //! | `missing_key` | without a usable key, answered by the layer's [`MissingKey`](crate::MissingKey) setting |
 //!
 //! `policy` is the [policy name](crate::Policy::name): the layer's name, or
-//! `<name>.<plan>` for a [per-plan](crate::service::Plans) layer. Keys are never labels
+//! `<name>.<plan>` for a [per-plan](crate::limit::Plans) layer. Keys are never labels
 //! (they are unbounded, and may be secrets).
 //!
 //! The same events are `tracing` events of the `tower_redis_ratelimit` target: `trace`

@@ -21,8 +21,8 @@ use tower_redis_ratelimit::dynamic::DynamicLimits;
 use tower_redis_ratelimit::key::{
     ExtensionKey, HeaderKey, Key, KeyExtractor, KeyExtractorExt, KeyForError, PeerIp,
 };
+use tower_redis_ratelimit::limit::{AdminError, ExtensionPlan, Plans};
 use tower_redis_ratelimit::period::PeriodConfig;
-use tower_redis_ratelimit::service::{AdminError, ExtensionPlan, Plans};
 use tower_redis_ratelimit::{
     Backend, InFlightLimitLayer, LayerBuilder, LimitSetLayer, Limiter, PeriodLimitLayer, State,
 };

@@ -18,8 +18,8 @@ use support::proxy::FaultProxy;
 use support::RedisServer;
 use tower_redis_ratelimit::dynamic::DynamicLimits;
 use tower_redis_ratelimit::key::TaggedKey;
+use tower_redis_ratelimit::limit::Algorithm;
 use tower_redis_ratelimit::period::{PeriodConfig, PeriodLimiter};
-use tower_redis_ratelimit::service::Algorithm;
 use tower_redis_ratelimit::token_bucket::{TokenBucketConfig, TokenBucketLimiter};
 use tower_redis_ratelimit::{Backend, Decision, Limiter, Source};
 

@@ -69,13 +69,13 @@ async fn caller_time_never_calls_time_server_time_does() {
         let redis = RedisServer::start();
         let backend = backend(&redis, time, 0);
         assert_eq!(backend.time_source(), time);
-        backend.probe_redis().await.unwrap();
+        backend.warm_up().await.unwrap();
         for limiter in limiters(&backend) {
             for _ in 0..3 {
                 check(&*limiter, "k").await;
             }
         }
-        backend.probe_redis().await.unwrap();
+        backend.warm_up().await.unwrap();
         assert!(redis.command_calls("evalsha") >= 9, "{time:?}");
         let calls = redis.command_calls("time");
         assert_eq!(calls > 0, expect_time_calls, "{time:?}: {calls} TIME calls");

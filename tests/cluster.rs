@@ -200,7 +200,7 @@ async fn in_flight_slots_on_keys_over_all_slots() {
         .call_timeout(Duration::from_millis(500))
         .build()
         .unwrap();
-    backend.probe_redis().await.unwrap();
+    backend.warm_up().await.unwrap();
     // (A lease of 1.5 s: renewals every 500 ms keep it however busy the machine.)
     let lease = Duration::from_millis(1_500);
     let limiter =

@@ -332,7 +332,7 @@ async fn redis_backend_from_config() {
     assert!(!format!("{config:?}").contains("s3cret-pw"));
     let backend: Backend = config.backend.build().unwrap();
     assert!(backend.is_redis());
-    backend.probe_redis().await.unwrap();
+    backend.warm_up().await.unwrap();
     let rules = config.build_on(&backend).unwrap();
     let limiter = rules.layers[0].limiter();
     let decision = limiter.check(b"hdr:x-api-key:direct", ONE).await;
@@ -348,7 +348,7 @@ async fn redis_backend_from_config() {
         "redis://limiter:wrong-pw@127.0.0.1:{}",
         server.port()
     ));
-    let error = wrong.build().unwrap().probe_redis().await.unwrap_err();
+    let error = wrong.build().unwrap().warm_up().await.unwrap_err();
     assert!(!error.to_string().contains("wrong-pw"), "{error}");
 }
 

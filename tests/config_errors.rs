@@ -315,7 +315,7 @@ fn a_fixed_cost_above_the_capacity_is_refused_when_built() {
     assert!(error.to_string().contains("fallback_share"), "{error}");
     // Failing open or closed, the fallback's limits never apply.
     shared()
-        .on_redis_failure(FailurePolicy::FailOpen)
+        .failure_policy(FailurePolicy::FailOpen)
         .build()
         .unwrap();
     shared().fallback_share(0.5).build().unwrap();
@@ -557,8 +557,8 @@ fn a_layer_without_a_key_does_not_build() {
 /// too: the check asks the limiter (`Limiter::bounding_policy`), not its type.
 #[test]
 fn a_fixed_cost_above_a_wrapped_sets_smallest_member_does_not_build() {
+    use tower_redis_ratelimit::limit::{ExtensionPlan, Plans};
     use tower_redis_ratelimit::period::PeriodConfig;
-    use tower_redis_ratelimit::service::{ExtensionPlan, Plans};
     use tower_redis_ratelimit::set::LimitSet;
     use tower_redis_ratelimit::{FixedCost, LayerBuilder};
 

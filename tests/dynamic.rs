@@ -17,9 +17,9 @@ use support::RedisServer;
 use tower::{service_fn, BoxError, ServiceBuilder, ServiceExt};
 use tower_redis_ratelimit::dynamic::{DynamicLimits, LimitSource, OnSourceError};
 use tower_redis_ratelimit::key::{ExtensionKey, HeaderKey, KeyExtractorExt, TaggedKey};
+use tower_redis_ratelimit::limit::Algorithm;
 use tower_redis_ratelimit::period::PeriodConfig;
 use tower_redis_ratelimit::response::RATELIMIT_POLICY;
-use tower_redis_ratelimit::service::Algorithm;
 use tower_redis_ratelimit::{Backend, LayerBuilder, Limiter, Source, State};
 
 const OK: u8 = 0;

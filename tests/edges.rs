@@ -299,7 +299,7 @@ async fn exports_are_limited_in_flight_across_instances_on_redis() {
             .build()
             .unwrap();
         // Connected first: no export may fall back for want of a connection.
-        backend.probe_redis().await.unwrap();
+        backend.warm_up().await.unwrap();
         apps.push(tenants::app_with_export_lease(&backend, REDIS_LEASE).unwrap());
     }
     exports_in_flight(apps.try_into().unwrap()).await;

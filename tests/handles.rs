@@ -14,8 +14,8 @@ use support::RedisServer;
 use tower::{service_fn, ServiceBuilder, ServiceExt};
 use tower_redis_ratelimit::dynamic::DynamicLimits;
 use tower_redis_ratelimit::key::HeaderKey;
+use tower_redis_ratelimit::limit::{CountIf, ExtensionPlan, Plans};
 use tower_redis_ratelimit::period::PeriodConfig;
-use tower_redis_ratelimit::service::{CountIf, ExtensionPlan, Plans};
 use tower_redis_ratelimit::{Backend, LayerBuilder, Limiter, State};
 
 const ONE: NonZeroU32 = NonZeroU32::MIN;

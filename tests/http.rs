@@ -153,7 +153,7 @@ fn counting_stack<L: tower_redis_ratelimit::Limiter>(
     Arc<AtomicUsize>,
     impl tower::Service<
             Request<String>,
-            Response = Response<tower_redis_ratelimit::service::ResponseBody<String>>,
+            Response = Response<tower_redis_ratelimit::limit::ResponseBody<String>>,
             Error = Infallible,
         > + Clone,
 ) {
@@ -445,7 +445,7 @@ impl tower_redis_ratelimit::Limiter for DenyList {
 /// Builds a [`DenyList`] whose policy is the layer's name with a suffix appended.
 struct DenyListConfig(&'static str);
 
-impl tower_redis_ratelimit::service::Algorithm for DenyListConfig {
+impl tower_redis_ratelimit::limit::Algorithm for DenyListConfig {
     type Limiter = DenyList;
 
     fn build(self, _backend: &Backend, name: &str) -> Result<DenyList, ConfigError> {

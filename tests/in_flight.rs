@@ -34,7 +34,7 @@ async fn backend(url: &str) -> Backend {
         .call_timeout(Duration::from_millis(500))
         .build()
         .unwrap();
-    backend.probe_redis().await.unwrap();
+    backend.warm_up().await.unwrap();
     backend
 }
 
@@ -440,13 +440,13 @@ async fn while_redis_is_out_the_failure_policy_decides() {
             .key(GlobalKey)
             .slots(4)
             .fallback_share(0.5)
-            .on_redis_failure(policy)
+            .failure_policy(policy)
             .build()
             .unwrap();
         layer.limiter().clone()
     };
     // Connected before the first slot, which must go to Redis.
-    backend.probe_redis().await.unwrap();
+    backend.warm_up().await.unwrap();
     let fallback = limiter(FailurePolicy::Fallback);
     let open = limiter(FailurePolicy::FailOpen);
     let closed = limiter(FailurePolicy::FailClosed);
@@ -506,8 +506,8 @@ async fn the_two_hosts_decide_alike() {
         .call_timeout(support::CALL_TIMEOUT)
         .build()
         .unwrap();
-    evalsha.probe_redis().await.unwrap();
-    caller_time.probe_redis().await.unwrap();
+    evalsha.warm_up().await.unwrap();
+    caller_time.warm_up().await.unwrap();
     // Redis Functions, EVALSHA, the caller's clock, and in process.
     for backend in [
         backend(&redis.url()).await,

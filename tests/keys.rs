@@ -225,7 +225,7 @@ async fn a_server_without_functions_decides_byte_keys_from_the_first_check() {
         // its first connection, is up: its connection's setup counts too.)
         let before = stat(&redis, "total_error_replies");
         let setup = backend("setup");
-        setup.probe_redis().await.unwrap();
+        setup.warm_up().await.unwrap();
         assert_eq!(support::subscribed_clients(&redis, 1).await, 1, "{what}");
         let setup_errors = stat(&redis, "total_error_replies") - before;
 

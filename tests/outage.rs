@@ -69,7 +69,7 @@ fn stack(
         .key(GlobalKey)
         .quota(5)
         .period(Duration::from_secs(60))
-        .on_redis_failure(policy)
+        .failure_policy(policy)
         .build()
         .unwrap();
     let token = TokenBucketLayer::builder(backend)
@@ -77,7 +77,7 @@ fn stack(
         .key(GlobalKey)
         .rate(1, Duration::from_secs(60))
         .burst(3)
-        .on_redis_failure(policy)
+        .failure_policy(policy)
         .build()
         .unwrap();
     ServiceBuilder::new()
@@ -107,7 +107,7 @@ async fn killed_redis_falls_back_then_comes_back_within_a_probe_interval() {
     let svc = stack(&backend, FailurePolicy::Fallback);
     // Connected beforehand (within a connection attempt's time), so that the first
     // request is answered by Redis, not by the fallback, whose bucket it would spend.
-    backend.probe_redis().await.unwrap();
+    backend.warm_up().await.unwrap();
     assert_eq!(statuses(&svc, 1).await, [StatusCode::OK]);
     redis.kill();
     // The fallback keeps the semantics: a fresh token bucket of 3 in this process. Every
@@ -166,7 +166,7 @@ async fn paused_redis_costs_a_request_at_most_the_deadline() {
     )
     .unwrap();
     // (Connected beforehand, within a connection attempt's time.)
-    backend.probe_redis().await.unwrap();
+    backend.warm_up().await.unwrap();
     assert_eq!(limiter.check(b"k", ONE).await.source, Source::Redis);
     redis.pause();
     // (A check that waited twice the deadline would take 1 s, past the bound.)

@@ -16,8 +16,8 @@ use support::http::Served;
 use support::RedisServer;
 use tokio::task::JoinSet;
 use tower_redis_ratelimit::key::HeaderKey;
+use tower_redis_ratelimit::limit::CountIf;
 use tower_redis_ratelimit::period::PeriodLimiter;
-use tower_redis_ratelimit::service::CountIf;
 use tower_redis_ratelimit::{Backend, LimitLayer, Limiter, PeriodLimitLayer};
 
 /// `GET /login`: 200 with `x-ok`, 401 without, after a short wait so that concurrent

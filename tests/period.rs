@@ -710,7 +710,7 @@ async fn instances_starting_on_one_server_leave_no_failed_call() {
     for _ in 0..3 {
         let backend = redis.uncached_backend();
         // Connected (the library loaded) with the connection's deadline, not a check's.
-        backend.probe_redis().await.unwrap();
+        backend.warm_up().await.unwrap();
         let limiter = limiter(&backend, PeriodConfig::new(1_000, Duration::from_secs(60)));
         assert_eq!(limiter.check(b"k", ONE).await.source, Source::Redis);
     }

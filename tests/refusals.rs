@@ -1,5 +1,5 @@
 //! Servers that refuse something the scripts need get a clear answer at start-up:
-//! [`Backend::probe_redis`] names what was refused and the remedy (a server that refuses
+//! [`Backend::warm_up`] names what was refused and the remedy (a server that refuses
 //! `TIME` inside scripts: `TimeSource::Caller`; one that refuses scripts: no remedy in
 //! the crate). Refusals are made real with ACL users on a real server (as managed
 //! services do with their own rules).
@@ -39,7 +39,7 @@ async fn a_server_refusing_time_in_scripts_is_told_to_use_the_callers_clock() {
     add_user(&redis, "no-time", &["-time"]);
 
     let error = backend(&redis, "no-time", TimeSource::Server)
-        .probe_redis()
+        .warm_up()
         .await
         .expect_err("TIME is refused");
     let said = error.to_string();
@@ -50,7 +50,7 @@ async fn a_server_refusing_time_in_scripts_is_told_to_use_the_callers_clock() {
 
     // The remedy works: the caller's clock needs no TIME.
     let backend = backend(&redis, "no-time", TimeSource::Caller);
-    backend.probe_redis().await.expect("no TIME needed");
+    backend.warm_up().await.expect("no TIME needed");
     let limiter = PeriodLimiter::new(
         &backend,
         "remedy",
@@ -95,7 +95,7 @@ async fn a_server_refusing_scripts_is_named_as_such() {
     let redis = RedisServer::start();
     add_user(&redis, "no-scripts", &["-@scripting"]);
     let error = backend(&redis, "no-scripts", TimeSource::Server)
-        .probe_redis()
+        .warm_up()
         .await
         .expect_err("scripts are refused");
     let said = error.to_string();
@@ -110,7 +110,7 @@ async fn a_server_with_every_right_passes_the_probe_on_both_clocks() {
     add_user(&redis, "all", &[]);
     for time in [TimeSource::Server, TimeSource::Caller] {
         backend(&redis, "all", time)
-            .probe_redis()
+            .warm_up()
             .await
             .unwrap_or_else(|error| panic!("{time:?}: {error}"));
     }

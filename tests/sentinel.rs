@@ -30,7 +30,7 @@ async fn the_backend_follows_a_failover_with_the_replicated_counts() {
         .recovery(Duration::from_millis(200))
         .build()
         .unwrap();
-    backend.probe_redis().await.unwrap();
+    backend.warm_up().await.unwrap();
     let limiter = PeriodLimiter::new(
         &backend,
         "s",
@@ -117,7 +117,7 @@ async fn a_sentinel_backend_from_configuration() {
     );
     let config: tower_redis_ratelimit::config::BackendConfig = toml::from_str(&text).unwrap();
     let backend = config.build().unwrap();
-    backend.probe_redis().await.unwrap();
+    backend.warm_up().await.unwrap();
     let limiter =
         PeriodLimiter::new(&backend, "s", PeriodConfig::new(2, Duration::from_secs(60))).unwrap();
     let decisions = [

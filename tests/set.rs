@@ -39,7 +39,7 @@ fn burst_and_daily() -> LimitSet {
 async fn one_script_call_per_decision_and_a_refusal_spends_nothing() {
     let redis = RedisServer::start();
     let backend = redis.uncached_backend();
-    backend.probe_redis().await.unwrap();
+    backend.warm_up().await.unwrap();
     let set = LimitSet::new()
         .limit("burst", PeriodConfig::new(2, 60 * SEC))
         .limit("daily", PeriodConfig::new(3, DAY));

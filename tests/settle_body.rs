@@ -23,7 +23,7 @@ use support::RedisServer;
 use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
 use tower_redis_ratelimit::key::GlobalKey;
 use tower_redis_ratelimit::key::HeaderKey;
-use tower_redis_ratelimit::service::Usage;
+use tower_redis_ratelimit::limit::Usage;
 use tower_redis_ratelimit::{Backend, PeriodLimitLayer};
 
 /// A body that yields `chunks` chunks of `size` bytes, one every `every`, counting what
@@ -195,7 +195,7 @@ async fn uploads_settle_to_the_bytes_read() {
     use http::header::CONTENT_LENGTH;
     use hyper_util::client::legacy::Client;
     use hyper_util::rt::TokioExecutor;
-    use tower_redis_ratelimit::service::CountRequestBytes;
+    use tower_redis_ratelimit::limit::CountRequestBytesLayer;
     use tower_redis_ratelimit::HeaderCost;
 
     let redis = RedisServer::start();
@@ -214,7 +214,7 @@ async fn uploads_settle_to_the_bytes_read() {
             "/upload",
             post(|body: Bytes| async move { body.len().to_string() }),
         )
-        .layer(CountRequestBytes)
+        .layer(CountRequestBytesLayer)
         .layer(uploads);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();

@@ -125,7 +125,7 @@ async fn rediss_with_an_acl_user_and_a_custom_ca_limits_on_redis() {
         .call_timeout(support::CALL_TIMEOUT)
         .build()
         .unwrap();
-    backend.probe_redis().await.unwrap();
+    backend.warm_up().await.unwrap();
     let (admitted, sources) = admitted(&limiter(&backend), 5).await;
     assert_eq!(admitted, 3);
     assert!(
@@ -161,7 +161,7 @@ async fn mutual_tls_needs_the_client_certificate() {
         .tls_ca_pem(pki.ca.clone())
         .build()
         .unwrap();
-    let error = without.probe_redis().await.unwrap_err();
+    let error = without.warm_up().await.unwrap_err();
     assert!(!error.is_refusal(), "the handshake fails: {error}");
     let with = support::backend_builder()
         .redis_url(&url)
@@ -169,7 +169,7 @@ async fn mutual_tls_needs_the_client_certificate() {
         .tls_client_auth_pem(pki.client_cert.clone(), pki.client_key.clone())
         .build()
         .unwrap();
-    with.probe_redis().await.unwrap();
+    with.warm_up().await.unwrap();
     assert_eq!(admitted(&limiter(&with), 4).await.0, 3);
 }
 
@@ -183,7 +183,7 @@ async fn a_server_signed_by_an_unknown_authority_is_refused() {
         .redis_url(format!("rediss://alice:{PASSWORD}@127.0.0.1:{port}"))
         .build()
         .unwrap();
-    assert!(backend.probe_redis().await.is_err());
+    assert!(backend.warm_up().await.is_err());
     // The failure policy answers; nothing fails open by surprise.
     assert_eq!(
         limiter(&backend).check(b"k", ONE).await.source,
@@ -210,7 +210,7 @@ async fn a_wrong_password_is_a_clear_error_and_never_shown() {
         !shown.contains(wrong) && !shown.contains("PRIVATE KEY"),
         "{shown}"
     );
-    let error = backend.probe_redis().await.unwrap_err();
+    let error = backend.warm_up().await.unwrap_err();
     assert!(error.is_refusal(), "redis refused the login: {error}");
     assert!(!error.to_string().contains(wrong), "{error}");
     let limiter = limiter(&backend);
@@ -242,7 +242,7 @@ async fn mutual_tls_from_configuration_files() {
     let config: tower_redis_ratelimit::config::BackendConfig = toml::from_str(&text).unwrap();
     assert!(!format!("{config:?}").contains(PASSWORD));
     let backend = config.build().unwrap();
-    backend.probe_redis().await.unwrap();
+    backend.warm_up().await.unwrap();
     assert_eq!(admitted(&limiter(&backend), 4).await.0, 3);
 }
 
@@ -259,7 +259,7 @@ async fn rediss_to_a_plaintext_port_says_the_handshake_did_not_complete() {
         ))
         .build()
         .unwrap();
-    let error = backend.probe_redis().await.unwrap_err();
+    let error = backend.warm_up().await.unwrap_err();
     let message = error.to_string();
     assert!(message.contains("TLS handshake"), "{message}");
     assert!(message.contains("speak TLS"), "{message}");

@@ -222,7 +222,7 @@ impl BackendBuilder {
 
     /// The default [`FailurePolicy`] of layers on this backend (default: fallback).
     /// Layers can override it with
-    /// [`LayerBuilder::on_redis_failure`](crate::LayerBuilder::on_redis_failure).
+    /// [`LayerBuilder::failure_policy`](crate::LayerBuilder::failure_policy).
     pub fn failure_policy(mut self, policy: FailurePolicy) -> Self {
         self.failover.policy = policy;
         self
@@ -435,7 +435,7 @@ impl BackendBuilder {
     /// [`TimeSource::Server`], the Redis server's `TIME`). [`TimeSource::Caller`] sends
     /// this backend's clock to every script as one more argument instead, and no script
     /// calls `TIME`: for servers that refuse `TIME` in scripts (reported of ElastiCache
-    /// Serverless; [`Backend::probe_redis`](crate::Backend::probe_redis) names the
+    /// Serverless; [`Backend::warm_up`](crate::Backend::warm_up) names the
     /// refusal and this remedy). Instances whose clocks differ then
     /// keep each algorithm's guarantees within a documented bound (see [`TimeSource`]);
     /// every instance on one Redis must use the same setting.

@@ -411,12 +411,12 @@ impl Backend {
     ///
     /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
     /// let backend = Backend::builder().redis_url("redis://127.0.0.1:6379").build()?;
-    /// if let Err(error) = backend.probe_redis().await {
+    /// if let Err(error) = backend.warm_up().await {
     ///     tracing::warn!(%error, "starting on the fallback");
     /// }
     /// # Ok(()) }
     /// ```
-    pub async fn probe_redis(&self) -> Result<(), RedisUnavailable> {
+    pub async fn warm_up(&self) -> Result<(), RedisUnavailable> {
         match &self.inner.redis {
             None => Ok(()),
             Some(redis) => redis.verify().await.map_err(|error| RedisUnavailable {
@@ -515,7 +515,7 @@ impl fmt::Debug for Backend {
     }
 }
 
-/// Why [`Backend::probe_redis`] found that checks cannot go to Redis.
+/// Why [`Backend::warm_up`] found that checks cannot go to Redis.
 #[derive(Debug, Clone, thiserror::Error)]
 #[error("redis cannot answer checks: {message}")]
 pub struct RedisUnavailable {

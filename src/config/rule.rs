@@ -11,10 +11,10 @@ use super::key::{KeyConfig, RuleKey};
 use crate::backend::{Backend, FailurePolicy, ShareRounding};
 use crate::cost::FixedCost;
 use crate::error::ConfigError;
+use crate::limit::{Algorithm, LayerBuilder, LimitLayer, MissingKey};
 use crate::limiter::Limiter;
 use crate::period::{Calendar, PeriodConfig, PeriodLimiter, UtcOffset, Weekday};
 use crate::rolling::{RollingConfig, RollingWindowLimiter};
-use crate::service::{Algorithm, LayerBuilder, LimitLayer, MissingKey};
 use crate::token_bucket::{TokenBucketConfig, TokenBucketLimiter};
 
 /// The layer a [`RuleConfig`] builds: one type whatever the algorithm and the key, so a
@@ -51,7 +51,7 @@ pub struct RuleConfig {
     /// whose requests are all free would never limit anything.
     #[serde(default = "one")]
     pub cost: u32,
-    /// [`LayerBuilder::on_redis_failure`] (default: the backend's).
+    /// [`LayerBuilder::failure_policy`] (default: the backend's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failure_policy: Option<FailurePolicy>,
     /// [`LayerBuilder::fallback_share`] (default: the backend's).
@@ -122,7 +122,7 @@ impl RuleConfig {
             .cost(FixedCost(self.cost))
             .shadow(self.shadow);
         if let Some(policy) = self.failure_policy {
-            builder = builder.on_redis_failure(policy);
+            builder = builder.failure_policy(policy);
         }
         if let Some(share) = self.fallback_share {
             builder = builder.fallback_share(share);

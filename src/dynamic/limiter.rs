@@ -15,9 +15,9 @@ use crate::backend::Backend;
 use crate::blocked::Listing;
 use crate::decision::{Decision, Policy, Source, State};
 use crate::error::ConfigError;
+use crate::limit::Algorithm;
 use crate::limiter::{DecisionFuture, Limiter};
 use crate::response::policy_header;
-use crate::service::Algorithm;
 
 /// A limiter built for one limit, with its `RateLimit-Policy` value.
 struct Limited<L> {

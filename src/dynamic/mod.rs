@@ -102,9 +102,9 @@ use std::time::Duration;
 pub use self::limiter::DynamicLimiter;
 pub use crate::error::BoxError;
 pub use crate::key::TaggedKey;
+use crate::limit::Algorithm;
 use crate::period::PeriodConfig;
 use crate::rolling::RollingConfig;
-use crate::service::Algorithm;
 use crate::token_bucket::TokenBucketConfig;
 
 /// The future of one lookup.

@@ -7,7 +7,7 @@
 //! | layer | modules | what it does |
 //! |---|---|---|
 //! | faces | `lib.rs`, `layers.rs`, [`config`](crate::config) | the layers users build (`PeriodLimitLayer`, ...), their settings, rules as data |
-//! | the service | [`service`](crate::service) | one generic [`LimitService`](crate::LimitService) and its future: key, cost, check, then the inner service or the rejection |
+//! | the inbound limit | [`limit`](crate::limit) | one generic [`Limit`](crate::Limit) and its future: key, cost, check, then the inner service or the rejection |
 //! | the client side | [`outbound`](crate::outbound) | a [`Waiter`](crate::outbound::Waiter) over any `Limiter` (one first-in, first-out queue per key, sleeping for the refusal's retry-after) and the layer that waits before calling a client |
 //! | the edges | [`response`](crate::response), [`key`](crate::key) | what clients see (HTTP `429`, gRPC `RESOURCE_EXHAUSTED`, the `RateLimit` headers) and which bucket a request counts against |
 //! | algorithms | [`period`](crate::period), [`token_bucket`](crate::token_bucket), [`rolling`](crate::rolling) | each a pure step (stored state, now, cost, settings) -> (state, decision), with two hosts: a Lua script and the in-process state |

@@ -21,8 +21,8 @@
 //! `Option<Listing>`: `None` for a limiter that cannot (your own, unless it implements
 //! them). A listing reads a small list kept beside the blocks, never the keyspace (see
 //! [Listing what is blocked](crate::guide::operations#listing-what-is-blocked)). A per-plan layer's limiter
-//! ([`PlanLimiter`](crate::service::PlanLimiter)) resets and blocks a key under every
-//! plan and peeks and refunds under the first plan ([`plan`](crate::service::PlanLimiter::plan)
+//! ([`PlanLimiter`](crate::limit::PlanLimiter)) resets and blocks a key under every
+//! plan and peeks and refunds under the first plan ([`plan`](crate::limit::PlanLimiter::plan)
 //! gives one plan's limiter); a dynamic layer's limiter
 //! ([`DynamicLimiter`](crate::dynamic::DynamicLimiter)) answers under the key's known
 //! limit (the default one until the source was asked).
@@ -76,7 +76,7 @@
 //! Each answers one `(key, decision)` per key: an `or` extractor can count a value under
 //! several keys (an address sent as an API key is the header's key and the address's),
 //! and every one is acted on. A value the layer never counts (`localhost` for a per-IP
-//! layer) is an [`AdminError`](crate::service::AdminError), never a success on a key no
+//! layer) is an [`AdminError`](crate::limit::AdminError), never a success on a key no
 //! request is counted under.
 //!
 //! Extractors read the request's head, never its body, so these take no type parameter.

@@ -4,8 +4,8 @@
 //!
 //! Some limits count only what happened: failed logins and password resets, or paid
 //! exports that succeeded. [`count_if`](crate::LayerBuilder::count_if) with
-//! [`CountIf::failures`](crate::service::CountIf::failures),
-//! [`CountIf::successes`](crate::service::CountIf::successes) or your own predicate on
+//! [`CountIf::failures`](crate::limit::CountIf::failures),
+//! [`CountIf::successes`](crate::limit::CountIf::successes) or your own predicate on
 //! the status and headers decides once the response is known. A burst of concurrent
 //! requests is checked before any of them has a response, so the layer still counts
 //! each admitted request when it is checked (concurrent requests can never overshoot)
@@ -24,7 +24,7 @@
 //! estimate, the layer's [cost](crate::LayerBuilder::cost) (a closure, a header with
 //! [`HeaderCost`](crate::HeaderCost), or what a middleware before the limit read from the
 //! body). When the response body ends, the layer reads the actual cost with its
-//! [`Usage`](crate::service::Usage): a response header, a trailer, the body's bytes, or a
+//! [`Usage`](crate::limit::Usage): a response header, a trailer, the body's bytes, or a
 //! closure over the end of the finished body. Then **one engine call**
 //! ([`Limiter::settle`](crate::Limiter::settle), on Redis and in process alike) settles
 //! the difference in the background:
@@ -42,7 +42,7 @@
 //!
 //! Never free, never charged twice: a body that ends settles once. So does a body that
 //! fails, is dropped unread (a client gone mid-stream) or panics: it settles what it
-//! produced (its bytes so far; a closure sees [`is_complete`](crate::service::Finished::is_complete)
+//! produced (its bytes so far; a closure sees [`is_complete`](crate::limit::Finished::is_complete)
 //! false). A request whose actual cost cannot be read (no header, a stream cut before
 //! its usage) keeps its estimate.
 //!
@@ -68,7 +68,7 @@
 //! use std::time::Duration;
 //! use http::request::Parts;
 //! use tower_redis_ratelimit::key::HeaderKey;
-//! use tower_redis_ratelimit::service::{Finished, Usage};
+//! use tower_redis_ratelimit::limit::{Finished, Usage};
 //! use tower_redis_ratelimit::token_bucket::TokenBucketConfig;
 //! use tower_redis_ratelimit::{Backend, LimitSetLayer};
 //!
@@ -100,11 +100,11 @@
 //! # let _ = llm; Ok(()) }
 //! ```
 //!
-//! **Bytes.** [`Usage::bytes`](crate::service::Usage::bytes) counts a response body as
+//! **Bytes.** [`Usage::bytes`](crate::limit::Usage::bytes) counts a response body as
 //! it streams: "10 MB per minute per tenant" is a limit of `10_000_000` with
 //! `.settle(Usage::bytes())`. For request bodies,
-//! [`Usage::request_bytes`](crate::service::Usage::request_bytes) settles to the bytes
-//! the handler read, counted by a [`CountRequestBytes`](crate::service::CountRequestBytes)
+//! [`Usage::request_bytes`](crate::limit::Usage::request_bytes) settles to the bytes
+//! the handler read, counted by a [`CountRequestBytesLayer`](crate::limit::CountRequestBytesLayer)
 //! layer inside the limit, with
 //! [`HeaderCost::new(CONTENT_LENGTH, 1)`](crate::HeaderCost) as the estimate.
 //!

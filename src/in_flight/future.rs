@@ -1,4 +1,4 @@
-//! The response future of [`InFlightService`](super::InFlightService), and the body
+//! The response future of [`InFlightLimit`](super::InFlightLimit), and the body
 //! that holds the request's slot until it ends.
 
 use std::fmt;
@@ -36,10 +36,10 @@ pub(super) trait Decide: Send + Sync + 'static {
 }
 
 pin_project! {
-    /// The response future of [`InFlightService`](super::InFlightService): waits for the slot when it needs a
+    /// The response future of [`InFlightLimit`](super::InFlightLimit): waits for the slot when it needs a
     /// round trip, then runs the inner service (the slot goes with its body) or yields
     /// the rejection.
-    pub struct InFlightFuture<S, B>
+    pub struct ResponseFuture<S, B>
     where
         S: Service<Request<B>>,
     {
@@ -72,7 +72,7 @@ pin_project! {
     }
 }
 
-impl<S: Service<Request<B>>, B> InFlightFuture<S, B> {
+impl<S: Service<Request<B>>, B> ResponseFuture<S, B> {
     /// Waits for `acquire`, then acts on it with `decide`: the request (`parts` and
     /// `body`) to `service`, or the rejection.
     pub(super) fn acquire(
@@ -107,11 +107,11 @@ impl<S: Service<Request<B>>, B> InFlightFuture<S, B> {
     }
 }
 
-impl<S, B, ResBody> Future for InFlightFuture<S, B>
+impl<S, B, ResBody> Future for ResponseFuture<S, B>
 where
     S: Service<Request<B>, Response = Response<ResBody>>,
 {
-    type Output = Result<Response<InFlightBody<ResBody>>, S::Error>;
+    type Output = Result<Response<ResponseBody<ResBody>>, S::Error>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
@@ -143,13 +143,13 @@ where
                     // An error drops the guard with the future: the slot is given back.
                     let response = ready!(future.poll(cx))?;
                     let guard = guard.take();
-                    return Poll::Ready(Ok(response.map(|body| InFlightBody {
+                    return Poll::Ready(Ok(response.map(|body| ResponseBody {
                         kind: Kind::Inner { body, guard },
                     })));
                 }
                 StateProj::Done { response } => {
                     let response = response.take().expect("polled after completion");
-                    return Poll::Ready(Ok(response.map(|data| InFlightBody {
+                    return Poll::Ready(Ok(response.map(|data| ResponseBody {
                         kind: Kind::Rejection {
                             data: (!data.is_empty()).then_some(data),
                         },
@@ -160,23 +160,23 @@ where
     }
 }
 
-impl<S: Service<Request<B>>, B> fmt::Debug for InFlightFuture<S, B> {
+impl<S: Service<Request<B>>, B> fmt::Debug for ResponseFuture<S, B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let state = match &self.state {
             FutureState::Acquire { .. } => "acquire",
             FutureState::Inner { .. } => "inner",
             FutureState::Done { .. } => "done",
         };
-        f.debug_struct("InFlightFuture")
+        f.debug_struct("ResponseFuture")
             .field("state", &state)
             .finish_non_exhaustive()
     }
 }
 
 pin_project! {
-    /// The body of a response from [`InFlightService`](super::InFlightService): the inner body, holding the
+    /// The body of a response from [`InFlightLimit`](super::InFlightLimit): the inner body, holding the
     /// request's slot until it ends, fails or is dropped; or a rejection's body.
-    pub struct InFlightBody<B> {
+    pub struct ResponseBody<B> {
         #[pin]
         kind: Kind<B>,
     }
@@ -196,10 +196,10 @@ pin_project! {
     }
 }
 
-impl<B> fmt::Debug for InFlightBody<B> {
+impl<B> fmt::Debug for ResponseBody<B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let holds = matches!(&self.kind, Kind::Inner { guard: Some(_), .. });
-        f.debug_struct("InFlightBody")
+        f.debug_struct("ResponseBody")
             .field("holds_slot", &holds)
             .finish_non_exhaustive()
     }
@@ -208,7 +208,7 @@ impl<B> fmt::Debug for InFlightBody<B> {
 /// An empty body of the inner type, as a response made outside the limit needs one
 /// (tower-http's `CorsLayer` answers a preflight with `Default::default()`): it holds no
 /// slot.
-impl<B: Default> Default for InFlightBody<B> {
+impl<B: Default> Default for ResponseBody<B> {
     fn default() -> Self {
         Self {
             kind: Kind::Inner {
@@ -219,7 +219,7 @@ impl<B: Default> Default for InFlightBody<B> {
     }
 }
 
-impl<B> Body for InFlightBody<B>
+impl<B> Body for ResponseBody<B>
 where
     B: Body<Data = Bytes>,
 {

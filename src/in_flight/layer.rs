@@ -7,15 +7,15 @@ use std::time::Duration;
 
 use tower_layer::Layer;
 
-use super::service::{InFlightService, Shared};
+use super::service::{InFlightLimit, Shared};
 use super::{InFlightConfig, InFlightLimiter};
 use crate::backend::Backend;
 use crate::cost::UnitCost;
 use crate::error::ConfigError;
 use crate::key::{GlobalKey, Key, KeyExtractor, KeyForError};
+use crate::limit::{LayerBuilder, MissingKeyWarning};
 use crate::metrics::LayerMetrics;
 use crate::response::{DefaultRejection, OnRejection};
-use crate::service::{LayerBuilder, MissingKeyWarning};
 
 /// A layer that allows at most N requests of one key in flight at once, across every
 /// instance sharing the backend's Redis; see the [`in_flight`](super) module.
@@ -128,10 +128,10 @@ impl<K, R> fmt::Debug for InFlightLimitLayer<K, R> {
 }
 
 impl<S, K, R> Layer<S> for InFlightLimitLayer<K, R> {
-    type Service = InFlightService<S, K, R>;
+    type Service = InFlightLimit<S, K, R>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        InFlightService::new(inner, Arc::clone(&self.shared))
+        InFlightLimit::new(inner, Arc::clone(&self.shared))
     }
 }
 
@@ -183,7 +183,7 @@ impl<K, R> LayerBuilder<InFlightConfig, K, UnitCost, R> {
             });
         }
         let limiter = InFlightLimiter::new(&checked.backend, &checked.name, checked.algorithm)?;
-        crate::service::require_key(checked.keyed)?;
+        crate::limit::require_key(checked.keyed)?;
         let metrics = LayerMetrics::new(std::slice::from_ref(limiter.policy()));
         Ok(InFlightLimitLayer {
             shared: Arc::new(Shared {

@@ -99,10 +99,10 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use self::future::{InFlightBody, InFlightFuture};
+pub use self::future::{ResponseBody, ResponseFuture};
 use self::host::{Acquire, Held, Slots};
 pub use self::layer::InFlightLimitLayer;
-pub use self::service::InFlightService;
+pub use self::service::InFlightLimit;
 use crate::backend::Backend;
 use crate::decision::{Decision, Policy};
 use crate::error::ConfigError;

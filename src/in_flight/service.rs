@@ -1,4 +1,4 @@
-//! [`InFlightService`]: takes a slot of the request's key (at once in process, in the
+//! [`InFlightLimit`]: takes a slot of the request's key (at once in process, in the
 //! response future after a round trip), then calls the inner service with the slot
 //! going along with the response body, or answers the rejection.
 
@@ -11,24 +11,24 @@ use bytes::Bytes;
 use http::{Request, Response};
 use tower_service::Service;
 
-use super::future::{Decide, Guard, InFlightBody, InFlightFuture};
+use super::future::{Decide, Guard, ResponseBody, ResponseFuture};
 use super::host::{Acquire, Acquired};
 use super::{InFlightLimiter, Slot};
 use crate::decision::Decision;
 use crate::key::KeyExtractor;
 use crate::key::KeyOrigin;
+use crate::limit::{MissingKey, MissingKeyWarning};
 use crate::metrics::LayerMetrics;
 use crate::response::{missing_key, MissingKeyRejection, OnRejection, Rejection};
-use crate::service::{MissingKey, MissingKeyWarning};
 
 /// Holds at most N requests of one key in flight; built by [`InFlightLimitLayer`](super::InFlightLimitLayer).
 /// Readiness is the inner service's.
-pub struct InFlightService<S, K, R> {
+pub struct InFlightLimit<S, K, R> {
     inner: S,
     shared: Arc<Shared<K, R>>,
 }
 
-impl<S, K, R> InFlightService<S, K, R> {
+impl<S, K, R> InFlightLimit<S, K, R> {
     pub(super) fn new(inner: S, shared: Arc<Shared<K, R>>) -> Self {
         Self { inner, shared }
     }
@@ -49,7 +49,7 @@ impl<S, K, R> InFlightService<S, K, R> {
     }
 }
 
-impl<S: Clone, K, R> Clone for InFlightService<S, K, R> {
+impl<S: Clone, K, R> Clone for InFlightLimit<S, K, R> {
     fn clone(&self) -> Self {
         Self {
             inner: self.inner.clone(),
@@ -58,24 +58,24 @@ impl<S: Clone, K, R> Clone for InFlightService<S, K, R> {
     }
 }
 
-impl<S: fmt::Debug, K, R> fmt::Debug for InFlightService<S, K, R> {
+impl<S: fmt::Debug, K, R> fmt::Debug for InFlightLimit<S, K, R> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("InFlightService")
+        f.debug_struct("InFlightLimit")
             .field("inner", &self.inner)
             .field("limiter", &self.shared.limiter)
             .finish_non_exhaustive()
     }
 }
 
-impl<S, K, R, ReqBody, ResBody> Service<Request<ReqBody>> for InFlightService<S, K, R>
+impl<S, K, R, ReqBody, ResBody> Service<Request<ReqBody>> for InFlightLimit<S, K, R>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
     K: KeyExtractor,
     R: OnRejection,
 {
-    type Response = Response<InFlightBody<ResBody>>;
+    type Response = Response<ResponseBody<ResBody>>;
     type Error = S::Error;
-    type Future = InFlightFuture<S, ReqBody>;
+    type Future = ResponseFuture<S, ReqBody>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
@@ -88,7 +88,7 @@ where
         let (mut parts, body) = req.into_parts();
         // An exempt request takes no slot and carries no headers.
         if shared.options.exempt.test(&parts) {
-            return InFlightFuture::inner(self.inner.call(Request::from_parts(parts, body)), None);
+            return ResponseFuture::inner(self.inner.call(Request::from_parts(parts, body)), None);
         }
         let shadow = shared.options.shadow;
         let mut acquire = match shared.key.extract(&parts) {
@@ -110,11 +110,11 @@ where
                                 headers: &parts.headers,
                             })
                             .unwrap_or_else(|| missing_key(*status, &parts.headers));
-                        return InFlightFuture::done(response);
+                        return ResponseFuture::done(response);
                     }
                     MissingKey::Reject(_) | MissingKey::Allow => {
                         let req = Request::from_parts(parts, body);
-                        return InFlightFuture::inner(self.inner.call(req), None);
+                        return ResponseFuture::inner(self.inner.call(req), None);
                     }
                     MissingKey::Key(key) => shared.limiter.acquire_raw(key.as_bytes()),
                 }
@@ -122,20 +122,20 @@ where
         };
         if shadow {
             let guard = shared.shadow(acquire);
-            return InFlightFuture::inner(self.inner.call(Request::from_parts(parts, body)), guard);
+            return ResponseFuture::inner(self.inner.call(Request::from_parts(parts, body)), guard);
         }
         if let Some(acquired) = acquire.take_ready() {
             return match shared.decide(&mut parts, acquired) {
-                Ok(slot) => InFlightFuture::inner(
+                Ok(slot) => ResponseFuture::inner(
                     self.inner.call(Request::from_parts(parts, body)),
                     slot.map(Guard::Slot),
                 ),
-                Err(response) => InFlightFuture::done(response),
+                Err(response) => ResponseFuture::done(response),
             };
         }
         let clone = self.inner.clone();
         let inner = mem::replace(&mut self.inner, clone);
-        InFlightFuture::acquire(
+        ResponseFuture::acquire(
             acquire,
             parts,
             body,
@@ -150,7 +150,7 @@ pub(super) struct Shared<K, R> {
     pub(super) limiter: InFlightLimiter,
     pub(super) key: K,
     pub(super) rejection: R,
-    pub(super) options: crate::service::Options,
+    pub(super) options: crate::limit::Options,
     pub(super) metrics: LayerMetrics,
     pub(super) missing_warning: MissingKeyWarning,
 }
@@ -239,7 +239,7 @@ impl<K: Send + Sync + 'static, R: OnRejection> Shared<K, R> {
         self.metrics.missing_key(0);
         let refused = matches!(self.options.missing_key, MissingKey::Reject(_));
         if !refused || origin == KeyOrigin::Client {
-            crate::service::log_missing_key(
+            crate::limit::log_missing_key(
                 self.options.missing_key_level,
                 self.limiter.policy().name(),
                 too_long,

@@ -9,7 +9,7 @@ use std::time::Duration;
 use http::{Request, Response};
 use tower::{service_fn, Service, ServiceBuilder};
 use tower_redis_ratelimit::key::HeaderKey;
-use tower_redis_ratelimit::service::ResponseBody;
+use tower_redis_ratelimit::limit::ResponseBody;
 use tower_redis_ratelimit::{Backend, Decision, PeriodLimitLayer};
 
 pub(crate) type Svc = tower::util::BoxCloneService<

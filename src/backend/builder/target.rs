@@ -21,7 +21,7 @@ impl BackendBuilder {
     /// `TCP_NODELAY` on its socket (a pool built with `deadpool_redis::Config` leaves it
     /// off, which costs about a round trip per request under concurrency); this is the
     /// recommended way to reach a single Redis. Nothing connects until the first check:
-    /// [`Backend::probe_redis`](crate::Backend::probe_redis) tells at start-up whether
+    /// [`Backend::warm_up`](crate::Backend::warm_up) tells at start-up whether
     /// Redis accepts the credentials.
     ///
     /// ```

@@ -567,7 +567,7 @@ impl ErrorLog {
                 key,
                 last = %error,
                 "redis errors since the last summary: this user may not run a command the \
-                 scripts send (ACL); Backend::probe_redis() names a refused TIME and its \
+                 scripts send (ACL); Backend::warm_up() names a refused TIME and its \
                  remedy (TimeSource::Caller)"
             );
             return;

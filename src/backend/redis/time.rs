@@ -52,14 +52,14 @@ pub enum TimeSource {
     /// server whose scripts may call `TIME` and get the real time: Redis 6.2 to 8 and
     /// Valkey 8 and 9 (tested here: `scripts/matrix`); Dragonfly since 1.15 (a time in
     /// ms, the same for the whole script: not tested here).
-    /// [`Backend::probe_redis`](crate::Backend::probe_redis) tells a server that
+    /// [`Backend::warm_up`](crate::Backend::warm_up) tells a server that
     /// refuses `TIME` inside scripts, and names this remedy.
     #[default]
     Server,
     /// The caller's clock, sent to each script as one more argument (its only cost: one
     /// more short argument per check); no script ever calls `TIME`. For servers that
     /// refuse `TIME` in scripts (reported of ElastiCache Serverless; an ACL rule `-time`
-    /// does it too, and [`Backend::probe_redis`](crate::Backend::probe_redis) says so).
+    /// does it too, and [`Backend::warm_up`](crate::Backend::warm_up) says so).
     ///
     /// The clock is the backend's own: the host's Unix time when the backend was built,
     /// advanced by the monotonic clock (tokio's, so a paused tokio clock drives it in

@@ -31,7 +31,7 @@ use super::outcome::Settle;
 ///
 /// ```
 /// use std::time::Duration;
-/// use tower_redis_ratelimit::service::Usage;
+/// use tower_redis_ratelimit::limit::Usage;
 /// use tower_redis_ratelimit::{key::HeaderKey, Backend, PeriodLimitLayer};
 ///
 /// # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
@@ -83,7 +83,7 @@ impl Usage {
     }
 
     /// The actual cost is the request body's bytes that the handler read, counted by a
-    /// [`CountRequestBytes`](super::CountRequestBytes) layer inside the limit (without
+    /// [`CountRequestBytesLayer`](super::CountRequestBytesLayer) layer inside the limit (without
     /// one, the estimate is kept); settled when the response body ends. Pair it with
     /// the estimate [`HeaderCost::new(CONTENT_LENGTH, ..)`](crate::HeaderCost).
     #[must_use]
@@ -106,7 +106,7 @@ impl Usage {
     /// `usage` at its end; a streamed answer, in its last event).
     ///
     /// ```
-    /// use tower_redis_ratelimit::service::Usage;
+    /// use tower_redis_ratelimit::limit::Usage;
     ///
     /// // The `"total_tokens":N` of a JSON body (a real one would parse it), read from
     /// // the body's last 64 KiB.

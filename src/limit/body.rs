@@ -11,7 +11,7 @@ use pin_project_lite::pin_project;
 use super::usage::Meter;
 
 pin_project! {
-    /// The body of a response from [`LimitService`](crate::LimitService): the inner service's
+    /// The body of a response from [`Limit`](crate::Limit): the inner service's
     /// body when the request was admitted, the rejection's body otherwise.
     #[derive(Debug)]
     pub struct ResponseBody<B> {

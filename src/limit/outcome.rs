@@ -23,7 +23,7 @@ use http::{HeaderMap, StatusCode};
 ///
 /// ```
 /// use std::time::Duration;
-/// use tower_redis_ratelimit::service::CountIf;
+/// use tower_redis_ratelimit::limit::CountIf;
 /// use tower_redis_ratelimit::{key::HeaderKey, Backend, PeriodLimitLayer};
 ///
 /// # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {

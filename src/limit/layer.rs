@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use tower_layer::Layer;
 
-use super::{LimitService, MissingKey, Options, Shared};
+use super::{Limit, MissingKey, Options, Shared};
 use crate::backend::{Backend, FailurePolicy};
 use crate::cost::{Cost, UnitCost};
 use crate::error::{validate_name, ConfigError};
@@ -64,10 +64,10 @@ impl<L: Limiter, K, C, R> fmt::Debug for LimitLayer<L, K, C, R> {
 }
 
 impl<S, L, K, C, R> Layer<S> for LimitLayer<L, K, C, R> {
-    type Service = LimitService<S, L, K, C, R>;
+    type Service = Limit<S, L, K, C, R>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        LimitService::from_shared(inner, Arc::clone(&self.shared))
+        Limit::from_shared(inner, Arc::clone(&self.shared))
     }
 }
 
@@ -255,14 +255,14 @@ impl<A, K, C, R> LayerBuilder<A, K, C, R> {
     /// successful exports): each admitted request still reserves its units when it is
     /// checked, so concurrent requests never overshoot the limit, and gets them back
     /// when its response does not count. Needs a limiter that can refund (the built-in
-    /// ones and sets); see [`CountIf`](crate::service::CountIf).
-    pub fn count_if(mut self, count_if: crate::service::CountIf) -> Self {
+    /// ones and sets); see [`CountIf`](crate::limit::CountIf).
+    pub fn count_if(mut self, count_if: crate::limit::CountIf) -> Self {
         self.options.count_if = Some(count_if);
         self
     }
 
     /// Settles each admitted request to what it really cost, read from its response by
-    /// `usage`, when the response body ends (see [`Usage`](crate::service::Usage) and
+    /// `usage`, when the response body ends (see [`Usage`](crate::limit::Usage) and
     /// the guide's [Limits on usage](crate::guide::usage#limits-on-usage)).
     ///
     /// The check spends the request's [cost](Self::cost) as an estimate; at the end of
@@ -278,7 +278,7 @@ impl<A, K, C, R> LayerBuilder<A, K, C, R> {
     /// ```
     /// use std::time::Duration;
     /// use http::{HeaderName, Request};
-    /// use tower_redis_ratelimit::service::Usage;
+    /// use tower_redis_ratelimit::limit::Usage;
     /// use tower_redis_ratelimit::{key::HeaderKey, Backend, TokenBucketLayer};
     ///
     /// # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
@@ -293,7 +293,7 @@ impl<A, K, C, R> LayerBuilder<A, K, C, R> {
     ///     .build()?;
     /// # let _ = layer; Ok(()) }
     /// ```
-    pub fn settle(mut self, usage: crate::service::Usage) -> Self {
+    pub fn settle(mut self, usage: crate::limit::Usage) -> Self {
         self.options.usage = Some(usage);
         self
     }
@@ -376,7 +376,7 @@ impl<A, K, C, R> LayerBuilder<A, K, C, R> {
 
     /// What this layer answers while Redis is unreachable (default: the backend's, which
     /// defaults to [`FailurePolicy::Fallback`]).
-    pub fn on_redis_failure(mut self, policy: FailurePolicy) -> Self {
+    pub fn failure_policy(mut self, policy: FailurePolicy) -> Self {
         let mut failover = self.backend.failover();
         failover.policy = policy;
         self.backend = self.backend.with_failover(failover);

@@ -1,4 +1,4 @@
-//! Request bodies as cost: [`CountRequestBytes`] wraps each request's body in a
+//! Request bodies as cost: [`CountRequestBytesLayer`] wraps each request's body in a
 //! [`CountedBody`] that counts the bytes the handler reads, for a layer that settles to
 //! them ([`Usage::request_bytes`](super::Usage::request_bytes)).
 //!
@@ -28,7 +28,7 @@ pub(crate) struct RequestBytes {
 }
 
 impl RequestBytes {
-    /// The bytes read so far; `None` when no [`CountRequestBytes`] layer counts them.
+    /// The bytes read so far; `None` when no [`CountRequestBytesLayer`] layer counts them.
     pub(crate) fn read(&self) -> Option<u64> {
         self.counted
             .load(Ordering::Acquire)
@@ -36,7 +36,7 @@ impl RequestBytes {
     }
 }
 
-/// The extension that carries a request's [`RequestBytes`] to [`CountRequestBytes`].
+/// The extension that carries a request's [`RequestBytes`] to [`CountRequestBytesLayer`].
 #[derive(Debug, Clone)]
 pub(crate) struct RequestBytesSlot(pub(crate) Arc<RequestBytes>);
 
@@ -50,7 +50,7 @@ pub(crate) struct RequestBytesSlot(pub(crate) Arc<RequestBytes>);
 /// use std::time::Duration;
 /// use axum::{routing::post, Router};
 /// use http::header::CONTENT_LENGTH;
-/// use tower_redis_ratelimit::service::{CountRequestBytes, Usage};
+/// use tower_redis_ratelimit::limit::{CountRequestBytesLayer, Usage};
 /// use tower_redis_ratelimit::{key::HeaderKey, Backend, HeaderCost, PeriodLimitLayer};
 ///
 /// # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
@@ -65,29 +65,29 @@ pub(crate) struct RequestBytesSlot(pub(crate) Arc<RequestBytes>);
 ///     .build()?;
 /// let app: Router = Router::new()
 ///     .route("/upload", post(|body: String| async move { body.len().to_string() }))
-///     .layer(CountRequestBytes)
+///     .layer(CountRequestBytesLayer)
 ///     .layer(uploads);
 /// # let _ = app; Ok(()) }
 /// ```
 #[derive(Debug, Clone, Copy, Default)]
-pub struct CountRequestBytes;
+pub struct CountRequestBytesLayer;
 
-impl<S> Layer<S> for CountRequestBytes {
-    type Service = CountRequestBytesService<S>;
+impl<S> Layer<S> for CountRequestBytesLayer {
+    type Service = CountRequestBytes<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        CountRequestBytesService { inner }
+        CountRequestBytes { inner }
     }
 }
 
-/// The service of [`CountRequestBytes`]: hands its inner service the request with its
+/// The service of [`CountRequestBytesLayer`]: hands its inner service the request with its
 /// body in a [`CountedBody`].
 #[derive(Debug, Clone)]
-pub struct CountRequestBytesService<S> {
+pub struct CountRequestBytes<S> {
     inner: S,
 }
 
-impl<S, B> Service<Request<B>> for CountRequestBytesService<S>
+impl<S, B> Service<Request<B>> for CountRequestBytes<S>
 where
     S: Service<Request<CountedBody<B>>>,
 {
@@ -113,7 +113,7 @@ where
 
 pin_project! {
     /// A request body whose bytes are counted as the handler reads them, for a limit
-    /// that settles to them; made by [`CountRequestBytes`].
+    /// that settles to them; made by [`CountRequestBytesLayer`].
     #[derive(Debug)]
     pub struct CountedBody<B> {
         #[pin]

@@ -18,7 +18,7 @@ use crate::limiter::{DecisionFuture, Limiter};
 /// ```
 /// use std::time::Duration;
 /// use tower_redis_ratelimit::key::PeerIp;
-/// use tower_redis_ratelimit::service::AdminError;
+/// use tower_redis_ratelimit::limit::AdminError;
 /// use tower_redis_ratelimit::{Backend, PeriodLimitLayer};
 ///
 /// # #[tokio::main(flavor = "current_thread")]

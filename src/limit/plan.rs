@@ -31,7 +31,7 @@ use crate::limiter::{DecisionFuture, Limiter};
 ///         _ => Some("free"),
 ///     }
 /// };
-/// # fn takes<S: tower_redis_ratelimit::service::SelectPlan<&'static str>>(_: S) {}
+/// # fn takes<S: tower_redis_ratelimit::limit::SelectPlan<&'static str>>(_: S) {}
 /// # takes(by_header);
 /// ```
 pub trait SelectPlan<P>: Send + Sync + 'static {
@@ -52,7 +52,7 @@ where
 /// extensions, as a value of type `P`.
 ///
 /// ```
-/// use tower_redis_ratelimit::service::{ExtensionPlan, SelectPlan};
+/// use tower_redis_ratelimit::limit::{ExtensionPlan, SelectPlan};
 ///
 /// #[derive(Clone, Copy, Debug, PartialEq)]
 /// enum Plan { Free, Paid }
@@ -116,7 +116,7 @@ where
 /// use std::time::Duration;
 /// use tower_redis_ratelimit::key::ExtensionKey;
 /// use tower_redis_ratelimit::period::PeriodConfig;
-/// use tower_redis_ratelimit::service::{ExtensionPlan, Plans};
+/// use tower_redis_ratelimit::limit::{ExtensionPlan, Plans};
 /// use tower_redis_ratelimit::{Backend, LayerBuilder};
 ///
 /// /// Put into the request extensions by the authentication layer.

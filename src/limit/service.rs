@@ -1,4 +1,4 @@
-//! [`LimitService`]: extracts the key and cost of a request and asks the limiter; an
+//! [`Limit`]: extracts the key and cost of a request and asks the limiter; an
 //! in-process decision is answered at once, one that needs Redis is awaited in the
 //! response future. `poll_ready` only delegates to the inner service.
 
@@ -28,12 +28,12 @@ use crate::response::{missing_key, MissingKeyRejection, OnRejection};
 /// rate-limit headers on its response) or the rejection is answered without touching it.
 /// A [shadow](super::LayerBuilder::shadow) layer always calls the inner service, and
 /// only records its decisions.
-pub struct LimitService<S, L, K, C, R> {
+pub struct Limit<S, L, K, C, R> {
     inner: S,
     shared: Arc<Shared<L, K, C, R>>,
 }
 
-impl<S, L, K, C, R> LimitService<S, L, K, C, R> {
+impl<S, L, K, C, R> Limit<S, L, K, C, R> {
     pub(crate) fn from_shared(inner: S, shared: Arc<Shared<L, K, C, R>>) -> Self {
         Self { inner, shared }
     }
@@ -59,7 +59,7 @@ impl<S, L, K, C, R> LimitService<S, L, K, C, R> {
     }
 }
 
-impl<S: Clone, L, K, C, R> Clone for LimitService<S, L, K, C, R> {
+impl<S: Clone, L, K, C, R> Clone for Limit<S, L, K, C, R> {
     fn clone(&self) -> Self {
         Self {
             inner: self.inner.clone(),
@@ -68,16 +68,16 @@ impl<S: Clone, L, K, C, R> Clone for LimitService<S, L, K, C, R> {
     }
 }
 
-impl<S: fmt::Debug, L: Limiter, K, C, R> fmt::Debug for LimitService<S, L, K, C, R> {
+impl<S: fmt::Debug, L: Limiter, K, C, R> fmt::Debug for Limit<S, L, K, C, R> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("LimitService")
+        f.debug_struct("Limit")
             .field("inner", &self.inner)
             .field("policy", self.shared.limiter.policy())
             .finish_non_exhaustive()
     }
 }
 
-impl<S, L, K, C, R, ReqBody, ResBody> Service<Request<ReqBody>> for LimitService<S, L, K, C, R>
+impl<S, L, K, C, R, ReqBody, ResBody> Service<Request<ReqBody>> for Limit<S, L, K, C, R>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
     L: Limiter,
@@ -172,7 +172,7 @@ where
                 .as_ref()
                 .is_some_and(Usage::counts_request)
             {
-                // The request body's bytes, counted by `CountRequestBytes` inside.
+                // The request body's bytes, counted by `CountRequestBytesLayer` inside.
                 let bytes = Arc::new(RequestBytes::default());
                 parts
                     .extensions

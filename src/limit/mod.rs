@@ -3,7 +3,7 @@
 //!
 //! [`LimitLayer`] is built by a [`LayerBuilder`] (`PeriodLimitLayer::builder`,
 //! `TokenBucketLayer::builder`, `RollingWindowLayer::builder`) and wraps services in
-//! [`LimitService`], whose future is [`ResponseFuture`]. `poll_ready` only delegates: the
+//! [`Limit`], whose future is [`ResponseFuture`]. `poll_ready` only delegates: the
 //! limit is decided per request, in the future, never by refusing readiness.
 //!
 //! [`Plans`] chooses one of several limits per request (a free and a paid plan) inside
@@ -35,14 +35,14 @@ use crate::response::{HeaderParts, OnRejection, Ready, Rejection};
 
 pub use self::admin::AdminError;
 pub use self::body::ResponseBody;
-pub use self::counted::{CountRequestBytes, CountRequestBytesService, CountedBody};
+pub use self::counted::{CountRequestBytes, CountRequestBytesLayer, CountedBody};
 pub use self::future::ResponseFuture;
 pub(crate) use self::layer::require_key;
 pub use self::layer::{Algorithm, LayerBuilder, LimitLayer};
 pub use self::outcome::CountIf;
 use self::outcome::Settle;
 pub use self::plan::{ExtensionPlan, PlanLimiter, Plans, SelectPlan};
-pub use self::service::LimitService;
+pub use self::service::Limit;
 pub use self::usage::{Finished, Usage};
 use self::usage::{Meter, SettleUsage};
 pub(crate) use self::warn::MissingKeyWarning;

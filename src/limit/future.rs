@@ -1,4 +1,4 @@
-//! The response future of [`LimitService`](super::LimitService): it waits for the limiter's
+//! The response future of [`Limit`](super::Limit): it waits for the limiter's
 //! decision when the check needs a round trip, then calls the inner service or answers
 //! with the rejection, and adds the rate-limit headers to what comes back.
 
@@ -18,7 +18,7 @@ use crate::limiter::DecisionFuture;
 use crate::response::Ready;
 
 pin_project! {
-    /// The response future of [`LimitService`](super::LimitService): waits for the limiter when
+    /// The response future of [`Limit`](super::Limit): waits for the limiter when
     /// it needs a round trip, then runs the inner service or yields the rejection.
     pub struct ResponseFuture<S, B>
     where
