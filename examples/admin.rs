@@ -28,7 +28,7 @@ use axum::middleware::{self, Next};
 use axum::response::Response;
 use axum::{routing::get, Router};
 use tower_redis_ratelimit::admin::AdminRouter;
-use tower_redis_ratelimit::key::{HeaderKey, KeyExtractorExt, PeerIp};
+use tower_redis_ratelimit::key::{HeaderKey, KeyExtractor, PeerIp};
 use tower_redis_ratelimit::{Backend, TokenBucketLayer};
 
 #[tokio::main]

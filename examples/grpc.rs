@@ -31,7 +31,7 @@ use std::time::Duration;
 use tonic::service::InterceptorLayer;
 use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Status};
-use tower_redis_ratelimit::key::{ExtensionKey, KeyExtractorExt, PeerIp};
+use tower_redis_ratelimit::key::{ExtensionKey, KeyExtractor, PeerIp};
 use tower_redis_ratelimit::{Backend, PeriodLimitLayer};
 
 /// Calls per window and key: small enough to exhaust by hand.

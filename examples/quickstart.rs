@@ -10,7 +10,7 @@
 use std::{net::SocketAddr, time::Duration};
 
 use axum::{routing::get, Extension, Router};
-use tower_redis_ratelimit::key::{HeaderKey, KeyExtractorExt, PeerIp};
+use tower_redis_ratelimit::key::{HeaderKey, KeyExtractor, PeerIp};
 use tower_redis_ratelimit::{Backend, ConfigError, Decision, PeriodLimitLayer};
 use tower_redis_ratelimit::{RollingWindowLayer, TokenBucketLayer};
 

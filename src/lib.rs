@@ -34,7 +34,7 @@
 //! ```
 //! use std::time::Duration;
 //! use axum::{routing::get, Router};
-//! use tower_redis_ratelimit::{key::{HeaderKey, KeyExtractorExt, PeerIp}, Backend, PeriodLimitLayer};
+//! use tower_redis_ratelimit::{key::{HeaderKey, KeyExtractor, PeerIp}, Backend, PeriodLimitLayer};
 //!
 //! # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
 //! // One backend for the process, shared by every layer. From a URL it makes its own

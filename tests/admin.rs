@@ -18,9 +18,7 @@ use support::http::Served;
 use support::RedisServer;
 use tower::{service_fn, ServiceBuilder, ServiceExt};
 use tower_redis_ratelimit::dynamic::DynamicLimits;
-use tower_redis_ratelimit::key::{
-    ExtensionKey, HeaderKey, Key, KeyExtractor, KeyExtractorExt, KeyForError, PeerIp,
-};
+use tower_redis_ratelimit::key::{ExtensionKey, HeaderKey, Key, KeyExtractor, KeyForError, PeerIp};
 use tower_redis_ratelimit::limit::{AdminError, ExtensionPlan, Plans};
 use tower_redis_ratelimit::period::PeriodConfig;
 use tower_redis_ratelimit::{

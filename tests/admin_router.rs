@@ -16,7 +16,7 @@ use serde_json::Value;
 use support::RedisServer;
 use tower::ServiceExt;
 use tower_redis_ratelimit::admin::AdminRouter;
-use tower_redis_ratelimit::key::{HeaderKey, KeyExtractorExt, PeerIp};
+use tower_redis_ratelimit::key::{HeaderKey, KeyExtractor, PeerIp};
 use tower_redis_ratelimit::{Backend, Limiter, PeriodLimitLayer};
 
 /// One instance: the app limited per API key, or per address without one, and its

@@ -10,7 +10,7 @@ use std::time::{Duration, SystemTime};
 
 use support::RedisServer;
 use tower_redis_ratelimit::dynamic::DynamicLimits;
-use tower_redis_ratelimit::key::{ExtensionKey, HeaderKey, KeyExtractorExt, PeerIp, TaggedKey};
+use tower_redis_ratelimit::key::{ExtensionKey, HeaderKey, KeyExtractor, PeerIp, TaggedKey};
 use tower_redis_ratelimit::limit::{AdminError, ExtensionPlan, Plans};
 use tower_redis_ratelimit::period::{PeriodConfig, PeriodLimiter};
 use tower_redis_ratelimit::set::{LimitSet, SetLimiter};

@@ -18,7 +18,7 @@ use support::RedisServer;
 use tower_redis_ratelimit::backend::TimeSource;
 use tower_redis_ratelimit::config::{BackendConfig, KeyConfig, RulesConfig};
 use tower_redis_ratelimit::key::{
-    ForwardedIp, GlobalKey, HeaderKey, KeyExtractor, KeyExtractorExt, PathKey, PeerIp,
+    ForwardedIp, GlobalKey, HeaderKey, KeyExtractor, PathKey, PeerIp,
 };
 use tower_redis_ratelimit::{
     Backend, FailurePolicy, Limiter, PeriodLimitLayer, RollingWindowLayer, Source, TokenBucketLayer,

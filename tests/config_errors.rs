@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use tower_redis_ratelimit::config::RulesConfig;
-use tower_redis_ratelimit::key::{GlobalKey, KeyExtractorExt};
+use tower_redis_ratelimit::key::{GlobalKey, KeyExtractor};
 use tower_redis_ratelimit::{
     period::Calendar, Backend, ConfigError, PeriodLimitLayer, RollingWindowLayer, TokenBucketLayer,
 };

@@ -16,7 +16,7 @@ use http::{header, Request, Response, StatusCode};
 use support::RedisServer;
 use tower::{service_fn, BoxError, ServiceBuilder, ServiceExt};
 use tower_redis_ratelimit::dynamic::{DynamicLimits, LimitSource, OnSourceError};
-use tower_redis_ratelimit::key::{ExtensionKey, HeaderKey, KeyExtractorExt, TaggedKey};
+use tower_redis_ratelimit::key::{ExtensionKey, HeaderKey, KeyExtractor, TaggedKey};
 use tower_redis_ratelimit::limit::Algorithm;
 use tower_redis_ratelimit::period::PeriodConfig;
 use tower_redis_ratelimit::response::RATELIMIT_POLICY;

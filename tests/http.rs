@@ -15,7 +15,7 @@ use http_body_util::BodyExt;
 use support::http::Served;
 use support::RedisServer;
 use tower::{service_fn, ServiceBuilder, ServiceExt};
-use tower_redis_ratelimit::key::{ForwardedIp, GlobalKey, HeaderKey, KeyExtractorExt, PeerIp};
+use tower_redis_ratelimit::key::{ForwardedIp, GlobalKey, HeaderKey, KeyExtractor, PeerIp};
 use tower_redis_ratelimit::response::{Rejection, RATELIMIT, RATELIMIT_POLICY};
 use tower_redis_ratelimit::{
     Backend, ConfigError, Decision, MissingKey, PeriodLimitLayer, ProblemJson, State,

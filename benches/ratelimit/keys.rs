@@ -10,7 +10,7 @@ use std::net::SocketAddr;
 use criterion::{Criterion, Throughput};
 use http::request::Parts;
 use http::Request;
-use tower_redis_ratelimit::key::{HeaderKey, KeyExtractor, KeyExtractorExt, PathKey, PeerIp};
+use tower_redis_ratelimit::key::{HeaderKey, KeyExtractor, PathKey, PeerIp};
 
 fn request(peer: &str, api_key: Option<&str>) -> Parts {
     let mut req = Request::get("/v1/users/42");

@@ -83,7 +83,7 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use tower_redis_ratelimit::key::{HeaderKey, KeyExtractorExt, PeerIp};
+//! use tower_redis_ratelimit::key::{HeaderKey, KeyExtractor, PeerIp};
 //! use tower_redis_ratelimit::{Backend, PeriodLimitLayer};
 //!
 //! # #[tokio::main(flavor = "current_thread")]

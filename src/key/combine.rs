@@ -1,41 +1,11 @@
 //! Combining extractors: [`Or`] (the first key found) and [`And`] (both keys, joined
-//! unambiguously, whatever their bytes), made by [`KeyExtractorExt`]'s `or` / `and` on
-//! every extractor.
+//! unambiguously, whatever their bytes), made by [`KeyExtractor::or`] and [`KeyExtractor::and`].
 
 use super::*;
 
-/// Combinators for every [`KeyExtractor`]: bring the trait into scope
-/// (`use tower_redis_ratelimit::key::KeyExtractorExt`) to write `a.or(b)` and
-/// `a.and(b)`.
-pub trait KeyExtractorExt: KeyExtractor + Sized {
-    /// Uses the key of `self`, or if it has none the key of `other`,
-    /// unchanged.
-    ///
-    /// The two branches never share a key: each built-in extractor tags its
-    /// keys (see the [table](super#tags)), so a header value that spells an IP
-    /// address is still not that address's key.
-    fn or<O: KeyExtractor>(self, other: O) -> Or<Self, O> {
-        Or::new(self, other)
-    }
-
-    /// Combines the keys of `self` and `other` into one (`None` when either
-    /// has none).
-    ///
-    /// The key is `and:`, the length of `self`'s key in decimal, `:`,
-    /// `self`'s key, `:` and `other`'s key: the length says where the first
-    /// key ends, so different pairs of byte strings never produce the same
-    /// key (`("a:b", "c")` becomes `and:3:a:b:c`, `("a", "b:c")` becomes
-    /// `and:1:a:b:c`).
-    fn and<O: KeyExtractor>(self, other: O) -> And<Self, O> {
-        And::new(self, other)
-    }
-}
-
-impl<K: KeyExtractor> KeyExtractorExt for K {}
-
 /// The first key of two extractors: `A`'s, or `B`'s when `A` has none.
 ///
-/// Created by [`KeyExtractorExt::or`].
+/// Created by [`KeyExtractor::or`].
 #[derive(Clone, Copy, Debug)]
 pub struct Or<A, B> {
     first: A,
@@ -43,7 +13,7 @@ pub struct Or<A, B> {
 }
 
 impl<A, B> Or<A, B> {
-    /// Combines `first` and `second`; see [`KeyExtractorExt::or`].
+    /// Combines `first` and `second`; see [`KeyExtractor::or`].
     pub const fn new(first: A, second: B) -> Self {
         Self { first, second }
     }
@@ -82,7 +52,7 @@ where
 
 /// Both keys of two extractors, joined unambiguously.
 ///
-/// Created by [`KeyExtractorExt::and`]; see there for the key format.
+/// Created by [`KeyExtractor::and`]; see there for the key format.
 #[derive(Clone, Copy, Debug)]
 pub struct And<A, B> {
     first: A,
@@ -90,7 +60,7 @@ pub struct And<A, B> {
 }
 
 impl<A, B> And<A, B> {
-    /// Combines `first` and `second`; see [`KeyExtractorExt::and`].
+    /// Combines `first` and `second`; see [`KeyExtractor::and`].
     pub const fn new(first: A, second: B) -> Self {
         Self { first, second }
     }

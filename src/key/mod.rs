@@ -24,8 +24,8 @@
 //! | [`PathKey`] | `path:` and the request path | `path:/users/42` |
 //! | `MatchedPathKey` | `route:` and axum's route template (feature `axum`) | `route:/users/{id}` |
 //! | a closure | `fn:` and the bytes it returns | `fn:acme` |
-//! | [`a.and(b)`](KeyExtractorExt::and) | `and:`, the length of `a`'s key in decimal, `:`, `a`'s key, `:`, `b`'s key | `and:16:hdr:x-api-key:k1:path:/` |
-//! | [`a.or(b)`](KeyExtractorExt::or) | `a`'s key, or else `b`'s, unchanged | |
+//! | [`a.and(b)`](KeyExtractor::and) | `and:`, the length of `a`'s key in decimal, `:`, `a`'s key, `:`, `b`'s key | `and:16:hdr:x-api-key:k1:path:/` |
+//! | [`a.or(b)`](KeyExtractor::or) | `a`'s key, or else `b`'s, unchanged | |
 //!
 //! [`PeerIp`] and [`ForwardedIp`] share the tag `ip:` on purpose: both name a
 //! client address, so `ForwardedIp` falling back to `PeerIp` keeps one client
@@ -53,9 +53,7 @@
 //!
 //! ```
 //! use std::net::SocketAddr;
-//! use tower_redis_ratelimit::key::{
-//!     ForwardedIp, HeaderKey, KeyExtractor, KeyExtractorExt, PathKey,
-//! };
+//! use tower_redis_ratelimit::key::{ForwardedIp, HeaderKey, KeyExtractor, PathKey};
 //!
 //! // Clients with an API key are limited per key, everybody else per client
 //! // address; the app runs behind a load balancer in 10.0.0.0/8.
@@ -161,9 +159,9 @@ pub trait KeyExtractor: Send + Sync + 'static {
     /// | [`PeerIp`], [`ForwardedIp`] | `203.0.113.7`, `2001:db8:1:2::abcd` | `ip:203.0.113.7`, `ip:2001:db8:1:2::/64` (IPv6 grouped by the extractor's prefix) |
     /// | [`PathKey`], `MatchedPathKey` | `/users/42`, `/users/{id}` | `path:/users/42`, `route:/users/{id}` |
     /// | a closure | `acme` | `fn:acme` |
-    /// | [`a.or(b)`](KeyExtractorExt::or) | | the keys of every branch that can count `value`, left to right |
+    /// | [`a.or(b)`](KeyExtractor::or) | | the keys of every branch that can count `value`, left to right |
     /// | [`GlobalKey`] | | an error: [`KeyForError::Shared`] |
-    /// | [`a.and(b)`](KeyExtractorExt::and) | | an error: [`KeyForError::Pair`] |
+    /// | [`a.and(b)`](KeyExtractor::and) | | an error: [`KeyForError::Pair`] |
     ///
     /// Several keys only from an `or`: a header value that spells an address is the
     /// header's key *and* the address's. A value the extractor could never find in a
@@ -235,6 +233,33 @@ pub trait KeyExtractor: Send + Sync + 'static {
     fn shortest_key(&self) -> Option<usize> {
         None
     }
+    /// Uses the key of `self`, or if it has none the key of `other`,
+    /// unchanged.
+    ///
+    /// The two branches never share a key: each built-in extractor tags its
+    /// keys (see the [table](self#tags)), so a header value that spells an IP
+    /// address is still not that address's key.
+    fn or<O: KeyExtractor>(self, other: O) -> Or<Self, O>
+    where
+        Self: Sized,
+    {
+        Or::new(self, other)
+    }
+
+    /// Combines the keys of `self` and `other` into one (`None` when either
+    /// has none).
+    ///
+    /// The key is `and:`, the length of `self`'s key in decimal, `:`,
+    /// `self`'s key, `:` and `other`'s key: the length says where the first
+    /// key ends, so different pairs of byte strings never produce the same
+    /// key (`("a:b", "c")` becomes `and:3:a:b:c`, `("a", "b:c")` becomes
+    /// `and:1:a:b:c`).
+    fn and<O: KeyExtractor>(self, other: O) -> And<Self, O>
+    where
+        Self: Sized,
+    {
+        And::new(self, other)
+    }
 }
 
 /// Who provides what a [`KeyExtractor`] reads: see [`KeyExtractor::origin`].
@@ -243,10 +268,10 @@ pub trait KeyExtractor: Send + Sync + 'static {
 /// |---|---|
 /// | [`HeaderKey`], [`PathKey`], [`GlobalKey`] | client |
 /// | [`PeerIp`], [`ForwardedIp`] (the peer address from the server's `ConnectInfo`), [`ExtensionKey`] (set by an earlier layer), `MatchedPathKey` (the router's), a closure, an extractor of your own by default | server |
-/// | [`a.or(b)`](KeyExtractorExt::or), [`a.and(b)`](KeyExtractorExt::and) | server if either is, else client |
+/// | [`a.or(b)`](KeyExtractor::or), [`a.and(b)`](KeyExtractor::and) | server if either is, else client |
 ///
 /// ```
-/// use tower_redis_ratelimit::key::{HeaderKey, KeyExtractor, KeyExtractorExt, KeyOrigin, PeerIp};
+/// use tower_redis_ratelimit::key::{HeaderKey, KeyExtractor, KeyOrigin, PeerIp};
 ///
 /// let api_key = HeaderKey::from_static("x-api-key");
 /// assert_eq!(api_key.origin(), KeyOrigin::Client);
@@ -302,7 +327,7 @@ mod request;
 pub use self::address::{ForwardedHeader, ForwardedIp, PeerIp};
 #[cfg(feature = "serde")]
 pub(crate) use self::combine::join;
-pub use self::combine::{And, KeyExtractorExt, Or};
+pub use self::combine::{And, Or};
 #[cfg(feature = "axum")]
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 pub use self::request::MatchedPathKey;

@@ -31,7 +31,7 @@ impl KeyExtractor for GlobalKey {
 
     /// Always [`KeyForError::Shared`]: every request is counted under the one key
     /// `global`, so no client's value names it, and acting on it would act on everybody
-    /// (in an [`or`](KeyExtractorExt::or), this branch names no key). See
+    /// (in an [`or`](KeyExtractor::or), this branch names no key). See
     /// [`KeyExtractor::keys_for`].
     ///
     /// # Errors

@@ -122,7 +122,7 @@ impl<'a> TaggedKey<'a> {
         std::str::from_utf8(self.value()).ok()
     }
 
-    /// The two keys of an [`and`](super::KeyExtractorExt::and) key, each split in turn;
+    /// The two keys of an [`and`](super::KeyExtractor::and) key, each split in turn;
     /// `None` for any other key.
     #[must_use]
     pub fn parts(&self) -> Option<(TaggedKey<'a>, TaggedKey<'a>)> {

@@ -406,7 +406,7 @@ fn nested_combinators() {
     assert_eq!(key(&k, &r).as_deref(), Some("and:9:hdr:x-b:b:ip:1.2.3.4"));
     assert_eq!(key(&k, &req()).as_deref(), Some("global"));
     // Explicit trait syntax works as well.
-    let k = KeyExtractorExt::or(PathKey, GlobalKey);
+    let k = KeyExtractor::or(PathKey, GlobalKey);
     assert_eq!(key(&k, &r).as_deref(), Some("path:/"));
 }
 

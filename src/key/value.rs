@@ -41,11 +41,11 @@ pub enum KeyForError {
     /// [`GlobalKey`](super::GlobalKey) counts every request under the one key `global`:
     /// no client's value names it (act on the key `global` itself to act on everybody).
     Shared,
-    /// An [`and`](super::KeyExtractorExt::and) counts a pair of values under one key:
+    /// An [`and`](super::KeyExtractor::and) counts a pair of values under one key:
     /// one value cannot name it (act on the key the pair makes, as
     /// [`extract`](super::KeyExtractor::extract) builds it).
     Pair,
-    /// No branch of an [`or`](super::KeyExtractorExt::or) counts the value: why, for
+    /// No branch of an [`or`](super::KeyExtractor::or) counts the value: why, for
     /// each branch, left to right.
     NoBranch(Vec<KeyForError>),
     /// Every key of the value is longer than the layer's

@@ -97,7 +97,7 @@ const VALUE_STARTS: usize = 8;
 ///
 /// Each action answers one `(key, decision)` per key, in the order of
 /// [`keys_for`](Self::keys_for): one for most extractors, one per branch that can count
-/// the value for an [`or`](crate::key::KeyExtractorExt::or) (every one is acted on). A
+/// the value for an [`or`](crate::key::KeyExtractor::or) (every one is acted on). A
 /// value no branch could ever count is an [`AdminError`], never an action on a key no
 /// request is counted under. These act on every limit of the layer as the [`Limiter`]
 /// methods of the same name do: a set's members, every plan of a
@@ -119,7 +119,7 @@ impl<L: Limiter, K, C, R> LimitLayer<L, K, C, R> {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use tower_redis_ratelimit::key::{HeaderKey, KeyExtractorExt, PeerIp};
+    /// use tower_redis_ratelimit::key::{HeaderKey, KeyExtractor, PeerIp};
     /// use tower_redis_ratelimit::{Backend, PeriodLimitLayer};
     ///
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -333,7 +333,7 @@ impl<L: Limiter, K, C, R> LimitLayer<L, K, C, R> {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use tower_redis_ratelimit::key::{HeaderKey, KeyExtractorExt, PeerIp};
+    /// use tower_redis_ratelimit::key::{HeaderKey, KeyExtractor, PeerIp};
     /// use tower_redis_ratelimit::{Backend, PeriodLimitLayer};
     ///
     /// # #[tokio::main(flavor = "current_thread")]
