@@ -241,7 +241,7 @@ fn limiter_row<L: Limiter + 'static>(name: &str, limiter: L) -> Row {
 /// An in-flight slot per key: taken (one call), held `hold`, then given back (one call,
 /// in the background), with the renewals of a lease of `lease` meanwhile.
 fn in_flight_row(backend: &Backend, name: &str, hold: Duration, lease: Duration) -> Row {
-    let config = InFlightConfig::new(HUGE).lease(lease);
+    let config = InFlightConfig::new(HUGE).slot_ttl(lease);
     let limiter = InFlightLimiter::new(backend, name.split(' ').next().unwrap(), config).unwrap();
     Row {
         name: name.to_owned(),
