@@ -39,11 +39,11 @@ use std::time::Duration;
 
 use tower_redis_ratelimit::deadpool_redis::redis;
 use tower_redis_ratelimit::in_flight::{InFlightConfig, InFlightLimiter};
-use tower_redis_ratelimit::period::{Calendar, PeriodConfig, PeriodLimiter};
-use tower_redis_ratelimit::rolling::{RollingConfig, RollingWindowLimiter};
-use tower_redis_ratelimit::set::{LimitSet, SetLimiter};
-use tower_redis_ratelimit::token_bucket::{TokenBucketConfig, TokenBucketLimiter};
 use tower_redis_ratelimit::{Backend, Limiter, Source};
+use tower_redis_ratelimit::{Calendar, PeriodConfig, PeriodLimiter};
+use tower_redis_ratelimit::{LimitSet, SetLimiter};
+use tower_redis_ratelimit::{RollingConfig, RollingWindowLimiter};
+use tower_redis_ratelimit::{TokenBucketConfig, TokenBucketLimiter};
 
 const KEYS: usize = 10_000;
 /// The slices of the keys in which rows take turns (see `main`).

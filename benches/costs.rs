@@ -48,8 +48,8 @@ use axum::Router;
 use governor::{Quota, RateLimiter};
 use stats_alloc::{Region, StatsAlloc, INSTRUMENTED_SYSTEM};
 use tower::ServiceExt;
-use tower_redis_ratelimit::token_bucket::{TokenBucketConfig, TokenBucketLimiter};
 use tower_redis_ratelimit::{Backend, Limiter};
+use tower_redis_ratelimit::{TokenBucketConfig, TokenBucketLimiter};
 
 #[global_allocator]
 static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
@@ -126,7 +126,7 @@ const LEASE_ROUTE: &str = "/token/redis-lease";
 fn lease(
     url: &str,
 ) -> tower_redis_ratelimit::LimitLayer<
-    tower_redis_ratelimit::token_bucket::TokenBucketLimiter,
+    tower_redis_ratelimit::TokenBucketLimiter,
     tower_redis_ratelimit::key::HeaderKey,
 > {
     let mut config = tower_redis_ratelimit::deadpool_redis::Config::from_url(url);
@@ -148,7 +148,7 @@ fn lease(
         .expect("a Redis backend");
     let config = TokenBucketConfig::new(RATE, Duration::from_secs(1), RATE)
         .lease(50, Duration::from_secs(60));
-    tower_redis_ratelimit::LayerBuilder::new(&backend, config)
+    tower_redis_ratelimit::LimitLayer::builder(&backend, config)
         .name("costs-lease")
         .key(tower_redis_ratelimit::key::HeaderKey::from_static(API_KEY))
         .build()

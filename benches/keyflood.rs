@@ -35,10 +35,10 @@ use std::num::NonZeroU32;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use tower_redis_ratelimit::period::{PeriodConfig, PeriodLimiter};
-use tower_redis_ratelimit::rolling::{RollingConfig, RollingWindowLimiter};
-use tower_redis_ratelimit::token_bucket::{TokenBucketConfig, TokenBucketLimiter};
 use tower_redis_ratelimit::{Backend, Limiter};
+use tower_redis_ratelimit::{PeriodConfig, PeriodLimiter};
+use tower_redis_ratelimit::{RollingConfig, RollingWindowLimiter};
+use tower_redis_ratelimit::{TokenBucketConfig, TokenBucketLimiter};
 
 const ALGORITHMS: [&str; 3] = ["token_bucket", "period", "rolling"];
 const ONE: NonZeroU32 = NonZeroU32::MIN;

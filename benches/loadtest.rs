@@ -54,8 +54,8 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::routing::get;
 use deadpool_redis::redis::{self, aio::MultiplexedConnection};
 use tower_redis_ratelimit::key::HeaderKey;
-use tower_redis_ratelimit::period::PeriodConfig;
-use tower_redis_ratelimit::token_bucket::TokenBucketConfig;
+use tower_redis_ratelimit::PeriodConfig;
+use tower_redis_ratelimit::TokenBucketConfig;
 use tower_redis_ratelimit::{
     deadpool_redis, Backend, LayerBuilder, LimitSetLayer, PeriodLimitLayer, RollingWindowLayer,
     TokenBucketLayer,
@@ -65,6 +65,7 @@ use tower_redis_ratelimit::{
 mod routes;
 
 use routes::{ok, API_KEY};
+use tower_redis_ratelimit::{LimitLayer, LimitSet, RollingConfig};
 
 /// The default of `BENCH_RATE`: a token per microsecond and a burst of a million.
 const DEFAULT_RATE: u64 = 1_000_000;
@@ -189,12 +190,13 @@ async fn serve() -> Result<(), Box<dyn std::error::Error>> {
                 .call_timeout(call_timeout)
                 .batch_after(batch_after)
                 .build()?;
-            let layer = TokenBucketLayer::builder(&backend)
-                .name("loadtest")
-                .rate(rate, Duration::from_secs(1))
-                .burst(rate)
-                .key(HeaderKey::from_static(API_KEY))
-                .build()?;
+            let layer = LimitLayer::builder(
+                &backend,
+                TokenBucketConfig::new(rate, Duration::from_secs(1), rate),
+            )
+            .name("loadtest")
+            .key(HeaderKey::from_static(API_KEY))
+            .build()?;
             app = app.route("/token/redis", get(ok).layer(layer));
             // The same limit in lease mode: each key's tokens taken from Redis up to
             // LEASE_SIZE (default 50) at a time, answered in process for LEASE_MS (100).
@@ -202,40 +204,42 @@ async fn serve() -> Result<(), Box<dyn std::error::Error>> {
             let lease_ms: u64 = env_or("LEASE_MS", 100)?;
             let leased = TokenBucketConfig::new(rate, Duration::from_secs(1), rate)
                 .lease(lease_size.min(rate), Duration::from_millis(lease_ms));
-            let layer = LayerBuilder::new(&backend, leased)
+            let layer = LimitLayer::builder(&backend, leased)
                 .name("loadtest-lease")
                 .key(HeaderKey::from_static(API_KEY))
                 .build()?;
             app = app.route("/token/redis-lease", get(ok).layer(layer));
             // An atomic pair: the same token bucket and a daily window, one script call.
-            let pair = LimitSetLayer::builder(&backend)
-                .name("loadtest-pair")
-                .limit(
-                    "burst",
-                    TokenBucketConfig::new(rate, Duration::from_secs(1), rate),
-                )
-                .limit(
-                    "daily",
-                    PeriodConfig::new(1 << 40, Duration::from_secs(86_400)),
-                )
-                .key(HeaderKey::from_static(API_KEY))
-                .build()?;
+            let pair = LimitLayer::builder(
+                &backend,
+                LimitSet::new()
+                    .limit(
+                        "burst",
+                        TokenBucketConfig::new(rate, Duration::from_secs(1), rate),
+                    )
+                    .limit(
+                        "daily",
+                        PeriodConfig::new(1 << 40, Duration::from_secs(86_400)),
+                    ),
+            )
+            .name("loadtest-pair")
+            .key(HeaderKey::from_static(API_KEY))
+            .build()?;
             app = app.route("/set/redis", get(ok).layer(pair));
             // A fixed window and a rolling window (10 buckets) of the same rate.
-            let window = PeriodLimitLayer::builder(&backend)
-                .name("loadtest-window")
-                .quota(rate)
-                .period(Duration::from_secs(1))
-                .key(HeaderKey::from_static(API_KEY))
-                .build()?;
+            let window =
+                LimitLayer::builder(&backend, PeriodConfig::new(rate, Duration::from_secs(1)))
+                    .name("loadtest-window")
+                    .key(HeaderKey::from_static(API_KEY))
+                    .build()?;
             app = app.route("/period/redis", get(ok).layer(window));
-            let rolling = RollingWindowLayer::builder(&backend)
-                .name("loadtest-rolling")
-                .limit(rate)
-                .buckets(10)
-                .interval(Duration::from_millis(100))
-                .key(HeaderKey::from_static(API_KEY))
-                .build()?;
+            let rolling = LimitLayer::builder(
+                &backend,
+                RollingConfig::new(rate, 10, Duration::from_millis(100)),
+            )
+            .name("loadtest-rolling")
+            .key(HeaderKey::from_static(API_KEY))
+            .build()?;
             app = app.route("/rolling/redis", get(ok).layer(rolling));
 
             let mut conn = redis::Client::open(url.as_str())?

@@ -19,8 +19,8 @@ use std::num::NonZeroU32;
 use std::time::{Duration, Instant};
 
 use tower_redis_ratelimit::deadpool_redis::redis;
-use tower_redis_ratelimit::period::{PeriodConfig, PeriodLimiter};
 use tower_redis_ratelimit::{Backend, Limiter, Source};
+use tower_redis_ratelimit::{PeriodConfig, PeriodLimiter};
 
 const ONE: NonZeroU32 = NonZeroU32::MIN;
 

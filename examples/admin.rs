@@ -27,9 +27,10 @@ use axum::http::StatusCode;
 use axum::middleware::{self, Next};
 use axum::response::Response;
 use axum::{routing::get, Router};
-use tower_redis_ratelimit::admin::AdminRouter;
 use tower_redis_ratelimit::key::{HeaderKey, KeyExtractor, PeerIp};
-use tower_redis_ratelimit::{Backend, TokenBucketLayer};
+use tower_redis_ratelimit::AdminRouter;
+use tower_redis_ratelimit::Backend;
+use tower_redis_ratelimit::{LimitLayer, TokenBucketConfig};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -50,12 +51,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         Err(_) => Backend::in_process(),
     };
-    let api = TokenBucketLayer::builder(&backend)
-        .name("api")
-        .rate(5, Duration::from_secs(1))
-        .burst(10)
-        .key(HeaderKey::from_static("x-api-key").or(PeerIp::new()))
-        .build()?;
+    let api = LimitLayer::builder(
+        &backend,
+        TokenBucketConfig::new(5, Duration::from_secs(1), 10),
+    )
+    .name("api")
+    .key(HeaderKey::from_static("x-api-key").or(PeerIp::new()))
+    .build()?;
 
     // The admin router behind the service's own authentication (here a bearer token),
     // outside the limit: an operator is never rate-limited out of lifting a block.

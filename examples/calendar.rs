@@ -12,7 +12,7 @@
 
 use std::time::SystemTime;
 
-use tower_redis_ratelimit::period::{Calendar, Weekday};
+use tower_redis_ratelimit::{Calendar, Weekday};
 
 const USAGE: &str = "usage: calendar day|week|month ZONE YYYY-MM-DD [FIRST-WEEKDAY]";
 

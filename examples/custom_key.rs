@@ -20,7 +20,8 @@ use std::time::Duration;
 use axum::http::{header::AUTHORIZATION, request::Parts, StatusCode};
 use axum::{routing::get, Router};
 use tower_redis_ratelimit::key::{Key, KeyExtractor, KeyForError, KeyOrigin};
-use tower_redis_ratelimit::{Backend, MissingKey, PeriodLimitLayer};
+use tower_redis_ratelimit::{Backend, MissingKey};
+use tower_redis_ratelimit::{LimitLayer, PeriodConfig};
 
 /// The API key of `Authorization: Bearer <key>`, tagged `bearer:`.
 #[derive(Debug, Clone, Copy)]
@@ -52,10 +53,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         Ok(url) => Backend::builder().redis_url(url).build()?,
         Err(_) => Backend::in_process(),
     };
-    let per_key = PeriodLimitLayer::builder(&backend)
+    let per_key = LimitLayer::builder(&backend, PeriodConfig::new(3, Duration::from_secs(60)))
         .name("api")
-        .quota(3)
-        .period(Duration::from_secs(60))
         .key(BearerKey)
         .on_missing_key(MissingKey::Reject(StatusCode::UNAUTHORIZED))
         .build()?;

@@ -32,7 +32,8 @@ use tonic::service::InterceptorLayer;
 use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Status};
 use tower_redis_ratelimit::key::{ExtensionKey, KeyExtractor, PeerIp};
-use tower_redis_ratelimit::{Backend, PeriodLimitLayer};
+use tower_redis_ratelimit::Backend;
+use tower_redis_ratelimit::{LimitLayer, PeriodConfig};
 
 /// Calls per window and key: small enough to exhaust by hand.
 pub const QUOTA: u64 = 5;
@@ -119,10 +120,8 @@ pub async fn serve(
     // Keyed by the client authentication found (`ext:client:<key>`), else the address.
     // (Without authentication, `HeaderKey::from_static("x-api-key")` reads the metadata
     // directly: gRPC metadata are HTTP/2 headers.)
-    let limit = PeriodLimitLayer::builder(backend)
+    let limit = LimitLayer::builder(backend, PeriodConfig::new(QUOTA, PERIOD))
         .name(POLICY)
-        .quota(QUOTA)
-        .period(PERIOD)
         .key(
             ExtensionKey::<Client>::new()
                 .tag("client")

@@ -55,8 +55,9 @@ use hyper_util::rt::TokioExecutor;
 use serde_json::{json, Value};
 use tower_redis_ratelimit::key::HeaderKey;
 use tower_redis_ratelimit::limit::{Finished, Usage};
-use tower_redis_ratelimit::token_bucket::TokenBucketConfig;
-use tower_redis_ratelimit::{Backend, ConfigError, LimitSetLayer};
+use tower_redis_ratelimit::TokenBucketConfig;
+use tower_redis_ratelimit::{Backend, ConfigError};
+use tower_redis_ratelimit::{LimitLayer, LimitSet};
 
 /// The path both modes serve.
 pub(crate) const PATH: &str = "/v1/chat/completions";
@@ -268,14 +269,17 @@ pub(crate) fn proxy_app(
     let minute = Duration::from_secs(60);
     // Requests and tokens per minute, both or neither; refilled continuously, so a key
     // that owes tokens is admitted again as soon as the refill has paid them off.
-    let limits = LimitSetLayer::builder(backend)
-        .name("llm")
-        .requests("rpm", TokenBucketConfig::new(rpm, minute, rpm))
-        .limit("tpm", TokenBucketConfig::new(tpm, minute, tpm))
-        .key(HeaderKey::from_static("authorization"))
-        .cost(|parts: &Parts| parts.extensions.get::<Estimate>().map_or(1, |e| e.0))
-        .settle(Usage::body(USAGE_TAIL, total_tokens))
-        .build()?;
+    let limits = LimitLayer::builder(
+        backend,
+        LimitSet::new()
+            .requests("rpm", TokenBucketConfig::new(rpm, minute, rpm))
+            .limit("tpm", TokenBucketConfig::new(tpm, minute, tpm)),
+    )
+    .name("llm")
+    .key(HeaderKey::from_static("authorization"))
+    .cost(|parts: &Parts| parts.extensions.get::<Estimate>().map_or(1, |e| e.0))
+    .settle(Usage::body(USAGE_TAIL, total_tokens))
+    .build()?;
     let upstream = Upstream {
         url,
         client: Client::builder(TokioExecutor::new()).build_http(),

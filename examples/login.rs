@@ -41,11 +41,11 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Extension, Router};
 use serde::Deserialize;
-use tower_redis_ratelimit::admin::AdminRouter;
 use tower_redis_ratelimit::key::ExtensionKey;
 use tower_redis_ratelimit::limit::CountIf;
-use tower_redis_ratelimit::period::PeriodConfig;
-use tower_redis_ratelimit::{Backend, ConfigError, LayerBuilder};
+use tower_redis_ratelimit::AdminRouter;
+use tower_redis_ratelimit::PeriodConfig;
+use tower_redis_ratelimit::{Backend, ConfigError, LimitLayer};
 
 /// The window in which failures count, and how long a lockout lasts.
 const FIFTEEN_MINUTES: Duration = Duration::from_secs(15 * 60);
@@ -127,7 +127,7 @@ async fn require_token(State(token): State<Arc<str>>, request: Request, next: Ne
 
 /// The login app on `backend`, and the admin router of its limit (not mounted).
 fn build(backend: &Backend) -> Result<(Router, AdminRouter), ConfigError> {
-    let failures = LayerBuilder::new(
+    let failures = LimitLayer::builder(
         backend,
         PeriodConfig::new(FAILURES, FIFTEEN_MINUTES).lockout(FIFTEEN_MINUTES),
     )

@@ -24,10 +24,10 @@ use std::time::Duration;
 
 use axum::routing::post;
 use axum::{Extension, Router};
-use tower_redis_ratelimit::dynamic::{DynamicLimits, OnSourceError};
 use tower_redis_ratelimit::key::{HeaderKey, TaggedKey};
-use tower_redis_ratelimit::period::PeriodConfig;
-use tower_redis_ratelimit::{Backend, ConfigError, Decision, LayerBuilder};
+use tower_redis_ratelimit::PeriodConfig;
+use tower_redis_ratelimit::{Backend, ConfigError, Decision, LimitLayer};
+use tower_redis_ratelimit::{DynamicLimits, OnSourceError};
 
 /// The merchants' quotas per minute, by merchant id; a stand-in for a database table.
 #[derive(Debug, Clone, Default)]
@@ -68,7 +68,7 @@ pub fn app(backend: &Backend, quotas: Quotas) -> Result<Router, ConfigError> {
         .lookup_timeout(Duration::from_millis(200))
         // The database is down: keep each merchant's last known quota.
         .on_error(OnSourceError::LastKnown);
-    let per_merchant = LayerBuilder::new(backend, limits)
+    let per_merchant = LimitLayer::builder(backend, limits)
         .name("payments")
         .key(HeaderKey::from_static("x-merchant-id"))
         .build()?;

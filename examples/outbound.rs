@@ -35,8 +35,8 @@ use hyper_util::rt::TokioExecutor;
 use tokio::time::Instant;
 use tower::{ServiceBuilder, ServiceExt};
 use tower_redis_ratelimit::outbound::{OutboundError, OutboundLayer, Waiter};
-use tower_redis_ratelimit::token_bucket::{TokenBucketConfig, TokenBucketLimiter};
 use tower_redis_ratelimit::Backend;
+use tower_redis_ratelimit::{TokenBucketConfig, TokenBucketLimiter};
 
 /// What the upstream saw: arrivals per second since the first one.
 #[derive(Debug, Default)]

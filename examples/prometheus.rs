@@ -17,7 +17,8 @@ use std::time::Duration;
 
 use axum::{routing::get, Router};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
-use tower_redis_ratelimit::{key::PeerIp, Backend, PeriodLimitLayer};
+use tower_redis_ratelimit::{key::PeerIp, Backend};
+use tower_redis_ratelimit::{LimitLayer, PeriodConfig};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -37,10 +38,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         Ok(url) => Backend::builder().redis_url(url).build()?,
         Err(_) => Backend::in_process(),
     };
-    let per_ip = PeriodLimitLayer::builder(&backend)
+    let per_ip = LimitLayer::builder(&backend, PeriodConfig::new(10, Duration::from_secs(60)))
         .name("api")
-        .quota(10)
-        .period(Duration::from_secs(60))
         .key(PeerIp::new())
         .build()?;
 

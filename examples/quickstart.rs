@@ -11,8 +11,8 @@ use std::{net::SocketAddr, time::Duration};
 
 use axum::{routing::get, Extension, Router};
 use tower_redis_ratelimit::key::{HeaderKey, KeyExtractor, PeerIp};
-use tower_redis_ratelimit::{Backend, ConfigError, Decision, PeriodLimitLayer};
-use tower_redis_ratelimit::{RollingWindowLayer, TokenBucketLayer};
+use tower_redis_ratelimit::{Backend, ConfigError, Decision};
+use tower_redis_ratelimit::{LimitLayer, PeriodConfig, RollingConfig, TokenBucketConfig};
 
 /// `/period`: 5 requests per 30 s window.
 pub(crate) const PERIOD_QUOTA: u64 = 5;
@@ -47,25 +47,27 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// The quickstart's routes, each limited per `x-api-key` header (client IP without one).
 pub(crate) fn app(backend: &Backend) -> Result<Router, ConfigError> {
     let key = || HeaderKey::from_static("x-api-key").or(PeerIp::new());
-    let period = PeriodLimitLayer::builder(backend)
-        .name("period")
-        .quota(PERIOD_QUOTA)
-        .period(Duration::from_secs(30))
-        .key(key())
-        .build()?;
-    let token = TokenBucketLayer::builder(backend)
-        .name("token")
-        .rate(1, Duration::from_secs(10))
-        .burst(TOKEN_BURST)
-        .key(key())
-        .build()?;
-    let rolling = RollingWindowLayer::builder(backend)
-        .name("rolling")
-        .limit(ROLLING_LIMIT)
-        .buckets(10)
-        .interval(Duration::from_secs(2))
-        .key(key())
-        .build()?;
+    let period = LimitLayer::builder(
+        backend,
+        PeriodConfig::new(PERIOD_QUOTA, Duration::from_secs(30)),
+    )
+    .name("period")
+    .key(key())
+    .build()?;
+    let token = LimitLayer::builder(
+        backend,
+        TokenBucketConfig::new(1, Duration::from_secs(10), TOKEN_BURST),
+    )
+    .name("token")
+    .key(key())
+    .build()?;
+    let rolling = LimitLayer::builder(
+        backend,
+        RollingConfig::new(ROLLING_LIMIT, 10, Duration::from_secs(2)),
+    )
+    .name("rolling")
+    .key(key())
+    .build()?;
     Ok(Router::new()
         .route("/period", get(report).layer(period))
         .route("/token", get(report).layer(token))

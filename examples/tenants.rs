@@ -54,14 +54,12 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Router};
 use tower::ServiceBuilder;
-use tower_redis_ratelimit::admin::AdminRouter;
 use tower_redis_ratelimit::key::{ExtensionKey, HeaderKey};
-use tower_redis_ratelimit::period::{PeriodConfig, UtcOffset};
-use tower_redis_ratelimit::token_bucket::TokenBucketConfig;
-use tower_redis_ratelimit::{
-    Backend, ConfigError, Decision, ExtensionPlan, InFlightLimitLayer, LayerBuilder, LimitSetLayer,
-    PeriodLimitLayer, Plans, TokenBucketLayer,
-};
+use tower_redis_ratelimit::AdminRouter;
+use tower_redis_ratelimit::TokenBucketConfig;
+use tower_redis_ratelimit::{Backend, ConfigError, Decision, ExtensionPlan, Plans};
+use tower_redis_ratelimit::{InFlightConfig, LimitLayer, LimitSet};
+use tower_redis_ratelimit::{PeriodConfig, UtcOffset};
 
 /// The authenticated user, put into the request extensions by [`authenticate`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -181,40 +179,37 @@ fn build(backend: &Backend, export_lease: Duration) -> Result<(Router, AdminRout
     let plans = Plans::new(ExtensionPlan::<Plan>::new())
         .plan(Plan::Free, "free", PeriodConfig::new(10, minute))
         .plan(Plan::Paid, "paid", PeriodConfig::new(1_000, minute));
-    let per_plan = LayerBuilder::new(backend, plans)
+    let per_plan = LimitLayer::builder(backend, plans)
         .name("profile")
         .key(user())
         .build()?;
 
     // Stacked: the burst limit must be the outer layer (checked first), so a request it
     // refuses never reaches, and never uses, the daily quota.
-    let burst = TokenBucketLayer::builder(backend)
-        .name("search-burst")
-        .rate(1, Duration::from_secs(1))
-        .burst(3)
-        .key(user())
-        .build()?;
-    let daily = PeriodLimitLayer::builder(backend)
-        .name("search-daily")
-        .quota(100)
-        .period(Duration::from_secs(86_400))
-        .align(UtcOffset::UTC)
-        .key(user())
-        .build()?;
+    let burst = LimitLayer::builder(
+        backend,
+        TokenBucketConfig::new(1, Duration::from_secs(1), 3),
+    )
+    .name("search-burst")
+    .key(user())
+    .build()?;
+    let daily = LimitLayer::builder(
+        backend,
+        PeriodConfig::new(100, Duration::from_secs(86_400)).align(UtcOffset::UTC),
+    )
+    .name("search-daily")
+    .key(user())
+    .build()?;
 
-    let per_merchant = PeriodLimitLayer::builder(backend)
+    let per_merchant = LimitLayer::builder(backend, PeriodConfig::new(20, minute))
         .name("payments")
-        .quota(20)
-        .period(minute)
         .key(HeaderKey::from_static("x-merchant-id"))
         .build()?;
 
     // A limit under trial: never rejects, adds no headers, and logs (`info`) and counts
     // (`outcome="shadow_rejected"`) the requests it would have refused.
-    let trial = TokenBucketLayer::builder(backend)
+    let trial = LimitLayer::builder(backend, TokenBucketConfig::new(30, minute, 30))
         .name("trial")
-        .rate(30, minute)
-        .burst(30)
         .key(user())
         .shadow(true)
         .build()?;
@@ -222,15 +217,18 @@ fn build(backend: &Backend, export_lease: Duration) -> Result<(Router, AdminRout
     // An atomic pair: both limits decided at once, all or nothing (a request refused by
     // the burst does not use the daily quota, and the other way round), listed in the
     // `RateLimit` headers burst first. The only limit of its route: one script call.
-    let reports = LimitSetLayer::builder(backend)
-        .name("reports")
-        .limit(
-            "burst",
-            TokenBucketConfig::new(2, Duration::from_secs(1), 2),
-        )
-        .limit("daily", PeriodConfig::new(10, Duration::from_secs(86_400)))
-        .key(HeaderKey::from_static("x-merchant-id"))
-        .build()?;
+    let reports = LimitLayer::builder(
+        backend,
+        LimitSet::new()
+            .limit(
+                "burst",
+                TokenBucketConfig::new(2, Duration::from_secs(1), 2),
+            )
+            .limit("daily", PeriodConfig::new(10, Duration::from_secs(86_400))),
+    )
+    .name("reports")
+    .key(HeaderKey::from_static("x-merchant-id"))
+    .build()?;
 
     // Every limit by the value its requests carry (not the in-flight one: a slot is
     // given back by its request, never by an operator). The plans are one limit,
@@ -254,10 +252,8 @@ fn build(backend: &Backend, export_lease: Duration) -> Result<(Router, AdminRout
         .layer(trial);
     // At most 2 exports of one merchant at once, across every instance: a slot is held
     // until the export's last row is sent, renewed while it runs.
-    let exports = InFlightLimitLayer::builder(backend)
+    let exports = LimitLayer::builder(backend, InFlightConfig::new(2).slot_ttl(export_lease))
         .name("export")
-        .slots(2)
-        .slot_ttl(export_lease)
         .key(HeaderKey::from_static("x-merchant-id"))
         .build()?;
 

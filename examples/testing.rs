@@ -14,14 +14,13 @@
 use std::time::Duration;
 
 use axum::{routing::get, Router};
-use tower_redis_ratelimit::{key::HeaderKey, Backend, ConfigError, PeriodLimitLayer};
+use tower_redis_ratelimit::{key::HeaderKey, Backend, ConfigError};
+use tower_redis_ratelimit::{LimitLayer, PeriodConfig};
 
 /// The application: 2 requests per second per API key.
 fn app(backend: &Backend) -> Result<Router, ConfigError> {
-    let per_key = PeriodLimitLayer::builder(backend)
+    let per_key = LimitLayer::builder(backend, PeriodConfig::new(2, Duration::from_secs(1)))
         .name("api")
-        .quota(2)
-        .period(Duration::from_secs(1))
         .key(HeaderKey::from_static("x-api-key"))
         .build()?;
     Ok(Router::new()

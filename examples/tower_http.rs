@@ -21,7 +21,8 @@ use axum::{routing::get, Router};
 use tower::ServiceBuilder;
 use tower_http::cors::CorsLayer;
 use tower_http::trace::TraceLayer;
-use tower_redis_ratelimit::{key::PeerIp, Backend, TokenBucketLayer};
+use tower_redis_ratelimit::{key::PeerIp, Backend};
+use tower_redis_ratelimit::{LimitLayer, TokenBucketConfig};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -34,12 +35,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         Ok(url) => Backend::builder().redis_url(url).build()?,
         Err(_) => Backend::in_process(),
     };
-    let per_ip = TokenBucketLayer::builder(&backend)
-        .name("api")
-        .rate(5, Duration::from_secs(1))
-        .burst(10)
-        .key(PeerIp::new())
-        .build()?;
+    let per_ip = LimitLayer::builder(
+        &backend,
+        TokenBucketConfig::new(5, Duration::from_secs(1), 10),
+    )
+    .name("api")
+    .key(PeerIp::new())
+    .build()?;
     let cors = CorsLayer::new()
         .allow_origin(HeaderValue::from_static("https://app.example"))
         .allow_methods([Method::GET])

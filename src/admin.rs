@@ -1,60 +1,4 @@
-//! An admin surface to mount (feature `admin`): an axum [`Router`] with JSON endpoints
-//! that peek, reset, block and refund a client by the value its requests carry (an API
-//! key, a user id, an address), on every layer added to it, through each layer's own
-//! extractor ([`LimitLayer::peek_value`] and the others), and list what is blocked
-//! ([`LimitLayer::blocked`]).
-//!
-//! It has no authentication of its own: mount it behind yours.
-//!
-//! | method and path | does |
-//! |---|---|
-//! | `GET /` | the limits: `{"limits":[{"name":…,"policies":[…]}]}` |
-//! | `GET /{limit}/{value}?cost=N` | where the client stands: what a check of `cost` (default 1) would answer, spending nothing |
-//! | `POST /{limit}/{value}/reset` | forgets the client's count and lifts its block |
-//! | `POST /{limit}/{value}/block?seconds=N` | refuses the client for `N` seconds, whatever its limit says |
-//! | `POST /{limit}/{value}/refund?units=N` | gives `N` units back (default 1) |
-//! | `GET /blocked?limit=NAME&max=N` | what is blocked now (by a block or a lockout), over every limit or the one named, soonest end first, at most `N` (default 100, at most 1000) |
-//!
-//! Each answer is `{"limit":…,"value":…,"keys":[…]}`, one entry per key the layer counts
-//! the value under (an `.or` of extractors may count it under two), each with `key`,
-//! `state`, `admitted`, `limit`, `remaining`, `reset_ms`, `retry_after_ms` and
-//! `source`. A value the layer never counts is `400` with `{"error":…}` (a wrong value
-//! never looks like a success on another key); an unknown limit `404`; an action the
-//! layer's limiter cannot take `501`.
-//!
-//! `GET /blocked` answers `{"blocked":[…]}`, one entry per blocked key, each with
-//! `limit` (the name to give the other endpoints), `policy` (the limit that refuses the
-//! key: a plan's `api.free`), `key`, `value` (the client's value, to give `POST
-//! /{limit}/{value}/reset`; `null` when the layer's extractor cannot name it), `until_ms`
-//! (Unix milliseconds) and `remaining_ms`. It reads the small list of blocked keys each
-//! limit keeps (see [`Limiter::blocked`]), never the keyspace; on Redis that list may lag
-//! a block by a moment (see [Listing what is
-//! blocked](crate::guide::operations#listing-what-is-blocked)), and a Redis that does not
-//! answer is `503`.
-//!
-//! ```
-//! use std::time::Duration;
-//! use axum::{routing::get, Router};
-//! use tower_redis_ratelimit::admin::AdminRouter;
-//! use tower_redis_ratelimit::key::HeaderKey;
-//! use tower_redis_ratelimit::{Backend, TokenBucketLayer};
-//!
-//! # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
-//! let backend = Backend::in_process();
-//! let api = TokenBucketLayer::builder(&backend)
-//!     .name("api")
-//!     .rate(10, Duration::from_secs(1))
-//!     .burst(20)
-//!     .key(HeaderKey::from_static("x-api-key"))
-//!     .build()?;
-//! let admin = AdminRouter::new().limit(&api).into_router();
-//! let app: Router = Router::new()
-//!     .route("/", get(|| async { "hello" }))
-//!     .layer(api)
-//!     // Behind your own authentication, outside the limit.
-//!     .nest("/admin/ratelimit", admin);
-//! # let _ = app; Ok(()) }
-//! ```
+//! The admin router (feature `admin`); its docs are on [`AdminRouter`].
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -136,9 +80,62 @@ where
     }
 }
 
-/// The admin surface's builder: add layers with [`limit`](Self::limit), then mount
-/// [`into_router`](Self::into_router) behind your authentication (see the [module
-/// docs](self)).
+/// An admin surface to mount (feature `admin`): an axum [`Router`] with JSON endpoints
+/// that peek, reset, block and refund a client by the value its requests carry (an API
+/// key, a user id, an address), on every layer added to it, through each layer's own
+/// extractor ([`LimitLayer::peek_value`] and the others), and list what is blocked
+/// ([`LimitLayer::blocked`]).
+///
+/// It has no authentication of its own: mount it behind yours.
+///
+/// | method and path | does |
+/// |---|---|
+/// | `GET /` | the limits: `{"limits":[{"name":…,"policies":[…]}]}` |
+/// | `GET /{limit}/{value}?cost=N` | where the client stands: what a check of `cost` (default 1) would answer, spending nothing |
+/// | `POST /{limit}/{value}/reset` | forgets the client's count and lifts its block |
+/// | `POST /{limit}/{value}/block?seconds=N` | refuses the client for `N` seconds, whatever its limit says |
+/// | `POST /{limit}/{value}/refund?units=N` | gives `N` units back (default 1) |
+/// | `GET /blocked?limit=NAME&max=N` | what is blocked now (by a block or a lockout), over every limit or the one named, soonest end first, at most `N` (default 100, at most 1000) |
+///
+/// Each answer is `{"limit":…,"value":…,"keys":[…]}`, one entry per key the layer counts
+/// the value under (an `.or` of extractors may count it under two), each with `key`,
+/// `state`, `admitted`, `limit`, `remaining`, `reset_ms`, `retry_after_ms` and
+/// `source`. A value the layer never counts is `400` with `{"error":…}` (a wrong value
+/// never looks like a success on another key); an unknown limit `404`; an action the
+/// layer's limiter cannot take `501`.
+///
+/// `GET /blocked` answers `{"blocked":[…]}`, one entry per blocked key, each with
+/// `limit` (the name to give the other endpoints), `policy` (the limit that refuses the
+/// key: a plan's `api.free`), `key`, `value` (the client's value, to give `POST
+/// /{limit}/{value}/reset`; `null` when the layer's extractor cannot name it), `until_ms`
+/// (Unix milliseconds) and `remaining_ms`. It reads the small list of blocked keys each
+/// limit keeps (see [`Limiter::blocked`]), never the keyspace; on Redis that list may lag
+/// a block by a moment (see [Listing what is
+/// blocked](crate::guide::operations#listing-what-is-blocked)), and a Redis that does not
+/// answer is `503`.
+///
+/// ```
+/// use std::time::Duration;
+/// use axum::{routing::get, Router};
+/// use tower_redis_ratelimit::{key::HeaderKey, AdminRouter, Backend, LimitLayer, TokenBucketConfig};
+///
+/// # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
+/// let backend = Backend::in_process();
+/// let api = LimitLayer::builder(&backend, TokenBucketConfig::new(10, Duration::from_secs(1), 20))
+///     .name("api")
+///     .key(HeaderKey::from_static("x-api-key"))
+///     .build()?;
+/// let admin = AdminRouter::new().limit(&api).into_router();
+/// let app: Router = Router::new()
+///     .route("/", get(|| async { "hello" }))
+///     .layer(api)
+///     // Behind your own authentication, outside the limit.
+///     .nest("/admin/ratelimit", admin);
+/// # let _ = app; Ok(()) }
+/// ```
+///
+/// Add layers with [`limit`](Self::limit), then mount
+/// [`into_router`](Self::into_router) behind your authentication.
 #[derive(Default)]
 pub struct AdminRouter {
     limits: BTreeMap<String, Arc<dyn Limit>>,
@@ -178,7 +175,7 @@ impl AdminRouter {
         self
     }
 
-    /// The axum router of the endpoints (see the [module docs](self)).
+    /// The axum router of the endpoints (see [`AdminRouter`]).
     pub fn into_router<S: Clone + Send + Sync + 'static>(self) -> Router<S> {
         let limits = Arc::new(self.limits);
         Router::new()

@@ -20,15 +20,12 @@ use crate::key::Key;
 ///
 /// ```
 /// use std::time::{Duration, SystemTime};
-/// use tower_redis_ratelimit::key::HeaderKey;
-/// use tower_redis_ratelimit::{Backend, PeriodLimitLayer};
+/// use tower_redis_ratelimit::{key::HeaderKey, Backend, LimitLayer, PeriodConfig};
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// let layer = PeriodLimitLayer::builder(&Backend::in_process())
+/// let layer = LimitLayer::builder(&Backend::in_process(), PeriodConfig::new(60, Duration::from_secs(60)))
 ///     .name("api")
-///     .quota(60)
-///     .period(Duration::from_secs(60))
 ///     .key(HeaderKey::from_static("x-api-key"))
 ///     .build()?;
 /// layer.block_value("trap", Duration::from_secs(3_600)).await?;
@@ -43,7 +40,7 @@ use crate::key::Key;
 #[non_exhaustive]
 pub struct Blocked {
     /// The name of the limit that refuses the key: its policy name (`api`; a plan's
-    /// `api.free`; a [set](crate::set)'s own name, whose block refuses every limit of
+    /// `api.free`; a [set](crate::LimitSet)'s own name, whose block refuses every limit of
     /// the set).
     pub limit: String,
     /// The key the limit counts, tag and all (`hdr:x-api-key:trap`): what

@@ -49,7 +49,7 @@ pub enum Source {
     /// Redis is unreachable and the layer's failure policy refuses everything.
     FailClosed,
     /// A lease of quota this process took from Redis moments ago (token buckets with
-    /// [`lease`](crate::token_bucket::TokenBucketConfig::lease)): admitted without a
+    /// [`lease`](crate::TokenBucketConfig::lease)): admitted without a
     /// round trip.
     Lease,
 }
@@ -88,9 +88,9 @@ pub struct Decision {
     /// Which store answered.
     pub source: Source,
     /// The `RateLimit-Policy` value when the limit was chosen for this request
-    /// ([`dynamic`](crate::dynamic) limits) rather than the layer's policy.
+    /// ([`dynamic`](crate::DynamicLimits) limits) rather than the layer's policy.
     pub(crate) policy_header: Option<http::HeaderValue>,
-    /// The `RateLimit` value when it lists more than one limit ([`set`](crate::set)s),
+    /// The `RateLimit` value when it lists more than one limit ([`set`](crate::LimitSet)s),
     /// checked as a header value when it is sent. Bytes rather than a `HeaderValue`
     /// (8 bytes less): a `Decision` of at most 128 bytes is moved with a few vector
     /// moves instead of a `memcpy` call, and every request moves it several times.

@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-/// The error a [`LimitSource`](crate::dynamic::LimitSource) or a
+/// The error a [`LimitSource`](crate::LimitSource) or a
 /// [`CredentialsProvider`](crate::backend::CredentialsProvider) may return: any error
 /// that is `Send + Sync` (the same type as `tower::BoxError`).
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;

@@ -9,7 +9,7 @@
 //!
 //! | layer | limits | for |
 //! |---|---|---|
-//! | [`PeriodLimitLayer`] | `quota` per fixed `period`, optionally aligned to a UTC offset, or per local day, week or month of an IANA zone ([`Calendar`](period::Calendar)) | daily quotas, "5 SMS codes per phone per day in the customer's zone", "10 000 per month" |
+//! | [`PeriodLimitLayer`] | `quota` per fixed `period`, optionally aligned to a UTC offset, or per local day, week or month of an IANA zone ([`Calendar`]) | daily quotas, "5 SMS codes per phone per day in the customer's zone", "10 000 per month" |
 //! | [`TokenBucketLayer`] | `rate` per `period` with bursts up to `burst`, weighted costs | API rate limits that tolerate short bursts |
 //! | [`RollingWindowLayer`] | at most `limit` within any window of `buckets` x `interval` | limits with no 2x burst at window edges |
 //! | [`InFlightLimitLayer`] | at most `slots` requests of one key in flight at once, held until the response body ends | exports, streams, expensive queries: "2 exports per merchant at a time" ([`in_flight`]) |
@@ -34,7 +34,7 @@
 //! ```
 //! use std::time::Duration;
 //! use axum::{routing::get, Router};
-//! use tower_redis_ratelimit::{key::{HeaderKey, KeyExtractor, PeerIp}, Backend, PeriodLimitLayer};
+//! use tower_redis_ratelimit::{key::{HeaderKey, KeyExtractor, PeerIp}, Backend, LimitLayer, PeriodConfig};
 //!
 //! # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
 //! // One backend for the process, shared by every layer. From a URL it makes its own
@@ -42,10 +42,8 @@
 //! // other instances); nothing connects until the first check. `Backend::in_process()`
 //! // for tests; a pool of yours: `BackendBuilder::redis`.
 //! let backend = Backend::builder().redis_url("redis://127.0.0.1:6379").build()?;
-//! let limit = PeriodLimitLayer::builder(&backend)
+//! let limit = LimitLayer::builder(&backend, PeriodConfig::new(100, Duration::from_secs(60)))
 //!     .name("api")
-//!     .quota(100)
-//!     .period(Duration::from_secs(60))
 //!     .key(HeaderKey::from_static("x-api-key").or(PeerIp::new()))
 //!     .build()?;
 //! let app: Router = Router::new().route("/", get(|| async { "hello" })).layer(limit);
@@ -55,7 +53,7 @@
 //! The [`guide`] has one page per topic:
 //!
 //! - [choosing an algorithm](guide::algorithms);
-//! - [choosing a key](guide::keys), and limits from your own store ([`dynamic`]);
+//! - [choosing a key](guide::keys), and limits from your own store ([`DynamicLimits`]);
 //! - [stacked limits, and sets of limits decided all or nothing](guide::stacking);
 //! - [calendar windows](guide::calendar): days, weeks and months in a time zone;
 //! - [limiters in your own code](guide::limiters);
@@ -81,7 +79,7 @@
 //! | `tls` | no | TLS to Redis with rustls and ring (no system OpenSSL): `rediss://` URLs, a custom CA (`BackendBuilder::tls_ca_pem`), client certificates (`tls_client_auth_pem`) |
 //! | `sentinel` | no | Redis Sentinel: a backend that follows the master a group of sentinels names (`BackendBuilder::redis_sentinel`) |
 //! | `serde` | no | configuration as data: the backend and rules from a TOML/YAML/JSON file or the environment (the `config` module) |
-//! | `metrics` | no | counters and histograms with the [`metrics`](https://docs.rs/metrics) crate (listed in [`metrics`]) |
+//! | `metrics` | no | counters and histograms with the [`metrics`](https://docs.rs/metrics) crate (listed in [`guide::metrics`]) |
 //!
 //! Items that need a feature say which one in these docs. The examples that need one
 //! declare it: `cargo run --example grpc` says to add `--features grpc`.
@@ -91,8 +89,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 #[cfg(feature = "admin")]
-#[cfg_attr(docsrs, doc(cfg(feature = "admin")))]
-pub mod admin;
+mod admin;
 pub mod backend;
 mod blocked;
 mod clock;
@@ -101,7 +98,7 @@ mod clock;
 pub mod config;
 mod cost;
 mod decision;
-pub mod dynamic;
+mod dynamic;
 mod error;
 pub mod guide;
 mod hosted;
@@ -112,14 +109,14 @@ pub mod limit;
 mod limiter;
 mod local;
 mod lua_texts;
-pub mod metrics;
+mod metrics;
 pub mod outbound;
-pub mod period;
-pub mod response;
-pub(crate) mod ring;
-pub mod rolling;
-pub mod set;
-pub mod token_bucket;
+mod period;
+mod response;
+mod ring;
+mod rolling;
+mod set;
+mod token_bucket;
 
 pub use deadpool_redis;
 /// The [`ipnet`](https://docs.rs/ipnet) crate, whose `IpNet` lists the trusted proxies
@@ -127,21 +124,34 @@ pub use deadpool_redis;
 /// this crate's (a new major version of `ipnet` is a new major version of this crate).
 pub use ipnet;
 
+#[cfg(feature = "admin")]
+#[cfg_attr(docsrs, doc(cfg(feature = "admin")))]
+pub use crate::admin::AdminRouter;
 pub use crate::backend::{Backend, BackendBuilder, FailurePolicy};
 pub use crate::blocked::{Blocked, Listing, ListingError};
 pub use crate::cost::{Cost, FixedCost, HeaderCost, UnitCost};
 pub use crate::decision::{Decision, Decisions, Policy, Source, State};
+pub use crate::dynamic::{
+    DynamicLimiter, DynamicLimits, LimitSource, Lookup, OnSourceError, WithLimit,
+};
 pub use crate::error::{BoxError, ConfigError};
-pub use crate::in_flight::InFlightLimitLayer;
+pub use crate::in_flight::{InFlightConfig, InFlightLimitLayer, InFlightLimiter};
 pub use crate::layers::{LimitSetLayer, PeriodLimitLayer, RollingWindowLayer, TokenBucketLayer};
 pub use crate::limit::{ExtensionPlan, LayerBuilder, Limit, LimitLayer, MissingKey, Plans};
 pub use crate::limiter::{DecisionFuture, Limiter};
 #[doc(hidden)]
 pub use crate::lua_texts::lua_texts;
+pub use crate::period::{Calendar, PeriodConfig, PeriodLimiter, UtcOffset, Weekday};
 #[cfg(feature = "grpc")]
 #[cfg_attr(docsrs, doc(cfg(feature = "grpc")))]
-pub use crate::response::grpc;
-pub use crate::response::{DefaultRejection, OnRejection, ProblemJson};
+pub use crate::response::grpc::GrpcRejection;
+pub use crate::response::{
+    DefaultRejection, MissingKeyRejection, OnRejection, ProblemJson, Rejection, RATELIMIT,
+    RATELIMIT_POLICY,
+};
+pub use crate::rolling::{RollingConfig, RollingWindowLimiter};
+pub use crate::set::{LimitSet, SetLimiter, SetMember};
+pub use crate::token_bucket::{TokenBucketConfig, TokenBucketLimiter};
 
 /// The README's Rust code blocks, compiled by `cargo test --doc`, so that what users
 /// copy from the crates.io page builds.

@@ -12,9 +12,9 @@ use crate::decision::{Decision, Policy};
 /// A rate-limit algorithm bound to a backend: the one thing the generic
 /// [`Limit`](crate::Limit) service asks.
 ///
-/// The three built-in limiters ([`PeriodLimiter`](crate::period::PeriodLimiter),
-/// [`TokenBucketLimiter`](crate::token_bucket::TokenBucketLimiter),
-/// [`RollingWindowLimiter`](crate::rolling::RollingWindowLimiter)) implement it; so can
+/// The three built-in limiters ([`PeriodLimiter`](crate::PeriodLimiter),
+/// [`TokenBucketLimiter`](crate::TokenBucketLimiter),
+/// [`RollingWindowLimiter`](crate::RollingWindowLimiter)) implement it; so can
 /// your own. A check never fails: trouble with a shared store is the limiter's to handle
 /// (the built-in ones answer from their in-process state), so the service always gets a
 /// [`Decision`].
@@ -115,8 +115,7 @@ pub trait Limiter: Send + Sync + 'static {
     /// ```
     /// use std::num::NonZeroU32;
     /// use std::time::Duration;
-    /// use tower_redis_ratelimit::period::{PeriodConfig, PeriodLimiter};
-    /// use tower_redis_ratelimit::{Backend, Limiter};
+    /// use tower_redis_ratelimit::{Backend, Limiter, PeriodConfig, PeriodLimiter};
     ///
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
@@ -175,15 +174,12 @@ pub trait Limiter: Send + Sync + 'static {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use tower_redis_ratelimit::key::HeaderKey;
-    /// use tower_redis_ratelimit::{Backend, Limiter, PeriodLimitLayer};
+    /// use tower_redis_ratelimit::{key::HeaderKey, Backend, LimitLayer, Limiter, PeriodConfig};
     ///
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let layer = PeriodLimitLayer::builder(&Backend::in_process())
+    /// let layer = LimitLayer::builder(&Backend::in_process(), PeriodConfig::new(60, Duration::from_secs(60)))
     ///     .name("api")
-    ///     .quota(60)
-    ///     .period(Duration::from_secs(60))
     ///     .key(HeaderKey::from_static("x-api-key"))
     ///     .build()?;
     /// layer.block_value("trap", Duration::from_secs(3_600)).await?;
@@ -243,8 +239,7 @@ pub trait Limiter: Send + Sync + 'static {
     /// ```
     /// use std::num::NonZeroU32;
     /// use std::time::Duration;
-    /// use tower_redis_ratelimit::period::{PeriodConfig, PeriodLimiter};
-    /// use tower_redis_ratelimit::{Backend, Limiter};
+    /// use tower_redis_ratelimit::{Backend, Limiter, PeriodConfig, PeriodLimiter};
     ///
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -284,7 +279,7 @@ pub trait Limiter: Send + Sync + 'static {
     }
 
     /// Not part of the API: a policy whose quota also bounds the cost of one request,
-    /// beside [`policies`](Self::policies) (a [set](crate::set)'s smallest member, whose
+    /// beside [`policies`](Self::policies) (a [set](crate::LimitSet)'s smallest member, whose
     /// quota is below the set's policy's), so that a layer's builder refuses a
     /// [`FixedCost`](crate::FixedCost) no request could ever pay. `None` by default;
     /// limiters that wrap others (plans, `Arc`) answer for what they wrap.
@@ -369,8 +364,7 @@ impl<L: Limiter + ?Sized> Limiter for std::sync::Arc<L> {
 /// ```
 /// use std::num::NonZeroU32;
 /// use std::time::Duration;
-/// use tower_redis_ratelimit::period::{PeriodConfig, PeriodLimiter};
-/// use tower_redis_ratelimit::{Backend, DecisionFuture, Limiter};
+/// use tower_redis_ratelimit::{Backend, DecisionFuture, Limiter, PeriodConfig, PeriodLimiter};
 ///
 /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
 /// let backend = Backend::in_process();

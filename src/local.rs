@@ -17,7 +17,7 @@
 //! hit keys go first. A flood of new keys therefore only churns the probation queue, and
 //! cannot push out the state of the keys that are actually being limited (a throttled
 //! client retrying is hit again and again). A dropped key starts again with its full
-//! limit; every drop is counted (the metric `ratelimit_local_evictions_total`, see [`metrics`](crate::metrics)).
+//! limit; every drop is counted (the metric `ratelimit_local_evictions_total`, see [`metrics`](crate::guide::metrics)).
 //!
 //! # Expiry
 //!

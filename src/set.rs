@@ -1,40 +1,4 @@
-//! Atomic sets of limits: several limits on one key (2 per second *and* 10 per day),
-//! decided all or nothing in one round trip, so that a refusal by any of them spends
-//! none of the others.
-//!
-//! Stacked layers check their limits one by one: when the inner one refuses, the outer
-//! ones have already counted the request. A [`LimitSet`] puts the limits in one layer
-//! instead. On Redis, one script call decides them all: every limit first decides
-//! without writing, and only when all of them admit does each one count the request.
-//! In process (and in the fallback while Redis is unreachable), the same two passes run
-//! under a lock per key, so concurrent checks of a set never admit more than any of its
-//! limits allows. Any mix of the three algorithms works.
-//!
-//! Each limit of a set named `reports` is the policy `reports.<limit>`, listed in the
-//! `RateLimit-Policy` and `RateLimit` headers in the set's order. A refusal's
-//! `Retry-After` is the longest wait among the limits that refused.
-//!
-//! On Redis Cluster, the keys of one request's limits share one hash slot: they are
-//! built around the same `{v1:<key>}` hash tag (see [Redis keys](crate::backend#redis-keys)),
-//! so a set needs nothing more. A set decides the limits of one key; limits on different
-//! keys (per user *and* per merchant) are separate layers.
-//!
-//! ```
-//! use std::time::Duration;
-//! use tower_redis_ratelimit::key::HeaderKey;
-//! use tower_redis_ratelimit::period::PeriodConfig;
-//! use tower_redis_ratelimit::token_bucket::TokenBucketConfig;
-//! use tower_redis_ratelimit::{Backend, LimitSetLayer};
-//!
-//! # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
-//! let layer = LimitSetLayer::builder(&Backend::in_process())
-//!     .name("reports")
-//!     .limit("burst", TokenBucketConfig::new(2, Duration::from_secs(1), 2))
-//!     .limit("daily", PeriodConfig::new(10, Duration::from_secs(86_400)))
-//!     .key(HeaderKey::from_static("x-merchant-id"))
-//!     .build()?;
-//! # let _ = layer; Ok(()) }
-//! ```
+//! Atomic sets of limits; the semantics are on [`LimitSet`].
 
 use std::hash::BuildHasher;
 use std::num::NonZeroU32;
@@ -88,7 +52,41 @@ impl From<RollingConfig> for SetMember {
     }
 }
 
-/// The settings of a set of limits decided all or nothing; see the [module docs](self).
+/// Atomic sets of limits: several limits on one key (2 per second *and* 10 per day),
+/// decided all or nothing in one round trip, so that a refusal by any of them spends
+/// none of the others.
+///
+/// Stacked layers check their limits one by one: when the inner one refuses, the outer
+/// ones have already counted the request. A [`LimitSet`] puts the limits in one layer
+/// instead. On Redis, one script call decides them all: every limit first decides
+/// without writing, and only when all of them admit does each one count the request.
+/// In process (and in the fallback while Redis is unreachable), the same two passes run
+/// under a lock per key, so concurrent checks of a set never admit more than any of its
+/// limits allows. Any mix of the three algorithms works.
+///
+/// Each limit of a set named `reports` is the policy `reports.<limit>`, listed in the
+/// `RateLimit-Policy` and `RateLimit` headers in the set's order. A refusal's
+/// `Retry-After` is the longest wait among the limits that refused.
+///
+/// On Redis Cluster, the keys of one request's limits share one hash slot: they are
+/// built around the same `{v1:<key>}` hash tag (see [Redis keys](crate::backend#redis-keys)),
+/// so a set needs nothing more. A set decides the limits of one key; limits on different
+/// keys (per user *and* per merchant) are separate layers.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_redis_ratelimit::{key::HeaderKey, Backend, LimitLayer, LimitSet, PeriodConfig, TokenBucketConfig};
+///
+/// # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
+/// let layer = LimitLayer::builder(&Backend::in_process(), LimitSet::new().limit("burst", TokenBucketConfig::new(2, Duration::from_secs(1), 2)).limit("daily", PeriodConfig::new(10, Duration::from_secs(86_400))))
+///     .name("reports")
+///     .key(HeaderKey::from_static("x-merchant-id"))
+///     .build()?;
+/// # let _ = layer; Ok(()) }
+/// ```
+///
+/// A `LimitSet` is what [`LimitLayer::builder`](crate::LimitLayer::builder) takes, or
+/// a plan.
 #[derive(Debug, Clone, Default)]
 pub struct LimitSet {
     pub(crate) limits: Vec<(String, SetMember)>,
@@ -122,8 +120,7 @@ impl LimitSet {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use tower_redis_ratelimit::period::PeriodConfig;
-    /// use tower_redis_ratelimit::set::LimitSet;
+    /// use tower_redis_ratelimit::{LimitSet, PeriodConfig};
     ///
     /// let minute = Duration::from_secs(60);
     /// let set = LimitSet::new()
@@ -285,10 +282,7 @@ impl SetLimiter {
     /// ```
     /// use std::num::NonZeroU32;
     /// use std::time::Duration;
-    /// use tower_redis_ratelimit::period::PeriodConfig;
-    /// use tower_redis_ratelimit::set::{LimitSet, SetLimiter};
-    /// use tower_redis_ratelimit::token_bucket::TokenBucketConfig;
-    /// use tower_redis_ratelimit::{Backend, Limiter};
+    /// use tower_redis_ratelimit::{Backend, LimitSet, Limiter, PeriodConfig, SetLimiter, TokenBucketConfig};
     ///
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {

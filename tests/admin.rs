@@ -17,13 +17,12 @@ use http::{Request, Response, StatusCode};
 use support::http::Served;
 use support::RedisServer;
 use tower::{service_fn, ServiceBuilder, ServiceExt};
-use tower_redis_ratelimit::dynamic::DynamicLimits;
 use tower_redis_ratelimit::key::{ExtensionKey, HeaderKey, Key, KeyExtractor, KeyForError, PeerIp};
 use tower_redis_ratelimit::limit::{AdminError, ExtensionPlan, Plans};
-use tower_redis_ratelimit::period::PeriodConfig;
-use tower_redis_ratelimit::{
-    Backend, InFlightLimitLayer, LayerBuilder, LimitSetLayer, Limiter, PeriodLimitLayer, State,
-};
+use tower_redis_ratelimit::DynamicLimits;
+use tower_redis_ratelimit::PeriodConfig;
+use tower_redis_ratelimit::{Backend, Limiter, State};
+use tower_redis_ratelimit::{InFlightConfig, LimitLayer, LimitSet};
 
 const ONE: NonZeroU32 = NonZeroU32::MIN;
 const MINUTE: Duration = Duration::from_secs(60);
@@ -53,10 +52,8 @@ async fn ok(_: Request<String>) -> Result<Response<String>, Infallible> {
 /// the client's value that answers `Allowed` (on the empty key `trap`) while the client
 /// still gets 429; the layer's `reset_value(b"trap")` finds `fn:trap` and lifts it.
 async fn reset_by_value_lifts_the_block(backend: &Backend) {
-    let layer = PeriodLimitLayer::builder(backend)
+    let layer = LimitLayer::builder(backend, PeriodConfig::new(60, MINUTE))
         .name("api")
-        .quota(60)
-        .period(MINUTE)
         .key(api_key)
         .build()
         .unwrap();
@@ -128,10 +125,8 @@ async fn reset_by_value_lifts_the_block_on_redis() {
 #[tokio::test]
 async fn or_layers_act_on_every_branch_and_refuse_impossible_values() {
     let backend = Backend::in_process();
-    let layer = PeriodLimitLayer::builder(&backend)
+    let layer = LimitLayer::builder(&backend, PeriodConfig::new(5, MINUTE))
         .name("api")
-        .quota(5)
-        .period(MINUTE)
         .key(HeaderKey::from_static("x-api-key").or(PeerIp::new()))
         .build()
         .unwrap();
@@ -182,7 +177,7 @@ async fn every_layer_kind_acts_by_value() {
     let plans = Plans::new(ExtensionPlan::<Plan>::new())
         .plan(Plan::Free, "free", PeriodConfig::new(2, MINUTE))
         .plan(Plan::Paid, "paid", PeriodConfig::new(5, MINUTE));
-    let plan_layer = LayerBuilder::new(&backend, plans)
+    let plan_layer = LimitLayer::builder(&backend, plans)
         .name("plans")
         .key(user)
         .build()
@@ -200,13 +195,16 @@ async fn every_layer_kind_acts_by_value() {
     plan_layer.reset_value("carol").await.unwrap();
     assert!(paid.check(b"ext:user:carol", ONE).await.is_admitted());
 
-    let set_layer = LimitSetLayer::builder(&backend)
-        .name("llm")
-        .requests("rpm", PeriodConfig::new(60, MINUTE))
-        .limit("tpm", PeriodConfig::new(20_000, MINUTE))
-        .key(user)
-        .build()
-        .unwrap();
+    let set_layer = LimitLayer::builder(
+        &backend,
+        LimitSet::new()
+            .requests("rpm", PeriodConfig::new(60, MINUTE))
+            .limit("tpm", PeriodConfig::new(20_000, MINUTE)),
+    )
+    .name("llm")
+    .key(user)
+    .build()
+    .unwrap();
     set_layer.block_value("carol", MINUTE).await.unwrap();
     assert!(!set_layer
         .limiter()
@@ -222,7 +220,7 @@ async fn every_layer_kind_acts_by_value() {
 
     let source =
         |_: tower_redis_ratelimit::key::TaggedKey<'_>| async { Ok::<_, Infallible>(Some(3)) };
-    let dynamic_layer = LayerBuilder::new(
+    let dynamic_layer = LimitLayer::builder(
         &backend,
         DynamicLimits::new(PeriodConfig::new(10, MINUTE), source),
     )
@@ -242,9 +240,8 @@ async fn every_layer_kind_acts_by_value() {
         .await
         .is_admitted());
 
-    let exports = InFlightLimitLayer::builder(&backend)
+    let exports = LimitLayer::builder(&backend, InFlightConfig::new(2))
         .name("export")
-        .slots(2)
         .key(HeaderKey::from_static("x-merchant-id"))
         .build()
         .unwrap();
@@ -279,10 +276,8 @@ async fn a_custom_extractor_cannot_say() {
                 .map(|host| Key::concat(&[b"tenant:", host.as_bytes()]))
         }
     }
-    let layer = PeriodLimitLayer::builder(&Backend::in_process())
+    let layer = LimitLayer::builder(&Backend::in_process(), PeriodConfig::new(5, MINUTE))
         .name("tenants")
-        .quota(5)
-        .period(MINUTE)
         .key(Tenant)
         .build()
         .unwrap();
@@ -297,10 +292,8 @@ async fn a_custom_extractor_cannot_say() {
 /// End to end through axum on a real socket: block the client by its address, 429;
 /// reset by that address, the next request is admitted. In process and on Redis.
 async fn axum_block_then_reset_by_address(backend: &Backend) {
-    let layer = PeriodLimitLayer::builder(backend)
+    let layer = LimitLayer::builder(backend, PeriodConfig::new(100, MINUTE))
         .name("per-ip")
-        .quota(100)
-        .period(MINUTE)
         .key(PeerIp::new())
         .build()
         .unwrap();
@@ -349,10 +342,8 @@ async fn axum_block_then_reset_by_address_on_redis() {
 /// layer takes such a request as having no key): an error, not an action on that key.
 #[tokio::test]
 async fn a_key_too_long_for_the_layer_is_an_error() {
-    let layer = PeriodLimitLayer::builder(&Backend::in_process())
+    let layer = LimitLayer::builder(&Backend::in_process(), PeriodConfig::new(5, MINUTE))
         .name("api")
-        .quota(5)
-        .period(MINUTE)
         .key(HeaderKey::from_static("x-api-key").or(PeerIp::new()))
         .max_key_len(20)
         .build()

@@ -15,17 +15,16 @@ use http::{Request, StatusCode};
 use serde_json::Value;
 use support::RedisServer;
 use tower::ServiceExt;
-use tower_redis_ratelimit::admin::AdminRouter;
 use tower_redis_ratelimit::key::{HeaderKey, KeyExtractor, PeerIp};
-use tower_redis_ratelimit::{Backend, Limiter, PeriodLimitLayer};
+use tower_redis_ratelimit::AdminRouter;
+use tower_redis_ratelimit::{Backend, Limiter};
+use tower_redis_ratelimit::{LimitLayer, PeriodConfig};
 
 /// One instance: the app limited per API key, or per address without one, and its
 /// admin router (a real service would put its own authentication in front).
 fn instance(backend: &Backend) -> Router {
-    let api = PeriodLimitLayer::builder(backend)
+    let api = LimitLayer::builder(backend, PeriodConfig::new(5, Duration::from_secs(600)))
         .name("api")
-        .quota(5)
-        .period(Duration::from_secs(600))
         .key(HeaderKey::from_static("x-api-key").or(PeerIp::new()))
         .build()
         .unwrap();
@@ -216,10 +215,8 @@ async fn wrong_values_limits_and_numbers_are_errors() {
 
     // A per-address layer given an API key: an error, nothing reset.
     let backend = Backend::in_process();
-    let per_ip = PeriodLimitLayer::builder(&backend)
+    let per_ip = LimitLayer::builder(&backend, PeriodConfig::new(5, Duration::from_secs(60)))
         .name("per-ip")
-        .quota(5)
-        .period(Duration::from_secs(60))
         .key(PeerIp::new())
         .build()
         .unwrap();
@@ -241,21 +238,19 @@ async fn wrong_values_limits_and_numbers_are_errors() {
 #[tokio::test]
 async fn the_blocked_keys_of_every_limit_listed() {
     let backend = Backend::in_process();
-    let api = PeriodLimitLayer::builder(&backend)
+    let api = LimitLayer::builder(&backend, PeriodConfig::new(5, Duration::from_secs(600)))
         .name("api")
-        .quota(5)
-        .period(Duration::from_secs(600))
         .key(HeaderKey::from_static("x-api-key").or(PeerIp::new()))
         .build()
         .unwrap();
-    let login = PeriodLimitLayer::builder(&backend)
-        .name("login")
-        .quota(1)
-        .period(Duration::from_secs(600))
-        .lockout(Duration::from_secs(900))
-        .key(HeaderKey::from_static("x-user"))
-        .build()
-        .unwrap();
+    let login = LimitLayer::builder(
+        &backend,
+        PeriodConfig::new(1, Duration::from_secs(600)).lockout(Duration::from_secs(900)),
+    )
+    .name("login")
+    .key(HeaderKey::from_static("x-user"))
+    .build()
+    .unwrap();
     let admin: Router = AdminRouter::new().limit(&api).limit(&login).into_router();
     let (status, listed) = call(&admin, "GET", "/blocked", None).await;
     assert_eq!(status, StatusCode::OK, "{listed}");

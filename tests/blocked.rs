@@ -9,15 +9,14 @@ use std::num::NonZeroU32;
 use std::time::{Duration, SystemTime};
 
 use support::RedisServer;
-use tower_redis_ratelimit::dynamic::DynamicLimits;
 use tower_redis_ratelimit::key::{ExtensionKey, HeaderKey, KeyExtractor, PeerIp, TaggedKey};
 use tower_redis_ratelimit::limit::{AdminError, ExtensionPlan, Plans};
-use tower_redis_ratelimit::period::{PeriodConfig, PeriodLimiter};
-use tower_redis_ratelimit::set::{LimitSet, SetLimiter};
-use tower_redis_ratelimit::token_bucket::TokenBucketConfig;
-use tower_redis_ratelimit::{
-    Backend, Blocked, LayerBuilder, LimitSetLayer, Limiter, PeriodLimitLayer,
-};
+use tower_redis_ratelimit::DynamicLimits;
+use tower_redis_ratelimit::LimitLayer;
+use tower_redis_ratelimit::TokenBucketConfig;
+use tower_redis_ratelimit::{Backend, Blocked, Limiter};
+use tower_redis_ratelimit::{LimitSet, SetLimiter};
+use tower_redis_ratelimit::{PeriodConfig, PeriodLimiter};
 
 const ONE: NonZeroU32 = NonZeroU32::MIN;
 const MINUTE: Duration = Duration::from_secs(60);
@@ -267,10 +266,8 @@ async fn a_listing_without_redis_is_an_error() {
             .starts_with("the blocked keys could not be listed: "),
         "{error}"
     );
-    let layer = PeriodLimitLayer::builder(&backend)
+    let layer = LimitLayer::builder(&backend, PeriodConfig::new(10, MINUTE))
         .name("api")
-        .quota(10)
-        .period(MINUTE)
         .key(HeaderKey::from_static("x-api-key"))
         .build()
         .unwrap();
@@ -323,10 +320,8 @@ enum Plan {
 /// Through a layer: each blocked key with the client's value its extractor names, for
 /// every extractor and every kind of limit (a set, plans, a dynamic limit).
 async fn values_sets_plans_and_dynamic_limits(backend: &Backend) {
-    let api = PeriodLimitLayer::builder(backend)
+    let api = LimitLayer::builder(backend, PeriodConfig::new(10, MINUTE))
         .name("api")
-        .quota(10)
-        .period(MINUTE)
         .key(HeaderKey::from_static("x-api-key").or(PeerIp::new()))
         .build()
         .unwrap();
@@ -366,13 +361,16 @@ async fn values_sets_plans_and_dynamic_limits(backend: &Backend) {
     );
 
     let user = || ExtensionKey::<UserId>::new().tag("user");
-    let set = LimitSetLayer::builder(backend)
-        .name("llm")
-        .requests("rpm", PeriodConfig::new(60, MINUTE))
-        .limit("tpm", PeriodConfig::new(20_000, MINUTE))
-        .key(user())
-        .build()
-        .unwrap();
+    let set = LimitLayer::builder(
+        backend,
+        LimitSet::new()
+            .requests("rpm", PeriodConfig::new(60, MINUTE))
+            .limit("tpm", PeriodConfig::new(20_000, MINUTE)),
+    )
+    .name("llm")
+    .key(user())
+    .build()
+    .unwrap();
     set.block_value("carol", MINUTE).await.unwrap();
     let listed = set.blocked(100).await.unwrap();
     assert_eq!(named(&listed), [pair("llm", "ext:user:carol")]);
@@ -381,7 +379,7 @@ async fn values_sets_plans_and_dynamic_limits(backend: &Backend) {
     let plans = Plans::new(ExtensionPlan::<Plan>::new())
         .plan(Plan::Free, "free", PeriodConfig::new(10, MINUTE))
         .plan(Plan::Paid, "paid", PeriodConfig::new(100, MINUTE));
-    let per_plan = LayerBuilder::new(backend, plans)
+    let per_plan = LimitLayer::builder(backend, plans)
         .name("profile")
         .key(user())
         .build()
@@ -400,7 +398,7 @@ async fn values_sets_plans_and_dynamic_limits(backend: &Backend) {
     assert_eq!(per_plan.blocked(1).await.unwrap().len(), 1);
 
     let source = |_: TaggedKey<'_>| async { Ok::<_, Infallible>(Some(3)) };
-    let dynamic = LayerBuilder::new(
+    let dynamic = LimitLayer::builder(
         backend,
         DynamicLimits::new(PeriodConfig::new(10, MINUTE), source),
     )

@@ -34,9 +34,9 @@ use std::time::{Duration, Instant};
 
 use support::proxy::FaultProxy;
 use support::RedisServer;
-use tower_redis_ratelimit::period::{PeriodConfig, PeriodLimiter};
-use tower_redis_ratelimit::token_bucket::{TokenBucketConfig, TokenBucketLimiter};
 use tower_redis_ratelimit::{Limiter, Source};
+use tower_redis_ratelimit::{PeriodConfig, PeriodLimiter};
+use tower_redis_ratelimit::{TokenBucketConfig, TokenBucketLimiter};
 
 const INSTANCES: usize = 3;
 const KEYS: usize = 3;

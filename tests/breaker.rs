@@ -19,8 +19,8 @@ use support::proxy::FaultProxy;
 use support::RedisServer;
 use tokio::time::Instant;
 use tower_redis_ratelimit::backend::RedisState;
-use tower_redis_ratelimit::period::{PeriodConfig, PeriodLimiter};
 use tower_redis_ratelimit::{Backend, FailurePolicy, Limiter, Source, State};
+use tower_redis_ratelimit::{PeriodConfig, PeriodLimiter};
 
 const ONE: NonZeroU32 = NonZeroU32::MIN;
 /// The defaults: the issue was measured with them.

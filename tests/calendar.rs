@@ -3,7 +3,7 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use tower_redis_ratelimit::period::{Calendar, Weekday};
+use tower_redis_ratelimit::{Calendar, Weekday};
 
 const HOUR: u64 = 3_600;
 

@@ -16,12 +16,12 @@ use std::time::{Duration, Instant};
 
 use support::proxy::FaultProxy;
 use support::RedisServer;
-use tower_redis_ratelimit::dynamic::DynamicLimits;
 use tower_redis_ratelimit::key::TaggedKey;
 use tower_redis_ratelimit::limit::Algorithm;
-use tower_redis_ratelimit::period::{PeriodConfig, PeriodLimiter};
-use tower_redis_ratelimit::token_bucket::{TokenBucketConfig, TokenBucketLimiter};
+use tower_redis_ratelimit::DynamicLimits;
 use tower_redis_ratelimit::{Backend, Decision, Limiter, Source};
+use tower_redis_ratelimit::{PeriodConfig, PeriodLimiter};
+use tower_redis_ratelimit::{TokenBucketConfig, TokenBucketLimiter};
 
 const ONE: NonZeroU32 = NonZeroU32::MIN;
 const HOUR: Duration = Duration::from_secs(3_600);

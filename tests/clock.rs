@@ -12,10 +12,10 @@ use std::time::Duration;
 use support::RedisServer;
 use tokio::time::Instant;
 use tower_redis_ratelimit::backend::{ManualClock, TimeSource};
-use tower_redis_ratelimit::period::{PeriodConfig, PeriodLimiter, UtcOffset};
-use tower_redis_ratelimit::rolling::{RollingConfig, RollingWindowLimiter};
-use tower_redis_ratelimit::token_bucket::{TokenBucketConfig, TokenBucketLimiter};
 use tower_redis_ratelimit::{Backend, Decision, Limiter, Source};
+use tower_redis_ratelimit::{PeriodConfig, PeriodLimiter, UtcOffset};
+use tower_redis_ratelimit::{RollingConfig, RollingWindowLimiter};
+use tower_redis_ratelimit::{TokenBucketConfig, TokenBucketLimiter};
 
 const ONE: NonZeroU32 = NonZeroU32::MIN;
 const HOUR_US: i64 = 3_600_000_000;

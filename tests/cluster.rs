@@ -9,10 +9,10 @@ use std::time::Duration;
 
 use support::RedisCluster;
 use tower_redis_ratelimit::deadpool_redis::{cluster, Runtime};
-use tower_redis_ratelimit::period::{PeriodConfig, PeriodLimiter};
-use tower_redis_ratelimit::rolling::{RollingConfig, RollingWindowLimiter};
-use tower_redis_ratelimit::token_bucket::{TokenBucketConfig, TokenBucketLimiter};
 use tower_redis_ratelimit::{Limiter, Source};
+use tower_redis_ratelimit::{PeriodConfig, PeriodLimiter};
+use tower_redis_ratelimit::{RollingConfig, RollingWindowLimiter};
+use tower_redis_ratelimit::{TokenBucketConfig, TokenBucketLimiter};
 
 const ONE: NonZeroU32 = NonZeroU32::MIN;
 
@@ -163,7 +163,7 @@ async fn a_cluster_reached_by_urls_limits_on_every_node() {
 /// the key's hash tag, whatever the key.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_set_of_limits_decides_in_one_slot() {
-    use tower_redis_ratelimit::set::{LimitSet, SetLimiter};
+    use tower_redis_ratelimit::{LimitSet, SetLimiter};
     let cluster = RedisCluster::start(3);
     let pool = cluster::Config::from_urls(cluster.urls())
         .create_pool(Some(Runtime::Tokio1))

@@ -9,11 +9,11 @@ use std::num::NonZeroU32;
 use std::time::Duration;
 
 use support::{RedisServer, Reply};
-use tower_redis_ratelimit::period::{Calendar, PeriodConfig, PeriodLimiter, UtcOffset};
-use tower_redis_ratelimit::rolling::{RollingConfig, RollingWindowLimiter};
-use tower_redis_ratelimit::set::{LimitSet, SetLimiter};
-use tower_redis_ratelimit::token_bucket::{TokenBucketConfig, TokenBucketLimiter};
 use tower_redis_ratelimit::{Backend, Decision, Limiter, Source, State};
+use tower_redis_ratelimit::{Calendar, PeriodConfig, PeriodLimiter, UtcOffset};
+use tower_redis_ratelimit::{LimitSet, SetLimiter};
+use tower_redis_ratelimit::{RollingConfig, RollingWindowLimiter};
+use tower_redis_ratelimit::{TokenBucketConfig, TokenBucketLimiter};
 
 const HOUR: Duration = Duration::from_secs(3_600);
 

@@ -20,9 +20,8 @@ use tower_redis_ratelimit::config::{BackendConfig, KeyConfig, RulesConfig};
 use tower_redis_ratelimit::key::{
     ForwardedIp, GlobalKey, HeaderKey, KeyExtractor, PathKey, PeerIp,
 };
-use tower_redis_ratelimit::{
-    Backend, FailurePolicy, Limiter, PeriodLimitLayer, RollingWindowLayer, Source, TokenBucketLayer,
-};
+use tower_redis_ratelimit::{Backend, FailurePolicy, Limiter, Source};
+use tower_redis_ratelimit::{LimitLayer, PeriodConfig, RollingConfig, TokenBucketConfig};
 
 const ONE: NonZeroU32 = NonZeroU32::MIN;
 
@@ -71,37 +70,36 @@ async fn every_algorithm_builds_its_limit() {
         assert_eq!(policy.quota(), quota, "{name}");
         // The same policy as the builder's.
         let built = match name {
-            "fixed" => PeriodLimitLayer::builder(&rules.backend)
+            "fixed" => LimitLayer::builder(&rules.backend, PeriodConfig::new(2, window))
                 .name("x")
                 .key(GlobalKey)
-                .quota(2)
-                .period(window)
                 .build()
                 .unwrap()
                 .limiter()
                 .policy()
                 .window(),
-            "bucket" => TokenBucketLayer::builder(&rules.backend)
-                .name("x")
-                .key(GlobalKey)
-                .rate(1, Duration::from_secs(3_600))
-                .burst(3)
-                .build()
-                .unwrap()
-                .limiter()
-                .policy()
-                .window(),
-            _ => RollingWindowLayer::builder(&rules.backend)
-                .name("x")
-                .key(GlobalKey)
-                .limit(4)
-                .buckets(10)
-                .interval(Duration::from_millis(100))
-                .build()
-                .unwrap()
-                .limiter()
-                .policy()
-                .window(),
+            "bucket" => LimitLayer::builder(
+                &rules.backend,
+                TokenBucketConfig::new(1, Duration::from_secs(3_600), 3),
+            )
+            .name("x")
+            .key(GlobalKey)
+            .build()
+            .unwrap()
+            .limiter()
+            .policy()
+            .window(),
+            _ => LimitLayer::builder(
+                &rules.backend,
+                RollingConfig::new(4, 10, Duration::from_millis(100)),
+            )
+            .name("x")
+            .key(GlobalKey)
+            .build()
+            .unwrap()
+            .limiter()
+            .policy()
+            .window(),
         };
         assert_eq!(policy.window(), built, "{name}");
         let mut want = vec![true; quota as usize];

@@ -5,8 +5,9 @@ use std::time::Duration;
 
 use tower_redis_ratelimit::config::RulesConfig;
 use tower_redis_ratelimit::key::{GlobalKey, KeyExtractor};
+use tower_redis_ratelimit::{Backend, Calendar, ConfigError};
 use tower_redis_ratelimit::{
-    period::Calendar, Backend, ConfigError, PeriodLimitLayer, RollingWindowLayer, TokenBucketLayer,
+    InFlightConfig, LimitLayer, LimitSet, PeriodConfig, RollingConfig, TokenBucketConfig,
 };
 
 fn parse(text: &str) -> RulesConfig {
@@ -37,10 +38,8 @@ fn invalid_values_are_the_builders_errors() {
     let zero_quota = build_error(&rule(
         r#"{ algorithm = "period", quota = 0, period = "1s" }"#,
     ));
-    let builder = PeriodLimitLayer::builder(&backend)
+    let builder = LimitLayer::builder(&backend, PeriodConfig::new(0, Duration::from_secs(1)))
         .name("r")
-        .quota(0)
-        .period(Duration::from_secs(1))
         .build()
         .unwrap_err();
     assert_eq!(zero_quota, builder);
@@ -55,53 +54,51 @@ fn invalid_values_are_the_builders_errors() {
     let zero_burst = build_error(&rule(
         r#"{ algorithm = "token_bucket", rate = 1, burst = 0 }"#,
     ));
-    let builder = TokenBucketLayer::builder(&backend)
-        .name("r")
-        .rate(1, Duration::from_secs(1))
-        .burst(0)
-        .build()
-        .unwrap_err();
+    let builder = LimitLayer::builder(
+        &backend,
+        TokenBucketConfig::new(1, Duration::from_secs(1), 0),
+    )
+    .name("r")
+    .build()
+    .unwrap_err();
     assert_eq!(zero_burst, builder);
 
     let buckets = build_error(&rule(
         r#"{ algorithm = "rolling_window", limit = 1, buckets = 100000, interval = "1s" }"#,
     ));
-    let builder = RollingWindowLayer::builder(&backend)
-        .name("r")
-        .limit(1)
-        .buckets(100_000)
-        .interval(Duration::from_secs(1))
-        .build()
-        .unwrap_err();
+    let builder = LimitLayer::builder(
+        &backend,
+        RollingConfig::new(1, 100_000, Duration::from_secs(1)),
+    )
+    .name("r")
+    .build()
+    .unwrap_err();
     assert_eq!(buckets, builder);
 
     let offset = build_error(&rule(
         r#"{ algorithm = "period", quota = 1, period = "1day", align = "+19:00" }"#,
     ));
-    let builder = PeriodLimitLayer::builder(&backend)
-        .name("r")
-        .quota(1)
-        .period(Duration::from_secs(86_400))
-        .align(tower_redis_ratelimit::period::UtcOffset::from_hours(19))
-        .build()
-        .unwrap_err();
+    let builder = LimitLayer::builder(
+        &backend,
+        PeriodConfig::new(1, Duration::from_secs(86_400))
+            .align(tower_redis_ratelimit::UtcOffset::from_hours(19)),
+    )
+    .name("r")
+    .build()
+    .unwrap_err();
     assert_eq!(offset, builder);
 
     let period = r#"{ algorithm = "period", quota = 1, period = "1s" }"#;
     let name = build_error(&rule(period).replace("\"r\"", "\"a{b}\""));
-    let builder = PeriodLimitLayer::builder(&backend)
+    let builder = LimitLayer::builder(&backend, PeriodConfig::new(1, Duration::from_secs(1)))
         .name("a{b}")
-        .quota(1)
-        .period(Duration::from_secs(1))
         .build()
         .unwrap_err();
     assert_eq!(name, builder);
 
     let share = build_error(&format!("{}fallback_share = 1.5\n", rule(period)));
-    let builder = PeriodLimitLayer::builder(&backend)
+    let builder = LimitLayer::builder(&backend, PeriodConfig::new(1, Duration::from_secs(1)))
         .name("r")
-        .quota(1)
-        .period(Duration::from_secs(1))
         .fallback_share(1.5)
         .build()
         .unwrap_err();
@@ -224,9 +221,9 @@ fn typos_fail_loudly() {
 /// and no `Retry-After`: it is a build error on every layer type, naming the policy.
 #[test]
 fn a_fixed_cost_above_the_capacity_is_refused_when_built() {
-    use tower_redis_ratelimit::period::PeriodConfig;
-    use tower_redis_ratelimit::token_bucket::TokenBucketConfig;
-    use tower_redis_ratelimit::{FailurePolicy, FixedCost, LimitSetLayer};
+    use tower_redis_ratelimit::PeriodConfig;
+    use tower_redis_ratelimit::TokenBucketConfig;
+    use tower_redis_ratelimit::{FailurePolicy, FixedCost};
 
     let backend = Backend::in_process();
     let second = Duration::from_secs(1);
@@ -239,47 +236,41 @@ fn a_fixed_cost_above_the_capacity_is_refused_when_built() {
         assert!(text.contains(&format!("\"{policy}\"")), "{text}");
         assert!(text.contains("fixed cost of 5"), "{text}");
     };
-    let error = TokenBucketLayer::builder(&backend)
+    let error = LimitLayer::builder(&backend, TokenBucketConfig::new(1, second, 2))
         .name("tb")
-        .rate(1, second)
-        .burst(2)
         .cost(FixedCost(5))
         .build()
         .unwrap_err();
     above(error, "tb", 2);
-    let error = PeriodLimitLayer::builder(&backend)
+    let error = LimitLayer::builder(&backend, PeriodConfig::new(4, second))
         .name("p")
-        .quota(4)
-        .period(second)
         .cost(FixedCost(5))
         .build()
         .unwrap_err();
     above(error, "p", 4);
-    let error = RollingWindowLayer::builder(&backend)
+    let error = LimitLayer::builder(&backend, RollingConfig::new(3, 2, second))
         .name("r")
-        .limit(3)
-        .buckets(2)
-        .interval(second)
         .cost(FixedCost(5))
         .build()
         .unwrap_err();
     above(error, "r", 3);
     // A set: above its smallest member, whichever it is.
-    let error = LimitSetLayer::builder(&backend)
-        .name("s")
-        .limit("day", PeriodConfig::new(1_000, 86_400 * second))
-        .limit("burst", TokenBucketConfig::new(1, second, 2))
-        .cost(FixedCost(5))
-        .build()
-        .unwrap_err();
+    let error = LimitLayer::builder(
+        &backend,
+        LimitSet::new()
+            .limit("day", PeriodConfig::new(1_000, 86_400 * second))
+            .limit("burst", TokenBucketConfig::new(1, second, 2)),
+    )
+    .name("s")
+    .cost(FixedCost(5))
+    .build()
+    .unwrap_err();
     above(error, "s.burst", 2);
 
     // At the capacity it builds.
-    TokenBucketLayer::builder(&backend)
+    LimitLayer::builder(&backend, TokenBucketConfig::new(1, second, 5))
         .name("tb")
         .key(GlobalKey)
-        .rate(1, second)
-        .burst(5)
         .cost(FixedCost(5))
         .build()
         .unwrap();
@@ -292,11 +283,9 @@ fn a_fixed_cost_above_the_capacity_is_refused_when_built() {
         .build()
         .unwrap();
     let shared = || {
-        TokenBucketLayer::builder(&redis)
+        LimitLayer::builder(&redis, TokenBucketConfig::new(10, second, 10))
             .name("tb")
             .key(GlobalKey)
-            .rate(10, second)
-            .burst(10)
             .cost(FixedCost(5))
     };
     let error = shared().build().unwrap_err();
@@ -323,10 +312,8 @@ fn a_fixed_cost_above_the_capacity_is_refused_when_built() {
     // A maximum key length shorter than any key the extractor makes refuses everything
     // as keyless.
     for max in [5, 14] {
-        let error = PeriodLimitLayer::builder(&backend)
+        let error = LimitLayer::builder(&backend, PeriodConfig::new(1, second))
             .name("p")
-            .quota(1)
-            .period(second)
             .key(tower_redis_ratelimit::key::HeaderKey::from_static(
                 "x-api-key",
             ))
@@ -335,18 +322,14 @@ fn a_fixed_cost_above_the_capacity_is_refused_when_built() {
             .unwrap_err();
         assert!(matches!(error, ConfigError::Conflict { .. }), "{error:?}");
     }
-    let error = PeriodLimitLayer::builder(&backend)
+    let error = LimitLayer::builder(&backend, PeriodConfig::new(1, second))
         .name("p")
-        .quota(1)
-        .period(second)
         .max_key_len(5)
         .build()
         .unwrap_err();
     assert!(error.to_string().contains("max_key_len"), "{error}");
-    PeriodLimitLayer::builder(&backend)
+    LimitLayer::builder(&backend, PeriodConfig::new(1, second))
         .name("p")
-        .quota(1)
-        .period(second)
         .key(tower_redis_ratelimit::key::HeaderKey::from_static(
             "x-api-key",
         ))
@@ -356,10 +339,8 @@ fn a_fixed_cost_above_the_capacity_is_refused_when_built() {
 
     // The same check sees through combinators and rule files (it once skipped every
     // extractor but a bare `GlobalKey` or `HeaderKey`).
-    let wrapped = PeriodLimitLayer::builder(&backend)
+    let wrapped = LimitLayer::builder(&backend, PeriodConfig::new(1, second))
         .name("p")
-        .quota(1)
-        .period(second)
         .key(
             tower_redis_ratelimit::key::HeaderKey::from_static("x-api-key")
                 .or(tower_redis_ratelimit::key::GlobalKey),
@@ -440,12 +421,13 @@ fn calendar_windows_from_a_file() {
     let unknown = build_error(&rule(
         r#"{ algorithm = "period", quota = 5, calendar = "day", zone = "America/Gotham" }"#,
     ));
-    let builder = PeriodLimitLayer::builder(&Backend::in_process())
-        .name("sms")
-        .quota(5)
-        .calendar(Calendar::day("America/Gotham"))
-        .build()
-        .unwrap_err();
+    let builder = LimitLayer::builder(
+        &Backend::in_process(),
+        PeriodConfig::calendar(5, Calendar::day("America/Gotham")),
+    )
+    .name("sms")
+    .build()
+    .unwrap_err();
     assert_eq!(unknown, builder);
     assert!(unknown.to_string().contains("America/Gotham"), "{unknown}");
     assert!(matches!(
@@ -510,16 +492,9 @@ fn the_example_rule_file_builds() {
 /// is spelled `.key(GlobalKey)`, never a silent default (issue 51).
 #[test]
 fn a_layer_without_a_key_does_not_build() {
-    use tower_redis_ratelimit::InFlightLimitLayer;
-
     let backend = Backend::in_process();
     let minute = Duration::from_secs(60);
-    let layer = || {
-        PeriodLimitLayer::builder(&backend)
-            .name("api")
-            .quota(10)
-            .period(minute)
-    };
+    let layer = || LimitLayer::builder(&backend, PeriodConfig::new(10, minute)).name("api");
     let error = layer().build().unwrap_err();
     assert!(
         matches!(error, ConfigError::Missing { setting: "key", .. }),
@@ -533,11 +508,7 @@ fn a_layer_without_a_key_does_not_build() {
     );
     layer().key(GlobalKey).build().unwrap();
 
-    let in_flight = || {
-        InFlightLimitLayer::builder(&backend)
-            .name("exports")
-            .slots(2)
-    };
+    let in_flight = || LimitLayer::builder(&backend, InFlightConfig::new(2)).name("exports");
     let error = in_flight().build().unwrap_err();
     assert!(
         matches!(error, ConfigError::Missing { setting: "key", .. }),
@@ -558,9 +529,9 @@ fn a_layer_without_a_key_does_not_build() {
 #[test]
 fn a_fixed_cost_above_a_wrapped_sets_smallest_member_does_not_build() {
     use tower_redis_ratelimit::limit::{ExtensionPlan, Plans};
-    use tower_redis_ratelimit::period::PeriodConfig;
-    use tower_redis_ratelimit::set::LimitSet;
-    use tower_redis_ratelimit::{FixedCost, LayerBuilder};
+    use tower_redis_ratelimit::FixedCost;
+    use tower_redis_ratelimit::LimitSet;
+    use tower_redis_ratelimit::PeriodConfig;
 
     #[derive(Clone, Copy, PartialEq, Eq, Debug)]
     enum Plan {
@@ -575,7 +546,7 @@ fn a_fixed_cost_above_a_wrapped_sets_smallest_member_does_not_build() {
     };
     let layer = |cost: u32| {
         let plans = Plans::new(ExtensionPlan::<Plan>::new()).plan(Plan::Free, "free", set());
-        LayerBuilder::new(&backend, plans)
+        LimitLayer::builder(&backend, plans)
             .name("api")
             .key(GlobalKey)
             .cost(FixedCost(cost))

@@ -12,8 +12,8 @@ use std::time::Duration;
 use support::RedisServer;
 use tokio::time::Instant;
 use tower_redis_ratelimit::backend::Credentials;
-use tower_redis_ratelimit::period::{PeriodConfig, PeriodLimiter};
 use tower_redis_ratelimit::{Backend, ConfigError, Limiter, Source};
+use tower_redis_ratelimit::{PeriodConfig, PeriodLimiter};
 
 const ONE: NonZeroU32 = NonZeroU32::MIN;
 /// Tokens live this long: renewed every 600 ms.

@@ -33,11 +33,11 @@ use support::monitor::{monitor_words, Monitor};
 use support::{raw_cmd, RedisServer, Reply, ServerClock};
 use tower_redis_ratelimit::backend::{ManualClock, TimeSource};
 use tower_redis_ratelimit::in_flight::{InFlightConfig, InFlightLimiter};
-use tower_redis_ratelimit::period::{Calendar, PeriodConfig, PeriodLimiter, UtcOffset};
-use tower_redis_ratelimit::rolling::{RollingConfig, RollingWindowLimiter};
-use tower_redis_ratelimit::set::{LimitSet, SetLimiter};
-use tower_redis_ratelimit::token_bucket::{TokenBucketConfig, TokenBucketLimiter};
 use tower_redis_ratelimit::{lua_texts, Backend, Limiter};
+use tower_redis_ratelimit::{Calendar, PeriodConfig, PeriodLimiter, UtcOffset};
+use tower_redis_ratelimit::{LimitSet, SetLimiter};
+use tower_redis_ratelimit::{RollingConfig, RollingWindowLimiter};
+use tower_redis_ratelimit::{TokenBucketConfig, TokenBucketLimiter};
 
 /// The commands the scripts may send: ones every server of the matrix, Dragonfly and
 /// Garnet have, with the same meaning.

@@ -15,12 +15,12 @@ use std::time::{Duration, Instant};
 use http::{header, Request, Response, StatusCode};
 use support::RedisServer;
 use tower::{service_fn, BoxError, ServiceBuilder, ServiceExt};
-use tower_redis_ratelimit::dynamic::{DynamicLimits, LimitSource, OnSourceError};
 use tower_redis_ratelimit::key::{ExtensionKey, HeaderKey, KeyExtractor, TaggedKey};
 use tower_redis_ratelimit::limit::Algorithm;
-use tower_redis_ratelimit::period::PeriodConfig;
-use tower_redis_ratelimit::response::RATELIMIT_POLICY;
-use tower_redis_ratelimit::{Backend, LayerBuilder, Limiter, Source, State};
+use tower_redis_ratelimit::PeriodConfig;
+use tower_redis_ratelimit::RATELIMIT_POLICY;
+use tower_redis_ratelimit::{Backend, LimitLayer, Limiter, Source, State};
+use tower_redis_ratelimit::{DynamicLimits, LimitSource, OnSourceError};
 
 const OK: u8 = 0;
 const FAIL: u8 = 1;
@@ -75,7 +75,7 @@ fn limits(db: &Arc<Db>) -> DynamicLimits<PeriodConfig, impl LimitSource> {
 type Svc = tower::util::BoxCloneService<Request<String>, Response<String>, Infallible>;
 
 fn service<S: LimitSource>(backend: &Backend, limits: DynamicLimits<PeriodConfig, S>) -> Svc {
-    let layer = LayerBuilder::new(backend, limits)
+    let layer = LimitLayer::builder(backend, limits)
         .name("pay")
         .key(HeaderKey::from_static("x-merchant"))
         .build()
@@ -302,7 +302,7 @@ async fn one_lookup_per_key_per_ttl_under_concurrent_requests() {
     let burst = |limiter: Arc<_>| async move {
         let tasks: Vec<_> = (0..200)
             .map(|i| {
-                let limiter: Arc<tower_redis_ratelimit::dynamic::DynamicLimiter<_, _>> =
+                let limiter: Arc<tower_redis_ratelimit::DynamicLimiter<_, _>> =
                     Arc::clone(&limiter);
                 tokio::spawn(async move {
                     let key = format!("hdr:x-merchant:m{}", i % 10);
@@ -403,7 +403,7 @@ async fn the_source_gets_the_extractors_value_without_tags() {
             async move { Ok::<_, BoxError>(limit) }
         }
     };
-    let layer = LayerBuilder::new(
+    let layer = LimitLayer::builder(
         &Backend::in_process(),
         DynamicLimits::new(PeriodConfig::new(100, Duration::from_secs(60)), source),
     )

@@ -6,9 +6,9 @@ use std::num::NonZeroU32;
 use std::time::Duration;
 
 use stats_alloc::{Region, StatsAlloc, INSTRUMENTED_SYSTEM};
-use tower_redis_ratelimit::dynamic::DynamicLimits;
 use tower_redis_ratelimit::limit::Algorithm;
-use tower_redis_ratelimit::period::PeriodConfig;
+use tower_redis_ratelimit::DynamicLimits;
+use tower_redis_ratelimit::PeriodConfig;
 use tower_redis_ratelimit::{Backend, Limiter};
 
 #[global_allocator]

@@ -17,8 +17,9 @@ use http::{header, Method, Request, Response, StatusCode};
 use support::http::value;
 use support::RedisServer;
 use tower::ServiceExt;
-use tower_redis_ratelimit::response::{RATELIMIT, RATELIMIT_POLICY};
 use tower_redis_ratelimit::Backend;
+use tower_redis_ratelimit::{LimitLayer, PeriodConfig};
+use tower_redis_ratelimit::{RATELIMIT, RATELIMIT_POLICY};
 
 // ---------------------------------------------------------------------------
 // The `tenants` example: per user, per plan, per merchant
@@ -430,7 +431,6 @@ mod metrics_recorded {
     const FALLBACK_DECISIONS_TOTAL: &str = "ratelimit_fallback_decisions_total";
     const NEAR_LIMIT_TOTAL: &str = "ratelimit_near_limit_total";
     const REQUESTS_TOTAL: &str = "ratelimit_requests_total";
-    use tower_redis_ratelimit::PeriodLimitLayer;
 
     use super::*;
     use crate::support::stack::{counting, keyed, shadow_layer, stack};
@@ -472,13 +472,12 @@ mod metrics_recorded {
         let _guard = metrics::set_default_local_recorder(&recorder);
 
         let backend = Backend::in_process();
-        let enforcing = PeriodLimitLayer::builder(&backend)
-            .name("api")
-            .quota(10)
-            .period(Duration::from_secs(60))
-            .key(HeaderKey::from_static("x-key"))
-            .build()
-            .unwrap();
+        let enforcing =
+            LimitLayer::builder(&backend, PeriodConfig::new(10, Duration::from_secs(60)))
+                .name("api")
+                .key(HeaderKey::from_static("x-key"))
+                .build()
+                .unwrap();
         let (_, svc) = stack(shadow_layer(&backend, 3), enforcing);
         for _ in 0..12 {
             svc.clone().oneshot(keyed("a")).await.unwrap();
@@ -537,13 +536,14 @@ mod metrics_recorded {
         let pool = deadpool_redis::Config::from_url(format!("redis://127.0.0.1:{port}"))
             .create_pool(Some(deadpool_redis::Runtime::Tokio1))
             .unwrap();
-        let layer = PeriodLimitLayer::builder(&Backend::redis(pool))
-            .name("down")
-            .quota(2)
-            .period(Duration::from_secs(60))
-            .key(HeaderKey::from_static("x-key"))
-            .build()
-            .unwrap();
+        let layer = LimitLayer::builder(
+            &Backend::redis(pool),
+            PeriodConfig::new(2, Duration::from_secs(60)),
+        )
+        .name("down")
+        .key(HeaderKey::from_static("x-key"))
+        .build()
+        .unwrap();
         let (calls, svc) = counting(layer);
         let mut statuses = Vec::new();
         for _ in 0..3 {

@@ -9,7 +9,8 @@ use axum::{body::Body, routing::get, Router};
 use http::{Method, Request, StatusCode};
 use tower::ServiceExt;
 use tower_redis_ratelimit::key::HeaderKey;
-use tower_redis_ratelimit::{Backend, InFlightLimitLayer, PeriodLimitLayer};
+use tower_redis_ratelimit::Backend;
+use tower_redis_ratelimit::{InFlightConfig, LimitLayer, PeriodConfig};
 
 fn request(method: Method, path: &str) -> Request<Body> {
     Request::builder()
@@ -22,15 +23,16 @@ fn request(method: Method, path: &str) -> Request<Body> {
 
 #[tokio::test]
 async fn exempt_requests_are_neither_counted_nor_labelled() {
-    let limit = PeriodLimitLayer::builder(&Backend::in_process())
-        .name("api")
-        .quota(1)
-        .period(Duration::from_secs(60))
-        .key(HeaderKey::from_static("x-api-key"))
-        .exempt(|req| req.method == Method::OPTIONS)
-        .exempt(|req| req.uri.path() == "/healthz")
-        .build()
-        .unwrap();
+    let limit = LimitLayer::builder(
+        &Backend::in_process(),
+        PeriodConfig::new(1, Duration::from_secs(60)),
+    )
+    .name("api")
+    .key(HeaderKey::from_static("x-api-key"))
+    .exempt(|req| req.method == Method::OPTIONS)
+    .exempt(|req| req.uri.path() == "/healthz")
+    .build()
+    .unwrap();
     let app = Router::new()
         .route(
             "/",
@@ -68,9 +70,8 @@ async fn exempt_requests_are_neither_counted_nor_labelled() {
 #[tokio::test]
 async fn an_exempt_request_takes_no_in_flight_slot() {
     let backend = Backend::in_process();
-    let exports = InFlightLimitLayer::builder(&backend)
+    let exports = LimitLayer::builder(&backend, InFlightConfig::new(1))
         .name("exports")
-        .slots(1)
         .key(HeaderKey::from_static("x-api-key"))
         .exempt(|req| req.uri.path() == "/healthz")
         .build()

@@ -12,8 +12,8 @@ use support::proxy::FaultProxy;
 use support::RedisServer;
 use tokio::time::Instant;
 use tower_redis_ratelimit::backend::RedisState;
-use tower_redis_ratelimit::period::{PeriodConfig, PeriodLimiter};
 use tower_redis_ratelimit::{Backend, BackendBuilder, FailurePolicy, Limiter, Source, State};
+use tower_redis_ratelimit::{PeriodConfig, PeriodLimiter};
 
 const ONE: NonZeroU32 = NonZeroU32::MIN;
 const PROBE: Duration = Duration::from_millis(100);

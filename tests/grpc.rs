@@ -21,8 +21,9 @@ use tonic_health::pb::health_client::HealthClient;
 use tonic_health::pb::HealthCheckRequest;
 use tonic_types::StatusExt;
 use tower_redis_ratelimit::key::HeaderKey;
-use tower_redis_ratelimit::response::{RATELIMIT, RATELIMIT_POLICY};
-use tower_redis_ratelimit::{Backend, MissingKey, TokenBucketLayer};
+use tower_redis_ratelimit::{Backend, MissingKey};
+use tower_redis_ratelimit::{LimitLayer, TokenBucketConfig};
+use tower_redis_ratelimit::{RATELIMIT, RATELIMIT_POLICY};
 
 /// Starts the example's server on a free loopback port.
 async fn start_example(backend: Backend) -> SocketAddr {
@@ -128,14 +129,15 @@ async fn example_on_redis_quota_then_resource_exhausted() {
 /// missing-key status, and the inner service is not reached.
 #[tokio::test]
 async fn token_bucket_on_tonic_and_missing_key_as_grpc_status() {
-    let limit = TokenBucketLayer::builder(&Backend::in_process())
-        .name("bucket")
-        .rate(1, Duration::from_secs(3_600))
-        .burst(2)
-        .key(HeaderKey::from_static("x-api-key"))
-        .on_missing_key(MissingKey::Reject(http::StatusCode::UNAUTHORIZED))
-        .build()
-        .unwrap();
+    let limit = LimitLayer::builder(
+        &Backend::in_process(),
+        TokenBucketConfig::new(1, Duration::from_secs(3_600), 2),
+    )
+    .name("bucket")
+    .key(HeaderKey::from_static("x-api-key"))
+    .on_missing_key(MissingKey::Reject(http::StatusCode::UNAUTHORIZED))
+    .build()
+    .unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (_reporter, service) = tonic_health::server::health_reporter();

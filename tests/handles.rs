@@ -12,11 +12,11 @@ use std::time::Duration;
 use http::{Request, Response, StatusCode};
 use support::RedisServer;
 use tower::{service_fn, ServiceBuilder, ServiceExt};
-use tower_redis_ratelimit::dynamic::DynamicLimits;
 use tower_redis_ratelimit::key::HeaderKey;
 use tower_redis_ratelimit::limit::{CountIf, ExtensionPlan, Plans};
-use tower_redis_ratelimit::period::PeriodConfig;
-use tower_redis_ratelimit::{Backend, LayerBuilder, Limiter, State};
+use tower_redis_ratelimit::DynamicLimits;
+use tower_redis_ratelimit::PeriodConfig;
+use tower_redis_ratelimit::{Backend, LimitLayer, Limiter, State};
 
 const ONE: NonZeroU32 = NonZeroU32::MIN;
 const MINUTE: Duration = Duration::from_secs(60);
@@ -77,7 +77,7 @@ fn backends(redis: &RedisServer) -> [Backend; 2] {
 async fn count_if_gives_back_under_the_plan_that_spent() {
     let redis = RedisServer::start();
     for backend in backends(&redis) {
-        let layer = LayerBuilder::new(&backend, plans())
+        let layer = LimitLayer::builder(&backend, plans())
             .name("login")
             .key(HeaderKey::from_static("x-user"))
             .count_if(CountIf::failures())
@@ -106,7 +106,7 @@ async fn count_if_gives_back_under_a_dynamic_limit() {
                 Ok::<_, Infallible>(Some(3))
             },
         );
-        let layer = LayerBuilder::new(&backend, limits)
+        let layer = LimitLayer::builder(&backend, limits)
             .name("pay")
             .key(HeaderKey::from_static("x-user"))
             .count_if(CountIf::failures())
@@ -146,7 +146,7 @@ async fn count_if_gives_back_under_a_dynamic_limit() {
 async fn a_plan_limiters_handle_reaches_every_plan() {
     let redis = RedisServer::start();
     for backend in backends(&redis) {
-        let layer = LayerBuilder::new(&backend, plans())
+        let layer = LimitLayer::builder(&backend, plans())
             .name("api")
             .key(HeaderKey::from_static("x-user"))
             .build()

@@ -16,10 +16,9 @@ use support::http::Served;
 use support::RedisServer;
 use tower::{service_fn, ServiceBuilder, ServiceExt};
 use tower_redis_ratelimit::key::{ForwardedIp, GlobalKey, HeaderKey, KeyExtractor, PeerIp};
-use tower_redis_ratelimit::response::{Rejection, RATELIMIT, RATELIMIT_POLICY};
-use tower_redis_ratelimit::{
-    Backend, ConfigError, Decision, MissingKey, PeriodLimitLayer, ProblemJson, State,
-};
+use tower_redis_ratelimit::{Backend, ConfigError, Decision, MissingKey, ProblemJson, State};
+use tower_redis_ratelimit::{LimitLayer, PeriodConfig};
+use tower_redis_ratelimit::{Rejection, RATELIMIT, RATELIMIT_POLICY};
 
 fn header_str<'a>(response: &'a Response<()>, name: &http::HeaderName) -> &'a str {
     response
@@ -35,10 +34,8 @@ async fn report(Extension(decision): Extension<Decision>) -> String {
 }
 
 fn app(backend: &Backend, quota: u64) -> Router {
-    let layer = PeriodLimitLayer::builder(backend)
+    let layer = LimitLayer::builder(backend, PeriodConfig::new(quota, Duration::from_secs(60)))
         .name("period")
-        .quota(quota)
-        .period(Duration::from_secs(60))
         .key(HeaderKey::from_static("x-api-key").or(PeerIp::new()))
         .build()
         .unwrap();
@@ -111,14 +108,15 @@ async fn two_servers_sharing_redis_admit_the_quota_once() {
 
 #[tokio::test]
 async fn spoofed_forwarded_header_from_untrusted_peer_is_ignored() {
-    let layer = PeriodLimitLayer::builder(&Backend::in_process())
-        .name("ip")
-        .quota(2)
-        .period(Duration::from_secs(60))
-        // Only 10.0.0.0/8 proxies are trusted; the test client connects from 127.0.0.1.
-        .key(ForwardedIp::from_strs(["10.0.0.0/8"]).unwrap())
-        .build()
-        .unwrap();
+    let layer = LimitLayer::builder(
+        &Backend::in_process(),
+        PeriodConfig::new(2, Duration::from_secs(60)),
+    )
+    .name("ip")
+    // Only 10.0.0.0/8 proxies are trusted; the test client connects from 127.0.0.1.
+    .key(ForwardedIp::from_strs(["10.0.0.0/8"]).unwrap())
+    .build()
+    .unwrap();
     let served = Served::start(Router::new().route("/", get(|| async { "ok" }).layer(layer))).await;
     let mut statuses = Vec::new();
     for i in 0..4 {
@@ -178,13 +176,14 @@ fn keyed(key: &str) -> Request<String> {
 
 #[tokio::test]
 async fn the_inner_service_is_not_called_when_rejected() {
-    let layer = PeriodLimitLayer::builder(&Backend::in_process())
-        .name("p")
-        .quota(2)
-        .period(Duration::from_secs(60))
-        .key(HeaderKey::from_static("x-key"))
-        .build()
-        .unwrap();
+    let layer = LimitLayer::builder(
+        &Backend::in_process(),
+        PeriodConfig::new(2, Duration::from_secs(60)),
+    )
+    .name("p")
+    .key(HeaderKey::from_static("x-key"))
+    .build()
+    .unwrap();
     let (calls, svc) = counting_stack(layer);
     for _ in 0..5 {
         svc.clone().oneshot(keyed("a")).await.unwrap();
@@ -195,13 +194,14 @@ async fn the_inner_service_is_not_called_when_rejected() {
 #[tokio::test]
 async fn redis_rejections_do_not_call_the_inner_service_either() {
     let redis = RedisServer::start();
-    let layer = PeriodLimitLayer::builder(&redis.backend())
-        .name("p")
-        .quota(2)
-        .period(Duration::from_secs(60))
-        .key(HeaderKey::from_static("x-key"))
-        .build()
-        .unwrap();
+    let layer = LimitLayer::builder(
+        &redis.backend(),
+        PeriodConfig::new(2, Duration::from_secs(60)),
+    )
+    .name("p")
+    .key(HeaderKey::from_static("x-key"))
+    .build()
+    .unwrap();
     let (calls, svc) = counting_stack(layer);
     let mut statuses = Vec::new();
     for _ in 0..4 {
@@ -213,13 +213,14 @@ async fn redis_rejections_do_not_call_the_inner_service_either() {
 
 #[tokio::test]
 async fn a_missing_key_is_rejected_by_default_and_never_reaches_the_service() {
-    let layer = PeriodLimitLayer::builder(&Backend::in_process())
-        .name("p")
-        .quota(2)
-        .period(Duration::from_secs(60))
-        .key(HeaderKey::from_static("x-key"))
-        .build()
-        .unwrap();
+    let layer = LimitLayer::builder(
+        &Backend::in_process(),
+        PeriodConfig::new(2, Duration::from_secs(60)),
+    )
+    .name("p")
+    .key(HeaderKey::from_static("x-key"))
+    .build()
+    .unwrap();
     let (calls, svc) = counting_stack(layer);
     let response = svc
         .clone()
@@ -238,11 +239,12 @@ async fn a_missing_key_is_rejected_by_default_and_never_reaches_the_service() {
 #[tokio::test]
 async fn missing_key_policies_allow_or_share_a_key() {
     let base = || {
-        PeriodLimitLayer::builder(&Backend::in_process())
-            .name("p")
-            .quota(1)
-            .period(Duration::from_secs(60))
-            .key(HeaderKey::from_static("x-key"))
+        LimitLayer::builder(
+            &Backend::in_process(),
+            PeriodConfig::new(1, Duration::from_secs(60)),
+        )
+        .name("p")
+        .key(HeaderKey::from_static("x-key"))
     };
     let (calls, svc) = counting_stack(base().on_missing_key(MissingKey::Allow).build().unwrap());
     for _ in 0..3 {
@@ -273,16 +275,17 @@ async fn missing_key_policies_allow_or_share_a_key() {
 
 #[tokio::test]
 async fn custom_rejections_and_header_options() {
-    let layer = PeriodLimitLayer::builder(&Backend::in_process())
-        .name("p")
-        .quota(1)
-        .period(Duration::from_secs(60))
-        .key(HeaderKey::from_static("x-key"))
-        .on_rejection(ProblemJson)
-        .admitted_headers(false)
-        .decision_extension(false)
-        .build()
-        .unwrap();
+    let layer = LimitLayer::builder(
+        &Backend::in_process(),
+        PeriodConfig::new(1, Duration::from_secs(60)),
+    )
+    .name("p")
+    .key(HeaderKey::from_static("x-key"))
+    .on_rejection(ProblemJson)
+    .admitted_headers(false)
+    .decision_extension(false)
+    .build()
+    .unwrap();
     let svc =
         ServiceBuilder::new()
             .layer(layer)
@@ -309,14 +312,15 @@ async fn custom_rejections_and_header_options() {
         *response.status_mut() = StatusCode::IM_A_TEAPOT;
         response
     };
-    let layer = PeriodLimitLayer::builder(&Backend::in_process())
-        .name("p")
-        .key(GlobalKey)
-        .quota(1)
-        .period(Duration::from_secs(60))
-        .on_rejection(teapot)
-        .build()
-        .unwrap();
+    let layer = LimitLayer::builder(
+        &Backend::in_process(),
+        PeriodConfig::new(1, Duration::from_secs(60)),
+    )
+    .name("p")
+    .key(GlobalKey)
+    .on_rejection(teapot)
+    .build()
+    .unwrap();
     let svc =
         ServiceBuilder::new()
             .layer(layer)
@@ -333,21 +337,21 @@ async fn custom_rejections_and_header_options() {
 #[test]
 fn every_invalid_configuration_fails_when_built() {
     let backend = Backend::in_process();
-    let valid = || {
-        PeriodLimitLayer::builder(&backend)
+    let layer = |config: PeriodConfig| {
+        LimitLayer::builder(&backend, config)
             .name("p")
             .key(GlobalKey)
-            .quota(1)
-            .period(Duration::from_secs(1))
     };
+    let second = PeriodConfig::new(1, Duration::from_secs(1));
+    let valid = || layer(second);
     assert!(valid().build().is_ok());
     let cases: Vec<(Result<_, ConfigError>, &str)> = vec![
         (
-            valid().quota(0).build(),
+            layer(PeriodConfig::new(0, Duration::from_secs(1))).build(),
             "`quota` must be greater than zero",
         ),
         (
-            valid().period(Duration::ZERO).build(),
+            layer(PeriodConfig::new(1, Duration::ZERO)).build(),
             "`period` must be at least one millisecond",
         ),
         (
@@ -355,10 +359,7 @@ fn every_invalid_configuration_fails_when_built() {
             "invalid `name`: must not be empty",
         ),
         (
-            PeriodLimitLayer::builder(&backend)
-                .quota(1)
-                .period(Duration::from_secs(1))
-                .build(),
+            LimitLayer::builder(&backend, second).build(),
             "`name` is required but was not set",
         ),
         (
@@ -366,15 +367,15 @@ fn every_invalid_configuration_fails_when_built() {
             "`max_key_len` must be greater than zero",
         ),
         (
-            valid()
-                .align(tower_redis_ratelimit::period::UtcOffset::from_hours(20))
-                .build(),
+            layer(second.align(tower_redis_ratelimit::UtcOffset::from_hours(20))).build(),
             "`align` is too long",
         ),
         (
-            valid()
-                .period(Duration::from_secs(400 * 86_400 * 365))
-                .build(),
+            layer(PeriodConfig::new(
+                1,
+                Duration::from_secs(400 * 86_400 * 365),
+            ))
+            .build(),
             "`period` is too long",
         ),
     ];
@@ -386,13 +387,14 @@ fn every_invalid_configuration_fails_when_built() {
 #[tokio::test]
 async fn works_as_router_layer_and_route_layer() {
     let limit = || {
-        PeriodLimitLayer::builder(&Backend::in_process())
-            .name("p")
-            .key(GlobalKey)
-            .quota(1)
-            .period(Duration::from_secs(60))
-            .build()
-            .unwrap()
+        LimitLayer::builder(
+            &Backend::in_process(),
+            PeriodConfig::new(1, Duration::from_secs(60)),
+        )
+        .name("p")
+        .key(GlobalKey)
+        .build()
+        .unwrap()
     };
     let whole = Router::new()
         .route("/a", get(|| async { "a" }))
@@ -461,7 +463,7 @@ impl tower_redis_ratelimit::limit::Algorithm for DenyListConfig {
 #[tokio::test]
 async fn custom_limiters_plug_into_the_same_service() {
     let layer =
-        tower_redis_ratelimit::LayerBuilder::new(&Backend::in_process(), DenyListConfig(""))
+        tower_redis_ratelimit::LimitLayer::builder(&Backend::in_process(), DenyListConfig(""))
             .name("deny")
             .key(HeaderKey::from_static("x-key"))
             .build()
@@ -477,7 +479,7 @@ async fn custom_limiters_plug_into_the_same_service() {
 
     // A policy name that cannot go into a header fails when the layer is built.
     let err =
-        tower_redis_ratelimit::LayerBuilder::new(&Backend::in_process(), DenyListConfig("\"x"))
+        tower_redis_ratelimit::LimitLayer::builder(&Backend::in_process(), DenyListConfig("\"x"))
             .name("deny")
             .build()
             .unwrap_err();
@@ -488,11 +490,9 @@ async fn custom_limiters_plug_into_the_same_service() {
 async fn stacked_layers_list_every_decision_outermost_first() {
     let backend = Backend::in_process();
     let layer = |name: &str, quota: u64| {
-        PeriodLimitLayer::builder(&backend)
+        LimitLayer::builder(&backend, PeriodConfig::new(quota, Duration::from_secs(60)))
             .name(name)
             .key(GlobalKey)
-            .quota(quota)
-            .period(Duration::from_secs(60))
             .build()
             .unwrap()
     };

@@ -23,7 +23,8 @@ use tower_redis_ratelimit::backend::{ShareRounding, TimeSource};
 use tower_redis_ratelimit::in_flight::{InFlightConfig, InFlightLimiter};
 use tower_redis_ratelimit::key::GlobalKey;
 use tower_redis_ratelimit::key::HeaderKey;
-use tower_redis_ratelimit::{Backend, FailurePolicy, InFlightLimitLayer, Source, State};
+use tower_redis_ratelimit::LimitLayer;
+use tower_redis_ratelimit::{Backend, FailurePolicy, Source, State};
 
 /// A backend of its own (its own connection, made before its first call) on `url`,
 /// with generous deadlines: the renewals of these tests must not miss on a loaded
@@ -81,10 +82,9 @@ async fn three_times_fifty(backends: &[Backend; 3]) {
     let served = Arc::new(AtomicUsize::new(0));
     let mut instances = Vec::new();
     for backend in backends {
-        let layer = InFlightLimitLayer::builder(backend)
+        let layer = LimitLayer::builder(backend, InFlightConfig::new(10))
             .name("export")
             .key(GlobalKey)
-            .slots(10)
             .build()
             .unwrap();
         let (running, most, served) = (running.clone(), most.clone(), served.clone());
@@ -184,10 +184,8 @@ fn streaming(
     Streams,
 ) {
     let senders: Streams = Arc::default();
-    let layer = InFlightLimitLayer::builder(backend)
+    let layer = LimitLayer::builder(backend, InFlightConfig::new(1).slot_ttl(lease))
         .name("stream")
-        .slots(1)
-        .slot_ttl(lease)
         .key(HeaderKey::from_static("x-merchant-id"))
         .build()
         .unwrap();
@@ -282,10 +280,8 @@ async fn cancel_and_drop_give_the_slot_back() {
     let lease = Duration::from_secs(30);
     let limiter =
         InFlightLimiter::new(&backend, "cancel", InFlightConfig::new(1).slot_ttl(lease)).unwrap();
-    let layer = InFlightLimitLayer::builder(&backend)
+    let layer = LimitLayer::builder(&backend, InFlightConfig::new(1).slot_ttl(lease))
         .name("cancel")
-        .slots(1)
-        .slot_ttl(lease)
         .key(HeaderKey::from_static("x-merchant-id"))
         .build()
         .unwrap();
@@ -435,10 +431,9 @@ async fn while_redis_is_out_the_failure_policy_decides() {
         .build()
         .unwrap();
     let limiter = |policy: FailurePolicy| {
-        let layer = InFlightLimitLayer::builder(&backend)
+        let layer = LimitLayer::builder(&backend, InFlightConfig::new(4))
             .name("out")
             .key(GlobalKey)
-            .slots(4)
             .fallback_share(0.5)
             .failure_policy(policy)
             .build()
@@ -586,10 +581,9 @@ async fn the_two_hosts_decide_alike() {
 async fn a_shadow_layer_serves_everything_and_holds_slots() {
     let redis = RedisServer::start();
     for backend in [backend(&redis.url()).await, Backend::in_process()] {
-        let layer = InFlightLimitLayer::builder(&backend)
+        let layer = LimitLayer::builder(&backend, InFlightConfig::new(1))
             .name("shadow")
             .key(GlobalKey)
-            .slots(1)
             .shadow(true)
             .build()
             .unwrap();

@@ -10,11 +10,11 @@ use std::time::Duration;
 
 use support::monitor::{monitor_words, Monitor};
 use support::RedisServer;
-use tower_redis_ratelimit::period::{Calendar, PeriodConfig, PeriodLimiter, UtcOffset};
-use tower_redis_ratelimit::rolling::{RollingConfig, RollingWindowLimiter};
-use tower_redis_ratelimit::set::{LimitSet, SetLimiter};
-use tower_redis_ratelimit::token_bucket::{TokenBucketConfig, TokenBucketLimiter};
 use tower_redis_ratelimit::{Backend, Limiter, Source};
+use tower_redis_ratelimit::{Calendar, PeriodConfig, PeriodLimiter, UtcOffset};
+use tower_redis_ratelimit::{LimitSet, SetLimiter};
+use tower_redis_ratelimit::{RollingConfig, RollingWindowLimiter};
+use tower_redis_ratelimit::{TokenBucketConfig, TokenBucketLimiter};
 
 const ONE: NonZeroU32 = NonZeroU32::MIN;
 const SEC: Duration = Duration::from_secs(1);

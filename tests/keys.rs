@@ -17,10 +17,11 @@ use http::StatusCode;
 use support::http::Served;
 use support::RedisServer;
 use tower_redis_ratelimit::key::{ForwardedIp, HeaderKey};
-use tower_redis_ratelimit::period::{PeriodConfig, PeriodLimiter};
-use tower_redis_ratelimit::rolling::{RollingConfig, RollingWindowLimiter};
-use tower_redis_ratelimit::token_bucket::{TokenBucketConfig, TokenBucketLimiter};
-use tower_redis_ratelimit::{Backend, Limiter, PeriodLimitLayer, Source};
+use tower_redis_ratelimit::LimitLayer;
+use tower_redis_ratelimit::{Backend, Limiter, Source};
+use tower_redis_ratelimit::{PeriodConfig, PeriodLimiter};
+use tower_redis_ratelimit::{RollingConfig, RollingWindowLimiter};
+use tower_redis_ratelimit::{TokenBucketConfig, TokenBucketLimiter};
 
 const ONE: NonZeroU32 = NonZeroU32::MIN;
 
@@ -356,10 +357,8 @@ async fn an_api_key_that_spells_an_ip_does_not_spend_that_ips_quota() {
 
 /// A per-header limit of one request each.
 fn per_header(backend: &Backend) -> Router {
-    let limit = PeriodLimitLayer::builder(backend)
+    let limit = LimitLayer::builder(backend, PeriodConfig::new(1, Duration::from_secs(60)))
         .name("hdr")
-        .quota(1)
-        .period(Duration::from_secs(60))
         .key(HeaderKey::from_static("x-api-key"))
         .build()
         .unwrap();
@@ -391,10 +390,8 @@ async fn header_keys_that_are_not_utf8_stay_distinct() {
 /// A per-client limit of two requests behind a trusted proxy at 127.0.0.1, with
 /// `ForwardedIp`'s default IPv6 grouping.
 fn behind_proxy(backend: &Backend) -> Router {
-    let limit = PeriodLimitLayer::builder(backend)
+    let limit = LimitLayer::builder(backend, PeriodConfig::new(2, Duration::from_secs(60)))
         .name("client")
-        .quota(2)
-        .period(Duration::from_secs(60))
         .key(ForwardedIp::from_strs(["127.0.0.1"]).unwrap())
         .build()
         .unwrap();

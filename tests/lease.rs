@@ -8,8 +8,9 @@ use std::num::NonZeroU32;
 use std::time::{Duration, Instant};
 
 use support::RedisServer;
-use tower_redis_ratelimit::token_bucket::{TokenBucketConfig, TokenBucketLimiter};
+use tower_redis_ratelimit::LimitLayer;
 use tower_redis_ratelimit::{Limiter, Source, State};
+use tower_redis_ratelimit::{TokenBucketConfig, TokenBucketLimiter};
 
 const ONE: NonZeroU32 = NonZeroU32::MIN;
 const HOUR: Duration = Duration::from_secs(3_600);
@@ -139,7 +140,7 @@ async fn an_expired_lease_is_given_back_by_the_call_that_takes_the_next() {
 /// built, on any backend.
 #[test]
 fn a_lease_and_a_lockout_conflict() {
-    use tower_redis_ratelimit::{Backend, ConfigError, TokenBucketLayer};
+    use tower_redis_ratelimit::{Backend, ConfigError};
     let config = TokenBucketConfig::new(1, Duration::from_secs(1), 2)
         .lease(1, Duration::from_secs(30))
         .lockout(Duration::from_secs(60));
@@ -156,13 +157,14 @@ fn a_lease_and_a_lockout_conflict() {
             "{:?}",
             limiter.err()
         );
-        let layer = TokenBucketLayer::builder(&backend)
-            .name("both")
-            .rate(1, Duration::from_secs(1))
-            .burst(2)
-            .lease(1, Duration::from_secs(30))
-            .lockout(Duration::from_secs(60))
-            .build();
+        let layer = LimitLayer::builder(
+            &backend,
+            TokenBucketConfig::new(1, Duration::from_secs(1), 2)
+                .lease(1, Duration::from_secs(30))
+                .lockout(Duration::from_secs(60)),
+        )
+        .name("both")
+        .build();
         assert!(matches!(layer, Err(ConfigError::Conflict { .. })));
     }
 }

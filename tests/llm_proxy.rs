@@ -23,9 +23,9 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use serde_json::{json, Value};
 use support::RedisServer;
-use tower_redis_ratelimit::set::{LimitSet, SetLimiter};
-use tower_redis_ratelimit::token_bucket::TokenBucketConfig;
+use tower_redis_ratelimit::TokenBucketConfig;
 use tower_redis_ratelimit::{Backend, Limiter};
+use tower_redis_ratelimit::{LimitSet, SetLimiter};
 
 async fn serve(app: Router) -> SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

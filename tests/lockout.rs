@@ -8,10 +8,11 @@ use std::time::Duration;
 
 use support::RedisServer;
 use tower_redis_ratelimit::key::GlobalKey;
-use tower_redis_ratelimit::period::{PeriodConfig, PeriodLimiter};
-use tower_redis_ratelimit::set::{LimitSet, SetLimiter};
-use tower_redis_ratelimit::token_bucket::TokenBucketConfig;
+use tower_redis_ratelimit::TokenBucketConfig;
+use tower_redis_ratelimit::{LimitLayer, RollingConfig};
+use tower_redis_ratelimit::{LimitSet, SetLimiter};
 use tower_redis_ratelimit::{Limiter, Source, State};
+use tower_redis_ratelimit::{PeriodConfig, PeriodLimiter};
 
 const ONE: NonZeroU32 = NonZeroU32::MIN;
 const MINUTE: Duration = Duration::from_secs(60);
@@ -84,50 +85,51 @@ async fn a_block_refuses_every_limit_of_a_set_on_every_instance() {
 /// no time pass between the first two checks however slow the machine is.
 #[tokio::test(start_paused = true)]
 async fn the_layer_builders_have_lockout_and_lease() {
-    use tower_redis_ratelimit::{
-        Backend, LimitSetLayer, PeriodLimitLayer, RollingWindowLayer, TokenBucketLayer,
-    };
+    use tower_redis_ratelimit::Backend;
     let backend = Backend::in_process();
-    let period = PeriodLimitLayer::builder(&backend)
-        .name("p")
-        .key(GlobalKey)
-        .quota(1)
-        .period(Duration::from_millis(50))
-        .lockout(MINUTE)
-        .build()
-        .unwrap();
-    let bucket = TokenBucketLayer::builder(&backend)
-        .name("t")
-        .key(GlobalKey)
-        .rate(1_000, Duration::from_secs(1))
-        .burst(1)
-        .lockout(MINUTE)
-        .build()
-        .unwrap();
-    let leased = TokenBucketLayer::builder(&backend)
-        .name("leased")
-        .key(GlobalKey)
-        .rate(1_000, Duration::from_secs(1))
-        .burst(1)
-        .lease(1, Duration::from_millis(100))
-        .build();
+    let period = LimitLayer::builder(
+        &backend,
+        PeriodConfig::new(1, Duration::from_millis(50)).lockout(MINUTE),
+    )
+    .name("p")
+    .key(GlobalKey)
+    .build()
+    .unwrap();
+    let bucket = LimitLayer::builder(
+        &backend,
+        TokenBucketConfig::new(1_000, Duration::from_secs(1), 1).lockout(MINUTE),
+    )
+    .name("t")
+    .key(GlobalKey)
+    .build()
+    .unwrap();
+    let leased = LimitLayer::builder(
+        &backend,
+        TokenBucketConfig::new(1_000, Duration::from_secs(1), 1)
+            .lease(1, Duration::from_millis(100)),
+    )
+    .name("leased")
+    .key(GlobalKey)
+    .build();
     assert!(leased.is_ok());
-    let rolling = RollingWindowLayer::builder(&backend)
-        .name("r")
-        .key(GlobalKey)
-        .limit(1)
-        .buckets(1)
-        .interval(Duration::from_millis(50))
-        .lockout(MINUTE)
-        .build()
-        .unwrap();
-    let set = LimitSetLayer::builder(&backend)
-        .name("s")
-        .key(GlobalKey)
-        .limit("burst", PeriodConfig::new(1, Duration::from_millis(50)))
-        .lockout(MINUTE)
-        .build()
-        .unwrap();
+    let rolling = LimitLayer::builder(
+        &backend,
+        RollingConfig::new(1, 1, Duration::from_millis(50)).lockout(MINUTE),
+    )
+    .name("r")
+    .key(GlobalKey)
+    .build()
+    .unwrap();
+    let set = LimitLayer::builder(
+        &backend,
+        LimitSet::new()
+            .limit("burst", PeriodConfig::new(1, Duration::from_millis(50)))
+            .lockout(MINUTE),
+    )
+    .name("s")
+    .key(GlobalKey)
+    .build()
+    .unwrap();
     let checks: [&dyn Limiter; 4] = [
         period.limiter(),
         bucket.limiter(),

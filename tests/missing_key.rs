@@ -11,17 +11,19 @@ use http::{Request, StatusCode};
 use support::logs::capture;
 use tower::ServiceExt;
 use tower_redis_ratelimit::key::PeerIp;
-use tower_redis_ratelimit::{Backend, MissingKey, PeriodLimitLayer};
+use tower_redis_ratelimit::{Backend, MissingKey};
+use tower_redis_ratelimit::{InFlightConfig, LimitLayer, PeriodConfig};
 
 fn app(missing: MissingKey) -> Router {
-    let limit = PeriodLimitLayer::builder(&Backend::in_process())
-        .name("api")
-        .quota(100)
-        .period(Duration::from_secs(60))
-        .key(PeerIp::new())
-        .on_missing_key(missing)
-        .build()
-        .unwrap();
+    let limit = LimitLayer::builder(
+        &Backend::in_process(),
+        PeriodConfig::new(100, Duration::from_secs(60)),
+    )
+    .name("api")
+    .key(PeerIp::new())
+    .on_missing_key(missing)
+    .build()
+    .unwrap();
     Router::new()
         .route("/", get(|| async { "ok" }))
         .layer(limit)
@@ -84,19 +86,16 @@ async fn a_missing_key_the_layer_was_told_to_allow_is_no_warning() {
 #[tokio::test]
 async fn a_client_without_its_credential_is_no_warning() {
     use tower_redis_ratelimit::key::HeaderKey;
-    use tower_redis_ratelimit::InFlightLimitLayer;
+
     let (logs, _guard) = capture(tracing::Level::WARN);
     let backend = Backend::in_process();
-    let limit = PeriodLimitLayer::builder(&backend)
+    let limit = LimitLayer::builder(&backend, PeriodConfig::new(60, Duration::from_secs(60)))
         .name("llm.rpm")
-        .quota(60)
-        .period(Duration::from_secs(60))
         .key(HeaderKey::from_static("authorization"))
         .build()
         .unwrap();
-    let exports = InFlightLimitLayer::builder(&backend)
+    let exports = LimitLayer::builder(&backend, InFlightConfig::new(2))
         .name("exports")
-        .slots(2)
         .key(HeaderKey::from_static("authorization"))
         .build()
         .unwrap();
@@ -127,10 +126,7 @@ async fn a_missing_credential_is_logged_and_answered_as_the_user_chose() {
     use bytes::Bytes;
     use http::Response;
     use tower_redis_ratelimit::key::HeaderKey;
-    use tower_redis_ratelimit::response::{
-        MissingKeyRejection, OnRejection, ProblemJson, Rejection,
-    };
-    use tower_redis_ratelimit::InFlightLimitLayer;
+    use tower_redis_ratelimit::{MissingKeyRejection, OnRejection, ProblemJson, Rejection};
 
     struct Ours;
     impl OnRejection for Ours {
@@ -157,19 +153,16 @@ async fn a_missing_credential_is_logged_and_answered_as_the_user_chose() {
 
     let (logs, _guard) = capture(tracing::Level::INFO);
     let backend = Backend::in_process();
-    let limit = PeriodLimitLayer::builder(&backend)
+    let limit = LimitLayer::builder(&backend, PeriodConfig::new(60, Duration::from_secs(60)))
         .name("llm.rpm")
-        .quota(60)
-        .period(Duration::from_secs(60))
         .key(HeaderKey::from_static("authorization"))
         .on_missing_key(MissingKey::Reject(StatusCode::UNAUTHORIZED))
         .missing_key_log_level(tracing::Level::INFO)
         .on_rejection(ProblemJson)
         .build()
         .unwrap();
-    let exports = InFlightLimitLayer::builder(&backend)
+    let exports = LimitLayer::builder(&backend, InFlightConfig::new(2))
         .name("exports")
-        .slots(2)
         .key(HeaderKey::from_static("authorization"))
         .on_missing_key(MissingKey::Reject(StatusCode::UNAUTHORIZED))
         .missing_key_log_level(tracing::Level::INFO)

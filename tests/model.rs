@@ -75,11 +75,11 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use support::{RedisServer, ServerClock};
 use tower_redis_ratelimit::backend::{ManualClock, TimeSource};
-use tower_redis_ratelimit::period::{Calendar, PeriodConfig, PeriodLimiter, UtcOffset};
-use tower_redis_ratelimit::rolling::{RollingConfig, RollingWindowLimiter};
-use tower_redis_ratelimit::set::{LimitSet, SetLimiter};
-use tower_redis_ratelimit::token_bucket::{TokenBucketConfig, TokenBucketLimiter};
 use tower_redis_ratelimit::{Backend, Decision, Limiter, Source, State};
+use tower_redis_ratelimit::{Calendar, PeriodConfig, PeriodLimiter, UtcOffset};
+use tower_redis_ratelimit::{LimitSet, SetLimiter};
+use tower_redis_ratelimit::{RollingConfig, RollingWindowLimiter};
+use tower_redis_ratelimit::{TokenBucketConfig, TokenBucketLimiter};
 
 /// 2027-01-15T08:00:00Z in milliseconds (midnight in America/Los_Angeles): every step is
 /// a whole millisecond after it.

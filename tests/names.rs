@@ -13,11 +13,12 @@ use axum::Router;
 use support::http::Served;
 use support::RedisServer;
 use tower_redis_ratelimit::key::HeaderKey;
-use tower_redis_ratelimit::period::{PeriodConfig, PeriodLimiter};
-use tower_redis_ratelimit::rolling::{RollingConfig, RollingWindowLimiter};
-use tower_redis_ratelimit::set::{LimitSet, SetLimiter};
-use tower_redis_ratelimit::token_bucket::{TokenBucketConfig, TokenBucketLimiter};
-use tower_redis_ratelimit::{Backend, LimitSetLayer, Limiter, Source, State};
+use tower_redis_ratelimit::LimitLayer;
+use tower_redis_ratelimit::{Backend, Limiter, Source, State};
+use tower_redis_ratelimit::{LimitSet, SetLimiter};
+use tower_redis_ratelimit::{PeriodConfig, PeriodLimiter};
+use tower_redis_ratelimit::{RollingConfig, RollingWindowLimiter};
+use tower_redis_ratelimit::{TokenBucketConfig, TokenBucketLimiter};
 
 const ONE: NonZeroU32 = NonZeroU32::MIN;
 const SEC: Duration = Duration::from_secs(1);
@@ -136,15 +137,18 @@ async fn blocks_and_resets_reach_other_instances_deny_caches() {
 async fn a_set_refused_from_the_deny_cache_lists_every_limit() {
     let redis = RedisServer::start();
     let backend = redis.backend();
-    let layer = LimitSetLayer::builder(&backend)
-        .name("reports")
-        // (A bucket that refills no token within the test: its `t` is the same to the
-        // second from Redis and from the cache however slow the machine.)
-        .limit("burst", TokenBucketConfig::new(100, HOUR, 100))
-        .limit("daily", PeriodConfig::new(2, DAY))
-        .key(HeaderKey::from_static("x-merchant-id"))
-        .build()
-        .unwrap();
+    let layer = LimitLayer::builder(
+        &backend,
+        LimitSet::new()
+            .limit("burst", TokenBucketConfig::new(100, HOUR, 100))
+            .limit("daily", PeriodConfig::new(2, DAY)),
+    )
+    .name("reports")
+    // (A bucket that refills no token within the test: its `t` is the same to the
+    // second from Redis and from the cache however slow the machine.)
+    .key(HeaderKey::from_static("x-merchant-id"))
+    .build()
+    .unwrap();
     let app = Router::new().route("/reports", get(|| async { "report" }).layer(layer));
     let server = Served::start(app).await;
     let merchant = [("x-merchant-id", "m1")];

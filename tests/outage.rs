@@ -13,11 +13,10 @@ use support::RedisServer;
 use tokio::time::Instant;
 use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
 use tower_redis_ratelimit::key::GlobalKey;
-use tower_redis_ratelimit::period::{PeriodConfig, PeriodLimiter};
-use tower_redis_ratelimit::token_bucket::{TokenBucketConfig, TokenBucketLimiter};
-use tower_redis_ratelimit::{
-    Backend, FailurePolicy, Limiter, PeriodLimitLayer, Source, State, TokenBucketLayer,
-};
+use tower_redis_ratelimit::LimitLayer;
+use tower_redis_ratelimit::{Backend, FailurePolicy, Limiter, Source, State};
+use tower_redis_ratelimit::{PeriodConfig, PeriodLimiter};
+use tower_redis_ratelimit::{TokenBucketConfig, TokenBucketLimiter};
 
 const ONE: NonZeroU32 = NonZeroU32::MIN;
 const PROBE: Duration = Duration::from_millis(100);
@@ -64,22 +63,21 @@ fn stack(
     backend: &Backend,
     policy: FailurePolicy,
 ) -> impl Service<Request<()>, Response = Response<impl Sized>, Error = Infallible> + Clone {
-    let period = PeriodLimitLayer::builder(backend)
+    let period = LimitLayer::builder(backend, PeriodConfig::new(5, Duration::from_secs(60)))
         .name("day")
         .key(GlobalKey)
-        .quota(5)
-        .period(Duration::from_secs(60))
         .failure_policy(policy)
         .build()
         .unwrap();
-    let token = TokenBucketLayer::builder(backend)
-        .name("burst")
-        .key(GlobalKey)
-        .rate(1, Duration::from_secs(60))
-        .burst(3)
-        .failure_policy(policy)
-        .build()
-        .unwrap();
+    let token = LimitLayer::builder(
+        backend,
+        TokenBucketConfig::new(1, Duration::from_secs(60), 3),
+    )
+    .name("burst")
+    .key(GlobalKey)
+    .failure_policy(policy)
+    .build()
+    .unwrap();
     ServiceBuilder::new()
         .layer(token)
         .layer(period)
@@ -264,13 +262,14 @@ fn invalid_failure_settings_fail_when_built() {
             err.to_string(),
             "`fallback_share` must be a fraction in (0, 1]"
         );
-        let err = PeriodLimitLayer::builder(&Backend::in_process())
-            .name("p")
-            .quota(1)
-            .period(Duration::from_secs(1))
-            .fallback_share(share)
-            .build()
-            .unwrap_err();
+        let err = LimitLayer::builder(
+            &Backend::in_process(),
+            PeriodConfig::new(1, Duration::from_secs(1)),
+        )
+        .name("p")
+        .fallback_share(share)
+        .build()
+        .unwrap_err();
         assert!(err.to_string().contains("fallback_share"));
     }
 }
@@ -500,10 +499,8 @@ async fn a_fallback_share_rounded_to_nothing_refuses_until_redis_is_back() {
                 }
             }
         }
-        let layer = TokenBucketLayer::builder(&backend)
+        let layer = LimitLayer::builder(&backend, TokenBucketConfig::new(3, minute, 3))
             .name("fixed")
-            .rate(3, minute)
-            .burst(3)
             .cost(tower_redis_ratelimit::FixedCost(1))
             .key(|_: &http::request::Parts| Some("k"))
             .build();
@@ -528,18 +525,14 @@ async fn the_fallback_headers_state_this_instances_share() {
         .build()
         .unwrap();
     let minute = Duration::from_secs(60);
-    let period = PeriodLimitLayer::builder(&backend)
+    let period = LimitLayer::builder(&backend, PeriodConfig::new(60, minute))
         .name("api")
         .key(GlobalKey)
-        .quota(60)
-        .period(minute)
         .build()
         .unwrap();
-    let token = TokenBucketLayer::builder(&backend)
+    let token = LimitLayer::builder(&backend, TokenBucketConfig::new(30, minute, 30))
         .name("burst")
         .key(GlobalKey)
-        .rate(30, minute)
-        .burst(30)
         .build()
         .unwrap();
     let svc = ServiceBuilder::new()

@@ -16,8 +16,8 @@ use std::time::Duration;
 use support::RedisServer;
 use tokio::time::Instant;
 use tower_redis_ratelimit::outbound::{WaitError, Waiter};
-use tower_redis_ratelimit::token_bucket::{TokenBucketConfig, TokenBucketLimiter};
 use tower_redis_ratelimit::{Backend, FailurePolicy, Limiter, Source};
+use tower_redis_ratelimit::{TokenBucketConfig, TokenBucketLimiter};
 
 const ONE: NonZeroU32 = NonZeroU32::MIN;
 const SEC: Duration = Duration::from_secs(1);

@@ -17,8 +17,9 @@ use support::RedisServer;
 use tokio::task::JoinSet;
 use tower_redis_ratelimit::key::HeaderKey;
 use tower_redis_ratelimit::limit::CountIf;
-use tower_redis_ratelimit::period::PeriodLimiter;
-use tower_redis_ratelimit::{Backend, LimitLayer, Limiter, PeriodLimitLayer};
+use tower_redis_ratelimit::PeriodConfig;
+use tower_redis_ratelimit::PeriodLimiter;
+use tower_redis_ratelimit::{Backend, LimitLayer, Limiter};
 
 /// `GET /login`: 200 with `x-ok`, 401 without, after a short wait so that concurrent
 /// requests overlap; counts the failures that reached it.
@@ -39,10 +40,8 @@ fn app(layer: LimitLayer<PeriodLimiter, HeaderKey>, failures: Arc<AtomicUsize>) 
 }
 
 fn layer(backend: &Backend, quota: u64) -> LimitLayer<PeriodLimiter, HeaderKey> {
-    PeriodLimitLayer::builder(backend)
+    LimitLayer::builder(backend, PeriodConfig::new(quota, Duration::from_secs(600)))
         .name("login")
-        .quota(quota)
-        .period(Duration::from_secs(600))
         .key(HeaderKey::from_static("x-user"))
         .count_if(CountIf::failures())
         .build()

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use support::RedisServer;
-use tower_redis_ratelimit::period::{PeriodConfig, PeriodLimiter, UtcOffset};
 use tower_redis_ratelimit::{Backend, Limiter, Source, State};
+use tower_redis_ratelimit::{PeriodConfig, PeriodLimiter, UtcOffset};
 
 const ONE: NonZeroU32 = NonZeroU32::MIN;
 
@@ -660,7 +660,7 @@ async fn a_server_without_functions_runs_the_engine_by_evalsha() {
 /// arguments) admit exactly the quota.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn calendar_windows_expire_at_their_end_and_admit_the_quota() {
-    use tower_redis_ratelimit::period::Calendar;
+    use tower_redis_ratelimit::Calendar;
     let redis = RedisServer::start();
     let backend = support::backend_builder()
         .redis(redis.pool())

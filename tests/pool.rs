@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 
 use support::RedisServer;
 use tower_redis_ratelimit::deadpool_redis::{self, redis, Runtime};
-use tower_redis_ratelimit::period::{PeriodConfig, PeriodLimiter};
 use tower_redis_ratelimit::{Backend, Decision, Limiter, Source};
+use tower_redis_ratelimit::{PeriodConfig, PeriodLimiter};
 
 const ONE: NonZeroU32 = NonZeroU32::MIN;
 const HOUR: Duration = Duration::from_secs(3_600);

@@ -10,8 +10,8 @@ use std::num::NonZeroU32;
 use std::time::{Duration, Instant};
 
 use support::RedisServer;
-use tower_redis_ratelimit::period::{PeriodConfig, PeriodLimiter};
 use tower_redis_ratelimit::{Backend, Limiter, Source, State};
+use tower_redis_ratelimit::{PeriodConfig, PeriodLimiter};
 
 const ONE: NonZeroU32 = NonZeroU32::MIN;
 

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use support::{RedisServer, Reply, ServerClock};
 use tokio::time::Instant;
-use tower_redis_ratelimit::rolling::{RollingConfig, RollingWindowLimiter};
 use tower_redis_ratelimit::{Backend, Limiter, Source, State};
+use tower_redis_ratelimit::{RollingConfig, RollingWindowLimiter};
 
 const ONE: NonZeroU32 = NonZeroU32::MIN;
 const MS: Duration = Duration::from_millis(1);

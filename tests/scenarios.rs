@@ -15,11 +15,11 @@ use std::time::Duration;
 
 use support::{RedisServer, ServerClock};
 use tower_redis_ratelimit::backend::{ManualClock, TimeSource};
-use tower_redis_ratelimit::period::{Calendar, PeriodConfig, PeriodLimiter, UtcOffset, Weekday};
-use tower_redis_ratelimit::rolling::{RollingConfig, RollingWindowLimiter};
-use tower_redis_ratelimit::set::{LimitSet, SetLimiter};
-use tower_redis_ratelimit::token_bucket::{TokenBucketConfig, TokenBucketLimiter};
 use tower_redis_ratelimit::{Backend, Limiter, Source, State};
+use tower_redis_ratelimit::{Calendar, PeriodConfig, PeriodLimiter, UtcOffset, Weekday};
+use tower_redis_ratelimit::{LimitSet, SetLimiter};
+use tower_redis_ratelimit::{RollingConfig, RollingWindowLimiter};
+use tower_redis_ratelimit::{TokenBucketConfig, TokenBucketLimiter};
 
 use State::{Allowed, ExceedsCapacity, HitQuota, OverQuota};
 

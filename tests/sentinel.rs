@@ -15,8 +15,9 @@ use support::sentinel::{SentinelGroup, MASTER_NAME};
 use tokio::time::Instant;
 use tower_redis_ratelimit::backend::RedisState;
 use tower_redis_ratelimit::key::GlobalKey;
-use tower_redis_ratelimit::period::{PeriodConfig, PeriodLimiter};
-use tower_redis_ratelimit::{Limiter, PeriodLimitLayer, Source};
+use tower_redis_ratelimit::LimitLayer;
+use tower_redis_ratelimit::{Limiter, Source};
+use tower_redis_ratelimit::{PeriodConfig, PeriodLimiter};
 
 const ONE: NonZeroU32 = NonZeroU32::MIN;
 const PROBE: Duration = Duration::from_millis(100);
@@ -38,13 +39,14 @@ async fn the_backend_follows_a_failover_with_the_replicated_counts() {
     )
     .unwrap();
     // A layer on the same backend, to see what HTTP clients get meanwhile.
-    let layer = PeriodLimitLayer::builder(&backend)
-        .name("http")
-        .quota(1_000_000)
-        .period(Duration::from_secs(60))
-        .key(GlobalKey)
-        .build()
-        .unwrap();
+    let layer = LimitLayer::builder(
+        &backend,
+        PeriodConfig::new(1_000_000, Duration::from_secs(60)),
+    )
+    .name("http")
+    .key(GlobalKey)
+    .build()
+    .unwrap();
     let service = ServiceBuilder::new()
         .layer(layer)
         .service(service_fn(|_: Request<()>| async {

@@ -15,14 +15,15 @@ use support::http::Served;
 use support::RedisServer;
 use tokio::task::JoinSet;
 use tower_redis_ratelimit::key::HeaderKey;
-use tower_redis_ratelimit::period::PeriodConfig;
-use tower_redis_ratelimit::rolling::RollingConfig;
-use tower_redis_ratelimit::set::{LimitSet, SetLimiter, SetMember};
+use tower_redis_ratelimit::PeriodConfig;
+use tower_redis_ratelimit::RollingConfig;
+use tower_redis_ratelimit::{LimitSet, SetLimiter, SetMember};
 
 /// The most limits in one set (documented on `SetLimiter::new`).
 const MAX_LIMITS: usize = 8;
-use tower_redis_ratelimit::token_bucket::TokenBucketConfig;
-use tower_redis_ratelimit::{Backend, ConfigError, LimitSetLayer, Limiter, Source};
+use tower_redis_ratelimit::LimitLayer;
+use tower_redis_ratelimit::TokenBucketConfig;
+use tower_redis_ratelimit::{Backend, ConfigError, Limiter, Source};
 
 const ONE: NonZeroU32 = NonZeroU32::MIN;
 const SEC: Duration = Duration::from_secs(1);
@@ -121,8 +122,7 @@ async fn replies_too_large_to_pack_decide_alike() {
     let bucket = TokenBucketConfig::new(u32::MAX.into(), year, u32::MAX.into());
     let mut answers = Vec::new();
     for backend in [redis.uncached_backend(), Backend::in_process()] {
-        let single =
-            tower_redis_ratelimit::period::PeriodLimiter::new(&backend, "huge", huge).unwrap();
+        let single = tower_redis_ratelimit::PeriodLimiter::new(&backend, "huge", huge).unwrap();
         let set = LimitSet::new().limit("huge", huge).limit("bucket", bucket);
         let set = SetLimiter::new(&backend, "pair", set).unwrap();
         let mut seen = Vec::new();
@@ -156,15 +156,18 @@ async fn replies_too_large_to_pack_decide_alike() {
 async fn every_limit_is_listed_in_the_headers() {
     let redis = RedisServer::start();
     for backend in [redis.uncached_backend(), Backend::in_process()] {
-        let layer = LimitSetLayer::builder(&backend)
-            .name("reports")
-            // (A token every 5 s: the three requests' seconds are the same however
-            // busy the machine.)
-            .limit("burst", TokenBucketConfig::new(2, 10 * SEC, 2))
-            .limit("daily", PeriodConfig::new(3, DAY))
-            .key(HeaderKey::from_static("x-merchant-id"))
-            .build()
-            .unwrap();
+        let layer = LimitLayer::builder(
+            &backend,
+            LimitSet::new()
+                .limit("burst", TokenBucketConfig::new(2, 10 * SEC, 2))
+                .limit("daily", PeriodConfig::new(3, DAY)),
+        )
+        .name("reports")
+        // (A token every 5 s: the three requests' seconds are the same however
+        // busy the machine.)
+        .key(HeaderKey::from_static("x-merchant-id"))
+        .build()
+        .unwrap();
         let app = Router::new().route("/reports", get(|| async { "report" }).layer(layer));
         let server = Served::start(app).await;
         let merchant = [("x-merchant-id", "m1")];
@@ -240,13 +243,16 @@ async fn a_blocked_set_says_no_limit_has_units_left() {
     let minute = Duration::from_secs(60);
     let cached = redis.backend();
     for backend in [cached, Backend::in_process()] {
-        let layer = LimitSetLayer::builder(&backend)
-            .name("llm")
-            .limit("rpm", TokenBucketConfig::new(60, minute, 60))
-            .limit("tpm", PeriodConfig::new(20_000, minute))
-            .key(HeaderKey::from_static("x-api-key"))
-            .build()
-            .unwrap();
+        let layer = LimitLayer::builder(
+            &backend,
+            LimitSet::new()
+                .limit("rpm", TokenBucketConfig::new(60, minute, 60))
+                .limit("tpm", PeriodConfig::new(20_000, minute)),
+        )
+        .name("llm")
+        .key(HeaderKey::from_static("x-api-key"))
+        .build()
+        .unwrap();
         let blocked = layer
             .limiter()
             .block(b"hdr:x-api-key:trap", Duration::from_secs(30));
@@ -357,13 +363,12 @@ async fn after_a_refusal_every_members_standing_is_true() {
     ];
     for backend in [redis.uncached_backend(), Backend::in_process()] {
         for (name, members) in &sets {
-            let mut builder = LimitSetLayer::builder(&backend).name(*name);
             let mut set = LimitSet::new();
             for (member, limit) in members {
-                builder = builder.limit(*member, *limit);
                 set = set.limit(*member, *limit);
             }
-            let layer = builder
+            let layer = LimitLayer::builder(&backend, set.clone())
+                .name(*name)
                 .key(HeaderKey::from_static("x-key"))
                 .build()
                 .unwrap();

@@ -23,11 +23,12 @@ use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
 use tower_redis_ratelimit::key::GlobalKey;
 use tower_redis_ratelimit::key::HeaderKey;
 use tower_redis_ratelimit::limit::Usage;
-use tower_redis_ratelimit::period::{PeriodConfig, PeriodLimiter};
-use tower_redis_ratelimit::rolling::{RollingConfig, RollingWindowLimiter};
-use tower_redis_ratelimit::set::{LimitSet, SetLimiter};
-use tower_redis_ratelimit::token_bucket::{TokenBucketConfig, TokenBucketLimiter};
-use tower_redis_ratelimit::{Backend, Limiter, PeriodLimitLayer, State, TokenBucketLayer};
+use tower_redis_ratelimit::LimitLayer;
+use tower_redis_ratelimit::{Backend, Limiter, State};
+use tower_redis_ratelimit::{LimitSet, SetLimiter};
+use tower_redis_ratelimit::{PeriodConfig, PeriodLimiter};
+use tower_redis_ratelimit::{RollingConfig, RollingWindowLimiter};
+use tower_redis_ratelimit::{TokenBucketConfig, TokenBucketLimiter};
 
 fn n(cost: u32) -> NonZeroU32 {
     NonZeroU32::new(cost).unwrap()
@@ -106,15 +107,16 @@ async fn debt_refuses_until_paid_off_with_its_retry_after() {
     let redis = RedisServer::start();
     let backend = redis.uncached_backend();
     // 10 tokens a second, burst 10; 2 reserved per request, settled to `x-used`.
-    let layer = TokenBucketLayer::builder(&backend)
-        .name("tokens")
-        .rate(10, Duration::from_secs(1))
-        .burst(10)
-        .key(HeaderKey::from_static("x-user"))
-        .cost(|_: &http::request::Parts| 2)
-        .settle(Usage::header(HeaderName::from_static("x-used")))
-        .build()
-        .unwrap();
+    let layer = LimitLayer::builder(
+        &backend,
+        TokenBucketConfig::new(10, Duration::from_secs(1), 10),
+    )
+    .name("tokens")
+    .key(HeaderKey::from_static("x-user"))
+    .cost(|_: &http::request::Parts| 2)
+    .settle(Usage::header(HeaderName::from_static("x-used")))
+    .build()
+    .unwrap();
     let limiter = layer.limiter().clone();
     let mut service =
         ServiceBuilder::new()
@@ -205,15 +207,16 @@ async fn two_instances_spend_exactly_what_their_requests_used() {
     let mut services = Vec::new();
     let mut limiter = None;
     for _ in 0..2 {
-        let layer = PeriodLimitLayer::builder(&redis.uncached_backend())
-            .name("shared")
-            .quota(QUOTA)
-            .period(Duration::from_secs(600))
-            .key(HeaderKey::from_static("x-user"))
-            .cost(|_: &http::request::Parts| ESTIMATE)
-            .settle(Usage::header(HeaderName::from_static("x-used")))
-            .build()
-            .unwrap();
+        let layer = LimitLayer::builder(
+            &redis.uncached_backend(),
+            PeriodConfig::new(QUOTA, Duration::from_secs(600)),
+        )
+        .name("shared")
+        .key(HeaderKey::from_static("x-user"))
+        .cost(|_: &http::request::Parts| ESTIMATE)
+        .settle(Usage::header(HeaderName::from_static("x-used")))
+        .build()
+        .unwrap();
         limiter.get_or_insert_with(|| layer.limiter().clone());
         services.push(ServiceBuilder::new().layer(layer).service(service_fn(
             |_req: Request<()>| async move {
@@ -276,11 +279,9 @@ async fn two_instances_spend_exactly_what_their_requests_used() {
 async fn a_shadow_layer_settles_what_it_admitted() {
     let redis = RedisServer::start();
     for host in [Host::InProcess, Host::Redis] {
-        let layer = PeriodLimitLayer::builder(&backend(host, &redis))
+        let layer = LimitLayer::builder(&backend(host, &redis), PeriodConfig::new(1_000, MINUTE))
             .name(format!("shadow-{host:?}").to_lowercase())
             .key(GlobalKey)
-            .quota(1_000)
-            .period(MINUTE)
             .cost(|_: &http::request::Parts| 100)
             .settle(Usage::bytes())
             .shadow(true)
@@ -341,7 +342,7 @@ async fn a_huge_settlement_is_the_largest_cost() {
 /// Per-plan limits settle under the plan that spent the estimate.
 #[tokio::test]
 async fn a_plan_settles_under_its_own_limit() {
-    use tower_redis_ratelimit::{ExtensionPlan, LayerBuilder, Plans};
+    use tower_redis_ratelimit::{ExtensionPlan, Plans};
 
     #[derive(Debug, Clone, Copy, PartialEq, Eq)]
     enum Plan {
@@ -351,7 +352,7 @@ async fn a_plan_settles_under_its_own_limit() {
     let plans = Plans::new(ExtensionPlan::<Plan>::new())
         .plan(Plan::Free, "free", PeriodConfig::new(100, MINUTE))
         .plan(Plan::Paid, "paid", PeriodConfig::new(1_000, MINUTE));
-    let layer = LayerBuilder::new(&Backend::in_process(), plans)
+    let layer = LimitLayer::builder(&Backend::in_process(), plans)
         .name("plans")
         .key(GlobalKey)
         .cost(|_: &http::request::Parts| 50)

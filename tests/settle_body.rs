@@ -24,7 +24,8 @@ use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
 use tower_redis_ratelimit::key::GlobalKey;
 use tower_redis_ratelimit::key::HeaderKey;
 use tower_redis_ratelimit::limit::Usage;
-use tower_redis_ratelimit::{Backend, PeriodLimitLayer};
+use tower_redis_ratelimit::Backend;
+use tower_redis_ratelimit::{LimitLayer, PeriodConfig};
 
 /// A body that yields `chunks` chunks of `size` bytes, one every `every`, counting what
 /// it yielded.
@@ -65,10 +66,8 @@ async fn a_streamed_body_settles_to_its_bytes_exactly() {
     for host in [Host::InProcess, Host::Redis] {
         let backend = backend(host, &redis);
         let name = format!("egress-{host:?}").to_lowercase();
-        let layer = PeriodLimitLayer::builder(&backend)
+        let layer = LimitLayer::builder(&backend, PeriodConfig::new(100_000, MINUTE))
             .name(&name)
-            .quota(100_000)
-            .period(MINUTE)
             .key(HeaderKey::from_static("x-tenant"))
             .cost(|_: &http::request::Parts| 1_000)
             .settle(Usage::bytes())
@@ -125,10 +124,8 @@ async fn a_client_gone_mid_stream_settles_what_was_sent() {
 
     let redis = RedisServer::start();
     let backend = redis.uncached_backend();
-    let layer = PeriodLimitLayer::builder(&backend)
+    let layer = LimitLayer::builder(&backend, PeriodConfig::new(1_000_000, MINUTE))
         .name("stream")
-        .quota(1_000_000)
-        .period(MINUTE)
         .key(HeaderKey::from_static("x-tenant"))
         .cost(|_: &http::request::Parts| 10_000)
         .settle(Usage::bytes())
@@ -199,10 +196,8 @@ async fn uploads_settle_to_the_bytes_read() {
     use tower_redis_ratelimit::HeaderCost;
 
     let redis = RedisServer::start();
-    let uploads = PeriodLimitLayer::builder(&redis.uncached_backend())
+    let uploads = LimitLayer::builder(&redis.uncached_backend(), PeriodConfig::new(10_000, MINUTE))
         .name("uploads")
-        .quota(10_000)
-        .period(MINUTE)
         .key(HeaderKey::from_static("x-tenant"))
         .cost(HeaderCost::new(CONTENT_LENGTH, 1))
         .settle(Usage::request_bytes())
@@ -324,11 +319,9 @@ async fn trailers_and_the_end_of_the_body() {
             22,
         ),
     ] {
-        let layer = PeriodLimitLayer::builder(&backend)
+        let layer = LimitLayer::builder(&backend, PeriodConfig::new(100, MINUTE))
             .name(name)
             .key(GlobalKey)
-            .quota(100)
-            .period(MINUTE)
             .cost(|_: &http::request::Parts| 10)
             .settle(usage)
             .build()
@@ -381,11 +374,9 @@ impl Body for Panicking {
 /// dropping it.
 #[tokio::test]
 async fn a_panicking_body_settles_what_it_produced() {
-    let layer = PeriodLimitLayer::builder(&Backend::in_process())
+    let layer = LimitLayer::builder(&Backend::in_process(), PeriodConfig::new(1_000, MINUTE))
         .name("panics")
         .key(GlobalKey)
-        .quota(1_000)
-        .period(MINUTE)
         .cost(|_: &http::request::Parts| 100)
         .settle(Usage::bytes())
         .build()

@@ -16,8 +16,9 @@ use support::stack::{counting, keyed, shadow_layer, stack};
 use support::RedisServer;
 use tower::ServiceExt;
 use tower_redis_ratelimit::key::HeaderKey;
-use tower_redis_ratelimit::response::{RATELIMIT, RATELIMIT_POLICY};
 use tower_redis_ratelimit::{Backend, Limiter, PeriodLimitLayer, State};
+use tower_redis_ratelimit::{LimitLayer, PeriodConfig};
+use tower_redis_ratelimit::{RATELIMIT, RATELIMIT_POLICY};
 
 // ---------------------------------------------------------------------------
 // Stacked limits on a plain tower stack
@@ -29,13 +30,14 @@ fn burst_and_daily(
     daily: u64,
 ) -> (PeriodLimitLayer<HeaderKey>, PeriodLimitLayer<HeaderKey>) {
     let layer = |name: &str, quota: u64, period: u64| {
-        PeriodLimitLayer::builder(backend)
-            .name(name)
-            .quota(quota)
-            .period(Duration::from_secs(period))
-            .key(HeaderKey::from_static("x-key"))
-            .build()
-            .unwrap()
+        LimitLayer::builder(
+            backend,
+            PeriodConfig::new(quota, Duration::from_secs(period)),
+        )
+        .name(name)
+        .key(HeaderKey::from_static("x-key"))
+        .build()
+        .unwrap()
     };
     (layer("burst", burst, 10), layer("daily", daily, 86_400))
 }
@@ -170,10 +172,8 @@ async fn shadow_mode_on_redis_counts_like_enforcement_without_waiting() {
 #[tokio::test]
 async fn a_shadow_layer_stacked_on_an_enforcing_one_stays_invisible() {
     let backend = Backend::in_process();
-    let enforcing = PeriodLimitLayer::builder(&backend)
+    let enforcing = LimitLayer::builder(&backend, PeriodConfig::new(2, Duration::from_secs(60)))
         .name("enforced")
-        .quota(2)
-        .period(Duration::from_secs(60))
         .key(HeaderKey::from_static("x-key"))
         .build()
         .unwrap();

@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
 use support::RedisServer;
-use tower_redis_ratelimit::period::{PeriodConfig, PeriodLimiter};
 use tower_redis_ratelimit::{Backend, FailurePolicy, Limiter, Source};
+use tower_redis_ratelimit::{PeriodConfig, PeriodLimiter};
 
 const ONE: NonZeroU32 = NonZeroU32::MIN;
 const PASSWORD: &str = "wonderland-7f3a";

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use support::RedisServer;
 use tokio::time::Instant;
-use tower_redis_ratelimit::token_bucket::{TokenBucketConfig, TokenBucketLimiter};
 use tower_redis_ratelimit::{Backend, Limiter, Source, State};
+use tower_redis_ratelimit::{TokenBucketConfig, TokenBucketLimiter};
 
 const ONE: NonZeroU32 = NonZeroU32::MIN;
 

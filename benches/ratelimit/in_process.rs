@@ -14,10 +14,10 @@ use criterion::measurement::WallTime;
 use criterion::{BenchmarkGroup, BenchmarkId, Criterion, Throughput};
 use governor::{Quota, RateLimiter};
 use tokio::runtime::Runtime;
-use tower_redis_ratelimit::period::{PeriodConfig, PeriodLimiter};
-use tower_redis_ratelimit::rolling::{RollingConfig, RollingWindowLimiter};
-use tower_redis_ratelimit::token_bucket::{TokenBucketConfig, TokenBucketLimiter};
 use tower_redis_ratelimit::{Backend, Limiter, State};
+use tower_redis_ratelimit::{PeriodConfig, PeriodLimiter};
+use tower_redis_ratelimit::{RollingConfig, RollingWindowLimiter};
+use tower_redis_ratelimit::{TokenBucketConfig, TokenBucketLimiter};
 
 const ONE: NonZeroU32 = NonZeroU32::MIN;
 /// Tokens per second in the `allowed` groups: a token per microsecond, the most the

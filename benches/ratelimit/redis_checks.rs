@@ -39,11 +39,11 @@ use criterion::{BenchmarkGroup, BenchmarkId, Criterion, Throughput};
 use tokio::runtime::Runtime;
 use tokio::task::JoinSet;
 use tower_redis_ratelimit::deadpool_redis::{self, redis};
-use tower_redis_ratelimit::period::{PeriodConfig, PeriodLimiter};
-use tower_redis_ratelimit::rolling::{RollingConfig, RollingWindowLimiter};
-use tower_redis_ratelimit::set::{LimitSet, SetLimiter};
-use tower_redis_ratelimit::token_bucket::{TokenBucketConfig, TokenBucketLimiter};
 use tower_redis_ratelimit::{Backend, Limiter, Source, State};
+use tower_redis_ratelimit::{LimitSet, SetLimiter};
+use tower_redis_ratelimit::{PeriodConfig, PeriodLimiter};
+use tower_redis_ratelimit::{RollingConfig, RollingWindowLimiter};
+use tower_redis_ratelimit::{TokenBucketConfig, TokenBucketLimiter};
 
 use crate::support::RedisServer;
 

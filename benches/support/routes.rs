@@ -15,7 +15,8 @@ use tower_governor::governor::GovernorConfigBuilder;
 use tower_governor::key_extractor::KeyExtractor;
 use tower_governor::{GovernorError, GovernorLayer};
 use tower_redis_ratelimit::key::HeaderKey;
-use tower_redis_ratelimit::{Backend, ConfigError, TokenBucketLayer};
+use tower_redis_ratelimit::{Backend, ConfigError};
+use tower_redis_ratelimit::{LimitLayer, TokenBucketConfig};
 
 /// The header every limited route is keyed by.
 pub(crate) const API_KEY: &str = "x-api-key";
@@ -47,20 +48,18 @@ pub(crate) fn token_bucket(
     rate: u64,
     headers: bool,
 ) -> Result<
-    tower_redis_ratelimit::LimitLayer<
-        tower_redis_ratelimit::token_bucket::TokenBucketLimiter,
-        HeaderKey,
-    >,
+    tower_redis_ratelimit::LimitLayer<tower_redis_ratelimit::TokenBucketLimiter, HeaderKey>,
     ConfigError,
 > {
-    TokenBucketLayer::builder(backend)
-        .name("loadtest")
-        .rate(rate, Duration::from_secs(1))
-        .burst(rate)
-        .key(HeaderKey::from_static(API_KEY))
-        .admitted_headers(headers)
-        .decision_extension(headers)
-        .build()
+    LimitLayer::builder(
+        backend,
+        TokenBucketConfig::new(rate, Duration::from_secs(1), rate),
+    )
+    .name("loadtest")
+    .key(HeaderKey::from_static(API_KEY))
+    .admitted_headers(headers)
+    .decision_extension(headers)
+    .build()
 }
 
 /// The five in-process routes on `backend`, at `rate` per second and burst `rate` (rate

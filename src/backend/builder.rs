@@ -194,7 +194,7 @@ impl BackendBuilder {
     /// full, a new key makes room by dropping another: keys seen only once go first (they
     /// wait in a small probation queue), then the keys hit least recently; a dropped key
     /// starts again with its full limit, and each drop is counted in the
-    /// `ratelimit_local_evictions_total` [metric](crate::metrics).
+    /// `ratelimit_local_evictions_total` [metric](crate::guide::metrics).
     /// Expired state is never swept: it is reset when its key is hit again, and is the
     /// first to go when room is needed, so no request ever waits on a sweep. The bound
     /// is split evenly over up to 64 shards, each with its own lock (so it is rounded

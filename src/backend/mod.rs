@@ -32,7 +32,7 @@
 //! For example, the `sms` fixed-window limit of the client with API key `k1` is
 //! `ratelimit:{v1:hdr:x-api-key:k1}:period:sms`.
 //!
-//! The limits of a [set](crate::set) and the blocks of every limit have places of their
+//! The limits of a [set](crate::LimitSet) and the blocks of every limit have places of their
 //! own after the hash tag:
 //!
 //! ```text

@@ -15,7 +15,7 @@
 //! |---|---|
 //! | the backend | [`BackendConfig`]: `url`, `cluster_urls`, `sentinel`, `tls`, `prefix`, `call_timeout`, `probe_interval`, `breaker`, `failure_policy`, `fallback_share`, `fallback_rounding`, `max_local_keys`, `deny_cache` |
 //! | a rule | [`RuleConfig`]: `name`, `limit`, `key`, `cost`, `failure_policy`, `fallback_share`, `fallback_rounding`, `shadow`, `headers`, `decision_extension`, `missing_key`, `max_key_len` |
-//! | an algorithm | [`LimitConfig`], holding the algorithm's own config type: `{ algorithm = "period", quota, period, align, lockout }` or with `calendar`, `zone`, `week_starts` ([`PeriodConfig`](crate::period::PeriodConfig)), `{ algorithm = "token_bucket", rate, per, burst, lockout, lease }` ([`TokenBucketConfig`](crate::token_bucket::TokenBucketConfig)), `{ algorithm = "rolling_window", limit, buckets, interval, lockout }` ([`RollingConfig`](crate::rolling::RollingConfig)) |
+//! | an algorithm | [`LimitConfig`], holding the algorithm's own config type: `{ algorithm = "period", quota, period, align, lockout }` or with `calendar`, `zone`, `week_starts` ([`PeriodConfig`](crate::PeriodConfig)), `{ algorithm = "token_bucket", rate, per, burst, lockout, lease }` ([`TokenBucketConfig`](crate::TokenBucketConfig)), `{ algorithm = "rolling_window", limit, buckets, interval, lockout }` ([`RollingConfig`](crate::RollingConfig)) |
 //! | a key | [`KeyConfig`]: `"global"`, `"peer_ip"`, `{ forwarded_ip = { trusted = [..] } }`, `{ header = ".." }`, `"path"`, `"matched_path"`, `{ or = [..] }`, `{ and = [..] }` |
 //!
 //! Durations are [`humantime`](https://docs.rs/humantime) strings (`"100ms"`, `"2s"`,

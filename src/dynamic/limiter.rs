@@ -28,7 +28,7 @@ struct Limited<L> {
 /// The [`Limiter`] of a [`DynamicLimits`] layer.
 ///
 /// Its [`policy`](Limiter::policy) is the default one; each check applies the key's
-/// limit from the source (see the [module docs](super)).
+/// limit from the source (see [`DynamicLimits`](super::DynamicLimits)).
 pub struct DynamicLimiter<A: Algorithm, S> {
     shared: Arc<Shared<A, S>>,
 }

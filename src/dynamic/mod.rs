@@ -1,94 +1,4 @@
-//! Limits from your own store: each key's limit looked up at request time through a
-//! [`LimitSource`] (a database, a config service), cached in process.
-//!
-//! [`DynamicLimits`] wraps the configuration of any algorithm. Its limit is the
-//! default; the source may name another limit for a key, which then replaces it for
-//! that key's requests, on Redis and in process alike:
-//!
-//! | algorithm | what the source's limit replaces |
-//! |---|---|
-//! | [`PeriodConfig`] | the quota per period |
-//! | [`RollingConfig`] | the limit per window |
-//! | [`TokenBucketConfig`] | the burst, and the rate in proportion (a source limit of twice the burst doubles the rate too; at least one token per period) |
-//!
-//! The source is asked with a [`TaggedKey`]: the value the layer's key extractor found
-//! ([`value`](TaggedKey::value): `acme` for the header `x-merchant-id: acme`, `42` for a
-//! merchant id `42` in the extensions), without the crate's [key tags](crate::key#tags),
-//! which stay available ([`tag`](TaggedKey::tag): `hdr:x-merchant-id`, `ext:merchant`)
-//! for a source behind several extractors.
-//!
-//! # Cache
-//!
-//! Answers are kept for a [TTL](DynamicLimits::ttl) in a bounded cache
-//! ([`max_keys`](DynamicLimits::max_keys) entries, `quick_cache`), so most requests pay
-//! no lookup: a merchant's new limit applies at most one TTL (plus one lookup) after it
-//! changed in the source, with no restart.
-//!
-//! - A key seen for the first time waits for its lookup (at most the
-//!   [lookup timeout](DynamicLimits::lookup_timeout)).
-//! - A key whose answer is older than the TTL is checked at once against that answer
-//!   while one lookup refreshes it in the background.
-//! - There is at most one lookup in flight per key: concurrent requests for a key being
-//!   looked up wait for that lookup (first time) or use the stale answer.
-//! - Lookups run on spawned tokio tasks, so a client that goes away does not cancel a
-//!   lookup others wait for.
-//!
-//! # When the source fails
-//!
-//! An error, an invalid limit (`0`, or one the algorithm refuses), a lookup slower than
-//! the timeout, or a panic in the source is a failed lookup; [`OnSourceError`] says
-//! what applies: the last answer for the key ([`LastKnown`](OnSourceError::LastKnown),
-//! the default), a fixed limit ([`Limit`](OnSourceError::Limit)), or refusing the
-//! key's requests ([`Refuse`](OnSourceError::Refuse): `429 Too Many Requests`, or gRPC
-//! `RESOURCE_EXHAUSTED`, with a `Retry-After`, as a rate-limit rejection with
-//! [`Source::FailClosed`](crate::Source::FailClosed)). The failed key is asked again
-//! after [`error_ttl`](DynamicLimits::error_ttl) (default: one second, or the TTL if
-//! shorter), so a failing store is not asked on every request. Never a panic, never a
-//! `500`.
-//!
-//! # Headers and counts
-//!
-//! `RateLimit-Policy` shows the limit that applied (`"api";q=500;w=60` for a merchant
-//! whose source limit is 500); the policy name, metrics label and Redis key stay the
-//! layer's (a request refused by [`OnSourceError::Refuse`] shows the default policy, as
-//! does a custom rejection's [`Rejection::policy`](crate::response::Rejection::policy)), so a
-//! key's count carries over when its limit changes, on Redis and in process (and in
-//! the Redis fallback) alike: a raised limit admits what is left under it, a lowered
-//! one refuses at once if the count is already at or above it (a token bucket keeps
-//! when it is full again, read at the new rate and burst). The backend's deny cache
-//! answers a refusal only under the limit it was made under: once an instance applies
-//! a key's new limit, its next check goes to Redis under it (a raised limit admits at
-//! once, not after the deny cache's max age).
-//!
-//! ```
-//! use std::time::Duration;
-//! use tower_redis_ratelimit::dynamic::{DynamicLimits, OnSourceError};
-//! use tower_redis_ratelimit::key::{HeaderKey, TaggedKey};
-//! use tower_redis_ratelimit::period::PeriodConfig;
-//! use tower_redis_ratelimit::{Backend, LayerBuilder};
-//!
-//! # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
-//! // Your store: `None` means "the default limit". `value` is the header's value.
-//! let source = |key: TaggedKey<'_>| {
-//!     let merchant = key.value().to_vec();
-//!     async move {
-//!         Ok::<_, std::io::Error>(match merchant.as_slice() {
-//!             b"acme" => Some(1_000),
-//!             _ => None,
-//!         })
-//!     }
-//! };
-//! let limits = DynamicLimits::new(PeriodConfig::new(100, Duration::from_secs(60)), source)
-//!     .ttl(Duration::from_secs(30))
-//!     .max_keys(100_000)
-//!     .lookup_timeout(Duration::from_millis(200))
-//!     .on_error(OnSourceError::LastKnown);
-//! let layer = LayerBuilder::new(&Backend::in_process(), limits)
-//!     .name("payments")
-//!     .key(HeaderKey::from_static("x-merchant-id"))
-//!     .build()?;
-//! # let _ = layer; Ok(()) }
-//! ```
+//! Limits from the user's own store; the semantics are on [`DynamicLimits`].
 
 mod cache;
 mod limiter;
@@ -100,8 +10,8 @@ use std::pin::Pin;
 use std::time::Duration;
 
 pub use self::limiter::DynamicLimiter;
-pub use crate::error::BoxError;
-pub use crate::key::TaggedKey;
+use crate::error::BoxError;
+use crate::key::TaggedKey;
 use crate::limit::Algorithm;
 use crate::period::PeriodConfig;
 use crate::rolling::RollingConfig;
@@ -122,8 +32,7 @@ pub type Lookup = Pin<Box<dyn Future<Output = Result<Option<u64>, BoxError>> + S
 /// whose future owns what it needs (copy the value out of the key):
 ///
 /// ```
-/// use tower_redis_ratelimit::dynamic::LimitSource;
-/// use tower_redis_ratelimit::key::TaggedKey;
+/// use tower_redis_ratelimit::{key::TaggedKey, LimitSource};
 ///
 /// // Behind `ExtensionKey::<MerchantId>::new().tag("merchant")`: `ext:merchant:vip`.
 /// let source = |key: TaggedKey<'_>| {
@@ -165,7 +74,7 @@ pub enum OnSourceError {
 }
 
 /// An algorithm whose limit a [`DynamicLimits`] can replace per key; see the table in
-/// the [module docs](self).
+/// [`DynamicLimits`].
 pub trait WithLimit: Algorithm + Clone + Send + Sync + 'static {
     /// The configured limit (the default one).
     fn limit(&self) -> u64;
@@ -213,9 +122,98 @@ pub(crate) const DEFAULT_LOOKUP_TIMEOUT: Duration = Duration::from_millis(250);
 /// How many distinct limits keep a built limiter at once.
 const MAX_LIMITS: usize = 4_096;
 
-/// Per-key limits from a [`LimitSource`], over the configuration `A` of any algorithm
-/// (whose limit is the default); an [`Algorithm`] for
-/// [`LayerBuilder::new`](crate::LayerBuilder::new). See the [module docs](self).
+/// Limits from your own store: each key's limit looked up at request time through a
+/// [`LimitSource`] (a database, a config service), cached in process.
+///
+/// [`DynamicLimits`] wraps the configuration of any algorithm. Its limit is the
+/// default; the source may name another limit for a key, which then replaces it for
+/// that key's requests, on Redis and in process alike:
+///
+/// | algorithm | what the source's limit replaces |
+/// |---|---|
+/// | [`PeriodConfig`] | the quota per period |
+/// | [`RollingConfig`] | the limit per window |
+/// | [`TokenBucketConfig`] | the burst, and the rate in proportion (a source limit of twice the burst doubles the rate too; at least one token per period) |
+///
+/// The source is asked with a [`TaggedKey`]: the value the layer's key extractor found
+/// ([`value`](TaggedKey::value): `acme` for the header `x-merchant-id: acme`, `42` for a
+/// merchant id `42` in the extensions), without the crate's [key tags](crate::key#tags),
+/// which stay available ([`tag`](TaggedKey::tag): `hdr:x-merchant-id`, `ext:merchant`)
+/// for a source behind several extractors.
+///
+/// # Cache
+///
+/// Answers are kept for a [TTL](DynamicLimits::ttl) in a bounded cache
+/// ([`max_keys`](DynamicLimits::max_keys) entries, `quick_cache`), so most requests pay
+/// no lookup: a merchant's new limit applies at most one TTL (plus one lookup) after it
+/// changed in the source, with no restart.
+///
+/// - A key seen for the first time waits for its lookup (at most the
+///   [lookup timeout](DynamicLimits::lookup_timeout)).
+/// - A key whose answer is older than the TTL is checked at once against that answer
+///   while one lookup refreshes it in the background.
+/// - There is at most one lookup in flight per key: concurrent requests for a key being
+///   looked up wait for that lookup (first time) or use the stale answer.
+/// - Lookups run on spawned tokio tasks, so a client that goes away does not cancel a
+///   lookup others wait for.
+///
+/// # When the source fails
+///
+/// An error, an invalid limit (`0`, or one the algorithm refuses), a lookup slower than
+/// the timeout, or a panic in the source is a failed lookup; [`OnSourceError`] says
+/// what applies: the last answer for the key ([`LastKnown`](OnSourceError::LastKnown),
+/// the default), a fixed limit ([`Limit`](OnSourceError::Limit)), or refusing the
+/// key's requests ([`Refuse`](OnSourceError::Refuse): `429 Too Many Requests`, or gRPC
+/// `RESOURCE_EXHAUSTED`, with a `Retry-After`, as a rate-limit rejection with
+/// [`Source::FailClosed`](crate::Source::FailClosed)). The failed key is asked again
+/// after [`error_ttl`](DynamicLimits::error_ttl) (default: one second, or the TTL if
+/// shorter), so a failing store is not asked on every request. Never a panic, never a
+/// `500`.
+///
+/// # Headers and counts
+///
+/// `RateLimit-Policy` shows the limit that applied (`"api";q=500;w=60` for a merchant
+/// whose source limit is 500); the policy name, metrics label and Redis key stay the
+/// layer's (a request refused by [`OnSourceError::Refuse`] shows the default policy, as
+/// does a custom rejection's [`Rejection::policy`](crate::Rejection::policy)), so a
+/// key's count carries over when its limit changes, on Redis and in process (and in
+/// the Redis fallback) alike: a raised limit admits what is left under it, a lowered
+/// one refuses at once if the count is already at or above it (a token bucket keeps
+/// when it is full again, read at the new rate and burst). The backend's deny cache
+/// answers a refusal only under the limit it was made under: once an instance applies
+/// a key's new limit, its next check goes to Redis under it (a raised limit admits at
+/// once, not after the deny cache's max age).
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_redis_ratelimit::{key::{HeaderKey, TaggedKey}, Backend, DynamicLimits, OnSourceError, PeriodConfig};
+///
+/// # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
+/// // Your store: `None` means "the default limit". `value` is the header's value.
+/// let source = |key: TaggedKey<'_>| {
+///     let merchant = key.value().to_vec();
+///     async move {
+///         Ok::<_, std::io::Error>(match merchant.as_slice() {
+///             b"acme" => Some(1_000),
+///             _ => None,
+///         })
+///     }
+/// };
+/// let limits = DynamicLimits::new(PeriodConfig::new(100, Duration::from_secs(60)), source)
+///     .ttl(Duration::from_secs(30))
+///     .max_keys(100_000)
+///     .lookup_timeout(Duration::from_millis(200))
+///     .on_error(OnSourceError::LastKnown);
+/// let layer = LimitLayer::builder(&Backend::in_process(), limits)
+///     .name("payments")
+///     .key(HeaderKey::from_static("x-merchant-id"))
+///     .build()?;
+/// # let _ = layer; Ok(()) }
+/// ```
+///
+/// `DynamicLimits` holds the configuration `A` of any algorithm (whose limit is the
+/// default) and the [`LimitSource`]; it is what
+/// [`LimitLayer::builder`](crate::LimitLayer::builder) takes.
 #[must_use = "dynamic limits do nothing until a layer is built with them"]
 pub struct DynamicLimits<A, S> {
     pub(crate) config: A,

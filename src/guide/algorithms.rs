@@ -4,7 +4,7 @@
 //!
 //! | you want | use | because |
 //! |---|---|---|
-//! | a quota per calendar period ("1000 per day, reset at midnight") | [`PeriodLimitLayer`](crate::PeriodLimitLayer) with a [`calendar`](crate::LayerBuilder::calendar) (a day, week or month in an IANA zone) or [`align`](crate::LayerBuilder::align) (a fixed UTC offset) | one counter per key; windows end at fixed times everybody can predict |
+//! | a quota per calendar period ("1000 per day, reset at midnight") | [`PeriodLimitLayer`](crate::PeriodLimitLayer) with a [`calendar`](crate::PeriodConfig::calendar) (a day, week or month in an IANA zone) or [`align`](crate::PeriodConfig::align) (a fixed UTC offset) | one counter per key; windows end at fixed times everybody can predict |
 //! | an API rate that tolerates short bursts | [`TokenBucketLayer`](crate::TokenBucketLayer) | smooth: a steady `rate` with up to `burst` at once; weighted costs |
 //! | "at most N in any minute", no matter when the minute starts | [`RollingWindowLayer`](crate::RollingWindowLayer) | no doubling at window edges, at the cost of one counter per bucket |
 //! | several limits on one route | one layer each, [stacked](crate::guide::stacking#stacked-limits) | each limit keeps its own algorithm and key |

@@ -4,7 +4,7 @@
 //!
 //! Quotas are sold per day in the customer's zone and per month on a plan, and a fixed
 //! period gets both wrong: a day in `America/New_York` lasts 23 hours on 2026-03-08 and
-//! 25 on 2026-11-01, a month 28 to 31 days. A [`Calendar`](crate::period::Calendar)
+//! 25 on 2026-11-01, a month 28 to 31 days. A [`Calendar`](crate::Calendar)
 //! window is a local day, week (from the weekday you choose) or month in an IANA zone,
 //! from local midnight to local midnight whatever the zone's offset does in between;
 //! `RateLimit` and `Retry-After` count to its true end. The zone's name is checked when
@@ -15,13 +15,11 @@
 //! 10 000 requests per month per merchant, months in UTC:
 //!
 //! ```
-//! use tower_redis_ratelimit::{key::HeaderKey, period::Calendar, Backend, PeriodLimitLayer};
+//! use tower_redis_ratelimit::{key::HeaderKey, Backend, Calendar, LimitLayer, PeriodConfig};
 //!
 //! # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
-//! let monthly = PeriodLimitLayer::builder(&Backend::in_process())
+//! let monthly = LimitLayer::builder(&Backend::in_process(), PeriodConfig::calendar(10_000, Calendar::month("UTC")))
 //!     .name("monthly")
-//!     .quota(10_000)
-//!     .calendar(Calendar::month("UTC"))
 //!     .key(HeaderKey::from_static("x-merchant-id"))
 //!     .build()?;
 //! # let _ = monthly; Ok(()) }
@@ -36,9 +34,7 @@
 //!
 //! ```
 //! use http::request::Parts;
-//! use tower_redis_ratelimit::key::HeaderKey;
-//! use tower_redis_ratelimit::period::{Calendar, PeriodConfig};
-//! use tower_redis_ratelimit::{Backend, LayerBuilder, Plans};
+//! use tower_redis_ratelimit::{key::HeaderKey, Backend, Calendar, PeriodConfig, Plans};
 //!
 //! # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
 //! const ZONES: [&str; 3] = ["America/New_York", "Europe/Berlin", "Asia/Kolkata"];
@@ -50,7 +46,7 @@
 //! for zone in ZONES {
 //!     plans = plans.plan(zone, zone, PeriodConfig::calendar(5, Calendar::day(zone)));
 //! }
-//! let sms = LayerBuilder::new(&Backend::in_process(), plans)
+//! let sms = LimitLayer::builder(&Backend::in_process(), plans)
 //!     .name("sms")
 //!     .key(HeaderKey::from_static("x-phone"))
 //!     .build()?;

@@ -24,8 +24,7 @@
 //! ```no_run
 //! # #[cfg(feature = "cluster")]
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! use tower_redis_ratelimit::deadpool_redis::{cluster, Runtime};
-//! use tower_redis_ratelimit::Backend;
+//! use tower_redis_ratelimit::{deadpool_redis::{cluster, Runtime}, Backend};
 //!
 //! let pool = cluster::Config::from_urls(vec![
 //!     "redis://10.0.0.1:6379".to_owned(),
@@ -62,10 +61,10 @@
 //!
 //! | algorithm | a caller ahead by `s` | a caller behind by `s` |
 //! |---|---|---|
-//! | [fixed window](crate::period#clocks), not aligned | no effect: a window is the key's expiry, counted by the server | no effect |
-//! | fixed window, [aligned](crate::period::PeriodConfig::align) or [calendar](crate::period::Calendar) | ends the windows it opens up to `s` early | opens one more window of at most `s` before its view of the edge: at most `(n + 1) × quota` across an edge with `n` distinct clocks; refused up to `s` past its view of the edge |
-//! | [token bucket](crate::token_bucket#clocks) | takes up to `rate × s` tokens early: at most `burst + rate × (L + s)` over any span `L` (for `s` up to `max(refill time, 1 s)`) | sees up to `rate × s` fewer tokens: refused, and told to retry, up to `s` longer; the arrival time never moves back |
-//! | [rolling window](crate::rolling#clocks) | forgets units up to `s` early: at most `limit` in any span of `(buckets - 1) × interval - s` | counts from the newest bucket (buckets never move back): a unit counts up to one window plus `s` |
+//! | [fixed window](crate::PeriodConfig#clocks), not aligned | no effect: a window is the key's expiry, counted by the server | no effect |
+//! | fixed window, [aligned](crate::PeriodConfig::align) or [calendar](crate::Calendar) | ends the windows it opens up to `s` early | opens one more window of at most `s` before its view of the edge: at most `(n + 1) × quota` across an edge with `n` distinct clocks; refused up to `s` past its view of the edge |
+//! | [token bucket](crate::TokenBucketConfig#clocks) | takes up to `rate × s` tokens early: at most `burst + rate × (L + s)` over any span `L` (for `s` up to `max(refill time, 1 s)`) | sees up to `rate × s` fewer tokens: refused, and told to retry, up to `s` longer; the arrival time never moves back |
+//! | [rolling window](crate::RollingConfig#clocks) | forgets units up to `s` early: at most `limit` in any span of `(buckets - 1) × interval - s` | counts from the newest bucket (buckets never move back): a unit counts up to one window plus `s` |
 //!
 //! After a Sentinel failover, the counts the old master had not replicated yet are lost
 //! with it: those keys may admit that many requests again. The backend notices the
@@ -99,7 +98,7 @@
 //!   figures are in `benches/NOTES.md`); below that load every check makes its own call at
 //!   once. On Redis Cluster only keys of one slot go together.
 //! - **Leases** (opt-in, approximate; token buckets:
-//!   [`TokenBucketConfig::lease`](crate::token_bucket::TokenBucketConfig::lease)): a
+//!   [`TokenBucketConfig::lease`](crate::TokenBucketConfig::lease)): a
 //!   check that goes to Redis takes a few tokens at once and this process answers the
 //!   key's next checks from them. Leases shrink near the limit, where they are exact;
 //!   over any window N instances admit at most the limit plus N × the lease size. Use

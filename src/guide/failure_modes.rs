@@ -66,7 +66,7 @@
 //! Logs stay quiet and useful: one `warn` when the breaker opens (with the fault and the
 //! ratio or streak that opened it), one `info` when a probe succeeds and one when the
 //! recovery is over, and repeated errors summarised in one `warn` at most every 10 s.
-//! The [metrics](crate::metrics) count switches, time away from Redis (in seconds,
+//! The [metrics](crate::guide::metrics) count switches, time away from Redis (in seconds,
 //! while the outage lasts), and failed calls by fault. [`Backend::redis_state`](crate::Backend::redis_state) and
 //! [`Backend::redis_switches`](crate::Backend::redis_switches) tell where a backend
 //! stands, for a health endpoint.
@@ -95,7 +95,7 @@
 //! Redis is back, so the fleet never admits above it). Counts made while
 //! Redis was away are not merged back: after recovery, Redis's counts apply again.
 //! Decisions say which store answered ([`Source`](crate::Source)), and the
-//! [metrics](crate::metrics) count the decisions taken without Redis.
+//! [metrics](crate::guide::metrics) count the decisions taken without Redis.
 //!
 //! The local deny cache ([`BackendBuilder::deny_cache`](crate::BackendBuilder::deny_cache))
 //! remembers keys Redis refused until their retry time, but for at most its
@@ -120,7 +120,7 @@
 //! 10 buckets, which counts as two keys). A client that sends ever new keys (random API keys, say) cannot grow
 //! it further: when full, keys seen only once are dropped first, so the keys being
 //! limited keep their counts; each drop is counted in
-//! `ratelimit_local_evictions_total` (see [`metrics`](crate::metrics)). Nothing
+//! `ratelimit_local_evictions_total` (see [`metrics`](crate::guide::metrics)). Nothing
 //! is swept: expired state is reset when its key comes back, so no request waits on a
 //! sweep. Lower the bound on a small service, raise it if more keys than that are
 //! active within your longest window; `benches/NOTES.md` has the key-flood figures.
@@ -132,7 +132,7 @@
 //! never admit more than their limit when that clock steps back, nor when it comes back;
 //! a token bucket may give back up to one burst on a step back and its return (its key
 //! knows the newest time it has seen only to within one refill: a known gap, see
-//! [its clocks](crate::token_bucket#clocks)). A step forward at most ends a window (or
+//! [its clocks](crate::TokenBucketConfig#clocks)). A step forward at most ends a window (or
 //! refills a bucket) early. Each key holds the newest time it has
 //! seen: after a step back its time runs on from there at the server's rate (a skew
 //! stored in the key's own value), and its state and expiry stay in its own time, so the

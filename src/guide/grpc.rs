@@ -33,10 +33,8 @@
 //!     Ok(request)
 //! }
 //!
-//! let limit = PeriodLimitLayer::builder(&backend)
+//! let limit = LimitLayer::builder(&backend, PeriodConfig::new(5, Duration::from_secs(30)))
 //!     .name("grpc")
-//!     .quota(5)
-//!     .period(Duration::from_secs(30))
 //!     .key(ExtensionKey::<Client>::new().tag("client").or(PeerIp::new()))
 //!     .build()?;
 //! tonic::transport::Server::builder()

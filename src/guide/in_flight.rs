@@ -11,13 +11,11 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use tower_redis_ratelimit::{key::HeaderKey, Backend, InFlightLimitLayer};
+//! use tower_redis_ratelimit::{key::HeaderKey, Backend, InFlightConfig, LimitLayer};
 //!
 //! # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
-//! let exports = InFlightLimitLayer::builder(&Backend::in_process())
+//! let exports = LimitLayer::builder(&Backend::in_process(), InFlightConfig::new(2).slot_ttl(Duration::from_secs(10)))
 //!     .name("export")
-//!     .slots(2)
-//!     .slot_ttl(Duration::from_secs(10))
 //!     .key(HeaderKey::from_static("x-merchant-id"))
 //!     .build()?;
 //! # let _ = exports; Ok(()) }
@@ -27,7 +25,7 @@
 //! third of a lease, however many slots the instance holds on it), so the slots of a
 //! process killed mid-request come back within one lease, without a sweeper. A refusal
 //! is a `429` with `Retry-After: 1` by default (when a slot frees cannot be foreseen;
-//! [`retry_after`](crate::LayerBuilder::retry_after) changes it).
+//! [`retry_after`](crate::InFlightConfig::retry_after) changes it).
 //! While Redis is out, the failure policy decides; the fallback gives each instance
 //! its [share](crate::BackendBuilder::fallback_share) of the slots. Put an in-flight
 //! limit next to a rate limit, not instead of one: it bounds concurrency, not volume.

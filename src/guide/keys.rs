@@ -34,14 +34,14 @@
 //!
 //! When each merchant or user has a quota of their own, kept in your database or a
 //! config service, wrap the algorithm's configuration in
-//! [`DynamicLimits`](crate::dynamic::DynamicLimits) with a
-//! [`LimitSource`](crate::dynamic::LimitSource): an async lookup from the layer's key to
+//! [`DynamicLimits`](crate::DynamicLimits) with a
+//! [`LimitSource`](crate::LimitSource): an async lookup from the layer's key to
 //! a limit, or `None` for the configured default. A few keys with fixed limits are
 //! better served by [`Plans`](crate::Plans); a limit per key that changes without a
 //! deploy is this.
 //!
-//! - **Cost**: answers are cached in process for the [TTL](crate::dynamic::DynamicLimits::ttl)
-//!   (30 s) in a bounded cache ([`max_keys`](crate::dynamic::DynamicLimits::max_keys),
+//! - **Cost**: answers are cached in process for the [TTL](crate::DynamicLimits::ttl)
+//!   (30 s) in a bounded cache ([`max_keys`](crate::DynamicLimits::max_keys),
 //!   100 000), so a request pays no lookup except a key's very first. An answer older
 //!   than the TTL keeps serving while one background lookup refreshes it; there is never
 //!   more than one lookup per key in flight.
@@ -49,10 +49,10 @@
 //!   restart. On Redis, the key's count carries over (a lowered quota refuses at once if
 //!   the key already used more).
 //! - **Failure**: a lookup that errs or outlasts the
-//!   [`lookup_timeout`](crate::dynamic::DynamicLimits::lookup_timeout) (250 ms) follows
-//!   [`OnSourceError`](crate::dynamic::OnSourceError): the last known limit (default),
+//!   [`lookup_timeout`](crate::DynamicLimits::lookup_timeout) (250 ms) follows
+//!   [`OnSourceError`](crate::OnSourceError): the last known limit (default),
 //!   a fixed limit, or refusing with `429` and a `Retry-After`. The key is asked again
-//!   after the [`error_ttl`](crate::dynamic::DynamicLimits::error_ttl), so a store that is
+//!   after the [`error_ttl`](crate::DynamicLimits::error_ttl), so a store that is
 //!   down is not hammered. Choose `LastKnown` when being briefly generous is harmless,
 //!   `Limit` for a conservative floor, `Refuse` when a quota must never be exceeded.
 //! - **Headers**: `RateLimit-Policy` shows the limit that applied, under the layer's

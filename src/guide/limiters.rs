@@ -2,7 +2,7 @@
 //!
 //! # Limiters in your own code
 //!
-//! Every built-in limiter (and a [`SetLimiter`](crate::set::SetLimiter)) is a handle
+//! Every built-in limiter (and a [`SetLimiter`](crate::SetLimiter)) is a handle
 //! for background jobs, websockets, queue consumers and admin tools, with the same
 //! state as the layers built from the same name and algorithm on the same backend (on
 //! Redis and in process alike: see [one name, one limit](crate::backend#one-name-one-limit));
@@ -24,7 +24,7 @@
 //! ([`PlanLimiter`](crate::limit::PlanLimiter)) resets and blocks a key under every
 //! plan and peeks and refunds under the first plan ([`plan`](crate::limit::PlanLimiter::plan)
 //! gives one plan's limiter); a dynamic layer's limiter
-//! ([`DynamicLimiter`](crate::dynamic::DynamicLimiter)) answers under the key's known
+//! ([`DynamicLimiter`](crate::DynamicLimiter)) answers under the key's known
 //! limit (the default one until the source was asked).
 //!
 //! These calls take the key a layer counts, [tag](crate::key#tags) and all
@@ -42,8 +42,7 @@
 //! ```
 //! use std::num::NonZeroU32;
 //! use std::time::Duration;
-//! use tower_redis_ratelimit::period::{PeriodConfig, PeriodLimiter};
-//! use tower_redis_ratelimit::{Backend, Limiter};
+//! use tower_redis_ratelimit::{Backend, Limiter, PeriodConfig, PeriodLimiter};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -83,15 +82,12 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use tower_redis_ratelimit::key::{HeaderKey, KeyExtractor, PeerIp};
-//! use tower_redis_ratelimit::{Backend, PeriodLimitLayer};
+//! use tower_redis_ratelimit::{key::{HeaderKey, KeyExtractor, PeerIp}, Backend, LimitLayer, PeriodConfig};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! let api = PeriodLimitLayer::builder(&Backend::in_process())
+//! let api = LimitLayer::builder(&Backend::in_process(), PeriodConfig::new(60, Duration::from_secs(60)))
 //!     .name("api")
-//!     .quota(60)
-//!     .period(Duration::from_secs(60))
 //!     .key(HeaderKey::from_static("x-api-key").or(PeerIp::new()))
 //!     .build()?;
 //! // Block the client with the API key `trap` for an hour, on every instance.

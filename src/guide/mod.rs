@@ -21,6 +21,7 @@
 //! | [failure_modes] | Failure modes; Memory and key floods; Clock steps | what a check does when Redis is slow, refuses writes or is gone, the breaker, the failure policies, bounded memory, clock steps |
 //! | [grpc] | gRPC | the same layers on a tonic server, and why authentication goes before the limit |
 //! | [operations] | Shadow mode; Configuration as data; Changes on every instance; Listing what is blocked; The admin flow end to end; Upgrading; Observability | trying a limit without enforcing it, rules from a file, resets and blocks reaching every instance, what is blocked now, an operator's block, listing and lift on two instances, rolling upgrades, logs and metrics |
+//! | [metrics] | Metrics | the counters and histograms the layers record, their labels, and the matching log events |
 //! | [architecture] | How the crate is built | the crate's layers and modules, from the top down |
 
 pub mod algorithms;
@@ -32,6 +33,7 @@ pub mod grpc;
 pub mod in_flight;
 pub mod keys;
 pub mod limiters;
+pub mod metrics;
 pub mod operations;
 pub mod outbound;
 pub mod proxies;

@@ -68,7 +68,7 @@
 //! is no separate unblock) or [block](crate::Limiter::block), made on any instance,
 //! reaches every instance sharing the Redis at once, while each keeps refusing
 //! exhausted keys from its local [deny cache](crate::BackendBuilder::deny_cache) and
-//! answering from its [leases](crate::token_bucket::TokenBucketConfig::lease):
+//! answering from its [leases](crate::TokenBucketConfig::lease):
 //!
 //! - the engine's script that makes the change also publishes the changed key on the
 //!   channel `<prefix>:changes` (a `PUBLISH` in the same call, so the message leaves
@@ -98,7 +98,7 @@
 //! not tell a pool's address, and the pool's connections cannot take messages); without
 //! it there is no subscription, and the max age is the bound.
 //!
-//! A [dynamic limit](crate::dynamic) that changes in your store is applied by each
+//! A [dynamic limit](crate::DynamicLimits) that changes in your store is applied by each
 //! instance when its cache looks the key up again (within the cache's TTL), and from
 //! then on a refusal cached under the old limit is not answered: the next check goes
 //! to Redis under the new limit.
@@ -107,10 +107,10 @@
 //!
 //! [`Limiter::blocked(max)`](crate::Limiter::blocked) lists the keys a limit refuses
 //! now because of a [block](crate::Limiter::block) or a
-//! [lockout](crate::period::PeriodConfig::lockout), soonest end first: each
+//! [lockout](crate::PeriodConfig::lockout), soonest end first: each
 //! [`Blocked`](crate::Blocked) names the limit, the key and when its block ends; a
 //! layer's [`blocked`](crate::LimitLayer::blocked) also names the client's value (the
-//! API key `trap` of `hdr:x-api-key:trap`), and the [admin router](crate::admin) serves
+//! API key `trap` of `hdr:x-api-key:trap`), and the [admin router](crate::AdminRouter) serves
 //! it as `GET /blocked`.
 //!
 //! Its cost is bounded whatever the keyspace: blocks are rare, so each limit keeps a
@@ -141,7 +141,7 @@
 //!
 //! # The admin flow end to end
 //!
-//! The `admin`, `login` and `tenants` examples mount the [admin router](crate::admin)
+//! The `admin`, `login` and `tenants` examples mount the [admin router](crate::AdminRouter)
 //! under `/admin/ratelimit`, behind a bearer token (`ADMIN_TOKEN`). Two instances of the
 //! `admin` example on one Redis, an API key blocked through one, seen listed, lifted,
 //! and admitted again on the other:
@@ -201,4 +201,4 @@
 //! admitted, `debug` when refused, `info` for shadow refusals), with the policy, state,
 //! wait and source, never the key. With the `metrics` feature, the layers count
 //! requests by policy and outcome, near-limit requests, decisions taken without Redis,
-//! Redis errors and latency; the [`metrics`](crate::metrics) module lists the names.
+//! Redis errors and latency; the [`metrics`](crate::guide::metrics) module lists the names.

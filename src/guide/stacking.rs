@@ -25,21 +25,17 @@
 //! use std::time::Duration;
 //! use axum::{routing::get, Router};
 //! use tower::ServiceBuilder;
-//! use tower_redis_ratelimit::{key::HeaderKey, Backend, PeriodLimitLayer, TokenBucketLayer};
+//! use tower_redis_ratelimit::{key::HeaderKey, Backend, LimitLayer, PeriodConfig, TokenBucketConfig};
 //!
 //! # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
 //! let backend = Backend::in_process();
 //! let key = || HeaderKey::from_static("x-api-key");
-//! let burst = TokenBucketLayer::builder(&backend)
+//! let burst = LimitLayer::builder(&backend, TokenBucketConfig::new(5, Duration::from_secs(1), 10))
 //!     .name("burst")
-//!     .rate(5, Duration::from_secs(1))
-//!     .burst(10)
 //!     .key(key())
 //!     .build()?;
-//! let daily = PeriodLimitLayer::builder(&backend)
+//! let daily = LimitLayer::builder(&backend, PeriodConfig::new(10_000, Duration::from_secs(86_400)))
 //!     .name("daily")
-//!     .quota(10_000)
-//!     .period(Duration::from_secs(86_400))
 //!     .key(key())
 //!     .build()?;
 //! // `ServiceBuilder` applies its layers top to bottom: `burst` is checked first.
@@ -71,15 +67,14 @@
 //! ```
 //! use std::time::Duration;
 //! use tower_redis_ratelimit::key::HeaderKey;
-//! use tower_redis_ratelimit::period::PeriodConfig;
-//! use tower_redis_ratelimit::token_bucket::TokenBucketConfig;
+//! use tower_redis_ratelimit::PeriodConfig;
+//! use tower_redis_ratelimit::TokenBucketConfig;
 //! use tower_redis_ratelimit::{Backend, LimitSetLayer};
+//! use tower_redis_ratelimit::{LimitLayer, LimitSet};
 //!
 //! # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
-//! let reports = LimitSetLayer::builder(&Backend::in_process())
+//! let reports = LimitLayer::builder(&Backend::in_process(), LimitSet::new().limit("burst", TokenBucketConfig::new(2, Duration::from_secs(1), 2)).limit("daily", PeriodConfig::new(10, Duration::from_secs(86_400))))
 //!     .name("reports")
-//!     .limit("burst", TokenBucketConfig::new(2, Duration::from_secs(1), 2))
-//!     .limit("daily", PeriodConfig::new(10, Duration::from_secs(86_400)))
 //!     .key(HeaderKey::from_static("x-merchant-id"))
 //!     .build()?;
 //! # let _ = reports; Ok(()) }
@@ -107,13 +102,12 @@
 //! use std::time::Duration;
 //! use axum::{extract::ConnectInfo, routing::get, Router};
 //! use tower_redis_ratelimit::{key::HeaderKey, Backend, PeriodLimitLayer};
+//! use tower_redis_ratelimit::{LimitLayer, PeriodConfig};
 //!
 //! # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
 //! let partners: HashSet<&'static str> = ["partner-1", "partner-2"].into();
-//! let limit = PeriodLimitLayer::builder(&Backend::in_process())
+//! let limit = LimitLayer::builder(&Backend::in_process(), PeriodConfig::new(100, Duration::from_secs(60)))
 //!     .name("api")
-//!     .quota(100)
-//!     .period(Duration::from_secs(60))
 //!     .key(HeaderKey::from_static("x-api-key"))
 //!     .exempt(|req| req.method == http::Method::OPTIONS)
 //!     .exempt(|req| req.uri.path() == "/healthz")
@@ -162,10 +156,10 @@
 //!
 //! | this | holds | for |
 //! |---|---|---|
-//! | a [`PeriodConfig`](crate::period::PeriodConfig), [`TokenBucketConfig`](crate::token_bucket::TokenBucketConfig) or [`RollingConfig`](crate::rolling::RollingConfig) | one limit | one layer, a set's member, a plan |
-//! | a [`LimitSet`](crate::set::LimitSet) | several algorithms on one key, all or nothing | a layer ([`LimitSetLayer`](crate::LimitSetLayer)), a plan |
+//! | a [`PeriodConfig`](crate::PeriodConfig), [`TokenBucketConfig`](crate::TokenBucketConfig) or [`RollingConfig`](crate::RollingConfig) | one limit | one layer, a set's member, a plan |
+//! | a [`LimitSet`](crate::LimitSet) | several algorithms on one key, all or nothing | a layer ([`LimitSetLayer`](crate::LimitSetLayer)), a plan |
 //! | [`Plans`](crate::Plans) | one limit per plan, chosen per request: any of the above | a layer |
-//! | [`DynamicLimits`](crate::dynamic::DynamicLimits) | one algorithm whose number comes from your store per key | a layer, a plan |
+//! | [`DynamicLimits`](crate::DynamicLimits) | one algorithm whose number comes from your store per key | a layer, a plan |
 //! | stacked layers | limits on different keys (per user *and* per merchant) | a router |
 //!
 //! A plan may be a set: per-minute *and* daily limits per plan, decided together.
@@ -173,8 +167,8 @@
 //! ```
 //! use std::time::Duration;
 //! use tower_redis_ratelimit::key::ExtensionKey;
-//! use tower_redis_ratelimit::period::PeriodConfig;
-//! use tower_redis_ratelimit::set::LimitSet;
+//! use tower_redis_ratelimit::PeriodConfig;
+//! use tower_redis_ratelimit::LimitSet;
 //! use tower_redis_ratelimit::{Backend, ExtensionPlan, LayerBuilder, Plans};
 //!
 //! #[derive(Clone, Copy, PartialEq, Debug)]
@@ -194,7 +188,7 @@
 //!     .plan(Plan::Pro, "pro", LimitSet::new()
 //!         .limit("minute", PeriodConfig::new(600, minute))
 //!         .limit("daily", PeriodConfig::new(10_000, day)));
-//! let api = LayerBuilder::new(&Backend::in_process(), plans)
+//! let api = LimitLayer::builder(&Backend::in_process(), plans)
 //!     .name("api")
 //!     .key(ExtensionKey::<ApiKey>::new())
 //!     .build()?;

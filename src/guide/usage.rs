@@ -56,8 +56,8 @@
 //! key is refused for at most a refill past what it owes, not for the whole debt.
 //!
 //! A set counts both kinds of limits at once:
-//! [`requests`](crate::set::LimitSet::requests) adds a limit that counts requests (one
-//! each, whatever the cost, never settled) next to [`limit`](crate::set::LimitSet::limit)s
+//! [`requests`](crate::LimitSet::requests) adds a limit that counts requests (one
+//! each, whatever the cost, never settled) next to [`limit`](crate::LimitSet::limit)s
 //! that count cost. Requests and tokens per minute, as language-model APIs publish their
 //! limits, are one atomic pair: a request refused by either spends neither. The
 //! `llm_proxy` example is the whole gateway: it estimates the prompt's words plus
@@ -67,10 +67,7 @@
 //! ```
 //! use std::time::Duration;
 //! use http::request::Parts;
-//! use tower_redis_ratelimit::key::HeaderKey;
-//! use tower_redis_ratelimit::limit::{Finished, Usage};
-//! use tower_redis_ratelimit::token_bucket::TokenBucketConfig;
-//! use tower_redis_ratelimit::{Backend, LimitSetLayer};
+//! use tower_redis_ratelimit::{key::HeaderKey, limit::{Finished, Usage}, Backend, LimitLayer, LimitSet, TokenBucketConfig};
 //!
 //! /// What a middleware before the limit read from the request body.
 //! #[derive(Clone, Copy)]
@@ -89,10 +86,8 @@
 //!
 //! # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
 //! let minute = Duration::from_secs(60);
-//! let llm = LimitSetLayer::builder(&Backend::in_process())
+//! let llm = LimitLayer::builder(&Backend::in_process(), LimitSet::new().requests("rpm", TokenBucketConfig::new(60, minute, 60)).limit("tpm", TokenBucketConfig::new(10_000, minute, 10_000)))
 //!     .name("llm")
-//!     .requests("rpm", TokenBucketConfig::new(60, minute, 60))
-//!     .limit("tpm", TokenBucketConfig::new(10_000, minute, 10_000))
 //!     .key(HeaderKey::from_static("authorization"))
 //!     .cost(|parts: &Parts| parts.extensions.get::<Estimate>().map_or(1, |e| e.0))
 //!     .settle(Usage::body(64 * 1024, total_tokens))
@@ -109,15 +104,15 @@
 //! [`HeaderCost::new(CONTENT_LENGTH, 1)`](crate::HeaderCost) as the estimate.
 //!
 //! A [shadow](crate::LayerBuilder::shadow) layer settles what its checks admitted, as it
-//! counts them; the [metrics](crate::metrics) count the units settled
+//! counts them; the [metrics](crate::guide::metrics) count the units settled
 //! (`ratelimit_settled_units_total`, `charged` or `returned`). A settled request costs
 //! two engine calls on Redis: its check, and its settlement after the response (none
 //! when the actual cost equals the estimate); see `benches/NOTES.md`.
 //!
 //! # Lockouts
 //!
-//! [`lockout(duration)`](crate::period::PeriodConfig::lockout) on a limit's settings
-//! (and on a [`LimitSet`](crate::set::LimitSet)) turns its first refusal of a key into a
+//! [`lockout(duration)`](crate::PeriodConfig::lockout) on a limit's settings
+//! (and on a [`LimitSet`](crate::LimitSet)) turns its first refusal of a key into a
 //! block of that key for `duration`, fail2ban-style: every check is refused until then,
 //! spending nothing, with the lock's end as `Retry-After`, and a lock running is not
 //! extended. Kept in Redis next to the limit's key, it holds on every instance;

@@ -3,13 +3,11 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::time::Duration;
 
 use tower_layer::Layer;
 
 use super::service::{InFlightLimit, Shared};
 use super::{InFlightConfig, InFlightLimiter};
-use crate::backend::Backend;
 use crate::cost::UnitCost;
 use crate::error::ConfigError;
 use crate::key::{GlobalKey, Key, KeyExtractor, KeyForError};
@@ -21,13 +19,6 @@ use crate::response::{DefaultRejection, OnRejection};
 /// instance sharing the backend's Redis; see the [`in_flight`](super) module.
 pub struct InFlightLimitLayer<K = GlobalKey, R = DefaultRejection> {
     shared: Arc<Shared<K, R>>,
-}
-
-impl InFlightLimitLayer {
-    /// Starts building an in-flight layer on `backend`.
-    pub fn builder(backend: &Backend) -> LayerBuilder<InFlightConfig> {
-        LayerBuilder::new(backend, InFlightConfig::default())
-    }
 }
 
 impl<K, R> InFlightLimitLayer<K, R> {
@@ -50,12 +41,11 @@ impl<K, R> InFlightLimitLayer<K, R> {
     /// ([`KeyForError::TooLong`] when its every key is too long for the layer).
     ///
     /// ```
-    /// use tower_redis_ratelimit::{key::HeaderKey, Backend, InFlightLimitLayer};
+    /// use tower_redis_ratelimit::{key::HeaderKey, Backend, InFlightConfig, LimitLayer};
     ///
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let exports = InFlightLimitLayer::builder(&Backend::in_process())
+    /// let exports = LimitLayer::builder(&Backend::in_process(), InFlightConfig::new(2))
     ///     .name("export")
-    ///     .slots(2)
     ///     .key(HeaderKey::from_static("x-merchant-id"))
     ///     .build()?;
     /// assert_eq!(exports.keys_for("acme")?, ["hdr:x-merchant-id:acme"]);
@@ -79,13 +69,12 @@ impl<K, R> InFlightLimitLayer<K, R> {
     /// A [`KeyForError`] when the extractor never counts `value`, or cannot say.
     ///
     /// ```
-    /// use tower_redis_ratelimit::{key::HeaderKey, Backend, InFlightLimitLayer};
+    /// use tower_redis_ratelimit::{key::HeaderKey, Backend, InFlightConfig, LimitLayer};
     ///
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let exports = InFlightLimitLayer::builder(&Backend::in_process())
+    /// let exports = LimitLayer::builder(&Backend::in_process(), InFlightConfig::new(2))
     ///     .name("export")
-    ///     .slots(2)
     ///     .key(HeaderKey::from_static("x-merchant-id"))
     ///     .build()?;
     /// let slot = exports.limiter().acquire(b"hdr:x-merchant-id:acme").await;
@@ -135,31 +124,11 @@ impl<S, K, R> Layer<S> for InFlightLimitLayer<K, R> {
     }
 }
 
-/// An in-flight layer's own settings on the one [`LayerBuilder`]: the slots, how long a
-/// slot outlives its process, and the `Retry-After` of a refusal. The settings every
-/// layer has (name, key, rejection, shadow, exemptions, missing keys, failures) are the
-/// builder's.
+/// Building an in-flight layer: [`LimitLayer::builder`](crate::LimitLayer::builder) with
+/// an [`InFlightConfig`] (the slots, how long a slot outlives its process, the
+/// `Retry-After` of a refusal) and the settings every layer has (name, key, rejection,
+/// shadow, exemptions, missing keys, failures).
 impl<K, R> LayerBuilder<InFlightConfig, K, UnitCost, R> {
-    /// At most `slots` requests of one key in flight (required, at least 1).
-    pub fn slots(mut self, slots: u64) -> Self {
-        self.algorithm.slots = slots;
-        self
-    }
-
-    /// How long a slot on Redis outlives the process holding it (default 10 s); see
-    /// [`InFlightConfig::slot_ttl`].
-    pub fn slot_ttl(mut self, ttl: Duration) -> Self {
-        self.algorithm.slot_ttl = ttl;
-        self
-    }
-
-    /// The `Retry-After` of a refusal (default 1 s); see
-    /// [`InFlightConfig::retry_after`].
-    pub fn retry_after(mut self, retry_after: Duration) -> Self {
-        self.algorithm.retry_after = retry_after;
-        self
-    }
-
     /// Checks every setting and builds the in-flight layer.
     ///
     /// # Errors

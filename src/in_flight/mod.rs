@@ -11,14 +11,12 @@
 //! ```
 //! use std::time::Duration;
 //! use axum::{routing::get, Router};
-//! use tower_redis_ratelimit::{key::HeaderKey, Backend, InFlightLimitLayer};
+//! use tower_redis_ratelimit::{key::HeaderKey, Backend, InFlightConfig, LimitLayer};
 //!
 //! # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
 //! let backend = Backend::in_process(); // or a Redis backend, shared by every instance
-//! let exports = InFlightLimitLayer::builder(&backend)
+//! let exports = LimitLayer::builder(&backend, InFlightConfig::new(2).slot_ttl(Duration::from_secs(10)))
 //!     .name("export")
-//!     .slots(2)
-//!     .slot_ttl(Duration::from_secs(10))
 //!     .key(HeaderKey::from_static("x-merchant-id"))
 //!     .build()?;
 //! let app: Router = Router::new().route("/export", get(|| async { "..." })).layer(exports);
@@ -81,13 +79,13 @@
 //! refusal, a missing key; a request that took the last slot also in
 //! `ratelimit_near_limit_total`), fallback decisions in
 //! `ratelimit_fallback_decisions_total`, and each call that takes a slot on Redis in
-//! `ratelimit_redis_duration_seconds` (the table: [`metrics`](crate::metrics)).
+//! `ratelimit_redis_duration_seconds` (the table: [`metrics`](crate::guide::metrics)).
 //!
 //! # Shadow mode
 //!
 //! A [shadow](crate::LayerBuilder::shadow) layer takes and holds slots as an enforcing
 //! one would (in a task of its own, never making the request wait) and records every
-//! refusal in the [metrics](crate::metrics), but serves every request.
+//! refusal in the [metrics](crate::guide::metrics), but serves every request.
 
 mod future;
 pub(crate) mod host;

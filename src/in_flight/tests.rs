@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use super::*;
 use crate::decision::{Source, State};
+use crate::{InFlightConfig, LimitLayer};
 
 fn limiter(slots: u64) -> InFlightLimiter {
     InFlightLimiter::new(&Backend::in_process(), "t", InFlightConfig::new(slots)).unwrap()
@@ -72,19 +73,17 @@ fn invalid_settings_fail_when_built() {
     );
     let layer = |builder: crate::LayerBuilder<InFlightConfig>| builder.build().unwrap_err();
     assert_eq!(
-        layer(InFlightLimitLayer::builder(&backend).slots(1)),
+        layer(LimitLayer::builder(&backend, InFlightConfig::new(1))),
         ConfigError::Missing { setting: "name" }
     );
     assert_eq!(
-        layer(InFlightLimitLayer::builder(&backend).name("a")),
+        layer(LimitLayer::builder(&backend, InFlightConfig::new(0)).name("a")),
         ConfigError::Zero { setting: "slots" }
     );
     assert_eq!(
         layer(
-            InFlightLimitLayer::builder(&backend)
+            LimitLayer::builder(&backend, InFlightConfig::new(1).slot_ttl(Duration::ZERO))
                 .name("a")
-                .slots(1)
-                .slot_ttl(Duration::ZERO)
         ),
         ConfigError::ZeroDuration {
             setting: "slot_ttl"

@@ -8,7 +8,7 @@ use std::fmt;
 /// `hdr:x-merchant-id` and the value `acme`, `ext:merchant:42` the tag `ext:merchant` and
 /// the value `42`. It borrows the key: nothing is copied or allocated.
 ///
-/// What [`LimitSource`](crate::dynamic::LimitSource)s are asked with, so that a source
+/// What [`LimitSource`](crate::LimitSource)s are asked with, so that a source
 /// looks up the merchant or user the extractor found, without knowing the crate's key
 /// format.
 ///

@@ -17,16 +17,12 @@ use crate::limiter::{DecisionFuture, Limiter};
 ///
 /// ```
 /// use std::time::Duration;
-/// use tower_redis_ratelimit::key::PeerIp;
-/// use tower_redis_ratelimit::limit::AdminError;
-/// use tower_redis_ratelimit::{Backend, PeriodLimitLayer};
+/// use tower_redis_ratelimit::{key::PeerIp, limit::AdminError, Backend, LimitLayer, PeriodConfig};
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// let layer = PeriodLimitLayer::builder(&Backend::in_process())
+/// let layer = LimitLayer::builder(&Backend::in_process(), PeriodConfig::new(100, Duration::from_secs(60)))
 ///     .name("per-ip")
-///     .quota(100)
-///     .period(Duration::from_secs(60))
 ///     .key(PeerIp::new())
 ///     .build()?;
 /// // An API key given to a per-address layer: no request is counted under it.
@@ -119,14 +115,11 @@ impl<L: Limiter, K, C, R> LimitLayer<L, K, C, R> {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use tower_redis_ratelimit::key::{HeaderKey, KeyExtractor, PeerIp};
-    /// use tower_redis_ratelimit::{Backend, PeriodLimitLayer};
+    /// use tower_redis_ratelimit::{key::{HeaderKey, KeyExtractor, PeerIp}, Backend, LimitLayer, PeriodConfig};
     ///
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let layer = PeriodLimitLayer::builder(&Backend::in_process())
+    /// let layer = LimitLayer::builder(&Backend::in_process(), PeriodConfig::new(60, Duration::from_secs(60)))
     ///     .name("api")
-    ///     .quota(60)
-    ///     .period(Duration::from_secs(60))
     ///     .key(HeaderKey::from_static("x-api-key").or(PeerIp::new()))
     ///     .build()?;
     /// assert_eq!(layer.keys_for("trap")?, ["hdr:x-api-key:trap"]);
@@ -158,15 +151,12 @@ impl<L: Limiter, K, C, R> LimitLayer<L, K, C, R> {
     /// ```
     /// use std::num::NonZeroU32;
     /// use std::time::Duration;
-    /// use tower_redis_ratelimit::key::HeaderKey;
-    /// use tower_redis_ratelimit::{Backend, PeriodLimitLayer};
+    /// use tower_redis_ratelimit::{key::HeaderKey, Backend, LimitLayer, PeriodConfig};
     ///
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let layer = PeriodLimitLayer::builder(&Backend::in_process())
+    /// let layer = LimitLayer::builder(&Backend::in_process(), PeriodConfig::new(60, Duration::from_secs(60)))
     ///     .name("api")
-    ///     .quota(60)
-    ///     .period(Duration::from_secs(60))
     ///     .key(HeaderKey::from_static("x-api-key"))
     ///     .build()?;
     /// let standing = layer.peek_value("trap", NonZeroU32::MIN).await?;
@@ -201,15 +191,12 @@ impl<L: Limiter, K, C, R> LimitLayer<L, K, C, R> {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use tower_redis_ratelimit::key::HeaderKey;
-    /// use tower_redis_ratelimit::{Backend, PeriodLimitLayer};
+    /// use tower_redis_ratelimit::{key::HeaderKey, Backend, LimitLayer, PeriodConfig};
     ///
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let layer = PeriodLimitLayer::builder(&Backend::in_process())
+    /// let layer = LimitLayer::builder(&Backend::in_process(), PeriodConfig::new(60, Duration::from_secs(60)))
     ///     .name("api")
-    ///     .quota(60)
-    ///     .period(Duration::from_secs(60))
     ///     .key(HeaderKey::from_static("x-api-key"))
     ///     .build()?;
     /// layer.block_value("trap", Duration::from_secs(3600)).await?;
@@ -243,15 +230,12 @@ impl<L: Limiter, K, C, R> LimitLayer<L, K, C, R> {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use tower_redis_ratelimit::key::HeaderKey;
-    /// use tower_redis_ratelimit::{Backend, PeriodLimitLayer};
+    /// use tower_redis_ratelimit::{key::HeaderKey, Backend, LimitLayer, PeriodConfig};
     ///
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let layer = PeriodLimitLayer::builder(&Backend::in_process())
+    /// let layer = LimitLayer::builder(&Backend::in_process(), PeriodConfig::new(60, Duration::from_secs(60)))
     ///     .name("api")
-    ///     .quota(60)
-    ///     .period(Duration::from_secs(60))
     ///     .key(HeaderKey::from_static("x-api-key"))
     ///     .build()?;
     /// let blocked = layer.block_value("trap", Duration::from_secs(3600)).await?;
@@ -282,15 +266,12 @@ impl<L: Limiter, K, C, R> LimitLayer<L, K, C, R> {
     /// ```
     /// use std::num::NonZeroU32;
     /// use std::time::Duration;
-    /// use tower_redis_ratelimit::key::HeaderKey;
-    /// use tower_redis_ratelimit::{Backend, Limiter, PeriodLimitLayer};
+    /// use tower_redis_ratelimit::{key::HeaderKey, Backend, LimitLayer, Limiter, PeriodConfig};
     ///
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let layer = PeriodLimitLayer::builder(&Backend::in_process())
+    /// let layer = LimitLayer::builder(&Backend::in_process(), PeriodConfig::new(60, Duration::from_secs(60)))
     ///     .name("api")
-    ///     .quota(60)
-    ///     .period(Duration::from_secs(60))
     ///     .key(HeaderKey::from_static("x-api-key"))
     ///     .build()?;
     /// layer.limiter().check(b"hdr:x-api-key:trap", NonZeroU32::MIN).await;
@@ -333,15 +314,12 @@ impl<L: Limiter, K, C, R> LimitLayer<L, K, C, R> {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use tower_redis_ratelimit::key::{HeaderKey, KeyExtractor, PeerIp};
-    /// use tower_redis_ratelimit::{Backend, PeriodLimitLayer};
+    /// use tower_redis_ratelimit::{key::{HeaderKey, KeyExtractor, PeerIp}, Backend, LimitLayer, PeriodConfig};
     ///
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let layer = PeriodLimitLayer::builder(&Backend::in_process())
+    /// let layer = LimitLayer::builder(&Backend::in_process(), PeriodConfig::new(60, Duration::from_secs(60)))
     ///     .name("api")
-    ///     .quota(60)
-    ///     .period(Duration::from_secs(60))
     ///     .key(HeaderKey::from_static("x-api-key").or(PeerIp::new()))
     ///     .build()?;
     /// layer.block_value("trap", Duration::from_secs(3_600)).await?;

@@ -19,9 +19,10 @@ use crate::response::{DefaultRejection, HeaderParts, OnRejection};
 /// A tower [`Layer`] that rate-limits requests with limiter `L`, keyed by `K`, costed by
 /// `C`, and answered with `R` when rejected.
 ///
-/// Built with [`PeriodLimitLayer::builder`](crate::PeriodLimitLayer::builder),
-/// [`TokenBucketLayer::builder`](crate::TokenBucketLayer::builder) or
-/// [`RollingWindowLayer::builder`](crate::RollingWindowLayer::builder). Cloning is cheap:
+/// Built with [`LimitLayer::builder`] and a config ([`PeriodConfig`](crate::PeriodConfig),
+/// [`TokenBucketConfig`](crate::TokenBucketConfig), [`RollingConfig`](crate::RollingConfig),
+/// [`LimitSet`](crate::LimitSet), [`Plans`](super::Plans),
+/// [`DynamicLimits`](crate::DynamicLimits)). Cloning is cheap:
 /// every clone, and every service it builds, shares one limiter.
 pub struct LimitLayer<L, K = GlobalKey, C = UnitCost, R = DefaultRejection> {
     shared: Arc<Shared<L, K, C, R>>,
@@ -113,25 +114,38 @@ impl<A: fmt::Debug, K, C, R> fmt::Debug for LayerBuilder<A, K, C, R> {
     }
 }
 
-impl<A> LayerBuilder<A> {
-    /// Starts building a layer for any [`Algorithm`] on `backend`, such as
-    /// [`Plans`](super::Plans) or your own; the built-in algorithms have shortcuts
-    /// ([`PeriodLimitLayer::builder`](crate::PeriodLimitLayer::builder) and friends).
+impl LimitLayer<()> {
+    /// Starts building a layer of `config` on `backend`: a [`PeriodConfig`],
+    /// [`TokenBucketConfig`], [`RollingConfig`], [`LimitSet`], [`Plans`](super::Plans),
+    /// [`DynamicLimits`](crate::DynamicLimits) or any [`Algorithm`] of yours builds a
+    /// [`LimitLayer`]; an [`InFlightConfig`](crate::InFlightConfig) builds an
+    /// [`InFlightLimitLayer`](crate::InFlightLimitLayer). The builder then takes what
+    /// every layer has: the name, the key, the cost, the rejection.
     ///
     /// ```
     /// use std::time::Duration;
-    /// use tower_redis_ratelimit::key::GlobalKey;
-    /// use tower_redis_ratelimit::{period::PeriodConfig, Backend, LayerBuilder};
+    /// use tower_redis_ratelimit::{key::GlobalKey, Backend, LimitLayer, PeriodConfig};
     ///
     /// # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
     /// let config = PeriodConfig::new(100, Duration::from_secs(60));
-    /// let layer = LayerBuilder::new(&Backend::in_process(), config)
+    /// let layer = LimitLayer::builder(&Backend::in_process(), config)
     ///     .name("api")
     ///     .key(GlobalKey)
     ///     .build()?;
     /// # let _ = layer; Ok(()) }
     /// ```
-    pub fn new(backend: &Backend, algorithm: A) -> Self {
+    ///
+    /// [`PeriodConfig`]: crate::PeriodConfig
+    /// [`TokenBucketConfig`]: crate::TokenBucketConfig
+    /// [`RollingConfig`]: crate::RollingConfig
+    /// [`LimitSet`]: crate::LimitSet
+    pub fn builder<A>(backend: &Backend, config: A) -> LayerBuilder<A> {
+        LayerBuilder::new(backend, config)
+    }
+}
+
+impl<A> LayerBuilder<A> {
+    pub(crate) fn new(backend: &Backend, algorithm: A) -> Self {
         Self {
             backend: backend.clone(),
             algorithm,
@@ -217,7 +231,7 @@ impl<A, K, C, R> LayerBuilder<A, K, C, R> {
     /// Shadow mode (default: off): evaluate and record every request, never reject one.
     ///
     /// A request over the limit is counted as `shadow_rejected` in the
-    /// [metrics](crate::metrics), logged with an `info` [`tracing`] event, and served as
+    /// [metrics](crate::guide::metrics), logged with an `info` [`tracing`] event, and served as
     /// if admitted; so is a request without a usable key, whatever
     /// [`on_missing_key`](Self::on_missing_key) says. Use it to try a new limit in
     /// production and see whom it would refuse before enforcing it.
@@ -233,15 +247,12 @@ impl<A, K, C, R> LayerBuilder<A, K, C, R> {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use tower_redis_ratelimit::key::GlobalKey;
-    /// use tower_redis_ratelimit::{Backend, TokenBucketLayer};
+    /// use tower_redis_ratelimit::{key::GlobalKey, Backend, LimitLayer, TokenBucketConfig};
     ///
     /// # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
-    /// let trial = TokenBucketLayer::builder(&Backend::in_process())
+    /// let trial = LimitLayer::builder(&Backend::in_process(), TokenBucketConfig::new(50, Duration::from_secs(1), 10))
     ///     .name("api-v2-trial")
     ///     .key(GlobalKey)
-    ///     .rate(50, Duration::from_secs(1))
-    ///     .burst(10)
     ///     .shadow(true)
     ///     .build()?;
     /// # let _ = trial; Ok(()) }
@@ -278,15 +289,12 @@ impl<A, K, C, R> LayerBuilder<A, K, C, R> {
     /// ```
     /// use std::time::Duration;
     /// use http::{HeaderName, Request};
-    /// use tower_redis_ratelimit::limit::Usage;
-    /// use tower_redis_ratelimit::{key::HeaderKey, Backend, TokenBucketLayer};
+    /// use tower_redis_ratelimit::{key::HeaderKey, limit::Usage, Backend, LimitLayer, TokenBucketConfig};
     ///
     /// # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
     /// // 1000 rows a minute: 100 reserved per query, settled to `x-rows`.
-    /// let layer = TokenBucketLayer::builder(&Backend::in_process())
+    /// let layer = LimitLayer::builder(&Backend::in_process(), TokenBucketConfig::new(1_000, Duration::from_secs(60), 1_000))
     ///     .name("rows")
-    ///     .rate(1_000, Duration::from_secs(60))
-    ///     .burst(1_000)
     ///     .key(HeaderKey::from_static("x-tenant"))
     ///     .cost(|_: &http::request::Parts| 100)
     ///     .settle(Usage::header(HeaderName::from_static("x-rows")))
@@ -308,13 +316,11 @@ impl<A, K, C, R> LayerBuilder<A, K, C, R> {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use tower_redis_ratelimit::{key::HeaderKey, Backend, PeriodLimitLayer};
+    /// use tower_redis_ratelimit::{key::HeaderKey, Backend, LimitLayer, PeriodConfig};
     ///
     /// # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
-    /// let limit = PeriodLimitLayer::builder(&Backend::in_process())
+    /// let limit = LimitLayer::builder(&Backend::in_process(), PeriodConfig::new(100, Duration::from_secs(60)))
     ///     .name("api")
-    ///     .quota(100)
-    ///     .period(Duration::from_secs(60))
     ///     .key(HeaderKey::from_static("x-api-key"))
     ///     // CORS preflights and the health check are not counted.
     ///     .exempt(|req| req.method == http::Method::OPTIONS || req.uri.path() == "/healthz")
@@ -333,7 +339,7 @@ impl<A, K, C, R> LayerBuilder<A, K, C, R> {
 
     /// What to do when no key can be extracted (default: reject with 400). The response
     /// of a rejection is the rejection handler's
-    /// [`on_missing_key`](crate::response::OnRejection::on_missing_key).
+    /// [`on_missing_key`](crate::OnRejection::on_missing_key).
     pub fn on_missing_key(mut self, missing_key: MissingKey) -> Self {
         self.options.missing_key = missing_key;
         self
@@ -343,18 +349,16 @@ impl<A, K, C, R> LayerBuilder<A, K, C, R> {
     /// ordinary client error (a credential its client did not send:
     /// [`KeyOrigin::Client`](crate::key::KeyOrigin::Client)), or that the layer lets
     /// through or limits under another key (default: `DEBUG`; every one is also counted
-    /// in the `missing_key` [metric](crate::metrics)). A key the server should have
+    /// in the `missing_key` [metric](crate::guide::metrics)). A key the server should have
     /// provided is a misconfiguration, and keeps its rate-limited `WARN`.
     ///
     /// ```
     /// use std::time::Duration;
-    /// use tower_redis_ratelimit::{key::HeaderKey, Backend, PeriodLimitLayer};
+    /// use tower_redis_ratelimit::{key::HeaderKey, Backend, LimitLayer, PeriodConfig};
     ///
     /// # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
-    /// let limit = PeriodLimitLayer::builder(&Backend::in_process())
+    /// let limit = LimitLayer::builder(&Backend::in_process(), PeriodConfig::new(100, Duration::from_secs(60)))
     ///     .name("api")
-    ///     .quota(100)
-    ///     .period(Duration::from_secs(60))
     ///     .key(HeaderKey::from_static("x-api-key"))
     ///     // Clients without an API key show up in the service's INFO logs.
     ///     .missing_key_log_level(tracing::Level::INFO)

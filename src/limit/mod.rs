@@ -1,8 +1,8 @@
 //! The one generic rate-limit service every layer builds: extract a key, ask the
 //! limiter, then call the inner service or answer the rejection.
 //!
-//! [`LimitLayer`] is built by a [`LayerBuilder`] (`PeriodLimitLayer::builder`,
-//! `TokenBucketLayer::builder`, `RollingWindowLayer::builder`) and wraps services in
+//! [`LimitLayer`] is built by a [`LayerBuilder`] (from [`LimitLayer::builder`] and an
+//! algorithm's config) and wraps services in
 //! [`Limit`], whose future is [`ResponseFuture`]. `poll_ready` only delegates: the
 //! limit is decided per request, in the future, never by refusing readiness.
 //!
@@ -57,9 +57,9 @@ pub(crate) use self::warn::MissingKeyWarning;
 /// A request refused for a key its client did not send (a header: [`KeyOrigin::Client`])
 /// is an ordinary client error: counted in the `missing_key` metric and logged at
 /// `debug` (or the level of [`LayerBuilder::missing_key_log_level`]), and answered by the
-/// rejection handler's [`on_missing_key`](crate::response::OnRejection::on_missing_key)
+/// rejection handler's [`on_missing_key`](crate::OnRejection::on_missing_key)
 /// (a short text by default; `application/problem+json` with
-/// [`ProblemJson`](crate::response::ProblemJson)). A request refused for a key the server should have provided
+/// [`ProblemJson`](crate::ProblemJson)). A request refused for a key the server should have provided
 /// ([`KeyOrigin::Server`]: a misconfiguration) is logged with a `warn` [`tracing`] event, at
 /// most once per 10 s per layer (with how many were refused
 /// meanwhile without a line of their own), naming the key extractor and the usual
@@ -68,7 +68,7 @@ pub(crate) use self::warn::MissingKeyWarning;
 /// [`PeerIp`](crate::key::PeerIp)), or an authentication layer (or a tonic interceptor
 /// added with `with_interceptor`) that runs inside the limit instead of before it, so the
 /// request extensions do not yet hold what [`ExtensionKey`](crate::key::ExtensionKey)
-/// reads. Each one is also counted in the [metrics](crate::metrics).
+/// reads. Each one is also counted in the [metrics](crate::guide::metrics).
 ///
 /// With the `serde` feature it reads as a rule file writes it: `"allow"`,
 /// `{ reject = 400 }` (an HTTP error status) or `{ key = "anonymous" }`.

@@ -23,15 +23,12 @@ use http::{HeaderMap, StatusCode};
 ///
 /// ```
 /// use std::time::Duration;
-/// use tower_redis_ratelimit::limit::CountIf;
-/// use tower_redis_ratelimit::{key::HeaderKey, Backend, PeriodLimitLayer};
+/// use tower_redis_ratelimit::{key::HeaderKey, limit::CountIf, Backend, LimitLayer, PeriodConfig};
 ///
 /// # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
 /// // Password resets: only the failed attempts count, 5 per hour.
-/// let layer = PeriodLimitLayer::builder(&Backend::in_process())
+/// let layer = LimitLayer::builder(&Backend::in_process(), PeriodConfig::new(5, Duration::from_secs(3_600)))
 ///     .name("reset")
-///     .quota(5)
-///     .period(Duration::from_secs(3_600))
 ///     .key(HeaderKey::from_static("x-account"))
 ///     .count_if(CountIf::failures())
 ///     .build()?;

@@ -105,7 +105,7 @@ where
 /// Limits chosen per request, without one layer per plan: one configuration of
 /// algorithm `A` per plan `P`, and a selector `S` that picks each request's plan.
 ///
-/// Build the layer with [`LayerBuilder::new`](super::LayerBuilder::new). Plan `name`
+/// Build the layer with [`LimitLayer::builder`](super::LimitLayer::builder). Plan `name`
 /// of layer `api` is the policy `api.name`: that is the name in the `RateLimit`
 /// headers, the metrics label and the namespace of its keys (so each plan counts
 /// apart: a user who upgrades starts afresh). Each request is checked against its
@@ -114,10 +114,7 @@ where
 ///
 /// ```
 /// use std::time::Duration;
-/// use tower_redis_ratelimit::key::ExtensionKey;
-/// use tower_redis_ratelimit::period::PeriodConfig;
-/// use tower_redis_ratelimit::limit::{ExtensionPlan, Plans};
-/// use tower_redis_ratelimit::{Backend, LayerBuilder};
+/// use tower_redis_ratelimit::{key::ExtensionKey, limit::{ExtensionPlan, Plans}, Backend, PeriodConfig};
 ///
 /// /// Put into the request extensions by the authentication layer.
 /// #[derive(Clone, Copy, Debug, PartialEq)]
@@ -135,7 +132,7 @@ where
 /// let plans = Plans::new(ExtensionPlan::<Plan>::new())
 ///     .plan(Plan::Free, "free", PeriodConfig::new(10, minute))
 ///     .plan(Plan::Paid, "paid", PeriodConfig::new(1_000, minute));
-/// let layer = LayerBuilder::new(&Backend::in_process(), plans)
+/// let layer = LimitLayer::builder(&Backend::in_process(), plans)
 ///     .name("api")
 ///     .key(ExtensionKey::<UserId>::new())
 ///     .build()?;

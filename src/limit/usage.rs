@@ -31,15 +31,12 @@ use super::outcome::Settle;
 ///
 /// ```
 /// use std::time::Duration;
-/// use tower_redis_ratelimit::limit::Usage;
-/// use tower_redis_ratelimit::{key::HeaderKey, Backend, PeriodLimitLayer};
+/// use tower_redis_ratelimit::{key::HeaderKey, limit::Usage, Backend, LimitLayer, PeriodConfig};
 ///
 /// # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
 /// // 10 MB of responses per minute per tenant.
-/// let layer = PeriodLimitLayer::builder(&Backend::in_process())
+/// let layer = LimitLayer::builder(&Backend::in_process(), PeriodConfig::new(10_000_000, Duration::from_secs(60)))
 ///     .name("egress")
-///     .quota(10_000_000)
-///     .period(Duration::from_secs(60))
 ///     .key(HeaderKey::from_static("x-tenant"))
 ///     .settle(Usage::bytes())
 ///     .build()?;

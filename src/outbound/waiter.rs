@@ -40,9 +40,7 @@ const MIN_SLEEP: Duration = Duration::from_millis(1);
 /// ```
 /// use std::num::NonZeroU32;
 /// use std::time::Duration;
-/// use tower_redis_ratelimit::outbound::Waiter;
-/// use tower_redis_ratelimit::token_bucket::{TokenBucketConfig, TokenBucketLimiter};
-/// use tower_redis_ratelimit::Backend;
+/// use tower_redis_ratelimit::{outbound::Waiter, Backend, TokenBucketConfig, TokenBucketLimiter};
 ///
 /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {

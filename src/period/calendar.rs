@@ -90,7 +90,7 @@ enum Unit {
 ///
 /// ```
 /// use std::time::{Duration, UNIX_EPOCH};
-/// use tower_redis_ratelimit::period::Calendar;
+/// use tower_redis_ratelimit::Calendar;
 ///
 /// # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
 /// // 2026-03-08T12:00:00Z, the day New York moves its clocks forward.
@@ -207,7 +207,7 @@ impl Calendar {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use tower_redis_ratelimit::period::Calendar;
+    /// use tower_redis_ratelimit::Calendar;
     ///
     /// # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
     /// let february = Calendar::month("Asia/Shanghai").window_on(2028, 2, 10)?;

@@ -1,86 +1,4 @@
-//! Fixed-window limits: `quota` units per `period` per key, optionally aligned to a
-//! fixed UTC offset ("5 SMS codes per phone per day, reset at midnight UTC+8"), or
-//! windows that follow the calendar of an IANA time zone ([`Calendar`]: "5 per local day
-//! in America/New_York", 23 or 25 hours on DST days; "10 000 per calendar month").
-//!
-//! The request that uses the last unit of a window is [`State::HitQuota`] (admitted),
-//! later ones [`State::OverQuota`] until the window ends. Rejected requests are not
-//! counted, so a cost-5 request refused near the end of the quota does not use up the
-//! units a cost-1 request could still have. One Redis key per limited key holds the
-//! count, with the window's end as its expiry.
-//!
-//! In process, windows live in the backend's bounded state
-//! ([`max_local_keys`](crate::BackendBuilder::max_local_keys)): 24 bytes of state per
-//! key (the count, the window's end, the skew of a clock step), about 80 to 110 bytes
-//! in all.
-//!
-//! # Clocks
-//!
-//! On Redis, a window's end is the key's expiry, a Unix time of the Redis server's
-//! clock. Each key holds the newest time it has seen: its time is the server's, but a
-//! window whose end is more than one period away proves that the clock stepped back, and
-//! the key's time is then at least the window's end minus one period, running on at the
-//! server's rate (the skew is stored with the count, in the same value: no extra
-//! command). The count is kept and the key's expiry is never moved: so a step back
-//! admits nothing more, not even when the clock comes back (the window is then as the
-//! key left it), and a refusal never waits more than one period, at any moment (a step
-//! back of an hour does not refuse a key for an hour; over the whole step, a key is
-//! refused at most two periods). Once the window's end is within one period of the
-//! server's time again (the clock came back, or caught up), the skew is dropped. Costs:
-//! a key outlives its expiry by the step while the clock is behind; a step back that
-//! leaves the window's end within one period is followed (the count is kept, the
-//! window ends on time: nothing more is admitted). When the clock steps forward past the
-//! window's end, the window ends early; so does a return that lands before the newest
-//! time a key has seen (it is a step forward from the time behind). In-process, time is
-//! the monotonic clock: it never steps back, and the same rule applies if it did.
-//!
-//! With the callers' clocks ([`TimeSource::Caller`](crate::backend::TimeSource)), say
-//! within `s` of each other:
-//!
-//! - windows that start at a key's first request never read a clock: a window lasts
-//!   one period of the server's expiry, exactly as with server time, whatever `s`;
-//! - [aligned](PeriodConfig::align) and [calendar](Calendar) windows end on the edge as
-//!   the caller that opened the window sees it: up to `s` early or late, never longer
-//!   than one period. A caller whose clock is behind the one that opened the previous
-//!   window can open one more window, of at most `s`, just before its own view of the
-//!   edge: a span of one period across an edge admits at most `(n + 1) × quota` with `n`
-//!   distinct clocks (three quotas with two), instead of twice the quota. A refusal
-//!   lasts until the window's key expires: at most `s` past the refused caller's own
-//!   view of the edge, and never more than one period.
-//!
-//! # Calendar windows
-//!
-//! A [`Calendar`] window runs from local midnight to local midnight (of a day, of the
-//! first weekday of a week, of the first of a month) in its zone. The zone's rules are
-//! the caller's: each call sends the engine the boundaries of the window holding the
-//! caller's clock and of the windows on either side (computed with jiff once per window,
-//! then cached), and the engine picks the window of the time it reads, ending the key at
-//! that window's end (`PXAT`, or a time to live with the callers' clocks). The in-process
-//! host picks from the same boundaries by the same rule. So with the server's clock the
-//! Redis server decides which window a request is in, whatever the caller's clock says
-//! (within a window of it: a server clock further away gets a window of the nearest
-//! one's length, starting at its time). Clock steps follow the rules above with the
-//! length of the window holding the time read as the period. With the callers' clocks,
-//! a calendar window behaves as an aligned one.
-//!
-//! A fixed window admits up to twice the quota across a window edge; use
-//! [`TokenBucketLayer`](crate::TokenBucketLayer) or
-//! [`RollingWindowLayer`](crate::RollingWindowLayer) when that matters.
-//!
-//! ```
-//! use std::time::Duration;
-//! use tower_redis_ratelimit::{key::HeaderKey, period::UtcOffset, Backend, PeriodLimitLayer};
-//!
-//! # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
-//! let layer = PeriodLimitLayer::builder(&Backend::in_process())
-//!     .name("sms")
-//!     .quota(5)
-//!     .period(Duration::from_secs(86_400))
-//!     .align(UtcOffset::from_hours(8))
-//!     .key(HeaderKey::from_static("x-phone"))
-//!     .build()?;
-//! # let _ = layer; Ok(()) }
-//! ```
+//! The fixed-window algorithm: its config, its limiter, its calendar windows; the semantics are on [`PeriodConfig`].
 
 mod calendar;
 pub(crate) mod memory;
@@ -135,11 +53,90 @@ impl UtcOffset {
     }
 }
 
-/// The settings of a fixed-window limit: what [`PeriodLimitLayer::builder`]
-/// fills, a member of a [`LimitSet`](crate::set::LimitSet) or a plan, and (with the `serde`
-/// feature) the `"period"` limit of a rule file ([`LimitConfig`](crate::config::LimitConfig)).
+/// Fixed-window limits: `quota` units per `period` per key, optionally aligned to a
+/// fixed UTC offset ("5 SMS codes per phone per day, reset at midnight UTC+8"), or
+/// windows that follow the calendar of an IANA time zone ([`Calendar`]: "5 per local day
+/// in America/New_York", 23 or 25 hours on DST days; "10 000 per calendar month").
 ///
-/// [`PeriodLimitLayer::builder`]: crate::PeriodLimitLayer::builder
+/// The request that uses the last unit of a window is [`State::HitQuota`] (admitted),
+/// later ones [`State::OverQuota`] until the window ends. Rejected requests are not
+/// counted, so a cost-5 request refused near the end of the quota does not use up the
+/// units a cost-1 request could still have. One Redis key per limited key holds the
+/// count, with the window's end as its expiry.
+///
+/// In process, windows live in the backend's bounded state
+/// ([`max_local_keys`](crate::BackendBuilder::max_local_keys)): 24 bytes of state per
+/// key (the count, the window's end, the skew of a clock step), about 80 to 110 bytes
+/// in all.
+///
+/// # Clocks
+///
+/// On Redis, a window's end is the key's expiry, a Unix time of the Redis server's
+/// clock. Each key holds the newest time it has seen: its time is the server's, but a
+/// window whose end is more than one period away proves that the clock stepped back, and
+/// the key's time is then at least the window's end minus one period, running on at the
+/// server's rate (the skew is stored with the count, in the same value: no extra
+/// command). The count is kept and the key's expiry is never moved: so a step back
+/// admits nothing more, not even when the clock comes back (the window is then as the
+/// key left it), and a refusal never waits more than one period, at any moment (a step
+/// back of an hour does not refuse a key for an hour; over the whole step, a key is
+/// refused at most two periods). Once the window's end is within one period of the
+/// server's time again (the clock came back, or caught up), the skew is dropped. Costs:
+/// a key outlives its expiry by the step while the clock is behind; a step back that
+/// leaves the window's end within one period is followed (the count is kept, the
+/// window ends on time: nothing more is admitted). When the clock steps forward past the
+/// window's end, the window ends early; so does a return that lands before the newest
+/// time a key has seen (it is a step forward from the time behind). In-process, time is
+/// the monotonic clock: it never steps back, and the same rule applies if it did.
+///
+/// With the callers' clocks ([`TimeSource::Caller`](crate::backend::TimeSource)), say
+/// within `s` of each other:
+///
+/// - windows that start at a key's first request never read a clock: a window lasts
+///   one period of the server's expiry, exactly as with server time, whatever `s`;
+/// - [aligned](PeriodConfig::align) and [calendar](Calendar) windows end on the edge as
+///   the caller that opened the window sees it: up to `s` early or late, never longer
+///   than one period. A caller whose clock is behind the one that opened the previous
+///   window can open one more window, of at most `s`, just before its own view of the
+///   edge: a span of one period across an edge admits at most `(n + 1) × quota` with `n`
+///   distinct clocks (three quotas with two), instead of twice the quota. A refusal
+///   lasts until the window's key expires: at most `s` past the refused caller's own
+///   view of the edge, and never more than one period.
+///
+/// # Calendar windows
+///
+/// A [`Calendar`] window runs from local midnight to local midnight (of a day, of the
+/// first weekday of a week, of the first of a month) in its zone. The zone's rules are
+/// the caller's: each call sends the engine the boundaries of the window holding the
+/// caller's clock and of the windows on either side (computed with jiff once per window,
+/// then cached), and the engine picks the window of the time it reads, ending the key at
+/// that window's end (`PXAT`, or a time to live with the callers' clocks). The in-process
+/// host picks from the same boundaries by the same rule. So with the server's clock the
+/// Redis server decides which window a request is in, whatever the caller's clock says
+/// (within a window of it: a server clock further away gets a window of the nearest
+/// one's length, starting at its time). Clock steps follow the rules above with the
+/// length of the window holding the time read as the period. With the callers' clocks,
+/// a calendar window behaves as an aligned one.
+///
+/// A fixed window admits up to twice the quota across a window edge; use
+/// [`TokenBucketLayer`](crate::TokenBucketLayer) or
+/// [`RollingWindowLayer`](crate::RollingWindowLayer) when that matters.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_redis_ratelimit::{key::HeaderKey, Backend, LimitLayer, PeriodConfig, UtcOffset};
+///
+/// # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
+/// let layer = LimitLayer::builder(&Backend::in_process(), PeriodConfig::new(5, Duration::from_secs(86_400)).align(UtcOffset::from_hours(8)))
+///     .name("sms")
+///     .key(HeaderKey::from_static("x-phone"))
+///     .build()?;
+/// # let _ = layer; Ok(()) }
+/// ```
+///
+/// A `PeriodConfig` is what [`LimitLayer::builder`](crate::LimitLayer::builder) takes,
+/// a member of a [`LimitSet`](crate::LimitSet) or a plan, and (with the `serde`
+/// feature) the `"period"` limit of a rule file.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[cfg_attr(
     feature = "serde",
@@ -175,8 +172,7 @@ impl PeriodConfig {
     /// built.
     ///
     /// ```
-    /// use tower_redis_ratelimit::period::{Calendar, PeriodConfig, PeriodLimiter};
-    /// use tower_redis_ratelimit::Backend;
+    /// use tower_redis_ratelimit::{Backend, Calendar, PeriodConfig, PeriodLimiter};
     ///
     /// # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
     /// let sms = PeriodConfig::calendar(5, Calendar::day("America/New_York"));
@@ -221,12 +217,12 @@ impl PeriodConfig {
         u64::try_from(self.period.as_millis()).unwrap_or(u64::MAX)
     }
 
-    /// The quota, for [`dynamic`](crate::dynamic) limits.
+    /// The quota, for [`dynamic`](crate::DynamicLimits) limits.
     pub(crate) fn quota_value(&self) -> u64 {
         self.quota
     }
 
-    /// The same settings with another quota, for [`dynamic`](crate::dynamic) limits.
+    /// The same settings with another quota, for [`dynamic`](crate::DynamicLimits) limits.
     pub(crate) fn with_quota(&self, quota: u64) -> Self {
         Self { quota, ..*self }
     }
@@ -326,7 +322,7 @@ impl PeriodLimiter {
 }
 
 impl PeriodLimiter {
-    /// The limiter's two hosts, for a [set](crate::set) of limits.
+    /// The limiter's two hosts, for a [set](crate::LimitSet) of limits.
     pub(crate) fn hosts(&self) -> Arc<dyn Hosts> {
         self.store.clone()
     }

@@ -1,62 +1,4 @@
-//! gRPC: the same layers on a tonic server, refusing calls the gRPC way (feature `grpc`).
-//!
-//! A gRPC call is an HTTP/2 request whose `content-type` starts with `application/grpc`,
-//! so every layer of this crate wraps a tonic server as it wraps an axum router:
-//! `tonic::transport::Server::builder().layer(limit).add_service(..)`. Keys come from the
-//! call's metadata, which is its HTTP/2 headers: [`HeaderKey`](crate::key::HeaderKey)
-//! reads `x-api-key` metadata as it reads an `x-api-key` header.
-//!
-//! With this feature, the built-in rejections ([`DefaultRejection`](crate::DefaultRejection)
-//! and [`ProblemJson`](crate::ProblemJson)) answer gRPC calls with [`GrpcRejection`]
-//! instead of an HTTP 429, which a gRPC client could only report as a transport error:
-//!
-//! - HTTP 200, *trailers-only* (the status travels in the response headers, with no
-//!   body), `content-type: application/grpc`;
-//! - `grpc-status: 8` (`RESOURCE_EXHAUSTED`) and a `grpc-message`;
-//! - `grpc-status-details-bin`: a `google.rpc.Status` carrying a `google.rpc.RetryInfo`
-//!   with the retry delay (omitted when waiting cannot help, see
-//!   [`State::ExceedsCapacity`]) and a `google.rpc.QuotaFailure` naming the policy;
-//! - the `RateLimit-Policy`, `RateLimit` and `Retry-After` headers, as extra metadata.
-//!
-//! A call without a usable key gets the gRPC code matching the layer's
-//! [`MissingKey::Reject`](crate::MissingKey::Reject) status (`400` becomes
-//! `INVALID_ARGUMENT`, `401` `UNAUTHENTICATED`, `403` `PERMISSION_DENIED`, `429`
-//! `RESOURCE_EXHAUSTED`, `503` `UNAVAILABLE`, anything else `UNKNOWN`). Admitted calls
-//! carry `RateLimit-Policy` and `RateLimit` as initial metadata.
-//!
-//! ```
-//! use std::time::Duration;
-//! use tower_redis_ratelimit::{key::HeaderKey, Backend, PeriodLimitLayer};
-//!
-//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! let limit = PeriodLimitLayer::builder(&Backend::in_process())
-//!     .name("grpc")
-//!     .quota(100)
-//!     .period(Duration::from_secs(60))
-//!     .key(HeaderKey::from_static("x-api-key"))
-//!     .build()?;
-//! let (_reporter, health) = tonic_health::server::health_reporter();
-//! let router = tonic::transport::Server::builder()
-//!     .layer(limit)
-//!     .add_service(health);
-//! // router.serve("127.0.0.1:50051".parse()?).await?;
-//! # let _ = router; Ok(()) }
-//! ```
-//!
-//! A client reads the details with `tonic_types::StatusExt`:
-//!
-//! ```
-//! use std::time::Duration;
-//! use tonic_types::StatusExt;
-//!
-//! fn backoff(status: &tonic::Status) -> Option<Duration> {
-//!     if status.code() != tonic::Code::ResourceExhausted {
-//!         return None;
-//!     }
-//!     status.get_details_retry_info()?.retry_delay
-//! }
-//! # let _ = backoff;
-//! ```
+//! gRPC rejections (feature `grpc`); the docs are on [`GrpcRejection`].
 
 use bytes::Bytes;
 use http::header::CONTENT_TYPE;
@@ -76,23 +18,78 @@ pub(crate) fn is_grpc(headers: &HeaderMap) -> bool {
         .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
 }
 
+/// gRPC: the same layers on a tonic server, refusing calls the gRPC way (feature `grpc`).
+///
+/// A gRPC call is an HTTP/2 request whose `content-type` starts with `application/grpc`,
+/// so every layer of this crate wraps a tonic server as it wraps an axum router:
+/// `tonic::transport::Server::builder().layer(limit).add_service(..)`. Keys come from the
+/// call's metadata, which is its HTTP/2 headers: [`HeaderKey`](crate::key::HeaderKey)
+/// reads `x-api-key` metadata as it reads an `x-api-key` header.
+///
+/// With this feature, the built-in rejections ([`DefaultRejection`](crate::DefaultRejection)
+/// and [`ProblemJson`](crate::ProblemJson)) answer gRPC calls with [`GrpcRejection`]
+/// instead of an HTTP 429, which a gRPC client could only report as a transport error:
+///
+/// - HTTP 200, *trailers-only* (the status travels in the response headers, with no
+///   body), `content-type: application/grpc`;
+/// - `grpc-status: 8` (`RESOURCE_EXHAUSTED`) and a `grpc-message`;
+/// - `grpc-status-details-bin`: a `google.rpc.Status` carrying a `google.rpc.RetryInfo`
+///   with the retry delay (omitted when waiting cannot help, see
+///   [`State::ExceedsCapacity`]) and a `google.rpc.QuotaFailure` naming the policy;
+/// - the `RateLimit-Policy`, `RateLimit` and `Retry-After` headers, as extra metadata.
+///
+/// A call without a usable key gets the gRPC code matching the layer's
+/// [`MissingKey::Reject`](crate::MissingKey::Reject) status (`400` becomes
+/// `INVALID_ARGUMENT`, `401` `UNAUTHENTICATED`, `403` `PERMISSION_DENIED`, `429`
+/// `RESOURCE_EXHAUSTED`, `503` `UNAVAILABLE`, anything else `UNKNOWN`). Admitted calls
+/// carry `RateLimit-Policy` and `RateLimit` as initial metadata.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_redis_ratelimit::{key::HeaderKey, Backend, LimitLayer, PeriodConfig};
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let limit = LimitLayer::builder(&Backend::in_process(), PeriodConfig::new(100, Duration::from_secs(60)))
+///     .name("grpc")
+///     .key(HeaderKey::from_static("x-api-key"))
+///     .build()?;
+/// let (_reporter, health) = tonic_health::server::health_reporter();
+/// let router = tonic::transport::Server::builder()
+///     .layer(limit)
+///     .add_service(health);
+/// // router.serve("127.0.0.1:50051".parse()?).await?;
+/// # let _ = router; Ok(()) }
+/// ```
+///
+/// A client reads the details with `tonic_types::StatusExt`:
+///
+/// ```
+/// use std::time::Duration;
+/// use tonic_types::StatusExt;
+///
+/// fn backoff(status: &tonic::Status) -> Option<Duration> {
+///     if status.code() != tonic::Code::ResourceExhausted {
+///         return None;
+///     }
+///     status.get_details_retry_info()?.retry_delay
+/// }
+/// # let _ = backoff;
+/// ```
+///
 /// A rejection as a gRPC status: `RESOURCE_EXHAUSTED`, trailers-only, with `RetryInfo`
-/// and `QuotaFailure` details; see the [module docs](self).
+/// and `QuotaFailure` details.
 ///
 /// The built-in rejections use it for gRPC calls already; use it directly on a layer
 /// that only serves gRPC, or inside your own [`OnRejection`] for gRPC calls.
 ///
 /// ```
 /// use std::time::Duration;
-/// use tower_redis_ratelimit::key::GlobalKey;
-/// use tower_redis_ratelimit::{grpc::GrpcRejection, Backend, TokenBucketLayer};
+/// use tower_redis_ratelimit::{key::GlobalKey, Backend, GrpcRejection, LimitLayer, TokenBucketConfig};
 ///
 /// # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
-/// let limit = TokenBucketLayer::builder(&Backend::in_process())
+/// let limit = LimitLayer::builder(&Backend::in_process(), TokenBucketConfig::new(50, Duration::from_secs(1), 10))
 ///     .name("rpc")
 ///     .key(GlobalKey)
-///     .rate(50, Duration::from_secs(1))
-///     .burst(10)
 ///     .on_rejection(GrpcRejection)
 ///     .build()?;
 /// # let _ = limit; Ok(()) }

@@ -44,7 +44,30 @@ pub struct MissingKeyRejection<'a> {
     pub headers: &'a HeaderMap,
 }
 
-/// Builds the response for a rejected request.
+/// Builds the response for a rejected request: what clients see.
+///
+/// Rejections are `429 Too Many Requests` by default ([`DefaultRejection`](crate::DefaultRejection)); swap in
+/// [`ProblemJson`](crate::ProblemJson) or any closure that turns a [`Rejection`] into a response. With the
+/// `grpc` feature both built-in rejections answer gRPC calls with a gRPC status instead
+/// (see the `grpc` module). Whatever the response, the service adds `Retry-After`
+/// (when waiting helps) and the IETF draft headers
+/// `RateLimit-Policy: "name";q=<quota>;w=<seconds>` and
+/// `RateLimit: "name";r=<remaining>;t=<seconds>`.
+///
+/// # Stacked limits
+///
+/// When several layers limit one request, each adds its policy to the same two headers,
+/// which then hold one list item per policy, outermost layer first:
+///
+/// ```text
+/// RateLimit-Policy: "burst";q=10;w=1, "daily";q=1000;w=86400
+/// RateLimit: "burst";r=9;t=1, "daily";r=998;t=51840
+/// ```
+///
+/// A request refused by an outer layer never reaches the inner ones, so its headers
+/// list the outer policies only; `Retry-After` holds the longest wait of the refusing
+/// policies. See [the guide](crate::guide::stacking#stacked-limits) for which limit to put
+/// outermost.
 ///
 /// Implemented for closures `Fn(&Rejection<'_>) -> Response<Bytes>`. The service adds the
 /// rate-limit headers afterwards, so a handler only decides status and body.
@@ -53,12 +76,12 @@ pub struct MissingKeyRejection<'a> {
 /// [`on_missing_key`](Self::on_missing_key) when it returns a response, else by default
 /// with a short `text/plain` body and the layer's status (a gRPC status for a gRPC call
 /// with the `grpc` feature); implement it to answer in your API's own shape (as
-/// [`ProblemJson`](crate::response::ProblemJson) does).
+/// [`ProblemJson`](crate::ProblemJson) does).
 ///
 /// ```
 /// use bytes::Bytes;
 /// use http::{Response, StatusCode};
-/// use tower_redis_ratelimit::response::Rejection;
+/// use tower_redis_ratelimit::Rejection;
 ///
 /// let json = |r: &Rejection<'_>| {
 ///     let body = format!(r#"{{"error":"slow down","policy":"{}"}}"#, r.policy.name());
@@ -68,7 +91,7 @@ pub struct MissingKeyRejection<'a> {
 ///         .body(Bytes::from(body))
 ///         .unwrap()
 /// };
-/// # fn takes<R: tower_redis_ratelimit::response::OnRejection>(_: R) {}
+/// # fn takes<R: tower_redis_ratelimit::OnRejection>(_: R) {}
 /// # takes(json);
 /// ```
 pub trait OnRejection: Send + Sync + 'static {
@@ -81,7 +104,7 @@ pub trait OnRejection: Send + Sync + 'static {
     /// ```
     /// use bytes::Bytes;
     /// use http::Response;
-    /// use tower_redis_ratelimit::response::{MissingKeyRejection, OnRejection, Rejection};
+    /// use tower_redis_ratelimit::{MissingKeyRejection, OnRejection, Rejection};
     ///
     /// struct Json;
     ///

@@ -1,7 +1,7 @@
 //! Rings of time buckets: a [`Ring`] keeps the last `size` buckets of a grid of equal
 //! intervals, moved forward (or back) by a bucket index its caller computes from its own
 //! clock. Both rolling windows of this crate are built on it: the
-//! [rolling-window limiter](crate::rolling) (a ring of counts per key, on Redis's or the
+//! [rolling-window limiter](crate::RollingConfig) (a ring of counts per key, on Redis's or the
 //! process's clock) and [`RollingWindow`] (sums and counts for a service's own statistics).
 //!
 //! | item | what | file |
@@ -30,7 +30,7 @@ pub(crate) enum StepBack {
     /// when nothing else holds the time the ring had reached. (The rolling-window
     /// limiter instead keeps its buckets where they are and runs the key's own time
     /// ahead of a clock that stepped back, so that the clock's return finds them as the
-    /// key left them: see [`rolling`](crate::rolling#clocks).)
+    /// key left them: see [`rolling`](crate::RollingConfig#clocks).)
     #[default]
     Follow,
     /// The buckets stay where they are, and the older time counts as the newest bucket.

@@ -2,7 +2,7 @@
 
 use super::*;
 use crate::limiter::Limiter;
-use crate::RollingWindowLayer;
+use crate::{LimitLayer, RollingConfig};
 
 const ONE: NonZeroU32 = NonZeroU32::MIN;
 const MS: Duration = Duration::from_millis(1);
@@ -107,14 +107,14 @@ fn invalid_configurations() {
 
 #[test]
 fn builder_sets_the_policy() {
-    let layer = RollingWindowLayer::builder(&Backend::in_process())
-        .name("api")
-        .key(crate::key::GlobalKey)
-        .limit(7)
-        .buckets(4)
-        .interval(Duration::from_micros(250_900))
-        .build()
-        .unwrap();
+    let layer = LimitLayer::builder(
+        &Backend::in_process(),
+        RollingConfig::new(7, 4, Duration::from_micros(250_900)),
+    )
+    .name("api")
+    .key(crate::key::GlobalKey)
+    .build()
+    .unwrap();
     let policy = layer.limiter().policy();
     assert_eq!(policy.name(), "api");
     assert_eq!(policy.quota(), 7);
@@ -124,12 +124,13 @@ fn builder_sets_the_policy() {
         layer.limiter().store.remote.redis_key(b"k"),
         b"ratelimit:{v1:k}:rolling:api"
     );
-    let missing = RollingWindowLayer::builder(&Backend::in_process())
-        .name("api")
-        .limit(7)
-        .interval(MS)
-        .build()
-        .unwrap_err();
+    let missing = LimitLayer::builder(
+        &Backend::in_process(),
+        RollingConfig::new(7, 0, Duration::from_secs(1)),
+    )
+    .name("api")
+    .build()
+    .unwrap_err();
     assert_eq!(missing, ConfigError::Zero { setting: "buckets" });
 }
 

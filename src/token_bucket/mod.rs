@@ -1,83 +1,4 @@
-//! Token buckets: `rate` tokens per `period` refill a bucket of `burst` tokens per key;
-//! a request takes its cost in tokens or is refused until enough have dripped back.
-//!
-//! A bucket starts full, so a quiet client may send `burst` requests at once; after that
-//! it gets the refill rate. Refill is continuous (not in whole-second steps) and costs
-//! are weighted: a cost above `burst` can never pass and is refused as
-//! [`State::ExceedsCapacity`] without a `Retry-After`.
-//!
-//! In Redis a bucket is one key holding its theoretical arrival time (the GCRA form of a
-//! token bucket), updated by a Lua script that reads the Redis server's clock (or the
-//! caller's, see [Clocks](#clocks)) with microsecond precision; the key expires once the bucket would be full again (never
-//! with a zero expiry, whatever the rate and burst). In-process, each bucket is its
-//! arrival time (and the skew of a clock step: 24 bytes of state, about 80 to 110 bytes
-//! in all) in the backend's bounded state
-//! ([`max_local_keys`](crate::BackendBuilder::max_local_keys)), run by the same
-//! algorithm in whole nanoseconds of the monotonic clock (the emission interval rounded
-//! to whole nanoseconds).
-//!
-//! # Clocks
-//!
-//! The arrival time only ever moves forward, so no clock step refills a bucket beyond
-//! what the elapsed time allows. Each key holds the newest time it has seen: its time is
-//! the Redis server's, but never below its floor, the earliest time its state proves it
-//! has seen (the arrival time minus a full refill: an empty bucket; or the time of a
-//! reservation that took the arrival time further). When the server's clock steps back
-//! below the floor, the key's time stops there and runs on at the server's rate (the
-//! skew is stored with the arrival time, in the same value: no extra command), and the
-//! arrival time stays in the key's time: so the step admits nothing more than the floor
-//! allows, and a refusal never waits more than one full refill (`burst / rate`), at any
-//! moment (a step back of an hour does not refuse a key for an hour). Once the server's
-//! time is at the floor again (the clock came back, or caught up), the skew is dropped.
-//! Costs: the key outlives its expiry by the step while the clock is behind (the expiry
-//! stays in the key's time). The floor is a lower bound of the time the key has seen, up
-//! to one refill behind it (a bucket not empty at its last write), so **a step back of
-//! the server's clock and its return may give back up to one burst** (`tests/bound.rs`
-//! reproduces it with `BOUND_CLOCK=1 BOUND_STRICT=1`), a known gap. Storing the key's
-//! time at every write would narrow it (at a cost in Redis CPU on every check), not
-//! close it: a bucket that was full had no key at all (it expires when full), so a step
-//! back then spends up to a burst in the behind time, and the clock's return reads it as
-//! refilled by the step (at most a burst). Only a time that every key of the server
-//! shares would close it: one more read per check, in another hash slot on a cluster. A step back of less than what the bucket has refilled is followed the same way.
-//! A step forward at most refills the bucket early; so does a return that lands before
-//! the newest time a key has seen (it is a step forward from the time behind).
-//! In-process, time is the monotonic clock, which never steps back (the same rule runs
-//! there).
-//!
-//! With the callers' clocks ([`TimeSource::Caller`](crate::backend::TimeSource)), say
-//! within `s` of each other, the stored arrival time still never moves back (a caller
-//! behind it reads it as at most an empty bucket, and writes nothing then), so:
-//!
-//! - over any span `L`, at most `burst + rate × (L + s)` tokens are taken: a caller
-//!   ahead by `s` may take up to `rate × s` tokens early, never more;
-//! - a caller behind by `s` sees up to `rate × s` fewer tokens: it may be refused for up
-//!   to `s` longer, and its `retry_after` is up to `s` longer.
-//!
-//! For this, a bucket's key is kept `max(full refill time, 1 s)` longer than its writer
-//! needs (so that its expiry never hands a caller behind a full bucket early): the bound
-//! holds for `s` up to that margin; beyond it, each expiry of an idle bucket's key can
-//! give a caller behind up to `s` minus the margin of refill.
-//!
-//! `RateLimit-Policy` advertises `q` = burst and `w` = the time to refill a full bucket
-//! (burst ÷ rate, rounded up to whole seconds): a bucket of 100 per second with a burst
-//! of 200 says `"service";q=200;w=2`, that is "200 at once, then back to 200 within 2
-//! s", which is the same limit as 100 per second held on average. The draft's
-//! `q`/`w` pair names a quota per window; a token bucket's window is its refill time.
-//!
-//! ```
-//! use std::time::Duration;
-//! use tower_redis_ratelimit::{key::PeerIp, Backend, TokenBucketLayer};
-//!
-//! # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
-//! // 100 requests per second on average, bursts of up to 20.
-//! let layer = TokenBucketLayer::builder(&Backend::in_process())
-//!     .name("api")
-//!     .rate(100, Duration::from_secs(1))
-//!     .burst(20)
-//!     .key(PeerIp::new())
-//!     .build()?;
-//! # let _ = layer; Ok(()) }
-//! ```
+//! The token-bucket algorithm (GCRA): its config and its limiter; the semantics are on [`TokenBucketConfig`].
 
 pub(crate) mod memory;
 
@@ -95,7 +16,88 @@ use crate::limiter::DecisionFuture;
 /// so that the script's doubles keep sub-microsecond precision for decades.
 const TAT_EPOCH_SECS: i64 = 1_767_225_600;
 
-/// The settings of a token bucket.
+/// Token buckets: `rate` tokens per `period` refill a bucket of `burst` tokens per key;
+/// a request takes its cost in tokens or is refused until enough have dripped back.
+///
+/// A bucket starts full, so a quiet client may send `burst` requests at once; after that
+/// it gets the refill rate. Refill is continuous (not in whole-second steps) and costs
+/// are weighted: a cost above `burst` can never pass and is refused as
+/// [`State::ExceedsCapacity`] without a `Retry-After`.
+///
+/// In Redis a bucket is one key holding its theoretical arrival time (the GCRA form of a
+/// token bucket), updated by a Lua script that reads the Redis server's clock (or the
+/// caller's, see [Clocks](#clocks)) with microsecond precision; the key expires once the bucket would be full again (never
+/// with a zero expiry, whatever the rate and burst). In-process, each bucket is its
+/// arrival time (and the skew of a clock step: 24 bytes of state, about 80 to 110 bytes
+/// in all) in the backend's bounded state
+/// ([`max_local_keys`](crate::BackendBuilder::max_local_keys)), run by the same
+/// algorithm in whole nanoseconds of the monotonic clock (the emission interval rounded
+/// to whole nanoseconds).
+///
+/// # Clocks
+///
+/// The arrival time only ever moves forward, so no clock step refills a bucket beyond
+/// what the elapsed time allows. Each key holds the newest time it has seen: its time is
+/// the Redis server's, but never below its floor, the earliest time its state proves it
+/// has seen (the arrival time minus a full refill: an empty bucket; or the time of a
+/// reservation that took the arrival time further). When the server's clock steps back
+/// below the floor, the key's time stops there and runs on at the server's rate (the
+/// skew is stored with the arrival time, in the same value: no extra command), and the
+/// arrival time stays in the key's time: so the step admits nothing more than the floor
+/// allows, and a refusal never waits more than one full refill (`burst / rate`), at any
+/// moment (a step back of an hour does not refuse a key for an hour). Once the server's
+/// time is at the floor again (the clock came back, or caught up), the skew is dropped.
+/// Costs: the key outlives its expiry by the step while the clock is behind (the expiry
+/// stays in the key's time). The floor is a lower bound of the time the key has seen, up
+/// to one refill behind it (a bucket not empty at its last write), so **a step back of
+/// the server's clock and its return may give back up to one burst** (`tests/bound.rs`
+/// reproduces it with `BOUND_CLOCK=1 BOUND_STRICT=1`), a known gap. Storing the key's
+/// time at every write would narrow it (at a cost in Redis CPU on every check), not
+/// close it: a bucket that was full had no key at all (it expires when full), so a step
+/// back then spends up to a burst in the behind time, and the clock's return reads it as
+/// refilled by the step (at most a burst). Only a time that every key of the server
+/// shares would close it: one more read per check, in another hash slot on a cluster. A step back of less than what the bucket has refilled is followed the same way.
+/// A step forward at most refills the bucket early; so does a return that lands before
+/// the newest time a key has seen (it is a step forward from the time behind).
+/// In-process, time is the monotonic clock, which never steps back (the same rule runs
+/// there).
+///
+/// With the callers' clocks ([`TimeSource::Caller`](crate::backend::TimeSource)), say
+/// within `s` of each other, the stored arrival time still never moves back (a caller
+/// behind it reads it as at most an empty bucket, and writes nothing then), so:
+///
+/// - over any span `L`, at most `burst + rate × (L + s)` tokens are taken: a caller
+///   ahead by `s` may take up to `rate × s` tokens early, never more;
+/// - a caller behind by `s` sees up to `rate × s` fewer tokens: it may be refused for up
+///   to `s` longer, and its `retry_after` is up to `s` longer.
+///
+/// For this, a bucket's key is kept `max(full refill time, 1 s)` longer than its writer
+/// needs (so that its expiry never hands a caller behind a full bucket early): the bound
+/// holds for `s` up to that margin; beyond it, each expiry of an idle bucket's key can
+/// give a caller behind up to `s` minus the margin of refill.
+///
+/// `RateLimit-Policy` advertises `q` = burst and `w` = the time to refill a full bucket
+/// (burst ÷ rate, rounded up to whole seconds): a bucket of 100 per second with a burst
+/// of 200 says `"service";q=200;w=2`, that is "200 at once, then back to 200 within 2
+/// s", which is the same limit as 100 per second held on average. The draft's
+/// `q`/`w` pair names a quota per window; a token bucket's window is its refill time.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_redis_ratelimit::{key::PeerIp, Backend, LimitLayer, TokenBucketConfig};
+///
+/// # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
+/// // 100 requests per second on average, bursts of up to 20.
+/// let layer = LimitLayer::builder(&Backend::in_process(), TokenBucketConfig::new(100, Duration::from_secs(1), 20))
+///     .name("api")
+///     .key(PeerIp::new())
+///     .build()?;
+/// # let _ = layer; Ok(()) }
+/// ```
+///
+/// A `TokenBucketConfig` is what [`LimitLayer::builder`](crate::LimitLayer::builder)
+/// takes, a member of a [`LimitSet`](crate::LimitSet) or a plan, and (with the `serde`
+/// feature) the `"token_bucket"` limit of a rule file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[cfg_attr(
     feature = "serde",
@@ -167,7 +169,7 @@ impl TokenBucketConfig {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use tower_redis_ratelimit::token_bucket::TokenBucketConfig;
+    /// use tower_redis_ratelimit::TokenBucketConfig;
     ///
     /// // 10 000 per second per key; each instance takes up to 50 at a time, for 100 ms.
     /// let config = TokenBucketConfig::new(10_000, Duration::from_secs(1), 10_000)
@@ -191,13 +193,13 @@ impl TokenBucketConfig {
         self
     }
 
-    /// The burst, for [`dynamic`](crate::dynamic) limits.
+    /// The burst, for [`dynamic`](crate::DynamicLimits) limits.
     pub(crate) fn burst_value(&self) -> u64 {
         self.burst
     }
 
     /// The same settings with burst `burst` and the rate scaled by the same factor (at
-    /// least one token per period), for [`dynamic`](crate::dynamic) limits.
+    /// least one token per period), for [`dynamic`](crate::DynamicLimits) limits.
     pub(crate) fn with_burst_scaled(&self, burst: u64) -> Self {
         let scaled = u128::from(self.rate) * u128::from(burst) / u128::from(self.burst.max(1));
         Self {
@@ -332,7 +334,7 @@ impl TokenBucketLimiter {
 }
 
 impl TokenBucketLimiter {
-    /// The limiter's two hosts, for a [set](crate::set) of limits.
+    /// The limiter's two hosts, for a [set](crate::LimitSet) of limits.
     pub(crate) fn hosts(&self) -> Arc<dyn Hosts> {
         self.store.clone()
     }

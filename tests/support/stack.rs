@@ -11,6 +11,7 @@ use tower::{service_fn, Service, ServiceBuilder};
 use tower_redis_ratelimit::key::HeaderKey;
 use tower_redis_ratelimit::limit::ResponseBody;
 use tower_redis_ratelimit::{Backend, Decision, PeriodLimitLayer};
+use tower_redis_ratelimit::{LimitLayer, PeriodConfig};
 
 pub(crate) type Svc = tower::util::BoxCloneService<
     Request<String>,
@@ -45,10 +46,8 @@ pub(crate) fn keyed(key: &str) -> Request<String> {
 }
 
 pub(crate) fn shadow_layer(backend: &Backend, quota: u64) -> PeriodLimitLayer<HeaderKey> {
-    PeriodLimitLayer::builder(backend)
+    LimitLayer::builder(backend, PeriodConfig::new(quota, Duration::from_secs(60)))
         .name("shadow")
-        .quota(quota)
-        .period(Duration::from_secs(60))
         .key(HeaderKey::from_static("x-key"))
         .shadow(true)
         .build()

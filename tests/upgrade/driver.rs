@@ -18,11 +18,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tower_redis_ratelimit::backend::TimeSource;
-use tower_redis_ratelimit::period::{PeriodConfig, PeriodLimiter};
-use tower_redis_ratelimit::rolling::{RollingConfig, RollingWindowLimiter};
-use tower_redis_ratelimit::set::{LimitSet, SetLimiter};
-use tower_redis_ratelimit::token_bucket::{TokenBucketConfig, TokenBucketLimiter};
 use tower_redis_ratelimit::{Backend, Limiter, Source, State};
+use tower_redis_ratelimit::{LimitSet, SetLimiter};
+use tower_redis_ratelimit::{PeriodConfig, PeriodLimiter};
+use tower_redis_ratelimit::{RollingConfig, RollingWindowLimiter};
+use tower_redis_ratelimit::{TokenBucketConfig, TokenBucketLimiter};
 
 const HOUR: Duration = Duration::from_secs(3600);
 

@@ -48,8 +48,7 @@ impl BackendBuilder {
     /// backend that connects itself ([`redis_url`](Self::redis_url)):
     ///
     /// ```no_run
-    /// use tower_redis_ratelimit::deadpool_redis::{self, redis, Runtime};
-    /// use tower_redis_ratelimit::Backend;
+    /// use tower_redis_ratelimit::{deadpool_redis::{self, redis, Runtime}, Backend};
     ///
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// let url = "redis://127.0.0.1:6379";

@@ -102,7 +102,7 @@ pub(crate) struct Denied {
     /// A set's limits' decisions as Redis gave them (`None` for one limit).
     pub(crate) members: Option<std::sync::Arc<[crate::decision::Decision]>>,
     /// The limit the refusal was made under: a check under another limit of the same
-    /// key (a [dynamic limit](crate::dynamic) raised or lowered) is not answered by it.
+    /// key (a [dynamic limit](crate::DynamicLimits) raised or lowered) is not answered by it.
     pub(crate) limit: u64,
 }
 

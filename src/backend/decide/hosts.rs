@@ -125,7 +125,7 @@ impl Remote {
     }
 
     /// The blocks of `key`s of this limiter's name, with `lockout`, for a
-    /// [set](crate::set) (whose block is its first limit's).
+    /// [set](crate::LimitSet) (whose block is its first limit's).
     pub(crate) fn set_blocks(&self, lockout: Option<Duration>) -> Blocks {
         let id = self.block_layout.local_id(b"block", 0);
         Blocks::new(&self.backend.inner.local, id, lockout)
@@ -147,7 +147,7 @@ pub(crate) trait Hosts: Send + Sync + 'static {
     /// The decision for a cost above [`capacity`](Self::capacity).
     fn exceeds_capacity(&self, source: Source) -> Decision;
     /// How many limits the engine decides for one check: one, or a
-    /// [set](crate::set)'s members.
+    /// [set](crate::LimitSet)'s members.
     fn limit_count(&self) -> usize {
         1
     }

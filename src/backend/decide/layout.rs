@@ -22,7 +22,7 @@ use siphasher::sip::SipHasher13;
 pub(crate) const VERSION: &str = "v1";
 
 /// Whose keys a limiter's are: a limiter of its own name, or one limit of a
-/// [set](crate::set).
+/// [set](crate::LimitSet).
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Owner<'a> {
     /// A limiter named so.

@@ -307,7 +307,7 @@ fn operate_locally<T: Hosts + ?Sized>(
     }
 }
 
-/// Each limit's own answer to a peek of `cost` (a [set](crate::set)'s limits, in order),
+/// Each limit's own answer to a peek of `cost` (a [set](crate::LimitSet)'s limits, in order),
 /// spending nothing: the engine's when Redis answers (blocked while the key is), else
 /// the in-process state's. `None` for one limit.
 pub(crate) async fn peek_each<T: Hosts + ?Sized>(

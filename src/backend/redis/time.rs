@@ -67,8 +67,8 @@ pub enum TimeSource {
     /// hosts' wall-clock difference when their backends were built, plus the time a check
     /// takes to reach Redis, below the [call timeout](crate::BackendBuilder::call_timeout))
     /// keep each algorithm's guarantees within a bound of `s`: see "Clocks" in the
-    /// [fixed window](crate::period#clocks), [token bucket](crate::token_bucket#clocks)
-    /// and [rolling window](crate::rolling#clocks) docs. Keep hosts on NTP.
+    /// [fixed window](crate::PeriodConfig#clocks), [token bucket](crate::TokenBucketConfig#clocks)
+    /// and [rolling window](crate::RollingConfig#clocks) docs. Keep hosts on NTP.
     Caller,
 }
 
