@@ -57,8 +57,7 @@ use tower_redis_ratelimit::key::HeaderKey;
 use tower_redis_ratelimit::PeriodConfig;
 use tower_redis_ratelimit::TokenBucketConfig;
 use tower_redis_ratelimit::{
-    deadpool_redis, Backend, LayerBuilder, LimitSetLayer, PeriodLimitLayer, RollingWindowLayer,
-    TokenBucketLayer,
+    deadpool_redis, Backend, LayerBuilder, PeriodLimitLayer, RollingWindowLayer, TokenBucketLayer,
 };
 
 #[path = "support/routes.rs"]

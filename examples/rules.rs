@@ -16,18 +16,23 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use axum::{routing::get, Router};
-use tower_redis_ratelimit::config::{Rules, RulesConfig};
+use tower_redis_ratelimit::{Rules, RulesConfig};
 
-/// Reads the rule file at `path` and applies the environment's overrides.
+/// Reads the rule file at `path`.
 pub(crate) fn load(path: &std::path::Path) -> Result<RulesConfig, Box<dyn std::error::Error>> {
     let text = std::fs::read_to_string(path)
         .map_err(|error| format!("cannot read {}: {error}", path.display()))?;
-    let mut config: RulesConfig =
-        toml::from_str(&text).map_err(|error| format!("{}: {error}", path.display()))?;
+    Ok(toml::from_str(&text).map_err(|error| format!("{}: {error}", path.display()))?)
+}
+
+/// Builds the rules on the file's backend, with `REDIS_URL` (when set) in place of the
+/// file's URL: the environment overrides the file through the backend's builder.
+pub(crate) fn build(config: &RulesConfig) -> Result<Rules, Box<dyn std::error::Error>> {
+    let mut backend = config.backend.builder()?;
     if let Ok(url) = std::env::var("REDIS_URL") {
-        config.backend.url = Some(url);
+        backend = backend.redis_url(url);
     }
-    Ok(config)
+    Ok(config.build_on(&backend.build()?)?)
 }
 
 /// The example's routes under every rule of `rules`.
@@ -52,7 +57,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let config = load(&path)?;
     // `Debug` of the config shows URLs without their credentials.
     println!("backend from {}: {:?}", path.display(), config.backend);
-    let rules = config.build()?;
+    let rules = build(&config)?;
     for layer in &rules.layers {
         println!("rule {:?}", layer.limiter().policy());
     }

@@ -16,8 +16,9 @@ use serde_json::{json, Value};
 
 use crate::blocked::Blocked;
 use crate::decision::Decision;
+use crate::error::AdminError;
 use crate::key::{Key, KeyExtractor};
-use crate::limit::{AdminError, LimitLayer};
+use crate::limit::LimitLayer;
 use crate::limiter::Limiter;
 
 /// The answer of an admin action: each key's decision.

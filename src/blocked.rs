@@ -1,6 +1,6 @@
 //! What is blocked now: [`Blocked`], one key refused until a time by a
 //! [block](crate::Limiter::block) or a lockout, and the [`Listing`] future of
-//! [`Limiter::blocked`](crate::Limiter::blocked), which fails with a [`ListingError`].
+//! [`Limiter::blocked`](crate::Limiter::blocked), which fails with an [`AdminError::Listing`].
 
 use std::fmt;
 use std::future::Future;
@@ -8,6 +8,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::SystemTime;
 
+use crate::error::AdminError;
 use crate::key::Key;
 
 /// A key blocked now: by [`Limiter::block`](crate::Limiter::block) (or a layer's
@@ -94,54 +95,19 @@ impl Blocked {
     }
 }
 
-/// Why [`Limiter::blocked`](crate::Limiter::blocked) could not list the blocked keys:
-/// the store of the list did not answer (on Redis: a connection that failed or timed
-/// out, a refused command). It never holds a key, the Redis URL or a password.
-///
-/// ```
-/// use tower_redis_ratelimit::ListingError;
-///
-/// let error = ListingError::new("redis did not answer within 1s");
-/// assert_eq!(
-///     error.to_string(),
-///     "the blocked keys could not be listed: redis did not answer within 1s"
-/// );
-/// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ListingError {
-    message: String,
-}
-
-impl ListingError {
-    /// An error saying `message` (what the store said).
-    #[must_use]
-    pub fn new(message: impl Into<String>) -> Self {
-        Self {
-            message: message.into(),
-        }
-    }
-}
-
-impl fmt::Display for ListingError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "the blocked keys could not be listed: {}", self.message)
-    }
-}
-
-impl std::error::Error for ListingError {}
-
 /// What [`Listing`] resolves to.
-type Listed = Result<Vec<Blocked>, ListingError>;
+type Listed = Result<Vec<Blocked>, AdminError>;
 
 /// The answer of [`Limiter::blocked`](crate::Limiter::blocked): a future of the keys
-/// blocked now, soonest end first, or a [`ListingError`].
+/// blocked now, soonest end first, or an [`AdminError::Listing`] when the store of the
+/// list did not answer.
 ///
 /// ```
 /// use std::time::{Duration, SystemTime};
 /// use tower_redis_ratelimit::{Blocked, Listing};
 ///
 /// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() -> Result<(), tower_redis_ratelimit::ListingError> {
+/// # async fn main() -> Result<(), tower_redis_ratelimit::AdminError> {
 /// // What a limiter of your own answers: a list it holds, or one it has to fetch.
 /// let until = SystemTime::now() + Duration::from_secs(60);
 /// let listing = Listing::ready(Ok(vec![Blocked::new("api", "fn:trap", until)]));
@@ -155,13 +121,13 @@ pub struct Listing(Pin<Box<dyn Future<Output = Listed> + Send + 'static>>);
 
 impl Listing {
     /// A list that is already known.
-    pub fn ready(listed: Result<Vec<Blocked>, ListingError>) -> Self {
+    pub fn ready(listed: Result<Vec<Blocked>, AdminError>) -> Self {
         Self(Box::pin(std::future::ready(listed)))
     }
 
     /// A list that needs a round trip.
     pub fn pending(
-        future: impl Future<Output = Result<Vec<Blocked>, ListingError>> + Send + 'static,
+        future: impl Future<Output = Result<Vec<Blocked>, AdminError>> + Send + 'static,
     ) -> Self {
         Self(Box::pin(future))
     }

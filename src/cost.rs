@@ -39,27 +39,19 @@ where
     }
 }
 
-/// Every request costs one unit (the default).
-#[derive(Debug, Clone, Copy, Default)]
-pub struct UnitCost;
-
-impl Cost for UnitCost {
+/// A fixed cost: every request costs this many units (`1`, the layers' default, or
+/// `.cost(5)` for an endpoint that costs five). A fixed cost above what a limit can
+/// ever hold is refused when the layer is built ([`ConfigError::CostAboveCapacity`]);
+/// a cost of zero makes every request free.
+///
+/// [`ConfigError::CostAboveCapacity`]: crate::ConfigError::CostAboveCapacity
+impl Cost for u32 {
     fn cost(&self, _parts: &Parts) -> u32 {
-        1
-    }
-}
-
-/// Every request costs the same fixed number of units.
-#[derive(Debug, Clone, Copy)]
-pub struct FixedCost(pub u32);
-
-impl Cost for FixedCost {
-    fn cost(&self, _parts: &Parts) -> u32 {
-        self.0
+        *self
     }
 
     fn fixed(&self) -> Option<u32> {
-        Some(self.0)
+        Some(*self)
     }
 }
 

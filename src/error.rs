@@ -1,7 +1,10 @@
-//! Errors reported when a layer or backend is built, and the boxed error the code you
-//! plug in (limit sources, credentials providers) returns.
+//! Errors: [`ConfigError`] when a layer or backend is built, [`AdminError`] when an admin
+//! action by value does nothing, and the boxed error the code you plug in (limit sources,
+//! credentials providers) returns.
 
 use std::fmt;
+
+use crate::key::KeyForError;
 
 /// The error a [`LimitSource`](crate::LimitSource) or a
 /// [`CredentialsProvider`](crate::backend::CredentialsProvider) may return: any error
@@ -76,7 +79,7 @@ pub enum ConfigError {
         /// What contradicts what.
         reason: &'static str,
     },
-    /// A fixed cost ([`FixedCost`](crate::FixedCost)) above what a limit can ever hold:
+    /// A fixed cost (a `u32` [`Cost`](crate::Cost)) above what a limit can ever hold:
     /// every request would be refused (`429` with no `Retry-After`, since waiting never
     /// helps), or every request while Redis is unreachable when `fallback` is true (the
     /// in-process fallback applies the limit times the
@@ -199,5 +202,74 @@ mod tests {
         assert!(validate_name("prefix", "a{b").is_err());
         assert!(validate_name("name", "say \"hi\"").is_err());
         assert!(validate_name("prefix", "ratelimit").is_ok());
+    }
+}
+
+/// Why an admin action by value did nothing: the value names no key of the layer, the
+/// layer's limiter cannot take the action, or (a listing) Redis did not answer.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_redis_ratelimit::{key::PeerIp, AdminError, Backend, LimitLayer, PeriodConfig};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let layer = LimitLayer::builder(&Backend::in_process(), PeriodConfig::new(100, Duration::from_secs(60)))
+///     .name("per-ip")
+///     .key(PeerIp::new())
+///     .build()?;
+/// // An API key given to a per-address layer: no request is counted under it.
+/// let err = layer.reset_value("trap").await.unwrap_err();
+/// assert!(matches!(err, AdminError::Key(_)));
+/// assert_eq!(
+///     err.to_string(),
+///     "the value names no key of this layer: `PeerIp` never counts this value: it is not an IP address"
+/// );
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum AdminError {
+    /// The layer's extractor never counts the value, or cannot say which key it has.
+    Key(KeyForError),
+    /// The layer's limiter cannot take this action (a [`Limiter`](crate::Limiter) of your own that
+    /// keeps the default, which answers `None`).
+    #[non_exhaustive]
+    Unsupported {
+        /// The action: `peek`, `reset`, `block`, `refund` or `list`.
+        action: &'static str,
+    },
+    /// The blocked keys could not be listed
+    /// ([`LimitLayer::blocked`](crate::LimitLayer::blocked)): the store of the list did
+    /// not answer (on Redis: a connection that failed or timed out, a refused command).
+    /// The text says what the store said; it never holds a key, the Redis URL or a
+    /// password.
+    Listing(String),
+}
+
+impl fmt::Display for AdminError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Key(error) => write!(f, "the value names no key of this layer: {error}"),
+            Self::Unsupported { action: "list" } => {
+                f.write_str("this layer's limiter cannot list its blocked keys")
+            }
+            Self::Unsupported { action } => {
+                write!(f, "this layer's limiter cannot {action} a key")
+            }
+            Self::Listing(message) => {
+                write!(f, "the blocked keys could not be listed: {message}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for AdminError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Self::Key(error) => Some(error),
+            Self::Unsupported { .. } => None,
+            Self::Listing(_) => None,
+        }
     }
 }

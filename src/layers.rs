@@ -19,11 +19,8 @@ use crate::token_bucket::{TokenBucketConfig, TokenBucketLimiter};
 // ---------------------------------------------------------------------------
 
 /// A layer that applies a fixed-window limit; see the [`period`](crate::PeriodConfig) module.
-pub type PeriodLimitLayer<
-    K = crate::key::GlobalKey,
-    C = crate::UnitCost,
-    R = crate::DefaultRejection,
-> = LimitLayer<PeriodLimiter, K, C, R>;
+pub type PeriodLimitLayer<K = crate::key::GlobalKey, C = u32, R = crate::DefaultRejection> =
+    LimitLayer<PeriodLimiter, K, C, R>;
 
 impl Algorithm for PeriodConfig {
     type Limiter = PeriodLimiter;
@@ -39,11 +36,8 @@ impl Algorithm for PeriodConfig {
 
 /// A layer that applies a token bucket; see the [`token_bucket`](crate::TokenBucketConfig)
 /// module.
-pub type TokenBucketLayer<
-    K = crate::key::GlobalKey,
-    C = crate::UnitCost,
-    R = crate::DefaultRejection,
-> = LimitLayer<TokenBucketLimiter, K, C, R>;
+pub type TokenBucketLayer<K = crate::key::GlobalKey, C = u32, R = crate::DefaultRejection> =
+    LimitLayer<TokenBucketLimiter, K, C, R>;
 
 impl Algorithm for TokenBucketConfig {
     type Limiter = TokenBucketLimiter;
@@ -59,11 +53,8 @@ impl Algorithm for TokenBucketConfig {
 
 /// A layer that applies a rolling-window limit; see the [`rolling`](crate::RollingConfig)
 /// module.
-pub type RollingWindowLayer<
-    K = crate::key::GlobalKey,
-    C = crate::UnitCost,
-    R = crate::DefaultRejection,
-> = LimitLayer<RollingWindowLimiter, K, C, R>;
+pub type RollingWindowLayer<K = crate::key::GlobalKey, C = u32, R = crate::DefaultRejection> =
+    LimitLayer<RollingWindowLimiter, K, C, R>;
 
 impl Algorithm for RollingConfig {
     type Limiter = RollingWindowLimiter;
@@ -76,14 +67,6 @@ impl Algorithm for RollingConfig {
 // ---------------------------------------------------------------------------
 // set
 // ---------------------------------------------------------------------------
-
-/// A layer that applies a set of limits all or nothing; see the [`set`](crate::LimitSet)
-/// module.
-pub type LimitSetLayer<
-    K = crate::key::GlobalKey,
-    C = crate::UnitCost,
-    R = crate::DefaultRejection,
-> = LimitLayer<SetLimiter, K, C, R>;
 
 impl Algorithm for LimitSet {
     type Limiter = SetLimiter;

@@ -94,8 +94,7 @@ pub mod backend;
 mod blocked;
 mod clock;
 #[cfg(feature = "serde")]
-#[cfg_attr(docsrs, doc(cfg(feature = "serde")))]
-pub mod config;
+mod config;
 mod cost;
 mod decision;
 mod dynamic;
@@ -128,15 +127,18 @@ pub use ipnet;
 #[cfg_attr(docsrs, doc(cfg(feature = "admin")))]
 pub use crate::admin::AdminRouter;
 pub use crate::backend::{Backend, BackendBuilder, FailurePolicy};
-pub use crate::blocked::{Blocked, Listing, ListingError};
-pub use crate::cost::{Cost, FixedCost, HeaderCost, UnitCost};
+pub use crate::blocked::{Blocked, Listing};
+#[cfg(feature = "serde")]
+#[cfg_attr(docsrs, doc(cfg(feature = "serde")))]
+pub use crate::config::{BackendConfig, KeyConfig, RuleConfig, RuleLayer, Rules, RulesConfig};
+pub use crate::cost::{Cost, HeaderCost};
 pub use crate::decision::{Decision, Decisions, Policy, Source, State};
 pub use crate::dynamic::{
     DynamicLimiter, DynamicLimits, LimitSource, Lookup, OnSourceError, WithLimit,
 };
-pub use crate::error::{BoxError, ConfigError};
+pub use crate::error::{AdminError, BoxError, ConfigError};
 pub use crate::in_flight::{InFlightConfig, InFlightLimitLayer, InFlightLimiter};
-pub use crate::layers::{LimitSetLayer, PeriodLimitLayer, RollingWindowLayer, TokenBucketLayer};
+pub use crate::layers::{PeriodLimitLayer, RollingWindowLayer, TokenBucketLayer};
 pub use crate::limit::{ExtensionPlan, LayerBuilder, Limit, LimitLayer, MissingKey, Plans};
 pub use crate::limiter::{DecisionFuture, Limiter};
 #[doc(hidden)]
@@ -150,7 +152,7 @@ pub use crate::response::{
     RATELIMIT_POLICY,
 };
 pub use crate::rolling::{RollingConfig, RollingWindowLimiter};
-pub use crate::set::{LimitSet, SetLimiter, SetMember};
+pub use crate::set::{LimitConfig, LimitSet, SetLimiter};
 pub use crate::token_bucket::{TokenBucketConfig, TokenBucketLimiter};
 
 /// The README's Rust code blocks, compiled by `cargo test --doc`, so that what users

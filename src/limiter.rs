@@ -281,7 +281,7 @@ pub trait Limiter: Send + Sync + 'static {
     /// Not part of the API: a policy whose quota also bounds the cost of one request,
     /// beside [`policies`](Self::policies) (a [set](crate::LimitSet)'s smallest member, whose
     /// quota is below the set's policy's), so that a layer's builder refuses a
-    /// [`FixedCost`](crate::FixedCost) no request could ever pay. `None` by default;
+    /// fixed cost (a `u32`) no request could ever pay. `None` by default;
     /// limiters that wrap others (plans, `Arc`) answer for what they wrap.
     #[doc(hidden)]
     fn bounding_policy(&self) -> Option<&Policy> {

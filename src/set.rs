@@ -23,32 +23,60 @@ pub(crate) const MAX_LIMITS: usize = 8;
 /// Locks of the in-process set checks: one is taken per check, by key.
 const LOCKS: usize = 64;
 
-/// One limit of a [`LimitSet`]: the settings of any algorithm.
-#[derive(Debug, Clone, Copy)]
-pub struct SetMember(Algorithm);
-
-#[derive(Debug, Clone, Copy)]
-enum Algorithm {
+/// A limit of any of the three algorithms: a member of a [`LimitSet`] (`.limit("daily",
+/// PeriodConfig::new(..))` converts), and (feature `serde`) the `limit` of a rule file,
+/// tagged by `algorithm` and read as the algorithm's own config type:
+///
+/// | `algorithm` | parameters | reads |
+/// |---|---|---|
+/// | `"period"` | `quota`, `period`, optional `align` (`"UTC"`, `"+05:30"`, `"-08:00"`); or `quota`, `calendar` (`"day"`, `"week"`, `"month"`), `zone` (an IANA name) and for weeks `week_starts` (default `"monday"`); optional `lockout` | [`PeriodConfig`] |
+/// | `"token_bucket"` | `rate`, `per` (default `"1s"`), `burst`; optional `lockout`, `lease = { size, lifetime }` | [`TokenBucketConfig`] |
+/// | `"rolling_window"` | `limit`, `buckets`, `interval`; optional `lockout` | [`RollingConfig`] |
+///
+/// Durations are [`humantime`](https://docs.rs/humantime) strings: `"100ms"`, `"2s"`,
+/// `"1m"`, `"1day"`, `"1h 30m"`. What only a file can get wrong (an unknown calendar unit,
+/// a zone missing, an offset that does not parse) fails when the file is read; values the
+/// limiters refuse (a zero quota, an unknown zone) fail when the rule is built, with the
+/// builders' own errors.
+///
+/// ```toml
+/// # 5 SMS codes per phone per local day in New York (23 or 25 hours on DST days).
+/// algorithm = "period"
+/// quota = 5
+/// calendar = "day"
+/// zone = "America/New_York"
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Deserialize, serde::Serialize),
+    serde(tag = "algorithm", rename_all = "snake_case")
+)]
+#[non_exhaustive]
+pub enum LimitConfig {
+    /// A fixed window.
     Period(PeriodConfig),
+    /// A token bucket.
     TokenBucket(TokenBucketConfig),
-    Rolling(RollingConfig),
+    /// A rolling window.
+    RollingWindow(RollingConfig),
 }
 
-impl From<PeriodConfig> for SetMember {
+impl From<PeriodConfig> for LimitConfig {
     fn from(config: PeriodConfig) -> Self {
-        Self(Algorithm::Period(config))
+        Self::Period(config)
     }
 }
 
-impl From<TokenBucketConfig> for SetMember {
+impl From<TokenBucketConfig> for LimitConfig {
     fn from(config: TokenBucketConfig) -> Self {
-        Self(Algorithm::TokenBucket(config))
+        Self::TokenBucket(config)
     }
 }
 
-impl From<RollingConfig> for SetMember {
+impl From<RollingConfig> for LimitConfig {
     fn from(config: RollingConfig) -> Self {
-        Self(Algorithm::Rolling(config))
+        Self::RollingWindow(config)
     }
 }
 
@@ -89,7 +117,7 @@ impl From<RollingConfig> for SetMember {
 /// a plan.
 #[derive(Debug, Clone, Default)]
 pub struct LimitSet {
-    pub(crate) limits: Vec<(String, SetMember)>,
+    pub(crate) limits: Vec<(String, LimitConfig)>,
     /// Per limit, in order: whether it counts requests (one each) rather than cost.
     pub(crate) per_request: Vec<bool>,
     pub(crate) lockout: Option<Duration>,
@@ -106,7 +134,7 @@ impl LimitSet {
     /// algorithm. Limits are decided, and listed in the headers, in the order they are
     /// added.
     #[must_use]
-    pub fn limit(mut self, name: impl Into<String>, limit: impl Into<SetMember>) -> Self {
+    pub fn limit(mut self, name: impl Into<String>, limit: impl Into<LimitConfig>) -> Self {
         self.limits.push((name.into(), limit.into()));
         self.per_request.push(false);
         self
@@ -129,7 +157,7 @@ impl LimitSet {
     /// # let _ = set;
     /// ```
     #[must_use]
-    pub fn requests(mut self, name: impl Into<String>, limit: impl Into<SetMember>) -> Self {
+    pub fn requests(mut self, name: impl Into<String>, limit: impl Into<LimitConfig>) -> Self {
         self.limits.push((name.into(), limit.into()));
         self.per_request.push(true);
         self
@@ -210,16 +238,16 @@ impl SetLimiter {
                 });
             }
             let owner = Owner::Member { set: name, limit };
-            let (hosts, policy) = match member.0 {
-                Algorithm::Period(config) => {
+            let (hosts, policy) = match *member {
+                LimitConfig::Period(config) => {
                     let limiter = PeriodLimiter::with_owner(backend, owner, config)?;
                     (limiter.hosts(), limiter.policy().clone())
                 }
-                Algorithm::TokenBucket(config) => {
+                LimitConfig::TokenBucket(config) => {
                     let limiter = TokenBucketLimiter::with_owner(backend, owner, config)?;
                     (limiter.hosts(), limiter.policy().clone())
                 }
-                Algorithm::Rolling(config) => {
+                LimitConfig::RollingWindow(config) => {
                     let limiter = RollingWindowLimiter::with_owner(backend, owner, config)?;
                     (limiter.hosts(), limiter.policy().clone())
                 }

@@ -10,7 +10,8 @@ use std::time::{Duration, SystemTime};
 
 use support::RedisServer;
 use tower_redis_ratelimit::key::{ExtensionKey, HeaderKey, KeyExtractor, PeerIp, TaggedKey};
-use tower_redis_ratelimit::limit::{AdminError, ExtensionPlan, Plans};
+use tower_redis_ratelimit::limit::{ExtensionPlan, Plans};
+use tower_redis_ratelimit::AdminError;
 use tower_redis_ratelimit::DynamicLimits;
 use tower_redis_ratelimit::LimitLayer;
 use tower_redis_ratelimit::TokenBucketConfig;

@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-use tower_redis_ratelimit::config::RulesConfig;
 use tower_redis_ratelimit::key::{GlobalKey, KeyExtractor};
+use tower_redis_ratelimit::RulesConfig;
 use tower_redis_ratelimit::{Backend, Calendar, ConfigError};
 use tower_redis_ratelimit::{
     InFlightConfig, LimitLayer, LimitSet, PeriodConfig, RollingConfig, TokenBucketConfig,
@@ -221,9 +221,9 @@ fn typos_fail_loudly() {
 /// and no `Retry-After`: it is a build error on every layer type, naming the policy.
 #[test]
 fn a_fixed_cost_above_the_capacity_is_refused_when_built() {
+    use tower_redis_ratelimit::FailurePolicy;
     use tower_redis_ratelimit::PeriodConfig;
     use tower_redis_ratelimit::TokenBucketConfig;
-    use tower_redis_ratelimit::{FailurePolicy, FixedCost};
 
     let backend = Backend::in_process();
     let second = Duration::from_secs(1);
@@ -238,19 +238,19 @@ fn a_fixed_cost_above_the_capacity_is_refused_when_built() {
     };
     let error = LimitLayer::builder(&backend, TokenBucketConfig::new(1, second, 2))
         .name("tb")
-        .cost(FixedCost(5))
+        .cost(5)
         .build()
         .unwrap_err();
     above(error, "tb", 2);
     let error = LimitLayer::builder(&backend, PeriodConfig::new(4, second))
         .name("p")
-        .cost(FixedCost(5))
+        .cost(5)
         .build()
         .unwrap_err();
     above(error, "p", 4);
     let error = LimitLayer::builder(&backend, RollingConfig::new(3, 2, second))
         .name("r")
-        .cost(FixedCost(5))
+        .cost(5)
         .build()
         .unwrap_err();
     above(error, "r", 3);
@@ -262,7 +262,7 @@ fn a_fixed_cost_above_the_capacity_is_refused_when_built() {
             .limit("burst", TokenBucketConfig::new(1, second, 2)),
     )
     .name("s")
-    .cost(FixedCost(5))
+    .cost(5)
     .build()
     .unwrap_err();
     above(error, "s.burst", 2);
@@ -271,7 +271,7 @@ fn a_fixed_cost_above_the_capacity_is_refused_when_built() {
     LimitLayer::builder(&backend, TokenBucketConfig::new(1, second, 5))
         .name("tb")
         .key(GlobalKey)
-        .cost(FixedCost(5))
+        .cost(5)
         .build()
         .unwrap();
 
@@ -286,7 +286,7 @@ fn a_fixed_cost_above_the_capacity_is_refused_when_built() {
         LimitLayer::builder(&redis, TokenBucketConfig::new(10, second, 10))
             .name("tb")
             .key(GlobalKey)
-            .cost(FixedCost(5))
+            .cost(5)
     };
     let error = shared().build().unwrap_err();
     assert!(
@@ -529,7 +529,6 @@ fn a_layer_without_a_key_does_not_build() {
 #[test]
 fn a_fixed_cost_above_a_wrapped_sets_smallest_member_does_not_build() {
     use tower_redis_ratelimit::limit::{ExtensionPlan, Plans};
-    use tower_redis_ratelimit::FixedCost;
     use tower_redis_ratelimit::LimitSet;
     use tower_redis_ratelimit::PeriodConfig;
 
@@ -549,7 +548,7 @@ fn a_fixed_cost_above_a_wrapped_sets_smallest_member_does_not_build() {
         LimitLayer::builder(&backend, plans)
             .name("api")
             .key(GlobalKey)
-            .cost(FixedCost(cost))
+            .cost(cost)
             .build()
     };
     let error = layer(5).unwrap_err();

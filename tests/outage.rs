@@ -501,7 +501,7 @@ async fn a_fallback_share_rounded_to_nothing_refuses_until_redis_is_back() {
         }
         let layer = LimitLayer::builder(&backend, TokenBucketConfig::new(3, minute, 3))
             .name("fixed")
-            .cost(tower_redis_ratelimit::FixedCost(1))
+            .cost(1)
             .key(|_: &http::request::Parts| Some("k"))
             .build();
         assert!(layer.is_ok(), "{rounding:?}: {:?}", layer.err());

@@ -117,7 +117,7 @@ async fn a_sentinel_backend_from_configuration() {
          sentinel = {{ master_name = \"{MASTER_NAME}\", urls = [{}] }}\n",
         urls.join(", ")
     );
-    let config: tower_redis_ratelimit::config::BackendConfig = toml::from_str(&text).unwrap();
+    let config: tower_redis_ratelimit::BackendConfig = toml::from_str(&text).unwrap();
     let backend = config.build().unwrap();
     backend.warm_up().await.unwrap();
     let limiter =

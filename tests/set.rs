@@ -17,7 +17,7 @@ use tokio::task::JoinSet;
 use tower_redis_ratelimit::key::HeaderKey;
 use tower_redis_ratelimit::PeriodConfig;
 use tower_redis_ratelimit::RollingConfig;
-use tower_redis_ratelimit::{LimitSet, SetLimiter, SetMember};
+use tower_redis_ratelimit::{LimitConfig, LimitSet, SetLimiter};
 
 /// The most limits in one set (documented on `SetLimiter::new`).
 const MAX_LIMITS: usize = 8;
@@ -335,7 +335,7 @@ async fn after_a_refusal_every_members_standing_is_true() {
     let window = |n: u64| PeriodConfig::new(n, 60 * SEC);
     let rolling = |n: u64| RollingConfig::new(n, 4, 15 * SEC);
     // Each algorithm refuses first in one of the sets.
-    let sets: [(&str, [(&str, SetMember); 3]); 3] = [
+    let sets: [(&str, [(&str, LimitConfig); 3]); 3] = [
         (
             "b",
             [

@@ -239,7 +239,7 @@ async fn mutual_tls_from_configuration_files() {
         pki.dir.join("client.crt"),
         pki.dir.join("client.key"),
     );
-    let config: tower_redis_ratelimit::config::BackendConfig = toml::from_str(&text).unwrap();
+    let config: tower_redis_ratelimit::BackendConfig = toml::from_str(&text).unwrap();
     assert!(!format!("{config:?}").contains(PASSWORD));
     let backend = config.build().unwrap();
     backend.warm_up().await.unwrap();

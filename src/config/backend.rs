@@ -31,131 +31,143 @@ use crate::error::ConfigError;
 /// breaker = { window = "2s", min_calls = 20, failure_ratio = 0.5, recovery = "1s" }
 /// tls = { ca_file = "ca.pem", client_cert_file = "client.pem", client_key_file = "client.key" }
 /// ```
+///
+/// | setting | in code |
+/// |---|---|
+/// | `url` | [`BackendBuilder::redis_url`] |
+/// | `cluster_urls` | `BackendBuilder::redis_cluster_urls` (feature `cluster`) |
+/// | `sentinel = { master_name, urls, username, password }` | `BackendBuilder::redis_sentinel` and `sentinel_master_auth` (feature `sentinel`) |
+/// | `tls = { ca_file, client_cert_file, client_key_file }` | `BackendBuilder::tls_ca_pem` and `tls_client_auth_pem` (feature `tls`), from these files when the backend is built |
+/// | `prefix`, `call_timeout`, `probe_interval` | [`BackendBuilder::prefix`], [`call_timeout`](BackendBuilder::call_timeout), [`probe_interval`](BackendBuilder::probe_interval) |
+/// | `breaker = { window, min_calls, failure_ratio, recovery }` | [`BackendBuilder::breaker_window`], [`breaker_min_calls`](BackendBuilder::breaker_min_calls), [`breaker_failure_ratio`](BackendBuilder::breaker_failure_ratio), [`recovery`](BackendBuilder::recovery) |
+/// | `failure_policy`, `fallback_share`, `fallback_rounding` | [`BackendBuilder::failure_policy`], [`fallback_share`](BackendBuilder::fallback_share), [`fallback_rounding`](BackendBuilder::fallback_rounding) (`at_least_one` or `within_limit`) |
+/// | `max_local_keys`, `deny_cache`, `deny_cache_max_age` | [`BackendBuilder::max_local_keys`], [`deny_cache`](BackendBuilder::deny_cache), [`deny_cache_max_age`](BackendBuilder::deny_cache_max_age) |
+/// | `time_source` | [`BackendBuilder::time_source`]: `"server"` (the default) or `"caller"` |
+///
+/// The settings are read from the file only; to change one in code (a URL from the
+/// environment), take the file's [`builder`](Self::builder) and call the setter on it.
 #[derive(Clone, Default, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 #[non_exhaustive]
 pub struct BackendConfig {
     /// [`BackendBuilder::redis_url`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub url: Option<String>,
+    pub(crate) url: Option<String>,
     /// `BackendBuilder::redis_cluster_urls` (feature `cluster`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub cluster_urls: Vec<String>,
+    pub(crate) cluster_urls: Vec<String>,
     /// `BackendBuilder::redis_sentinel` (feature `sentinel`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub sentinel: Option<SentinelConfig>,
+    pub(crate) sentinel: Option<SentinelConfig>,
     /// Certificates for `rediss://` (feature `tls`), read from files when the backend
     /// is built.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tls: Option<TlsConfig>,
+    pub(crate) tls: Option<TlsConfig>,
     /// [`BackendBuilder::prefix`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub prefix: Option<String>,
+    pub(crate) prefix: Option<String>,
     /// [`BackendBuilder::call_timeout`].
     #[serde(
         default,
         with = "humantime_serde",
         skip_serializing_if = "Option::is_none"
     )]
-    pub call_timeout: Option<Duration>,
+    pub(crate) call_timeout: Option<Duration>,
     /// [`BackendBuilder::probe_interval`].
     #[serde(
         default,
         with = "humantime_serde",
         skip_serializing_if = "Option::is_none"
     )]
-    pub probe_interval: Option<Duration>,
+    pub(crate) probe_interval: Option<Duration>,
     /// The breaker's settings.
     #[serde(default)]
-    pub breaker: BreakerSettings,
+    pub(crate) breaker: BreakerSettings,
     /// [`BackendBuilder::failure_policy`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub failure_policy: Option<FailurePolicy>,
+    pub(crate) failure_policy: Option<FailurePolicy>,
     /// [`BackendBuilder::fallback_share`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub fallback_share: Option<f64>,
+    pub(crate) fallback_share: Option<f64>,
     /// [`BackendBuilder::fallback_rounding`]: `at_least_one` or `within_limit`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub fallback_rounding: Option<ShareRounding>,
+    pub(crate) fallback_rounding: Option<ShareRounding>,
     /// [`BackendBuilder::max_local_keys`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_local_keys: Option<u64>,
+    pub(crate) max_local_keys: Option<u64>,
     /// [`BackendBuilder::deny_cache`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub deny_cache: Option<usize>,
+    pub(crate) deny_cache: Option<usize>,
     /// [`BackendBuilder::deny_cache_max_age`].
     #[serde(
         default,
         with = "humantime_serde",
         skip_serializing_if = "Option::is_none"
     )]
-    pub deny_cache_max_age: Option<Duration>,
+    pub(crate) deny_cache_max_age: Option<Duration>,
     /// [`BackendBuilder::time_source`]: `"server"` (the default) or `"caller"`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub time_source: Option<crate::backend::TimeSource>,
+    pub(crate) time_source: Option<crate::backend::TimeSource>,
 }
 
 /// The breaker of a [`BackendConfig`]: `window`, `min_calls`, `failure_ratio`,
 /// `recovery` ([`BackendBuilder::breaker_window`] and the next ones).
 #[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
-#[non_exhaustive]
-pub struct BreakerSettings {
+pub(crate) struct BreakerSettings {
     /// [`BackendBuilder::breaker_window`].
     #[serde(
         default,
         with = "humantime_serde",
         skip_serializing_if = "Option::is_none"
     )]
-    pub window: Option<Duration>,
+    pub(crate) window: Option<Duration>,
     /// [`BackendBuilder::breaker_min_calls`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub min_calls: Option<u32>,
+    pub(crate) min_calls: Option<u32>,
     /// [`BackendBuilder::breaker_failure_ratio`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub failure_ratio: Option<f64>,
+    pub(crate) failure_ratio: Option<f64>,
     /// [`BackendBuilder::recovery`].
     #[serde(
         default,
         with = "humantime_serde",
         skip_serializing_if = "Option::is_none"
     )]
-    pub recovery: Option<Duration>,
+    pub(crate) recovery: Option<Duration>,
 }
 
 /// Redis Sentinel: the master's name, the sentinels' URLs (`redis://host:26379`) and the
 /// master's ACL user and password.
 #[derive(Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
-#[non_exhaustive]
-pub struct SentinelConfig {
+pub(crate) struct SentinelConfig {
     /// The name the sentinels know the master by.
-    pub master_name: String,
+    pub(crate) master_name: String,
     /// The sentinels.
-    pub urls: Vec<String>,
+    pub(crate) urls: Vec<String>,
     /// The master's ACL user (default `default` when a password is given).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub username: Option<String>,
+    pub(crate) username: Option<String>,
     /// The master's password.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub password: Option<String>,
+    pub(crate) password: Option<String>,
 }
 
 /// PEM files for `rediss://`: a CA bundle to trust instead of the system's, and a client
 /// certificate and key for mutual TLS.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
-#[non_exhaustive]
-pub struct TlsConfig {
+pub(crate) struct TlsConfig {
     /// [`BackendBuilder::tls_ca_pem`](crate::BackendBuilder), read from this file.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ca_file: Option<PathBuf>,
+    pub(crate) ca_file: Option<PathBuf>,
     /// The client certificate (with `client_key_file`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub client_cert_file: Option<PathBuf>,
+    pub(crate) client_cert_file: Option<PathBuf>,
     /// The client certificate's private key.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub client_key_file: Option<PathBuf>,
+    pub(crate) client_key_file: Option<PathBuf>,
 }
 
 /// A URL without its credentials: `redis://***@host:6379/0`.

@@ -1,4 +1,4 @@
-//! Key extractors as data: [`KeyConfig`] and the [`RuleKey`] it builds.
+//! Key extractors as data: [`KeyConfig`] and the extractor it builds.
 
 use std::fmt;
 
@@ -36,10 +36,23 @@ pub enum KeyConfig {
     /// One key for all requests (the default).
     #[default]
     Global,
-    /// The TCP peer address.
-    PeerIp(PeerIpConfig),
-    /// The client address behind trusted proxies.
-    ForwardedIp(ForwardedIpConfig),
+    /// The TCP peer address ([`PeerIp`]).
+    PeerIp {
+        /// The IPv6 prefix length clients are grouped by (default 64).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        ipv6_prefix: Option<u8>,
+    },
+    /// The client address behind trusted proxies ([`ForwardedIp`]).
+    ForwardedIp {
+        /// The trusted proxies: networks (`10.0.0.0/8`) or single addresses.
+        trusted: Vec<String>,
+        /// The forwarding header to read (default `x_forwarded_for`).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        header: Option<ForwardedHeader>,
+        /// The IPv6 prefix length clients are grouped by (default 64).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        ipv6_prefix: Option<u8>,
+    },
     /// The value of a request header.
     Header(String),
     /// The request path.
@@ -52,30 +65,24 @@ pub enum KeyConfig {
     And(Vec<KeyConfig>),
 }
 
-/// The settings of [`KeyConfig::PeerIp`].
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
+/// The settings of `peer_ip`, as a file holds them.
+#[derive(Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-#[non_exhaustive]
-pub struct PeerIpConfig {
-    /// The IPv6 prefix length clients are grouped by (default 64).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ipv6_prefix: Option<u8>,
+struct PeerIpFile {
+    #[serde(default)]
+    ipv6_prefix: Option<u8>,
 }
 
-/// The settings of [`KeyConfig::ForwardedIp`].
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
+/// The settings of `forwarded_ip`, as a file holds them.
+#[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-#[non_exhaustive]
-pub struct ForwardedIpConfig {
-    /// The trusted proxies: networks (`10.0.0.0/8`) or single addresses.
+struct ForwardedIpFile {
     #[serde(default)]
-    pub trusted: Vec<String>,
-    /// The forwarding header to read (default `x_forwarded_for`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub header: Option<ForwardedHeader>,
-    /// The IPv6 prefix length clients are grouped by (default 64).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ipv6_prefix: Option<u8>,
+    trusted: Vec<String>,
+    #[serde(default)]
+    header: Option<ForwardedHeader>,
+    #[serde(default)]
+    ipv6_prefix: Option<u8>,
 }
 
 const VARIANTS: &[&str] = &[
@@ -118,7 +125,7 @@ impl<'de> Deserialize<'de> for KeyConfig {
             fn visit_str<E: de::Error>(self, name: &str) -> Result<KeyConfig, E> {
                 match name {
                     "global" => Ok(KeyConfig::Global),
-                    "peer_ip" => Ok(KeyConfig::PeerIp(PeerIpConfig::default())),
+                    "peer_ip" => Ok(KeyConfig::PeerIp { ipv6_prefix: None }),
                     "path" => Ok(KeyConfig::Path),
                     "matched_path" => Ok(KeyConfig::MatchedPath),
                     "forwarded_ip" | "header" | "or" | "and" => Err(E::custom(format_args!(
@@ -142,8 +149,22 @@ impl<'de> Deserialize<'de> for KeyConfig {
                     Tag::MatchedPath => map
                         .next_value::<de::IgnoredAny>()
                         .map(|_| KeyConfig::MatchedPath)?,
-                    Tag::PeerIp => KeyConfig::PeerIp(map.next_value()?),
-                    Tag::ForwardedIp => KeyConfig::ForwardedIp(map.next_value()?),
+                    Tag::PeerIp => {
+                        let PeerIpFile { ipv6_prefix } = map.next_value()?;
+                        KeyConfig::PeerIp { ipv6_prefix }
+                    }
+                    Tag::ForwardedIp => {
+                        let ForwardedIpFile {
+                            trusted,
+                            header,
+                            ipv6_prefix,
+                        } = map.next_value()?;
+                        KeyConfig::ForwardedIp {
+                            trusted,
+                            header,
+                            ipv6_prefix,
+                        }
+                    }
                     Tag::Header => KeyConfig::Header(map.next_value()?),
                     Tag::Or => KeyConfig::Or(map.next_value()?),
                     Tag::And => KeyConfig::And(map.next_value()?),
@@ -176,7 +197,7 @@ impl KeyConfig {
     /// [`ConfigError::InvalidValue`] for a trusted network or header name that cannot be
     /// parsed, an IPv6 prefix over 128, an `or`/`and` of fewer than two extractors, or
     /// `matched_path` without the `axum` feature.
-    pub fn build(&self) -> Result<RuleKey, ConfigError> {
+    pub(crate) fn build(&self) -> Result<RuleKey, ConfigError> {
         let prefix = |prefix: Option<u8>| match prefix {
             Some(p) if p > 128 => Err(invalid(format_args!(
                 "`ipv6_prefix` is {p}, at most 128 is accepted"
@@ -185,14 +206,17 @@ impl KeyConfig {
         };
         let key = match self {
             Self::Global => Inner::Global(GlobalKey),
-            Self::PeerIp(config) => Inner::PeerIp(match prefix(config.ipv6_prefix)? {
+            Self::PeerIp { ipv6_prefix } => Inner::PeerIp(match prefix(*ipv6_prefix)? {
                 Some(p) => PeerIp::new().ipv6_prefix(p),
                 None => PeerIp::new(),
             }),
-            Self::ForwardedIp(config) => {
-                let mut key = ForwardedIp::from_strs(&config.trusted).map_err(|_| {
-                    let bad = config
-                        .trusted
+            Self::ForwardedIp {
+                trusted,
+                header,
+                ipv6_prefix,
+            } => {
+                let mut key = ForwardedIp::from_strs(trusted).map_err(|_| {
+                    let bad = trusted
                         .iter()
                         .find(|s| ForwardedIp::from_strs([s]).is_err());
                     invalid(format_args!(
@@ -200,10 +224,10 @@ impl KeyConfig {
                         bad.map_or("", String::as_str)
                     ))
                 })?;
-                if let Some(header) = config.header {
+                if let Some(header) = *header {
                     key = key.header(header);
                 }
-                if let Some(p) = prefix(config.ipv6_prefix)? {
+                if let Some(p) = prefix(*ipv6_prefix)? {
                     key = key.ipv6_prefix(p);
                 }
                 Inner::ForwardedIp(key)
@@ -243,9 +267,10 @@ impl KeyConfig {
 }
 
 /// The key extractor a [`KeyConfig`] builds: one type for every extractor, so rules
-/// with different keys are layers of one type.
+/// with different keys are layers of one type ([`RuleLayer`](super::RuleLayer), which
+/// holds it boxed).
 #[derive(Debug, Clone)]
-pub struct RuleKey(Inner);
+pub(crate) struct RuleKey(Inner);
 
 #[derive(Debug, Clone)]
 enum Inner {
@@ -326,6 +351,86 @@ impl KeyExtractor for RuleKey {
                 .iter()
                 .map(KeyExtractor::origin)
                 .fold(KeyOrigin::Client, KeyOrigin::either),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::SocketAddr;
+
+    use super::KeyConfig;
+    use crate::key::{ForwardedIp, HeaderKey, KeyExtractor, PathKey, PeerIp};
+
+    fn request(peer: &str, headers: &[(&str, &str)], path: &str) -> http::request::Parts {
+        let mut req = http::Request::builder().uri(path);
+        for (name, value) in headers {
+            req = req.header(*name, *value);
+        }
+        let (mut req, ()) = req.body(()).unwrap().into_parts();
+        req.extensions.insert(peer.parse::<SocketAddr>().unwrap());
+        req
+    }
+
+    fn key_of(text: &str) -> KeyConfig {
+        #[derive(serde::Deserialize)]
+        struct Wrap {
+            key: KeyConfig,
+        }
+        toml::from_str::<Wrap>(&format!("key = {text}"))
+            .unwrap_or_else(|error| panic!("{text}: {error}"))
+            .key
+    }
+
+    /// Every extractor of a file gives the very keys of the extractor built in code.
+    #[test]
+    fn keys_are_those_of_the_extractors() {
+        let requests = [
+            request("10.0.0.2:1", &[("x-forwarded-for", "203.0.113.7")], "/a"),
+            request("[2001:db8:1:2::9]:1", &[("x-api-key", "k1")], "/b"),
+            request(
+                "198.51.100.1:1",
+                &[("x-api-key", "k2"), ("x-forwarded-for", "2001:db8::1")],
+                "/",
+            ),
+        ];
+        let forwarded = ForwardedIp::from_strs(["10.0.0.0/8"]).unwrap();
+        let cases: Vec<(&str, Box<dyn KeyExtractor>)> = vec![
+            ("\"global\"", Box::new(crate::key::GlobalKey)),
+            ("\"peer_ip\"", Box::new(PeerIp::new())),
+            ("{ peer_ip = { ipv6_prefix = 48 } }", Box::new(PeerIp::new().ipv6_prefix(48))),
+            ("\"path\"", Box::new(PathKey)),
+            ("{ header = \"X-Api-Key\" }", Box::new(HeaderKey::from_static("x-api-key"))),
+            (
+                "{ forwarded_ip = { trusted = [\"10.0.0.0/8\"], header = \"x_forwarded_for\", ipv6_prefix = 128 } }",
+                Box::new(forwarded.clone().ipv6_prefix(128)),
+            ),
+            (
+                "{ or = [{ header = \"x-api-key\" }, { forwarded_ip = { trusted = [\"10.0.0.0/8\"] } }] }",
+                Box::new(HeaderKey::from_static("x-api-key").or(forwarded.clone())),
+            ),
+            (
+                "{ and = [{ header = \"x-api-key\" }, \"path\", \"peer_ip\"] }",
+                Box::new(HeaderKey::from_static("x-api-key").and(PathKey).and(PeerIp::new())),
+            ),
+            (
+                "{ or = [{ and = [{ header = \"x-api-key\" }, \"path\"] }, \"peer_ip\"] }",
+                Box::new(HeaderKey::from_static("x-api-key").and(PathKey).or(PeerIp::new())),
+            ),
+        ];
+        for (text, code) in cases {
+            let from_file = key_of(text).build().unwrap();
+            for req in &requests {
+                let want = code.extract(req).map(|k| k.as_bytes().to_vec());
+                let got = from_file.extract(req).map(|k| k.as_bytes().to_vec());
+                assert_eq!(got, want, "{text}");
+            }
+            // And the keys a client's value is counted under (issue 35), errors included.
+            for value in ["k1", "203.0.113.7", "2001:db8:1:2::9", "/a", "", "a\nb"] {
+                let want = code.keys_for(value.as_bytes());
+                let got = from_file.keys_for(value.as_bytes());
+                assert_eq!(got, want, "{text}: {value:?}");
+            }
         }
     }
 }

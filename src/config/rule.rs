@@ -7,19 +7,20 @@ use std::time::Duration;
 use http::StatusCode;
 use serde::{Deserialize, Serialize};
 
-use super::key::{KeyConfig, RuleKey};
+use super::key::KeyConfig;
 use crate::backend::{Backend, FailurePolicy, ShareRounding};
-use crate::cost::FixedCost;
 use crate::error::ConfigError;
+use crate::key::KeyExtractor;
 use crate::limit::{Algorithm, LayerBuilder, LimitLayer, MissingKey};
 use crate::limiter::Limiter;
 use crate::period::{Calendar, PeriodConfig, PeriodLimiter, UtcOffset, Weekday};
 use crate::rolling::{RollingConfig, RollingWindowLimiter};
+use crate::set::LimitConfig;
 use crate::token_bucket::{TokenBucketConfig, TokenBucketLimiter};
 
 /// The layer a [`RuleConfig`] builds: one type whatever the algorithm and the key, so a
 /// rule file's layers fit in one `Vec`.
-pub type RuleLayer = LimitLayer<Arc<dyn Limiter>, RuleKey, FixedCost>;
+pub type RuleLayer = LimitLayer<Arc<dyn Limiter>, Box<dyn KeyExtractor>, u32>;
 
 /// One rate-limit rule: a named limit, its key and how its layer behaves.
 ///
@@ -47,7 +48,7 @@ pub struct RuleConfig {
     /// How requests are told apart (default `"global"`).
     #[serde(default)]
     pub key: KeyConfig,
-    /// The units every request costs (default 1; [`FixedCost`]). Zero is refused: a rule
+    /// The units every request costs (default 1: a fixed cost). Zero is refused: a rule
     /// whose requests are all free would never limit anything.
     #[serde(default = "one")]
     pub cost: u32,
@@ -112,14 +113,14 @@ impl RuleConfig {
     pub fn builder(
         &self,
         backend: &Backend,
-    ) -> Result<LayerBuilder<LimitConfig, RuleKey, FixedCost>, ConfigError> {
+    ) -> Result<LayerBuilder<LimitConfig, Box<dyn KeyExtractor>, u32>, ConfigError> {
         if self.cost == 0 {
             return Err(ConfigError::Zero { setting: "cost" });
         }
         let mut builder = LayerBuilder::new(backend, self.limit.clone())
             .name(self.name.clone())
-            .key(self.key.build()?)
-            .cost(FixedCost(self.cost))
+            .key(Box::new(self.key.build()?) as Box<dyn KeyExtractor>)
+            .cost(self.cost)
             .shadow(self.shadow);
         if let Some(policy) = self.failure_policy {
             builder = builder.failure_policy(policy);
@@ -153,40 +154,6 @@ impl RuleConfig {
     pub fn build(&self, backend: &Backend) -> Result<RuleLayer, ConfigError> {
         self.builder(backend)?.build()
     }
-}
-
-/// An algorithm and its parameters, tagged by `algorithm`: the algorithm's own config
-/// type, read from the file.
-///
-/// | `algorithm` | parameters | reads |
-/// |---|---|---|
-/// | `"period"` | `quota`, `period`, optional `align` (`"UTC"`, `"+05:30"`, `"-08:00"`); or `quota`, `calendar` (`"day"`, `"week"`, `"month"`), `zone` (an IANA name) and for weeks `week_starts` (default `"monday"`); optional `lockout` | [`PeriodConfig`] |
-/// | `"token_bucket"` | `rate`, `per` (default `"1s"`), `burst`; optional `lockout`, `lease = { size, lifetime }` | [`TokenBucketConfig`] |
-/// | `"rolling_window"` | `limit`, `buckets`, `interval`; optional `lockout` | [`RollingConfig`] |
-///
-/// Durations are [`humantime`](https://docs.rs/humantime) strings: `"100ms"`, `"2s"`,
-/// `"1m"`, `"1day"`, `"1h 30m"`. What only a file can get wrong (an unknown calendar unit,
-/// a zone missing, an offset that does not parse) fails when the file is read; values the
-/// limiters refuse (a zero quota, an unknown zone) fail when the rule is built, with the
-/// builders' own errors.
-///
-/// ```toml
-/// # 5 SMS codes per phone per local day in New York (23 or 25 hours on DST days).
-/// algorithm = "period"
-/// quota = 5
-/// calendar = "day"
-/// zone = "America/New_York"
-/// ```
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(tag = "algorithm", rename_all = "snake_case")]
-#[non_exhaustive]
-pub enum LimitConfig {
-    /// A fixed window.
-    Period(PeriodConfig),
-    /// A token bucket.
-    TokenBucket(TokenBucketConfig),
-    /// A rolling window.
-    RollingWindow(RollingConfig),
 }
 
 /// How a [`PeriodConfig`] is written in a file (the `"period"` row of [`LimitConfig`]).

@@ -6,7 +6,7 @@
 //!
 //! | layer | modules | what it does |
 //! |---|---|---|
-//! | faces | `lib.rs`, `layers.rs`, [`config`](crate::config) | the layers users build (`PeriodLimitLayer`, ...), their settings, rules as data |
+//! | faces | `lib.rs`, `layers.rs`, [`config`](crate::RulesConfig) | the layers users build (`PeriodLimitLayer`, ...), their settings, rules as data |
 //! | the inbound limit | [`limit`](crate::limit) | one generic [`Limit`](crate::Limit) and its future: key, cost, check, then the inner service or the rejection |
 //! | the client side | [`outbound`](crate::outbound) | a [`Waiter`](crate::outbound::Waiter) over any `Limiter` (one first-in, first-out queue per key, sleeping for the refusal's retry-after) and the layer that waits before calling a client |
 //! | the edges | [`response`](crate::OnRejection), [`key`](crate::key) | what clients see (HTTP `429`, gRPC `RESOURCE_EXHAUSTED`, the `RateLimit` headers) and which bucket a request counts against |

@@ -75,7 +75,7 @@
 //! Each answers one `(key, decision)` per key: an `or` extractor can count a value under
 //! several keys (an address sent as an API key is the header's key and the address's),
 //! and every one is acted on. A value the layer never counts (`localhost` for a per-IP
-//! layer) is an [`AdminError`](crate::limit::AdminError), never a success on a key no
+//! layer) is an [`AdminError`](crate::AdminError), never a success on a key no
 //! request is counted under.
 //!
 //! Extractors read the request's head, never its body, so these take no type parameter.

@@ -34,9 +34,9 @@
 //! # #[cfg(feature = "serde")]
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! use axum::{routing::get, Router};
-//! use tower_redis_ratelimit::config::RulesConfig;
+//! use tower_redis_ratelimit::RulesConfig;
 //!
-//! let mut config: RulesConfig = toml::from_str(r#"
+//! let config: RulesConfig = toml::from_str(r#"
 //!     [backend]
 //!     prefix = "myapp"
 //!     fallback_share = 0.25
@@ -51,11 +51,12 @@
 //!     key = { header = "x-api-key" }
 //!     limit = { algorithm = "period", quota = 10000, period = "1day", align = "UTC" }
 //! "#)?;
-//! // The environment overrides the file where you say so.
+//! // The environment overrides the file where you say so, through the backend's builder.
+//! let mut backend = config.backend.builder()?;
 //! if let Ok(url) = std::env::var("REDIS_URL") {
-//!     config.backend.url = Some(url);
+//!     backend = backend.redis_url(url);
 //! }
-//! let rules = config.build()?;
+//! let rules = config.build_on(&backend.build()?)?;
 //! let app: Router = rules.apply(Router::new().route("/search", get(|| async { "results" })));
 //! # let _ = app; Ok(()) }
 //! # #[cfg(not(feature = "serde"))]
@@ -137,7 +138,7 @@
 //! failed, and keep listing until its end a block whose key was evicted or deleted, or
 //! a lockout lifted on another instance before its own write landed. A block made while Redis was unreachable holds in process only (it refuses
 //! while the fallback answers) and is not listed from Redis; a listing while Redis does
-//! not answer is an error ([`ListingError`](crate::ListingError)), never a guess.
+//! not answer is an error ([`AdminError::Listing`](crate::AdminError::Listing)), never a guess.
 //!
 //! # The admin flow end to end
 //!

@@ -56,7 +56,7 @@
 //!
 //! Stacked layers decide one by one, so an inner refusal has already spent the outer
 //! limits. When several limits guard one key (2 per second *and* 10 per day per
-//! merchant), a [`LimitSetLayer`](crate::LimitSetLayer) decides them together: on Redis
+//! merchant), a [`LimitSet`](crate::LimitSet) layer decides them together: on Redis
 //! in one script call, where every limit first decides without writing and only when
 //! all admit does each count the request; in process under a lock per key. A refusal
 //! by any limit spends none. Mix any algorithms; each limit is the policy
@@ -157,7 +157,7 @@
 //! | this | holds | for |
 //! |---|---|---|
 //! | a [`PeriodConfig`](crate::PeriodConfig), [`TokenBucketConfig`](crate::TokenBucketConfig) or [`RollingConfig`](crate::RollingConfig) | one limit | one layer, a set's member, a plan |
-//! | a [`LimitSet`](crate::LimitSet) | several algorithms on one key, all or nothing | a layer ([`LimitSetLayer`](crate::LimitSetLayer)), a plan |
+//! | a [`LimitSet`](crate::LimitSet) | several algorithms on one key, all or nothing | a layer, a plan |
 //! | [`Plans`](crate::Plans) | one limit per plan, chosen per request: any of the above | a layer |
 //! | [`DynamicLimits`](crate::DynamicLimits) | one algorithm whose number comes from your store per key | a layer, a plan |
 //! | stacked layers | limits on different keys (per user *and* per merchant) | a router |

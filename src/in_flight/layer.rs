@@ -8,7 +8,6 @@ use tower_layer::Layer;
 
 use super::service::{InFlightLimit, Shared};
 use super::{InFlightConfig, InFlightLimiter};
-use crate::cost::UnitCost;
 use crate::error::ConfigError;
 use crate::key::{GlobalKey, Key, KeyExtractor, KeyForError};
 use crate::limit::{LayerBuilder, MissingKeyWarning};
@@ -128,7 +127,7 @@ impl<S, K, R> Layer<S> for InFlightLimitLayer<K, R> {
 /// an [`InFlightConfig`] (the slots, how long a slot outlives its process, the
 /// `Retry-After` of a refusal) and the settings every layer has (name, key, rejection,
 /// shadow, exemptions, missing keys, failures).
-impl<K, R> LayerBuilder<InFlightConfig, K, UnitCost, R> {
+impl<K, R> LayerBuilder<InFlightConfig, K, u32, R> {
     /// Checks every setting and builds the in-flight layer.
     ///
     /// # Errors

@@ -305,6 +305,26 @@ impl KeyOrigin {
 /// The tag of closure keys.
 const FN_TAG: &[u8] = b"fn:";
 
+/// A boxed extractor is the extractor it holds: extractors of different types (chosen
+/// at run time, as a rule file does) behind one type.
+impl KeyExtractor for Box<dyn KeyExtractor> {
+    fn extract<'r>(&self, parts: &'r Parts) -> Option<Key<'r>> {
+        (**self).extract(parts)
+    }
+
+    fn keys_for(&self, value: &[u8]) -> Result<Vec<Key<'static>>, KeyForError> {
+        (**self).keys_for(value)
+    }
+
+    fn origin(&self) -> KeyOrigin {
+        (**self).origin()
+    }
+
+    fn shortest_key(&self) -> Option<usize> {
+        (**self).shortest_key()
+    }
+}
+
 impl<F, T> KeyExtractor for F
 where
     F: Fn(&Parts) -> Option<T> + Send + Sync + 'static,

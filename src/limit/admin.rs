@@ -1,80 +1,15 @@
 //! Admin actions by the client's value: a [`LimitLayer`]'s peek, reset, block and refund
-//! of the keys its own extractor counts a value under ([`KeyExtractor::keys_for`]), and
-//! [`AdminError`].
+//! of the keys its own extractor counts a value under ([`KeyExtractor::keys_for`]).
 
-use std::fmt;
 use std::num::NonZeroU32;
 use std::time::Duration;
 
 use super::LimitLayer;
-use crate::blocked::{Blocked, ListingError};
+use crate::blocked::Blocked;
 use crate::decision::Decision;
+use crate::error::AdminError;
 use crate::key::{Key, KeyExtractor, KeyForError};
 use crate::limiter::{DecisionFuture, Limiter};
-
-/// Why an admin action by value did nothing: the value names no key of the layer, the
-/// layer's limiter cannot take the action, or (a listing) Redis did not answer.
-///
-/// ```
-/// use std::time::Duration;
-/// use tower_redis_ratelimit::{key::PeerIp, limit::AdminError, Backend, LimitLayer, PeriodConfig};
-///
-/// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// let layer = LimitLayer::builder(&Backend::in_process(), PeriodConfig::new(100, Duration::from_secs(60)))
-///     .name("per-ip")
-///     .key(PeerIp::new())
-///     .build()?;
-/// // An API key given to a per-address layer: no request is counted under it.
-/// let err = layer.reset_value("trap").await.unwrap_err();
-/// assert!(matches!(err, AdminError::Key(_)));
-/// assert_eq!(
-///     err.to_string(),
-///     "the value names no key of this layer: `PeerIp` never counts this value: it is not an IP address"
-/// );
-/// # Ok(()) }
-/// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum AdminError {
-    /// The layer's extractor never counts the value, or cannot say which key it has.
-    Key(KeyForError),
-    /// The layer's limiter cannot take this action (a [`Limiter`] of your own that
-    /// keeps the default, which answers `None`).
-    #[non_exhaustive]
-    Unsupported {
-        /// The action: `peek`, `reset`, `block`, `refund` or `list`.
-        action: &'static str,
-    },
-    /// The blocked keys could not be listed ([`LimitLayer::blocked`]): Redis did not
-    /// answer.
-    Listing(ListingError),
-}
-
-impl fmt::Display for AdminError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Key(error) => write!(f, "the value names no key of this layer: {error}"),
-            Self::Unsupported { action: "list" } => {
-                f.write_str("this layer's limiter cannot list its blocked keys")
-            }
-            Self::Unsupported { action } => {
-                write!(f, "this layer's limiter cannot {action} a key")
-            }
-            Self::Listing(error) => error.fmt(f),
-        }
-    }
-}
-
-impl std::error::Error for AdminError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            Self::Key(error) => Some(error),
-            Self::Unsupported { .. } => None,
-            Self::Listing(error) => Some(error),
-        }
-    }
-}
 
 impl From<KeyForError> for AdminError {
     fn from(error: KeyForError) -> Self {
@@ -340,7 +275,7 @@ impl<L: Limiter, K, C, R> LimitLayer<L, K, C, R> {
             .limiter()
             .blocked(max)
             .ok_or(AdminError::Unsupported { action: "list" })?;
-        let mut listed = listing.await.map_err(AdminError::Listing)?;
+        let mut listed = listing.await?;
         for entry in &mut listed {
             entry.value = self.value_of(&entry.key);
         }

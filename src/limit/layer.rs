@@ -9,7 +9,7 @@ use tower_layer::Layer;
 
 use super::{Limit, MissingKey, Options, Shared};
 use crate::backend::{Backend, FailurePolicy};
-use crate::cost::{Cost, UnitCost};
+use crate::cost::Cost;
 use crate::error::{validate_name, ConfigError};
 use crate::key::{GlobalKey, KeyExtractor};
 use crate::limiter::Limiter;
@@ -24,7 +24,7 @@ use crate::response::{DefaultRejection, HeaderParts, OnRejection};
 /// [`LimitSet`](crate::LimitSet), [`Plans`](super::Plans),
 /// [`DynamicLimits`](crate::DynamicLimits)). Cloning is cheap:
 /// every clone, and every service it builds, shares one limiter.
-pub struct LimitLayer<L, K = GlobalKey, C = UnitCost, R = DefaultRejection> {
+pub struct LimitLayer<L, K = GlobalKey, C = u32, R = DefaultRejection> {
     shared: Arc<Shared<L, K, C, R>>,
 }
 
@@ -92,7 +92,7 @@ pub trait Algorithm {
 /// Nothing is checked until [`build`](Self::build), which reports the first setting
 /// that cannot work.
 #[must_use = "a builder does nothing until `build` is called"]
-pub struct LayerBuilder<A, K = GlobalKey, C = UnitCost, R = DefaultRejection> {
+pub struct LayerBuilder<A, K = GlobalKey, C = u32, R = DefaultRejection> {
     pub(crate) backend: Backend,
     pub(crate) algorithm: A,
     name: Option<String>,
@@ -152,7 +152,7 @@ impl<A> LayerBuilder<A> {
             name: None,
             key: GlobalKey,
             keyed: false,
-            cost: UnitCost,
+            cost: 1,
             rejection: DefaultRejection,
             options: Options::default(),
         }
@@ -413,7 +413,7 @@ impl<A: Algorithm, K, C, R> LayerBuilder<A, K, C, R> {
     ///
     /// A [`ConfigError`] for a missing or invalid name, a missing [key](Self::key), a
     /// zero maximum key length, a
-    /// [`FixedCost`](crate::FixedCost) above the capacity of a policy (a fixed window's
+    /// fixed cost (a `u32`) above the capacity of a policy (a fixed window's
     /// quota, a token bucket's burst, a rolling window's limit, a set's smallest member;
     /// on Redis with the [`Fallback`](FailurePolicy::Fallback) policy, also that capacity
     /// times the fallback share), or any setting of the algorithm that cannot work.
@@ -464,7 +464,7 @@ impl<A: Algorithm, K, C, R> LayerBuilder<A, K, C, R> {
     }
 }
 
-/// Refuses a [`FixedCost`] that no policy of the layer could ever admit: every request
+/// Refuses a fixed cost that no policy of the layer could ever admit: every request
 /// would get a `429` that no wait can cure. Costs computed per request (closures) are
 /// unknown here; a request whose cost is above the capacity is refused as
 /// [`State::ExceedsCapacity`](crate::State::ExceedsCapacity).

@@ -33,7 +33,6 @@ use crate::limiter::Limiter;
 use crate::metrics::LayerMetrics;
 use crate::response::{HeaderParts, OnRejection, Ready, Rejection};
 
-pub use self::admin::AdminError;
 pub use self::body::ResponseBody;
 pub use self::counted::{CountRequestBytes, CountRequestBytesLayer, CountedBody};
 pub use self::future::ResponseFuture;

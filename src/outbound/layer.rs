@@ -7,7 +7,7 @@ use std::time::Duration;
 use tower_layer::Layer;
 
 use super::{Outbound, Waiter};
-use crate::cost::{Cost, UnitCost};
+use crate::cost::Cost;
 use crate::key::{GlobalKey, KeyExtractor};
 use crate::limiter::Limiter;
 
@@ -52,7 +52,7 @@ use crate::limiter::Limiter;
 /// assert_eq!(answer, "512 tokens");
 /// # Ok(()) }
 /// ```
-pub struct OutboundLayer<L, K = GlobalKey, C = UnitCost> {
+pub struct OutboundLayer<L, K = GlobalKey, C = u32> {
     waiter: Waiter<L>,
     key: Arc<K>,
     cost: Arc<C>,
@@ -66,7 +66,7 @@ impl<L> OutboundLayer<L> {
         Self {
             waiter,
             key: Arc::new(GlobalKey),
-            cost: Arc::new(UnitCost),
+            cost: Arc::new(1u32),
             max_wait,
         }
     }
@@ -87,7 +87,7 @@ impl<L, K, C> OutboundLayer<L, K, C> {
     }
 
     /// The cost of each call, read from the request's head: any [`Cost`]
-    /// (`UnitCost`, `FixedCost`, [`HeaderCost`](crate::HeaderCost) or a closure
+    /// (a `u32` for a fixed cost, [`HeaderCost`](crate::HeaderCost) or a closure
     /// `Fn(&Parts) -> u32`).
     pub fn cost<C2: Cost>(self, cost: C2) -> OutboundLayer<L, K, C2> {
         OutboundLayer {

@@ -13,7 +13,7 @@ use super::*;
 use crate::decision::{Decision, Policy, Source, State};
 use crate::limiter::{DecisionFuture, Limiter};
 use crate::token_bucket::{TokenBucketConfig, TokenBucketLimiter};
-use crate::{Backend, FixedCost};
+use crate::Backend;
 
 const ONE: NonZeroU32 = NonZeroU32::MIN;
 const MS: Duration = Duration::from_millis(1);
@@ -360,7 +360,7 @@ async fn inner_errors_are_kept_apart_from_wait_errors() {
         Duration::ZERO,
     )
     .key(crate::key::GlobalKey)
-    .cost(FixedCost(1));
+    .cost(1);
     let client =
         ServiceBuilder::new()
             .layer(layer)

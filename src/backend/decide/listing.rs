@@ -32,7 +32,7 @@ use std::sync::{Arc, Mutex};
 use deadpool_redis::redis::{self, Value};
 
 use crate::backend::redis::RedisBackend;
-use crate::blocked::ListingError;
+use crate::error::AdminError;
 
 /// The most entries one listing reads, whatever `max` it is asked for.
 pub(crate) const MAX_LISTED: usize = 10_000;
@@ -204,7 +204,7 @@ impl Index {
         redis: &Arc<RedisBackend>,
         now_ms: u64,
         max: usize,
-    ) -> impl Future<Output = Result<Vec<(Vec<u8>, u64)>, ListingError>> + Send + 'static {
+    ) -> impl Future<Output = Result<Vec<(Vec<u8>, u64)>, AdminError>> + Send + 'static {
         let mut pipe = redis::pipe();
         pipe.cmd("ZRANGEBYSCORE")
             .arg(&*self.0.key)
@@ -222,9 +222,9 @@ impl Index {
             let replies = redis
                 .commands(&pipe)
                 .await
-                .map_err(|error| ListingError::new(error.to_string()))?;
+                .map_err(|error| AdminError::Listing(error.to_string().into()))?;
             replies.first().and_then(read_entries).ok_or_else(|| {
-                ListingError::new("redis answered ZRANGEBYSCORE with an unexpected reply")
+                AdminError::Listing("redis answered ZRANGEBYSCORE with an unexpected reply".into())
             })
         }
     }
