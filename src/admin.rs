@@ -118,11 +118,14 @@ where
 /// ```
 /// use std::time::Duration;
 /// use axum::{routing::get, Router};
-/// use tower_redis_ratelimit::{key::HeaderKey, AdminRouter, Backend, LimitLayer, TokenBucketConfig};
+/// use tower_redis_ratelimit::{
+///     key::HeaderKey, AdminRouter, Backend, LimitLayer, TokenBucketConfig,
+/// };
 ///
 /// # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
 /// let backend = Backend::in_process();
-/// let api = LimitLayer::builder(&backend, TokenBucketConfig::new(10, Duration::from_secs(1), 20))
+/// let config = TokenBucketConfig::new(10, Duration::from_secs(1), 20);
+/// let api = LimitLayer::builder(&backend, config)
 ///     .name("api")
 ///     .key(HeaderKey::from_static("x-api-key"))
 ///     .build()?;

@@ -25,7 +25,8 @@ use crate::key::Key;
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// let layer = LimitLayer::builder(&Backend::in_process(), PeriodConfig::new(60, Duration::from_secs(60)))
+/// let config = PeriodConfig::new(60, Duration::from_secs(60));
+/// let layer = LimitLayer::builder(&Backend::in_process(), config)
 ///     .name("api")
 ///     .key(HeaderKey::from_static("x-api-key"))
 ///     .build()?;

@@ -214,7 +214,8 @@ mod tests {
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// let layer = LimitLayer::builder(&Backend::in_process(), PeriodConfig::new(100, Duration::from_secs(60)))
+/// let config = PeriodConfig::new(100, Duration::from_secs(60));
+/// let layer = LimitLayer::builder(&Backend::in_process(), config)
 ///     .name("per-ip")
 ///     .key(PeerIp::new())
 ///     .build()?;

@@ -34,7 +34,9 @@
 //! ```
 //! use std::time::Duration;
 //! use axum::{routing::get, Router};
-//! use tower_redis_ratelimit::{key::{HeaderKey, KeyExtractor, PeerIp}, Backend, LimitLayer, PeriodConfig};
+//! use tower_redis_ratelimit::{
+//!     key::{HeaderKey, KeyExtractor, PeerIp}, Backend, LimitLayer, PeriodConfig,
+//! };
 //!
 //! # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
 //! // One backend for the process, shared by every layer. From a URL it makes its own

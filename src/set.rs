@@ -103,10 +103,15 @@ impl From<RollingConfig> for LimitConfig {
 ///
 /// ```
 /// use std::time::Duration;
-/// use tower_redis_ratelimit::{key::HeaderKey, Backend, LimitLayer, LimitSet, PeriodConfig, TokenBucketConfig};
+/// use tower_redis_ratelimit::{
+///     key::HeaderKey, Backend, LimitLayer, LimitSet, PeriodConfig, TokenBucketConfig,
+/// };
 ///
 /// # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
-/// let layer = LimitLayer::builder(&Backend::in_process(), LimitSet::new().limit("burst", TokenBucketConfig::new(2, Duration::from_secs(1), 2)).limit("daily", PeriodConfig::new(10, Duration::from_secs(86_400))))
+/// let limits = LimitSet::new()
+///     .limit("burst", TokenBucketConfig::new(2, Duration::from_secs(1), 2))
+///     .limit("daily", PeriodConfig::new(10, Duration::from_secs(86_400)));
+/// let layer = LimitLayer::builder(&Backend::in_process(), limits)
 ///     .name("reports")
 ///     .key(HeaderKey::from_static("x-merchant-id"))
 ///     .build()?;
@@ -310,7 +315,9 @@ impl SetLimiter {
     /// ```
     /// use std::num::NonZeroU32;
     /// use std::time::Duration;
-    /// use tower_redis_ratelimit::{Backend, LimitSet, Limiter, PeriodConfig, SetLimiter, TokenBucketConfig};
+    /// use tower_redis_ratelimit::{
+    ///     Backend, LimitSet, Limiter, PeriodConfig, SetLimiter, TokenBucketConfig,
+    /// };
     ///
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {

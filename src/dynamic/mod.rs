@@ -186,7 +186,9 @@ const MAX_LIMITS: usize = 4_096;
 ///
 /// ```
 /// use std::time::Duration;
-/// use tower_redis_ratelimit::{key::{HeaderKey, TaggedKey}, Backend, DynamicLimits, OnSourceError, PeriodConfig};
+/// use tower_redis_ratelimit::{
+///     key::{HeaderKey, TaggedKey}, Backend, DynamicLimits, OnSourceError, PeriodConfig,
+/// };
 ///
 /// # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
 /// // Your store: `None` means "the default limit". `value` is the header's value.

@@ -18,7 +18,8 @@
 //! use tower_redis_ratelimit::{key::HeaderKey, Backend, Calendar, LimitLayer, PeriodConfig};
 //!
 //! # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
-//! let monthly = LimitLayer::builder(&Backend::in_process(), PeriodConfig::calendar(10_000, Calendar::month("UTC")))
+//! let config = PeriodConfig::calendar(10_000, Calendar::month("UTC"));
+//! let monthly = LimitLayer::builder(&Backend::in_process(), config)
 //!     .name("monthly")
 //!     .key(HeaderKey::from_static("x-merchant-id"))
 //!     .build()?;

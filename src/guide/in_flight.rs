@@ -14,7 +14,8 @@
 //! use tower_redis_ratelimit::{key::HeaderKey, Backend, InFlightConfig, LimitLayer};
 //!
 //! # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
-//! let exports = LimitLayer::builder(&Backend::in_process(), InFlightConfig::new(2).slot_ttl(Duration::from_secs(10)))
+//! let config = InFlightConfig::new(2).slot_ttl(Duration::from_secs(10));
+//! let exports = LimitLayer::builder(&Backend::in_process(), config)
 //!     .name("export")
 //!     .key(HeaderKey::from_static("x-merchant-id"))
 //!     .build()?;

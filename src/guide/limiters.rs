@@ -82,11 +82,14 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use tower_redis_ratelimit::{key::{HeaderKey, KeyExtractor, PeerIp}, Backend, LimitLayer, PeriodConfig};
+//! use tower_redis_ratelimit::{
+//!     key::{HeaderKey, KeyExtractor, PeerIp}, Backend, LimitLayer, PeriodConfig,
+//! };
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! let api = LimitLayer::builder(&Backend::in_process(), PeriodConfig::new(60, Duration::from_secs(60)))
+//! let config = PeriodConfig::new(60, Duration::from_secs(60));
+//! let api = LimitLayer::builder(&Backend::in_process(), config)
 //!     .name("api")
 //!     .key(HeaderKey::from_static("x-api-key").or(PeerIp::new()))
 //!     .build()?;

@@ -25,16 +25,20 @@
 //! use std::time::Duration;
 //! use axum::{routing::get, Router};
 //! use tower::ServiceBuilder;
-//! use tower_redis_ratelimit::{key::HeaderKey, Backend, LimitLayer, PeriodConfig, TokenBucketConfig};
+//! use tower_redis_ratelimit::{
+//!     key::HeaderKey, Backend, LimitLayer, PeriodConfig, TokenBucketConfig,
+//! };
 //!
 //! # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
 //! let backend = Backend::in_process();
 //! let key = || HeaderKey::from_static("x-api-key");
-//! let burst = LimitLayer::builder(&backend, TokenBucketConfig::new(5, Duration::from_secs(1), 10))
+//! let config = TokenBucketConfig::new(5, Duration::from_secs(1), 10);
+//! let burst = LimitLayer::builder(&backend, config)
 //!     .name("burst")
 //!     .key(key())
 //!     .build()?;
-//! let daily = LimitLayer::builder(&backend, PeriodConfig::new(10_000, Duration::from_secs(86_400)))
+//! let config = PeriodConfig::new(10_000, Duration::from_secs(86_400));
+//! let daily = LimitLayer::builder(&backend, config)
 //!     .name("daily")
 //!     .key(key())
 //!     .build()?;
@@ -66,14 +70,15 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use tower_redis_ratelimit::key::HeaderKey;
-//! use tower_redis_ratelimit::PeriodConfig;
-//! use tower_redis_ratelimit::TokenBucketConfig;
-//! use tower_redis_ratelimit::{Backend, LimitSetLayer};
-//! use tower_redis_ratelimit::{LimitLayer, LimitSet};
+//! use tower_redis_ratelimit::{
+//!     key::HeaderKey, Backend, LimitLayer, LimitSet, PeriodConfig, TokenBucketConfig,
+//! };
 //!
 //! # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
-//! let reports = LimitLayer::builder(&Backend::in_process(), LimitSet::new().limit("burst", TokenBucketConfig::new(2, Duration::from_secs(1), 2)).limit("daily", PeriodConfig::new(10, Duration::from_secs(86_400))))
+//! let config = LimitSet::new()
+//!     .limit("burst", TokenBucketConfig::new(2, Duration::from_secs(1), 2))
+//!     .limit("daily", PeriodConfig::new(10, Duration::from_secs(86_400)));
+//! let reports = LimitLayer::builder(&Backend::in_process(), config)
 //!     .name("reports")
 //!     .key(HeaderKey::from_static("x-merchant-id"))
 //!     .build()?;
@@ -101,12 +106,12 @@
 //! use std::net::SocketAddr;
 //! use std::time::Duration;
 //! use axum::{extract::ConnectInfo, routing::get, Router};
-//! use tower_redis_ratelimit::{key::HeaderKey, Backend, PeriodLimitLayer};
-//! use tower_redis_ratelimit::{LimitLayer, PeriodConfig};
+//! use tower_redis_ratelimit::{key::HeaderKey, Backend, LimitLayer, PeriodConfig};
 //!
 //! # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
 //! let partners: HashSet<&'static str> = ["partner-1", "partner-2"].into();
-//! let limit = LimitLayer::builder(&Backend::in_process(), PeriodConfig::new(100, Duration::from_secs(60)))
+//! let config = PeriodConfig::new(100, Duration::from_secs(60));
+//! let limit = LimitLayer::builder(&Backend::in_process(), config)
 //!     .name("api")
 //!     .key(HeaderKey::from_static("x-api-key"))
 //!     .exempt(|req| req.method == http::Method::OPTIONS)
@@ -166,10 +171,9 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use tower_redis_ratelimit::key::ExtensionKey;
-//! use tower_redis_ratelimit::PeriodConfig;
-//! use tower_redis_ratelimit::LimitSet;
-//! use tower_redis_ratelimit::{Backend, ExtensionPlan, LayerBuilder, Plans};
+//! use tower_redis_ratelimit::{
+//!     key::ExtensionKey, Backend, ExtensionPlan, LimitSet, PeriodConfig, Plans,
+//! };
 //!
 //! #[derive(Clone, Copy, PartialEq, Debug)]
 //! enum Plan { Free, Pro }

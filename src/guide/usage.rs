@@ -67,7 +67,9 @@
 //! ```
 //! use std::time::Duration;
 //! use http::request::Parts;
-//! use tower_redis_ratelimit::{key::HeaderKey, limit::{Finished, Usage}, Backend, LimitLayer, LimitSet, TokenBucketConfig};
+//! use tower_redis_ratelimit::{
+//!     key::HeaderKey, limit::{Finished, Usage}, Backend, LimitLayer, LimitSet, TokenBucketConfig,
+//! };
 //!
 //! /// What a middleware before the limit read from the request body.
 //! #[derive(Clone, Copy)]
@@ -86,7 +88,10 @@
 //!
 //! # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
 //! let minute = Duration::from_secs(60);
-//! let llm = LimitLayer::builder(&Backend::in_process(), LimitSet::new().requests("rpm", TokenBucketConfig::new(60, minute, 60)).limit("tpm", TokenBucketConfig::new(10_000, minute, 10_000)))
+//! let config = LimitSet::new()
+//!     .requests("rpm", TokenBucketConfig::new(60, minute, 60))
+//!     .limit("tpm", TokenBucketConfig::new(10_000, minute, 10_000));
+//! let llm = LimitLayer::builder(&Backend::in_process(), config)
 //!     .name("llm")
 //!     .key(HeaderKey::from_static("authorization"))
 //!     .cost(|parts: &Parts| parts.extensions.get::<Estimate>().map_or(1, |e| e.0))

@@ -15,7 +15,8 @@
 //!
 //! # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
 //! let backend = Backend::in_process(); // or a Redis backend, shared by every instance
-//! let exports = LimitLayer::builder(&backend, InFlightConfig::new(2).slot_ttl(Duration::from_secs(10)))
+//! let config = InFlightConfig::new(2).slot_ttl(Duration::from_secs(10));
+//! let exports = LimitLayer::builder(&backend, config)
 //!     .name("export")
 //!     .key(HeaderKey::from_static("x-merchant-id"))
 //!     .build()?;

@@ -50,10 +50,13 @@ impl<L: Limiter, K, C, R> LimitLayer<L, K, C, R> {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use tower_redis_ratelimit::{key::{HeaderKey, KeyExtractor, PeerIp}, Backend, LimitLayer, PeriodConfig};
+    /// use tower_redis_ratelimit::{
+    ///     key::{HeaderKey, KeyExtractor, PeerIp}, Backend, LimitLayer, PeriodConfig,
+    /// };
     ///
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let layer = LimitLayer::builder(&Backend::in_process(), PeriodConfig::new(60, Duration::from_secs(60)))
+    /// let config = PeriodConfig::new(60, Duration::from_secs(60));
+    /// let layer = LimitLayer::builder(&Backend::in_process(), config)
     ///     .name("api")
     ///     .key(HeaderKey::from_static("x-api-key").or(PeerIp::new()))
     ///     .build()?;
@@ -90,7 +93,8 @@ impl<L: Limiter, K, C, R> LimitLayer<L, K, C, R> {
     ///
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let layer = LimitLayer::builder(&Backend::in_process(), PeriodConfig::new(60, Duration::from_secs(60)))
+    /// let config = PeriodConfig::new(60, Duration::from_secs(60));
+    /// let layer = LimitLayer::builder(&Backend::in_process(), config)
     ///     .name("api")
     ///     .key(HeaderKey::from_static("x-api-key"))
     ///     .build()?;
@@ -130,7 +134,8 @@ impl<L: Limiter, K, C, R> LimitLayer<L, K, C, R> {
     ///
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let layer = LimitLayer::builder(&Backend::in_process(), PeriodConfig::new(60, Duration::from_secs(60)))
+    /// let config = PeriodConfig::new(60, Duration::from_secs(60));
+    /// let layer = LimitLayer::builder(&Backend::in_process(), config)
     ///     .name("api")
     ///     .key(HeaderKey::from_static("x-api-key"))
     ///     .build()?;
@@ -169,7 +174,8 @@ impl<L: Limiter, K, C, R> LimitLayer<L, K, C, R> {
     ///
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let layer = LimitLayer::builder(&Backend::in_process(), PeriodConfig::new(60, Duration::from_secs(60)))
+    /// let config = PeriodConfig::new(60, Duration::from_secs(60));
+    /// let layer = LimitLayer::builder(&Backend::in_process(), config)
     ///     .name("api")
     ///     .key(HeaderKey::from_static("x-api-key"))
     ///     .build()?;
@@ -205,7 +211,8 @@ impl<L: Limiter, K, C, R> LimitLayer<L, K, C, R> {
     ///
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let layer = LimitLayer::builder(&Backend::in_process(), PeriodConfig::new(60, Duration::from_secs(60)))
+    /// let config = PeriodConfig::new(60, Duration::from_secs(60));
+    /// let layer = LimitLayer::builder(&Backend::in_process(), config)
     ///     .name("api")
     ///     .key(HeaderKey::from_static("x-api-key"))
     ///     .build()?;
@@ -249,11 +256,14 @@ impl<L: Limiter, K, C, R> LimitLayer<L, K, C, R> {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use tower_redis_ratelimit::{key::{HeaderKey, KeyExtractor, PeerIp}, Backend, LimitLayer, PeriodConfig};
+    /// use tower_redis_ratelimit::{
+    ///     key::{HeaderKey, KeyExtractor, PeerIp}, Backend, LimitLayer, PeriodConfig,
+    /// };
     ///
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let layer = LimitLayer::builder(&Backend::in_process(), PeriodConfig::new(60, Duration::from_secs(60)))
+    /// let config = PeriodConfig::new(60, Duration::from_secs(60));
+    /// let layer = LimitLayer::builder(&Backend::in_process(), config)
     ///     .name("api")
     ///     .key(HeaderKey::from_static("x-api-key").or(PeerIp::new()))
     ///     .build()?;

@@ -50,11 +50,15 @@ pub(crate) struct RequestBytesSlot(pub(crate) Arc<RequestBytes>);
 /// use std::time::Duration;
 /// use axum::{routing::post, Router};
 /// use http::header::CONTENT_LENGTH;
-/// use tower_redis_ratelimit::{key::HeaderKey, limit::{CountRequestBytesLayer, Usage}, Backend, HeaderCost, LimitLayer, PeriodConfig};
+/// use tower_redis_ratelimit::{
+///     key::HeaderKey, limit::{CountRequestBytesLayer, Usage}, Backend, HeaderCost, LimitLayer,
+///     PeriodConfig,
+/// };
 ///
 /// # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
 /// // 10 MB of uploads per minute per tenant, settled to the bytes read.
-/// let uploads = LimitLayer::builder(&Backend::in_process(), PeriodConfig::new(10_000_000, Duration::from_secs(60)))
+/// let config = PeriodConfig::new(10_000_000, Duration::from_secs(60));
+/// let uploads = LimitLayer::builder(&Backend::in_process(), config)
 ///     .name("uploads")
 ///     .key(HeaderKey::from_static("x-tenant"))
 ///     .cost(HeaderCost::new(CONTENT_LENGTH, 1))

@@ -250,7 +250,8 @@ impl<A, K, C, R> LayerBuilder<A, K, C, R> {
     /// use tower_redis_ratelimit::{key::GlobalKey, Backend, LimitLayer, TokenBucketConfig};
     ///
     /// # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
-    /// let trial = LimitLayer::builder(&Backend::in_process(), TokenBucketConfig::new(50, Duration::from_secs(1), 10))
+    /// let config = TokenBucketConfig::new(50, Duration::from_secs(1), 10);
+    /// let trial = LimitLayer::builder(&Backend::in_process(), config)
     ///     .name("api-v2-trial")
     ///     .key(GlobalKey)
     ///     .shadow(true)
@@ -289,11 +290,14 @@ impl<A, K, C, R> LayerBuilder<A, K, C, R> {
     /// ```
     /// use std::time::Duration;
     /// use http::{HeaderName, Request};
-    /// use tower_redis_ratelimit::{key::HeaderKey, limit::Usage, Backend, LimitLayer, TokenBucketConfig};
+    /// use tower_redis_ratelimit::{
+    ///     key::HeaderKey, limit::Usage, Backend, LimitLayer, TokenBucketConfig,
+    /// };
     ///
     /// # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
     /// // 1000 rows a minute: 100 reserved per query, settled to `x-rows`.
-    /// let layer = LimitLayer::builder(&Backend::in_process(), TokenBucketConfig::new(1_000, Duration::from_secs(60), 1_000))
+    /// let config = TokenBucketConfig::new(1_000, Duration::from_secs(60), 1_000);
+    /// let layer = LimitLayer::builder(&Backend::in_process(), config)
     ///     .name("rows")
     ///     .key(HeaderKey::from_static("x-tenant"))
     ///     .cost(|_: &http::request::Parts| 100)
@@ -319,7 +323,8 @@ impl<A, K, C, R> LayerBuilder<A, K, C, R> {
     /// use tower_redis_ratelimit::{key::HeaderKey, Backend, LimitLayer, PeriodConfig};
     ///
     /// # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
-    /// let limit = LimitLayer::builder(&Backend::in_process(), PeriodConfig::new(100, Duration::from_secs(60)))
+    /// let config = PeriodConfig::new(100, Duration::from_secs(60));
+    /// let limit = LimitLayer::builder(&Backend::in_process(), config)
     ///     .name("api")
     ///     .key(HeaderKey::from_static("x-api-key"))
     ///     // CORS preflights and the health check are not counted.
@@ -357,7 +362,8 @@ impl<A, K, C, R> LayerBuilder<A, K, C, R> {
     /// use tower_redis_ratelimit::{key::HeaderKey, Backend, LimitLayer, PeriodConfig};
     ///
     /// # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
-    /// let limit = LimitLayer::builder(&Backend::in_process(), PeriodConfig::new(100, Duration::from_secs(60)))
+    /// let config = PeriodConfig::new(100, Duration::from_secs(60));
+    /// let limit = LimitLayer::builder(&Backend::in_process(), config)
     ///     .name("api")
     ///     .key(HeaderKey::from_static("x-api-key"))
     ///     // Clients without an API key show up in the service's INFO logs.

@@ -27,7 +27,8 @@ use http::{HeaderMap, StatusCode};
 ///
 /// # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
 /// // Password resets: only the failed attempts count, 5 per hour.
-/// let layer = LimitLayer::builder(&Backend::in_process(), PeriodConfig::new(5, Duration::from_secs(3_600)))
+/// let config = PeriodConfig::new(5, Duration::from_secs(3_600));
+/// let layer = LimitLayer::builder(&Backend::in_process(), config)
 ///     .name("reset")
 ///     .key(HeaderKey::from_static("x-account"))
 ///     .count_if(CountIf::failures())

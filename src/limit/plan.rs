@@ -114,7 +114,9 @@ where
 ///
 /// ```
 /// use std::time::Duration;
-/// use tower_redis_ratelimit::{key::ExtensionKey, limit::{ExtensionPlan, Plans}, Backend, PeriodConfig};
+/// use tower_redis_ratelimit::{
+///     key::ExtensionKey, limit::{ExtensionPlan, Plans}, Backend, PeriodConfig,
+/// };
 ///
 /// /// Put into the request extensions by the authentication layer.
 /// #[derive(Clone, Copy, Debug, PartialEq)]

@@ -35,7 +35,8 @@ use super::outcome::Settle;
 ///
 /// # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
 /// // 10 MB of responses per minute per tenant.
-/// let layer = LimitLayer::builder(&Backend::in_process(), PeriodConfig::new(10_000_000, Duration::from_secs(60)))
+/// let config = PeriodConfig::new(10_000_000, Duration::from_secs(60));
+/// let layer = LimitLayer::builder(&Backend::in_process(), config)
 ///     .name("egress")
 ///     .key(HeaderKey::from_static("x-tenant"))
 ///     .settle(Usage::bytes())

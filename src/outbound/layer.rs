@@ -30,7 +30,10 @@ use crate::limiter::Limiter;
 /// use std::time::Duration;
 /// use http::{HeaderName, Request};
 /// use tower::{service_fn, ServiceBuilder, ServiceExt};
-/// use tower_redis_ratelimit::{outbound::{OutboundLayer, Waiter}, Backend, HeaderCost, TokenBucketConfig, TokenBucketLimiter};
+/// use tower_redis_ratelimit::{
+///     outbound::{OutboundLayer, Waiter}, Backend, HeaderCost, TokenBucketConfig,
+///     TokenBucketLimiter,
+/// };
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {

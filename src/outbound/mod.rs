@@ -51,7 +51,10 @@
 //! use hyper_util::client::legacy::Client;
 //! use hyper_util::rt::TokioExecutor;
 //! use tower::{ServiceBuilder, ServiceExt};
-//! use tower_redis_ratelimit::{key::HeaderKey, outbound::{OutboundError, OutboundLayer, WaitError, Waiter}, Backend, TokenBucketConfig, TokenBucketLimiter};
+//! use tower_redis_ratelimit::{
+//!     key::HeaderKey, outbound::{OutboundError, OutboundLayer, WaitError, Waiter}, Backend,
+//!     TokenBucketConfig, TokenBucketLimiter,
+//! };
 //!
 //! # #[tokio::main]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {

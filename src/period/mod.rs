@@ -127,7 +127,9 @@ impl UtcOffset {
 /// use tower_redis_ratelimit::{key::HeaderKey, Backend, LimitLayer, PeriodConfig, UtcOffset};
 ///
 /// # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
-/// let layer = LimitLayer::builder(&Backend::in_process(), PeriodConfig::new(5, Duration::from_secs(86_400)).align(UtcOffset::from_hours(8)))
+/// let limits = PeriodConfig::new(5, Duration::from_secs(86_400))
+///     .align(UtcOffset::from_hours(8));
+/// let layer = LimitLayer::builder(&Backend::in_process(), limits)
 ///     .name("sms")
 ///     .key(HeaderKey::from_static("x-phone"))
 ///     .build()?;

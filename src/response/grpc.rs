@@ -49,7 +49,8 @@ pub(crate) fn is_grpc(headers: &HeaderMap) -> bool {
 /// use tower_redis_ratelimit::{key::HeaderKey, Backend, LimitLayer, PeriodConfig};
 ///
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// let limit = LimitLayer::builder(&Backend::in_process(), PeriodConfig::new(100, Duration::from_secs(60)))
+/// let config = PeriodConfig::new(100, Duration::from_secs(60));
+/// let limit = LimitLayer::builder(&Backend::in_process(), config)
 ///     .name("grpc")
 ///     .key(HeaderKey::from_static("x-api-key"))
 ///     .build()?;
@@ -84,10 +85,13 @@ pub(crate) fn is_grpc(headers: &HeaderMap) -> bool {
 ///
 /// ```
 /// use std::time::Duration;
-/// use tower_redis_ratelimit::{key::GlobalKey, Backend, GrpcRejection, LimitLayer, TokenBucketConfig};
+/// use tower_redis_ratelimit::{
+///     key::GlobalKey, Backend, GrpcRejection, LimitLayer, TokenBucketConfig,
+/// };
 ///
 /// # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
-/// let limit = LimitLayer::builder(&Backend::in_process(), TokenBucketConfig::new(50, Duration::from_secs(1), 10))
+/// let config = TokenBucketConfig::new(50, Duration::from_secs(1), 10);
+/// let limit = LimitLayer::builder(&Backend::in_process(), config)
 ///     .name("rpc")
 ///     .key(GlobalKey)
 ///     .on_rejection(GrpcRejection)

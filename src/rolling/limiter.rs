@@ -113,7 +113,8 @@ const MAX_WINDOW_MS: u64 = 10 * 366 * 86_400_000;
 ///
 /// # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
 /// // At most 100 requests per API key within any second, in 10 buckets of 100 ms.
-/// let layer = LimitLayer::builder(&Backend::in_process(), RollingConfig::new(100, 10, Duration::from_millis(100)))
+/// let limits = RollingConfig::new(100, 10, Duration::from_millis(100));
+/// let layer = LimitLayer::builder(&Backend::in_process(), limits)
 ///     .name("api")
 ///     .key(HeaderKey::from_static("x-api-key"))
 ///     .build()?;

@@ -88,7 +88,8 @@ const TAT_EPOCH_SECS: i64 = 1_767_225_600;
 ///
 /// # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
 /// // 100 requests per second on average, bursts of up to 20.
-/// let layer = LimitLayer::builder(&Backend::in_process(), TokenBucketConfig::new(100, Duration::from_secs(1), 20))
+/// let limits = TokenBucketConfig::new(100, Duration::from_secs(1), 20);
+/// let layer = LimitLayer::builder(&Backend::in_process(), limits)
 ///     .name("api")
 ///     .key(PeerIp::new())
 ///     .build()?;
