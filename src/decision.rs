@@ -175,22 +175,13 @@ impl Decision {
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Decisions(pub(crate) Vec<Decision>);
 
-impl Decisions {
-    /// The decisions, outermost layer first.
-    pub fn iter(&self) -> std::slice::Iter<'_, Decision> {
-        self.0.iter()
-    }
+/// The decisions as a slice, outermost layer first (`all.len()`, `all.iter()`,
+/// `all[0]`).
+impl std::ops::Deref for Decisions {
+    type Target = [Decision];
 
-    /// How many layers admitted the request.
-    #[must_use]
-    pub fn len(&self) -> usize {
-        self.0.len()
-    }
-
-    /// Whether there is none (never the case in request extensions).
-    #[must_use]
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
+    fn deref(&self) -> &[Decision] {
+        &self.0
     }
 }
 

@@ -320,7 +320,7 @@ mod tests {
     #[test]
     #[cfg(feature = "metrics")]
     fn the_table_names_every_metric_with_its_kind() {
-        let docs = include_str!("metrics.rs");
+        let docs = include_str!("guide/metrics.rs");
         for (name, kind) in [
             (REQUESTS_TOTAL, "counter"),
             (NEAR_LIMIT_TOTAL, "counter"),

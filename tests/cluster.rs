@@ -8,6 +8,7 @@ use std::num::NonZeroU32;
 use std::time::Duration;
 
 use support::RedisCluster;
+use tower_redis_ratelimit::backend::RedisState;
 use tower_redis_ratelimit::deadpool_redis::{cluster, Runtime};
 use tower_redis_ratelimit::{Limiter, Source};
 use tower_redis_ratelimit::{PeriodConfig, PeriodLimiter};
@@ -100,7 +101,7 @@ async fn every_layer_limits_exactly_with_keys_over_all_slots() {
         assert_eq!(nodes.len(), 1, "{tag} on nodes {nodes:?}");
         assert_eq!(count, 3, "{tag}: one key per algorithm");
     }
-    assert_eq!(backend.redis_healthy(), Some(true));
+    assert_eq!(backend.redis_state(), Some(RedisState::Healthy));
 }
 
 #[tokio::test]

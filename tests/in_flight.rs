@@ -19,6 +19,7 @@ use support::proxy::FaultProxy;
 use support::RedisServer;
 use tokio::time::Instant;
 use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
+use tower_redis_ratelimit::backend::RedisState;
 use tower_redis_ratelimit::backend::{ShareRounding, TimeSource};
 use tower_redis_ratelimit::in_flight::{InFlightConfig, InFlightLimiter};
 use tower_redis_ratelimit::key::GlobalKey;
@@ -471,7 +472,7 @@ async fn while_redis_is_out_the_failure_policy_decides() {
 
     proxy.refuse(false);
     eventually(Duration::from_secs(10), || async {
-        backend.redis_healthy() == Some(true)
+        backend.redis_state() == Some(RedisState::Healthy)
     })
     .await;
     // Back on Redis, where the slot taken before the outage is still held.

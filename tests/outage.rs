@@ -12,6 +12,7 @@ use http::{Request, Response, StatusCode};
 use support::RedisServer;
 use tokio::time::Instant;
 use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
+use tower_redis_ratelimit::backend::RedisState;
 use tower_redis_ratelimit::key::GlobalKey;
 use tower_redis_ratelimit::LimitLayer;
 use tower_redis_ratelimit::{Backend, FailurePolicy, Limiter, Source, State};
@@ -48,7 +49,7 @@ fn backend_with(redis: &RedisServer, call_timeout: Duration) -> Backend {
 
 async fn wait_healthy(backend: &Backend, within: Duration) -> Duration {
     let start = Instant::now();
-    while backend.redis_healthy() != Some(true) {
+    while backend.redis_state() != Some(RedisState::Healthy) {
         assert!(
             start.elapsed() < within,
             "not back in redis after {within:?}"
@@ -119,7 +120,10 @@ async fn killed_redis_falls_back_then_comes_back_within_a_probe_interval() {
         3,
         "{during:?}"
     );
-    assert_eq!(backend.redis_healthy(), Some(false));
+    assert!(matches!(
+        backend.redis_state(),
+        Some(RedisState::Fallback | RedisState::Recovering)
+    ));
     assert_eq!(backend.redis_switches(), Some(1));
     redis.restart();
     let took = wait_healthy(&backend, Duration::from_secs(3)).await;
@@ -150,7 +154,7 @@ async fn a_restart_between_checks_costs_no_fallback() {
     let d = limiter.check(b"k", ONE).await;
     assert_eq!(d.source, Source::Redis);
     assert_eq!(d.remaining, 4, "the restarted server starts empty");
-    assert_eq!(backend.redis_healthy(), Some(true));
+    assert_eq!(backend.redis_state(), Some(RedisState::Healthy));
 }
 
 #[tokio::test]
@@ -175,7 +179,7 @@ async fn paused_redis_costs_a_request_at_most_the_deadline() {
     assert!(took < DEADLINE + SCHEDULING, "{took:?}");
     // Each check waits at most the deadline; once every call has failed for twice the
     // deadline, the breaker opens.
-    while backend.redis_healthy() == Some(true) {
+    while backend.redis_state() == Some(RedisState::Healthy) {
         let start = Instant::now();
         assert_eq!(limiter.check(b"k", ONE).await.source, Source::Fallback);
         let took = start.elapsed();
@@ -313,7 +317,7 @@ async fn script_flush_mid_traffic_is_invisible() {
         let sources = worker.await.unwrap();
         assert!(sources.iter().all(|s| *s == Source::Redis), "{sources:?}");
     }
-    assert_eq!(backend.redis_healthy(), Some(true));
+    assert_eq!(backend.redis_state(), Some(RedisState::Healthy));
 }
 
 #[tokio::test]
@@ -419,7 +423,7 @@ async fn redis_latency_errors_and_the_fallback_gauge_are_recorded() {
     // The kept connection breaks, and so does the attempt at a new one: a transport
     // error, answered by the fallback; the breaker opens once it has enough to judge.
     let mut failed = 0;
-    while backend.redis_healthy() == Some(true) {
+    while backend.redis_state() == Some(RedisState::Healthy) {
         assert_eq!(limiter.check(b"k", ONE).await.source, Source::Fallback);
         failed += 1;
     }

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use support::RedisServer;
+use tower_redis_ratelimit::backend::RedisState;
 use tower_redis_ratelimit::{Backend, Limiter, Source, State};
 use tower_redis_ratelimit::{PeriodConfig, PeriodLimiter, UtcOffset};
 
@@ -277,14 +278,14 @@ async fn unreachable_redis_is_answered_by_the_fallback() {
     let d = limiter.check(b"k", ONE).await;
     assert_eq!(d.source, Source::Fallback);
     // One failed call is answered by the fallback; it takes more to open the breaker.
-    assert_eq!(backend.redis_healthy(), Some(true));
+    assert_eq!(backend.redis_state(), Some(RedisState::Healthy));
     let d = limiter.check(b"k", ONE).await;
     assert_eq!(d.source, Source::Fallback);
     assert_eq!(d.state, State::HitQuota);
     assert_eq!(limiter.check(b"k", ONE).await.state, State::OverQuota);
     redis.restart();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    while backend.redis_healthy() != Some(true) {
+    while backend.redis_state() != Some(RedisState::Healthy) {
         assert!(
             tokio::time::Instant::now() < deadline,
             "probe never recovered"

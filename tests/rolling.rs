@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use support::{RedisServer, Reply, ServerClock};
 use tokio::time::Instant;
+use tower_redis_ratelimit::backend::RedisState;
 use tower_redis_ratelimit::{Backend, Limiter, Source, State};
 use tower_redis_ratelimit::{RollingConfig, RollingWindowLimiter};
 
@@ -448,7 +449,7 @@ async fn unreachable_redis_is_answered_by_the_fallback() {
     let d = limiter.check(b"k", ONE).await;
     assert_eq!(d.source, Source::Fallback);
     // One failed call is answered by the fallback; it takes more to open the breaker.
-    assert_eq!(backend.redis_healthy(), Some(true));
+    assert_eq!(backend.redis_state(), Some(RedisState::Healthy));
     let d = limiter.check(b"k", ONE).await;
     assert_eq!(d.source, Source::Fallback);
     assert_eq!(d.state, State::HitQuota);
@@ -457,7 +458,7 @@ async fn unreachable_redis_is_answered_by_the_fallback() {
     assert!(over.retry_after.unwrap() > Duration::from_secs(50));
     redis.restart();
     let deadline = Instant::now() + Duration::from_secs(5);
-    while backend.redis_healthy() != Some(true) {
+    while backend.redis_state() != Some(RedisState::Healthy) {
         assert!(Instant::now() < deadline, "probe never recovered");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }

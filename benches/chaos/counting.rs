@@ -77,7 +77,7 @@ impl SwitchWatch {
     }
 }
 
-/// Polls `backend.redis_healthy()` every millisecond and records every switch to the
+/// Polls `backend.redis_state()` every millisecond and records every switch to the
 /// fallback (`true` -> `false`) and back. The one place that counts switches: swap the
 /// polling for the backend's own counter once it has one.
 pub(crate) fn watch_switches(backend: &Backend, clock: Instant) -> SwitchWatch {
@@ -88,10 +88,16 @@ pub(crate) fn watch_switches(backend: &Backend, clock: Instant) -> SwitchWatch {
         async move {
             let mut tick = tokio::time::interval(Duration::from_millis(1));
             tick.set_missed_tick_behavior(MissedTickBehavior::Skip);
-            let mut healthy = backend.redis_healthy() != Some(false);
+            let mut healthy = !matches!(
+                backend.redis_state(),
+                Some(RedisState::Fallback | RedisState::Recovering)
+            );
             loop {
                 tick.tick().await;
-                let now = backend.redis_healthy() != Some(false);
+                let now = !matches!(
+                    backend.redis_state(),
+                    Some(RedisState::Fallback | RedisState::Recovering)
+                );
                 if now != healthy {
                     let mut log = log.lock().unwrap();
                     let at = clock.elapsed();

@@ -33,7 +33,7 @@
 //!   (no HTTP in between: the figures are the limiter's).
 //! - A decision is *from Redis* when its [`Source`] is `Redis` or `DenyCache` (a refusal
 //!   Redis gave moments ago); `Fallback` is the in-process state.
-//! - A *switch* is `Backend::redis_healthy()` going from `Some(true)` to `Some(false)`,
+//! - A *switch* is `Backend::redis_state()` going from `Some(Healthy)` to `Some(Fallback)`,
 //!   sampled every millisecond ([`watch_switches`], the one place that counts them).
 //! - *Transitions both ways* count the switches back to Redis too (the issue's "238
 //!   switches a minute" for one instance with a 500 ms probe reads like this count).
@@ -69,6 +69,7 @@ use std::time::Duration;
 
 use tokio::task::JoinSet;
 use tokio::time::{Instant, MissedTickBehavior};
+use tower_redis_ratelimit::backend::RedisState;
 use tower_redis_ratelimit::deadpool_redis::{self, Runtime};
 use tower_redis_ratelimit::{Backend, Limiter, Source};
 use tower_redis_ratelimit::{PeriodConfig, PeriodLimiter};

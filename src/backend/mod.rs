@@ -358,14 +358,6 @@ impl Backend {
         self.inner.redis.is_some()
     }
 
-    /// Whether Redis currently answers every check: `None` for an in-process backend,
-    /// `false` while the failure policies answer (or share the checks with Redis while it
-    /// recovers).
-    #[must_use]
-    pub fn redis_healthy(&self) -> Option<bool> {
-        self.inner.redis.as_ref().map(|r| r.is_healthy())
-    }
-
     /// Where the breaker stands: `None` for an in-process backend.
     ///
     /// ```
@@ -579,7 +571,7 @@ mod tests {
             .redis_url("redis://127.0.0.1:1")
             .build()
             .unwrap();
-        assert_eq!(backend.redis_healthy(), Some(true));
+        assert_eq!(backend.redis_state(), Some(RedisState::Healthy));
         let err = Backend::builder()
             .redis_url("http://not-redis")
             .build()
@@ -596,6 +588,6 @@ mod tests {
             remote.redis_key(b"ip:1.2.3.4"),
             b"app:{v1:ip:1.2.3.4}:period:sms"
         );
-        assert_eq!(b.redis_healthy(), None);
+        assert_eq!(b.redis_state(), None);
     }
 }

@@ -318,7 +318,8 @@ impl<A: WithLimit, S: LimitSource> DynamicLimiter<A, S> {
         }
     }
 
-    /// How many keys the cache holds now.
+    /// How many keys the cache holds now (for tests of its bound).
+    #[doc(hidden)]
     #[must_use]
     pub fn cached_keys(&self) -> usize {
         self.shared.slots.len()

@@ -91,6 +91,7 @@ impl<'r> Key<'r> {
     }
 
     /// Whether the key borrows its bytes (from the request or static data).
+    #[doc(hidden)]
     #[must_use]
     pub fn is_borrowed(&self) -> bool {
         matches!(self.repr, Repr::Borrowed(_))
@@ -98,6 +99,7 @@ impl<'r> Key<'r> {
 
     /// Whether building the key allocated on the heap: `false` for borrowed keys and
     /// short owned ones.
+    #[doc(hidden)]
     #[must_use]
     pub fn is_on_heap(&self) -> bool {
         matches!(&self.repr, Repr::Owned(bytes) if bytes.spilled())

@@ -34,7 +34,6 @@ use std::fmt;
 /// let tagged = TaggedKey::parse(&key);
 /// assert_eq!(tagged.tag(), b"hdr:x-merchant-id");
 /// assert_eq!(tagged.value(), b"acme");
-/// assert_eq!(tagged.value_str(), Some("acme"));
 /// assert_eq!(tagged.as_bytes(), b"hdr:x-merchant-id:acme");
 ///
 /// let pair = TaggedKey::parse(b"and:10:ip:1.2.3.4:path:/pay");
@@ -114,12 +113,6 @@ impl<'a> TaggedKey<'a> {
     #[must_use]
     pub fn value(&self) -> &'a [u8] {
         &self.key[self.value_start..]
-    }
-
-    /// The [`value`](Self::value) as text, when it is UTF-8.
-    #[must_use]
-    pub fn value_str(&self) -> Option<&'a str> {
-        std::str::from_utf8(self.value()).ok()
     }
 
     /// The two keys of an [`and`](super::KeyExtractor::and) key, each split in turn;

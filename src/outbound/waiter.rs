@@ -108,7 +108,9 @@ impl<L> Waiter<L> {
     }
 
     /// How many keys have waiters right now (each has a queue in memory; a key's queue
-    /// is removed when its last waiter is admitted, gives up or is dropped).
+    /// is removed when its last waiter is admitted, gives up or is dropped); for tests of
+    /// that bound.
+    #[doc(hidden)]
     #[must_use]
     pub fn queued_keys(&self) -> usize {
         self.shared.lanes.len()
