@@ -187,7 +187,7 @@ const MAX_LIMITS: usize = 4_096;
 /// ```
 /// use std::time::Duration;
 /// use tower_redis_ratelimit::{
-///     key::{HeaderKey, TaggedKey}, Backend, DynamicLimits, OnSourceError, PeriodConfig,
+///     LimitLayer, key::{HeaderKey, TaggedKey}, Backend, DynamicLimits, OnSourceError, PeriodConfig,
 /// };
 ///
 /// # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {

@@ -35,7 +35,7 @@
 //!
 //! ```
 //! use http::request::Parts;
-//! use tower_redis_ratelimit::{key::HeaderKey, Backend, Calendar, PeriodConfig, Plans};
+//! use tower_redis_ratelimit::{LimitLayer, key::HeaderKey, Backend, Calendar, PeriodConfig, Plans};
 //!
 //! # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
 //! const ZONES: [&str; 3] = ["America/New_York", "Europe/Berlin", "Asia/Kolkata"];

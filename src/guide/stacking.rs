@@ -172,7 +172,7 @@
 //! ```
 //! use std::time::Duration;
 //! use tower_redis_ratelimit::{
-//!     key::ExtensionKey, Backend, ExtensionPlan, LimitSet, PeriodConfig, Plans,
+//!     LimitLayer, key::ExtensionKey, Backend, ExtensionPlan, LimitSet, PeriodConfig, Plans,
 //! };
 //!
 //! #[derive(Clone, Copy, PartialEq, Debug)]

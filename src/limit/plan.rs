@@ -115,7 +115,7 @@ where
 /// ```
 /// use std::time::Duration;
 /// use tower_redis_ratelimit::{
-///     key::ExtensionKey, limit::{ExtensionPlan, Plans}, Backend, PeriodConfig,
+///     LimitLayer, key::ExtensionKey, limit::{ExtensionPlan, Plans}, Backend, PeriodConfig,
 /// };
 ///
 /// /// Put into the request extensions by the authentication layer.
