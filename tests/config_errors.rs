@@ -404,6 +404,38 @@ fn redis_url_errors_say_what_is_wrong() {
     }
 }
 
+/// No error about a Redis URL shows a secret the URL holds, wherever the URL goes wrong
+/// (issue 53, item 1): the Redis client's own text echoes the value it could not read,
+/// so the crate never passes that text on as it is.
+#[test]
+fn no_redis_url_error_shows_a_secret() {
+    let urls = [
+        // A `?` typed for `&`: the client's error quoted `resp3?password=s3cret`.
+        "redis://127.0.0.1:6379/2?protocol=resp3?password=s3cret",
+        "redis://127.0.0.1:6379/2?protocol=s3cret",
+        "redis://:s3cret@127.0.0.1:6379/2?protocol=resp9",
+        "redis://user:s3cret@127.0.0.1:6379/not-a-db",
+        "redis://127.0.0.1:6379/0?password=s3cret&protocol=x",
+        "redis://s3cret@127.0.0.1:6379/0?protocol=s3cret",
+        "redis://127.0.0.1:6379/s3cret",
+    ];
+    let mut refused = 0;
+    for url in urls {
+        if let Err(error) = Backend::builder().redis_url(url).build() {
+            refused += 1;
+            let text = error.to_string();
+            let debug = format!("{error:?}");
+            assert!(!text.contains("s3cret"), "{url}: {text}");
+            assert!(!debug.contains("s3cret"), "{url}: {debug}");
+            assert!(text.starts_with("invalid Redis URL: "), "{url}: {text}");
+        }
+    }
+    assert!(
+        refused >= 4,
+        "only {refused} of the broken URLs were refused"
+    );
+}
+
 /// Calendar windows from a file: a zone the database does not know is the builder's own
 /// error naming it; the calendar's names are checked when the file is built.
 #[test]

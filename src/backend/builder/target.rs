@@ -5,7 +5,7 @@
 use super::BackendBuilder;
 use crate::backend::redis::connect::{Connector, Target};
 use crate::backend::redis::credentials::{CredentialsProvider, Rotation};
-use crate::backend::redis::url::check_url;
+use crate::backend::redis::url::{check_url, refused};
 use crate::error::ConfigError;
 
 impl BackendBuilder {
@@ -282,10 +282,19 @@ impl BackendBuilder {
             });
         }
         let credentials = self.credentials.take().map(Rotation::new);
-        let invalid = |error: deadpool_redis::redis::RedisError| ConfigError::InvalidRedisUrl {
-            reason: error.to_string(),
-        };
         let subscription = self.subscription_url.take();
+        // Every URL given, for scrubbing the Redis client's errors of their secrets.
+        let mut given: Vec<String> = subscription.iter().cloned().collect();
+        match &self.target {
+            Some(Target::Url(url)) => given.push(url.clone()),
+            #[cfg(feature = "cluster")]
+            Some(Target::ClusterUrls(urls)) => given.extend(urls.iter().cloned()),
+            #[cfg(feature = "sentinel")]
+            Some(Target::Sentinel { urls, .. }) => given.extend(urls.iter().cloned()),
+            _ => {}
+        }
+        let given: Vec<&str> = given.iter().map(String::as_str).collect();
+        let invalid = |error: deadpool_redis::redis::RedisError| refused(&error, &given);
         if subscription.is_some() && !matches!(self.target, Some(Target::Pool(_))) {
             return Err(ConfigError::Conflict {
                 reason: "`subscription_url` is for a backend on a pool of yours: a backend \

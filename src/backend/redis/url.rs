@@ -4,6 +4,42 @@
 
 use crate::error::ConfigError;
 
+/// The Redis client's refusal of a URL as a [`ConfigError`], without what it quotes of
+/// the URL: the client's detail is the part it could not read, which may be a password
+/// or any query value (issue 53: a `?` typed for `&` put `password=...` into one). What
+/// is left is scrubbed of everything in `urls` that may be a secret.
+pub(crate) fn refused(error: &deadpool_redis::redis::RedisError, urls: &[&str]) -> ConfigError {
+    let mut reason = error.to_string();
+    if let Some(detail) = error.detail().filter(|detail| !detail.is_empty()) {
+        reason = reason.replace(detail, "(the value is not shown: it may hold a secret)");
+    }
+    let mut secrets: Vec<&str> = urls.iter().flat_map(|url| secrets(url)).collect();
+    // The longest first, so that a password is hidden whole before a part of it.
+    secrets.sort_by_key(|secret| std::cmp::Reverse(secret.len()));
+    for secret in secrets {
+        reason = reason.replace(secret, "***");
+    }
+    ConfigError::InvalidRedisUrl {
+        reason: format!("the Redis client refused it: {reason}"),
+    }
+}
+
+/// What in `url` may be a secret: the user information (everything before the last `@`,
+/// as `redact` hides it) and every query value, at least three bytes long (shorter ones
+/// would hide letters of the message; the client's detail is gone already).
+fn secrets(url: &str) -> impl Iterator<Item = &str> {
+    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
+    let info = rest.rfind('@').map(|at| &rest[..at]);
+    let user_parts = info
+        .into_iter()
+        .flat_map(|info| std::iter::once(info).chain(info.split(':')));
+    let query = rest.split_once('?').map_or("", |(_, query)| query);
+    let values = query
+        .split(['&', '?', '#'])
+        .filter_map(|pair| pair.split_once('=').map(|(_, value)| value));
+    user_parts.chain(values).filter(|secret| secret.len() >= 3)
+}
+
 /// Checks a Redis URL before the Redis client parses it, so that its error says what is
 /// wrong (the scheme, the host, the port, a cargo feature) instead of "did not parse".
 /// `which` names one URL of several (`cluster URL`, its index). Never puts the URL's
