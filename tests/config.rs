@@ -382,3 +382,57 @@ fn every_limit_form_reads_back_as_written() {
     }
     config.build().expect("every form builds");
 }
+
+/// `missing_key` reads alike in TOML, JSON and YAML (issue 53, item 2): serde_yaml 0.9
+/// refused YAML's map form `{reject: 401}`, the form the docs show, and took only its
+/// own tag form `!reject 401`. Both are read now, and a form that cannot be is an error
+/// that names the forms.
+#[test]
+fn missing_key_reads_alike_in_toml_json_and_yaml() {
+    let toml_rule = |missing: &str| {
+        parse(&format!(
+            "[[rules]]\nname = \"r\"\nlimit = {{ algorithm = \"period\", quota = 5, period = \"1m\" }}\nmissing_key = {missing}\n"
+        ))
+    };
+    let json_rule = |missing: &str| -> RulesConfig {
+        serde_json::from_str(&format!(
+            r#"{{"rules": [{{"name": "r", "limit": {{"algorithm": "period", "quota": 5, "period": "1m"}}, "missing_key": {missing}}}]}}"#
+        ))
+        .unwrap_or_else(|error| panic!("{missing}: {error}"))
+    };
+    let yaml_rule = |missing: &str| -> Result<RulesConfig, serde_yaml::Error> {
+        serde_yaml::from_str(&format!(
+            "rules:\n  - name: r\n    limit: {{algorithm: period, quota: 5, period: 1m}}\n    missing_key: {missing}\n"
+        ))
+    };
+    let cases = [
+        (
+            "{ reject = 401 }",
+            r#"{"reject": 401}"#,
+            ["{reject: 401}", "!reject 401"],
+        ),
+        ("\"allow\"", r#""allow""#, ["allow", "!allow"]),
+        (
+            "{ key = \"anonymous\" }",
+            r#"{"key": "anonymous"}"#,
+            ["{key: anonymous}", "!key anonymous"],
+        ),
+    ];
+    for (toml_text, json_text, yaml_texts) in cases {
+        let want = toml_rule(toml_text);
+        assert_eq!(json_rule(json_text), want, "{json_text}");
+        for yaml_text in yaml_texts {
+            let got = yaml_rule(yaml_text).unwrap_or_else(|error| panic!("{yaml_text}: {error}"));
+            assert_eq!(got, want, "{yaml_text}");
+        }
+    }
+    // The status is checked as in TOML, and an unknown form names the known ones.
+    let status = yaml_rule("{reject: 200}").unwrap_err().to_string();
+    assert!(status.contains("not an HTTP error status"), "{status}");
+    let unknown = yaml_rule("{refuse: 401}").unwrap_err().to_string();
+    assert!(unknown.contains("reject"), "{unknown}");
+    let two = yaml_rule("{reject: 401, allow: null}")
+        .unwrap_err()
+        .to_string();
+    assert!(two.contains("not several"), "{two}");
+}

@@ -37,6 +37,9 @@ pub type RuleLayer = LimitLayer<Arc<dyn Limiter>, Box<dyn KeyExtractor>, u32>;
 /// headers = true                   # `RateLimit` headers on admitted responses
 /// missing_key = { reject = 400 }   # or "allow", or { key = "anonymous" }
 /// ```
+///
+/// In YAML the same forms are maps too (`missing_key: {reject: 401}`, `allow`,
+/// `{key: anonymous}`); YAML's own tags (`!reject 401`) are read as well.
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 #[non_exhaustive]
@@ -117,7 +120,7 @@ impl RuleConfig {
         if self.cost == 0 {
             return Err(ConfigError::Zero { setting: "cost" });
         }
-        let mut builder = LayerBuilder::new(backend, self.limit.clone())
+        let mut builder = LayerBuilder::new(backend, self.limit)
             .name(self.name.clone())
             .key(Box::new(self.key.build()?) as Box<dyn KeyExtractor>)
             .cost(self.cost)
@@ -410,13 +413,92 @@ fn format_offset(offset: UtcOffset) -> String {
 }
 
 /// How a [`MissingKey`] is written in a file: `"allow"`, `{ reject = 400 }` or
-/// `{ key = "anonymous" }`.
-#[derive(Deserialize, Serialize)]
+/// `{ key = "anonymous" }`, in every format: a one-entry table or map (TOML, JSON, and
+/// YAML's `{reject: 401}`), or an enum value the format has its own syntax for (YAML's
+/// `!reject 401`).
+#[derive(Serialize)]
 #[serde(rename_all = "snake_case")]
 pub(crate) enum MissingKeyFile {
     Reject(u16),
     Allow,
     Key(String),
+}
+
+/// The names of [`MissingKeyFile`], for serde's messages.
+const MISSING_KEY_FORMS: &[&str] = &["reject", "allow", "key"];
+
+#[derive(Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum MissingKeyTag {
+    Reject,
+    Allow,
+    Key,
+}
+
+/// The same enum, derived: what an enum value of the format (a YAML tag) reads into.
+#[derive(Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum MissingKeyEnum {
+    Reject(u16),
+    Allow,
+    Key(String),
+}
+
+impl<'de> Deserialize<'de> for MissingKeyFile {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        use serde::de::{self, EnumAccess, MapAccess, Visitor};
+
+        struct Form;
+
+        impl<'de> Visitor<'de> for Form {
+            type Value = MissingKeyFile;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("\"allow\", { reject = <status> } or { key = \"<key>\" }")
+            }
+
+            fn visit_str<E: de::Error>(self, name: &str) -> Result<MissingKeyFile, E> {
+                match name {
+                    "allow" => Ok(MissingKeyFile::Allow),
+                    "reject" | "key" => Err(E::custom(format_args!(
+                        "`{name}` needs a value: write {{ {name} = ... }}"
+                    ))),
+                    _ => Err(E::unknown_variant(name, MISSING_KEY_FORMS)),
+                }
+            }
+
+            fn visit_map<M: MapAccess<'de>>(self, mut map: M) -> Result<MissingKeyFile, M::Error> {
+                let Some(tag) = map.next_key::<MissingKeyTag>()? else {
+                    return Err(de::Error::invalid_length(0, &"one of reject, allow, key"));
+                };
+                let form = match tag {
+                    MissingKeyTag::Reject => MissingKeyFile::Reject(map.next_value()?),
+                    MissingKeyTag::Allow => map
+                        .next_value::<de::IgnoredAny>()
+                        .map(|_| MissingKeyFile::Allow)?,
+                    MissingKeyTag::Key => MissingKeyFile::Key(map.next_value()?),
+                };
+                if map.next_key::<de::IgnoredAny>()?.is_some() {
+                    return Err(de::Error::custom(
+                        "`missing_key` is one of reject, allow or key, not several",
+                    ));
+                }
+                Ok(form)
+            }
+
+            fn visit_enum<A: EnumAccess<'de>>(self, data: A) -> Result<MissingKeyFile, A::Error> {
+                let value =
+                    MissingKeyEnum::deserialize(de::value::EnumAccessDeserializer::new(data))?;
+                Ok(match value {
+                    MissingKeyEnum::Reject(code) => MissingKeyFile::Reject(code),
+                    MissingKeyEnum::Allow => MissingKeyFile::Allow,
+                    MissingKeyEnum::Key(key) => MissingKeyFile::Key(key),
+                })
+            }
+        }
+
+        deserializer.deserialize_any(Form)
+    }
 }
 
 impl TryFrom<MissingKeyFile> for MissingKey {

@@ -222,7 +222,7 @@ impl Index {
             let replies = redis
                 .commands(&pipe)
                 .await
-                .map_err(|error| AdminError::Listing(error.to_string().into()))?;
+                .map_err(|error| AdminError::Listing(error.to_string()))?;
             replies.first().and_then(read_entries).ok_or_else(|| {
                 AdminError::Listing("redis answered ZRANGEBYSCORE with an unexpected reply".into())
             })
