@@ -236,7 +236,8 @@ impl ForwardedIp {
     }
 
     /// The trusted networks.
-    pub fn trusted(&self) -> &[IpNet] {
+    #[cfg(test)]
+    pub(crate) fn trusted(&self) -> &[IpNet] {
         &self.trusted
     }
 

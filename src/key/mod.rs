@@ -293,7 +293,7 @@ impl KeyOrigin {
     /// The origin of a key made of two extractors' (either one's, or both): the server
     /// when either is.
     #[must_use]
-    pub fn either(self, other: Self) -> Self {
+    pub(crate) fn either(self, other: Self) -> Self {
         if self == Self::Server || other == Self::Server {
             Self::Server
         } else {

@@ -97,10 +97,6 @@ impl HeaderKey {
         }
     }
 
-    /// The header this extractor reads.
-    pub fn name(&self) -> &HeaderName {
-        &self.name
-    }
 }
 
 impl KeyExtractor for HeaderKey {

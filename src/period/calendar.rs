@@ -169,7 +169,7 @@ impl Calendar {
 
     /// The zone's name, as given (its first 64 bytes).
     #[must_use]
-    pub fn zone(&self) -> &str {
+    pub(crate) fn zone(&self) -> &str {
         std::str::from_utf8(&self.zone[..usize::from(self.zone_len)]).unwrap_or_default()
     }
 

@@ -48,7 +48,7 @@ impl UtcOffset {
 
     /// Seconds east of UTC.
     #[must_use]
-    pub const fn seconds(self) -> i32 {
+    pub(crate) const fn seconds(self) -> i32 {
         self.seconds
     }
 }
