@@ -8,7 +8,7 @@
 //! curl -s http://127.0.0.1:3000/metrics | grep ^ratelimit_
 //! ```
 //!
-//! The names and labels are listed in the crate's `metrics` module. `REDIS_URL` keeps the
+//! The names and labels are listed in the crate's `guide::metrics` page. `REDIS_URL` keeps the
 //! limit in Redis (and adds the Redis latency histogram and the fallback gauge); `PORT`
 //! overrides the port (3000).
 

@@ -75,12 +75,12 @@
 //! | feature | default | enables |
 //! |---|---|---|
 //! | `axum` | yes | key extractors that read axum's `ConnectInfo` and `MatchedPath` ([`PeerIp`](key::PeerIp) reads the peer address, `key::MatchedPathKey`), and `Rules::apply` on an `axum::Router` |
-//! | `admin` | no | an axum router with JSON endpoints that peek, reset, block and refund a client by the value its requests carry, and list what is blocked (the `admin` module) |
+//! | `admin` | no | an axum router with JSON endpoints that peek, reset, block and refund a client by the value its requests carry, and list what is blocked (`AdminRouter`) |
 //! | `cluster` | no | Redis Cluster pools (`BackendBuilder::redis_cluster`, `redis_cluster_urls`) |
-//! | `grpc` | no | gRPC rejections for tonic: trailers-only `RESOURCE_EXHAUSTED` with `RetryInfo` and `QuotaFailure` (the `grpc` module), and the peer address of tonic's `TcpConnectInfo` for [`PeerIp`](key::PeerIp) |
+//! | `grpc` | no | gRPC rejections for tonic: trailers-only `RESOURCE_EXHAUSTED` with `RetryInfo` and `QuotaFailure` (`GrpcRejection`), and the peer address of tonic's `TcpConnectInfo` for [`PeerIp`](key::PeerIp) |
 //! | `tls` | no | TLS to Redis with rustls and ring (no system OpenSSL): `rediss://` URLs, a custom CA (`BackendBuilder::tls_ca_pem`), client certificates (`tls_client_auth_pem`) |
 //! | `sentinel` | no | Redis Sentinel: a backend that follows the master a group of sentinels names (`BackendBuilder::redis_sentinel`) |
-//! | `serde` | no | configuration as data: the backend and rules from a TOML/YAML/JSON file or the environment (the `config` module) |
+//! | `serde` | no | configuration as data: the backend and rules from a TOML/YAML/JSON file or the environment (`RulesConfig`) |
 //! | `metrics` | no | counters and histograms with the [`metrics`](https://docs.rs/metrics) crate (listed in [`guide::metrics`]) |
 //!
 //! Items that need a feature say which one in these docs. The examples that need one

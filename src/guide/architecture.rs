@@ -6,11 +6,11 @@
 //!
 //! | layer | modules | what it does |
 //! |---|---|---|
-//! | faces | `lib.rs`, `layers.rs`, [`config`](crate::RulesConfig) | the layers users build (`PeriodLimitLayer`, ...), their settings, rules as data |
+//! | faces | `lib.rs` (the flat root: every config, limiter, rejection and error), `layers.rs`, `config/` ([`RulesConfig`](crate::RulesConfig)) | the layers users build ([`LimitLayer::builder`](crate::LimitLayer::builder) with an algorithm's config), rules as data |
 //! | the inbound limit | [`limit`](crate::limit) | one generic [`Limit`](crate::Limit) and its future: key, cost, check, then the inner service or the rejection |
 //! | the client side | [`outbound`](crate::outbound) | a [`Waiter`](crate::outbound::Waiter) over any `Limiter` (one first-in, first-out queue per key, sleeping for the refusal's retry-after) and the layer that waits before calling a client |
-//! | the edges | [`response`](crate::OnRejection), [`key`](crate::key) | what clients see (HTTP `429`, gRPC `RESOURCE_EXHAUSTED`, the `RateLimit` headers) and which bucket a request counts against |
-//! | algorithms | [`period`](crate::PeriodConfig), [`token_bucket`](crate::TokenBucketConfig), [`rolling`](crate::RollingConfig) | each a pure step (stored state, now, cost, settings) -> (state, decision), with two hosts: a Lua script and the in-process state |
+//! | the edges | `response/` ([`OnRejection`](crate::OnRejection)), [`key`](crate::key) | what clients see (HTTP `429`, gRPC `RESOURCE_EXHAUSTED`, the `RateLimit` headers) and which bucket a request counts against |
+//! | algorithms | `period/` ([`PeriodConfig`](crate::PeriodConfig)), `token_bucket/` ([`TokenBucketConfig`](crate::TokenBucketConfig)), `rolling/` ([`RollingConfig`](crate::RollingConfig)), `set.rs` ([`LimitSet`](crate::LimitSet)), crate-private modules whose types the root re-exports | each a pure step (stored state, now, cost, settings) -> (state, decision), with two hosts: a Lua script and the in-process state |
 //! | deciding | `backend/decide/` | a check's journey in one file (`check.rs`: route, lease, breaker, deny cache, coalescing, engine call, conclusion, failure policy) and the handles' operations beside it (`operate.rs`); the engine's Lua, the deny cache, coalescing, leases, blocks and the Redis key layout |
 //! | the backend | [`backend`](crate::backend) (its handle and builder), `backend/redis/`, `local.rs`, `clock.rs` | where state lives: the Redis connection and its judgement (URLs, TLS, Sentinel, credentials, connections, the breaker and its probe, fault kinds, the scripts' clock), knowing nothing of deciding, and the bounded in-process host |
 //! | building blocks | `ring/` (crate-private) | the pure ring of time buckets under the rolling-window limiter's in-process host and the breaker's `RollingWindow`; uses nothing else of the crate |

@@ -6,7 +6,7 @@
 //! `grpc` feature, refused calls get the gRPC answer (`RESOURCE_EXHAUSTED`, trailers-only,
 //! with `RetryInfo` and `QuotaFailure` details), keys come from metadata with
 //! [`HeaderKey`](crate::key::HeaderKey), and admitted calls carry the `RateLimit`
-//! headers as initial metadata. See the `grpc` module and the `grpc`
+//! headers as initial metadata. See `GrpcRejection` and the `grpc`
 //! example (`cargo run --example grpc --features grpc`), a health service that any
 //! standard gRPC health client can exhaust.
 //!

@@ -15,7 +15,7 @@
 //! # Configuration as data
 //!
 //! With the `serde` feature, the backend and the rules can come from a file or the
-//! environment instead of code: the `config` module's `RulesConfig` (a `[backend]`
+//! environment instead of code: `RulesConfig` (a `[backend]`
 //! table and a list of `[[rules]]`) is a plain `serde` type, read by the loader of your
 //! choice (`toml`, `serde_yaml`, `serde_json`, `figment`...). Unknown fields are errors,
 //! durations are human strings (`"100ms"`, `"1day"`), and building goes through the

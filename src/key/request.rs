@@ -96,7 +96,6 @@ impl HeaderKey {
             name: HeaderName::from_static(name),
         }
     }
-
 }
 
 impl KeyExtractor for HeaderKey {

@@ -46,7 +46,8 @@ impl UtcOffset {
         Self { seconds }
     }
 
-    /// Seconds east of UTC.
+    /// Seconds east of UTC (how a rule file writes it back).
+    #[cfg(feature = "serde")]
     #[must_use]
     pub(crate) const fn seconds(self) -> i32 {
         self.seconds

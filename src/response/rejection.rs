@@ -49,7 +49,7 @@ pub struct MissingKeyRejection<'a> {
 /// Rejections are `429 Too Many Requests` by default ([`DefaultRejection`](crate::DefaultRejection)); swap in
 /// [`ProblemJson`](crate::ProblemJson) or any closure that turns a [`Rejection`] into a response. With the
 /// `grpc` feature both built-in rejections answer gRPC calls with a gRPC status instead
-/// (see the `grpc` module). Whatever the response, the service adds `Retry-After`
+/// (see `GrpcRejection`). Whatever the response, the service adds `Retry-After`
 /// (when waiting helps) and the IETF draft headers
 /// `RateLimit-Policy: "name";q=<quota>;w=<seconds>` and
 /// `RateLimit: "name";r=<remaining>;t=<seconds>`.
