@@ -47,27 +47,22 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// The quickstart's routes, each limited per `x-api-key` header (client IP without one).
 pub(crate) fn app(backend: &Backend) -> Result<Router, ConfigError> {
     let key = || HeaderKey::from_static("x-api-key").or(PeerIp::new());
-    let period = LimitLayer::builder(
-        backend,
-        PeriodConfig::new(PERIOD_QUOTA, Duration::from_secs(30)),
-    )
-    .name("period")
-    .key(key())
-    .build()?;
-    let token = LimitLayer::builder(
-        backend,
-        TokenBucketConfig::new(1, Duration::from_secs(10), TOKEN_BURST),
-    )
-    .name("token")
-    .key(key())
-    .build()?;
-    let rolling = LimitLayer::builder(
-        backend,
-        RollingConfig::new(ROLLING_LIMIT, 10, Duration::from_secs(2)),
-    )
-    .name("rolling")
-    .key(key())
-    .build()?;
+    let second = Duration::from_secs(1);
+    let period = PeriodConfig::new(PERIOD_QUOTA, 30 * second);
+    let token = TokenBucketConfig::new(1, 10 * second, TOKEN_BURST);
+    let rolling = RollingConfig::new(ROLLING_LIMIT, 10, 2 * second);
+    let period = LimitLayer::builder(backend, period)
+        .name("period")
+        .key(key())
+        .build()?;
+    let token = LimitLayer::builder(backend, token)
+        .name("token")
+        .key(key())
+        .build()?;
+    let rolling = LimitLayer::builder(backend, rolling)
+        .name("rolling")
+        .key(key())
+        .build()?;
     Ok(Router::new()
         .route("/period", get(report).layer(period))
         .route("/token", get(report).layer(token))
