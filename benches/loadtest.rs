@@ -56,9 +56,7 @@ use deadpool_redis::redis::{self, aio::MultiplexedConnection};
 use tower_redis_ratelimit::key::HeaderKey;
 use tower_redis_ratelimit::PeriodConfig;
 use tower_redis_ratelimit::TokenBucketConfig;
-use tower_redis_ratelimit::{
-    deadpool_redis, Backend, LayerBuilder, PeriodLimitLayer, RollingWindowLayer, TokenBucketLayer,
-};
+use tower_redis_ratelimit::{deadpool_redis, Backend};
 
 #[path = "support/routes.rs"]
 mod routes;

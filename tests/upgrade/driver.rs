@@ -19,10 +19,20 @@ use std::time::{Duration, Instant};
 
 use tower_redis_ratelimit::backend::TimeSource;
 use tower_redis_ratelimit::{Backend, Limiter, Source, State};
-use tower_redis_ratelimit::{LimitSet, SetLimiter};
-use tower_redis_ratelimit::{PeriodConfig, PeriodLimiter};
-use tower_redis_ratelimit::{RollingConfig, RollingWindowLimiter};
-use tower_redis_ratelimit::{TokenBucketConfig, TokenBucketLimiter};
+// The previous version (tests/upgrade/BASE) kept each algorithm in a module of its own;
+// scripts/two-versions builds the driver against it with `--cfg upgrade_base`.
+#[cfg(upgrade_base)]
+use tower_redis_ratelimit::{
+    period::{PeriodConfig, PeriodLimiter},
+    rolling::{RollingConfig, RollingWindowLimiter},
+    set::{LimitSet, SetLimiter},
+    token_bucket::{TokenBucketConfig, TokenBucketLimiter},
+};
+#[cfg(not(upgrade_base))]
+use tower_redis_ratelimit::{
+    LimitSet, PeriodConfig, PeriodLimiter, RollingConfig, RollingWindowLimiter, SetLimiter,
+    TokenBucketConfig, TokenBucketLimiter,
+};
 
 const HOUR: Duration = Duration::from_secs(3600);
 
