@@ -2,10 +2,8 @@
 //! [block](crate::Limiter::block) or a lockout, and the [`Listing`] future of
 //! [`Limiter::blocked`](crate::Limiter::blocked), which fails with an [`AdminError::Listing`].
 
-use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::task::{Context, Poll};
 use std::time::SystemTime;
 
 use crate::error::AdminError;
@@ -96,56 +94,24 @@ impl Blocked {
     }
 }
 
-/// What [`Listing`] resolves to.
-type Listed = Result<Vec<Blocked>, AdminError>;
-
 /// The answer of [`Limiter::blocked`](crate::Limiter::blocked): a future of the keys
 /// blocked now, soonest end first, or an [`AdminError::Listing`] when the store of the
 /// list did not answer.
-///
-/// ```
-/// use std::time::{Duration, SystemTime};
-/// use tower_redis_ratelimit::{Blocked, Listing};
-///
-/// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() -> Result<(), tower_redis_ratelimit::AdminError> {
-/// // What a limiter of your own answers: a list it holds, or one it has to fetch.
-/// let until = SystemTime::now() + Duration::from_secs(60);
-/// let listing = Listing::ready(Ok(vec![Blocked::new("api", "fn:trap", until)]));
-/// assert_eq!(listing.await?.len(), 1);
-/// let fetched = Listing::pending(async { Ok(Vec::new()) });
-/// assert!(fetched.await?.is_empty());
-/// # Ok(()) }
-/// ```
-#[must_use = "a listing does nothing unless awaited"]
-pub struct Listing(Pin<Box<dyn Future<Output = Listed> + Send + 'static>>);
+pub(crate) type Listing =
+    Pin<Box<dyn Future<Output = Result<Vec<Blocked>, AdminError>> + Send + 'static>>;
 
-impl Listing {
-    /// A list that is already known.
-    pub fn ready(listed: Result<Vec<Blocked>, AdminError>) -> Self {
-        Self(Box::pin(std::future::ready(listed)))
-    }
-
-    /// A list that needs a round trip.
-    pub fn pending(
-        future: impl Future<Output = Result<Vec<Blocked>, AdminError>> + Send + 'static,
-    ) -> Self {
-        Self(Box::pin(future))
-    }
-
-    /// The entries of every one of `listings`, soonest end first, at most `max` (the
-    /// first error, if any of them fails).
-    pub(crate) fn merged(listings: Vec<Listing>, max: usize) -> Self {
-        Self::pending(async move {
-            let mut all = Vec::new();
-            for listing in listings {
-                all.extend(listing.await?);
-            }
-            sort(&mut all);
-            all.truncate(max);
-            Ok(all)
-        })
-    }
+/// The entries of every one of `listings`, soonest end first, at most `max` (the first
+/// error, if any of them fails).
+pub(crate) fn merged(listings: Vec<Listing>, max: usize) -> Listing {
+    Box::pin(async move {
+        let mut all = Vec::new();
+        for listing in listings {
+            all.extend(listing.await?);
+        }
+        sort(&mut all);
+        all.truncate(max);
+        Ok(all)
+    })
 }
 
 /// Sorts `entries` soonest end first (then by limit and key: one order for the same
@@ -154,18 +120,4 @@ pub(crate) fn sort(entries: &mut [Blocked]) {
     entries.sort_by(|a, b| {
         (a.until, &a.limit, a.key.as_bytes()).cmp(&(b.until, &b.limit, b.key.as_bytes()))
     });
-}
-
-impl Future for Listing {
-    type Output = Listed;
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Listed> {
-        self.0.as_mut().poll(cx)
-    }
-}
-
-impl fmt::Debug for Listing {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("Listing")
-    }
 }

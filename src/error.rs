@@ -1,6 +1,5 @@
 //! Errors: [`ConfigError`] when a layer or backend is built, [`AdminError`] when an admin
-//! action by value does nothing, and the boxed error the code you plug in (limit sources,
-//! credentials providers) returns.
+//! action by value does nothing.
 
 use std::fmt;
 
@@ -9,7 +8,7 @@ use crate::key::KeyForError;
 /// The error a [`LimitSource`](crate::LimitSource) or a
 /// [`CredentialsProvider`](crate::backend::CredentialsProvider) may return: any error
 /// that is `Send + Sync` (the same type as `tower::BoxError`).
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// A configuration that cannot work, reported when the layer or backend is built.
 ///

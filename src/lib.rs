@@ -129,16 +129,14 @@ pub use ipnet;
 #[cfg_attr(docsrs, doc(cfg(feature = "admin")))]
 pub use crate::admin::AdminRouter;
 pub use crate::backend::{Backend, BackendBuilder, FailurePolicy};
-pub use crate::blocked::{Blocked, Listing};
+pub use crate::blocked::Blocked;
 #[cfg(feature = "serde")]
 #[cfg_attr(docsrs, doc(cfg(feature = "serde")))]
-pub use crate::config::{BackendConfig, KeyConfig, RuleConfig, RuleLayer, Rules, RulesConfig};
+pub use crate::config::{BackendConfig, KeyConfig, RuleConfig, Rules, RulesConfig};
 pub use crate::cost::{Cost, HeaderCost};
 pub use crate::decision::{Decision, Decisions, Policy, Source, State};
-pub use crate::dynamic::{
-    DynamicLimiter, DynamicLimits, LimitSource, Lookup, OnSourceError, WithLimit,
-};
-pub use crate::error::{AdminError, BoxError, ConfigError};
+pub use crate::dynamic::{DynamicLimiter, DynamicLimits, LimitSource, OnSourceError, WithLimit};
+pub use crate::error::{AdminError, ConfigError};
 pub use crate::in_flight::{InFlightConfig, InFlightLimitLayer, InFlightLimiter};
 pub use crate::layers::{PeriodLimitLayer, RollingWindowLayer, TokenBucketLayer};
 pub use crate::limit::{ExtensionPlan, LayerBuilder, Limit, LimitLayer, MissingKey, Plans};
@@ -150,8 +148,7 @@ pub use crate::period::{Calendar, PeriodConfig, PeriodLimiter, UtcOffset, Weekda
 #[cfg_attr(docsrs, doc(cfg(feature = "grpc")))]
 pub use crate::response::grpc::GrpcRejection;
 pub use crate::response::{
-    DefaultRejection, MissingKeyRejection, OnRejection, ProblemJson, Rejection, RATELIMIT,
-    RATELIMIT_POLICY,
+    DefaultRejection, MissingKeyRejection, OnRejection, ProblemJson, Rejection,
 };
 pub use crate::rolling::{RollingConfig, RollingWindowLimiter};
 pub use crate::set::{LimitConfig, LimitSet, SetLimiter};

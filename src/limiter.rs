@@ -6,8 +6,9 @@ use std::num::NonZeroU32;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use crate::blocked::Listing;
+use crate::blocked::{Blocked, Listing};
 use crate::decision::{Decision, Policy};
+use crate::error::AdminError;
 
 /// A rate-limit algorithm bound to a backend: the one thing the generic
 /// [`Limit`](crate::Limit) service asks.
@@ -222,6 +223,9 @@ pub trait Limiter: Send + Sync + 'static {
     /// The keys this limiter refuses now because of a [block](Self::block) or a lockout,
     /// soonest end first, at most `max` of them: each with the limit's name, the key
     /// and when its block ends. `None` when this limiter cannot list them (the default).
+    /// The future fails with an [`AdminError::Listing`] when the store of the list did
+    /// not answer; a limiter of your own answers a list it holds with
+    /// `Box::pin(std::future::ready(Ok(list)))`.
     ///
     /// A listing reads a small list of the blocks kept beside them, never the keyspace:
     /// on Redis, a sorted set per limit (`<prefix>:blocked:<algorithm>:<name>`, see
@@ -258,7 +262,11 @@ pub trait Limiter: Send + Sync + 'static {
     /// assert_eq!(keys, [("login", &b"alice"[..]), ("login", &b"mallory"[..])]);
     /// # Ok(()) }
     /// ```
-    fn blocked(&self, max: usize) -> Option<Listing> {
+    #[allow(clippy::type_complexity)] // a boxed future, named in full
+    fn blocked(
+        &self,
+        max: usize,
+    ) -> Option<Pin<Box<dyn Future<Output = Result<Vec<Blocked>, AdminError>> + Send>>> {
         let _ = max;
         None
     }

@@ -13,12 +13,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use http::{header, Request, Response, StatusCode};
+use support::http::RATELIMIT_POLICY;
 use support::RedisServer;
 use tower::{service_fn, BoxError, ServiceBuilder, ServiceExt};
 use tower_redis_ratelimit::key::{ExtensionKey, HeaderKey, KeyExtractor, TaggedKey};
 use tower_redis_ratelimit::limit::Algorithm;
 use tower_redis_ratelimit::PeriodConfig;
-use tower_redis_ratelimit::RATELIMIT_POLICY;
 use tower_redis_ratelimit::{Backend, LimitLayer, Limiter, Source, State};
 use tower_redis_ratelimit::{DynamicLimits, LimitSource, OnSourceError};
 

@@ -15,11 +15,11 @@ use axum::body::Body;
 use axum::Router;
 use http::{header, Method, Request, Response, StatusCode};
 use support::http::value;
+use support::http::{RATELIMIT, RATELIMIT_POLICY};
 use support::RedisServer;
 use tower::ServiceExt;
 use tower_redis_ratelimit::Backend;
 use tower_redis_ratelimit::{LimitLayer, PeriodConfig};
-use tower_redis_ratelimit::{RATELIMIT, RATELIMIT_POLICY};
 
 // ---------------------------------------------------------------------------
 // The `tenants` example: per user, per plan, per merchant

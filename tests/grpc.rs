@@ -12,6 +12,7 @@ mod example;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use support::http::{RATELIMIT, RATELIMIT_POLICY};
 use support::RedisServer;
 use tonic::metadata::MetadataValue;
 use tonic::transport::{Channel, Endpoint};
@@ -23,7 +24,6 @@ use tonic_types::StatusExt;
 use tower_redis_ratelimit::key::HeaderKey;
 use tower_redis_ratelimit::{Backend, MissingKey};
 use tower_redis_ratelimit::{LimitLayer, TokenBucketConfig};
-use tower_redis_ratelimit::{RATELIMIT, RATELIMIT_POLICY};
 
 /// Starts the example's server on a free loopback port.
 async fn start_example(backend: Backend) -> SocketAddr {

@@ -13,12 +13,13 @@ use bytes::Bytes;
 use http::{header, Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use support::http::Served;
+use support::http::{RATELIMIT, RATELIMIT_POLICY};
 use support::RedisServer;
 use tower::{service_fn, ServiceBuilder, ServiceExt};
 use tower_redis_ratelimit::key::{ForwardedIp, GlobalKey, HeaderKey, KeyExtractor, PeerIp};
+use tower_redis_ratelimit::Rejection;
 use tower_redis_ratelimit::{Backend, ConfigError, Decision, MissingKey, ProblemJson, State};
 use tower_redis_ratelimit::{LimitLayer, PeriodConfig};
-use tower_redis_ratelimit::{Rejection, RATELIMIT, RATELIMIT_POLICY};
 
 fn header_str<'a>(response: &'a Response<()>, name: &http::HeaderName) -> &'a str {
     response

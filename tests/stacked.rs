@@ -12,13 +12,13 @@ use std::time::{Duration, Instant};
 use http::{header, Request, StatusCode};
 use http_body_util::BodyExt;
 use support::http::value;
+use support::http::{RATELIMIT, RATELIMIT_POLICY};
 use support::stack::{counting, keyed, shadow_layer, stack};
 use support::RedisServer;
 use tower::ServiceExt;
 use tower_redis_ratelimit::key::HeaderKey;
 use tower_redis_ratelimit::{Backend, Limiter, PeriodLimitLayer, State};
 use tower_redis_ratelimit::{LimitLayer, PeriodConfig};
-use tower_redis_ratelimit::{RATELIMIT, RATELIMIT_POLICY};
 
 // ---------------------------------------------------------------------------
 // Stacked limits on a plain tower stack

@@ -10,7 +10,7 @@ use super::decide::deny::DenyCache;
 use super::decide::engine::ENGINE;
 use super::redis::changes::OnChange;
 use super::redis::connect::{Target, Tls};
-use super::redis::credentials::CredentialsProvider;
+use super::redis::credentials::BoxedProvider;
 use super::redis::health::BreakerConfig;
 use super::redis::time::TimeSource;
 use super::redis::{Engine, RedisBackend};
@@ -38,7 +38,7 @@ pub struct BackendBuilder {
     subscription_url: Option<String>,
     #[cfg(feature = "sentinel")]
     master_auth: Option<(String, String)>,
-    credentials: Option<Box<dyn CredentialsProvider>>,
+    credentials: Option<Box<dyn BoxedProvider>>,
     prefix: String,
     call_timeout: Duration,
     probe_interval: Duration,

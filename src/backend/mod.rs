@@ -162,7 +162,7 @@ pub(crate) use self::decide::layout::{Layout, Owner};
 pub(crate) use self::decide::lease::Leases;
 pub(crate) use self::decide::operate::{list_blocked, operate, peek_each, Operation};
 pub(crate) use self::redis::call::{Args, Call};
-pub use self::redis::credentials::{Credentials, CredentialsFuture, CredentialsProvider};
+pub use self::redis::credentials::{Credentials, CredentialsProvider};
 pub use self::redis::health::RedisState;
 pub(crate) use self::redis::time::Scripts;
 pub use self::redis::time::TimeSource;

@@ -267,8 +267,8 @@ impl KeyConfig {
 }
 
 /// The key extractor a [`KeyConfig`] builds: one type for every extractor, so rules
-/// with different keys are layers of one type ([`RuleLayer`](super::RuleLayer), which
-/// holds it boxed).
+/// with different keys are layers of one type (a `LimitLayer<Arc<dyn Limiter>,
+/// Box<dyn KeyExtractor>>`, which holds it boxed).
 #[derive(Debug, Clone)]
 pub(crate) struct RuleKey(Inner);
 

@@ -4,15 +4,19 @@ mod backend;
 mod key;
 mod rule;
 
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
 
 pub use self::backend::BackendConfig;
 pub use self::key::KeyConfig;
+pub use self::rule::RuleConfig;
 pub(crate) use self::rule::{MissingKeyFile, PeriodFile, RollingFile, TokenBucketFile};
-pub use self::rule::{RuleConfig, RuleLayer};
-
 use crate::backend::Backend;
 use crate::error::ConfigError;
+use crate::key::KeyExtractor;
+use crate::limit::LimitLayer;
+use crate::limiter::Limiter;
 
 /// A backend and the rules on it: the whole of a rule file. Configuration as data
 /// (feature `serde`): the backend and the rate-limit rules from a TOML, YAML or JSON file, or the environment, through the loader of your choice.
@@ -24,8 +28,8 @@ use crate::error::ConfigError;
 /// so a setting that cannot work is the same [`ConfigError`] when the layers are built,
 /// never a surprise at request time.
 ///
-/// Every rule builds a [`RuleLayer`], one type whatever its algorithm and key, so the
-/// layers of a file fit in one `Vec`; [`Rules::apply`] stacks them on an axum router.
+/// Every rule builds a `LimitLayer<Arc<dyn Limiter>, Box<dyn KeyExtractor>>`, one type
+/// whatever its algorithm and key, so the layers of a file fit in one `Vec`; [`Rules::apply`] stacks them on an axum router.
 ///
 /// | setting | TOML |
 /// |---|---|
@@ -143,7 +147,7 @@ pub struct Rules {
     /// The backend every layer runs on.
     pub backend: Backend,
     /// One layer per rule, outermost first.
-    pub layers: Vec<RuleLayer>,
+    pub layers: Vec<LimitLayer<Arc<dyn Limiter>, Box<dyn KeyExtractor>>>,
 }
 
 impl Rules {

@@ -18,10 +18,6 @@ use crate::rolling::{RollingConfig, RollingWindowLimiter};
 use crate::set::LimitConfig;
 use crate::token_bucket::{TokenBucketConfig, TokenBucketLimiter};
 
-/// The layer a [`RuleConfig`] builds: one type whatever the algorithm and the key, so a
-/// rule file's layers fit in one `Vec`.
-pub type RuleLayer = LimitLayer<Arc<dyn Limiter>, Box<dyn KeyExtractor>, u32>;
-
 /// One rate-limit rule: a named limit, its key and how its layer behaves.
 ///
 /// Every setting left out keeps the default of [`LayerBuilder`]. Unknown fields are
@@ -154,7 +150,11 @@ impl RuleConfig {
     /// # Errors
     ///
     /// The [`ConfigError`] the builders report for the first setting that cannot work.
-    pub fn build(&self, backend: &Backend) -> Result<RuleLayer, ConfigError> {
+    #[allow(clippy::type_complexity)] // the one type every rule builds, named in full
+    pub fn build(
+        &self,
+        backend: &Backend,
+    ) -> Result<LimitLayer<Arc<dyn Limiter>, Box<dyn KeyExtractor>>, ConfigError> {
         self.builder(backend)?.build()
     }
 }

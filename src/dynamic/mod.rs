@@ -6,7 +6,6 @@ mod limiter;
 mod tests;
 
 use std::future::Future;
-use std::pin::Pin;
 use std::time::Duration;
 
 pub use self::limiter::DynamicLimiter;
@@ -16,9 +15,6 @@ use crate::limit::Algorithm;
 use crate::period::PeriodConfig;
 use crate::rolling::RollingConfig;
 use crate::token_bucket::TokenBucketConfig;
-
-/// The future of one lookup.
-pub type Lookup = Pin<Box<dyn Future<Output = Result<Option<u64>, BoxError>> + Send>>;
 
 /// Where per-key limits come from: your database or config service.
 ///
@@ -43,8 +39,11 @@ pub type Lookup = Pin<Box<dyn Future<Output = Result<Option<u64>, BoxError>> + S
 /// # takes(source);
 /// ```
 pub trait LimitSource: Send + Sync + 'static {
-    /// Looks up the limit of `key`.
-    fn limit(&self, key: TaggedKey<'_>) -> Lookup;
+    /// Looks up the limit of `key`; any error that is `Send + Sync` (`tower::BoxError`).
+    fn limit(
+        &self,
+        key: TaggedKey<'_>,
+    ) -> impl Future<Output = Result<Option<u64>, Box<dyn std::error::Error + Send + Sync>>> + Send;
 }
 
 impl<F, Fut, E> LimitSource for F
@@ -53,9 +52,12 @@ where
     Fut: Future<Output = Result<Option<u64>, E>> + Send + 'static,
     E: Into<BoxError>,
 {
-    fn limit(&self, key: TaggedKey<'_>) -> Lookup {
+    fn limit(
+        &self,
+        key: TaggedKey<'_>,
+    ) -> impl Future<Output = Result<Option<u64>, BoxError>> + Send {
         let lookup = self(key);
-        Box::pin(async move { lookup.await.map_err(Into::into) })
+        async move { lookup.await.map_err(Into::into) }
     }
 }
 

@@ -17,9 +17,9 @@
 //! | [`block(key, duration)`](crate::Limiter::block) | refuses the key for a while, on every instance |
 //! | [`blocked(max)`](crate::Limiter::blocked) | lists the keys blocked now (by a block or a lockout), with their ends |
 //!
-//! `peek`, `refund`, `reset` and `block` return `Option<DecisionFuture>`, `blocked` an
-//! `Option<Listing>`: `None` for a limiter that cannot (your own, unless it implements
-//! them). A listing reads a small list kept beside the blocks, never the keyspace (see
+//! `peek`, `refund`, `reset` and `block` return `Option<DecisionFuture>`, `blocked` a
+//! boxed future of the list in an `Option`: `None` for a limiter that cannot (your own,
+//! unless it implements them). A listing reads a small list kept beside the blocks, never the keyspace (see
 //! [Listing what is blocked](crate::guide::operations#listing-what-is-blocked)). A per-plan layer's limiter
 //! ([`PlanLimiter`](crate::limit::PlanLimiter)) resets and blocks a key under every
 //! plan and peeks and refunds under the first plan ([`plan`](crate::limit::PlanLimiter::plan)

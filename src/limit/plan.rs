@@ -331,7 +331,7 @@ where
             .iter()
             .filter_map(|(_, limiter)| limiter.blocked(max))
             .collect();
-        (!listings.is_empty()).then(|| Listing::merged(listings, max))
+        (!listings.is_empty()).then(|| crate::blocked::merged(listings, max))
     }
 
     /// Reserves under the default (first) plan.

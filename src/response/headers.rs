@@ -11,9 +11,9 @@ use super::rejection::ceil_secs;
 use crate::decision::{Decision, Policy, Source};
 
 /// The `RateLimit` header (IETF draft-ietf-httpapi-ratelimit-headers-10).
-pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+pub(crate) const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 /// The `RateLimit-Policy` header (IETF draft-ietf-httpapi-ratelimit-headers-10).
-pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+pub(crate) const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
 
 /// The size of each buffer a thread writes its `RateLimit` values into.
 const VALUES_CAPACITY: usize = 4096;

@@ -8,7 +8,6 @@ mod http;
 mod rejection;
 
 pub(crate) use self::headers::{policy_header, HeaderParts, Ready};
-pub use self::headers::{RATELIMIT, RATELIMIT_POLICY};
 pub(crate) use self::http::missing_key;
 pub use self::http::{DefaultRejection, ProblemJson};
 pub use self::rejection::{MissingKeyRejection, OnRejection, Rejection};

@@ -11,6 +11,12 @@ use hyper_util::rt::TokioExecutor;
 
 type HttpClient = Client<HttpConnector, Empty<Bytes>>;
 
+/// The `RateLimit` header (IETF draft-ietf-httpapi-ratelimit-headers-10).
+pub(crate) const RATELIMIT: http::HeaderName = http::HeaderName::from_static("ratelimit");
+/// The `RateLimit-Policy` header.
+pub(crate) const RATELIMIT_POLICY: http::HeaderName =
+    http::HeaderName::from_static("ratelimit-policy");
+
 /// An app served on `127.0.0.1:0`, with the peer address in `ConnectInfo`.
 pub(crate) struct Served {
     pub(crate) addr: SocketAddr,

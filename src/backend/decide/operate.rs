@@ -371,11 +371,11 @@ pub(crate) fn list_blocked<T: Hosts + ?Sized>(store: &Arc<T>, name: &str, max: u
             .collect();
         crate::blocked::sort(&mut listed);
         listed.truncate(max);
-        return Listing::ready(Ok(listed));
+        return Box::pin(std::future::ready(Ok(listed)));
     };
     let read = remote.index.read(redis, now_us / 1_000, max);
     let name = name.to_owned();
-    Listing::pending(async move {
+    Box::pin(async move {
         let mut listed: Vec<Blocked> = read
             .await?
             .into_iter()

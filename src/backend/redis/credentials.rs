@@ -89,9 +89,6 @@ impl fmt::Debug for Credentials {
     }
 }
 
-/// The future a [`CredentialsProvider`] returns.
-pub type CredentialsFuture = Pin<Box<dyn Future<Output = Result<Credentials, BoxError>> + Send>>;
-
 /// Where short-lived Redis credentials come from (AWS ElastiCache and MemoryDB IAM
 /// tokens, Azure Entra ID tokens, a secrets manager): see
 /// [`BackendBuilder::credentials`](crate::BackendBuilder::credentials).
@@ -123,7 +120,9 @@ pub trait CredentialsProvider: Send + Sync + 'static {
     /// Fresh credentials. An error keeps the connections on their current credentials
     /// (asked again with a backoff, logged at most every ten seconds) and fails a new
     /// connection, which the layers' [failure policy](crate::FailurePolicy) answers for.
-    fn credentials(&self) -> CredentialsFuture;
+    fn credentials(
+        &self,
+    ) -> impl Future<Output = Result<Credentials, Box<dyn std::error::Error + Send + Sync>>> + Send;
 }
 
 impl<F, Fut, E> CredentialsProvider for F
@@ -132,9 +131,24 @@ where
     Fut: Future<Output = Result<Credentials, E>> + Send + 'static,
     E: Into<BoxError>,
 {
-    fn credentials(&self) -> CredentialsFuture {
+    fn credentials(&self) -> impl Future<Output = Result<Credentials, BoxError>> + Send {
         let future = self();
-        Box::pin(async move { future.await.map_err(Into::into) })
+        async move { future.await.map_err(Into::into) }
+    }
+}
+
+/// A [`CredentialsProvider`] behind a `dyn`: its future boxed.
+pub(crate) trait BoxedProvider: Send + Sync + 'static {
+    fn credentials(
+        &self,
+    ) -> Pin<Box<dyn Future<Output = Result<Credentials, BoxError>> + Send + '_>>;
+}
+
+impl<P: CredentialsProvider> BoxedProvider for P {
+    fn credentials(
+        &self,
+    ) -> Pin<Box<dyn Future<Output = Result<Credentials, BoxError>> + Send + '_>> {
+        Box::pin(CredentialsProvider::credentials(self))
     }
 }
 
@@ -176,7 +190,7 @@ impl Fetched {
 /// The backend's credentials: the provider, the current credentials, and a log that
 /// says at most every ten seconds that the provider fails.
 struct Shared {
-    provider: Box<dyn CredentialsProvider>,
+    provider: Box<dyn BoxedProvider>,
     current: watch::Sender<Option<Fetched>>,
     /// One fetch at a time: connections made together share it.
     fetching: Mutex<()>,
@@ -197,7 +211,7 @@ impl fmt::Debug for Rotation {
 }
 
 impl Rotation {
-    pub(crate) fn new(provider: Box<dyn CredentialsProvider>) -> Self {
+    pub(crate) fn new(provider: Box<dyn BoxedProvider>) -> Self {
         Self(Arc::new(Shared {
             provider,
             current: watch::Sender::new(None),
