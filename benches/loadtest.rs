@@ -73,7 +73,7 @@ const DEFAULT_BATCH_AFTER: usize = 2;
 const MAX_RATE: u64 = 1_000_000;
 /// The script every check runs (the engine), for the bare `EVALSHA` route.
 fn token_script() -> String {
-    tower_redis_ratelimit::backend::engine_script()
+    tower_redis_ratelimit::engine_script()
 }
 
 /// The epoch of the token bucket's arrival times (the crate's, 2026-01-01Z).
@@ -127,9 +127,7 @@ impl Bare {
             .query_async(&mut conn)
             .await;
         match reply.as_deref() {
-            Ok(reply) if tower_redis_ratelimit::backend::engine_admits(reply) => {
-                (StatusCode::OK, "ok")
-            }
+            Ok(reply) if tower_redis_ratelimit::engine_admits(reply) => (StatusCode::OK, "ok"),
             Ok(_) => (StatusCode::TOO_MANY_REQUESTS, "refused\n"),
             Err(_) => (StatusCode::BAD_GATEWAY, "redis error\n"),
         }

@@ -6,7 +6,7 @@ use std::fmt;
 use crate::key::KeyForError;
 
 /// The error a [`LimitSource`](crate::LimitSource) or a
-/// [`CredentialsProvider`](crate::backend::CredentialsProvider) may return: any error
+/// [`CredentialsProvider`](crate::CredentialsProvider) may return: any error
 /// that is `Send + Sync` (the same type as `tower::BoxError`).
 pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 

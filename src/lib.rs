@@ -92,7 +92,7 @@
 
 #[cfg(feature = "admin")]
 mod admin;
-pub mod backend;
+mod backend;
 mod blocked;
 mod clock;
 #[cfg(feature = "serde")]
@@ -128,7 +128,12 @@ pub use ipnet;
 #[cfg(feature = "admin")]
 #[cfg_attr(docsrs, doc(cfg(feature = "admin")))]
 pub use crate::admin::AdminRouter;
-pub use crate::backend::{Backend, BackendBuilder, FailurePolicy};
+#[doc(hidden)]
+pub use crate::backend::{engine_admits, engine_script, ManualClock};
+pub use crate::backend::{
+    Backend, BackendBuilder, Credentials, CredentialsProvider, FailurePolicy, RedisState,
+    RedisUnavailable, ShareRounding, TimeSource,
+};
 pub use crate::blocked::Blocked;
 #[cfg(feature = "serde")]
 #[cfg_attr(docsrs, doc(cfg(feature = "serde")))]

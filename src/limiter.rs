@@ -229,7 +229,7 @@ pub trait Limiter: Send + Sync + 'static {
     ///
     /// A listing reads a small list of the blocks kept beside them, never the keyspace:
     /// on Redis, a sorted set per limit (`<prefix>:blocked:<algorithm>:<name>`, see
-    /// [Redis keys](crate::backend#redis-keys)) read with one `ZRANGEBYSCORE` of at
+    /// [Redis keys](crate::guide::deployments#redis-keys)) read with one `ZRANGEBYSCORE` of at
     /// most `max` entries, whatever the number of keys the limit counts; in process, a
     /// registry of the blocked keys themselves. The block's own key stays the truth: the
     /// list is advisory. A block or a reset made through a handle is listed (or gone)

@@ -97,7 +97,7 @@ impl From<RollingConfig> for LimitConfig {
 /// `Retry-After` is the longest wait among the limits that refused.
 ///
 /// On Redis Cluster, the keys of one request's limits share one hash slot: they are
-/// built around the same `{v1:<key>}` hash tag (see [Redis keys](crate::backend#redis-keys)),
+/// built around the same `{v1:<key>}` hash tag (see [Redis keys](crate::guide::deployments#redis-keys)),
 /// so a set needs nothing more. A set decides the limits of one key; limits on different
 /// keys (per user *and* per merchant) are separate layers.
 ///

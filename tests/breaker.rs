@@ -18,7 +18,7 @@ use std::time::Duration;
 use support::proxy::FaultProxy;
 use support::RedisServer;
 use tokio::time::Instant;
-use tower_redis_ratelimit::backend::RedisState;
+use tower_redis_ratelimit::RedisState;
 use tower_redis_ratelimit::{Backend, FailurePolicy, Limiter, Source, State};
 use tower_redis_ratelimit::{PeriodConfig, PeriodLimiter};
 

@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use support::RedisServer;
 use tokio::time::Instant;
-use tower_redis_ratelimit::backend::{ManualClock, TimeSource};
 use tower_redis_ratelimit::{Backend, Decision, Limiter, Source};
+use tower_redis_ratelimit::{ManualClock, TimeSource};
 use tower_redis_ratelimit::{PeriodConfig, PeriodLimiter, UtcOffset};
 use tower_redis_ratelimit::{RollingConfig, RollingWindowLimiter};
 use tower_redis_ratelimit::{TokenBucketConfig, TokenBucketLimiter};

@@ -8,8 +8,8 @@ use std::num::NonZeroU32;
 use std::time::Duration;
 
 use support::RedisCluster;
-use tower_redis_ratelimit::backend::RedisState;
 use tower_redis_ratelimit::deadpool_redis::{cluster, Runtime};
+use tower_redis_ratelimit::RedisState;
 use tower_redis_ratelimit::{Limiter, Source};
 use tower_redis_ratelimit::{PeriodConfig, PeriodLimiter};
 use tower_redis_ratelimit::{RollingConfig, RollingWindowLimiter};
@@ -236,7 +236,7 @@ async fn in_flight_slots_on_keys_over_all_slots() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rotating_credentials_reauthenticate_every_nodes_connection() {
     use std::sync::{Arc, Mutex};
-    use tower_redis_ratelimit::backend::Credentials;
+    use tower_redis_ratelimit::Credentials;
 
     let cluster = RedisCluster::start(3);
     let add_user = |user: &str, password: &str| {

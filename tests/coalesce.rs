@@ -352,7 +352,7 @@ async fn a_coalesced_call_decides_and_writes_as_its_checks_one_by_one() {
 #[test]
 fn a_coalesced_call_replies_one_item_per_check_an_admit_packed() {
     let redis = RedisServer::start();
-    let script = tower_redis_ratelimit::backend::engine_script();
+    let script = tower_redis_ratelimit::engine_script();
     // A token bucket of 3 tokens (one an hour), alone and in a set with a fixed window
     // of 4 an hour, or of 2^40 a day (too large to pack); costs 1, 1, 5 (refused), 1, 1
     // (refused: the bucket is empty).
@@ -578,7 +578,7 @@ fn round_cost_shared(round: usize, _at: usize) -> NonZeroU32 {
 async fn batching_and_reference(
     redis: &RedisServer,
     functions: bool,
-    time: tower_redis_ratelimit::backend::TimeSource,
+    time: tower_redis_ratelimit::TimeSource,
     run: &str,
 ) -> Vec<(String, Box<dyn Limiter>, Box<dyn Limiter>)> {
     let backend = |batch_after| {
@@ -617,7 +617,7 @@ async fn batching_and_reference(
 /// the same (their batches send the cost once).
 #[tokio::test]
 async fn a_batch_of_keys_decides_as_its_checks_one_by_one() {
-    use tower_redis_ratelimit::backend::TimeSource;
+    use tower_redis_ratelimit::TimeSource;
     let (redis, clock) = RedisServer::start_with_clock();
     let t0: i64 = 1_800_000_000_000_000 + 654_321;
     type Costs = fn(usize, usize) -> NonZeroU32;
@@ -771,7 +771,7 @@ fn round_delta(round: usize, at: usize) -> i64 {
 /// round's checks agree too).
 #[tokio::test]
 async fn settlements_go_with_the_batches_and_settle_as_one_by_one() {
-    use tower_redis_ratelimit::backend::TimeSource;
+    use tower_redis_ratelimit::TimeSource;
     let (redis, clock) = RedisServer::start_with_clock();
     let t0: i64 = 1_800_000_000_000_000 + 321_987;
     for functions in [true, false] {

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use support::RedisServer;
 use tokio::time::Instant;
-use tower_redis_ratelimit::backend::Credentials;
+use tower_redis_ratelimit::Credentials;
 use tower_redis_ratelimit::{Backend, ConfigError, Limiter, Source};
 use tower_redis_ratelimit::{PeriodConfig, PeriodLimiter};
 

@@ -31,11 +31,11 @@ use std::time::Duration;
 
 use support::monitor::{monitor_words, Monitor};
 use support::{raw_cmd, RedisServer, Reply, ServerClock};
-use tower_redis_ratelimit::backend::{ManualClock, TimeSource};
 use tower_redis_ratelimit::in_flight::{InFlightConfig, InFlightLimiter};
 use tower_redis_ratelimit::{lua_texts, Backend, Limiter};
 use tower_redis_ratelimit::{Calendar, PeriodConfig, PeriodLimiter, UtcOffset};
 use tower_redis_ratelimit::{LimitSet, SetLimiter};
+use tower_redis_ratelimit::{ManualClock, TimeSource};
 use tower_redis_ratelimit::{RollingConfig, RollingWindowLimiter};
 use tower_redis_ratelimit::{TokenBucketConfig, TokenBucketLimiter};
 

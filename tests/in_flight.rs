@@ -19,13 +19,13 @@ use support::proxy::FaultProxy;
 use support::RedisServer;
 use tokio::time::Instant;
 use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
-use tower_redis_ratelimit::backend::RedisState;
-use tower_redis_ratelimit::backend::{ShareRounding, TimeSource};
 use tower_redis_ratelimit::in_flight::{InFlightConfig, InFlightLimiter};
 use tower_redis_ratelimit::key::GlobalKey;
 use tower_redis_ratelimit::key::HeaderKey;
 use tower_redis_ratelimit::LimitLayer;
+use tower_redis_ratelimit::RedisState;
 use tower_redis_ratelimit::{Backend, FailurePolicy, Source, State};
+use tower_redis_ratelimit::{ShareRounding, TimeSource};
 
 /// A backend of its own (its own connection, made before its first call) on `url`,
 /// with generous deadlines: the renewals of these tests must not miss on a loaded

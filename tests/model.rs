@@ -74,10 +74,10 @@ use kept::{Clock, Kept};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use support::{RedisServer, ServerClock};
-use tower_redis_ratelimit::backend::{ManualClock, TimeSource};
 use tower_redis_ratelimit::{Backend, Decision, Limiter, Source, State};
 use tower_redis_ratelimit::{Calendar, PeriodConfig, PeriodLimiter, UtcOffset};
 use tower_redis_ratelimit::{LimitSet, SetLimiter};
+use tower_redis_ratelimit::{ManualClock, TimeSource};
 use tower_redis_ratelimit::{RollingConfig, RollingWindowLimiter};
 use tower_redis_ratelimit::{TokenBucketConfig, TokenBucketLimiter};
 

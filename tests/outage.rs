@@ -12,9 +12,9 @@ use http::{Request, Response, StatusCode};
 use support::RedisServer;
 use tokio::time::Instant;
 use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
-use tower_redis_ratelimit::backend::RedisState;
 use tower_redis_ratelimit::key::GlobalKey;
 use tower_redis_ratelimit::LimitLayer;
+use tower_redis_ratelimit::RedisState;
 use tower_redis_ratelimit::{Backend, FailurePolicy, Limiter, Source, State};
 use tower_redis_ratelimit::{PeriodConfig, PeriodLimiter};
 use tower_redis_ratelimit::{TokenBucketConfig, TokenBucketLimiter};
@@ -464,7 +464,7 @@ async fn redis_latency_errors_and_the_fallback_gauge_are_recorded() {
 /// least one, the same limit admits one per instance.
 #[tokio::test]
 async fn a_fallback_share_rounded_to_nothing_refuses_until_redis_is_back() {
-    use tower_redis_ratelimit::backend::ShareRounding;
+    use tower_redis_ratelimit::ShareRounding;
     let mut redis = RedisServer::start();
     let url = redis.url();
     redis.kill();

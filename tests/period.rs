@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use support::RedisServer;
-use tower_redis_ratelimit::backend::RedisState;
+use tower_redis_ratelimit::RedisState;
 use tower_redis_ratelimit::{Backend, Limiter, Source, State};
 use tower_redis_ratelimit::{PeriodConfig, PeriodLimiter, UtcOffset};
 

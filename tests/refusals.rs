@@ -9,7 +9,7 @@ mod support;
 use std::num::NonZeroU32;
 
 use support::RedisServer;
-use tower_redis_ratelimit::backend::TimeSource;
+use tower_redis_ratelimit::TimeSource;
 use tower_redis_ratelimit::{Backend, Limiter, Source};
 use tower_redis_ratelimit::{PeriodConfig, PeriodLimiter};
 use tower_redis_ratelimit::{TokenBucketConfig, TokenBucketLimiter};

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use support::{RedisServer, Reply, ServerClock};
 use tokio::time::Instant;
-use tower_redis_ratelimit::backend::RedisState;
+use tower_redis_ratelimit::RedisState;
 use tower_redis_ratelimit::{Backend, Limiter, Source, State};
 use tower_redis_ratelimit::{RollingConfig, RollingWindowLimiter};
 

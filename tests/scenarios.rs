@@ -14,10 +14,10 @@ use std::num::NonZeroU32;
 use std::time::Duration;
 
 use support::{RedisServer, ServerClock};
-use tower_redis_ratelimit::backend::{ManualClock, TimeSource};
 use tower_redis_ratelimit::{Backend, Limiter, Source, State};
 use tower_redis_ratelimit::{Calendar, PeriodConfig, PeriodLimiter, UtcOffset, Weekday};
 use tower_redis_ratelimit::{LimitSet, SetLimiter};
+use tower_redis_ratelimit::{ManualClock, TimeSource};
 use tower_redis_ratelimit::{RollingConfig, RollingWindowLimiter};
 use tower_redis_ratelimit::{TokenBucketConfig, TokenBucketLimiter};
 

@@ -13,9 +13,9 @@ use tower::{service_fn, ServiceBuilder, ServiceExt};
 
 use support::sentinel::{SentinelGroup, MASTER_NAME};
 use tokio::time::Instant;
-use tower_redis_ratelimit::backend::RedisState;
 use tower_redis_ratelimit::key::GlobalKey;
 use tower_redis_ratelimit::LimitLayer;
+use tower_redis_ratelimit::RedisState;
 use tower_redis_ratelimit::{Limiter, Source};
 use tower_redis_ratelimit::{PeriodConfig, PeriodLimiter};
 

@@ -69,8 +69,8 @@ use std::time::Duration;
 
 use tokio::task::JoinSet;
 use tokio::time::{Instant, MissedTickBehavior};
-use tower_redis_ratelimit::backend::RedisState;
 use tower_redis_ratelimit::deadpool_redis::{self, Runtime};
+use tower_redis_ratelimit::RedisState;
 use tower_redis_ratelimit::{Backend, Limiter, Source};
 use tower_redis_ratelimit::{PeriodConfig, PeriodLimiter};
 use tracing_subscriber::layer::SubscriberExt;

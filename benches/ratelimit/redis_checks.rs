@@ -54,7 +54,7 @@ const IN_FLIGHT: usize = 32;
 const TAT_EPOCH_SECS: i64 = 1_767_225_600;
 
 static TOKEN_SCRIPT: LazyLock<redis::Script> =
-    LazyLock::new(|| redis::Script::new(&tower_redis_ratelimit::backend::engine_script()));
+    LazyLock::new(|| redis::Script::new(&tower_redis_ratelimit::engine_script()));
 
 /// A token bucket of `rate` tokens per `period_secs` and a burst of `rate`: the limiter's
 /// configuration, and the script arguments the limiter sends for it.
@@ -441,7 +441,7 @@ pub(crate) fn benches(c: &mut Criterion) {
         let mut conn = pool.get().await.expect("redis connection");
         let sha: String = redis::cmd("SCRIPT")
             .arg("LOAD")
-            .arg(tower_redis_ratelimit::backend::engine_script())
+            .arg(tower_redis_ratelimit::engine_script())
             .query_async(&mut conn)
             .await
             .expect("SCRIPT LOAD");
@@ -463,7 +463,7 @@ pub(crate) fn benches(c: &mut Criterion) {
                 .await
                 .expect("EVALSHA");
             assert_eq!(
-                tower_redis_ratelimit::backend::engine_admits(&reply),
+                tower_redis_ratelimit::engine_admits(&reply),
                 admitted == 1,
                 "{reply:?}"
             );

@@ -250,7 +250,7 @@ impl BackendBuilder {
     }
 
     /// The prefix of every Redis key (default `ratelimit`), e.g. to share one Redis
-    /// between applications; see [Redis keys](crate::backend#redis-keys) for the whole layout.
+    /// between applications; see [Redis keys](crate::guide::deployments#redis-keys) for the whole layout.
     /// At most 128 bytes, without `{`, `}`, control characters, quotes or backslashes.
     pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
         self.prefix = prefix.into();

@@ -58,7 +58,7 @@
 //! boundaries of three windows around the caller's clock (the one before, the current
 //! one, the next), computed from the zone's rules with [jiff](https://docs.rs/jiff) and
 //! cached until the window ends; the script picks the window of the time it reads (the
-//! Redis server's, or the caller's with [`TimeSource::Caller`](crate::backend::TimeSource))
+//! Redis server's, or the caller's with [`TimeSource::Caller`](crate::TimeSource))
 //! and the key expires at that window's end (`PXAT`). So with the server's clock, the
 //! server decides which day a request falls in, even when the caller's clock is off by
 //! seconds; with the callers' clocks, an edge is as precise as the clocks (see the table

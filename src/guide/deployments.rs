@@ -1,4 +1,5 @@
-//! Redis deployments: Cluster, TLS, ACL users, Sentinel, managed servers, and hot keys.
+//! Redis deployments: Cluster, TLS, ACL users, Sentinel, managed servers, hot keys, and
+//! the keys the crate writes.
 //!
 //! # Redis Cluster
 //!
@@ -7,7 +8,7 @@
 //! `TCP_NODELAY`), or a `deadpool_redis::cluster` pool with
 //! `BackendBuilder::redis_cluster`. Every check is one script on the keys of one hash
 //! slot: its limits' keys, `<prefix>:{v1:<escaped key>}:<algorithm>:<name>` (one, or a
-//! set's members; the [layout](crate::backend#redis-keys)), and the key's block,
+//! set's members; the [layout](#redis-keys)), and the key's block,
 //! `<prefix>:{v1:<escaped key>}:block:...`, so it runs on the node that owns that slot;
 //! no script touches two slots and there are no hash tags to plan. (The list of a
 //! limit's blocked keys, `<prefix>:blocked:...`, is outside every hash tag and written
@@ -54,7 +55,7 @@
 //! on a wrong password or certificate; otherwise a refused login is a server-wide fault:
 //! the breaker opens, one `warn` says why, and the failure policies answer.
 //!
-//! With [`TimeSource::Caller`](crate::backend::TimeSource), every instance sends its own
+//! With [`TimeSource::Caller`](crate::TimeSource), every instance sends its own
 //! clock, so instances whose clocks differ by up to `s` (their hosts' difference, plus
 //! the time a check takes to reach Redis) bend each limit by at most `s`; every
 //! instance on one Redis must use the same time source:
@@ -107,3 +108,128 @@
 //!   [`reset`](crate::Limiter::reset) ends the lease of the instance that calls it at
 //!   once; another instance may still answer its lease (at most its size, within its
 //!   lifetime), then asks Redis and is refused by the block.
+//!
+//! # Redis keys
+//!
+//! Each limited key of each limiter is one Redis key (a string for the fixed window and
+//! the token bucket, a hash for the rolling window, a sorted set of leases for an
+//! [in-flight](crate::in_flight) limit), laid out as (layout version 1):
+//!
+//! ```text
+//! <prefix>:{v1:<escaped key>}:<algorithm>:<name>
+//! ```
+//!
+//! - `<prefix>` is the backend's [prefix](crate::BackendBuilder::prefix) (default `ratelimit`);
+//! - `v1` is the version of this layout: a later layout gets another version, so it can
+//!   never read (or be read as) this one's state;
+//! - `<escaped key>` is the key's bytes (as the [key extractor](crate::key) made them,
+//!   tag included) with `%` written `%25`, `{` written `%7B` and `}` written `%7D`, every
+//!   other byte (`:`, bytes that are not UTF-8, ...) kept as it is;
+//! - `<algorithm>` is `period`, `token`, `rolling` or `inflight`, and `<name>` the limiter's
+//!   [name](crate::LayerBuilder::name).
+//!
+//! For example, the `sms` fixed-window limit of the client with API key `k1` is
+//! `ratelimit:{v1:hdr:x-api-key:k1}:period:sms`.
+//!
+//! The limits of a [set](crate::LimitSet) and the blocks of every limit have places of their
+//! own after the hash tag:
+//!
+//! ```text
+//! <prefix>:{v1:<escaped key>}:set:<set name length>:<set name>:<algorithm>:<limit>
+//! <prefix>:{v1:<escaped key>}:block:<the limit key's part after `}:`>
+//! ```
+//!
+//! so the `daily` limit of the set `reports` is `…}:set:7:reports:period:daily`, the
+//! block of the `login` limit is `…}:block:period:login` and a set's block is its first
+//! limit's (`…}:block:set:7:reports:token:burst`). A per-plan layer's plan `free` of
+//! layer `api` is the limiter named `api.free` (a handle of that name reaches it).
+//!
+//! No two (prefix, algorithm, name, key) tuples share a Redis key, whatever bytes they
+//! hold: prefixes and names contain no `{` or `}` (checked when they are built), so the
+//! first `{` ends the prefix; the escaped key contains no `{` or `}`, so the first `}`
+//! ends it; the algorithm contains no `:`, so the name is the rest. `set` and `block`
+//! are not algorithms, a set's name is length-prefixed and what follows `block:` is a
+//! whole limit's part, so no set limit, block or name (`n:block`, `x.y`, ...) ever
+//! reaches another limit's key.
+//!
+//! The part in braces is a Redis Cluster hash tag: a key's slot is determined by
+//! `v1:` and the escaped key alone, so keys spread over the whole cluster by limited key,
+//! and the keys of every limit on one limited key share a slot (what a script that
+//! checks several limits of one request at once needs). The tag is never empty, not even
+//! for the empty key.
+//!
+//! Every script declares every key it touches in `KEYS`, as Redis Cluster, Dragonfly
+//! and managed servers require, and writes it `KEYS[i]` in each command (cluster
+//! proxies such as Alibaba Cloud's read the script's text): a check declares its limits'
+//! keys (one, or a set's) and the key's block, all in the limited key's hash slot, and
+//! reads only its limits' keys unless the key is blocked (see [blocks](#blocks-on-redis));
+//! the health probe only
+//! `<prefix>:probe`. A reset or a block also publishes the limit's key on the channel
+//! `<prefix>:changes` (not a key), to which every backend built from URLs subscribes
+//! (see [Changes on every instance](crate::guide::operations#changes-on-every-instance)):
+//! an ACL user needs `&<prefix>:changes` for changes to reach every instance at once;
+//! without it they still do within the deny cache's max age.
+//!
+//! Each limit also keeps the list of its blocked keys, for
+//! [`Limiter::blocked`](crate::Limiter::blocked), in a key of its own outside every hash
+//! tag (on Redis Cluster, in a slot of its own), written by the crate in calls of its
+//! own beside the blocks (see [Listing what is
+//! blocked](crate::guide::operations#listing-what-is-blocked)):
+//!
+//! ```text
+//! <prefix>:blocked:<the limit key's part after `}:`>
+//! ```
+//!
+//! a sorted set of the blocked keys (the key's bytes, unescaped) scored by their
+//! blocks' ends in Unix milliseconds: `ratelimit:blocked:period:login`, a set's
+//! `ratelimit:blocked:set:7:reports:token:burst`.
+//!
+//! # Blocks on Redis
+//!
+//! A block (a [`block`](crate::Limiter::block), or a lockout) is its own key,
+//! `…}:block:…`, which holds it until it ends: the engine reads it on every call that
+//! is not a plain admission. So that the common check reads each limit's key and
+//! nothing else (one key fewer per decision, which is what a large keyspace makes
+//! Redis pay for), the call that blocks a key also *marks* its limits' keys: a token
+//! bucket's value gets a last word `b` (`"<TAT> <skew> <floor> b"`; a key that held
+//! nothing is marked too, `"- 0 - b"`), a rolling window's hash a field `b`, a fixed
+//! window's count 2^52 more. A marked key is one the lean check (and the lean
+//! settlement of one limit, which a layer counting usage makes after each response)
+//! leaves to the general engine, which reads the block. Marks live at least as long as the block; any call
+//! that writes while the key is blocked marks again, and the first one after the block
+//! has ended takes them off (and deletes a block ending that very millisecond, which a
+//! step of the server's clock back would otherwise bring back unmarked). A fixed window that starts during a block starts on an
+//! empty key, so the lean check reads the block whenever it starts a window. So a token
+//! bucket's or a rolling window's state lives at least until the block ends (a fixed
+//! window's keeps its window's end): this shows only when the server's clock steps
+//! forward past the state's own expiry during a block, where the state is kept instead
+//! of forgotten (`tests/model.rs` models it).
+//!
+//! What this costs a blocked key: the call that blocks it writes each limit's key once
+//! more, its checks run the general engine (as refusals do), and the first call after
+//! the block writes each limit's key once more.
+//!
+//! What a rolling deploy from a version before marks costs, for blocked keys only
+//! (limits hold exactly either way; the two-version test runs without blocks):
+//! - a block or lockout written by an instance of the earlier version is seen by the
+//!   new instances only on keys whose limits run the general engine (a refusal, a new
+//!   fixed window), and so is a block whose marks an earlier instance's write dropped
+//!   (a refund or a settlement of a blocked key rewrites a token bucket without its
+//!   mark; any write of a rolling window deletes its field `b`);
+//! - instances of the earlier version read every mark without error, but a marked
+//!   fixed window's count means more to them: after the block has ended they refuse the
+//!   key until its window ends, unless a new instance has written the key first (which
+//!   takes the mark off). This is the one state whose meaning marks change (see
+//!   [Upgrading](crate::guide::operations#upgrading)).
+//!
+//! The list of each limit's blocked keys (`<prefix>:blocked:…`, above) is apart from
+//! the blocks and their marks: a listing never reads a limit's or a block's key.
+//!
+//! # One name, one limit
+//!
+//! Every limiter of one name and algorithm on one backend is the same limit: layers and
+//! handles built with that name share its Redis keys and, in process (and in the
+//! fallback), its in-process state, blocks included. Only the limit's settings are the
+//! limiter's own: give two different limits two names. Which clock the scripts read
+//! (the server's `TIME`, or the caller's clock passed as an argument) is
+//! [`BackendBuilder::time_source`](crate::BackendBuilder::time_source).

@@ -5,7 +5,7 @@
 //! Every built-in limiter (and a [`SetLimiter`](crate::SetLimiter)) is a handle
 //! for background jobs, websockets, queue consumers and admin tools, with the same
 //! state as the layers built from the same name and algorithm on the same backend (on
-//! Redis and in process alike: see [one name, one limit](crate::backend#one-name-one-limit));
+//! Redis and in process alike: see [one name, one limit](crate::guide::deployments#one-name-one-limit));
 //! each call is one round trip on Redis, or answered in process:
 //!
 //! | call | does |

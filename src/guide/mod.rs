@@ -17,7 +17,7 @@
 //! | [in_flight] | In-flight limits | at most N requests of one key at once, held until the response body ends |
 //! | [outbound] | Outbound limits | waiting for a turn before calling an upstream whose quota every replica shares |
 //! | [proxies] | Running behind a proxy | the client address behind load balancers and reverse proxies, without spoofing |
-//! | [deployments] | Redis Cluster; TLS, ACL users and Sentinel; Hot keys: coalescing and leases | Redis Cluster, TLS, rotating credentials, Sentinel, managed servers and the callers' clocks, and keys hotter than one round trip per request |
+//! | [deployments] | Redis Cluster; TLS, ACL users and Sentinel; Hot keys: coalescing and leases; Redis keys; Blocks on Redis; One name, one limit | Redis Cluster, TLS, rotating credentials, Sentinel, managed servers and the callers' clocks, keys hotter than one round trip per request, and the keys the crate writes |
 //! | [failure_modes] | Failure modes; Memory and key floods; Clock steps | what a check does when Redis is slow, refuses writes or is gone, the breaker, the failure policies, bounded memory, clock steps |
 //! | [grpc] | gRPC | the same layers on a tonic server, and why authentication goes before the limit |
 //! | [operations] | Shadow mode; Configuration as data; Changes on every instance; Listing what is blocked; The admin flow end to end; Upgrading; Observability | trying a limit without enforcing it, rules from a file, resets and blocks reaching every instance, what is blocked now, an operator's block, listing and lift on two instances, rolling upgrades, logs and metrics |

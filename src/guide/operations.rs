@@ -170,7 +170,7 @@
 //! decide every limit together, exactly, with no pause and no error:
 //!
 //! - every key carries the version of its layout in its hash tag (`{v1:…}`, see
-//!   [Redis keys](crate::backend#redis-keys)), and every state written under one layout
+//!   [Redis keys](crate::guide::deployments#redis-keys)), and every state written under one layout
 //!   version is read alike by every release that writes it: a release may add to a
 //!   state (a field another release ignores) but never change what a stored field means;
 //! - a release that must change a state's meaning moves to the next layout version and
@@ -182,7 +182,7 @@
 //!   (Redis Functions), so the two versions' engines live side by side.
 //!
 //! One exception, for blocked keys only: the marks that let a check read one key per
-//! limit (see [Blocks on Redis](crate::backend#blocks-on-redis)) add 2^52 to a blocked
+//! limit (see [Blocks on Redis](crate::guide::deployments#blocks-on-redis)) add 2^52 to a blocked
 //! fixed window's count, which a release from before them reads as a count. Such an
 //! instance refuses a key whose block has ended until the key's window ends (unless a
 //! newer instance wrote the key first); and a newer instance may miss a block that an

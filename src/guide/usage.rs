@@ -51,7 +51,7 @@
 //! before the limit was reached and still running then, across every instance sharing
 //! the limit. The next requests pay it back before any is admitted: over time the limit
 //! holds. The fallback decides with the same semantics in process (its share of the
-//! limit). With the callers' clocks ([`TimeSource::Caller`](crate::backend::TimeSource)),
+//! limit). With the callers' clocks ([`TimeSource::Caller`](crate::TimeSource)),
 //! a caller reads a token bucket's debt beyond an empty bucket as an empty bucket: the
 //! key is refused for at most a refill past what it owes, not for the whole debt.
 //!

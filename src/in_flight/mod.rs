@@ -29,7 +29,7 @@
 //! Each limited key is one sorted set, `<prefix>:{v1:<key>}:inflight:<name>`, whose
 //! members are the slots held and whose scores are their lease expiries on the Redis
 //! server's clock (`TIME`, or the caller's with
-//! [`TimeSource::Caller`](crate::backend::TimeSource::Caller)). Taking a slot is one
+//! [`TimeSource::Caller`](crate::TimeSource::Caller)). Taking a slot is one
 //! script call (expired leases dropped, the count, the new slot added: one round trip);
 //! giving it back is one more, sent in the background when the body ends. While a
 //! request runs, its lease is renewed: one task per limiter renews every slot this
@@ -64,7 +64,7 @@
 //! The layer's [`FailurePolicy`](crate::FailurePolicy) decides, as for every limit:
 //! the default fallback takes slots in this process, each instance its
 //! [fallback share](crate::BackendBuilder::fallback_share) of the slots (at least one,
-//! or none with [`ShareRounding::WithinLimit`](crate::backend::ShareRounding): then 2
+//! or none with [`ShareRounding::WithinLimit`](crate::ShareRounding): then 2
 //! slots over 3 instances run at most 2 at once, not 3), so that N instances do not
 //! admit N times the limit. The leases of slots taken on
 //! Redis cannot be renewed meanwhile: after an outage longer than a lease, requests

@@ -90,7 +90,7 @@ impl UtcOffset {
 /// time a key has seen (it is a step forward from the time behind). In-process, time is
 /// the monotonic clock: it never steps back, and the same rule applies if it did.
 ///
-/// With the callers' clocks ([`TimeSource::Caller`](crate::backend::TimeSource)), say
+/// With the callers' clocks ([`TimeSource::Caller`](crate::TimeSource)), say
 /// within `s` of each other:
 ///
 /// - windows that start at a key's first request never read a clock: a window lasts

@@ -63,7 +63,7 @@ const MAX_WINDOW_MS: u64 = 10 * 366 * 86_400_000;
 /// # Storage
 ///
 /// On Redis, each limited key is one hash (`<prefix>:{v1:<key>}:rolling:<name>`, the
-/// [layout](crate::backend#redis-keys)) with one
+/// [layout](crate::guide::deployments#redis-keys)) with one
 /// field per non-empty live bucket, its absolute index `floor(unix_ms / interval)`,
 /// holding that bucket's count. One atomic script sums the live buckets, deletes the
 /// expired ones and counts the request; the hash expires one window plus one interval
@@ -95,7 +95,7 @@ const MAX_WINDOW_MS: u64 = 10 * 366 * 86_400_000;
 /// same rule; its clock is monotonic, so it only ever sees steps forward (a paused tokio
 /// clock that is advanced).
 ///
-/// With the callers' clocks ([`TimeSource::Caller`](crate::backend::TimeSource)), say
+/// With the callers' clocks ([`TimeSource::Caller`](crate::TimeSource)), say
 /// within `s` of each other, buckets are never moved back (the ring's `StepBack::Hold`): a caller
 /// whose clock is behind the newest bucket counts from that bucket instead (moving them back would age
 /// them once per call of that caller, without bound). So a unit is forgotten when the

@@ -62,7 +62,7 @@ const TAT_EPOCH_SECS: i64 = 1_767_225_600;
 /// In-process, time is the monotonic clock, which never steps back (the same rule runs
 /// there).
 ///
-/// With the callers' clocks ([`TimeSource::Caller`](crate::backend::TimeSource)), say
+/// With the callers' clocks ([`TimeSource::Caller`](crate::TimeSource)), say
 /// within `s` of each other, the stored arrival time still never moves back (a caller
 /// behind it reads it as at most an empty bucket, and writes nothing then), so:
 ///

@@ -17,12 +17,13 @@ use std::num::NonZeroU32;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tower_redis_ratelimit::backend::TimeSource;
 use tower_redis_ratelimit::{Backend, Limiter, Source, State};
-// The previous version (tests/upgrade/BASE) kept each algorithm in a module of its own;
-// scripts/two-versions builds the driver against it with `--cfg upgrade_base`.
+// The previous version (tests/upgrade/BASE) kept each algorithm and the backend in a
+// module of its own; scripts/two-versions builds the driver against it with
+// `--cfg upgrade_base`.
 #[cfg(upgrade_base)]
 use tower_redis_ratelimit::{
+    backend::TimeSource,
     period::{PeriodConfig, PeriodLimiter},
     rolling::{RollingConfig, RollingWindowLimiter},
     set::{LimitSet, SetLimiter},
@@ -31,7 +32,7 @@ use tower_redis_ratelimit::{
 #[cfg(not(upgrade_base))]
 use tower_redis_ratelimit::{
     LimitSet, PeriodConfig, PeriodLimiter, RollingConfig, RollingWindowLimiter, SetLimiter,
-    TokenBucketConfig, TokenBucketLimiter,
+    TimeSource, TokenBucketConfig, TokenBucketLimiter,
 };
 
 const HOUR: Duration = Duration::from_secs(3600);
