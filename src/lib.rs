@@ -77,7 +77,7 @@
 //! | `axum` | yes | key extractors that read axum's `ConnectInfo` and `MatchedPath` ([`PeerIp`](key::PeerIp) reads the peer address, `key::MatchedPathKey`), and `Rules::apply` on an `axum::Router` |
 //! | `admin` | no | an axum router with JSON endpoints that peek, reset, block and refund a client by the value its requests carry, and list what is blocked (`AdminRouter`) |
 //! | `cluster` | no | Redis Cluster pools (`BackendBuilder::redis_cluster`, `redis_cluster_urls`) |
-//! | `grpc` | no | gRPC rejections for tonic: trailers-only `RESOURCE_EXHAUSTED` with `RetryInfo` and `QuotaFailure` (`GrpcRejection`), and the peer address of tonic's `TcpConnectInfo` for [`PeerIp`](key::PeerIp) |
+//! | `grpc` | no | gRPC rejections for tonic: trailers-only `RESOURCE_EXHAUSTED` with `RetryInfo` and `QuotaFailure` ([`guide::grpc`]), and the peer address of tonic's `TcpConnectInfo` for [`PeerIp`](key::PeerIp) |
 //! | `tls` | no | TLS to Redis with rustls and ring (no system OpenSSL): `rediss://` URLs, a custom CA (`BackendBuilder::tls_ca_pem`), client certificates (`tls_client_auth_pem`) |
 //! | `sentinel` | no | Redis Sentinel: a backend that follows the master a group of sentinels names (`BackendBuilder::redis_sentinel`) |
 //! | `serde` | no | configuration as data: the backend and rules from a TOML/YAML/JSON file or the environment (`RulesConfig`) |
@@ -149,12 +149,7 @@ pub use crate::limiter::{DecisionFuture, Limiter};
 #[doc(hidden)]
 pub use crate::lua_texts::lua_texts;
 pub use crate::period::{Calendar, PeriodConfig, PeriodLimiter, UtcOffset, Weekday};
-#[cfg(feature = "grpc")]
-#[cfg_attr(docsrs, doc(cfg(feature = "grpc")))]
-pub use crate::response::grpc::GrpcRejection;
-pub use crate::response::{
-    DefaultRejection, MissingKeyRejection, OnRejection, ProblemJson, Rejection,
-};
+pub use crate::response::{DefaultRejection, OnRejection, ProblemJson, Rejection};
 pub use crate::rolling::{RollingConfig, RollingWindowLimiter};
 pub use crate::set::{LimitConfig, LimitSet, SetLimiter};
 pub use crate::token_bucket::{TokenBucketConfig, TokenBucketLimiter};

@@ -124,9 +124,10 @@ async fn a_client_without_its_credential_is_no_warning() {
 #[tokio::test]
 async fn a_missing_credential_is_logged_and_answered_as_the_user_chose() {
     use bytes::Bytes;
+    use http::request::Parts;
     use http::Response;
     use tower_redis_ratelimit::key::HeaderKey;
-    use tower_redis_ratelimit::{MissingKeyRejection, OnRejection, ProblemJson, Rejection};
+    use tower_redis_ratelimit::{OnRejection, Policy, ProblemJson, Rejection};
 
     struct Ours;
     impl OnRejection for Ours {
@@ -136,14 +137,19 @@ async fn a_missing_credential_is_logged_and_answered_as_the_user_chose() {
                 .body(Bytes::from_static(b"slow down"))
                 .unwrap()
         }
-        fn on_missing_key(&self, missing: &MissingKeyRejection<'_>) -> Option<Response<Bytes>> {
+        fn on_missing_key(
+            &self,
+            status: StatusCode,
+            policy: &Policy,
+            _: &Parts,
+        ) -> Option<Response<Bytes>> {
             let body = format!(
                 r#"{{"error":"send an API key","limit":"{}"}}"#,
-                missing.policy
+                policy.name()
             );
             Some(
                 Response::builder()
-                    .status(missing.status)
+                    .status(status)
                     .header("content-type", "application/json")
                     .body(Bytes::from(body))
                     .unwrap(),

@@ -6,9 +6,60 @@
 //! `grpc` feature, refused calls get the gRPC answer (`RESOURCE_EXHAUSTED`, trailers-only,
 //! with `RetryInfo` and `QuotaFailure` details), keys come from metadata with
 //! [`HeaderKey`](crate::key::HeaderKey), and admitted calls carry the `RateLimit`
-//! headers as initial metadata. See `GrpcRejection` and the `grpc`
-//! example (`cargo run --example grpc --features grpc`), a health service that any
-//! standard gRPC health client can exhaust.
+//! headers as initial metadata. See the `grpc` example
+//! (`cargo run --example grpc --features grpc`), a health service that any standard
+//! gRPC health client can exhaust.
+//!
+//! With this feature, the built-in rejections ([`DefaultRejection`](crate::DefaultRejection)
+//! and [`ProblemJson`](crate::ProblemJson)) answer gRPC calls with a gRPC status
+//! instead of an HTTP 429, which a gRPC client could only report as a transport error:
+//!
+//! - HTTP 200, *trailers-only* (the status travels in the response headers, with no
+//!   body), `content-type: application/grpc`;
+//! - `grpc-status: 8` (`RESOURCE_EXHAUSTED`) and a `grpc-message`;
+//! - `grpc-status-details-bin`: a `google.rpc.Status` carrying a `google.rpc.RetryInfo`
+//!   with the retry delay (omitted when waiting cannot help, see
+//!   [`State::ExceedsCapacity`](crate::State::ExceedsCapacity)) and a `google.rpc.QuotaFailure` naming the policy;
+//! - the `RateLimit-Policy`, `RateLimit` and `Retry-After` headers, as extra metadata.
+//!
+//! A call without a usable key gets the gRPC code matching the layer's
+//! [`MissingKey::Reject`](crate::MissingKey::Reject) status (`400` becomes
+//! `INVALID_ARGUMENT`, `401` `UNAUTHENTICATED`, `403` `PERMISSION_DENIED`, `429`
+//! `RESOURCE_EXHAUSTED`, `503` `UNAVAILABLE`, anything else `UNKNOWN`). Admitted calls
+//! carry `RateLimit-Policy` and `RateLimit` as initial metadata.
+//!
+//! ```
+//! use std::time::Duration;
+//! use tower_redis_ratelimit::{key::HeaderKey, Backend, LimitLayer, PeriodConfig};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let config = PeriodConfig::new(100, Duration::from_secs(60));
+//! let limit = LimitLayer::builder(&Backend::in_process(), config)
+//!     .name("grpc")
+//!     .key(HeaderKey::from_static("x-api-key"))
+//!     .build()?;
+//! let (_reporter, health) = tonic_health::server::health_reporter();
+//! let router = tonic::transport::Server::builder()
+//!     .layer(limit)
+//!     .add_service(health);
+//! // router.serve("127.0.0.1:50051".parse()?).await?;
+//! # let _ = router; Ok(()) }
+//! ```
+//!
+//! A client reads the details with `tonic_types::StatusExt`:
+//!
+//! ```
+//! use std::time::Duration;
+//! use tonic_types::StatusExt;
+//!
+//! fn backoff(status: &tonic::Status) -> Option<Duration> {
+//!     if status.code() != tonic::Code::ResourceExhausted {
+//!         return None;
+//!     }
+//!     status.get_details_retry_info()?.retry_delay
+//! }
+//! # let _ = backoff;
+//! ```
 //!
 //! [`PeerIp`](crate::key::PeerIp) reads tonic's `TcpConnectInfo` (with the `grpc`
 //! feature), so calls without an API key can be limited per client address, as in the

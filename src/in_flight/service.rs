@@ -19,7 +19,7 @@ use crate::key::KeyExtractor;
 use crate::key::KeyOrigin;
 use crate::limit::{MissingKey, MissingKeyWarning};
 use crate::metrics::LayerMetrics;
-use crate::response::{missing_key, MissingKeyRejection, OnRejection, Rejection};
+use crate::response::{missing_key, OnRejection, Rejection};
 
 /// Holds at most N requests of one key in flight; built by [`InFlightLimitLayer`](super::InFlightLimitLayer).
 /// Readiness is the inner service's.
@@ -101,14 +101,7 @@ where
                     MissingKey::Reject(status) if !shadow => {
                         let response = shared
                             .rejection
-                            .on_missing_key(&MissingKeyRejection {
-                                status: *status,
-                                policy: shared.limiter.policy().name(),
-                                too_long: key.is_some(),
-                                method: &parts.method,
-                                uri: &parts.uri,
-                                headers: &parts.headers,
-                            })
+                            .on_missing_key(*status, shared.limiter.policy(), &parts)
                             .unwrap_or_else(|| missing_key(*status, &parts.headers));
                         return ResponseFuture::done(response);
                     }

@@ -17,7 +17,7 @@ use super::{MissingKey, Respond, ResponseBody, Settle, Shared, Usage};
 use crate::cost::Cost;
 use crate::key::KeyExtractor;
 use crate::limiter::{DecisionFuture, Limiter};
-use crate::response::{missing_key, MissingKeyRejection, OnRejection};
+use crate::response::{missing_key, OnRejection};
 
 /// Rate-limits requests to an inner service; built by
 /// [`LimitLayer`](super::LimitLayer).
@@ -141,14 +141,7 @@ where
                     MissingKey::Reject(status) if !shared.options.shadow => {
                         let response = shared
                             .rejection
-                            .on_missing_key(&MissingKeyRejection {
-                                status: *status,
-                                policy: shared.limiter.policies()[policy].name(),
-                                too_long,
-                                method: &parts.method,
-                                uri: &parts.uri,
-                                headers: &parts.headers,
-                            })
+                            .on_missing_key(*status, &shared.limiter.policies()[policy], &parts)
                             .unwrap_or_else(|| missing_key(*status, &parts.headers));
                         return ResponseFuture::done(response);
                     }

@@ -6,14 +6,14 @@ use bytes::{BufMut, Bytes, BytesMut};
 use http::header::{self, HeaderValue};
 use http::{HeaderMap, Response, StatusCode};
 
-use super::rejection::{ceil_secs, MissingKeyRejection, OnRejection, Rejection};
-use crate::decision::State;
+use super::rejection::{ceil_secs, OnRejection, Rejection};
+use crate::decision::{Policy, State};
 
 /// The default rejection: `429 Too Many Requests` with a one-line `text/plain` body.
 ///
 /// A request whose cost can never fit (see [`State::ExceedsCapacity`]) gets the same
 /// status with a body that says so, and no `Retry-After`. With the `grpc` feature, a
-/// gRPC call gets `grpc::GrpcRejection` instead.
+/// gRPC call gets a gRPC status instead (see [the gRPC guide](crate::guide::grpc)).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct DefaultRejection;
 
@@ -21,7 +21,7 @@ impl OnRejection for DefaultRejection {
     fn on_rejection(&self, rejection: &Rejection<'_>) -> Response<Bytes> {
         #[cfg(feature = "grpc")]
         if super::grpc::is_grpc(rejection.headers) {
-            return super::grpc::GrpcRejection.on_rejection(rejection);
+            return super::grpc::rejection(rejection);
         }
         let body: &'static str = match rejection.decision.state {
             State::ExceedsCapacity => "request cost exceeds the rate limit's capacity\n",
@@ -33,7 +33,8 @@ impl OnRejection for DefaultRejection {
 
 /// A rejection as RFC 9457 `application/problem+json`, status 429.
 ///
-/// With the `grpc` feature, a gRPC call gets `grpc::GrpcRejection` instead.
+/// With the `grpc` feature, a gRPC call gets a gRPC status instead (see
+/// [the gRPC guide](crate::guide::grpc)).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ProblemJson;
 
@@ -41,7 +42,7 @@ impl OnRejection for ProblemJson {
     fn on_rejection(&self, rejection: &Rejection<'_>) -> Response<Bytes> {
         #[cfg(feature = "grpc")]
         if super::grpc::is_grpc(rejection.headers) {
-            return super::grpc::GrpcRejection.on_rejection(rejection);
+            return super::grpc::rejection(rejection);
         }
         let (title, detail) = match rejection.decision.state {
             State::ExceedsCapacity => (
@@ -68,22 +69,25 @@ impl OnRejection for ProblemJson {
     }
 
     /// A missing key as `application/problem+json` with the layer's status.
-    fn on_missing_key(&self, missing: &MissingKeyRejection<'_>) -> Option<Response<Bytes>> {
+    fn on_missing_key(
+        &self,
+        status: StatusCode,
+        policy: &Policy,
+        request: &http::request::Parts,
+    ) -> Option<Response<Bytes>> {
         #[cfg(feature = "grpc")]
-        if super::grpc::is_grpc(missing.headers) {
-            return Some(super::grpc::missing_key(missing.status));
+        if super::grpc::is_grpc(&request.headers) {
+            return Some(super::grpc::missing_key(status));
         }
+        #[cfg(not(feature = "grpc"))]
+        let _ = request;
         let mut body = BytesMut::with_capacity(160);
         body.put_slice(br#"{"type":"about:blank","title":"Missing Rate-Limit Key","status":"#);
-        body.put_slice(
-            itoa::Buffer::new()
-                .format(missing.status.as_u16())
-                .as_bytes(),
-        );
+        body.put_slice(itoa::Buffer::new().format(status.as_u16()).as_bytes());
         body.put_slice(br#","detail":"the request carries nothing to limit it by","policy":""#);
-        body.put_slice(missing.policy.as_bytes());
+        body.put_slice(policy.name().as_bytes());
         body.put_slice(b"\"}\n");
-        Some(problem(missing.status, body.freeze()))
+        Some(problem(status, body.freeze()))
     }
 }
 
@@ -128,7 +132,7 @@ mod tests {
     use http::{Method, Uri};
 
     use super::*;
-    use crate::decision::{Decision, Policy, Source};
+    use crate::decision::{Decision, Source};
 
     #[test]
     fn problem_json_body() {

@@ -10,4 +10,4 @@ mod rejection;
 pub(crate) use self::headers::{policy_header, HeaderParts, Ready};
 pub(crate) use self::http::missing_key;
 pub use self::http::{DefaultRejection, ProblemJson};
-pub use self::rejection::{MissingKeyRejection, OnRejection, Rejection};
+pub use self::rejection::{OnRejection, Rejection};

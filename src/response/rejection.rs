@@ -24,32 +24,12 @@ pub struct Rejection<'a> {
     pub headers: &'a HeaderMap,
 }
 
-/// A request refused because no key could be taken from it (see
-/// [`MissingKey::Reject`](crate::MissingKey::Reject)), as seen by
-/// [`OnRejection::on_missing_key`].
-#[derive(Debug)]
-#[non_exhaustive]
-pub struct MissingKeyRejection<'a> {
-    /// The status the layer was given ([`MissingKey::Reject`](crate::MissingKey::Reject)).
-    pub status: StatusCode,
-    /// The policy whose key is missing.
-    pub policy: &'a str,
-    /// Whether a key was found but is longer than the layer's `max_key_len`.
-    pub too_long: bool,
-    /// The request's method.
-    pub method: &'a Method,
-    /// The request's URI.
-    pub uri: &'a Uri,
-    /// The request's headers (for content negotiation).
-    pub headers: &'a HeaderMap,
-}
-
 /// Builds the response for a rejected request: what clients see.
 ///
 /// Rejections are `429 Too Many Requests` by default ([`DefaultRejection`](crate::DefaultRejection)); swap in
 /// [`ProblemJson`](crate::ProblemJson) or any closure that turns a [`Rejection`] into a response. With the
 /// `grpc` feature both built-in rejections answer gRPC calls with a gRPC status instead
-/// (see `GrpcRejection`). Whatever the response, the service adds `Retry-After`
+/// (see [the gRPC guide](crate::guide::grpc)). Whatever the response, the service adds `Retry-After`
 /// (when waiting helps) and the IETF draft headers
 /// `RateLimit-Policy: "name";q=<quota>;w=<seconds>` and
 /// `RateLimit: "name";r=<remaining>;t=<seconds>`.
@@ -98,13 +78,17 @@ pub trait OnRejection: Send + Sync + 'static {
     /// The response sent instead of calling the inner service.
     fn on_rejection(&self, rejection: &Rejection<'_>) -> Response<Bytes>;
 
-    /// The response to a request refused for a missing key (no rate-limit headers are
-    /// added: no limit was checked); `None` (the default) for the default answer.
+    /// The response to a request refused because no key could be taken from it (see
+    /// [`MissingKey::Reject`](crate::MissingKey::Reject)): `status` is the layer's,
+    /// `policy` the limit whose key is missing and `request` the request's head. No
+    /// rate-limit headers are added (no limit was checked); `None` (the default) for the
+    /// default answer.
     ///
     /// ```
     /// use bytes::Bytes;
     /// use http::Response;
-    /// use tower_redis_ratelimit::{MissingKeyRejection, OnRejection, Rejection};
+    /// use http::{request::Parts, StatusCode};
+    /// use tower_redis_ratelimit::{OnRejection, Policy, Rejection};
     ///
     /// struct Json;
     ///
@@ -114,14 +98,24 @@ pub trait OnRejection: Send + Sync + 'static {
     ///         Response::builder().status(429).body(body).unwrap()
     ///     }
     ///
-    ///     fn on_missing_key(&self, missing: &MissingKeyRejection<'_>) -> Option<Response<Bytes>> {
+    ///     fn on_missing_key(
+    ///         &self,
+    ///         status: StatusCode,
+    ///         _policy: &Policy,
+    ///         _request: &Parts,
+    ///     ) -> Option<Response<Bytes>> {
     ///         let body = Bytes::from_static(br#"{"error":"send your API key"}"#);
-    ///         Some(Response::builder().status(missing.status).body(body).unwrap())
+    ///         Some(Response::builder().status(status).body(body).unwrap())
     ///     }
     /// }
     /// ```
-    fn on_missing_key(&self, missing: &MissingKeyRejection<'_>) -> Option<Response<Bytes>> {
-        let _ = missing;
+    fn on_missing_key(
+        &self,
+        status: StatusCode,
+        policy: &Policy,
+        request: &http::request::Parts,
+    ) -> Option<Response<Bytes>> {
+        let _ = (status, policy, request);
         None
     }
 }
