@@ -1,5 +1,5 @@
-//! The response future of [`InFlightLimit`](super::InFlightLimit), and the body
-//! that holds the request's slot until it ends.
+//! The response future of [`InFlightLimit`](super::InFlightLimit): the request's slot
+//! goes with the response body ([`ResponseBody`](crate::limit::ResponseBody)) until it ends.
 
 use std::fmt;
 use std::future::Future;
@@ -9,20 +9,12 @@ use std::task::{ready, Context, Poll};
 
 use bytes::Bytes;
 use http::{Request, Response};
-use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
 use super::host::{Acquire, Acquired};
-use super::Slot;
-
-/// What a response holds until its body ends: a slot, or the sender whose drop tells a
-/// shadow slot's task to give it back. Held only to be dropped.
-#[allow(dead_code)]
-pub(super) enum Guard {
-    Slot(Slot),
-    Shadow(tokio::sync::oneshot::Sender<()>),
-}
+use super::{Guard, Slot};
+use crate::limit::ResponseBody;
 
 /// How a request is decided once the round trip for its slot answered: the service's
 /// shared settings, without their type parameters (so that the future need not name them).
@@ -143,17 +135,13 @@ where
                     // An error drops the guard with the future: the slot is given back.
                     let response = ready!(future.poll(cx))?;
                     let guard = guard.take();
-                    return Poll::Ready(Ok(response.map(|body| ResponseBody {
-                        kind: Kind::Inner { body, guard },
-                    })));
+                    return Poll::Ready(
+                        Ok(response.map(|body| ResponseBody::holding(body, guard))),
+                    );
                 }
                 StateProj::Done { response } => {
                     let response = response.take().expect("polled after completion");
-                    return Poll::Ready(Ok(response.map(|data| ResponseBody {
-                        kind: Kind::Rejection {
-                            data: (!data.is_empty()).then_some(data),
-                        },
-                    })));
+                    return Poll::Ready(Ok(response.map(ResponseBody::rejection)));
                 }
             }
         }
@@ -170,93 +158,5 @@ impl<S: Service<Request<B>>, B> fmt::Debug for ResponseFuture<S, B> {
         f.debug_struct("ResponseFuture")
             .field("state", &state)
             .finish_non_exhaustive()
-    }
-}
-
-pin_project! {
-    /// The body of a response from [`InFlightLimit`](super::InFlightLimit): the inner body, holding the
-    /// request's slot until it ends, fails or is dropped; or a rejection's body.
-    pub struct ResponseBody<B> {
-        #[pin]
-        kind: Kind<B>,
-    }
-}
-
-pin_project! {
-    #[project = KindProj]
-    enum Kind<B> {
-        Inner {
-            #[pin]
-            body: B,
-            guard: Option<Guard>,
-        },
-        Rejection {
-            data: Option<Bytes>,
-        },
-    }
-}
-
-impl<B> fmt::Debug for ResponseBody<B> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let holds = matches!(&self.kind, Kind::Inner { guard: Some(_), .. });
-        f.debug_struct("ResponseBody")
-            .field("holds_slot", &holds)
-            .finish_non_exhaustive()
-    }
-}
-
-/// An empty body of the inner type, as a response made outside the limit needs one
-/// (tower-http's `CorsLayer` answers a preflight with `Default::default()`): it holds no
-/// slot.
-impl<B: Default> Default for ResponseBody<B> {
-    fn default() -> Self {
-        Self {
-            kind: Kind::Inner {
-                body: B::default(),
-                guard: None,
-            },
-        }
-    }
-}
-
-impl<B> Body for ResponseBody<B>
-where
-    B: Body<Data = Bytes>,
-{
-    type Data = Bytes;
-    type Error = B::Error;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
-        match self.project().kind.project() {
-            KindProj::Inner { mut body, guard } => {
-                let frame = ready!(body.as_mut().poll_frame(cx));
-                // The end, or an error: the slot goes back now, not when the server
-                // drops the body.
-                if !matches!(frame, Some(Ok(_))) || body.is_end_stream() {
-                    guard.take();
-                }
-                Poll::Ready(frame)
-            }
-            KindProj::Rejection { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        match &self.kind {
-            Kind::Inner { body, .. } => body.is_end_stream(),
-            Kind::Rejection { data } => data.is_none(),
-        }
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        match &self.kind {
-            Kind::Inner { body, .. } => body.size_hint(),
-            Kind::Rejection { data } => {
-                SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
-            }
-        }
     }
 }

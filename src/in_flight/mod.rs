@@ -98,7 +98,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use self::future::{ResponseBody, ResponseFuture};
+pub use self::future::ResponseFuture;
 use self::host::{Acquire, Held, Slots};
 pub use self::layer::InFlightLimitLayer;
 pub use self::service::InFlightLimit;
@@ -272,6 +272,14 @@ impl InFlightLimiter {
     pub(crate) fn slots(&self) -> &Arc<Slots> {
         &self.slots
     }
+}
+
+/// What a response holds until its body ends: a slot, or the sender whose drop tells a
+/// shadow slot's task to give it back. Held only to be dropped.
+#[allow(dead_code)]
+pub(crate) enum Guard {
+    Slot(Slot),
+    Shadow(tokio::sync::oneshot::Sender<()>),
 }
 
 /// A slot held: given back when dropped. Its [`decision`](Self::decision) says how

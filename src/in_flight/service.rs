@@ -11,12 +11,14 @@ use bytes::Bytes;
 use http::{Request, Response};
 use tower_service::Service;
 
-use super::future::{Decide, Guard, ResponseBody, ResponseFuture};
+use super::future::{Decide, ResponseFuture};
 use super::host::{Acquire, Acquired};
+use super::Guard;
 use super::{InFlightLimiter, Slot};
 use crate::decision::Decision;
 use crate::key::KeyExtractor;
 use crate::key::KeyOrigin;
+use crate::limit::ResponseBody;
 use crate::limit::{MissingKey, MissingKeyWarning};
 use crate::metrics::LayerMetrics;
 use crate::response::{missing_key, OnRejection, Rejection};

@@ -1,6 +1,8 @@
-//! The response body of a rate-limited service: the inner body (metered when the layer
-//! settles after the response), or a rejection's.
+//! The response body of a limited service: the inner body (metered when the layer
+//! settles after the response, holding the slot of an in-flight limit), or a
+//! rejection's.
 
+use std::fmt;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
@@ -9,11 +11,13 @@ use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
 use super::usage::Meter;
+use crate::in_flight::Guard;
 
 pin_project! {
-    /// The body of a response from [`Limit`](crate::Limit): the inner service's
-    /// body when the request was admitted, the rejection's body otherwise.
-    #[derive(Debug)]
+    /// The body of a response from [`Limit`](crate::Limit) or
+    /// [`InFlightLimit`](crate::in_flight::InFlightLimit): the inner service's body when
+    /// the request was admitted (an in-flight limit's slot is held until it ends, fails
+    /// or is dropped), the rejection's body otherwise.
     pub struct ResponseBody<B> {
         #[pin]
         kind: Kind<B>,
@@ -22,13 +26,11 @@ pin_project! {
 
 pin_project! {
     #[project = KindProj]
-    #[derive(Debug)]
     enum Kind<B> {
         Inner {
             #[pin]
             body: B,
-            // Only when the layer settles after the response: what settles it at the end.
-            meter: Option<Box<Meter>>,
+            end: End,
         },
         Rejection {
             data: Option<Bytes>,
@@ -36,10 +38,30 @@ pin_project! {
     }
 }
 
+/// What the inner body does when it ends.
+enum End {
+    Nothing,
+    /// Settles the layer's usage (only when the layer settles after the response).
+    Meter(Box<Meter>),
+    /// Gives an in-flight limit's slot back (dropped at the end, on an error, or with
+    /// the body): held only to be dropped.
+    #[allow(dead_code)]
+    Slot(Guard),
+}
+
 impl<B> ResponseBody<B> {
     pub(crate) fn inner(body: B, meter: Option<Box<Meter>>) -> Self {
+        let end = meter.map_or(End::Nothing, End::Meter);
         Self {
-            kind: Kind::Inner { body, meter },
+            kind: Kind::Inner { body, end },
+        }
+    }
+
+    /// The inner body, holding `guard` (an in-flight slot) until it ends.
+    pub(crate) fn holding(body: B, guard: Option<Guard>) -> Self {
+        let end = guard.map_or(End::Nothing, End::Slot);
+        Self {
+            kind: Kind::Inner { body, end },
         }
     }
 
@@ -52,9 +74,29 @@ impl<B> ResponseBody<B> {
     }
 }
 
+impl<B> fmt::Debug for ResponseBody<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let kind = match &self.kind {
+            Kind::Inner {
+                end: End::Nothing, ..
+            } => "inner",
+            Kind::Inner {
+                end: End::Meter(_), ..
+            } => "inner, metered",
+            Kind::Inner {
+                end: End::Slot(_), ..
+            } => "inner, holding a slot",
+            Kind::Rejection { .. } => "rejection",
+        };
+        f.debug_struct("ResponseBody")
+            .field("kind", &kind)
+            .finish_non_exhaustive()
+    }
+}
+
 /// An empty body of the inner type, as a response made outside the limit needs one
 /// (tower-http's `CorsLayer` answers a preflight with `Default::default()`): it settles
-/// nothing.
+/// nothing and holds no slot.
 impl<B: Default> Default for ResponseBody<B> {
     fn default() -> Self {
         Self::inner(B::default(), None)
@@ -73,10 +115,11 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
         match self.project().kind.project() {
-            KindProj::Inner { mut body, meter } => {
+            KindProj::Inner { mut body, end } => {
                 let polled = body.as_mut().poll_frame(cx);
-                if let Some(meter) = meter {
-                    match &polled {
+                match end {
+                    End::Nothing => {}
+                    End::Meter(meter) => match &polled {
                         Poll::Ready(Some(Ok(frame))) => {
                             if let Some(data) = frame.data_ref() {
                                 meter.data(data);
@@ -91,6 +134,15 @@ where
                         Poll::Ready(Some(Err(_))) => meter.finish(false),
                         Poll::Ready(None) => meter.finish(true),
                         Poll::Pending => {}
+                    },
+                    // The end, or an error: the slot goes back now, not when the server
+                    // drops the body.
+                    End::Slot(_) => {
+                        if let Poll::Ready(frame) = &polled {
+                            if !matches!(frame, Some(Ok(_))) || body.is_end_stream() {
+                                *end = End::Nothing;
+                            }
+                        }
                     }
                 }
                 polled
