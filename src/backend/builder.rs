@@ -270,7 +270,11 @@ impl BackendBuilder {
 
     /// The deadline of one Redis check, waiting for a connection included (default
     /// 100 ms). A check that takes longer is answered by its layer's failure policy, and
-    /// counts as a failure for the [breaker](Self::breaker_failure_ratio).
+    /// counts as a failure for the [breaker](Self::breaker_failure_ratio). A connection
+    /// attempt may take four call timeouts (at least 1 s); while a backend's first one
+    /// is under way, its checks wait for it that long, and then for their reply
+    /// (connecting and loading the engine take several round trips: see
+    /// [`Backend::warm_up`](crate::Backend::warm_up)).
     pub fn call_timeout(mut self, timeout: Duration) -> Self {
         self.call_timeout = timeout;
         self

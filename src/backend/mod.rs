@@ -263,9 +263,12 @@ impl Backend {
     /// key with a time to live) and, on the server's clock ([`TimeSource::Server`]), a
     /// script that reads `TIME`: `Ok` when checks can go to Redis. Meant for start-up, to
     /// fail or warn early on a wrong address, password or certificate, or a server or
-    /// user that refuses what the scripts need; a backend that is not checked connects
-    /// on its first check, and its failure policies answer while it cannot. `Ok` for an
-    /// in-process backend.
+    /// user that refuses what the scripts need, and to have the connection made and the
+    /// engine loaded before the first request. A backend that is not warmed up connects
+    /// on its first check: the checks waiting for that first connection wait up to the
+    /// connect timeout (four [call timeouts](BackendBuilder::call_timeout), at least
+    /// 1 s), not one call timeout, and its failure policies answer if it fails. `Ok` for
+    /// an in-process backend.
     ///
     /// A refusal is named with its remedy: `TIME` inside scripts (use
     /// [`TimeSource::Caller`]), Lua scripts at all (none in the crate: an in-process

@@ -75,6 +75,11 @@ pub(crate) struct RedisBackend {
     /// `<prefix>:probe`, the one key the probe writes.
     probe_key: String,
     call_timeout: Duration,
+    /// Whether the backend's first connection attempt is still under way: checks wait
+    /// for it up to the connect timeout, not the call timeout (connecting and loading
+    /// the engine take several round trips, which a far Redis or a busy machine makes
+    /// longer than a check on a warm connection).
+    cold: AtomicBool,
     probe_interval: Duration,
     breaker: Breaker,
     probing: AtomicBool,
@@ -133,6 +138,7 @@ impl RedisBackend {
             connecting: Mutex::new(None),
             probe_key: format!("{prefix}:probe"),
             call_timeout,
+            cold: AtomicBool::new(true),
             probe_interval,
             breaker: Breaker::new(breaker, call_timeout, prefix.clone()),
             probing: AtomicBool::new(false),
@@ -157,7 +163,6 @@ impl RedisBackend {
         self.functions.fcall()
     }
 
-    /// The deadline of one call, waiting for a connection included.
     /// Where a call of `redis_key` goes, for batching (see `decide/batch.rs`): on Redis
     /// Cluster the key's slot, elsewhere 0 (one node).
     pub(crate) fn route(&self, redis_key: &[u8]) -> u16 {
@@ -167,8 +172,16 @@ impl RedisBackend {
         slot(redis_key)
     }
 
+    /// The deadline of one call, waiting for a connection included: the call timeout,
+    /// but while the first connection attempt is under way as long as connecting may
+    /// take, and then the call timeout (checks queued behind another's call wait as
+    /// long).
     pub(crate) fn call_timeout(&self) -> Duration {
-        self.call_timeout
+        if self.cold.load(Ordering::Relaxed) {
+            self.connect_timeout() + self.call_timeout
+        } else {
+            self.call_timeout
+        }
     }
 
     pub(crate) fn probe_interval(&self) -> Duration {
@@ -244,14 +257,13 @@ impl RedisBackend {
             waiting.store(false, Ordering::Relaxed);
             Ok(conn.script(call, &self.functions).await?)
         };
-        match tokio::time::timeout(self.call_timeout, call).await {
+        let deadline = self.call_timeout();
+        match tokio::time::timeout(deadline, call).await {
             Ok(result) => result,
             // Still waiting for a connection attempt that has not failed (a far Redis
             // takes more than a deadline to connect to): the attempt judges Redis when it
             // ends, this call does not.
-            Err(_) if waiting.load(Ordering::Relaxed) => {
-                Err(ScriptError::Connecting(self.call_timeout))
-            }
+            Err(_) if waiting.load(Ordering::Relaxed) => Err(ScriptError::Connecting(deadline)),
             // A reply held up on the connection (a slow command, a retransmission) holds
             // up every reply behind it: a new connection is made in the background, with
             // the scripts loaded (the call may have been cut between a `NOSCRIPT` and the
@@ -261,7 +273,7 @@ impl RedisBackend {
                 if used.is_some() {
                     drop(self.connect(by));
                 }
-                Err(ScriptError::Timeout(self.call_timeout))
+                Err(ScriptError::Timeout(deadline))
             }
         }
     }
@@ -423,6 +435,9 @@ impl RedisBackend {
                 Ok(Err(error)) => Err(error),
                 Err(_) => Err(ScriptError::Timeout(timeout)),
             };
+            // Whatever its outcome, the first attempt has ended: the checks after it are
+            // held to the call timeout.
+            this.cold.store(false, Ordering::Relaxed);
             if let Err(error) = &result {
                 // One failure per attempt, whatever number of checks waited for it; the
                 // probe's attempts count toward the streak only, as the probe does.
