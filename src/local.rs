@@ -16,8 +16,20 @@
 //! first to go; a key hit again is kept in the main queue, from which the least recently
 //! hit keys go first. A flood of new keys therefore only churns the probation queue, and
 //! cannot push out the state of the keys that are actually being limited (a throttled
-//! client retrying is hit again and again). A dropped key starts again with its full
-//! limit; every drop is counted (the metric `ratelimit_local_evictions_total`, see [`metrics`](crate::guide::metrics)).
+//! client retrying is hit again and again).
+//!
+//! Among the candidates, a key that carries nothing goes before one that does: a key
+//! back at its full limit (its window ended, its bucket refilled, its counts gone) or
+//! a lease that has run out is dropped first, and a key that has spent part of its limit
+//! or is blocked is passed over, up to [`KEPT_IN_A_ROW`] candidates in a row, for the
+//! next one. So a limited key seen only once (a client that stopped retrying, a
+//! lockout) outlives a flood of new keys while the store holds keys that carry nothing;
+//! when only keys that carry something are left, the next candidate goes whatever it
+//! holds, so the bound always holds. A dropped key starts again with its full limit:
+//! for a limited key, that many more admissions than the limit allows (on Redis the
+//! count is Redis's: this is the in-process state, used while Redis is unreachable);
+//! every drop is counted (the metric `ratelimit_local_evictions_total`, see
+//! [`metrics`](crate::guide::metrics)).
 //!
 //! # Expiry
 //!
@@ -69,10 +81,13 @@ use std::hash::{BuildHasher, Hash, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use std::cell::Cell;
+
 use quick_cache::sync::{Cache, EntryAction, EntryResult};
 use quick_cache::{Lifecycle, OptionsBuilder, Weighter};
 use siphasher::sip128::{Hasher128, SipHasher13};
 
+use crate::clock::Clock;
 use crate::period::window::Window;
 use crate::rolling::counts::Counts;
 
@@ -102,6 +117,43 @@ impl Slot {
             Self::Window(_) | Self::Tat(_) | Self::Blocked(_) | Self::Lease(_) => 1,
         }
     }
+
+    /// Whether dropping this state at `now` loses something: a key that has spent part
+    /// of its limit, or is blocked. A key back at its full limit, and a lease (units
+    /// taken from Redis, whose loss only spends fewer), carry nothing.
+    fn carries(&self, now: Now) -> bool {
+        match self {
+            Self::Window(window) => window.carries(now.us),
+            Self::Tat(tat) => tat.tat > now.ns.saturating_add(tat.skew),
+            Self::Ring(ring) => ring.sum() > 0,
+            Self::Blocked(Blocked(until_us)) => *until_us > now.us,
+            Self::Lease(_) => false,
+        }
+    }
+}
+
+/// The store's clock read once: Unix microseconds (windows, blocks) and the
+/// nanoseconds token buckets count in.
+#[derive(Debug, Clone, Copy, Default)]
+struct Now {
+    us: u64,
+    ns: u64,
+}
+
+/// How many eviction candidates in a row that carry something are passed over, at most,
+/// before the next one goes whatever it holds: a few more entries read per eviction,
+/// from the head of the queue (the same ones each time, while they last). Never more
+/// than half the probation queue (3% of a shard): the cache turns to its main queue
+/// when every candidate of the probation queue is passed over, which would trade the
+/// main queue's keys for the flood's.
+const KEPT_IN_A_ROW: u32 = 8;
+
+thread_local! {
+    /// The candidates passed over in a row by the eviction running on this thread (a
+    /// shard's eviction runs under its lock, on one thread), and the time it read at
+    /// its first one. `quick_cache` asks [`Lifecycle::is_pinned`] of each candidate in
+    /// turn, and evicts the first it is told is not pinned.
+    static PASSED_OVER: Cell<(u32, Now)> = const { Cell::new((0, Now { us: 0, ns: 0 })) };
 }
 
 /// What a rolling-window key with `buckets` buckets counts for against the bound.
@@ -263,6 +315,10 @@ struct Evictions(Arc<EvictionCount>);
 struct EvictionCount {
     count: AtomicU64,
     prefix: String,
+    /// The backend's clock, which the states' times are on.
+    clock: Clock,
+    /// Candidates passed over in a row, at most (see [`KEPT_IN_A_ROW`]).
+    kept_in_a_row: u32,
     #[cfg(feature = "metrics")]
     counter: std::sync::OnceLock<metrics::Counter>,
 }
@@ -271,6 +327,25 @@ impl Lifecycle<Key, Slot> for Evictions {
     /// Evicted states are dropped in place: they are a few words (a rolling window's
     /// counters are one small allocation).
     type RequestState = ();
+
+    /// A candidate that carries something is passed over, up to [`KEPT_IN_A_ROW`] in a
+    /// row (so the bound always holds).
+    fn is_pinned(&self, _key: &Key, slot: &Slot) -> bool {
+        PASSED_OVER.with(|passed| {
+            let (count, now) = passed.get();
+            let now = if count == 0 {
+                Now {
+                    us: self.0.clock.now_us(),
+                    ns: self.0.clock.elapsed_ns(),
+                }
+            } else {
+                now
+            };
+            let keep = count < self.0.kept_in_a_row && slot.carries(now);
+            passed.set((if keep { count + 1 } else { 0 }, now));
+            keep
+        })
+    }
 
     fn on_evict(&self, _: &mut (), _key: Key, _slot: Slot) {
         self.0.count.fetch_add(1, Ordering::Relaxed);
@@ -312,15 +387,10 @@ impl fmt::Debug for LocalStore {
 }
 
 impl LocalStore {
-    /// A store of at most `max_keys` keys (at least 1); `prefix` labels its metric.
-    pub(crate) fn new(max_keys: u64, prefix: &str) -> Self {
+    /// A store of at most `max_keys` keys (at least 1) whose states are on `clock`;
+    /// `prefix` labels its metric.
+    pub(crate) fn new(max_keys: u64, prefix: &str, clock: Clock) -> Self {
         let max_keys = max_keys.max(1);
-        let evictions = Evictions(Arc::new(EvictionCount {
-            count: AtomicU64::new(0),
-            prefix: prefix.to_owned(),
-            #[cfg(feature = "metrics")]
-            counter: std::sync::OnceLock::new(),
-        }));
         let items = usize::try_from(max_keys).unwrap_or(usize::MAX);
         // quick_cache gives each shard at least 32 items, halving the shard count until
         // it does, and rounds each shard's share up: round the bound down to a multiple
@@ -329,6 +399,18 @@ impl LocalStore {
         while shards > 1 && max_keys.div_ceil(shards) < 32 {
             shards /= 2;
         }
+        // Half the probation queue, 3% of a shard (quick_cache's default split).
+        let probation = max_keys / shards * 3 / 100;
+        let evictions = Evictions(Arc::new(EvictionCount {
+            count: AtomicU64::new(0),
+            prefix: prefix.to_owned(),
+            clock,
+            kept_in_a_row: u32::try_from(probation / 2)
+                .unwrap_or(u32::MAX)
+                .min(KEPT_IN_A_ROW),
+            #[cfg(feature = "metrics")]
+            counter: std::sync::OnceLock::new(),
+        }));
         let options = OptionsBuilder::new()
             .shards(SHARDS)
             .estimated_items_capacity(items)
@@ -482,6 +564,7 @@ impl LocalStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::clock::ManualClock;
 
     #[test]
     fn a_state_is_three_words() {
@@ -489,10 +572,98 @@ mod tests {
         assert_eq!(std::mem::size_of::<Key>(), 16);
     }
 
+    const MINUTE_US: u64 = 60_000_000;
+
+    /// One hit on `limiter`'s `key`, in a window of `period_us` with room for `quota`.
+    fn hit(
+        store: &LocalStore,
+        limiter: u64,
+        key: u64,
+        quota: u64,
+        period_us: u64,
+        now_us: u64,
+    ) -> u64 {
+        let schedule = crate::period::window::Schedule {
+            period_us,
+            offset_us: None,
+            calendar: None,
+        };
+        store.update(
+            store.key(limiter, &key.to_le_bytes()),
+            Window::default,
+            |w| w.hit(1, quota, schedule, now_us).count,
+        )
+    }
+
+    /// Issue 53, item 5: a flood of new keys does not refill a key that is being
+    /// limited while the store holds keys back at their full limit. The limited key is
+    /// seen once (a client that stopped retrying), so it waits in the probation queue
+    /// the flood churns: before, the flood's first new key dropped it.
+    #[test]
+    fn a_flood_drops_the_keys_that_carry_nothing_before_a_limited_one() {
+        let clock = ManualClock::new(1_000 * MINUTE_US);
+        let store = LocalStore::new(100_000, "t", Clock::Manual(clock.clone()));
+        let t0 = clock.now_us();
+        // Keys of another limit, whose one-second windows then end: they fill the main
+        // queue (where the first keys of a filling store go), so the next key waits in
+        // the probation queue.
+        for key in 0..200_000 {
+            hit(&store, 2, key, 10, 1_000_000, t0);
+        }
+        // The limited key: its one hit spent its whole quota of 1 for an hour.
+        assert_eq!(hit(&store, 1, 0, 1, 60 * MINUTE_US, t0), 1);
+        clock.set_us(t0 + 2_000_000);
+        let now = clock.now_us();
+        // A flood of 80 000 new keys (fewer than the full keys held) of the hour's limit.
+        for key in 1..=80_000 {
+            hit(&store, 1, key, 1, 60 * MINUTE_US, now);
+        }
+        assert!(store.evictions() > 0, "the flood made room");
+        let limited = store.key(1, &0u64.to_le_bytes());
+        let kept = store.peek(limited, Window::default, |w| w.carries(now));
+        assert!(
+            kept,
+            "the limited key was dropped: it would come back with its full limit"
+        );
+    }
+
+    /// Passing over the flood's keys never trades the main queue's keys for them: a key
+    /// hit again and again keeps its state through a flood of keys that all carry
+    /// something.
+    #[test]
+    fn a_flood_of_limited_keys_leaves_the_main_queue_alone() {
+        let clock = ManualClock::new(1_000 * MINUTE_US);
+        let store = LocalStore::new(100_000, "t", Clock::Manual(clock.clone()));
+        let now = clock.now_us();
+        let hot = u64::MAX;
+        for key in 0..300_000 {
+            if key % 100 == 0 {
+                let count = hit(&store, 2, hot, 1_000_000, 60 * MINUTE_US, now);
+                assert_eq!(count, key / 100 + 1, "the hot key lost its count at {key}");
+            }
+            hit(&store, 1, key, 1, 60 * MINUTE_US, now);
+        }
+        assert!(store.evictions() >= 200_000, "{}", store.evictions());
+    }
+
+    /// When only keys that carry something are left, the next candidate goes: the
+    /// bound holds whatever the keys hold.
+    #[test]
+    fn the_bound_holds_when_every_key_is_limited() {
+        let clock = ManualClock::new(1_000 * MINUTE_US);
+        let store = LocalStore::new(100_000, "t", Clock::Manual(clock.clone()));
+        let now = clock.now_us();
+        for key in 0..500_000 {
+            hit(&store, 1, key, 1, 60 * MINUTE_US, now);
+        }
+        assert!(store.len() <= 100_000, "{} keys", store.len());
+        assert!(store.len() >= 50_000, "{} keys", store.len());
+    }
+
     #[test]
     fn the_bound_is_never_exceeded() {
         for max in [1, 10, 100, 1_000, 5_000, 100_001] {
-            let store = LocalStore::new(max, "t");
+            let store = LocalStore::new(max, "t", Clock::new());
             let limiter = 7;
             for i in 0..(max * 3) {
                 store.update(store.key(limiter, &i.to_le_bytes()), Tat::default, |_| ());

@@ -192,8 +192,11 @@ impl BackendBuilder {
     /// A fixed-window or token-bucket key counts as one key, a rolling-window key as
     /// `ceil(buckets / 8)` keys (a window of 10 buckets counts as 2). When the state is
     /// full, a new key makes room by dropping another: keys seen only once go first (they
-    /// wait in a small probation queue), then the keys hit least recently; a dropped key
-    /// starts again with its full limit, and each drop is counted in the
+    /// wait in a small probation queue), then the keys hit least recently; and among
+    /// those, keys that carry nothing (back at their full limit, their window or block
+    /// ended) before keys that have spent part of their limit or are blocked. A dropped
+    /// key starts again with its full limit (a limited key dropped when only such keys
+    /// are left admits up to its limit again), and each drop is counted in the
     /// `ratelimit_local_evictions_total` [metric](crate::guide::metrics).
     /// Expired state is never swept: it is reset when its key is hit again, and is the
     /// first to go when room is needed, so no request ever waits on a sweep. The bound
@@ -387,7 +390,12 @@ impl BackendBuilder {
             });
         }
         let connector = self.connector()?;
-        let local = Arc::new(LocalStore::new(self.max_local_keys, &self.prefix));
+        let clock = self.manual_clock.map_or_else(Clock::new, Clock::Manual);
+        let local = Arc::new(LocalStore::new(
+            self.max_local_keys,
+            &self.prefix,
+            clock.clone(),
+        ));
         // The Redis side hears the changes of every instance (`redis/changes.rs`) and
         // hands them to this backend's deny cache and leases, through a callback that
         // holds the backend weakly (the backend holds the Redis side).
@@ -417,7 +425,7 @@ impl BackendBuilder {
             Inner {
                 local,
                 prefix: self.prefix,
-                clock: self.manual_clock.map_or_else(Clock::new, Clock::Manual),
+                clock,
                 time: self.time,
                 caller_offset_us: self.caller_offset_us,
                 redis,

@@ -118,8 +118,12 @@
 //! layers together (one million by default: under 256 MB whatever the flood; about
 //! 100 bytes per fixed-window or token-bucket key, about 250 for a rolling window of
 //! 10 buckets, which counts as two keys). A client that sends ever new keys (random API keys, say) cannot grow
-//! it further: when full, keys seen only once are dropped first, so the keys being
-//! limited keep their counts; each drop is counted in
+//! it further: when full, keys seen only once are dropped first, and keys back at their
+//! full limit before keys that have spent some of it or are blocked, so the keys being
+//! limited keep their counts (and a locked-out client cannot flood its lockout away)
+//! while the store holds keys that carry nothing. Once only limited keys are left, the
+//! least recently hit go, and such a key comes back with its full limit: size the bound
+//! so that this does not happen. Each drop is counted in
 //! `ratelimit_local_evictions_total` (see [`metrics`](crate::guide::metrics)). Nothing
 //! is swept: expired state is reset when its key comes back, so no request waits on a
 //! sweep. Lower the bound on a small service, raise it if more keys than that are

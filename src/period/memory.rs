@@ -83,7 +83,10 @@ mod tests {
     }
 
     fn windows() -> Windows {
-        Windows::new(std::sync::Arc::new(LocalStore::new(1_000, "t")), 1)
+        Windows::new(
+            std::sync::Arc::new(LocalStore::new(1_000, "t", crate::clock::Clock::new())),
+            1,
+        )
     }
 
     const SCHEDULE: Schedule = Schedule {
@@ -146,7 +149,7 @@ mod tests {
 
     #[test]
     fn limiters_on_one_store_keep_their_keys_apart() {
-        let store = std::sync::Arc::new(LocalStore::new(1_000, "t"));
+        let store = std::sync::Arc::new(LocalStore::new(1_000, "t", crate::clock::Clock::new()));
         let (a, b) = (
             Windows::new(store.clone(), 1),
             Windows::new(store.clone(), 2),

@@ -60,6 +60,12 @@ pub(crate) struct Hit {
 }
 
 impl Window {
+    /// Whether the window open at `now_us` has counted anything (one that has ended
+    /// counts nothing any more).
+    pub(crate) fn carries(&self, now_us: u64) -> bool {
+        self.count > 0 && self.ends_at_us > now_us.saturating_add(self.skew_us)
+    }
+
     /// Counts `cost` unless it would exceed `quota` (rejected hits are not counted, as in
     /// the Redis script). A window that has ended starts a new one. `Hit::ends_at_us` is
     /// the window's end on the clock of `now_us`.

@@ -59,6 +59,11 @@ impl Counts {
         self.data.len() - COUNTS
     }
 
+    /// The sum of the counts (as of the ring's newest bucket).
+    pub(crate) fn sum(&self) -> u64 {
+        self.data[SUM]
+    }
+
     /// Runs `f` on the ring and the sum, then stores the ring's newest index back.
     pub(super) fn with_ring<R>(
         &mut self,

@@ -67,7 +67,11 @@ mod tests {
     use crate::ring::StepBack;
 
     fn rings() -> Rings {
-        Rings::new(Arc::new(LocalStore::new(1_000, "t")), 1, GRID)
+        Rings::new(
+            Arc::new(LocalStore::new(1_000, "t", crate::clock::Clock::new())),
+            1,
+            GRID,
+        )
     }
 
     const MS: u64 = 1_000;

@@ -130,7 +130,7 @@ mod tests {
 
     #[test]
     fn a_lease_answers_until_used_up_or_expired() {
-        let store = LocalStore::new(100, "t");
+        let store = LocalStore::new(100, "t", crate::clock::Clock::new());
         let leases = Leases::new(1, 5, Duration::from_millis(10));
         let (k, other) = (leases.key(&store, b"k"), leases.key(&store, b"other"));
         assert!(matches!(leases.take(&store, k, 1, 0), Take::Missing(0)));
