@@ -101,6 +101,8 @@ mod cost;
 mod decision;
 mod dynamic;
 mod error;
+#[cfg(all(test, feature = "serde", feature = "axum"))]
+mod fuzz;
 pub mod guide;
 mod hosted;
 pub mod in_flight;

@@ -186,7 +186,7 @@ impl<K: Send + Sync + 'static, R: OnRejection> Shared<K, R> {
             headers: &req.headers,
         });
         if let Some(retry) = decision.retry_after {
-            let secs = (retry.as_secs() + u64::from(retry.subsec_nanos() > 0)).max(1);
+            let secs = crate::response::ceil_secs(retry).max(1);
             response
                 .headers_mut()
                 .insert(http::header::RETRY_AFTER, http::HeaderValue::from(secs));

@@ -10,4 +10,5 @@ mod rejection;
 pub(crate) use self::headers::{policy_header, HeaderParts, Ready};
 pub(crate) use self::http::missing_key;
 pub use self::http::{DefaultRejection, ProblemJson};
+pub(crate) use self::rejection::ceil_secs;
 pub use self::rejection::{OnRejection, Rejection};

@@ -129,7 +129,8 @@ where
     }
 }
 
-/// Whole seconds, rounded up.
+/// Whole seconds, rounded up (`u64::MAX` for the longest durations, which a lockout or
+/// a block of `Duration::MAX` gives: found by the `ratelimit_headers` fuzz target).
 pub(crate) fn ceil_secs(d: Duration) -> u64 {
-    d.as_secs() + u64::from(d.subsec_nanos() > 0)
+    d.as_secs().saturating_add(u64::from(d.subsec_nanos() > 0))
 }
