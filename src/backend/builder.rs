@@ -453,7 +453,7 @@ impl BackendBuilder {
     /// every instance on one Redis must use the same setting.
     ///
     /// ```
-    /// use tower_redis_ratelimit::{backend::TimeSource, Backend};
+    /// use tower_redis_ratelimit::{TimeSource, Backend};
     ///
     /// # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
     /// let backend = Backend::builder()

@@ -86,7 +86,7 @@ pub enum FailurePolicy {
 /// [`WithinLimit`](Self::WithinLimit) gives each none, so none runs until Redis is back.
 ///
 /// ```
-/// use tower_redis_ratelimit::{backend::ShareRounding, Backend};
+/// use tower_redis_ratelimit::{ShareRounding, Backend};
 ///
 /// # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
 /// let backend = Backend::builder()
@@ -239,7 +239,7 @@ impl Backend {
     /// Where the breaker stands: `None` for an in-process backend.
     ///
     /// ```
-    /// use tower_redis_ratelimit::{backend::RedisState, Backend};
+    /// use tower_redis_ratelimit::{RedisState, Backend};
     ///
     /// # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
     /// let backend = Backend::builder().redis_url("redis://127.0.0.1:6379").build()?;

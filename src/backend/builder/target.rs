@@ -194,7 +194,7 @@ impl BackendBuilder {
     ///
     /// ```no_run
     /// use std::time::Duration;
-    /// use tower_redis_ratelimit::{backend::Credentials, Backend};
+    /// use tower_redis_ratelimit::{Credentials, Backend};
     ///
     /// # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
     /// let backend = Backend::builder()

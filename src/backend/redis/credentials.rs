@@ -28,7 +28,7 @@ use crate::error::BoxError;
 ///
 /// ```
 /// use std::time::Duration;
-/// use tower_redis_ratelimit::backend::Credentials;
+/// use tower_redis_ratelimit::Credentials;
 ///
 /// let credentials = Credentials::new("limiter", "token-from-iam")
 ///     .expires_in(Duration::from_secs(15 * 60));
@@ -97,7 +97,7 @@ impl fmt::Debug for Credentials {
 ///
 /// ```no_run
 /// use std::time::Duration;
-/// use tower_redis_ratelimit::{backend::Credentials, Backend};
+/// use tower_redis_ratelimit::{Credentials, Backend};
 ///
 /// async fn fetch_token() -> Result<String, std::io::Error> {
 ///     // Ask your cloud's SDK for a token.

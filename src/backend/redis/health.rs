@@ -89,7 +89,7 @@ impl BreakerConfig {
 /// Where the breaker stands.
 ///
 /// ```
-/// use tower_redis_ratelimit::backend::RedisState;
+/// use tower_redis_ratelimit::RedisState;
 ///
 /// assert_ne!(RedisState::Healthy, RedisState::Fallback);
 /// ```

@@ -28,7 +28,7 @@ use deadpool_redis::redis::{self, Script};
 /// [`BackendBuilder::time_source`](crate::BackendBuilder::time_source).
 ///
 /// ```
-/// use tower_redis_ratelimit::{backend::TimeSource, Backend};
+/// use tower_redis_ratelimit::{TimeSource, Backend};
 ///
 /// # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
 /// // A server that refuses `TIME` inside scripts (reported of ElastiCache Serverless).
