@@ -17,9 +17,16 @@ pub(crate) struct Instance {
 
 /// The limiter's name in every scenario.
 pub(crate) const NAME: &str = "chaos";
-/// Every scenario, in the order they run.
-pub(crate) const SCENARIOS: [&str; 6] =
-    ["held", "wrongtype", "writes", "rtt", "restart", "latency"];
+/// Every scenario, in the order they run (`soak` only when named).
+pub(crate) const SCENARIOS: [&str; 7] = [
+    "held",
+    "wrongtype",
+    "writes",
+    "rtt",
+    "restart",
+    "latency",
+    "soak",
+];
 
 pub(crate) fn instance(backend: Backend, quota: u64, period: Duration) -> Instance {
     let limiter = PeriodLimiter::new(&backend, NAME, PeriodConfig::new(quota, period))

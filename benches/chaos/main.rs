@@ -25,6 +25,7 @@
 //! | `rtt` | round trip 70 ms with the defaults, 160 ms with `call_timeout(250 ms)`, and 10 ms with the defaults for reference; each followed by a 2 s partition (blackhole) |
 //! | `restart` | Redis down for 3 s under 400 req/s at 10 and 30 ms RTT; a cold start with 32 in flight at 10 ms RTT |
 //! | `latency` | 32 in flight at 10 ms RTT: decision latency with `redis_url`, and with a deadpool pool whose connections have `TCP_NODELAY` forced on |
+//! | `soak` | only when named (`scripts/soak`): instances through the layers for `SOAK_SECS` (an hour), Redis restarted on a schedule, memory, descriptors and every admission held to budgets; fails the run past one (see `soak.rs`) |
 //!
 //! How things are counted:
 //!
@@ -54,6 +55,7 @@
 mod counting;
 mod load;
 mod scenarios;
+mod soak;
 #[path = "../../tests/support/mod.rs"]
 mod support;
 
@@ -175,7 +177,7 @@ pub(crate) fn row(scenario: &str, figure: &str, value: impl Into<String>, target
 }
 
 pub(crate) fn print_table(rows: &[Row]) {
-    println!("| scenario | figure | value | target (issue 11) |");
+    println!("| scenario | figure | value | target (issue 11) or budget (soak) |");
     println!("|---|---|---|---|");
     for r in rows {
         println!(
@@ -249,8 +251,10 @@ async fn main() {
     let settings = Settings::from_env();
     let started = std::time::Instant::now();
     let mut all = Vec::new();
+    let mut within_budgets = true;
     for name in SCENARIOS {
-        if !settings.runs(name) {
+        // The soak runs for as long as asked (an hour by default): only when named.
+        if !settings.runs(name) || (name == "soak" && settings.only.is_none()) {
             continue;
         }
         eprintln!(
@@ -264,6 +268,11 @@ async fn main() {
             "rtt" => slow_round_trip(&settings).await,
             "restart" => restart(&settings).await,
             "latency" => latency(&settings).await,
+            "soak" => {
+                let (rows, ok) = soak::soak().await;
+                within_budgets &= ok;
+                rows
+            }
             _ => unreachable!(),
         };
         print_table(&rows);
@@ -275,4 +284,8 @@ async fn main() {
         settings.base.as_secs_f64()
     );
     print_table(&all);
+    if !within_budgets {
+        eprintln!("the soak went over a budget (marked in the table)");
+        std::process::exit(1);
+    }
 }
