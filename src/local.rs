@@ -143,7 +143,7 @@ struct Now {
 /// How many eviction candidates in a row that carry something are passed over, at most,
 /// before the next one goes whatever it holds: a few more entries read per eviction,
 /// from the head of the queue (the same ones each time, while they last). Never more
-/// than half the probation queue (3% of a shard): the cache turns to its main queue
+/// than half the probation queue (which is 3% of a shard): the cache turns to its main queue
 /// when every candidate of the probation queue is passed over, which would trade the
 /// main queue's keys for the flood's.
 const KEPT_IN_A_ROW: u32 = 8;
@@ -331,6 +331,10 @@ impl Lifecycle<Key, Slot> for Evictions {
     /// A candidate that carries something is passed over, up to [`KEPT_IN_A_ROW`] in a
     /// row (so the bound always holds).
     fn is_pinned(&self, _key: &Key, slot: &Slot) -> bool {
+        // A small store passes over nothing: no clock read per candidate.
+        if self.0.kept_in_a_row == 0 {
+            return false;
+        }
         PASSED_OVER.with(|passed| {
             let (count, now) = passed.get();
             let now = if count == 0 {
@@ -399,7 +403,8 @@ impl LocalStore {
         while shards > 1 && max_keys.div_ceil(shards) < 32 {
             shards /= 2;
         }
-        // Half the probation queue, 3% of a shard (quick_cache's default split).
+        // The probation queue is 3% of a shard (quick_cache's default split): pass over
+        // at most half of it.
         let probation = max_keys / shards * 3 / 100;
         let evictions = Evictions(Arc::new(EvictionCount {
             count: AtomicU64::new(0),
