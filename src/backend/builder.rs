@@ -125,6 +125,11 @@ impl BackendBuilder {
     /// [`subscription_url`](Self::subscription_url)): see
     /// [Changes on every instance](crate::guide::operations#changes-on-every-instance).
     ///
+    /// A cached refusal's `Retry-After` is Redis's, counted down by this process's
+    /// clock: it may tell a client to retry earlier than Redis would say now (by at most
+    /// its age, so at most this max age: a client that comes back early is refused
+    /// again), never later.
+    ///
     /// ```
     /// use std::time::Duration;
     /// use tower_redis_ratelimit::Backend;

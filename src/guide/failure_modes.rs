@@ -108,7 +108,10 @@
 //! yours without a [`subscription_url`](crate::BackendBuilder::subscription_url)),
 //! within the max age, as a lockout's end always does. When
 //! the subscription is made again, every cached refusal is forgotten. A set refused
-//! from the deny cache lists every limit in its headers, as Redis's refusal did.
+//! from the deny cache lists every limit in its headers, as Redis's refusal did. A
+//! cached refusal's wait is Redis's, counted down by this process's clock: where
+//! Redis's clock stepped meanwhile, it may say to retry earlier than Redis would, by at
+//! most its age in the cache, never later.
 //!
 //! # Memory and key floods
 //!
