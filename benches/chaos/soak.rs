@@ -474,19 +474,41 @@ pub(crate) async fn soak() -> (Vec<Row>, bool) {
     let started = Instant::now();
     let (warns_before, lines_before) = log_lines();
     let end = started + settings.run;
+    // Ctrl-C or SIGTERM ends the run early, with its report, and no server left behind.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let running = {
+        let stop = Arc::clone(&stop);
+        move || Instant::now() < end && !stop.load(Ordering::Relaxed)
+    };
+    tokio::spawn({
+        let stop = Arc::clone(&stop);
+        async move {
+            use tokio::signal::unix::{signal, SignalKind};
+            let Ok(mut term) = signal(SignalKind::terminate()) else {
+                return;
+            };
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+            eprintln!("  stopping early: the report covers the run so far");
+            stop.store(true, Ordering::Relaxed);
+        }
+    });
 
     // The load: an open loop at a fixed rate, instances, routes and keys in turn.
     let load = tokio::spawn({
         let record = Arc::clone(&record);
         let rate = settings.rate;
         let churn = settings.churn;
+        let running = running.clone();
         async move {
             let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rate));
             tick.set_missed_tick_behavior(MissedTickBehavior::Burst);
             let mut inflight = JoinSet::new();
             let mut n: u64 = 0;
             let mut random: u64 = 0x9e37_79b9_7f4a_7c15;
-            while Instant::now() < end {
+            while running() {
                 tick.tick().await;
                 n += 1;
                 random ^= random << 13;
@@ -533,14 +555,17 @@ pub(crate) async fn soak() -> (Vec<Row>, bool) {
     });
 
     // Memory and descriptors, every second.
-    let sampler = tokio::spawn(async move {
-        let mut samples: Vec<Usage> = Vec::new();
-        let mut tick = tokio::time::interval(Duration::from_secs(1));
-        while Instant::now() < end {
-            tick.tick().await;
-            samples.push(usage(started));
+    let sampler = tokio::spawn({
+        let running = running.clone();
+        async move {
+            let mut samples: Vec<Usage> = Vec::new();
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            while running() {
+                tick.tick().await;
+                samples.push(usage(started));
+            }
+            samples
         }
-        samples
     });
 
     // The schedule: Redis killed, down, restarted empty, every `restart_every`.
@@ -551,7 +576,7 @@ pub(crate) async fn soak() -> (Vec<Row>, bool) {
         if next + settings.down + Duration::from_secs(10) > end {
             break;
         }
-        while Instant::now() < next {
+        while Instant::now() < next && running() {
             tokio::time::sleep(Duration::from_millis(200)).await;
             if last_report.elapsed() >= Duration::from_secs(60) {
                 last_report = Instant::now();
@@ -562,6 +587,9 @@ pub(crate) async fn soak() -> (Vec<Row>, bool) {
                     r.requests, r.errors, r.violations, rss
                 );
             }
+        }
+        if !running() {
+            break;
         }
         let keys = redis.cmd(&["DBSIZE"]).trim().parse().unwrap_or(u64::MAX);
         restarts.keys_before.push(keys);
