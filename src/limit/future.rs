@@ -16,6 +16,7 @@ use tower_service::Service;
 use super::{Respond, ResponseBody, Settle};
 use crate::limiter::DecisionFuture;
 use crate::response::Ready;
+use crate::Decision;
 
 pin_project! {
     /// The response future of [`Limit`](super::Limit): waits for the limiter when
@@ -99,6 +100,44 @@ where
         }
     }
 
+    /// What a decision does to its request, the one place that says it (for a decision
+    /// known in `call` and one awaited here): the decision is recorded; a shadow layer
+    /// serves the request and settles only what its check admitted; an admitted
+    /// request carries the decision in its extensions and gets the rate-limit headers;
+    /// a refused one is answered with the rejection, the inner service untouched.
+    /// `shared` hands out the layer's parts for settling after the response (called
+    /// only when there is something to settle).
+    pub(super) fn decided<R: Respond + ?Sized>(
+        service: &mut S,
+        mut request: Request<B>,
+        decision: Decision,
+        policy: usize,
+        respond: &R,
+        settle: Option<Settle>,
+        shared: impl FnOnce() -> Arc<dyn Respond>,
+    ) -> Self {
+        respond.record(policy, &decision);
+        if respond.is_shadow() {
+            let settle = settle
+                .filter(|_| decision.is_admitted())
+                .map(|s| (shared(), s));
+            Self::inner(service.call(request), None, settle)
+        } else if decision.is_admitted() {
+            let headers = respond.admitted_headers(policy, &decision);
+            respond.admit(request.extensions_mut(), decision);
+            let settle = settle.map(|s| (shared(), s));
+            Self::inner(service.call(request), headers, settle)
+        } else {
+            Self::done(respond.reject(
+                policy,
+                request.method(),
+                request.uri(),
+                request.headers(),
+                &decision,
+            ))
+        }
+    }
+
     pub(super) fn done(response: Response<Bytes>) -> Self {
         Self {
             state: State::Done {
@@ -127,45 +166,18 @@ where
                     settle,
                 } => {
                     let decision = ready!(Pin::new(check).poll(cx));
-                    let mut request = request.take().expect("polled after completion");
-                    let policy = *policy;
-                    respond.record(policy, &decision);
-                    if respond.is_shadow() {
-                        let mut service = service.take().expect("polled after completion");
-                        let future = service.call(request);
-                        // A shadow layer settles what its check admitted (as it counts).
-                        let settle = settle
-                            .take()
-                            .filter(|_| decision.is_admitted())
-                            .map(|s| (Arc::clone(respond), s));
-                        this.state.set(State::Inner {
-                            future,
-                            headers: None,
-                            settle,
-                        });
-                    } else if decision.is_admitted() {
-                        let mut service = service.take().expect("polled after completion");
-                        let headers = respond.admitted_headers(policy, &decision);
-                        respond.admit(request.extensions_mut(), decision);
-                        let future = service.call(request);
-                        let settle = settle.take().map(|s| (Arc::clone(respond), s));
-                        this.state.set(State::Inner {
-                            future,
-                            headers,
-                            settle,
-                        });
-                    } else {
-                        let response = respond.reject(
-                            policy,
-                            request.method(),
-                            request.uri(),
-                            request.headers(),
-                            &decision,
-                        );
-                        this.state.set(State::Done {
-                            response: Some(response),
-                        });
-                    }
+                    let request = request.take().expect("polled after completion");
+                    let mut service = service.take().expect("polled after completion");
+                    let next = Self::decided(
+                        &mut service,
+                        request,
+                        decision,
+                        *policy,
+                        &**respond,
+                        settle.take(),
+                        || Arc::clone(respond),
+                    );
+                    this.state.set(next.state);
                 }
                 StateProj::Inner {
                     future,

@@ -173,27 +173,19 @@ where
                 settle.request_bytes = Some(bytes);
             }
         }
-        let mut req = Request::from_parts(parts, body);
+        let req = Request::from_parts(parts, body);
         if let Some(decision) = check.take_ready() {
-            shared.record(policy, &decision);
-            return if shared.options.shadow {
-                // A shadow layer settles what its check admitted (as it counts).
-                let settle = settle
-                    .filter(|_| decision.is_admitted())
-                    .map(|s| (Arc::clone(shared) as Arc<dyn Respond>, s));
-                ResponseFuture::inner(self.inner.call(req), None, settle)
-            } else if decision.is_admitted() {
-                // Known at once: the headers are built here, and the decision moves into
-                // the request, so the future holds no reference to the layer.
-                let headers = shared.admitted_headers(policy, &decision);
-                shared.admit(req.extensions_mut(), decision);
-                let settle = settle.map(|s| (Arc::clone(shared) as Arc<dyn Respond>, s));
-                ResponseFuture::inner(self.inner.call(req), headers, settle)
-            } else {
-                let response =
-                    shared.reject(policy, req.method(), req.uri(), req.headers(), &decision);
-                ResponseFuture::done(response)
-            };
+            // Known at once: the headers are built here, and the decision moves into the
+            // request, so the future holds no reference to the layer.
+            return ResponseFuture::decided(
+                &mut self.inner,
+                req,
+                decision,
+                policy,
+                &**shared,
+                settle,
+                || Arc::clone(shared) as Arc<dyn Respond>,
+            );
         }
         if shared.options.shadow {
             // Never make a request wait for a limit that is not enforced: the round trip
