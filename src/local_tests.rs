@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::clock::ManualClock;
+use crate::period::window::Window;
 
 #[test]
 fn a_state_is_three_words() {
