@@ -1,6 +1,5 @@
 //! Atomic sets of limits; the semantics are on [`LimitSet`].
 
-use std::hash::BuildHasher;
 use std::num::NonZeroU32;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -8,8 +7,8 @@ use std::time::Duration;
 use bytes::{BufMut, BytesMut};
 use http::HeaderValue;
 
-use crate::backend::{Args, Backend, Blocks, Call, Hosts, Owner, Remote};
-use crate::decision::{Decision, Policy, RateLimitValue, Source, State};
+use crate::backend::{Backend, Hosts, Owner};
+use crate::decision::{Decision, Policy};
 use crate::error::{validate_name, ConfigError};
 use crate::limiter::Limiter;
 use crate::period::{PeriodConfig, PeriodLimiter};
@@ -17,11 +16,11 @@ use crate::response::HeaderParts;
 use crate::rolling::{RollingConfig, RollingWindowLimiter};
 use crate::token_bucket::{TokenBucketConfig, TokenBucketLimiter};
 
+mod hosts;
+use hosts::{SetHosts, LOCKS};
+
 /// The most limits in one set.
 pub(crate) const MAX_LIMITS: usize = 8;
-
-/// Locks of the in-process set checks: one is taken per check, by key.
-const LOCKS: usize = 64;
 
 /// A limit of any of the three algorithms: a member of a [`LimitSet`] (`.limit("daily",
 /// PeriodConfig::new(..))` converts), and (feature `serde`) the `limit` of a rule file,
@@ -183,37 +182,6 @@ pub struct SetLimiter {
     hosts: Arc<SetHosts>,
 }
 
-struct SetHosts {
-    members: Box<[Arc<dyn Hosts>]>,
-    /// Per member: whether it counts requests (one each) rather than cost.
-    per_request: Box<[bool]>,
-    /// Each member's header pieces, in order.
-    headers: Box<[HeaderParts]>,
-    /// The members' policies: the first one is the set's (for metrics, under the set's
-    /// name).
-    policy: Policy,
-    /// Every member's `RateLimit-Policy` item, in order.
-    policy_header: HeaderValue,
-    /// Room for the `RateLimit` value with every member's largest numbers.
-    ratelimit_capacity: usize,
-    capacity: u64,
-    /// The policy of the member with the smallest capacity (the first of them).
-    smallest: Policy,
-    locks: Box<[Mutex<()>]>,
-    hasher: std::collections::hash_map::RandomState,
-    /// The set's blocked keys and lockout (its members have none of their own).
-    blocks: Blocks,
-}
-
-impl std::fmt::Debug for SetHosts {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SetHosts")
-            .field("policy", &self.policy)
-            .field("members", &self.members.len())
-            .finish_non_exhaustive()
-    }
-}
-
 impl SetLimiter {
     /// Checks `set` and builds the limiter named `name` on `backend`.
     ///
@@ -369,263 +337,3 @@ crate::hosted::hosted_limiter!(SetLimiter, hosts, {
         Some(self.smallest_member())
     }
 });
-
-impl SetHosts {
-    /// One decision from the members': the admitting one with the least left when all
-    /// admit, else the refusing one with the longest wait; with every member in the
-    /// headers.
-    fn combine(&self, decisions: &[Decision]) -> Decision {
-        let chosen = if decisions.iter().all(Decision::is_admitted) {
-            decisions.iter().min_by_key(|d| d.remaining)
-        } else {
-            // The longest wait; on a tie, the first limit (`rev`: `max_by_key` keeps the last).
-            decisions
-                .iter()
-                .filter(|d| !d.is_admitted())
-                .rev()
-                .max_by_key(|d| d.retry_after)
-        };
-        let mut decision = chosen.cloned().expect("a set has at least one limit");
-        decision.ratelimit_header = Some(self.ratelimit_value(decisions.iter()));
-        decision.policy_header = Some(self.policy_header.clone());
-        decision
-    }
-
-    /// The set's decision for a key blocked for `wait` more: the one its limits'
-    /// `decisions` give (as [`combine`](Self::combine)), blocked, with every limit in
-    /// the headers blocked too (no units left until the block's end at least).
-    fn combine_blocked(&self, decisions: &[Decision], wait: Duration) -> Decision {
-        let mut decision = self.combine(decisions).blocked(wait);
-        let blocked = decisions.iter().map(|d| d.clone().blocked(wait));
-        decision.ratelimit_header = Some(self.ratelimit_value(blocked));
-        decision
-    }
-
-    /// Every member's item of the `RateLimit` header, in one allocation.
-    fn ratelimit_value<D: std::borrow::Borrow<Decision>>(
-        &self,
-        decisions: impl Iterator<Item = D>,
-    ) -> RateLimitValue {
-        let mut value = Vec::with_capacity(self.ratelimit_capacity);
-        for (i, (parts, d)) in self.headers.iter().zip(decisions).enumerate() {
-            if i > 0 {
-                value.extend_from_slice(b", ");
-            }
-            parts.write_ratelimit_value(d.borrow(), &mut value);
-        }
-        RateLimitValue(bytes::Bytes::from(value))
-    }
-
-    /// Each limit's decision in the engine's reply (its limits' parts, in order).
-    fn split(&self, reply: &[i64], cost: NonZeroU32) -> Option<Vec<Decision>> {
-        if reply.len() != self.reply_len() {
-            return None;
-        }
-        let mut rest = reply;
-        let mut decisions = Vec::with_capacity(self.members.len());
-        for member in self.members.iter() {
-            let (part, tail) = rest.split_at(member.reply_len());
-            decisions.push(member.decide(part, cost)?);
-            rest = tail;
-        }
-        Some(decisions)
-    }
-
-    /// What member `i` spends of a request's cost: the cost, or one for a member that
-    /// counts requests (none for a cost of 0), as the engine's `units`.
-    fn units(&self, i: usize, cost: u32) -> u32 {
-        if self.per_request[i] {
-            cost.min(1)
-        } else {
-            cost
-        }
-    }
-
-    fn lock(&self, key: &[u8]) -> std::sync::MutexGuard<'_, ()> {
-        let index = (self.hasher.hash_one(key) % LOCKS as u64) as usize;
-        // A panic while holding a set lock leaves no state half-written (each member's
-        // change is one step): carry on.
-        self.locks[index]
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-}
-
-impl Hosts for SetHosts {
-    fn remote(&self) -> &Remote {
-        self.members[0].remote()
-    }
-
-    fn blocks(&self) -> &Blocks {
-        &self.blocks
-    }
-
-    fn capacity(&self) -> u64 {
-        self.capacity
-    }
-
-    fn exceeds_capacity(&self, source: Source) -> Decision {
-        let decisions: Vec<_> = self
-            .members
-            .iter()
-            .zip(self.per_request.iter())
-            .map(|(m, &per_request)| {
-                if m.capacity() == self.capacity && !per_request {
-                    m.exceeds_capacity(source)
-                } else {
-                    Decision::new(
-                        State::Allowed,
-                        m.capacity(),
-                        m.capacity(),
-                        Duration::ZERO,
-                        source,
-                    )
-                }
-            })
-            .collect();
-        self.combine(&decisions)
-    }
-
-    fn limit_count(&self) -> usize {
-        self.members.len()
-    }
-
-    fn extra_keys(&self, key: &[u8], call: &mut Call) {
-        for member in &self.members[1..] {
-            member.remote().add_redis_key(key, call);
-        }
-    }
-
-    fn limit_args(&self, args: &mut Args) {
-        for (member, &per_request) in self.members.iter().zip(self.per_request.iter()) {
-            let letter = args.len();
-            member.limit_args(args);
-            if per_request {
-                // A member that counts requests: its letter in capitals.
-                args.capitalize(letter);
-            }
-        }
-    }
-
-    fn window_args(&self, now_ms: i64, call: &mut Call) {
-        for member in self.members.iter() {
-            member.window_args(now_ms, call);
-        }
-    }
-
-    fn reply_len(&self) -> usize {
-        self.members.iter().map(|m| m.reply_len()).sum()
-    }
-
-    fn decide(&self, reply: &[i64], cost: NonZeroU32) -> Option<Decision> {
-        Some(self.combine(&self.split(reply, cost)?))
-    }
-
-    fn decide_blocked(&self, reply: &[i64], cost: NonZeroU32, wait: Duration) -> Option<Decision> {
-        Some(self.combine_blocked(&self.split(reply, cost)?, wait))
-    }
-
-    fn combine_members_blocked(&self, members: &[Decision], wait: Duration) -> Option<Decision> {
-        (members.len() == self.members.len()).then(|| self.combine_blocked(members, wait))
-    }
-
-    fn local_blocked(&self, key: &[u8], cost: u32, source: Source, wait: Duration) -> Decision {
-        let _guard = self.lock(key);
-        // What the set's check would say, spending nothing: its refusal if a limit would
-        // refuse (the refusing limits as they refuse, the others where they stand), else
-        // where every limit stands.
-        let mut members: Vec<_> = self
-            .members
-            .iter()
-            .enumerate()
-            .map(|(i, m)| m.local(key, self.units(i, cost), source, false))
-            .collect();
-        let admitted = members.iter().all(Decision::is_admitted);
-        for (member, decision) in self.members.iter().zip(&mut members) {
-            if admitted || decision.is_admitted() {
-                *decision = member.local(key, 0, source, false);
-            }
-        }
-        self.combine_blocked(&members, wait)
-    }
-
-    fn member_decisions(&self, reply: &[i64], cost: NonZeroU32) -> Option<Arc<[Decision]>> {
-        self.split(reply, cost).map(Arc::from)
-    }
-
-    fn combine_members(&self, members: &[Decision]) -> Option<Decision> {
-        (members.len() == self.members.len()).then(|| self.combine(members))
-    }
-
-    fn local(&self, key: &[u8], cost: u32, source: Source, spend: bool) -> Decision {
-        let _guard = self.lock(key);
-        let mut decisions: Vec<_> = self
-            .members
-            .iter()
-            .enumerate()
-            .map(|(i, m)| m.local(key, self.units(i, cost), source, false))
-            .collect();
-        let admitted = decisions.iter().all(Decision::is_admitted);
-        for (i, (member, decision)) in self.members.iter().zip(&mut decisions).enumerate() {
-            if admitted && spend {
-                *decision = member.local(key, self.units(i, cost), source, true);
-            } else if !admitted && decision.is_admitted() {
-                // Refused by another limit: this one stands where it was.
-                *decision = member.local(key, 0, source, false);
-            }
-        }
-        self.combine(&decisions)
-    }
-
-    fn local_refund(&self, key: &[u8], cost: u32) {
-        let _guard = self.lock(key);
-        for (i, member) in self.members.iter().enumerate() {
-            member.local_refund(key, self.units(i, cost));
-        }
-    }
-
-    fn local_charge(&self, key: &[u8], cost: u64) {
-        self.local_settle(key, i64::try_from(cost).unwrap_or(i64::MAX));
-    }
-
-    /// Settles the members that count cost; those that count requests are left alone.
-    fn local_settle(&self, key: &[u8], delta: i64) {
-        let _guard = self.lock(key);
-        for (member, &per_request) in self.members.iter().zip(self.per_request.iter()) {
-            if !per_request {
-                member.local_settle(key, delta);
-            }
-        }
-    }
-
-    fn local_reset(&self, key: &[u8]) {
-        let _guard = self.lock(key);
-        for member in self.members.iter() {
-            member.local_reset(key);
-        }
-    }
-
-    fn local_members(&self, key: &[u8], cost: u32, source: Source) -> Option<Vec<Decision>> {
-        let backend = self.remote().backend();
-        let now_us = || backend.clock().now_us();
-        let until = self.blocks.until(&backend.local_store(), key, now_us);
-        let _guard = self.lock(key);
-        let mut decided: Vec<Decision> = (self.members.iter().enumerate())
-            .map(|(i, member)| member.local(key, self.units(i, cost), source, false))
-            .collect();
-        if decided.iter().any(|d| !d.is_admitted()) {
-            // As the engine answers a set's refusal: the members that would admit say
-            // where they stand (a cost of 0).
-            for (member, decision) in self.members.iter().zip(decided.iter_mut()) {
-                if decision.is_admitted() {
-                    *decision = member.local(key, 0, source, false);
-                }
-            }
-        }
-        let each = decided.into_iter().map(|decision| match until {
-            Some(until) => decision.blocked(Duration::from_micros(until.saturating_sub(now_us()))),
-            None => decision,
-        });
-        Some(each.collect())
-    }
-}
