@@ -11,6 +11,7 @@
 
 mod admin;
 mod body;
+mod builder;
 mod counted;
 mod future;
 mod layer;
@@ -34,10 +35,11 @@ use crate::metrics::LayerMetrics;
 use crate::response::{HeaderParts, OnRejection, Ready, Rejection};
 
 pub use self::body::ResponseBody;
+pub(crate) use self::builder::require_key;
+pub use self::builder::{Algorithm, LayerBuilder};
 pub use self::counted::{CountRequestBytes, CountRequestBytesLayer, CountedBody};
 pub use self::future::ResponseFuture;
-pub(crate) use self::layer::require_key;
-pub use self::layer::{Algorithm, LayerBuilder, LimitLayer};
+pub use self::layer::LimitLayer;
 pub use self::outcome::CountIf;
 use self::outcome::Settle;
 pub use self::plan::{ExtensionPlan, PlanLimiter, Plans, SelectPlan};

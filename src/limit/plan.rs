@@ -7,7 +7,7 @@ use std::num::NonZeroU32;
 
 use http::request::Parts;
 
-use super::layer::Algorithm;
+use super::builder::Algorithm;
 use crate::backend::Backend;
 use crate::blocked::Listing;
 use crate::decision::Policy;
