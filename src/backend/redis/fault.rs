@@ -1,8 +1,11 @@
 //! What a failed Redis call says about Redis: the way to it failed (transport), Redis
 //! cannot serve anyone right now (server-wide), or only this key is affected — sorted by
 //! the client's error kinds and codes, never by messages (a script error's message is
-//! read only for the code it wraps: see [`wrapped_code`]).
+//! read only for the code it wraps: see [`wrapped_code`]); and the log that summarises
+//! repeated errors in one line at most every 10 s.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::LazyLock;
 use std::time::Duration;
 
 use deadpool_redis::redis::{self, ErrorKind, ServerErrorKind};
@@ -198,6 +201,68 @@ pub(super) fn breaks_connection(error: &redis::RedisError) -> bool {
         || error.is_connection_refusal()
         || error.is_timeout()
         || error.is_unrecoverable_error()
+}
+
+/// How often repeated errors are summarised in the log, at most.
+pub(super) const SUMMARY_INTERVAL: Duration = Duration::from_secs(10);
+
+/// Repeated errors, summarised in one `warn` at most every [`SUMMARY_INTERVAL`].
+#[derive(Debug, Default)]
+pub(super) struct ErrorLog {
+    transport: AtomicU64,
+    server: AtomicU64,
+    key: AtomicU64,
+    /// When the last summary was written (ms since the process's first error).
+    last_ms: AtomicU64,
+}
+
+static LOG_BASE: LazyLock<std::time::Instant> = LazyLock::new(std::time::Instant::now);
+
+impl ErrorLog {
+    pub(super) fn error(&self, fault: Fault, error: &ScriptError) {
+        let counter = match fault {
+            Fault::Transport => &self.transport,
+            Fault::Server => &self.server,
+            Fault::Key => &self.key,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        let now = u64::try_from(LOG_BASE.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let last = self.last_ms.load(Ordering::Relaxed);
+        let interval = SUMMARY_INTERVAL.as_millis() as u64;
+        if (last != 0 && now.saturating_sub(last) < interval)
+            || self
+                .last_ms
+                .compare_exchange(last, now.max(1), Ordering::AcqRel, Ordering::Relaxed)
+                .is_err()
+        {
+            return;
+        }
+        let (transport, server, key) = (
+            self.transport.swap(0, Ordering::Relaxed),
+            self.server.swap(0, Ordering::Relaxed),
+            self.key.swap(0, Ordering::Relaxed),
+        );
+        let said = error.to_string();
+        if refused_in_script(&said) {
+            tracing::warn!(
+                transport,
+                server,
+                key,
+                last = %error,
+                "redis errors since the last summary: this user may not run a command the \
+                 scripts send (ACL); Backend::warm_up() names a refused TIME and its \
+                 remedy (TimeSource::Caller)"
+            );
+            return;
+        }
+        tracing::warn!(
+            transport,
+            server,
+            key,
+            last = %error,
+            "redis errors since the last summary"
+        );
+    }
 }
 
 #[cfg(test)]

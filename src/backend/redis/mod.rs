@@ -5,8 +5,8 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, LazyLock, Mutex};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use arc_swap::{ArcSwap, ArcSwapOption};
@@ -16,7 +16,7 @@ use tokio::sync::watch;
 use self::call::Call;
 use self::changes::{Changes, OnChange};
 use self::connect::{lacks_functions, refused_library, Conn, Connector, Functions};
-use self::fault::{breaks_connection, Fault, ScriptError};
+use self::fault::{breaks_connection, ErrorLog, Fault, ScriptError, SUMMARY_INTERVAL};
 use self::health::{Breaker, BreakerConfig, Outcome, RedisState};
 use self::time::{Scripts, TimeSource};
 
@@ -61,8 +61,6 @@ fn connect_timeout(call_timeout: Duration) -> Duration {
 
 /// How many keys' errors are remembered for [`RedisBackend::key_error`], at most.
 const KEY_ERRORS_LOGGED: usize = 1024;
-/// How often repeated errors are summarised in the log, at most.
-const SUMMARY_INTERVAL: Duration = Duration::from_secs(10);
 
 pub(crate) struct RedisBackend {
     connector: Connector,
@@ -536,63 +534,4 @@ pub(crate) struct Engine {
 pub(super) enum By {
     Check,
     Probe,
-}
-
-/// Repeated errors, summarised in one `warn` at most every [`SUMMARY_INTERVAL`].
-#[derive(Debug, Default)]
-struct ErrorLog {
-    transport: AtomicU64,
-    server: AtomicU64,
-    key: AtomicU64,
-    /// When the last summary was written (ms since the process's first error).
-    last_ms: AtomicU64,
-}
-
-static LOG_BASE: LazyLock<std::time::Instant> = LazyLock::new(std::time::Instant::now);
-
-impl ErrorLog {
-    fn error(&self, fault: Fault, error: &ScriptError) {
-        let counter = match fault {
-            Fault::Transport => &self.transport,
-            Fault::Server => &self.server,
-            Fault::Key => &self.key,
-        };
-        counter.fetch_add(1, Ordering::Relaxed);
-        let now = u64::try_from(LOG_BASE.elapsed().as_millis()).unwrap_or(u64::MAX);
-        let last = self.last_ms.load(Ordering::Relaxed);
-        let interval = SUMMARY_INTERVAL.as_millis() as u64;
-        if (last != 0 && now.saturating_sub(last) < interval)
-            || self
-                .last_ms
-                .compare_exchange(last, now.max(1), Ordering::AcqRel, Ordering::Relaxed)
-                .is_err()
-        {
-            return;
-        }
-        let (transport, server, key) = (
-            self.transport.swap(0, Ordering::Relaxed),
-            self.server.swap(0, Ordering::Relaxed),
-            self.key.swap(0, Ordering::Relaxed),
-        );
-        let said = error.to_string();
-        if fault::refused_in_script(&said) {
-            tracing::warn!(
-                transport,
-                server,
-                key,
-                last = %error,
-                "redis errors since the last summary: this user may not run a command the \
-                 scripts send (ACL); Backend::warm_up() names a refused TIME and its \
-                 remedy (TimeSource::Caller)"
-            );
-            return;
-        }
-        tracing::warn!(
-            transport,
-            server,
-            key,
-            last = %error,
-            "redis errors since the last summary"
-        );
-    }
 }
