@@ -15,13 +15,15 @@ use tokio::sync::watch;
 
 use self::call::Call;
 use self::changes::{Changes, OnChange};
-use self::connect::{lacks_functions, refused_library, Conn, Connector, Functions};
+use self::conn::{lacks_functions, refused_library, Conn, Functions};
+use self::connect::Connector;
 use self::fault::{breaks_connection, ErrorLog, Fault, ScriptError, SUMMARY_INTERVAL};
 use self::health::{Breaker, BreakerConfig, Outcome, RedisState};
 use self::time::{Scripts, TimeSource};
 
 pub(crate) mod call;
 pub(crate) mod changes;
+pub(crate) mod conn;
 pub(crate) mod connect;
 pub(crate) mod credentials;
 pub(crate) mod fault;
