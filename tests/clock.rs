@@ -353,7 +353,7 @@ async fn period_a_step_back_and_return_admits_nothing_more() {
 /// 250 ms (one bucket): the caller's clock at `T` (a bucket's start) while the server's
 /// is 400 ms behind, one admitted (the hash then expires 100 ms after `T` on the
 /// server's clock); the server's clock comes back, one more at `T + 1 ms`; at
-/// `T + 101 ms` the bucket still holds both and refuses. Before the fix, the lean check
+/// `T + 101 ms` the bucket still holds both and refuses. Before the fix, the fast path
 /// re-expired the hash only with a bucket's first unit, so the hash expired at
 /// `T + 100 ms` and two more were admitted in that bucket. Found by the model-based test
 /// (tests/model.rs: a step back of the server's clock, a check, the return, checks).

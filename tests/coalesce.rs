@@ -87,7 +87,7 @@ fn costs() -> Vec<NonZeroU32> {
         .collect()
 }
 
-/// Costs that every limit above admits together (10 units: the lean path of a
+/// Costs that every limit above admits together (10 units: the fast path of a
 /// coalesced call, which decides only when every check is admitted).
 fn fitting() -> Vec<NonZeroU32> {
     [1, 2, 1, 3, 1, 2]
@@ -130,7 +130,7 @@ async fn coalesced_decisions_equal_one_check_at_a_time() {
     {
         // Loads the script, so that the counted calls are the checks' own.
         limiter.check(b"warm-up", NonZeroU32::MIN).await;
-        // Checks that all fit (the lean path), then checks past the limits (one above
+        // Checks that all fit (the fast path), then checks past the limits (one above
         // the capacity, answered without Redis): each time one call leads, and the
         // others, queued behind it, go together in one.
         for (key, costs) in [(&b"fits"[..], fitting()), (&b"hot"[..], costs())] {
@@ -296,7 +296,7 @@ async fn a_coalesced_call_decides_and_writes_as_its_checks_one_by_one() {
                 assert_eq!(answer(&a), answer(&b), "{what}: history at {at} µs");
             }
             clock.freeze_at(t0);
-            // Checks that all fit (the lean path), then checks past the limits; checks of
+            // Checks that all fit (the fast path), then checks past the limits; checks of
             // one cost (their cost sent once) too.
             let same = |cost, count| vec![NonZeroU32::new(cost).unwrap(); count];
             for (fit, costs) in [
@@ -340,7 +340,7 @@ async fn a_coalesced_call_decides_and_writes_as_its_checks_one_by_one() {
     }
 }
 
-/// A coalesced call replies with one item per check, and an admit is what a lean check
+/// A coalesced call replies with one item per check, and an admit is what a fast path
 /// replies: one packed number per limit. So a hot key's call carries about a number per
 /// check and limit, not the general engine's table of six or nine (which Redis builds
 /// and the client parses, for every check of the queue). The call's reply is one table

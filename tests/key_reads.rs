@@ -376,8 +376,8 @@ async fn an_atomic_pair_costs_its_members_commands() {
 
 /// Concurrent checks of one hot key, coalesced into shared calls, read its limit's key
 /// once per call and never name its block, for every algorithm (a fixed window, an
-/// aligned one, a calendar window, a rolling window), on both engine paths: the lean
-/// check of the checks together (before, a coalesced call ran the general engine:
+/// aligned one, a calendar window, a rolling window), on both engine paths: the fast
+/// path of the checks together (before, a coalesced call ran the general engine:
 /// `GET`, `PTTL` of the block, `SET` for a token bucket; MONITOR saw 23 commands but
 /// the clock's in 9 calls). A token bucket's call is one `GET` and one `SET`.
 #[tokio::test(flavor = "multi_thread")]
@@ -498,7 +498,7 @@ async fn a_settlement_reads_its_limits_key_alone() {
 
 /// A set with a token bucket or a rolling window never reads its block when one of its
 /// fixed windows starts: a blocked key's bucket or rolling window is marked for as long
-/// as the block runs (a key that held nothing too), and the lean check of the set leaves
+/// as the block runs (a key that held nothing too), and the fast path of the set leaves
 /// a marked member to the engine, so the window need not ask. Windows of 30 ms started
 /// anew in every round, on both engine paths, window first or last. Before, each start
 /// read the block (`PTTL`).

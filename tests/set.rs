@@ -110,7 +110,7 @@ async fn concurrent_checks_never_admit_more_than_each_limit() {
     }
 }
 
-/// The engine packs an admit's reply into one number when its values fit (`lean.lua`);
+/// The engine packs an admit's reply into one number when its values fit (`fast.lua`);
 /// limits whose counts and times do not fit (a quota of 2^40 over a year, the largest
 /// burst refilled over a year) get the table instead, one limit or a set, and decide as
 /// the in-process host does.

@@ -1,5 +1,5 @@
 -- The floor of a batch of checks of the atomic pair (a token bucket and a daily fixed
--- window, each limit its own key): only the commands the crate's lean path runs for
+-- window, each limit its own key): only the commands the crate's fast path runs for
 -- them (TIME once a call; per check the bucket's GET, the window's INCRBY (the cost as
 -- text) and PTTL (its end), PEXPIRE when the window starts, the bucket's SET ... PX)
 -- and a reply of four numbers per check in one table (the bucket's packed admit, the

@@ -1,4 +1,4 @@
--- The floor of a batch of token bucket checks: only the commands the crate's lean path
+-- The floor of a batch of token bucket checks: only the commands the crate's fast path
 -- runs for them (TIME once a call; per check GET of its key, then SET ... PX of the new
 -- TAT, the numbers written as text) and a reply of one number per check in one table,
 -- with the crate's call shape (per check its key and its block, both declared; the

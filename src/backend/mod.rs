@@ -21,7 +21,8 @@ pub use self::builder::BackendBuilder;
 pub(crate) use self::decide::block::Blocks;
 pub(crate) use self::decide::check::check;
 #[doc(hidden)]
-pub use self::decide::engine::{engine_admits, engine_script};
+pub use self::decide::engine::engine_script;
+pub use self::decide::protocol::engine_admits;
 pub(crate) use self::decide::hosts::{Hosts, Remote};
 pub(crate) use self::decide::layout::{Layout, Owner};
 pub(crate) use self::decide::lease::Leases;

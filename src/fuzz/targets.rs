@@ -8,7 +8,7 @@ use proptest::prelude::*;
 use redis::Value;
 
 use super::{from_peer, fuzz, mutated, regressions};
-use crate::backend::decide::engine::{batch_numbers, reply_numbers};
+use crate::backend::decide::protocol::{batch_numbers, reply_numbers};
 use crate::backend::{Layout, Owner};
 use crate::decision::{Decision, Policy, Source, State};
 use crate::key::{ForwardedHeader, ForwardedIp, KeyExtractor, PeerIp};

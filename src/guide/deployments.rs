@@ -193,13 +193,13 @@
 //! Redis pay for), the call that blocks a key also *marks* its limits' keys: a token
 //! bucket's value gets a last word `b` (`"<TAT> <skew> <floor> b"`; a key that held
 //! nothing is marked too, `"- 0 - b"`), a rolling window's hash a field `b`, a fixed
-//! window's count 2^52 more. A marked key is one the lean check (and the lean
+//! window's count 2^52 more. A marked key is one the fast path (and the fast
 //! settlement of one limit, which a layer counting usage makes after each response)
 //! leaves to the general engine, which reads the block. Marks live at least as long as the block; any call
 //! that writes while the key is blocked marks again, and the first one after the block
 //! has ended takes them off (and deletes a block ending that very millisecond, which a
 //! step of the server's clock back would otherwise bring back unmarked). A fixed window that starts during a block starts on an
-//! empty key, so the lean check reads the block whenever it starts a window. So a token
+//! empty key, so the fast path reads the block whenever it starts a window. So a token
 //! bucket's or a rolling window's state lives at least until the block ends (a fixed
 //! window's keeps its window's end): this shows only when the server's clock steps
 //! forward past the state's own expiry during a block, where the state is kept instead

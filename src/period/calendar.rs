@@ -278,7 +278,7 @@ impl Bounds {
     /// The window that holds `t` (ms): its end and its length. A time outside the three
     /// windows (a clock more than a window away from the caller's) gets a window of the
     /// nearest one's length, starting at `t`. The engine's `calendar_window` (in
-    /// `period_lean.lua`) is the same rule.
+    /// `period.lua`) is the same rule.
     pub(crate) fn window(&self, t: i64) -> (i64, i64) {
         let [b0, b1, b2, b3] = self.0;
         if t < b0 {

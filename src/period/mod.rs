@@ -13,6 +13,7 @@ use std::time::Duration;
 use self::calendar::Zoned;
 use self::memory::{Schedule, Windows};
 use crate::backend::{Args, Backend, Call, Hosts, Owner, Remote};
+use crate::backend::decide::protocol::{Limit, WindowReply};
 use crate::decision::{Decision, Policy, Source, State};
 use crate::error::ConfigError;
 
@@ -395,15 +396,19 @@ impl Hosts for PeriodHosts {
     }
 
     fn limit_args(&self, args: &mut Args) {
-        match (self.offset_ms, &self.calendar) {
+        let (quota, period_ms) = (self.quota, self.period_ms);
+        let limit = if self.calendar.is_some() {
             // A calendar window: its boundaries follow in each call (`window_args`).
-            (_, Some(_)) => args.arg("c").arg(2).arg(self.quota).arg(self.period_ms),
-            (None, None) => args.arg("w").arg(2).arg(self.quota).arg(self.period_ms),
-            (Some(offset), None) => {
-                let args = args.arg("w").arg(3).arg(self.quota);
-                args.arg(self.period_ms).arg(offset)
+            Limit::Calendar { quota, period_ms }
+        } else {
+            let offset_ms = self.offset_ms;
+            Limit::Window {
+                quota,
+                period_ms,
+                offset_ms,
             }
         };
+        limit.write(args);
     }
 
     fn window_args(&self, now_ms: i64, call: &mut Call) {
@@ -415,20 +420,16 @@ impl Hosts for PeriodHosts {
     }
 
     fn reply_len(&self) -> usize {
-        3
+        WindowReply::SLOTS.len()
     }
 
     fn decide(&self, reply: &[i64], _cost: NonZeroU32) -> Option<Decision> {
-        let &[admitted, count, ttl_ms] = reply else {
-            return None;
-        };
-        let count = u64::try_from(count).ok()?;
-        let reset = Duration::from_millis(u64::try_from(ttl_ms).unwrap_or(0));
+        let reply = WindowReply::read(reply)?;
         Some(Self::decision(
             self.quota,
-            count,
-            reset,
-            admitted == 1,
+            reply.count,
+            Duration::from_millis(reply.window_ms),
+            reply.admitted,
             Source::Redis,
         ))
     }

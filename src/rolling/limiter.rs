@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use super::memory::{Grid, Rings};
 use crate::backend::{Args, Backend, Hosts, Owner, Remote};
+use crate::backend::decide::protocol::{Limit, RollingReply};
 use crate::decision::{Decision, Policy, Source, State};
 use crate::error::ConfigError;
 use crate::ring::StepBack;
@@ -324,34 +325,27 @@ impl Hosts for RollingHosts {
     }
 
     fn limit_args(&self, args: &mut Args) {
-        args.arg("r")
-            .arg(3)
-            .arg(self.limit)
-            .arg(self.buckets)
-            .arg(self.interval_ms);
+        let limit = Limit::Rolling {
+            limit: self.limit,
+            buckets: self.buckets,
+            interval_ms: self.interval_ms,
+        };
+        limit.write(args);
     }
 
     fn reply_len(&self) -> usize {
-        4
+        RollingReply::SLOTS.len()
     }
 
     fn decide(&self, reply: &[i64], _cost: NonZeroU32) -> Option<Decision> {
-        let &[admitted, sum, retry_ms, reset_ms] = reply else {
-            return None;
-        };
-        let admitted = match admitted {
-            1 => true,
-            0 => false,
-            _ => return None,
-        };
-        let sum = u64::try_from(sum).ok()?;
-        let ms = |value: i64| Duration::from_millis(u64::try_from(value).unwrap_or(0));
+        let reply = RollingReply::read(reply)?;
+        let ms = Duration::from_millis;
         Some(Self::decision(
             self.limit,
-            admitted,
-            sum,
-            ms(retry_ms),
-            ms(reset_ms),
+            reply.admitted,
+            reply.sum,
+            ms(reply.retry_ms),
+            ms(reply.reset_ms),
             Source::Redis,
         ))
     }

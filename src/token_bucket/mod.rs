@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use self::memory::{Bucket, Buckets, Outcome, Reservation};
 use crate::backend::{self, Args, Backend, Hosts, Leases, Operation, Owner, Remote};
+use crate::backend::decide::protocol::{BucketReply, Limit};
 use crate::decision::{Decision, Policy, Source, State};
 use crate::error::ConfigError;
 use crate::limiter::DecisionFuture;
@@ -377,24 +378,27 @@ impl Hosts for TokenBucketHosts {
     }
 
     fn limit_args(&self, args: &mut Args) {
-        args.arg("t")
-            .arg(3)
-            .arg(self.interval_us)
-            .arg(self.burst)
-            .arg(TAT_EPOCH_SECS);
+        let limit = Limit::TokenBucket {
+            interval_us: self.interval_us,
+            burst: self.burst,
+            epoch_secs: TAT_EPOCH_SECS,
+        };
+        limit.write(args);
     }
 
     fn reply_len(&self) -> usize {
-        4
+        BucketReply::SLOTS.len()
     }
 
     fn decide(&self, reply: &[i64], _cost: NonZeroU32) -> Option<Decision> {
-        let &[admitted, left, wait_us, full_us] = reply else {
-            return None;
-        };
-        let us = |v: i64| Duration::from_micros(u64::try_from(v).unwrap_or(0));
-        let left = u64::try_from(left).unwrap_or(0);
-        Some(if admitted == 1 {
+        let BucketReply {
+            admitted,
+            left,
+            wait_us,
+            full_us,
+        } = BucketReply::read(reply)?;
+        let us = Duration::from_micros;
+        Some(if admitted {
             let state = if left == 0 {
                 State::HitQuota
             } else {

@@ -3,8 +3,8 @@
 //!
 //! On Redis a block is one more key next to the limit's own (`…}:block:<algorithm>:<name>`,
 //! see [Redis keys](super#redis-keys)), written by the engine when it blocks a key or a
-//! lockout starts, and read by it on every call but a lean admission: the limits' keys
-//! of a blocked key are marked, and a marked key is never admitted by the lean check
+//! lockout starts, and read by it on every call but a fast-path admission: the limits' keys
+//! of a blocked key are marked, and a marked key is never admitted by the fast path
 //! (see [Blocks on Redis](crate::guide::deployments#blocks-on-redis)), so every instance honours it. In process a block
 //! is an entry of the backend's local store under the limit's name, shared by every
 //! limiter of that name on the backend, and looked up only once a key of that name was

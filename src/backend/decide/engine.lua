@@ -1,7 +1,11 @@
--- The engine: decides a check against one limit or a set of limits in one round trip,
--- all or nothing. The algorithms (src/period/period.lua, src/token_bucket/token_bucket.lua,
--- src/rolling/rolling.lua) are placed before this text, after the prelude
--- (src/backend/redis/time.rs) that defines unix_us() and caller_time; each is three functions:
+-- The general engine: decides a check against one limit or a set of limits in one
+-- round trip, all or nothing, and every other operation. Two sections (placed by
+-- src/backend/decide/engine.rs): `locals`, a call's head and limits read into lists
+-- (the fast path reads them too), and `general`, the engine, after each algorithm's
+-- `general` section (src/period/period.lua, src/token_bucket/token_bucket.lua,
+-- src/rolling/rolling.lua), all after the prelude (src/backend/redis/time.rs) that
+-- defines unix_us() and caller_time; and `return`, its call. Each algorithm's steps are
+-- three functions:
 -- X_state reads a limit's key, X_step decides a check on that state (moving it when the
 -- check spends), X_save writes what the steps changed. A call reads each key once and
 -- writes it at most once, however many checks it decides (coalesced checks, 'm').
@@ -40,13 +44,92 @@
 -- last. The number of limits n is #KEYS - 1. (Two texts rather than a word per
 -- argument: Redis spends about a microsecond per argument of a call.)
 -- Returns {admitted by every limit (1/0), ms the key stays blocked (0: not blocked),
--- then each limit's reply in order}; for 'm', one table of every check's reply, as a
+-- then each limit's reply in order}:
+-- Reply: admitted, blocked_ms, limits... (src/backend/decide/protocol.rs: Reply)
+-- For 'm', one table of every check's reply, as a
 -- batch ('k') replies (the count of limits, then each check's: an admit as its limits'
--- admits, packed or wide, see lean.lua). With more than one
+-- admits, packed or wide, see fast.lua). With more than one
 -- limit, every limit decides first without spending; only when all of them admit does
 -- each one spend what it decided, so a refusal by any
 -- limit spends nothing (and the limits that would have admitted reply with their
 -- untouched state). A blocked key spends nothing either.
+--## locals
+-- The call's two texts, each read into a list of its words (numbers as numbers):
+-- ARGV[1], the head ('op:count:param': see src/backend/decide/engine.lua; its list holds the
+-- count as written too, for commands), and ARGV[2], the limits. A limiter sends the
+-- same texts on almost every call: with Redis Functions the library keeps the lists it
+-- read (at most 1000 texts of each kind; then it starts again), so a call reads none
+-- (by EVALSHA, each call reads its two). A limits' list
+-- also holds `marks`: whether a limit is a token bucket or a rolling window, whose key
+-- a block marks for as long as it runs (a key that held nothing too: token_bucket_mark,
+-- rolling_mark), so that the fast path, which leaves a marked limit to the engine, need
+-- not read the block for the set's fixed windows when they start. And `members`, what
+-- the fast path reads of each limit, one table per limit, read by constant indexes
+-- (each of which costs Redis one operation, where `list[at + i]` costs two):
+--  [1] its letter in lower case; [2] where its words start in the list; [3] whether it
+--  counts requests (its letter in capitals); [4] the bits of its capacity (a token
+--  bucket's burst, its second argument, else its first: 2^(bits-1) <= capacity <
+--  2^bits, counted by doubling: math.frexp is not in Lua 5.4) and [5] 2^bits (an
+--  integer in Lua 5.4 too, as `2 ^ bits` would not be), for packed replies; [6], [7],
+--  [8] its first three arguments ([8] false for a fixed window of two: no offset);
+--  [9] below which ms or µs every admit of it packs (see "Packed replies" below: an
+--  admit's count is at most the capacity); [10] its packed admit's low bits (its shape
+--  * 64 + its bits) and [11] its wide admit's marker; [12] whether a fixed window that
+--  starts reads the block (no member is marked).
+local texts = { {}, {} }
+local text_counts = { 0, 0 }
+local function list_of(kind, text)
+  local list = nil
+  if kind == 1 then
+    -- (The client writes the head: its two numbers are read by arithmetic, which
+    -- costs Redis less than tonumber().)
+    local op, count, param = string.match(text, '^(%a+):(%-?%d+):(%d+)$')
+    list = { op, count + 0, param + 0, count }
+  else
+    list = {}
+    for word in string.gmatch(text, '[^:]+') do
+      list[#list + 1] = to_number(word) or word
+    end
+    local members = {}
+    local at = 1
+    while at <= #list do
+      local letter = list[at]
+      local kind = string.lower(letter)
+      local capacity, bits, power = list[at + (kind == 't' and 3 or 2)], 0, 1
+      while power <= capacity do
+        bits, power = bits + 1, power * 2
+      end
+      -- (At least one bit: a packed admit's bits are never 0, which marks a wide one.)
+      if bits == 0 then
+        bits, power = 1, 2
+      end
+      local shape = (kind == 'w' or kind == 'c') and 0 or 1
+      local third = list[at + 4]
+      if list[at + 1] < 3 then
+        third = false
+      end
+      members[#members + 1] = { kind, at, kind ~= letter, bits, power, list[at + 2],
+        list[at + 3], third, (70368744177664 - capacity) / power, shape * 64 + bits,
+        -shape * 64 - 1, true }
+      if kind == 't' or kind == 'r' then
+        list.marks = true
+      end
+      at = at + 2 + list[at + 1]
+    end
+    for i = 1, #members do
+      members[i][12] = not list.marks
+    end
+    list.members = members
+  end
+  if text_counts[kind] >= 1000 then
+    texts[kind] = {}
+    text_counts[kind] = 0
+  end
+  texts[kind][text] = list
+  text_counts[kind] = text_counts[kind] + 1
+  return list
+end
+--## general
 local algorithms = {
   w = { state = period_state, step = period_step, save = period_save, refund = period_refund,
     charge = period_charge, mark = period_mark, unmark = period_unmark },
@@ -64,7 +147,7 @@ algorithms.C = algorithms.c
 algorithms.T = algorithms.t
 algorithms.R = algorithms.r
 -- The engine: built once per library (Redis Functions), or once per call (EVALSHA).
--- `L`: the limits' words, `H` the head's (list_of); the lean check has been tried.
+-- `L`: the limits' words, `H` the head's (list_of); the fast path has been tried.
 local function engine(KEYS, ARGV, L, H)
 local op = H[1]
 -- Coalesced checks of one cost ('M') decide as 'm', their cost read for each.
@@ -77,7 +160,7 @@ local n = #KEYS - 1
 -- The ms the key stays blocked (0: not blocked). A block ending this very millisecond
 -- (PTTL 0) is over; a call that may write (all but a peek) deletes it then, since it
 -- takes the key's marks off: a step of the server's clock back would otherwise bring
--- the block back on keys the lean check no longer leaves to the engine.
+-- the block back on keys the fast path no longer leaves to the engine.
 local function block_left()
   local ms = redis.call('PTTL', KEYS[n + 1])
   if ms == 0 and H[1] ~= 'p' then
@@ -250,7 +333,7 @@ if op == 'm' then
   -- follow the limits' arguments. Each decides as if it were its own call, and its
   -- reply goes in the call's one table as a batch's do (`batch` below: the count of
   -- limits, then each check's: an admit as its limits' admits, packed or wide,
-  -- `put_admit` in lean.lua; anything else as its table).
+  -- `put_admit` in fast.lua; anything else as its table).
   out = { n }
   local members, pos = L.members, 2
   for j = 1, cost do
@@ -276,7 +359,7 @@ for i = 1, n do
     limits[i][1].save(KEYS, i, states[i])
   end
 end
--- A blocked key's limits are marked (X_mark), since the lean check reads their keys
+-- A blocked key's limits are marked (X_mark), since the fast path reads their keys
 -- alone: by the call that blocks it (a block, a lockout), and again by any call that
 -- writes while it is blocked (a save may write a value without the mark; a check
 -- refused for the block writes nothing, and marks only a key that held nothing). The
@@ -345,14 +428,14 @@ local function batch_from(KEYS, ARGV, L, H, out, place, n, at, step, now_us)
     end
     local after = nil
     if op == 'c' then
-      after = lean(KEYS, ARGV, L, k, n, number, text, now_us, out, pos)
+      after = fast_check(KEYS, ARGV, L, k, n, number, text, now_us, out, pos)
     else
-      local reply = lean_settle(KEYS, ARGV, L, k, n, number, text, now_us)
+      local reply = fast_settle(KEYS, ARGV, L, k, n, number, text, now_us)
       if type(reply) == 'number' then
         out[pos] = reply
         after = pos + 1
       elseif reply and reply[1] < 0 then
-        -- (A table of admits: in place, as the lean check's.)
+        -- (A table of admits: in place, as the fast path's.)
         after = pos
         for _, v in ipairs(reply) do
           out[after] = v
@@ -364,7 +447,7 @@ local function batch_from(KEYS, ARGV, L, H, out, place, n, at, step, now_us)
       end
     end
     if not after then
-      -- (What the lean check wrote is taken back: at most three numbers a limit.)
+      -- (What the fast path wrote is taken back: at most three numbers a limit.)
       for x = pos, pos + 3 * n do
         out[x] = nil
       end
@@ -386,11 +469,11 @@ end
 -- j-th of the last `count` arguments (before the caller's time): a check's cost, or a
 -- settlement's delta after an 's' ('s-3'); with 'K', every item's text is the one last
 -- argument (checks that cost the same: an argument costs Redis about as much as a
--- key). Each is decided as its own call would decide it: by the lean check (the lean
+-- key). Each is decided as its own call would decide it: by the fast path (its
 -- settlement), else by the engine on its own keys (a refusal, a block, a skew, a
 -- set's settlement). The time is read once. Returns one table: n, then each item's
 -- reply in order, flat (a table in a table costs Redis about 4 500 instructions to
--- reply): an admit as its n limits' admits, packed or wide (see lean.lua), anything
+-- reply): an admit as its n limits' admits, packed or wide (see fast.lua), anything
 -- else as its table (the engine's). An item that raises an error of its key (its key
 -- holds a value of another type) replies `false` (its check reports it, the failure
 -- policy answers it), and the items after it go on: what an item before it wrote is
@@ -427,3 +510,8 @@ local function batch(KEYS, ARGV, L, H)
   end
   return out
 end
+--## return
+if H[1] == 'k' or H[1] == 'K' then
+  return batch(KEYS, ARGV, L, H)
+end
+return engine(KEYS, ARGV, L, H)

@@ -18,3 +18,4 @@ pub(crate) mod layout;
 pub(crate) mod lease;
 pub(crate) mod listing;
 pub(crate) mod operate;
+pub(crate) mod protocol;

@@ -17,7 +17,7 @@ use super::check::{
     answering, engine_call, forget_refusal, no_share, queued_part, read_reply, refused_until_probe,
     report, unavailable, Leader,
 };
-use super::engine::{BLOCK, PEEK, REFUND, RESERVE, RESET, SETTLE};
+use super::protocol::Op;
 use super::hosts::Hosts;
 use super::lease;
 use super::listing::MAX_LISTED;
@@ -49,15 +49,15 @@ pub(crate) enum Operation {
 }
 
 impl Operation {
-    /// The engine's letter for it.
-    fn letter(self) -> &'static str {
+    /// The engine's operation for it.
+    fn op(self) -> Op {
         match self {
-            Self::Peek => PEEK,
-            Self::Refund => REFUND,
-            Self::Settle { .. } => SETTLE,
-            Self::Reset => RESET,
-            Self::Block => BLOCK,
-            Self::Reserve { .. } => RESERVE,
+            Self::Peek => Op::Peek,
+            Self::Refund => Op::Refund,
+            Self::Settle { .. } => Op::Settle,
+            Self::Reset => Op::Reset,
+            Self::Block => Op::Block,
+            Self::Reserve { .. } => Op::Reserve,
         }
     }
 }
@@ -158,13 +158,13 @@ pub(crate) fn operate<T: Hosts + ?Sized>(
     }
     let call = match op {
         Operation::Settle { delta } => {
-            engine_call(&**store, key, &redis_key, op.letter(), delta, param, &[])
+            engine_call(&**store, key, &redis_key, op.op().word(), delta, param, &[])
         }
-        _ => engine_call(&**store, key, &redis_key, op.letter(), cost, param, &[]),
+        _ => engine_call(&**store, key, &redis_key, op.op().word(), cost, param, &[]),
     };
     // A block's unused leased tokens go back first, so that its answer counts them.
     let give_back =
-        (unused > 0).then(|| engine_call(&**store, key, &redis_key, REFUND, unused, param, &[]));
+        (unused > 0).then(|| engine_call(&**store, key, &redis_key, Op::Refund.word(), unused, param, &[]));
     // (A reset key's hash in the deny cache: the list forgets its lockout by it.)
     let key_hash = (op == Operation::Reset).then(|| backend.inner.deny.hash(&redis_key));
     let store = Arc::clone(store);
@@ -323,7 +323,7 @@ pub(crate) async fn peek_each<T: Hosts + ?Sized>(
     if redis.admit() {
         let redis_key = remote.redis_key(&key);
         let lockout = store.blocks().lockout_ms();
-        let call = engine_call(&*store, &key, &redis_key, PEEK, cost.get(), lockout, &[]);
+        let call = engine_call(&*store, &key, &redis_key, Op::Peek.word(), cost.get(), lockout, &[]);
         let result = redis.eval(&call).await;
         if let Err(error) = &result {
             report(&*store, redis, &redis_key, error);

@@ -119,7 +119,7 @@ impl Call {
         self
     }
 
-    /// Reads the call's reply with `read` (a batch's: see `engine::batch_numbers`).
+    /// Reads the call's reply with `read` (a batch's: see `protocol::batch_numbers`).
     pub(crate) fn reading(&mut self, read: ReadReply) -> &mut Self {
         self.read = read;
         self

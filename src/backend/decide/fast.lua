@@ -1,85 +1,29 @@
--- The lean check, first part of the engine's text (before the general engine,
--- src/backend/decide/engine.lua): the algorithms' lean functions (X_lean.lua) are placed before
--- it, after the time prelude. On the EVALSHA path the script returns here when the lean
--- check decides, so the general engine's functions and tables are never built for it;
--- with Redis Functions everything is built once per library either way.
--- The call's two texts, each read into a list of its words (numbers as numbers):
--- ARGV[1], the head ('op:count:param': see src/backend/decide/engine.lua; its list holds the
--- count as written too, for commands), and ARGV[2], the limits. A limiter sends the
--- same texts on almost every call: with Redis Functions the library keeps the lists it
--- read (at most 1000 texts of each kind; then it starts again), so a call reads none
--- (by EVALSHA, each call reads its two). A limits' list
--- also holds `marks`: whether a limit is a token bucket or a rolling window, whose key
--- a block marks for as long as it runs (a key that held nothing too: token_bucket_mark,
--- rolling_mark), so that the lean check, which leaves a marked limit to the engine, need
--- not read the block for the set's fixed windows when they start. And `members`, what
--- the lean check reads of each limit, one table per limit, read by constant indexes
--- (each of which costs Redis one operation, where `list[at + i]` costs two):
---  [1] its letter in lower case; [2] where its words start in the list; [3] whether it
---  counts requests (its letter in capitals); [4] the bits of its capacity (a token
---  bucket's burst, its second argument, else its first: 2^(bits-1) <= capacity <
---  2^bits, counted by doubling: math.frexp is not in Lua 5.4) and [5] 2^bits (an
---  integer in Lua 5.4 too, as `2 ^ bits` would not be), for packed replies; [6], [7],
---  [8] its first three arguments ([8] false for a fixed window of two: no offset);
---  [9] below which ms or µs every admit of it packs (see "Packed replies" below: an
---  admit's count is at most the capacity); [10] its packed admit's low bits (its shape
---  * 64 + its bits) and [11] its wide admit's marker; [12] whether a fixed window that
---  starts reads the block (no member is marked).
-local texts = { {}, {} }
-local text_counts = { 0, 0 }
-local function list_of(kind, text)
-  local list = nil
-  if kind == 1 then
-    -- (The client writes the head: its two numbers are read by arithmetic, which
-    -- costs Redis less than tonumber().)
-    local op, count, param = string.match(text, '^(%a+):(%-?%d+):(%d+)$')
-    list = { op, count + 0, param + 0, count }
-  else
-    list = {}
-    for word in string.gmatch(text, '[^:]+') do
-      list[#list + 1] = to_number(word) or word
-    end
-    local members = {}
-    local at = 1
-    while at <= #list do
-      local letter = list[at]
-      local kind = string.lower(letter)
-      local capacity, bits, power = list[at + (kind == 't' and 3 or 2)], 0, 1
-      while power <= capacity do
-        bits, power = bits + 1, power * 2
-      end
-      -- (At least one bit: a packed admit's bits are never 0, which marks a wide one.)
-      if bits == 0 then
-        bits, power = 1, 2
-      end
-      local shape = (kind == 'w' or kind == 'c') and 0 or 1
-      local third = list[at + 4]
-      if list[at + 1] < 3 then
-        third = false
-      end
-      members[#members + 1] = { kind, at, kind ~= letter, bits, power, list[at + 2],
-        list[at + 3], third, (70368744177664 - capacity) / power, shape * 64 + bits,
-        -shape * 64 - 1, true }
-      if kind == 't' or kind == 'r' then
-        list.marks = true
-      end
-      at = at + 2 + list[at + 1]
-    end
-    for i = 1, #members do
-      members[i][12] = not list.marks
-    end
-    list.members = members
-  end
-  if text_counts[kind] >= 1000 then
-    texts[kind] = {}
-    text_counts[kind] = 0
-  end
-  texts[kind][text] = list
-  text_counts[kind] = text_counts[kind] + 1
-  return list
+-- The fast path, in three sections (see src/backend/decide/engine.rs): `locals`, the
+-- library functions it calls as locals; `fast`, its check, after each algorithm's
+-- `fast` section; `entry`, what every call runs first, which returns when the fast
+-- path decides.
+--## locals
+-- The library functions the fast path calls on every decision, as locals of the
+-- script: read through a global and a field at each call, each cost Redis 7.0 about
+-- 200 instructions more (callgrind; a token bucket's check calls seven). A library of
+-- Redis Functions may read no global while it loads, so bind_locals() sets them at a
+-- call's start (the engine's entry, src/backend/decide/engine.rs), once per library
+-- (once per call by EVALSHA, which runs the whole text at each call), and finds
+-- native_numbers() there, which the fast path's writes then read as `numbers_native`.
+local floor, ceil, max, min, format, to_number, type_of = nil, nil, nil, nil, nil, nil, nil
+local function bind_locals()
+  floor, ceil, max, min = math.floor, math.ceil, math.max, math.min
+  format, to_number, type_of = string.format, tonumber, type
+  native_numbers()
 end
+--## fast
+-- The fast path's check, after each algorithm's `fast` section (X.lua) and before the
+-- general engine (src/backend/decide/engine.lua). On the EVALSHA path the script
+-- returns at the entry when the fast path decides, so the general engine's functions
+-- and tables are never built for it; with Redis Functions everything is built once per
+-- library either way.
 
--- Packed replies: a limit's lean admit is one negative integer (for Redis a table
+-- Packed replies: a limit's admit on the fast path is one negative integer (for Redis a table
 -- reply costs more than the check's commands): limit i's n (remaining or count: at most
 -- its capacity, so within its bits), its t (ms or µs) and its shape (0: a fixed
 -- window's {1, n, t}; 1: {1, n, 0, t}), as -(v + 1) where
@@ -120,7 +64,7 @@ local function put_admit(out, pos, m, r)
   return pos + 3
 end
 
--- The lean check of a set's limits from limit i on (n limits, limit i's key KEYS[k + i],
+-- The fast path of a set's limits from limit i on (n limits, limit i's key KEYS[k + i],
 -- their block KEYS[k + n + 1]; `cost` and its text `cost_text` the check's; `now_us`: the
 -- time when read; ARGV[bounds_at]: the next calendar window's boundaries): limit i
 -- tries, and writes its admit in `out` from `pos` (packed or wide, see above), then the
@@ -129,7 +73,7 @@ end
 -- limit's admit, or nil (the general engine decides; what this wrote in `out` is the
 -- caller's to take back). Each limit's values wait in its call's locals (a table for
 -- them costs Redis more).
-local function lean_from(KEYS, ARGV, L, k, cost, cost_text, n, i, now_us, bounds_at, out, pos)
+local function fast_from(KEYS, ARGV, L, k, cost, cost_text, n, i, now_us, bounds_at, out, pos)
   local m = L.members[i]
   local kind = m[1]
   -- A member that counts requests spends one.
@@ -176,7 +120,7 @@ local function lean_from(KEYS, ARGV, L, k, cost, cost_text, n, i, now_us, bounds
     after = pos + 3
   end
   if i < n then
-    after = lean_from(KEYS, ARGV, L, k, cost, cost_text, n, i + 1, now_us, bounds_at, out, after)
+    after = fast_from(KEYS, ARGV, L, k, cost, cost_text, n, i + 1, now_us, bounds_at, out, after)
     if not after then
       -- A later limit does not admit: what a fixed window counted is taken back. (A
       -- window it started, the count the cost: a key that held nothing.)
@@ -194,7 +138,7 @@ local function lean_from(KEYS, ARGV, L, k, cost, cost_text, n, i, now_us, bounds
   return after
 end
 
--- The lean check: a check ('c') that every limit admits on its state as the steps would
+-- The fast path: a check ('c') that every limit admits on its state as the steps would
 -- (the common case), decided in the fewest commands and tables by each algorithm's
 -- X_try, then written by X_commit (a fixed window counts in its try, and is taken back
 -- with period_undo when a later limit does not admit). Returns the engine's reply
@@ -207,9 +151,9 @@ end
 -- go there from `pos`, and it returns the position after them (or nil, what it wrote
 -- there the caller's to take back).
 -- Each limit's own key is all it reads: a blocked key's limits are marked (X_mark: the
--- engine marks them when it blocks a key, and the lean check leaves a marked key to the
+-- engine marks them when it blocks a key, and the fast path leaves a marked key to the
 -- engine), and a fixed window reads the block only when its window starts.
-local function lean(KEYS, ARGV, L, k, n, cost, cost_text, now_us, out, pos)
+local function fast_check(KEYS, ARGV, L, k, n, cost, cost_text, now_us, out, pos)
   if n == 1 then
     -- One limit (L: its letter, its count of arguments, its arguments): the reply made
     -- at once.
@@ -264,12 +208,12 @@ local function lean(KEYS, ARGV, L, k, n, cost, cost_text, now_us, out, pos)
     end
     return { m[11], count, t }
   elseif out then
-    return lean_from(KEYS, ARGV, L, k, cost, cost_text, n, 1, now_us, 3, out, pos)
+    return fast_from(KEYS, ARGV, L, k, cost, cost_text, n, 1, now_us, 3, out, pos)
   end
   -- (A pair's table made at the size of a packed and a wide admit, the common pair:
   -- a table that grows costs Redis more than two slots emptied.)
   out = n == 2 and { false, false, false, false } or {}
-  local after = lean_from(KEYS, ARGV, L, k, cost, cost_text, n, 1, now_us, 3, out, 1)
+  local after = fast_from(KEYS, ARGV, L, k, cost, cost_text, n, 1, now_us, 3, out, 1)
   if after then
     for x = after, 4 do
       out[x] = nil
@@ -279,7 +223,7 @@ local function lean(KEYS, ARGV, L, k, n, cost, cost_text, now_us, out, pos)
   return nil
 end
 
--- Coalesced checks of one key ('m', see engine.lua) of one limit, as the lean check
+-- Coalesced checks of one key ('m', see engine.lua) of one limit, as the fast path
 -- decides them: each check's reply is what its own call would reply after the checks
 -- before it. A token bucket tries each cost in turn (from ARGV[3] on) on the TAT the
 -- checks before it left, the key read once and written once; a window (fixed, aligned,
@@ -287,10 +231,10 @@ end
 -- (a window's count only grows within a call: each check's count is the one the key
 -- held before the call and the costs up to its own, its time the sum's). Returns the
 -- call's reply as the engine's for 'm' (the count of limits, 1, then each check's
--- admit, packed or wide), or nil when that is not the lean case (a refusal, a skew, a
+-- admit, packed or wide), or nil when that is not the fast path's case (a refusal, a skew, a
 -- block's mark): the general engine then decides them all, nothing having been written.
 -- `shared`: the checks all cost the same, their cost the one number sent ('M').
-local function lean_coalesced(KEYS, ARGV, L, count, shared, now_us)
+local function fast_coalesced(KEYS, ARGV, L, count, shared, now_us)
   local m = L.members[1]
   local kind, power, low, wide = L[1], m[5], m[10], m[11]
   local out, pos = { 1 }, 2
@@ -367,19 +311,19 @@ local function lean_coalesced(KEYS, ARGV, L, count, shared, now_us)
   return out
 end
 
--- The lean settlement of a set's n limits (their keys from KEYS[k + 1], their block
--- KEYS[k + n + 1], as the lean check's; `now_us` the time if already read): each limit
--- that counts cost settles by `delta` as its own lean settlement would (X_settle), and a
+-- The fast settlement of a set's n limits (their keys from KEYS[k + 1], their block
+-- KEYS[k + n + 1], as the fast path's; `now_us` the time if already read): each limit
+-- that counts cost settles by `delta` as its own fast settlement would (X_settle), and a
 -- member that counts requests (settling nothing) says where it stands (a token bucket's
 -- try of a cost of 0). All or nothing: a token bucket's write and a rolling window's
 -- charge wait until every limit has settled; a fixed window counts at once and is taken
 -- back (period_settle_undo) when a later limit leaves the settlement to the general
 -- engine; a rolling window's refund, which writes as it goes, is made last (one per
--- set). Returns the engine's answer (every limit's admit packed, as the lean check's;
+-- set). Returns the engine's answer (every limit's admit packed, as the fast path's;
 -- with a limit in debt, the engine's table), or nil, nothing written: a member counting
 -- requests that is not a token bucket, two rolling refunds, and whatever a limit's own
--- lean settlement leaves to the engine.
-local function lean_settle_set(KEYS, ARGV, L, k, n, delta, delta_text, now_us)
+-- fast settlement leaves to the engine.
+local function fast_settle_set(KEYS, ARGV, L, k, n, delta, delta_text, now_us)
   now_us = now_us or unix_us(ARGV)
   local members = L.members
   local bounds_at = 3
@@ -474,7 +418,7 @@ local function lean_settle_set(KEYS, ARGV, L, k, n, delta, delta_text, now_us)
     end
     return out
   end
-  -- (Packed or wide: see above, as the lean check's.)
+  -- (Packed or wide: see above, as the fast path's.)
   local out, pos = n == 2 and { false, false } or {}, 1
   for i = 1, n do
     local count, t, m = counts[i], ts[i], members[i]
@@ -489,19 +433,19 @@ local function lean_settle_set(KEYS, ARGV, L, k, n, delta, delta_text, now_us)
   return out
 end
 
--- The lean settlement ('s', see engine.lua) of one limit by `delta` (and its text
+-- The fast settlement ('s', see engine.lua) of one limit by `delta` (and its text
 -- `delta_text`, as sent): each algorithm's X_settle charges it (above 0: spent whatever
 -- the limit says, debt past it) or gives it back (below 0) on the limit's own key, and
 -- says where the limit stands then, as the general engine's settlement would (its
--- answer to a cost of 0): an admit packed, as the lean check's; a refusal (debt) as
+-- answer to a cost of 0): an admit packed, as the fast path's; a refusal (debt) as
 -- the engine's table. Returns nil when the general engine settles (a block's mark, a
 -- skew, a step back, a rolling window in debt, a settlement of 0), nothing written.
--- A set's (n limits) is lean_settle_set's.
-local function lean_settle(KEYS, ARGV, L, k, n, delta, delta_text, now_us)
+-- A set's (n limits) is fast_settle_set's.
+local function fast_settle(KEYS, ARGV, L, k, n, delta, delta_text, now_us)
   if delta == 0 then
     return nil
   elseif n > 1 then
-    return lean_settle_set(KEYS, ARGV, L, k, n, delta, delta_text, now_us)
+    return fast_settle_set(KEYS, ARGV, L, k, n, delta, delta_text, now_us)
   end
   local kind = L[1]
   local ok, admitted, n, wait, t
@@ -544,4 +488,30 @@ local function lean_settle(KEYS, ARGV, L, k, n, delta, delta_text, now_us)
     return { 1, 0, 1, n, t }
   end
   return { 1, 0, 1, n, 0, t }
+end
+--## entry
+-- Every call: the locals bound (once per library), the head's and the limits' words
+-- (read from the library's lists when it holds them, without a call), then the fast
+-- path for a check (and for coalesced checks of one limit, and a settlement of one
+-- limit), which returns when it decides; else the general engine's `return` follows.
+if not floor then
+  bind_locals()
+end
+local H = texts[1][ARGV[1]] or list_of(1, ARGV[1])
+local L = texts[2][ARGV[2]] or list_of(2, ARGV[2])
+if H[1] == 'c' then
+  local out = fast_check(KEYS, ARGV, L, 0, #KEYS - 1, H[2], H[4], nil)
+  if out then
+    return out
+  end
+elseif (H[1] == 'm' or H[1] == 'M') and #KEYS == 2 then
+  local out = fast_coalesced(KEYS, ARGV, L, H[2], H[1] == 'M', unix_us(ARGV))
+  if out then
+    return out
+  end
+elseif H[1] == 's' then
+  local out = fast_settle(KEYS, ARGV, L, 0, #KEYS - 1, H[2], H[4], nil)
+  if out then
+    return out
+  end
 end
