@@ -30,7 +30,7 @@ pub(crate) use self::decide::operate::{list_blocked, operate, peek_each, Operati
 pub(crate) use self::redis::call::{Args, Call};
 pub use self::redis::credentials::{Credentials, CredentialsProvider};
 pub use self::redis::health::RedisState;
-pub(crate) use self::redis::time::Scripts;
+pub(crate) use self::redis::script::Scripts;
 pub use self::redis::time::TimeSource;
 #[doc(hidden)]
 pub use crate::clock::ManualClock;

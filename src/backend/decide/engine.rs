@@ -5,7 +5,8 @@
 use std::sync::LazyLock;
 
 use super::protocol::{reply_numbers, Op};
-use crate::backend::redis::time::{Body, Scripts, TimeSource};
+use crate::backend::redis::script::{Body, Scripts};
+use crate::backend::redis::time::TimeSource;
 
 /// The engine: every algorithm as a function, and the code that runs one limit or a set
 /// of limits with them, in both time versions, as a script (`EVALSHA`) and as a library

@@ -6,7 +6,8 @@ use std::fmt;
 
 use deadpool_redis::redis::{self, Script, ToRedisArgs};
 
-use super::time::{plain_numbers, Library, ReadReply, Scripts, TimeSource};
+use super::script::{plain_numbers, Library, ReadReply, Scripts};
+use super::time::TimeSource;
 
 /// A script call as it goes to Redis: `EVALSHA`, the script's hash, the number of keys,
 /// the keys, then the arguments, each written into one buffer as it is added (redis-rs's

@@ -9,8 +9,8 @@ use deadpool_redis::redis::{self, ErrorKind, Script, ServerErrorKind};
 
 use super::call::Call;
 use super::fault::{Fault, ScriptError};
-use super::time::Library;
-use super::time::ReadReply;
+use super::script::Library;
+use super::script::ReadReply;
 
 /// A multiplexed connection (single node or cluster); cloning it is cheap.
 #[derive(Clone)]

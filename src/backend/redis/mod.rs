@@ -19,7 +19,8 @@ use self::conn::{lacks_functions, refused_library, Conn, Functions};
 use self::connect::Connector;
 use self::fault::{breaks_connection, ErrorLog, Fault, ScriptError, SUMMARY_INTERVAL};
 use self::health::{Breaker, BreakerConfig, Outcome, RedisState};
-use self::time::{Scripts, TimeSource};
+use self::script::Scripts;
+use self::time::TimeSource;
 
 pub(crate) mod call;
 pub(crate) mod changes;
@@ -29,6 +30,7 @@ pub(crate) mod credentials;
 pub(crate) mod fault;
 pub(crate) mod health;
 pub(crate) mod probe;
+pub(crate) mod script;
 pub(crate) mod time;
 pub(crate) mod url;
 
