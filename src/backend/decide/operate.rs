@@ -1,26 +1,28 @@
 //! The operations on a key other than a check, for the limiter handles: peek, refund,
 //! settle, reset, block and reserve, each one engine call on Redis (or answered by the
-//! in-process state while Redis cannot). They take the check's steps from `check.rs`
-//! (the engine call, the reply, the failure policy), in the same order; with a token
-//! bucket's leases, a peek may answer from this process's lease, and a block or a reset
-//! ends it (a block giving its unused tokens back first, a second call). A block or a
-//! reset that Redis made is then written to the limit's list of blocked keys
-//! (`listing.rs`), one more call, before the handle's answer; [`list_blocked`] reads
-//! that list (or, in process, the blocks' registry).
+//! in-process state while Redis cannot). They take a check's steps (`check.rs`), from
+//! the same files: the engine call (`call.rs`), the reply (`reply.rs`), the failure
+//! policy (`policy.rs`), in the same order; with a token bucket's leases, a peek may
+//! answer from this process's lease, and a block or a reset ends it (a block giving its
+//! unused tokens back first, a second call). A block or a reset that Redis made is then
+//! written to the limit's list of blocked keys (`listing.rs`), one more call, before the
+//! handle's answer; [`list_blocked`] reads that list (or, in process, the blocks'
+//! registry).
 
 use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
 use super::batch::{self, Ask, Queued};
-use super::check::{
-    answering, engine_call, forget_refusal, no_share, queued_part, read_reply, refused_until_probe,
-    report, unavailable, Leader,
-};
+use super::call::engine_call;
+use super::check::Leader;
 use super::engine::{BLOCK, PEEK, REFUND, RESERVE, RESET, SETTLE};
 use super::hosts::Hosts;
 use super::lease;
 use super::listing::MAX_LISTED;
+use super::policy::{answering, no_share, refused_until_probe, unavailable};
+use super::queued::queued_part;
+use super::reply::{forget_refusal, read_reply, report};
 use crate::backend::redis::fault::ScriptError;
 use crate::backend::FailurePolicy;
 use crate::blocked::{Blocked, Listing};
