@@ -27,10 +27,13 @@
 
 use std::num::NonZeroU32;
 use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::oneshot;
 
 use super::batch::{self, Ask, Queued};
 use super::call::engine_call;
-use super::coalesce::Turn;
+use super::coalesce::{Part, Turn};
 use super::engine::CHECK;
 use super::hosts::Hosts;
 use super::leased::check_leased;
@@ -71,80 +74,104 @@ pub(crate) fn check<T: Hosts + ?Sized>(
         Ok(deny_key) => deny_key,
         Err(refused) => return DecisionFuture::ready(refused),
     };
-    let turn = if backend.inner.coalesce {
+    // Coalescing: while another check of this key is in flight, this one goes with the
+    // key's next call.
+    let mut turn = None;
+    if backend.inner.coalesce {
         let hash = deny_key.unwrap_or_else(|| backend.inner.deny.hash(&redis_key));
         match remote.coalescer.turn(hash, cost) {
-            Turn::Wait(part) => {
-                // Another check of this key is in flight: this one goes with the next call,
-                // and waits for it no longer than for a call of its own (the failure policy
-                // answers then; the call's own failure is the leader's to report).
-                let store = Arc::clone(store);
-                let redis = Arc::clone(redis);
-                let deadline = redis.call_timeout();
-                return DecisionFuture::pending(async move {
-                    let part = queued_part(part, deadline).await;
-                    conclude(&*store, &redis, part, &redis_key, cost, deny_key)
-                });
-            }
-            Turn::Lead => Some(hash),
+            Turn::Wait(part) => return wait_for_key(store, redis, part, redis_key, cost, deny_key),
+            Turn::Lead => turn = Some(hash),
         }
-    } else {
-        None
-    };
+    }
+    let mut leader = Leader::of_key(store, redis, redis_key, turn);
     // Batching: past the bound of calls in flight, the check goes with the next batch.
     let after = backend.inner.batch_after;
-    let route = (after > 0).then(|| redis.route(&redis_key));
-    if let Some(route) = route {
+    if after > 0 {
+        let route = redis.route(&leader.redis_key);
         let queued = |reply| Queued {
-            redis_key: redis_key.clone(),
+            redis_key: leader.redis_key.clone(),
             ask: Ask::Check(cost),
             reply,
         };
         let deadline = redis.call_timeout();
-        if let batch::Turn::Queued(part) = remote.batcher.turn(route, after, deadline, queued) {
-            // Its wait: no longer than for a call of its own (the failure policy answers
-            // then); a batch's failure is reported by the batch, a key's error by
-            // this check.
-            let leader = Leader {
-                store: Arc::clone(store),
-                redis: Arc::clone(redis),
-                redis_key,
-                turn,
-                route: None,
-            };
-            return DecisionFuture::pending(async move {
-                let part = queued_part(part, deadline).await;
-                let decision = conclude(
-                    &*leader.store,
-                    &leader.redis,
-                    part,
-                    &leader.redis_key,
-                    cost,
-                    deny_key,
-                );
-                drop(leader);
-                decision
-            });
+        match remote.batcher.turn(route, after, deadline, queued) {
+            batch::Turn::Queued(part) => {
+                return wait_for_batch(leader, part, deadline, cost, deny_key)
+            }
+            batch::Turn::Call => leader.route = Some(route),
         }
     }
+    call_redis(leader, key, cost, deny_key)
+}
+
+/// A check of a key another check's call is in flight for: its part of the key's next
+/// call, waited for no longer than for a call of its own (the failure policy answers
+/// then; the call's own failure is the leader's to report).
+fn wait_for_key<T: Hosts + ?Sized>(
+    store: &Arc<T>,
+    redis: &Arc<RedisBackend>,
+    part: oneshot::Receiver<Part>,
+    redis_key: Vec<u8>,
+    cost: NonZeroU32,
+    deny_key: Option<u128>,
+) -> DecisionFuture {
+    let store = Arc::clone(store);
+    let redis = Arc::clone(redis);
+    let deadline = redis.call_timeout();
+    DecisionFuture::pending(async move {
+        let part = queued_part(part, deadline).await;
+        conclude(&*store, &redis, part, &redis_key, cost, deny_key)
+    })
+}
+
+/// A check queued for its route's next batch: its part of it, waited for no longer than
+/// `deadline`, as for a call of its own (the failure policy answers then); a batch's
+/// failure is reported by the batch, a key's error by this check. The checks of its key
+/// that queued meanwhile go after it.
+fn wait_for_batch<T: Hosts + ?Sized>(
+    leader: Leader<T>,
+    part: oneshot::Receiver<Part>,
+    deadline: Duration,
+    cost: NonZeroU32,
+    deny_key: Option<u128>,
+) -> DecisionFuture {
+    DecisionFuture::pending(async move {
+        let part = queued_part(part, deadline).await;
+        let decision = conclude(
+            &*leader.store,
+            &leader.redis,
+            part,
+            &leader.redis_key,
+            cost,
+            deny_key,
+        );
+        drop(leader);
+        decision
+    })
+}
+
+/// A check's own call of the engine: one round trip, timed (for the batcher too when
+/// the call holds a turn of its route), and concluded; then the checks that queued
+/// meanwhile go.
+fn call_redis<T: Hosts + ?Sized>(
+    leader: Leader<T>,
+    key: &[u8],
+    cost: NonZeroU32,
+    deny_key: Option<u128>,
+) -> DecisionFuture {
     // Only a check that goes to Redis itself builds the call.
+    let store = &*leader.store;
     let lockout = store.blocks().lockout_ms();
     let call = engine_call(
-        &**store,
+        store,
         key,
-        &redis_key,
+        &leader.redis_key,
         CHECK,
         u64::from(cost.get()),
         lockout,
         &[],
     );
-    let leader = Leader {
-        store: Arc::clone(store),
-        redis: Arc::clone(redis),
-        redis_key,
-        turn,
-        route,
-    };
     DecisionFuture::pending(async move {
         let remote = leader.store.remote();
         let started = std::time::Instant::now();
@@ -162,7 +189,7 @@ pub(crate) fn check<T: Hosts + ?Sized>(
             cost,
             deny_key,
         );
-        // The checks of this key that queued meanwhile go now.
+        // The checks that queued meanwhile go now.
         drop(leader);
         decision
     })
@@ -183,6 +210,23 @@ pub(super) struct Leader<T: Hosts + ?Sized> {
 }
 
 impl<T: Hosts + ?Sized> Leader<T> {
+    /// A check's call for `redis_key`, leading the key's coalesced checks when it took
+    /// the key's `turn` (its hash in the coalescer); no route's turn yet.
+    fn of_key(
+        store: &Arc<T>,
+        redis: &Arc<RedisBackend>,
+        redis_key: Vec<u8>,
+        turn: Option<u128>,
+    ) -> Self {
+        Self {
+            store: Arc::clone(store),
+            redis: Arc::clone(redis),
+            redis_key,
+            turn,
+            route: None,
+        }
+    }
+
     /// A call on the batcher's `route` that leads no key's coalesced checks (a
     /// settlement's).
     pub(super) fn of_route(store: &Arc<T>, redis: &Arc<RedisBackend>, route: u16) -> Self {
