@@ -146,7 +146,7 @@ fn wait_for_batch<T: Hosts + ?Sized>(
             cost,
             deny_key,
         );
-        drop(leader);
+        leader.hand_over();
         decision
     })
 }
@@ -190,15 +190,15 @@ fn call_redis<T: Hosts + ?Sized>(
             deny_key,
         );
         // The checks that queued meanwhile go now.
-        drop(leader);
+        leader.hand_over();
         decision
     })
 }
 
 /// A check (or a settlement) that makes its own call: what the call's future needs,
-/// and, with coalescing, the key's turn. Once that call is over (or the check is
-/// dropped), the checks that queued meanwhile go to Redis together, and so on until
-/// nobody waits.
+/// and the turns it holds (the key's in the coalescer, a call's on the batcher's route).
+/// Once that call is over, [`hand_over`](Self::hand_over) sends the checks that queued
+/// meanwhile to Redis together, and so on until nobody waits.
 pub(super) struct Leader<T: Hosts + ?Sized> {
     store: Arc<T>,
     redis: Arc<RedisBackend>,
@@ -238,10 +238,17 @@ impl<T: Hosts + ?Sized> Leader<T> {
             route: Some(route),
         }
     }
-}
 
-impl<T: Hosts + ?Sized> Drop for Leader<T> {
-    fn drop(&mut self) {
+    /// The call is over: the checks queued meanwhile go now, in tasks of their own (the
+    /// route's next batches, the key's next coalesced calls), or, without a runtime to
+    /// call from, answer by the failure policy.
+    pub(super) fn hand_over(mut self) {
+        self.release();
+    }
+
+    /// [`hand_over`](Self::hand_over)'s work, done once: it takes the turns, so that the
+    /// drop after it finds none.
+    fn release(&mut self) {
         if let Some(route) = self.route.take() {
             // The checks of other keys queued meanwhile go now, together.
             let batch = self.store.remote().batcher.next(route);
@@ -263,7 +270,7 @@ impl<T: Hosts + ?Sized> Drop for Leader<T> {
                 }
             }
         }
-        let Some(hash) = self.turn else {
+        let Some(hash) = self.turn.take() else {
             return;
         };
         let waiting = self.store.remote().coalescer().next(hash);
@@ -282,5 +289,13 @@ impl<T: Hosts + ?Sized> Drop for Leader<T> {
         let redis = Arc::clone(&self.redis);
         let redis_key = std::mem::take(&mut self.redis_key);
         runtime.spawn(calls(store, redis, redis_key, hash, waiting));
+    }
+}
+
+/// Drop guard: a leader dropped before [`Leader::hand_over`] (its check cancelled
+/// mid-call) hands over all the same, or the checks queued behind it would never go.
+impl<T: Hosts + ?Sized> Drop for Leader<T> {
+    fn drop(&mut self) {
+        self.release();
     }
 }

@@ -179,11 +179,11 @@ pub(crate) fn operate<T: Hosts + ?Sized>(
         }
         let started = std::time::Instant::now();
         let result = redis.eval(&call).await;
-        if leader.is_some() {
+        if let Some(leader) = leader {
             store.remote().batcher.observe(started.elapsed());
+            // (A settlement's turn: the items queued meanwhile go now.)
+            leader.hand_over();
         }
-        // (A settlement's turn: the items queued meanwhile go now.)
-        drop(leader);
         let reply = result.as_ref().ok();
         let decision = reply.and_then(|reply| {
             let cost = u32::try_from(cost).ok().and_then(NonZeroU32::new);
