@@ -326,6 +326,27 @@ impl Backend {
         Arc::clone(&self.inner.local)
     }
 
+    /// [`local_store`](Self::local_store), borrowed (no reference count touched).
+    pub(crate) fn local(&self) -> &LocalStore {
+        &self.inner.local
+    }
+
+    /// The deny cache: the keys Redis refused moments ago, refused here until then.
+    pub(crate) fn deny(&self) -> &DenyCache {
+        &self.inner.deny
+    }
+
+    /// Whether concurrent checks of one key share calls (see `decide/coalesce.rs`).
+    pub(crate) fn coalesces(&self) -> bool {
+        self.inner.coalesce
+    }
+
+    /// How many calls of a limiter may be in flight to a node before its checks go
+    /// together (see `decide/batch.rs`); 0: never.
+    pub(crate) fn batch_after(&self) -> usize {
+        self.inner.batch_after
+    }
+
     pub(crate) fn redis_handle(&self) -> Option<&Arc<RedisBackend>> {
         self.inner.redis.as_ref()
     }

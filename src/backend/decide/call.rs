@@ -40,7 +40,7 @@ pub(super) fn engine_call_of<T: Hosts + ?Sized, E: ToRedisArgs>(
 ) -> Call {
     let remote = store.remote();
     let backend = remote.backend();
-    let time = backend.inner.time;
+    let time = backend.time_source();
     let limits = store.limit_count();
     let limit_args = remote.limit_args(|args| store.limit_args(args));
     let (args, bytes) = limit_args.size();

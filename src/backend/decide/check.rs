@@ -77,8 +77,8 @@ pub(crate) fn check<T: Hosts + ?Sized>(
     // Coalescing: while another check of this key is in flight, this one goes with the
     // key's next call.
     let mut turn = None;
-    if backend.inner.coalesce {
-        let hash = deny_key.unwrap_or_else(|| backend.inner.deny.hash(&redis_key));
+    if backend.coalesces() {
+        let hash = deny_key.unwrap_or_else(|| backend.deny().hash(&redis_key));
         match remote.coalescer.turn(hash, cost) {
             Turn::Wait(part) => return wait_for_key(store, redis, part, redis_key, cost, deny_key),
             Turn::Lead => turn = Some(hash),
@@ -86,7 +86,7 @@ pub(crate) fn check<T: Hosts + ?Sized>(
     }
     let mut leader = Leader::of_key(store, redis, redis_key, turn);
     // Batching: past the bound of calls in flight, the check goes with the next batch.
-    let after = backend.inner.batch_after;
+    let after = backend.batch_after();
     if after > 0 {
         let route = redis.route(&leader.redis_key);
         let queued = |reply| Queued {

@@ -30,7 +30,7 @@ pub(super) fn check_leased<T: Hosts + ?Sized>(
     let remote = store.remote();
     let backend = remote.backend();
     // Borrowed, not cloned: no shared reference count touched per check.
-    let local = &*backend.inner.local;
+    let local = backend.local();
     let now_us = backend.clock().now_us();
     let lease_key = leases.key(local, key);
     let unused = match leases.take(local, lease_key, u64::from(cost.get()), now_us) {
@@ -80,7 +80,7 @@ pub(super) fn check_leased<T: Hosts + ?Sized>(
                 let leftover = taken.saturating_sub(u64::from(cost.get()));
                 if let Some(leases) = store.leases() {
                     let now_us = backend.clock().now_us();
-                    leases.keep(&backend.inner.local, lease_key, leftover, now_us);
+                    leases.keep(backend.local(), lease_key, leftover, now_us);
                 }
                 let left = u64::try_from(left).unwrap_or(0);
                 let state = if left + leftover == 0 {

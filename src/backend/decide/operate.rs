@@ -90,7 +90,7 @@ pub(crate) fn operate<T: Hosts + ?Sized>(
     // forgotten (the bucket starts full).
     let mut unused = 0;
     if let Some(leases) = store.leases() {
-        let local = &*backend.inner.local;
+        let local = backend.local();
         let lease_key = leases.key(local, key);
         match op {
             Operation::Peek => {
@@ -122,7 +122,7 @@ pub(crate) fn operate<T: Hosts + ?Sized>(
     // the next batch of the limiter's checks, as a check does (it settles what a check
     // spent: as many of them at saturation); its own call holds a turn like a check's.
     let mut leader = None;
-    let after = backend.inner.batch_after;
+    let after = backend.batch_after();
     if let (Operation::Settle { delta }, 1..) = (op, after) {
         let route = redis.route(&redis_key);
         let deadline = redis.call_timeout();
@@ -168,7 +168,7 @@ pub(crate) fn operate<T: Hosts + ?Sized>(
     let give_back =
         (unused > 0).then(|| engine_call(&**store, key, &redis_key, REFUND, unused, param, &[]));
     // (A reset key's hash in the deny cache: the list forgets its lockout by it.)
-    let key_hash = (op == Operation::Reset).then(|| backend.inner.deny.hash(&redis_key));
+    let key_hash = (op == Operation::Reset).then(|| backend.deny().hash(&redis_key));
     let store = Arc::clone(store);
     let redis = Arc::clone(redis);
     let key = key.to_vec();
@@ -256,7 +256,7 @@ fn operate_locally<T: Hosts + ?Sized>(
     cost: u64,
     source: Source,
 ) -> Decision {
-    let local = &*store.remote().backend().inner.local;
+    let local = store.remote().backend().local();
     let units = u32::try_from(cost).unwrap_or(u32::MAX);
     let now_us = store.remote().backend().clock().now_us();
     // The key's block before the operation (read once; only a reset or a block change
@@ -360,7 +360,7 @@ pub(crate) fn list_blocked<T: Hosts + ?Sized>(store: &Arc<T>, name: &str, max: u
     let now_us = backend.clock().now_us();
     let Some(redis) = backend.redis_handle() else {
         let blocks = store.blocks();
-        let local = &*backend.inner.local;
+        let local = backend.local();
         let mut listed: Vec<Blocked> = blocks
             .registry()
             .list(now_us)

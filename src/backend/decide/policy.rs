@@ -60,7 +60,7 @@ pub(super) fn local_check<T: Hosts + ?Sized>(
     source: Source,
 ) -> Decision {
     let blocks = store.blocks();
-    let local = &*store.remote().backend.inner.local;
+    let local = store.remote().backend.local();
     let now_us = || store.remote().backend.clock().now_us();
     if let Some(until) = blocks.until(local, key, now_us) {
         let wait = Duration::from_micros(until.saturating_sub(now_us()));

@@ -26,7 +26,7 @@ pub(super) fn cached_refusal<T: Hosts + ?Sized>(
     redis_key: &[u8],
 ) -> Result<Option<u128>, Decision> {
     let backend = store.remote().backend();
-    let deny = &backend.inner.deny;
+    let deny = backend.deny();
     if !deny.is_enabled() {
         return Ok(None);
     }
@@ -76,7 +76,7 @@ pub(super) fn cached_refusal<T: Hosts + ?Sized>(
 /// Forgets the deny cache's refusal of `redis_key`: a refund, a reset, a block or a
 /// reservation changes what Redis would answer.
 pub(super) fn forget_refusal<T: Hosts + ?Sized>(store: &T, redis_key: &[u8]) {
-    let deny = &store.remote().backend().inner.deny;
+    let deny = store.remote().backend().deny();
     if deny.is_enabled() {
         deny.remove(deny.hash(redis_key));
     }
@@ -102,7 +102,7 @@ pub(super) fn conclude<T: Hosts + ?Sized, R: Deref<Target = [i64]>>(
                 if let (true, Some(ms @ 1..)) = (store.blocks().lockout_ms() > 0, locked_ms) {
                     if let Some(key) = remote.key_of(redis_key) {
                         let backend = remote.backend();
-                        let hash = backend.inner.deny.hash(redis_key);
+                        let hash = backend.deny().hash(redis_key);
                         let now_ms = backend.clock().now_us() / 1_000;
                         let until_ms = now_ms.saturating_add(ms);
                         remote
@@ -112,7 +112,7 @@ pub(super) fn conclude<T: Hosts + ?Sized, R: Deref<Target = [i64]>>(
                 }
                 if let (Some(hash), Some(retry), 1) = (deny_key, decision.retry_after, cost.get()) {
                     let backend = &remote.backend;
-                    let deny = &backend.inner.deny;
+                    let deny = backend.deny();
                     let now_us = backend.clock().now_us();
                     let at = |d: Duration| {
                         now_us.saturating_add(u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
@@ -163,7 +163,7 @@ pub(super) fn report<T: Hosts + ?Sized>(
     let fault = error.fault();
     crate::metrics::redis_error(&remote.name, fault.label());
     if fault == Fault::Key {
-        redis.key_error(remote.backend.inner.deny.hash(redis_key), error);
+        redis.key_error(remote.backend.deny().hash(redis_key), error);
     }
 }
 
