@@ -539,6 +539,55 @@ async fn waits_at_most_the_call_timeout(key: &[u8]) {
     );
 }
 
+/// A check that leads a call and is dropped before its call ends (its request
+/// cancelled) hands over all the same: the checks queued behind it, of its key
+/// (coalesced) and of another key (batched, one call in flight allowed), go to Redis at
+/// once, not at their deadline by the failure policy; then the key and the route are
+/// free again.
+#[tokio::test]
+async fn a_dropped_leader_hands_its_queues_over() {
+    let timeout = Duration::from_secs(5);
+    let redis = RedisServer::start();
+    let backend = support::backend_builder()
+        .redis(redis.pool())
+        .deny_cache(0)
+        .call_timeout(timeout)
+        .batch_after(1)
+        .build()
+        .unwrap();
+    let limiter = PeriodLimiter::new(&backend, "drop", PeriodConfig::new(1_000_000, HOUR)).unwrap();
+    // Connected, the engine loaded, and a round trip known (see above).
+    for _ in 0..8 {
+        assert_eq!(
+            limiter.check(b"hot", NonZeroU32::MIN).await.source,
+            Source::Redis
+        );
+    }
+    // The leader takes the key's turn and the route's one call, and is dropped before
+    // its call is made.
+    let leader = limiter.check(b"hot", NonZeroU32::MIN);
+    let same_key = limiter.check(b"hot", NonZeroU32::MIN);
+    let other_key = limiter.check(b"other", NonZeroU32::MIN);
+    drop(leader);
+    let started = tokio::time::Instant::now();
+    let (same_key, other_key) = tokio::join!(same_key, other_key);
+    let waited = started.elapsed();
+    assert_eq!(same_key.source, Source::Redis);
+    assert_eq!(other_key.source, Source::Redis);
+    assert!(waited < timeout / 2, "the queued checks waited {waited:?}");
+    for key in [&b"hot"[..], b"other"] {
+        let decision = limiter.check(key, NonZeroU32::MIN).await;
+        assert_eq!(decision.source, Source::Redis);
+    }
+    // Each check spent its cost once: 8 and 2 of "hot", 2 of "other".
+    let hot = limiter.check(b"hot", NonZeroU32::MIN).await;
+    let other = limiter.check(b"other", NonZeroU32::MIN).await;
+    assert_eq!(
+        (hot.remaining, other.remaining),
+        (1_000_000 - 11, 1_000_000 - 3)
+    );
+}
+
 /// The script calls (`FCALL` and `EVALSHA`) `redis` has run so far (`command_calls`
 /// counts both under `evalsha`).
 fn script_calls(redis: &RedisServer) -> u64 {

@@ -22,11 +22,11 @@ pub(crate) use self::decide::block::Blocks;
 pub(crate) use self::decide::check::check;
 #[doc(hidden)]
 pub use self::decide::engine::engine_script;
-pub use self::decide::protocol::engine_admits;
 pub(crate) use self::decide::hosts::{Hosts, Remote};
 pub(crate) use self::decide::layout::{Layout, Owner};
 pub(crate) use self::decide::lease::Leases;
 pub(crate) use self::decide::operate::{list_blocked, operate, peek_each, Operation};
+pub use self::decide::protocol::engine_admits;
 pub(crate) use self::redis::call::{Args, Call};
 pub use self::redis::credentials::{Credentials, CredentialsProvider};
 pub use self::redis::health::RedisState;
@@ -325,6 +325,27 @@ impl Backend {
     /// The bounded in-process state shared by every limiter on this backend.
     pub(crate) fn local_store(&self) -> Arc<LocalStore> {
         Arc::clone(&self.inner.local)
+    }
+
+    /// [`local_store`](Self::local_store), borrowed (no reference count touched).
+    pub(crate) fn local(&self) -> &LocalStore {
+        &self.inner.local
+    }
+
+    /// The deny cache: the keys Redis refused moments ago, refused here until then.
+    pub(crate) fn deny(&self) -> &DenyCache {
+        &self.inner.deny
+    }
+
+    /// Whether concurrent checks of one key share calls (see `decide/coalesce.rs`).
+    pub(crate) fn coalesces(&self) -> bool {
+        self.inner.coalesce
+    }
+
+    /// How many calls of a limiter may be in flight to a node before its checks go
+    /// together (see `decide/batch.rs`); 0: never.
+    pub(crate) fn batch_after(&self) -> usize {
+        self.inner.batch_after
     }
 
     pub(crate) fn redis_handle(&self) -> Option<&Arc<RedisBackend>> {

@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use self::calendar::Zoned;
 use self::memory::{Schedule, Windows};
-use crate::backend::{Args, Backend, Call, Hosts, Owner, Remote};
 use crate::backend::decide::protocol::{Limit, WindowReply};
+use crate::backend::{Args, Backend, Call, Hosts, Owner, Remote};
 use crate::decision::{Decision, Policy, Source, State};
 use crate::error::ConfigError;
 

@@ -10,8 +10,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::memory::{Grid, Rings};
-use crate::backend::{Args, Backend, Hosts, Owner, Remote};
 use crate::backend::decide::protocol::{Limit, RollingReply};
+use crate::backend::{Args, Backend, Hosts, Owner, Remote};
 use crate::decision::{Decision, Policy, Source, State};
 use crate::error::ConfigError;
 use crate::ring::StepBack;

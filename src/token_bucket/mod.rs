@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use self::memory::{Bucket, Buckets, Outcome, Reservation};
-use crate::backend::{self, Args, Backend, Hosts, Leases, Operation, Owner, Remote};
 use crate::backend::decide::protocol::{BucketReply, Limit};
+use crate::backend::{self, Args, Backend, Hosts, Leases, Operation, Owner, Remote};
 use crate::decision::{Decision, Policy, Source, State};
 use crate::error::ConfigError;
 use crate::limiter::DecisionFuture;

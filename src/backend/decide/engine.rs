@@ -4,7 +4,7 @@
 
 use std::sync::LazyLock;
 
-use super::protocol::{reply_numbers, Op};
+use super::protocol::reply_numbers;
 use crate::backend::redis::script::{Body, Scripts};
 use crate::backend::redis::time::TimeSource;
 
@@ -86,18 +86,6 @@ impl Parts {
         }
     }
 }
-
-// (Until check.rs takes `Op`: the operations' words.)
-pub(crate) use super::protocol::batch_numbers;
-pub(crate) const CHECK: &str = Op::Check.word();
-pub(crate) const COALESCED: &str = Op::Coalesced.word();
-pub(crate) const SHARED_COALESCED: &str = Op::SharedCoalesced.word();
-pub(crate) const BATCH: &str = Op::Batch.word();
-pub(crate) const SHARED_BATCH: &str = Op::SharedBatch.word();
-pub(crate) const LEASE: &str = Op::Lease.word();
-pub(crate) const PEEK: &str = Op::Peek.word();
-pub(crate) const REFUND: &str = Op::Refund.word();
-pub(crate) const SETTLE: &str = Op::Settle.word();
 
 /// Not part of the API: the text of the script every check runs, in the version that
 /// reads the server's time, so that benchmarks can time a bare `EVALSHA` of the very

@@ -53,11 +53,7 @@ impl Remote {
     ) -> Self {
         let layout = backend.layout(kind, owner);
         let block_layout = layout.blocks();
-        let blocks = Blocks::new(
-            &backend.inner.local,
-            block_layout.local_id(b"block", 0),
-            lockout,
-        );
+        let blocks = Blocks::new(backend.local(), block_layout.local_id(b"block", 0), lockout);
         let index = Index::new(block_layout.blocked_index());
         Self {
             backend: backend.clone(),
@@ -128,7 +124,7 @@ impl Remote {
     /// [set](crate::LimitSet) (whose block is its first limit's).
     pub(crate) fn set_blocks(&self, lockout: Option<Duration>) -> Blocks {
         let id = self.block_layout.local_id(b"block", 0);
-        Blocks::new(&self.backend.inner.local, id, lockout)
+        Blocks::new(self.backend.local(), id, lockout)
     }
 
     /// The layout of this limiter's keys.

@@ -1,26 +1,28 @@
 //! The operations on a key other than a check, for the limiter handles: peek, refund,
 //! settle, reset, block and reserve, each one engine call on Redis (or answered by the
-//! in-process state while Redis cannot). They take the check's steps from `check.rs`
-//! (the engine call, the reply, the failure policy), in the same order; with a token
-//! bucket's leases, a peek may answer from this process's lease, and a block or a reset
-//! ends it (a block giving its unused tokens back first, a second call). A block or a
-//! reset that Redis made is then written to the limit's list of blocked keys
-//! (`listing.rs`), one more call, before the handle's answer; [`list_blocked`] reads
-//! that list (or, in process, the blocks' registry).
+//! in-process state while Redis cannot). They take a check's steps (`check.rs`), from
+//! the same files: the engine call (`call.rs`), the reply (`reply.rs`), the failure
+//! policy (`policy.rs`), in the same order; with a token bucket's leases, a peek may
+//! answer from this process's lease, and a block or a reset ends it (a block giving its
+//! unused tokens back first, a second call). A block or a reset that Redis made is then
+//! written to the limit's list of blocked keys (`listing.rs`), one more call, before the
+//! handle's answer; [`list_blocked`] reads that list (or, in process, the blocks'
+//! registry).
 
 use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
 use super::batch::{self, Ask, Queued};
-use super::check::{
-    answering, engine_call, forget_refusal, no_share, queued_part, read_reply, refused_until_probe,
-    report, unavailable, Leader,
-};
-use super::protocol::Op;
+use super::call::engine_call;
+use super::check::Leader;
 use super::hosts::Hosts;
 use super::lease;
 use super::listing::MAX_LISTED;
+use super::policy::{answering, no_share, refused_until_probe, unavailable};
+use super::protocol::Op;
+use super::queued::queued_part;
+use super::reply::{forget_refusal, read_reply, report};
 use crate::backend::redis::fault::ScriptError;
 use crate::backend::FailurePolicy;
 use crate::blocked::{Blocked, Listing};
@@ -88,7 +90,7 @@ pub(crate) fn operate<T: Hosts + ?Sized>(
     // forgotten (the bucket starts full).
     let mut unused = 0;
     if let Some(leases) = store.leases() {
-        let local = &*backend.inner.local;
+        let local = backend.local();
         let lease_key = leases.key(local, key);
         match op {
             Operation::Peek => {
@@ -120,7 +122,7 @@ pub(crate) fn operate<T: Hosts + ?Sized>(
     // the next batch of the limiter's checks, as a check does (it settles what a check
     // spent: as many of them at saturation); its own call holds a turn like a check's.
     let mut leader = None;
-    let after = backend.inner.batch_after;
+    let after = backend.batch_after();
     if let (Operation::Settle { delta }, 1..) = (op, after) {
         let route = redis.route(&redis_key);
         let deadline = redis.call_timeout();
@@ -158,15 +160,15 @@ pub(crate) fn operate<T: Hosts + ?Sized>(
     }
     let call = match op {
         Operation::Settle { delta } => {
-            engine_call(&**store, key, &redis_key, op.op().word(), delta, param, &[])
+            engine_call(&**store, key, &redis_key, op.op(), delta, param, &[])
         }
-        _ => engine_call(&**store, key, &redis_key, op.op().word(), cost, param, &[]),
+        _ => engine_call(&**store, key, &redis_key, op.op(), cost, param, &[]),
     };
     // A block's unused leased tokens go back first, so that its answer counts them.
-    let give_back =
-        (unused > 0).then(|| engine_call(&**store, key, &redis_key, Op::Refund.word(), unused, param, &[]));
+    let give_back = (unused > 0)
+        .then(|| engine_call(&**store, key, &redis_key, Op::Refund, unused, param, &[]));
     // (A reset key's hash in the deny cache: the list forgets its lockout by it.)
-    let key_hash = (op == Operation::Reset).then(|| backend.inner.deny.hash(&redis_key));
+    let key_hash = (op == Operation::Reset).then(|| backend.deny().hash(&redis_key));
     let store = Arc::clone(store);
     let redis = Arc::clone(redis);
     let key = key.to_vec();
@@ -177,11 +179,11 @@ pub(crate) fn operate<T: Hosts + ?Sized>(
         }
         let started = std::time::Instant::now();
         let result = redis.eval(&call).await;
-        if leader.is_some() {
+        if let Some(leader) = leader {
             store.remote().batcher.observe(started.elapsed());
+            // (A settlement's turn: the items queued meanwhile go now.)
+            leader.hand_over();
         }
-        // (A settlement's turn: the items queued meanwhile go now.)
-        drop(leader);
         let reply = result.as_ref().ok();
         let decision = reply.and_then(|reply| {
             let cost = u32::try_from(cost).ok().and_then(NonZeroU32::new);
@@ -254,7 +256,7 @@ fn operate_locally<T: Hosts + ?Sized>(
     cost: u64,
     source: Source,
 ) -> Decision {
-    let local = &*store.remote().backend().inner.local;
+    let local = store.remote().backend().local();
     let units = u32::try_from(cost).unwrap_or(u32::MAX);
     let now_us = store.remote().backend().clock().now_us();
     // The key's block before the operation (read once; only a reset or a block change
@@ -323,7 +325,15 @@ pub(crate) async fn peek_each<T: Hosts + ?Sized>(
     if redis.admit() {
         let redis_key = remote.redis_key(&key);
         let lockout = store.blocks().lockout_ms();
-        let call = engine_call(&*store, &key, &redis_key, Op::Peek.word(), cost.get(), lockout, &[]);
+        let call = engine_call(
+            &*store,
+            &key,
+            &redis_key,
+            Op::Peek,
+            cost.get(),
+            lockout,
+            &[],
+        );
         let result = redis.eval(&call).await;
         if let Err(error) = &result {
             report(&*store, redis, &redis_key, error);
@@ -358,7 +368,7 @@ pub(crate) fn list_blocked<T: Hosts + ?Sized>(store: &Arc<T>, name: &str, max: u
     let now_us = backend.clock().now_us();
     let Some(redis) = backend.redis_handle() else {
         let blocks = store.blocks();
-        let local = &*backend.inner.local;
+        let local = backend.local();
         let mut listed: Vec<Blocked> = blocks
             .registry()
             .list(now_us)

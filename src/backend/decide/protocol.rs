@@ -53,7 +53,8 @@ pub(crate) enum Op {
 }
 
 impl Op {
-    /// Every operation.
+    /// Every operation (for the tests that hold the Lua to them).
+    #[cfg(test)]
     pub(crate) const ALL: [Op; 12] = [
         Op::Check,
         Op::Peek,
@@ -183,6 +184,7 @@ pub(crate) struct Reply<'a> {
 
 impl<'a> Reply<'a> {
     /// Its slots, as `engine.lua` declares them.
+    #[cfg(test)]
     pub(crate) const SLOTS: &'static [&'static str] = &["admitted", "blocked_ms", "limits..."];
 
     /// Reads `numbers` (see [`reply_numbers`]), or `None` when they are not a reply.

@@ -160,11 +160,16 @@ fn disagreements(files: &[&str]) -> Vec<String> {
     let mut out = Vec::new();
     // Operations: every word the Lua compares the head's first word with is one of
     // `Op`'s, and it handles every one of them.
-    let ops = quoted_after(&lua, &["op == '", "op ~= '", "H[1] == '", "H[1] ~= '", "op = '"]);
+    let ops = quoted_after(
+        &lua,
+        &["op == '", "op ~= '", "H[1] == '", "H[1] ~= '", "op = '"],
+    );
     let words: std::collections::BTreeSet<String> =
         Op::ALL.iter().map(|op| op.word().to_owned()).collect();
     for word in ops.difference(&words) {
-        out.push(format!("the Lua names an operation '{word}' that Op does not"));
+        out.push(format!(
+            "the Lua names an operation '{word}' that Op does not"
+        ));
     }
     for word in words.difference(&ops) {
         out.push(format!("the Lua never handles Op's '{word}'"));
@@ -206,7 +211,9 @@ fn disagreements(files: &[&str]) -> Vec<String> {
     .map(|limit| limit.letter().to_owned())
     .collect();
     if letters != ours {
-        out.push(format!("the Lua's limit letters {letters:?} are not Limit's {ours:?}"));
+        out.push(format!(
+            "the Lua's limit letters {letters:?} are not Limit's {ours:?}"
+        ));
     }
     // Reply layouts: each declared once, slot for slot as this module reads it.
     for (name, slots) in LAYOUTS {
@@ -218,13 +225,18 @@ fn disagreements(files: &[&str]) -> Vec<String> {
             .collect();
         match declared.as_slice() {
             [one] if one == slots => {}
-            [one] => out.push(format!("the Lua's {name} is {one:?}, protocol.rs reads {slots:?}")),
+            [one] => out.push(format!(
+                "the Lua's {name} is {one:?}, protocol.rs reads {slots:?}"
+            )),
             _ => out.push(format!("the Lua declares {name} {} times", declared.len())),
         }
     }
     // Each step's replies have its layout's slots.
     for (step, name) in STEPS {
-        let slots = LAYOUTS.iter().find(|(n, _)| *n == name).map_or(0, |(_, s)| s.len());
+        let slots = LAYOUTS
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map_or(0, |(_, s)| s.len());
         let Some(start) = lua.find(&format!("local function {step}(")) else {
             out.push(format!("the Lua has no {step}"));
             continue;
@@ -275,8 +287,10 @@ fn a_mismatched_copy_of_the_lua_is_caught() {
             "-- Reply: admitted, sum, retry_ms",
             "-- Reply: admitted, retry_ms, sum"
         ),
-        ["the Lua's RollingReply is [\"admitted\", \"retry_ms\", \"sum\", \"reset_ms\"], \
-          protocol.rs reads [\"admitted\", \"sum\", \"retry_ms\", \"reset_ms\"]"]
+        [
+            "the Lua's RollingReply is [\"admitted\", \"retry_ms\", \"sum\", \"reset_ms\"], \
+          protocol.rs reads [\"admitted\", \"sum\", \"retry_ms\", \"reset_ms\"]"
+        ]
     );
     // A limit letter the Rust does not write.
     assert_eq!(

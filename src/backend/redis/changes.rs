@@ -3,9 +3,9 @@
 //! message leaves Redis with the change itself), and every Redis backend keeps one
 //! connection subscribed to it, made by the same [`Connector`](super::connect::Connector)
 //! as the check connection (TLS, credentials and their rotation, Sentinel, a cluster
-//! node), in RESP3. What a message means to the deciding room (its deny cache, its
-//! leases) is the face's to say: it hands the backend an [`OnChange`], as it hands it the
-//! engine's scripts.
+//! node), in RESP3. What a message means to the deciding code (its deny cache, its
+//! leases) is [`Backend`](crate::Backend)'s to say: it hands the connection one
+//! callback, an [`OnChange`], as it hands it the engine's scripts.
 //!
 //! The subscription is made in the background after the backend's first check
 //! connection, answers a `PING` every [`PING_INTERVAL`] (a connection that stops
@@ -36,7 +36,7 @@ pub(crate) enum Change<'a> {
     Resumed,
 }
 
-/// What a backend does with what its subscription hears (wired by the backend's face).
+/// What a backend does with what its subscription hears (given by [`Backend`](crate::Backend)).
 pub(crate) type OnChange = Box<dyn Fn(Change<'_>) + Send + Sync>;
 
 /// How often the subscribed connection is asked for a `PING`.

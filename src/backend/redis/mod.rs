@@ -280,8 +280,8 @@ impl RedisBackend {
         }
     }
 
-    /// Sends `pipe`, plain commands on one key (the list of blocked keys: see the
-    /// deciding room's `listing.rs`), on the kept connection (or the one a connection
+    /// Sends `pipe`, plain commands on one key (the list of blocked keys: see
+    /// `decide/listing.rs`), on the kept connection (or the one a connection
     /// attempt brings), within the time a connection attempt may take: each command's
     /// reply. Its outcome is not judged by the breaker: these commands are no check's,
     /// and a refusal of them (an ACL without the key) says nothing of Redis's health.
