@@ -5,7 +5,9 @@
 //! batching, leases, blocks and their listing, the failure policy, and the Redis key
 //! layout.
 //!
-//! This room uses the Redis connection ([`backend::redis`](super::redis)) to send its
+//! The wire format between the Rust and the engine's Lua is [`protocol`], on one page.
+//!
+//! This module uses the Redis connection ([`backend::redis`](super::redis)) to send its
 //! calls; the connection knows nothing of it.
 
 pub(crate) mod batch;
