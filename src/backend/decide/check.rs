@@ -13,7 +13,7 @@
 //!    in flight to a node, a check queues in its [`Batcher`](super::batch::Batcher) and
 //!    goes with the next batch ([`batches`], `queued.rs`).
 //! 4. The engine call ([`engine_call`], `call.rs`): one round trip, `FCALL` or
-//!    `EVALSHA`, on the connection the Redis room keeps and judges
+//!    `EVALSHA`, on the connection `backend/redis` keeps and judges
 //!    ([`RedisBackend::eval`]).
 //! 5. The conclusion ([`conclude`], `reply.rs`): the reply read into a decision
 //!    ([`read_reply`](super::reply::read_reply)), a refusal remembered in the deny cache

@@ -108,7 +108,7 @@ mod tests {
                 let parts = Parts::of(&FILES);
                 [parts.head, parts.general].concat()
             }),
-            ("probe", include_str!("../redis/probe.lua").to_owned()),
+            ("probe", crate::backend::redis::probe::TEXT.to_owned()),
         ]
     }
 
