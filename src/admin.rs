@@ -21,16 +21,19 @@ use crate::key::{Key, KeyExtractor};
 use crate::limit::LimitLayer;
 use crate::limiter::Limiter;
 
-/// The answer of an admin action: each key's decision.
-type Answered = Result<Vec<(Key<'static>, Decision)>, AdminError>;
+/// The answer of an admin action: each key's decision, under the policy named, and the
+/// policies it acted under.
+type Answered = Result<(Vec<(Key<'static>, String, Decision)>, Vec<String>), AdminError>;
 
 /// An admin action on a client's value.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 enum Action {
     Peek(NonZeroU32),
     Reset,
     Block(Duration),
-    Refund(NonZeroU32),
+    Unblock,
+    /// The units, and the policy named (`?policy=`).
+    Refund(NonZeroU32, Option<String>),
 }
 
 /// The answer of a listing of blocked keys.
@@ -56,22 +59,54 @@ where
     R: Send + Sync + 'static,
 {
     fn policies(&self) -> Vec<String> {
-        self.limiter()
-            .policies()
-            .iter()
-            .map(|policy| policy.name().to_owned())
-            .collect()
+        self.policy_names()
     }
 
     fn act(&self, value: String, action: Action) -> Pin<Box<dyn Future<Output = Answered> + Send>> {
         let layer = self.clone();
         Box::pin(async move {
-            match action {
-                Action::Peek(cost) => layer.peek_value(value, cost).await,
-                Action::Reset => layer.reset_value(value).await,
-                Action::Block(duration) => layer.block_value(value, duration).await,
-                Action::Refund(units) => layer.refund_value(value, units).await,
-            }
+            let policies = layer.policy_names();
+            let default = policies[0].clone();
+            let under = |answers: Vec<(Key<'static>, Decision)>, policy: &str| {
+                let named = answers.into_iter();
+                let named = named.map(|(key, decision)| (key, policy.to_owned(), decision));
+                named.collect::<Vec<_>>()
+            };
+            let value = value.as_bytes();
+            let (answers, touched) = match action {
+                Action::Peek(cost) => {
+                    let mut answers = Vec::new();
+                    for (index, policy) in policies.iter().enumerate() {
+                        let answered = layer.peek_value_at(index, value, cost).await?;
+                        answers.extend(under(answered, policy));
+                    }
+                    (answers, policies)
+                }
+                Action::Refund(units, policy) => {
+                    let named = match policy {
+                        Some(policy) => policy,
+                        None if policies.len() == 1 => default,
+                        None => {
+                            return Err(AdminError::Policy {
+                                given: None,
+                                policies,
+                            })
+                        }
+                    };
+                    let answered = layer.refund_value_in(&named, value, units).await?;
+                    (under(answered, &named), vec![named])
+                }
+                Action::Reset => (under(layer.reset_value(value).await?, &default), policies),
+                Action::Block(duration) => {
+                    let answered = layer.block_value(value, duration).await?;
+                    (under(answered, &default), policies)
+                }
+                Action::Unblock => {
+                    let answered = layer.unblock_value(value).await?;
+                    (under(answered, &default), policies)
+                }
+            };
+            Ok((answers, touched))
         })
     }
 
@@ -82,7 +117,7 @@ where
 }
 
 /// An admin surface to mount (feature `admin`): an axum [`Router`] with JSON endpoints
-/// that peek, reset, block and refund a client by the value its requests carry (an API
+/// that peek, reset, block, unblock and refund a client by the value its requests carry (an API
 /// key, a user id, an address), on every layer added to it, through each layer's own
 /// extractor ([`LimitLayer::peek_value`] and the others), and list what is blocked
 /// ([`LimitLayer::blocked`]).
@@ -95,15 +130,23 @@ where
 /// | `GET /{limit}/{value}?cost=N` | where the client stands: what a check of `cost` (default 1) would answer, spending nothing |
 /// | `POST /{limit}/{value}/reset` | forgets the client's count and lifts its block |
 /// | `POST /{limit}/{value}/block?seconds=N` | refuses the client for `N` seconds, whatever its limit says |
-/// | `POST /{limit}/{value}/refund?units=N` | gives `N` units back (default 1) |
+/// | `POST /{limit}/{value}/unblock` | lifts the client's block, keeping its count |
+/// | `POST /{limit}/{value}/refund?units=N&policy=P` | gives `N` units back (default 1) under policy `P` (needed when the layer has several: a [`Plans`](crate::limit::Plans) layer's `api.pro`) |
 /// | `GET /blocked?limit=NAME&max=N` | what is blocked now (by a block or a lockout), over every limit or the one named, soonest end first, at most `N` (default 100, at most 1000) |
 ///
-/// Each answer is `{"limit":…,"value":…,"keys":[…]}`, one entry per key the layer counts
-/// the value under (an `.or` of extractors may count it under two), each with `key`,
+/// A layer is named by its builder's [`name`](crate::LayerBuilder::name) (a
+/// [`Plans`](crate::limit::Plans) layer `api`, whatever the plan of a value). Each
+/// answer is `{"limit":…,"value":…,"policies":[…],"keys":[…]}`: `policies` the policies
+/// acted under (every plan of a plan layer: a key's plan is not known from its value;
+/// the one named for a refund), `keys` one entry per key the layer counts the value
+/// under (an `.or` of extractors may count it under two), each with `key`, `policy`,
 /// `state`, `admitted`, `limit`, `remaining`, `reset_ms`, `retry_after_ms` and
-/// `source`. A value the layer never counts is `400` with `{"error":…}` (a wrong value
-/// never looks like a success on another key); an unknown limit `404`; an action the
-/// layer's limiter cannot take `501`.
+/// `source`. A peek answers under each policy (a plan layer: one entry per key per
+/// plan, each `policy` its plan's); a reset, block or unblock acts under each and
+/// answers under the first. A value the layer never counts is `400` with
+/// `{"error":…}` (a wrong value never looks like a success on another key), as is a
+/// refund without `policy` on a layer of several, or a `policy` the layer does not
+/// have; an unknown limit `404`; an action the layer's limiter cannot take `501`.
 ///
 /// `GET /blocked` answers `{"blocked":[…]}`, one entry per blocked key, each with
 /// `limit` (the name to give the other endpoints), `policy` (the limit that refuses the
@@ -160,8 +203,9 @@ impl AdminRouter {
         Self::default()
     }
 
-    /// Adds `layer`, under its limiter's name (a set's or a plan's first policy names
-    /// it; a later layer of the same name replaces an earlier one).
+    /// Adds `layer`, under its name (the builder's
+    /// [`name`](crate::LayerBuilder::name); a later layer of the same name replaces an
+    /// earlier one).
     #[must_use]
     pub fn limit<L, K, C, R>(mut self, layer: &LimitLayer<L, K, C, R>) -> Self
     where
@@ -170,12 +214,8 @@ impl AdminRouter {
         C: Send + Sync + 'static,
         R: Send + Sync + 'static,
     {
-        let name = layer
-            .limiter()
-            .policies()
-            .first()
-            .map_or_else(String::new, |policy| policy.name().to_owned());
-        self.limits.insert(name, Arc::new(layer.clone()));
+        self.limits
+            .insert(layer.name().to_owned(), Arc::new(layer.clone()));
         self
     }
 
@@ -188,6 +228,7 @@ impl AdminRouter {
             .route("/{limit}/{value}", get(peek))
             .route("/{limit}/{value}/reset", post(reset))
             .route("/{limit}/{value}/block", post(block))
+            .route("/{limit}/{value}/unblock", post(unblock))
             .route("/{limit}/{value}/refund", post(refund))
             .with_state(limits)
     }
@@ -277,6 +318,13 @@ async fn reset(
     act(&limits, limit, value, Action::Reset).await
 }
 
+async fn unblock(
+    State(limits): State<Limits>,
+    Path((limit, value)): Path<(String, String)>,
+) -> Response {
+    act(&limits, limit, value, Action::Unblock).await
+}
+
 async fn block(
     State(limits): State<Limits>,
     Path((limit, value)): Path<(String, String)>,
@@ -300,8 +348,9 @@ async fn refund(
     Path((limit, value)): Path<(String, String)>,
     RawQuery(query): RawQuery,
 ) -> Response {
+    let policy = text(query.as_deref(), "policy");
     match units(query.as_deref(), "units") {
-        Ok(units) => act(&limits, limit, value, Action::Refund(units)).await,
+        Ok(units) => act(&limits, limit, value, Action::Refund(units, policy)).await,
         Err(message) => error(StatusCode::BAD_REQUEST, &message),
     }
 }
@@ -312,27 +361,28 @@ async fn act(limits: &Limits, limit: String, value: String, action: Action) -> R
         return error(StatusCode::NOT_FOUND, &format!("no limit named `{limit}`"));
     };
     match found.act(value.clone(), action).await {
-        Ok(decisions) => {
+        Ok((decisions, policies)) => {
             let keys: Vec<Value> = decisions
                 .iter()
-                .map(|(key, decision)| describe(key, decision))
+                .map(|(key, policy, decision)| describe(key, policy, decision))
                 .collect();
-            (
-                StatusCode::OK,
-                axum::Json(json!({ "limit": limit, "value": value, "keys": keys })),
-            )
-                .into_response()
+            let answer =
+                json!({ "limit": limit, "value": value, "policies": policies, "keys": keys });
+            (StatusCode::OK, axum::Json(answer)).into_response()
         }
-        Err(failure @ AdminError::Key(_)) => error(StatusCode::BAD_REQUEST, &failure.to_string()),
+        Err(failure @ (AdminError::Key(_) | AdminError::Policy { .. })) => {
+            error(StatusCode::BAD_REQUEST, &failure.to_string())
+        }
         Err(failure) => error(StatusCode::NOT_IMPLEMENTED, &failure.to_string()),
     }
 }
 
 /// One key's decision as JSON.
-fn describe(key: &Key<'_>, decision: &Decision) -> Value {
+fn describe(key: &Key<'_>, policy: &str, decision: &Decision) -> Value {
     let millis = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
     json!({
         "key": String::from_utf8_lossy(key),
+        "policy": policy,
         "state": format!("{:?}", decision.state),
         "admitted": decision.is_admitted(),
         "limit": decision.limit,

@@ -101,12 +101,20 @@ pub(crate) type Listing =
     Pin<Box<dyn Future<Output = Result<Vec<Blocked>, AdminError>> + Send + 'static>>;
 
 /// The entries of every one of `listings`, soonest end first, at most `max` (the first
-/// error, if any of them fails).
+/// error, if any of them fails), each key once: a key listed by several (a block
+/// written under every plan of a layer) keeps its latest end, and the limit that
+/// listed that.
 pub(crate) fn merged(listings: Vec<Listing>, max: usize) -> Listing {
     Box::pin(async move {
-        let mut all = Vec::new();
+        let mut all: Vec<Blocked> = Vec::new();
         for listing in listings {
-            all.extend(listing.await?);
+            for entry in listing.await? {
+                match all.iter_mut().find(|seen| seen.key == entry.key) {
+                    Some(seen) if seen.until < entry.until => *seen = entry,
+                    Some(_) => {}
+                    None => all.push(entry),
+                }
+            }
         }
         sort(&mut all);
         all.truncate(max);

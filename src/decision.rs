@@ -95,6 +95,10 @@ pub struct Decision {
     /// (8 bytes less): a `Decision` of at most 128 bytes is moved with a few vector
     /// moves instead of a `memcpy` call, and every request moves it several times.
     pub(crate) ratelimit_header: Option<RateLimitValue>,
+    /// For a [set](crate::LimitSet)'s refusal: the index of the limit that refused (the
+    /// one whose numbers this decision carries); `None` otherwise, and for a refusal by
+    /// the set's block.
+    pub(crate) rejected_by: Option<u8>,
 }
 
 /// A `RateLimit` value not yet checked as a header value (see
@@ -124,6 +128,7 @@ impl Decision {
             source,
             policy_header: None,
             ratelimit_header: None,
+            rejected_by: None,
         }
     }
 

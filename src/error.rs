@@ -205,7 +205,8 @@ mod tests {
 }
 
 /// Why an admin action by value did nothing: the value names no key of the layer, the
-/// layer's limiter cannot take the action, or (a listing) Redis did not answer.
+/// layer's limiter cannot take the action, the action needs one of the layer's policies
+/// named, or (a listing) Redis did not answer.
 ///
 /// ```
 /// use std::time::Duration;
@@ -245,6 +246,17 @@ pub enum AdminError {
     /// The text says what the store said; it never holds a key, the Redis URL or a
     /// password.
     Listing(String),
+    /// The action needs one policy of a layer that has several (a refund on a
+    /// [`Plans`](crate::limit::Plans) layer: a key's plan is not known from its value,
+    /// see [`LimitLayer::refund_value_in`](crate::LimitLayer::refund_value_in)), or the
+    /// policy named is none of the layer's.
+    #[non_exhaustive]
+    Policy {
+        /// The policy named, if one was.
+        given: Option<String>,
+        /// The layer's policies (`api.free`, `api.pro`).
+        policies: Vec<String>,
+    },
 }
 
 impl fmt::Display for AdminError {
@@ -260,6 +272,22 @@ impl fmt::Display for AdminError {
             Self::Listing(message) => {
                 write!(f, "the blocked keys could not be listed: {message}")
             }
+            Self::Policy {
+                given: None,
+                policies,
+            } => write!(
+                f,
+                "this layer has several policies ({}): name the one to act under",
+                policies.join(", ")
+            ),
+            Self::Policy {
+                given: Some(given),
+                policies,
+            } => write!(
+                f,
+                "this layer has no policy named `{given}` (it has {})",
+                policies.join(", ")
+            ),
         }
     }
 }
@@ -269,7 +297,7 @@ impl std::error::Error for AdminError {
         match self {
             Self::Key(error) => Some(error),
             Self::Unsupported { .. } => None,
-            Self::Listing(_) => None,
+            Self::Listing(_) | Self::Policy { .. } => None,
         }
     }
 }

@@ -61,6 +61,11 @@ macro_rules! hosted_limiter {
                 Some($crate::backend::operate(&self.$hosts, op, key, ms))
             }
 
+            fn unblock(&self, key: &[u8]) -> Option<$crate::limiter::DecisionFuture> {
+                let op = $crate::backend::Operation::Unblock;
+                Some($crate::backend::operate(&self.$hosts, op, key, 0))
+            }
+
             fn blocked(&self, max: usize) -> Option<$crate::blocked::Listing> {
                 let name = self.$hosts.policy.name();
                 Some($crate::backend::list_blocked(&self.$hosts, name, max))

@@ -74,6 +74,17 @@ pub trait Limiter: Send + Sync + 'static {
         None
     }
 
+    /// What a check of `cost` under the policy at `index` in
+    /// [`policies`](Self::policies) would answer now, spending nothing. The default
+    /// ignores `index` and calls [`peek`](Self::peek).
+    // Plumbing for plans and dynamic limits (a limiter that chooses a policy per
+    // request); hidden: a limiter of your own needs none of it.
+    #[doc(hidden)]
+    fn peek_policy(&self, index: usize, key: &[u8], cost: NonZeroU32) -> Option<DecisionFuture> {
+        let _ = index;
+        self.peek(key, cost)
+    }
+
     /// Gives `cost` units back to `key` (a request that turned out not to count), and
     /// says where the key stands then. `None` when this limiter cannot (the default).
     ///
@@ -149,7 +160,8 @@ pub trait Limiter: Send + Sync + 'static {
     }
 
     /// Forgets `key` (an administrator lifting a limit): its count starts afresh and a
-    /// [block](Self::block) is lifted (there is no separate unblock). Says where it
+    /// [block](Self::block) is lifted (to lift a block alone, keeping the count:
+    /// [`unblock`](Self::unblock)). Says where it
     /// stands then; `None` when this limiter cannot (the default).
     ///
     /// On a Redis backend the change reaches every instance sharing the store at once:
@@ -220,6 +232,36 @@ pub trait Limiter: Send + Sync + 'static {
         None
     }
 
+    /// Lifts `key`'s [block](Self::block) or lockout, keeping what its limit has
+    /// counted (a [`reset`](Self::reset) forgets both): the next check is decided on
+    /// the count as it stood. Says where the key stands then; `None` when this limiter
+    /// cannot (the default). It reaches every instance sharing the store as a block
+    /// does. `key` is the key a layer counts, not the client's value: see
+    /// [`LimitLayer::unblock_value`](crate::LimitLayer::unblock_value) to unblock by
+    /// value.
+    ///
+    /// ```
+    /// use std::num::NonZeroU32;
+    /// use std::time::Duration;
+    /// use tower_redis_ratelimit::{Backend, Limiter, PeriodConfig, PeriodLimiter};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let config = PeriodConfig::new(10, Duration::from_secs(60));
+    /// let limiter = PeriodLimiter::new(&Backend::in_process(), "api", config)?;
+    /// limiter.check(b"carol", NonZeroU32::MIN).await;
+    /// limiter.block(b"carol", Duration::from_secs(60)).expect("built-in").await;
+    /// let after = limiter.unblock(b"carol").expect("built-in").await;
+    /// // Admitted again, the one request still counted.
+    /// assert!(after.is_admitted());
+    /// assert_eq!(after.remaining, 9);
+    /// # Ok(()) }
+    /// ```
+    fn unblock(&self, key: &[u8]) -> Option<DecisionFuture> {
+        let _ = key;
+        None
+    }
+
     /// The keys this limiter refuses now because of a [block](Self::block) or a lockout,
     /// soonest end first, at most `max` of them: each with the limit's name, the key
     /// and when its block ends. `None` when this limiter cannot list them (the default).
@@ -287,6 +329,16 @@ pub trait Limiter: Send + Sync + 'static {
         None
     }
 
+    /// Not part of the API: the policies of the limits decided together under the
+    /// policy at `index` in [`policies`](Self::policies) (a [set](crate::LimitSet)'s
+    /// members, in order, which a set's refusal names by index, for its metrics);
+    /// empty for a limiter that is not a set (the default).
+    #[doc(hidden)]
+    fn members(&self, index: usize) -> &[Policy] {
+        let _ = index;
+        &[]
+    }
+
     /// Not part of the API: a policy whose quota also bounds the cost of one request,
     /// beside [`policies`](Self::policies) (a [set](crate::LimitSet)'s smallest member, whose
     /// quota is below the set's policy's), so that a layer's builder refuses a
@@ -323,6 +375,14 @@ impl<L: Limiter + ?Sized> Limiter for std::sync::Arc<L> {
         (**self).peek(key, cost)
     }
 
+    fn peek_policy(&self, index: usize, key: &[u8], cost: NonZeroU32) -> Option<DecisionFuture> {
+        (**self).peek_policy(index, key, cost)
+    }
+
+    fn members(&self, index: usize) -> &[Policy] {
+        (**self).members(index)
+    }
+
     fn refund(&self, key: &[u8], cost: NonZeroU32) -> Option<DecisionFuture> {
         (**self).refund(key, cost)
     }
@@ -349,6 +409,10 @@ impl<L: Limiter + ?Sized> Limiter for std::sync::Arc<L> {
 
     fn block(&self, key: &[u8], duration: std::time::Duration) -> Option<DecisionFuture> {
         (**self).block(key, duration)
+    }
+
+    fn unblock(&self, key: &[u8]) -> Option<DecisionFuture> {
+        (**self).unblock(key)
     }
 
     fn blocked(&self, max: usize) -> Option<Listing> {

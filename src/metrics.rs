@@ -71,14 +71,20 @@ pub(crate) struct LayerMetrics {
 }
 
 impl LayerMetrics {
-    pub(crate) fn new(policies: &[Policy]) -> Self {
+    /// The metrics of `policies`, each with the policies of its limits (`members`: a
+    /// set's, by which its refusals are labelled; none for a limit that is not a set).
+    pub(crate) fn new<'p>(policies: &[Policy], members: impl Fn(usize) -> &'p [Policy]) -> Self {
         #[cfg(not(feature = "metrics"))]
-        let _ = policies;
+        let _ = (policies, members);
         Self {
             #[cfg(feature = "metrics")]
             policies: policies
                 .iter()
-                .map(|p| imp::PolicyMetrics::new(p.name()))
+                .enumerate()
+                .map(|(i, p)| {
+                    let limits = members(i).iter().map(|m| m.name().to_owned()).collect();
+                    imp::PolicyMetrics::new(p.name(), limits)
+                })
                 .collect(),
         }
     }
@@ -90,7 +96,8 @@ impl LayerMetrics {
         let fallback = unshared(decision.source);
         #[cfg(feature = "metrics")]
         if let Some(policy) = self.policies.get(index) {
-            policy.decision(decision.is_admitted(), shadow, near, fallback);
+            let by = decision.rejected_by.map(usize::from);
+            policy.decision(decision.is_admitted(), shadow, near, fallback, by);
         }
         #[cfg(not(feature = "metrics"))]
         let _ = (index, shadow, near, fallback);
@@ -211,14 +218,23 @@ mod imp {
     #[derive(Debug)]
     pub(super) struct PolicyMetrics {
         policy: String,
+        /// A set's limits, in order (empty for a limit that is not a set).
+        limits: Box<[String]>,
         handles: OnceLock<Handles>,
+    }
+
+    /// A refusal's counters, by the limit that refused: the policy's own (`limit` its
+    /// name: a limit that is not a set, or a set's block), then each of a set's limits.
+    #[derive(Debug)]
+    struct Refusals {
+        rejected: Box<[Counter]>,
+        shadow_rejected: Box<[Counter]>,
     }
 
     #[derive(Debug)]
     struct Handles {
         admitted: Counter,
-        rejected: Counter,
-        shadow_rejected: Counter,
+        refusals: Refusals,
         missing_key: Counter,
         near_limit: Counter,
         fallback: Counter,
@@ -227,9 +243,10 @@ mod imp {
     }
 
     impl PolicyMetrics {
-        pub(super) fn new(policy: &str) -> Self {
+        pub(super) fn new(policy: &str, limits: Box<[String]>) -> Self {
             Self {
                 policy: policy.to_owned(),
+                limits,
                 handles: OnceLock::new(),
             }
         }
@@ -246,10 +263,25 @@ mod imp {
                         "source" => source
                     )
                 };
+                let limits = || std::iter::once(&self.policy).chain(self.limits.iter());
+                let refused = |outcome: &'static str| -> Box<[Counter]> {
+                    limits()
+                        .map(|limit| {
+                            counter!(
+                                REQUESTS_TOTAL,
+                                "policy" => self.policy.clone(),
+                                "outcome" => outcome,
+                                "limit" => limit.clone()
+                            )
+                        })
+                        .collect()
+                };
                 Handles {
                     admitted: outcome("admitted"),
-                    rejected: outcome("rejected"),
-                    shadow_rejected: outcome("shadow_rejected"),
+                    refusals: Refusals {
+                        rejected: refused("rejected"),
+                        shadow_rejected: refused("shadow_rejected"),
+                    },
                     missing_key: outcome("missing_key"),
                     near_limit: counter!(NEAR_LIMIT_TOTAL, "policy" => self.policy.clone()),
                     fallback: source("fallback"),
@@ -265,12 +297,21 @@ mod imp {
             shadow: bool,
             near: bool,
             fallback: Option<Unshared>,
+            rejected_by: Option<usize>,
         ) {
             let h = self.handles();
+            // The set's limit that refused (its own counter past the policy's), else the
+            // policy's.
+            let by = rejected_by.map_or(0, |i| i + 1);
+            let refused = |counters: &[Counter]| {
+                if let Some(counter) = counters.get(by).or(counters.first()) {
+                    counter.increment(1);
+                }
+            };
             match (admitted, shadow) {
                 (true, _) => h.admitted.increment(1),
-                (false, false) => h.rejected.increment(1),
-                (false, true) => h.shadow_rejected.increment(1),
+                (false, false) => refused(&h.refusals.rejected),
+                (false, true) => refused(&h.refusals.shadow_rejected),
             }
             if near {
                 h.near_limit.increment(1);

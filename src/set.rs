@@ -257,6 +257,7 @@ impl SetLimiter {
                 members: members.into(),
                 per_request,
                 headers,
+                limits: policies.clone().into_boxed_slice(),
                 policy: Policy::new(name, first.quota(), first.window()),
                 policy_header,
                 ratelimit_capacity: policies.iter().map(|p| p.name().len() + 48).sum(),
@@ -335,5 +336,11 @@ crate::hosted::hosted_limiter!(SetLimiter, hosts, {
     /// The set's smallest member: the largest cost the set can ever admit is its quota.
     fn bounding_policy(&self) -> Option<&Policy> {
         Some(self.smallest_member())
+    }
+
+    /// The set's limits' policies, in order.
+    fn members(&self, index: usize) -> &[Policy] {
+        let _ = index;
+        &self.hosts.limits
     }
 });

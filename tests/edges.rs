@@ -456,6 +456,16 @@ mod metrics_recorded {
             .collect()
     }
 
+    /// The key of `ratelimit_requests_total` of `policy` and `outcome`, as [`counters`]
+    /// writes it (a refusal labelled by its limit too: the policy's own here).
+    fn requests_key(policy: &str, outcome: &str) -> String {
+        if outcome.ends_with("rejected") {
+            format!("{REQUESTS_TOTAL}{{limit={policy},outcome={outcome},policy={policy}}}")
+        } else {
+            format!("{REQUESTS_TOTAL}{{outcome={outcome},policy={policy}}}")
+        }
+    }
+
     fn get(counters: &BTreeMap<String, u64>, key: &str) -> u64 {
         counters
             .get(key)
@@ -497,12 +507,7 @@ mod metrics_recorded {
         send(&app, Method::GET, "/profile", &[PAID]).await;
 
         let c = counters(&snapshotter);
-        let requests = |policy: &str, outcome: &str| {
-            get(
-                &c,
-                &format!("{REQUESTS_TOTAL}{{outcome={outcome},policy={policy}}}"),
-            )
-        };
+        let requests = |policy: &str, outcome: &str| get(&c, &requests_key(policy, outcome));
         assert_eq!(requests("api", "admitted"), 10);
         assert_eq!(requests("api", "rejected"), 2);
         assert_eq!(requests("api", "missing_key"), 1);
@@ -566,13 +571,7 @@ mod metrics_recorded {
             ),
             3
         );
-        assert_eq!(
-            get(
-                &c,
-                &format!("{REQUESTS_TOTAL}{{outcome=rejected,policy=down}}")
-            ),
-            1
-        );
+        assert_eq!(get(&c, &requests_key("down", "rejected")), 1);
     }
 
     /// The in-flight layer of `GET /export` counts its requests as every layer does.
@@ -592,12 +591,7 @@ mod metrics_recorded {
         drop((first, second));
 
         let c = counters(&snapshotter);
-        let requests = |outcome: &str| {
-            get(
-                &c,
-                &format!("{REQUESTS_TOTAL}{{outcome={outcome},policy=export}}"),
-            )
-        };
+        let requests = |outcome: &str| get(&c, &requests_key("export", outcome));
         assert_eq!(requests("admitted"), 2);
         assert_eq!(requests("rejected"), 1);
         assert_eq!(requests("missing_key"), 1);

@@ -133,6 +133,8 @@ enum Op {
     Reset,
     /// Blocks the key for this many milliseconds.
     Block(u64),
+    /// Lifts the key's block (and lockout), its counts kept.
+    Unblock,
     /// Time passes, in milliseconds.
     Wait(u64),
     /// Concurrent checks of the key, in this order.
@@ -226,6 +228,7 @@ fn op(capacity: u32) -> impl Strategy<Value = Op> {
         2 => (1..=capacity).prop_map(Op::Refund),
         1 => Just(Op::Reset),
         1 => prop::sample::select(vec![1u64, 50, 400, 1_500]).prop_map(Op::Block),
+        1 => Just(Op::Unblock),
         5 => prop::sample::select(vec![0u64, 1, 37, 99, 100, 250, 999, 1_000, 1_700, 4_000])
             .prop_map(Op::Wait),
         1 => prop::collection::vec(cost.clone(), 2..=4).prop_map(Op::Batch),
@@ -586,6 +589,13 @@ impl Model {
 
     fn block(&mut self, now: u64, ms: u64) -> Answer {
         self.blocked_until = now + ms;
+        self.stands(now)
+    }
+
+    /// Lifts the block (a lockout's too): the limits keep what they counted, and the
+    /// marks come off as when a block runs out (their keys' expiries kept).
+    fn unblock(&mut self, now: u64) -> Answer {
+        self.blocked_until = 0;
         self.stands(now)
     }
 
@@ -1015,6 +1025,11 @@ async fn run(case: &Case, host: Host, serial: u64) -> Result<(), String> {
                 0,
                 model.settle(t, *delta),
                 limiter.settle(key, *delta).expect("built-in").await,
+            )],
+            Op::Unblock => vec![(
+                0,
+                model.unblock(t),
+                limiter.unblock(key).expect("built-in").await,
             )],
             Op::Block(ms) => vec![(
                 0,
@@ -1563,6 +1578,10 @@ fn headers_hold(case: &Case) -> Result<(), String> {
             }
             Op::Block(ms) => {
                 model.block(now, *ms);
+                continue;
+            }
+            Op::Unblock => {
+                model.unblock(now);
                 continue;
             }
             Op::Reserve(cost, max_wait_ms) => {

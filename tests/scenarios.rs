@@ -37,6 +37,8 @@ enum Op {
     Reset,
     /// Blocks the key for `cost` milliseconds.
     Block,
+    /// Lifts the key's block, its count kept.
+    Unblock,
     /// Reserves `cost` units at most this many milliseconds ahead.
     Reserve(u64),
     /// Settles the key by this many units (spent past the limit, or given back).
@@ -183,6 +185,7 @@ async fn run(
             Op::Refund => limiter.refund(b"k", cost).expect("built-in").await,
             Op::Settle(delta) => limiter.settle(b"k", delta).expect("built-in").await,
             Op::Reset => limiter.reset(b"k").expect("built-in").await,
+            Op::Unblock => limiter.unblock(b"k").expect("built-in").await,
             Op::Reserve(max_wait_ms) => {
                 let max_wait = Duration::from_millis(max_wait_ms);
                 limiter
@@ -357,6 +360,23 @@ async fn fixed_window_hosts_agree() {
                 step(5_300, 1, OverQuota, 0, 800, r(200)),
                 with(Op::Reset, step(5_400, 0, Allowed, 2, 1_000, None)),
                 step(5_400, 1, Allowed, 1, 1_000, None),
+            ],
+        },
+        Scenario {
+            name: "a block and a lockout lifted by unblocks, the count kept",
+            limiter: period_2_per_second_lockout_5s,
+            hosts: Hosts::All,
+            steps: vec![
+                step(0, 1, Allowed, 1, 1_000, None),
+                with(Op::Block, step(100, 300, OverQuota, 0, 900, r(300))),
+                // Lifted: the one unit spent still counts.
+                with(Op::Unblock, step(200, 0, Allowed, 1, 800, None)),
+                step(200, 1, HitQuota, 0, 800, None),
+                // Refused: locked out for 5 s from here.
+                step(300, 1, OverQuota, 0, 5_000, r(5_000)),
+                // Lifted once the window has ended: admitted at once, not at 5 300.
+                with(Op::Unblock, step(1_000, 0, Allowed, 2, 1_000, None)),
+                step(1_000, 1, Allowed, 1, 1_000, None),
             ],
         },
         Scenario {

@@ -394,6 +394,11 @@ impl<A: WithLimit, S: LimitSource> Limiter for DynamicLimiter<A, S> {
         self.shared.with_limiter(key, |l| l.block(key, duration))
     }
 
+    /// Unblocks `key` (its block is one whatever its limit).
+    fn unblock(&self, key: &[u8]) -> Option<DecisionFuture> {
+        self.shared.with_limiter(key, |l| l.unblock(key))
+    }
+
     /// The keys blocked now (a key's block is one whatever its limit).
     fn blocked(&self, max: usize) -> Option<Listing> {
         self.shared.default.limiter.blocked(max)

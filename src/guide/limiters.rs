@@ -15,9 +15,10 @@
 //! | [`refund(key, cost)`](crate::Limiter::refund) | gives units back (never beyond the limit) |
 //! | [`reset(key)`](crate::Limiter::reset) | forgets the key and lifts its block |
 //! | [`block(key, duration)`](crate::Limiter::block) | refuses the key for a while, on every instance |
+//! | [`unblock(key)`](crate::Limiter::unblock) | lifts the key's block, keeping its count |
 //! | [`blocked(max)`](crate::Limiter::blocked) | lists the keys blocked now (by a block or a lockout), with their ends |
 //!
-//! `peek`, `refund`, `reset` and `block` return `Option<DecisionFuture>`, `blocked` a
+//! `peek`, `refund`, `reset`, `block` and `unblock` return `Option<DecisionFuture>`, `blocked` a
 //! boxed future of the list in an `Option`: `None` for a limiter that cannot (your own,
 //! unless it implements them). A listing reads a small list kept beside the blocks, never the keyspace (see
 //! [Listing what is blocked](crate::guide::operations#listing-what-is-blocked)). A per-plan layer's limiter
@@ -67,10 +68,13 @@
 //! ([`keys_for`](crate::LimitLayer::keys_for), as
 //! [`KeyExtractor::keys_for`](crate::key::KeyExtractor::keys_for) makes it) and acts on
 //! that key: [`peek_value`](crate::LimitLayer::peek_value),
-//! [`reset_value`](crate::LimitLayer::reset_value) (which also lifts a block; there is no
-//! separate unblock), [`block_value`](crate::LimitLayer::block_value) and
+//! [`reset_value`](crate::LimitLayer::reset_value) (which also lifts a block),
+//! [`block_value`](crate::LimitLayer::block_value),
+//! [`unblock_value`](crate::LimitLayer::unblock_value) (which keeps the count) and
 //! [`refund_value`](crate::LimitLayer::refund_value), on any [`LimitLayer`](crate::LimitLayer)
-//! (a set, a per-plan or a dynamic layer included), and
+//! (a set, a per-plan or a dynamic layer included: a per-plan layer acts under every
+//! plan, since a value's plan is not known from the value, and a refund there names its
+//! plan, [`refund_value_in`](crate::LimitLayer::refund_value_in)), and
 //! [`in_flight_value`](crate::InFlightLimitLayer::in_flight_value) on an in-flight layer.
 //! Each answers one `(key, decision)` per key: an `or` extractor can count a value under
 //! several keys (an address sent as an API key is the header's key and the address's),
@@ -97,9 +101,9 @@
 //! let blocked = api.block_value("trap", Duration::from_secs(3_600)).await?;
 //! assert_eq!(blocked[0].0, "hdr:x-api-key:trap");
 //! assert!(!blocked[0].1.is_admitted());
-//! // Where it stands, then lift the block.
+//! // Where it stands, then lift the block (its count kept).
 //! assert!(!api.peek_value("trap", std::num::NonZeroU32::MIN).await?[0].1.is_admitted());
-//! api.reset_value("trap").await?;
+//! api.unblock_value("trap").await?;
 //! // An address: the header's key and the address's key, both reset.
 //! let reset = api.reset_value("203.0.113.7").await?;
 //! assert_eq!(reset.len(), 2);

@@ -10,7 +10,7 @@
 //!
 //! | name | kind | labels | counts |
 //! |---|---|---|---|
-//! | `ratelimit_requests_total` | counter | `policy`, `outcome` | every request a layer saw, by outcome (below) |
+//! | `ratelimit_requests_total` | counter | `policy`, `outcome`; refusals also `limit` | every request a layer saw, by outcome (below); a refusal by the limit that refused it (below) |
 //! | `ratelimit_near_limit_total` | counter | `policy` | admitted requests that left at most 10 % of the limit |
 //! | `ratelimit_fallback_decisions_total` | counter | `policy`, `source` | decisions taken without Redis because it was unreachable: `source` is `fallback`, `fail_open` or `fail_closed` (the layer's [`FailurePolicy`](crate::FailurePolicy)) |
 //! | `ratelimit_fallback_active` | gauge | `prefix` | `1` while a Redis backend (by key prefix) is away from Redis (its breaker open, or recovering), `0` otherwise |
@@ -32,8 +32,14 @@
 //! | `missing_key` | without a usable key, answered by the layer's [`MissingKey`](crate::MissingKey) setting |
 //!
 //! `policy` is the [policy name](crate::Policy::name): the layer's name, or
-//! `<name>.<plan>` for a [per-plan](crate::limit::Plans) layer. Keys are never labels
-//! (they are unbounded, and may be secrets).
+//! `<name>.<plan>` for a [per-plan](crate::limit::Plans) layer; every metric of a
+//! layer is labelled so, a [set](crate::LimitSet)'s Redis calls and errors too (the
+//! set decides in one call). A refusal (`rejected`, `shadow_rejected`) is also
+//! labelled `limit`: the set's limit that refused it (`api.free.minute` beside
+//! `api.free.day`: the limit whose numbers the response's headers lead with), or the
+//! policy itself for a limit that is not a set and for a set's
+//! [block](crate::Limiter::block). Keys are never labels (they are unbounded, and may
+//! be secrets).
 //!
 //! The same events are `tracing` events of the `tower_redis_ratelimit` target: `trace`
 //! for admitted requests, `debug` for rejections (and missing keys that the layer

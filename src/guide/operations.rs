@@ -65,8 +65,9 @@
 //!
 //! # Changes on every instance
 //!
-//! An administrator's [reset](crate::Limiter::reset) (which also lifts a block: there
-//! is no separate unblock) or [block](crate::Limiter::block), made on any instance,
+//! An administrator's [reset](crate::Limiter::reset) (which also lifts a block),
+//! [block](crate::Limiter::block) or [unblock](crate::Limiter::unblock) (which keeps the
+//! count), made on any instance,
 //! reaches every instance sharing the Redis at once, while each keeps refusing
 //! exhausted keys from its local [deny cache](crate::BackendBuilder::deny_cache) and
 //! answering from its [leases](crate::TokenBucketConfig::lease):
@@ -155,7 +156,7 @@
 //! curl -s -o /dev/null -w '%{http_code}\n' -H 'x-api-key: trap' http://127.0.0.1:3002/   # 429
 //! curl -H "authorization: Bearer $ADMIN_TOKEN" http://127.0.0.1:3002/admin/ratelimit/blocked
 //! # {"blocked":[{"key":"hdr:x-api-key:trap","limit":"api","policy":"api","remaining_ms":3599…,"until_ms":…,"value":"trap"}]}
-//! curl -X POST -H "authorization: Bearer $ADMIN_TOKEN" http://127.0.0.1:3002/admin/ratelimit/api/trap/reset
+//! curl -X POST -H "authorization: Bearer $ADMIN_TOKEN" http://127.0.0.1:3002/admin/ratelimit/api/trap/unblock
 //! curl -s -o /dev/null -w '%{http_code}\n' -H 'x-api-key: trap' http://127.0.0.1:3001/   # 200
 //! ```
 //!

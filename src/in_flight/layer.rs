@@ -152,7 +152,7 @@ impl<K, R> LayerBuilder<InFlightConfig, K, u32, R> {
         }
         let limiter = InFlightLimiter::new(&checked.backend, &checked.name, checked.algorithm)?;
         crate::limit::require_key(checked.keyed)?;
-        let metrics = LayerMetrics::new(std::slice::from_ref(limiter.policy()));
+        let metrics = LayerMetrics::new(std::slice::from_ref(limiter.policy()), |_| &[]);
         Ok(InFlightLimitLayer {
             shared: Arc::new(Shared {
                 limiter,

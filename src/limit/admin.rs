@@ -1,4 +1,4 @@
-//! Admin actions by the client's value: a [`LimitLayer`]'s peek, reset, block and refund
+//! Admin actions by the client's value: a [`LimitLayer`]'s peek, reset, block, unblock and refund
 //! of the keys its own extractor counts a value under ([`KeyExtractor::keys_for`]).
 
 use std::num::NonZeroU32;
@@ -31,12 +31,12 @@ const VALUE_STARTS: usize = 8;
 /// the value for an [`or`](crate::key::KeyExtractor::or) (every one is acted on). A
 /// value no branch could ever count is an [`AdminError`], never an action on a key no
 /// request is counted under. These act on every limit of the layer as the [`Limiter`]
-/// methods of the same name do: a set's members, every plan of a
-/// [`Plans`](super::Plans) layer for `reset` and `block` (the default plan for `peek`
-/// and `refund`).
-///
-/// There is no `unblock`: [`reset_value`](Self::reset_value) lifts a block (and forgets
-/// the key's count with it).
+/// methods of the same name do: a set's members, and every plan of a
+/// [`Plans`](super::Plans) layer (a key's plan is not known from its value): `reset`,
+/// `block` and `unblock` act under each plan, `peek` answers each plan's standing (one
+/// entry per key per plan, in the order of the plans), and `refund`, which would give
+/// the units back twice to a key that spent under two plans, needs the plan named
+/// ([`refund_value_in`](Self::refund_value_in)).
 impl<L: Limiter, K, C, R> LimitLayer<L, K, C, R> {
     /// The keys this layer counts a request carrying `value` under, exactly as its
     /// extractor would make them from such a request; see [`KeyExtractor::keys_for`].
@@ -79,7 +79,9 @@ impl<L: Limiter, K, C, R> LimitLayer<L, K, C, R> {
     }
 
     /// What a check of `cost` by the client with `value` would answer now, spending
-    /// nothing ([`Limiter::peek`]), for each key of [`keys_for`](Self::keys_for).
+    /// nothing ([`Limiter::peek`]), for each key of [`keys_for`](Self::keys_for): on a
+    /// [`Plans`](super::Plans) layer, under each plan in turn (the first plan's entries,
+    /// then the next plan's), each entry's `limit` that plan's.
     ///
     /// # Errors
     ///
@@ -113,8 +115,25 @@ impl<L: Limiter, K, C, R> LimitLayer<L, K, C, R> {
     where
         K: KeyExtractor,
     {
+        let mut answers = Vec::new();
+        for index in 0..self.limiter().policies().len() {
+            answers.extend(self.peek_value_at(index, value.as_ref(), cost).await?);
+        }
+        Ok(answers)
+    }
+
+    /// [`peek_value`](Self::peek_value) under the policy at `index` alone.
+    pub(crate) async fn peek_value_at(
+        &self,
+        index: usize,
+        value: &[u8],
+        cost: NonZeroU32,
+    ) -> Result<Vec<(Key<'static>, Decision)>, AdminError>
+    where
+        K: KeyExtractor,
+    {
         let limiter = self.limiter();
-        self.act(value.as_ref(), "peek", |key| limiter.peek(key, cost))
+        self.act(value, "peek", |key| limiter.peek_policy(index, key, cost))
             .await
     }
 
@@ -159,7 +178,8 @@ impl<L: Limiter, K, C, R> LimitLayer<L, K, C, R> {
 
     /// Refuses the client with `value` for `duration` ([`Limiter::block`]), whatever
     /// its limit says, on every instance sharing the store; a later block replaces it
-    /// and [`reset_value`](Self::reset_value) lifts it (on Redis, each within about a
+    /// and [`unblock_value`](Self::unblock_value) (or
+    /// [`reset_value`](Self::reset_value), which forgets the count too) lifts it (on Redis, each within about a
     /// round trip on every instance, or the deny cache's max age while an instance's
     /// change subscription is down: see [`Limiter::block`]).
     ///
@@ -196,11 +216,55 @@ impl<L: Limiter, K, C, R> LimitLayer<L, K, C, R> {
             .await
     }
 
+    /// Lifts the block of the client with `value` ([`Limiter::unblock`]), keeping what
+    /// its limits have counted, on every instance sharing the store (as
+    /// [`block_value`](Self::block_value) reaches them).
+    ///
+    /// # Errors
+    ///
+    /// [`AdminError::Key`] when the layer never counts `value`;
+    /// [`AdminError::Unsupported`] when its limiter cannot unblock.
+    ///
+    /// ```
+    /// use std::num::NonZeroU32;
+    /// use std::time::Duration;
+    /// use tower_redis_ratelimit::{key::HeaderKey, Backend, LimitLayer, Limiter, PeriodConfig};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let config = PeriodConfig::new(60, Duration::from_secs(60));
+    /// let layer = LimitLayer::builder(&Backend::in_process(), config)
+    ///     .name("api")
+    ///     .key(HeaderKey::from_static("x-api-key"))
+    ///     .build()?;
+    /// layer.limiter().check(b"hdr:x-api-key:trap", NonZeroU32::MIN).await;
+    /// layer.block_value("trap", Duration::from_secs(3600)).await?;
+    /// let unblocked = layer.unblock_value("trap").await?;
+    /// // Admitted again, its one request still counted.
+    /// assert!(unblocked[0].1.is_admitted());
+    /// assert_eq!(unblocked[0].1.remaining, 59);
+    /// # Ok(()) }
+    /// ```
+    pub async fn unblock_value(
+        &self,
+        value: impl AsRef<[u8]>,
+    ) -> Result<Vec<(Key<'static>, Decision)>, AdminError>
+    where
+        K: KeyExtractor,
+    {
+        let limiter = self.limiter();
+        self.act(value.as_ref(), "unblock", |key| limiter.unblock(key))
+            .await
+    }
+
     /// Gives `cost` units back to the client with `value` ([`Limiter::refund`]), on
     /// each of its keys.
     ///
     /// # Errors
     ///
+    /// [`AdminError::Policy`] on a layer of several policies (a
+    /// [`Plans`](super::Plans) layer: name the plan with
+    /// [`refund_value_in`](Self::refund_value_in));
     /// [`AdminError::Key`] when the layer never counts `value`;
     /// [`AdminError::Unsupported`] when its limiter cannot refund.
     ///
@@ -229,9 +293,96 @@ impl<L: Limiter, K, C, R> LimitLayer<L, K, C, R> {
     where
         K: KeyExtractor,
     {
+        let names = self.policy_names();
+        if names.len() > 1 {
+            return Err(AdminError::Policy {
+                given: None,
+                policies: names,
+            });
+        }
+        self.refund_value_at(0, value.as_ref(), cost).await
+    }
+
+    /// [`refund_value`](Self::refund_value) under the policy named `policy` (`api.pro`):
+    /// on a [`Plans`](super::Plans) layer, the plan whose keys spent the units (a key's
+    /// plan cannot be known from its value, and a key that changed plans has spent
+    /// under both).
+    ///
+    /// # Errors
+    ///
+    /// [`AdminError::Policy`] when the layer has no policy of that name; as
+    /// [`refund_value`](Self::refund_value) otherwise.
+    ///
+    /// ```
+    /// use std::num::NonZeroU32;
+    /// use std::time::Duration;
+    /// use tower_redis_ratelimit::{
+    ///     key::HeaderKey, limit::Plans, AdminError, Backend, LimitLayer, PeriodConfig,
+    /// };
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let minute = Duration::from_secs(60);
+    /// let plans = Plans::new(|_: &http::request::Parts| None::<&str>)
+    ///     .plan("free", "free", PeriodConfig::new(60, minute))
+    ///     .plan("pro", "pro", PeriodConfig::new(600, minute));
+    /// let layer = LimitLayer::builder(&Backend::in_process(), plans)
+    ///     .name("api")
+    ///     .key(HeaderKey::from_static("x-api-key"))
+    ///     .build()?;
+    /// // Which plan? A refund does not guess.
+    /// let error = layer.refund_value("k_pro1", NonZeroU32::MIN).await.unwrap_err();
+    /// assert!(matches!(error, AdminError::Policy { .. }));
+    /// let refunded = layer.refund_value_in("api.pro", "k_pro1", NonZeroU32::MIN).await?;
+    /// assert_eq!(refunded[0].1.limit, 600);
+    /// # Ok(()) }
+    /// ```
+    pub async fn refund_value_in(
+        &self,
+        policy: &str,
+        value: impl AsRef<[u8]>,
+        cost: NonZeroU32,
+    ) -> Result<Vec<(Key<'static>, Decision)>, AdminError>
+    where
+        K: KeyExtractor,
+    {
+        let index = self.policy_index(policy)?;
+        self.refund_value_at(index, value.as_ref(), cost).await
+    }
+
+    /// [`refund_value`](Self::refund_value) under the policy at `index`.
+    async fn refund_value_at(
+        &self,
+        index: usize,
+        value: &[u8],
+        cost: NonZeroU32,
+    ) -> Result<Vec<(Key<'static>, Decision)>, AdminError>
+    where
+        K: KeyExtractor,
+    {
         let limiter = self.limiter();
-        self.act(value.as_ref(), "refund", |key| limiter.refund(key, cost))
-            .await
+        self.act(value, "refund", |key| {
+            limiter.refund_policy(index, key, cost)
+        })
+        .await
+    }
+
+    /// The names of the layer's policies, default first.
+    pub(crate) fn policy_names(&self) -> Vec<String> {
+        let policies = self.limiter().policies().iter();
+        policies.map(|policy| policy.name().to_owned()).collect()
+    }
+
+    /// The index of the policy named `policy`.
+    pub(crate) fn policy_index(&self, policy: &str) -> Result<usize, AdminError> {
+        let policies = self.limiter().policies();
+        policies
+            .iter()
+            .position(|p| p.name() == policy)
+            .ok_or_else(|| AdminError::Policy {
+                given: Some(policy.to_owned()),
+                policies: self.policy_names(),
+            })
     }
 
     /// The keys this layer's limiter refuses now because of a block or a lockout

@@ -396,9 +396,10 @@ impl<A: Algorithm, K, C, R> LayerBuilder<A, K, C, R> {
         check_fixed_cost(&cost, policies.iter().chain(bound), &backend)?;
         require_key(keyed)?;
         let headers = policies.iter().map(HeaderParts::new).collect();
-        let metrics = LayerMetrics::new(policies);
+        let metrics = LayerMetrics::new(policies, |index| limiter.members(index));
         Ok(LimitLayer {
             shared: Arc::new(Shared {
+                name,
                 limiter,
                 key,
                 cost,

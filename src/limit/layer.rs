@@ -30,6 +30,11 @@ impl<L, K, C, R> LimitLayer<L, K, C, R> {
         &self.shared.limiter
     }
 
+    /// The layer's name (the builder's [`name`](super::LayerBuilder::name)).
+    pub(crate) fn name(&self) -> &str {
+        &self.shared.name
+    }
+
     /// The key extractor every service of this layer asks (for the admin actions by
     /// value).
     pub(super) fn extractor(&self) -> &K {

@@ -104,6 +104,8 @@ impl Default for MissingKey {
 
 /// Everything the service and its futures share, built once per layer.
 pub(crate) struct Shared<L, K, C, R> {
+    /// The layer's name (the builder's [`name`](LayerBuilder::name)).
+    pub(crate) name: String,
     pub(crate) limiter: L,
     pub(crate) key: K,
     pub(crate) cost: C,

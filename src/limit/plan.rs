@@ -276,6 +276,14 @@ where
         self.plans[0].1.peek(key, cost)
     }
 
+    fn peek_policy(&self, index: usize, key: &[u8], cost: NonZeroU32) -> Option<DecisionFuture> {
+        self.limiter(index).peek(key, cost)
+    }
+
+    fn members(&self, index: usize) -> &[Policy] {
+        self.limiter(index).members(0)
+    }
+
     /// Gives units back under the default (first) plan; counting by outcome gives them
     /// back under the plan that spent them ([`refund_policy`](Limiter::refund_policy)).
     fn refund(&self, key: &[u8], cost: NonZeroU32) -> Option<DecisionFuture> {
@@ -322,9 +330,15 @@ where
         )
     }
 
-    /// The keys blocked under every plan (a block by [`block`](Limiter::block) is one
-    /// per plan, each named by its plan's policy, `api.free`), soonest end first, at
-    /// most `max` in all.
+    /// Lifts `key`'s block under every plan, keeping its counts, and says where it
+    /// stands under the default one.
+    fn unblock(&self, key: &[u8]) -> Option<DecisionFuture> {
+        every_plan(self.plans.iter().map(|(_, limiter)| limiter.unblock(key)))
+    }
+
+    /// The keys blocked under any plan, soonest end first, at most `max`: a key once
+    /// (a [`block`](Limiter::block) is written under every plan), with the latest end
+    /// of its plans' blocks and the policy of the plan that holds it longest.
     fn blocked(&self, max: usize) -> Option<Listing> {
         let listings: Vec<Listing> = self
             .plans

@@ -113,18 +113,24 @@ impl HeaderParts {
         &self.policy
     }
 
+    /// This policy's `RateLimit-Policy` item for `decision`: its quota the limit the
+    /// decision applied when that is not the policy's (the fallback's share of it while
+    /// Redis is unreachable: the header says what is enforced).
+    pub(crate) fn policy_for(&self, decision: &Decision) -> HeaderValue {
+        if decision.source == Source::Fallback && decision.limit != self.of.quota() {
+            policy_value(&self.of, decision.limit)
+        } else {
+            self.policy.clone()
+        }
+    }
+
     /// The `RateLimit-Policy` and `RateLimit` values of `decision` under this policy,
     /// built once: an admitted request's are built before the inner service runs and
     /// added to its response ([`Ready::apply`]).
     pub(crate) fn ready(&self, decision: &Decision) -> Ready {
         let policy = match &decision.policy_header {
             Some(policy) => policy.clone(),
-            // The limit this instance applied is not the policy's: the fallback's share
-            // of it while Redis is unreachable. The header says what is enforced.
-            None if decision.source == Source::Fallback && decision.limit != self.of.quota() => {
-                policy_value(&self.of, decision.limit)
-            }
-            None => self.policy.clone(),
+            None => self.policy_for(decision),
         };
         let ratelimit = match &decision.ratelimit_header {
             Some(value) => HeaderValue::from_maybe_shared(value.0.clone()).ok(),

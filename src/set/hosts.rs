@@ -23,6 +23,8 @@ pub(super) struct SetHosts {
     pub(super) per_request: Box<[bool]>,
     /// Each member's header pieces, in order.
     pub(super) headers: Box<[HeaderParts]>,
+    /// Each member's policy, in order.
+    pub(super) limits: Box<[Policy]>,
     /// The members' policies: the first one is the set's (for metrics, under the set's
     /// name).
     pub(super) policy: Policy,
@@ -54,18 +56,37 @@ impl SetHosts {
     /// headers.
     fn combine(&self, decisions: &[Decision]) -> Decision {
         let chosen = if decisions.iter().all(Decision::is_admitted) {
-            decisions.iter().min_by_key(|d| d.remaining)
+            decisions
+                .iter()
+                .enumerate()
+                .min_by_key(|(_, d)| d.remaining)
         } else {
             // The longest wait; on a tie, the first limit (`rev`: `max_by_key` keeps the last).
             decisions
                 .iter()
-                .filter(|d| !d.is_admitted())
+                .enumerate()
+                .filter(|(_, d)| !d.is_admitted())
                 .rev()
-                .max_by_key(|d| d.retry_after)
+                .max_by_key(|(_, d)| d.retry_after)
         };
-        let mut decision = chosen.cloned().expect("a set has at least one limit");
+        let (index, chosen) = chosen.expect("a set has at least one limit");
+        let mut decision = chosen.clone();
+        if !decision.is_admitted() {
+            decision.rejected_by = u8::try_from(index).ok();
+        }
         decision.ratelimit_header = Some(self.ratelimit_value(decisions.iter()));
-        decision.policy_header = Some(self.policy_header.clone());
+        // During the fallback each member's quota is the share in force.
+        decision.policy_header = Some(if decisions.iter().any(|d| d.source == Source::Fallback) {
+            let items = self
+                .headers
+                .iter()
+                .zip(decisions)
+                .map(|(h, d)| h.policy_for(d));
+            let items: Vec<HeaderValue> = items.collect();
+            super::join(items.iter().map(HeaderValue::as_bytes))
+        } else {
+            self.policy_header.clone()
+        });
         decision
     }
 
@@ -74,6 +95,8 @@ impl SetHosts {
     /// the headers blocked too (no units left until the block's end at least).
     fn combine_blocked(&self, decisions: &[Decision], wait: Duration) -> Decision {
         let mut decision = self.combine(decisions).blocked(wait);
+        // Refused by the set's block, whatever its limits say.
+        decision.rejected_by = None;
         let blocked = decisions.iter().map(|d| d.clone().blocked(wait));
         decision.ratelimit_header = Some(self.ratelimit_value(blocked));
         decision

@@ -24,7 +24,8 @@
 --   'f' refund: give the cost back to every limit; 's' settle: the cost is a signed
 --   delta, given back when below 0 (as 'f'), spent whatever the limits say when above
 --   0 (debt: see each algorithm's X_charge); 'x' reset: forget the key and its block;
---   'b' block: refuse the key for `cost` ms; 'v' reserve: one token bucket's tokens at
+--   'b' block: refuse the key for `cost` ms; 'u' unblock: lift the key's block, keep
+--   its counts; 'v' reserve: one token bucket's tokens at
 --   the earliest time they fit; 'l' lease: at least the cost of one token bucket's
 --   tokens, at most `param`, after giving back the unused tokens of the key's expired
 --   lease (their count the first extra number); 'm' several checks of the key at once,
@@ -205,17 +206,18 @@ at = bounds_at
 local now_us = unix_us(ARGV)
 -- The states a settlement charged: decided on and saved below, read once.
 local settled = {}
-if op == 'f' or op == 's' or op == 'x' or op == 'b' then
+if op == 'f' or op == 's' or op == 'x' or op == 'b' or op == 'u' then
   -- Refund (give `cost` back), settle (give back, or spend past the limit), reset
-  -- (forget the key) or block, then say where each limit stands: a cost of 0, decided
-  -- without writing.
+  -- (forget the key), block or unblock, then say where each limit stands: a cost of 0,
+  -- decided without writing (an unblocked key's marks come off at the end, as when a
+  -- block runs out).
   if op == 'b' then
     redis.call('SET', KEYS[n + 1], '1', 'PX', string.format('%d', cost))
-  elseif op == 'x' then
+  elseif op == 'x' or op == 'u' then
     redis.call('DEL', KEYS[n + 1])
   end
   local at = string.find(KEYS[1], ':{', 1, true)
-  if at and (op == 'b' or op == 'x') then
+  if at and (op == 'b' or op == 'x' or op == 'u') then
     -- Heard by every instance's deny cache and leases (src/backend/redis/changes.rs).
     redis.pcall('PUBLISH', string.sub(KEYS[1], 1, at - 1) .. ':changes', KEYS[1])
   end

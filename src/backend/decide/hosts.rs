@@ -27,7 +27,8 @@ pub(crate) struct Remote {
     layout: Layout,
     /// How its keys' blocks are built.
     pub(super) block_layout: Layout,
-    /// The policy name, for metrics labels.
+    /// The policy name, for metrics labels and logs (a set's for its members: the set
+    /// decides in one call).
     pub(super) name: String,
     pub(super) metrics: RedisMetrics,
     /// This limiter's blocked keys and lockout.
@@ -60,7 +61,11 @@ impl Remote {
             layout,
             block_layout,
             index,
-            name: owner.policy_name().into_owned(),
+            // A set's one call is its own: named by the set, as its layer's metrics are.
+            name: match owner {
+                Owner::Member { set, .. } => set.to_owned(),
+                Owner::Own(name) => name.to_owned(),
+            },
             metrics: RedisMetrics::default(),
             blocks,
             coalescer: Coalescer::default(),

@@ -1,5 +1,5 @@
 //! The operations on a key other than a check, for the limiter handles: peek, refund,
-//! settle, reset, block and reserve, each one engine call on Redis (or answered by the
+//! settle, reset, block, unblock and reserve, each one engine call on Redis (or answered by the
 //! in-process state while Redis cannot). They take a check's steps (`check.rs`), from
 //! the same files: the engine call (`call.rs`), the reply (`reply.rs`), the failure
 //! policy (`policy.rs`), in the same order; with a token bucket's leases, a peek may
@@ -45,6 +45,8 @@ pub(crate) enum Operation {
     Reset,
     /// Refuses the key for the cost, in milliseconds.
     Block,
+    /// Lifts the key's block, keeping what its limits have counted.
+    Unblock,
     /// Takes the cost at the earliest time it fits, at most this many µs away (token
     /// buckets only; see [`Hosts::local_reserve`]).
     Reserve { max_wait_us: u64 },
@@ -59,6 +61,7 @@ impl Operation {
             Self::Settle { .. } => Op::Settle,
             Self::Reset => Op::Reset,
             Self::Block => Op::Block,
+            Self::Unblock => Op::Unblock,
             Self::Reserve { .. } => Op::Reserve,
         }
     }
@@ -167,8 +170,10 @@ pub(crate) fn operate<T: Hosts + ?Sized>(
     // A block's unused leased tokens go back first, so that its answer counts them.
     let give_back = (unused > 0)
         .then(|| engine_call(&**store, key, &redis_key, Op::Refund, unused, param, &[]));
-    // (A reset key's hash in the deny cache: the list forgets its lockout by it.)
-    let key_hash = (op == Operation::Reset).then(|| backend.deny().hash(&redis_key));
+    // (A reset or unblocked key's hash in the deny cache: the list forgets its lockout
+    // by it.)
+    let key_hash = matches!(op, Operation::Reset | Operation::Unblock)
+        .then(|| backend.deny().hash(&redis_key));
     let store = Arc::clone(store);
     let redis = Arc::clone(redis);
     let key = key.to_vec();
@@ -215,7 +220,7 @@ pub(crate) fn operate<T: Hosts + ?Sized>(
                 let until_ms = now_ms.saturating_add(ms);
                 remote.index.list(&redis, &key, until_ms, now_ms).await;
             }
-            (Operation::Reset, Some(_), _) => {
+            (Operation::Reset | Operation::Unblock, Some(_), _) => {
                 let hash = key_hash.unwrap_or_default();
                 remote.index.unlist(&redis, &key, hash, now_ms).await;
             }
@@ -279,6 +284,10 @@ fn operate_locally<T: Hosts + ?Sized>(
             store.blocks().unblock(local, key);
             None
         }
+        Operation::Unblock => {
+            store.blocks().unblock(local, key);
+            None
+        }
         Operation::Block => {
             let until = now_us.saturating_add(cost.saturating_mul(1_000));
             store.blocks().block(local, key, until, true, now_us);
@@ -292,7 +301,9 @@ fn operate_locally<T: Hosts + ?Sized>(
         }
     };
     let until = match op {
-        Operation::Reset | Operation::Block => store.blocks().until(local, key, || now_us),
+        Operation::Reset | Operation::Unblock | Operation::Block => {
+            store.blocks().until(local, key, || now_us)
+        }
         _ => until,
     };
     // What a check of the cost would say (a peek, a reservation), or where the key stands

@@ -34,6 +34,8 @@ pub(crate) enum Op {
     Reset,
     /// Refuses the key for `count` ms.
     Block,
+    /// Lifts the key's block, keeping what its limits have counted.
+    Unblock,
     /// Takes one token bucket's tokens at the earliest time they fit, at most `param`
     /// µs away.
     Reserve,
@@ -55,13 +57,14 @@ pub(crate) enum Op {
 impl Op {
     /// Every operation (for the tests that hold the Lua to them).
     #[cfg(test)]
-    pub(crate) const ALL: [Op; 12] = [
+    pub(crate) const ALL: [Op; 13] = [
         Op::Check,
         Op::Peek,
         Op::Refund,
         Op::Settle,
         Op::Reset,
         Op::Block,
+        Op::Unblock,
         Op::Reserve,
         Op::Lease,
         Op::Coalesced,
@@ -79,6 +82,7 @@ impl Op {
             Op::Settle => "s",
             Op::Reset => "x",
             Op::Block => "b",
+            Op::Unblock => "u",
             Op::Reserve => "v",
             Op::Lease => "l",
             Op::Coalesced => "m",
