@@ -30,6 +30,28 @@
 //! an address's quota. Header values that are not UTF-8 are used byte for byte, so two
 //! different values are never one key.
 //!
+//! # Keys that are secrets
+//!
+//! A key is written into Redis as the extractor made it: an API key, a bearer token
+//! from `Authorization` or a client address is readable by anyone who can `SCAN` the
+//! server, `MONITOR` it or read a dump or a replica. [`.hashed(secret)`](crate::key::KeyExtractor::hashed)
+//! replaces each key by `h:` and a keyed BLAKE3 hash of it (128 bits, 34 bytes), so
+//! Redis holds none of the client's bytes, and without the secret a key cannot even be
+//! tested against a guess (an unkeyed hash of an IPv4 address is reversed by trying
+//! the 2³² of them). Admin by value keeps working ([`keys_for`](crate::key::KeyExtractor::keys_for)
+//! hashes the value the same way); a listing of what is blocked shows the hashed key
+//! and no value. It does not hide the values from this process, which hashes them, nor
+//! from whoever holds the secret; give every instance sharing a limit the same secret
+//! (from your secret store), and know that a new secret starts every count afresh.
+//!
+//! ```
+//! use tower_redis_ratelimit::key::{HeaderKey, KeyExtractor, PeerIp};
+//!
+//! let secret = std::env::var("RATELIMIT_KEY_SECRET").unwrap_or_else(|_| "dev only".into());
+//! let key = HeaderKey::from_static("authorization").or(PeerIp::new()).hashed(secret);
+//! # let _ = key;
+//! ```
+//!
 //! # Limits from your own store
 //!
 //! When each merchant or user has a quota of their own, kept in your database or a

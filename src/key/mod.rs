@@ -26,6 +26,7 @@
 //! | a closure | `fn:` and the bytes it returns | `fn:acme` |
 //! | [`a.and(b)`](KeyExtractor::and) | `and:`, the length of `a`'s key in decimal, `:`, `a`'s key, `:`, `b`'s key | `and:16:hdr:x-api-key:k1:path:/` |
 //! | [`a.or(b)`](KeyExtractor::or) | `a`'s key, or else `b`'s, unchanged | |
+//! | [`a.hashed(secret)`](KeyExtractor::hashed) | `h:` and 32 hex digits of a keyed hash of `a`'s key ([`Hashed`]) | `h:5f0c…` (34 bytes) |
 //!
 //! [`PeerIp`] and [`ForwardedIp`] share the tag `ip:` on purpose: both name a
 //! client address, so `ForwardedIp` falling back to `PeerIp` keeps one client
@@ -95,11 +96,13 @@ use http::header::{HeaderName, FORWARDED};
 use http::request::Parts;
 use ipnet::IpNet;
 
+mod hashed;
 mod ip;
 mod raw;
 mod tagged;
 mod value;
 
+pub use self::hashed::Hashed;
 pub use self::raw::Key;
 use self::raw::Writer;
 pub use self::tagged::TaggedKey;
@@ -259,6 +262,25 @@ pub trait KeyExtractor: Send + Sync + 'static {
         Self: Sized,
     {
         And::new(self, other)
+    }
+
+    /// Replaces each key by `h:` and a keyed hash of it, so that the store never holds
+    /// the client's value (an API key, a credential, an address): see [`Hashed`] for
+    /// what it protects and what it does not. `secret` derives the hash's key: keep it
+    /// secret, and the same on every instance sharing the limit.
+    ///
+    /// ```
+    /// use tower_redis_ratelimit::key::{HeaderKey, KeyExtractor, PeerIp};
+    ///
+    /// let secret = std::env::var("RATELIMIT_KEY_SECRET").unwrap_or_else(|_| "dev only".into());
+    /// let key = HeaderKey::from_static("x-api-key").or(PeerIp::new()).hashed(secret);
+    /// # let _ = key;
+    /// ```
+    fn hashed(self, secret: impl AsRef<[u8]>) -> Hashed<Self>
+    where
+        Self: Sized,
+    {
+        Hashed::new(self, secret)
     }
 }
 
