@@ -16,6 +16,7 @@ use serde_json::{json, Value};
 
 use crate::blocked::Blocked;
 use crate::decision::Decision;
+use crate::denied::Denied;
 use crate::error::AdminError;
 use crate::key::{Key, KeyExtractor};
 use crate::limit::LimitLayer;
@@ -49,6 +50,7 @@ trait Limit: Send + Sync {
     fn policies(&self) -> Vec<String>;
     fn act(&self, value: String, action: Action) -> Pin<Box<dyn Future<Output = Answered> + Send>>;
     fn blocked(&self, max: usize) -> Pin<Box<dyn Future<Output = Listed> + Send>>;
+    fn denied(&self, max: usize) -> Vec<Denied>;
 }
 
 impl<L, K, C, R> Limit for LimitLayer<L, K, C, R>
@@ -114,6 +116,10 @@ where
         let layer = self.clone();
         Box::pin(async move { layer.blocked(max).await })
     }
+
+    fn denied(&self, max: usize) -> Vec<Denied> {
+        LimitLayer::denied(self, max)
+    }
 }
 
 /// An admin surface to mount (feature `admin`): an axum [`Router`] with JSON endpoints
@@ -133,6 +139,7 @@ where
 /// | `POST /{limit}/{value}/unblock` | lifts the client's block, keeping its count |
 /// | `POST /{limit}/{value}/refund?units=N&policy=P` | gives `N` units back (default 1) under policy `P` (needed when the layer has several: a [`Plans`](crate::limit::Plans) layer's `api.pro`) |
 /// | `GET /blocked?limit=NAME&max=N` | what is blocked now (by a block or a lockout), over every limit or the one named, soonest end first, at most `N` (default 100, at most 1000) |
+/// | `GET /denied?limit=NAME&max=N` | the keys refused most in the last 5 to 10 minutes, by this instance, over every limit or the one named, most first, at most `N` (default 100, at most 1000) |
 ///
 /// A layer is named by its builder's [`name`](crate::LayerBuilder::name) (a
 /// [`Plans`](crate::limit::Plans) layer `api`, whatever the plan of a value). Each
@@ -157,6 +164,11 @@ where
 /// a block by a moment (see [Listing what is
 /// blocked](crate::guide::operations#listing-what-is-blocked)), and a Redis that does not
 /// answer is `503`.
+///
+/// `GET /denied` answers `{"denied":[…]}`, the keys this instance refused most lately
+/// ([`LimitLayer::denied`]), most first, each with `limit`, `policy`, `key`, `value` (as
+/// in `/blocked`), `count` (refusals counted, an upper bound), `error` (how far `count`
+/// may be above the truth) and `since_ms` (how long the counting has run).
 ///
 /// ```
 /// use std::time::Duration;
@@ -225,6 +237,7 @@ impl AdminRouter {
         Router::new()
             .route("/", get(list))
             .route("/blocked", get(blocked))
+            .route("/denied", get(denied))
             .route("/{limit}/{value}", get(peek))
             .route("/{limit}/{value}/reset", post(reset))
             .route("/{limit}/{value}/block", post(block))
@@ -245,24 +258,13 @@ async fn list(State(limits): State<Limits>) -> Response {
 }
 
 async fn blocked(State(limits): State<Limits>, RawQuery(query): RawQuery) -> Response {
-    let query = query.as_deref();
-    let max = match number(query, "max") {
-        Ok(None) => DEFAULT_LISTED,
-        Ok(Some(max @ 1..=MAX_LISTED)) => max,
-        Ok(Some(_)) => {
-            let message = format!("`max` must be between 1 and {MAX_LISTED}");
-            return error(StatusCode::BAD_REQUEST, &message);
-        }
-        Err(message) => return error(StatusCode::BAD_REQUEST, &message),
-    };
-    let max = usize::try_from(max).unwrap_or(usize::MAX);
-    let named = text(query, "limit");
-    let chosen: Vec<(&String, &Arc<dyn Limit>)> = match &named {
-        Some(name) => match limits.get_key_value(name) {
-            Some(found) => vec![found],
-            None => return error(StatusCode::NOT_FOUND, &format!("no limit named `{name}`")),
-        },
-        None => limits.iter().collect(),
+    let Chosen {
+        max,
+        limits: chosen,
+        named,
+    } = match listing(&limits, query.as_deref()) {
+        Ok(chosen) => chosen,
+        Err((status, message)) => return error(status, &message),
     };
     let listings = chosen.iter().map(|(_, limit)| limit.blocked(max));
     let listed = futures_util::future::join_all(listings).await;
@@ -271,7 +273,7 @@ async fn blocked(State(limits): State<Limits>, RawQuery(query): RawQuery) -> Res
         match listed {
             Ok(listed) => entries.extend(listed.into_iter().map(|entry| (name, entry))),
             // A limiter of your own that cannot list: left out of a listing of all.
-            Err(AdminError::Unsupported { .. }) if named.is_none() => {}
+            Err(AdminError::Unsupported { .. }) if !named => {}
             Err(failure @ AdminError::Unsupported { .. }) => {
                 return error(StatusCode::NOT_IMPLEMENTED, &failure.to_string())
             }
@@ -298,6 +300,86 @@ async fn blocked(State(limits): State<Limits>, RawQuery(query): RawQuery) -> Res
         })
         .collect();
     (StatusCode::OK, axum::Json(json!({ "blocked": blocked }))).into_response()
+}
+
+/// What a listing's query asks for.
+struct Chosen<'l> {
+    /// `max` (default [`DEFAULT_LISTED`], at most [`MAX_LISTED`]).
+    max: usize,
+    /// The limit named by `limit`, or every one.
+    limits: Vec<(&'l String, &'l Arc<dyn Limit>)>,
+    /// Whether `limit` named one.
+    named: bool,
+}
+
+/// A listing's query read: `max` and `limit`, or the error to answer.
+fn listing<'l>(
+    limits: &'l Limits,
+    query: Option<&str>,
+) -> Result<Chosen<'l>, (StatusCode, String)> {
+    let max = match number(query, "max") {
+        Ok(None) => DEFAULT_LISTED,
+        Ok(Some(max @ 1..=MAX_LISTED)) => max,
+        Ok(Some(_)) => {
+            let message = format!("`max` must be between 1 and {MAX_LISTED}");
+            return Err((StatusCode::BAD_REQUEST, message));
+        }
+        Err(message) => return Err((StatusCode::BAD_REQUEST, message)),
+    };
+    let max = usize::try_from(max).unwrap_or(usize::MAX);
+    let named = text(query, "limit");
+    let chosen = match &named {
+        Some(name) => match limits.get_key_value(name) {
+            Some(found) => vec![found],
+            None => return Err((StatusCode::NOT_FOUND, format!("no limit named `{name}`"))),
+        },
+        None => limits.iter().collect(),
+    };
+    Ok(Chosen {
+        max,
+        limits: chosen,
+        named: named.is_some(),
+    })
+}
+
+async fn denied(State(limits): State<Limits>, RawQuery(query): RawQuery) -> Response {
+    let Chosen {
+        max,
+        limits: chosen,
+        ..
+    } = match listing(&limits, query.as_deref()) {
+        Ok(chosen) => chosen,
+        Err((status, message)) => return error(status, &message),
+    };
+    let mut entries: Vec<(&String, Denied)> = chosen
+        .iter()
+        .flat_map(|(name, limit)| {
+            limit
+                .denied(max)
+                .into_iter()
+                .map(move |entry| (*name, entry))
+        })
+        .collect();
+    entries.sort_by(|(a_name, a), (b_name, b)| {
+        (b.count, a_name, a.key.as_bytes()).cmp(&(a.count, b_name, b.key.as_bytes()))
+    });
+    entries.truncate(max);
+    let millis = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+    let denied: Vec<Value> = entries
+        .iter()
+        .map(|(name, entry)| {
+            json!({
+                "limit": name,
+                "policy": entry.limit,
+                "key": String::from_utf8_lossy(&entry.key),
+                "value": entry.value.as_ref().map(|value| String::from_utf8_lossy(value)),
+                "count": entry.count,
+                "error": entry.error,
+                "since_ms": millis(entry.since),
+            })
+        })
+        .collect();
+    (StatusCode::OK, axum::Json(json!({ "denied": denied }))).into_response()
 }
 
 async fn peek(

@@ -99,6 +99,7 @@ mod clock;
 mod config;
 mod cost;
 mod decision;
+mod denied;
 mod dynamic;
 mod error;
 #[cfg(all(test, feature = "serde", feature = "axum"))]
@@ -142,6 +143,7 @@ pub use crate::blocked::Blocked;
 pub use crate::config::{BackendConfig, KeyConfig, RuleConfig, Rules, RulesConfig};
 pub use crate::cost::{Cost, HeaderCost};
 pub use crate::decision::{Decision, Decisions, Policy, Source, State};
+pub use crate::denied::Denied;
 pub use crate::dynamic::{DynamicLimiter, DynamicLimits, LimitSource, OnSourceError, WithLimit};
 pub use crate::error::{AdminError, ConfigError};
 pub use crate::in_flight::{InFlightConfig, InFlightLimitLayer, InFlightLimiter};

@@ -440,3 +440,55 @@ async fn a_sets_refusals_are_labelled_by_the_limit_that_refused() {
         "{histograms:?}"
     );
 }
+
+/// The keys refused most, by value, from the admin router (this instance's sketch).
+#[tokio::test]
+async fn the_keys_refused_most_are_listed_with_their_values() {
+    let redis = RedisServer::start();
+    let layer = LimitLayer::builder(&redis.backend(), PeriodConfig::new(2, MINUTE))
+        .name("api")
+        .key(HeaderKey::from_static("x-api-key"))
+        .build()
+        .unwrap();
+    let admin = AdminRouter::new().limit(&layer).into_router();
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(layer)
+        .nest("/admin", admin);
+    for (key, times) in [("k1", 10), ("k2", 5), ("k3", 2)] {
+        for _ in 0..times {
+            call(&app, "GET", "/", &[("x-api-key", key)]).await;
+        }
+    }
+    let (status, _, denied) = call(&app, "GET", "/admin/denied?max=2", &[]).await;
+    assert_eq!(status, StatusCode::OK, "{denied}");
+    let entries = denied["denied"].as_array().unwrap();
+    let got: Vec<(&str, &str, u64, u64)> = entries
+        .iter()
+        .map(|e| {
+            let text = |f: &str| e[f].as_str().unwrap();
+            (
+                text("key"),
+                text("value"),
+                e["count"].as_u64().unwrap(),
+                e["error"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("hdr:x-api-key:k1", "k1", 8, 0),
+            ("hdr:x-api-key:k2", "k2", 3, 0)
+        ]
+    );
+    assert_eq!(entries[0]["limit"], "api");
+    assert_eq!(
+        call(&app, "GET", "/admin/denied?limit=nope", &[]).await.0,
+        StatusCode::NOT_FOUND
+    );
+    assert_eq!(
+        call(&app, "GET", "/admin/denied?max=0", &[]).await.0,
+        StatusCode::BAD_REQUEST
+    );
+}

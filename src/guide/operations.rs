@@ -141,6 +141,19 @@
 //! while the fallback answers) and is not listed from Redis; a listing while Redis does
 //! not answer is an error ([`AdminError::Listing`](crate::AdminError::Listing)), never a guess.
 //!
+//! # The keys refused most
+//!
+//! A key is never a metric label (keys are unbounded, and may be secrets), so the
+//! metrics say how much a limit refuses, not whom. A layer's
+//! [`denied(max)`](crate::LimitLayer::denied) says whom: the keys it refused most in
+//! the last 5 to 10 minutes, each with its policy, the client's value where the
+//! extractor names it, and its count of refusals; the [admin router](crate::AdminRouter)
+//! serves it as `GET /denied?max=N`. Each instance counts its own refusals in a sketch
+//! of fixed memory (space-saving, 256 counters per policy): a count is at most
+//! `error` above the truth, `error` at most the window's refusals over 256, and every
+//! key refused more often than that is listed. Ask every instance (behind a load
+//! balancer, each one's admin port) to see the fleet's offenders.
+//!
 //! # The admin flow end to end
 //!
 //! The `admin`, `login` and `tenants` examples mount the [admin router](crate::AdminRouter)

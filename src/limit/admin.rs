@@ -7,6 +7,7 @@ use std::time::Duration;
 use super::LimitLayer;
 use crate::blocked::Blocked;
 use crate::decision::Decision;
+use crate::denied::Denied;
 use crate::error::AdminError;
 use crate::key::{Key, KeyExtractor, KeyForError};
 use crate::limiter::{DecisionFuture, Limiter};
@@ -441,6 +442,81 @@ impl<L: Limiter, K, C, R> LimitLayer<L, K, C, R> {
             entry.value = self.value_of(&entry.key);
         }
         Ok(listed)
+    }
+
+    /// The keys this layer refused most in the last 5 to 10 minutes, most first, at most
+    /// `max`: each with the policy that refused it, the client's value where the
+    /// extractor names it (as [`blocked`](Self::blocked)), and its count of refusals.
+    /// Answered by this instance, from what it refused (each instance counts its own
+    /// refusals; ask each to see a fleet).
+    ///
+    /// A bounded sketch counts them (space-saving, 256 counters per policy: memory
+    /// fixed whatever the number of keys refused): `count` is at least the key's true
+    /// count and at most `error` above it, `error` is at most the window's refusals
+    /// over 256, and every key refused more often than that is listed. A key is never a
+    /// metric label: this is the way to see who is refused, by key.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower::{Service, ServiceExt};
+    /// use tower_redis_ratelimit::{key::HeaderKey, Backend, LimitLayer, PeriodConfig};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let config = PeriodConfig::new(1, Duration::from_secs(60));
+    /// let layer = LimitLayer::builder(&Backend::in_process(), config)
+    ///     .name("api")
+    ///     .key(HeaderKey::from_static("x-api-key"))
+    ///     .build()?;
+    /// let mut app = tower::ServiceBuilder::new().layer(layer.clone()).service_fn(
+    ///     |_: http::Request<String>| async { Ok::<_, std::convert::Infallible>(http::Response::new(String::new())) },
+    /// );
+    /// for _ in 0..3 {
+    ///     let request = http::Request::builder().header("x-api-key", "k1").body(String::new())?;
+    ///     app.ready().await?.call(request).await?;
+    /// }
+    /// let denied = layer.denied(10);
+    /// assert_eq!(denied[0].key, "hdr:x-api-key:k1");
+    /// assert_eq!(denied[0].value.as_ref().unwrap(), "k1");
+    /// assert_eq!((denied[0].count, denied[0].error), (2, 0));
+    /// # Ok(()) }
+    /// ```
+    #[must_use]
+    pub fn denied(&self, max: usize) -> Vec<Denied>
+    where
+        K: KeyExtractor,
+    {
+        let now = std::time::Instant::now();
+        let policies = self.limiter().policies();
+        let mut denied: Vec<Denied> = self
+            .shared
+            .offenders
+            .iter()
+            .zip(policies)
+            .flat_map(|(offenders, policy)| {
+                offenders
+                    .top(max, now)
+                    .into_iter()
+                    .map(|(key, count, error, since)| Denied {
+                        limit: policy.name().to_owned(),
+                        value: None,
+                        key,
+                        count,
+                        error,
+                        since,
+                    })
+            })
+            .collect();
+        denied.sort_by(|a, b| {
+            b.count
+                .cmp(&a.count)
+                .then_with(|| a.key.as_bytes().cmp(b.key.as_bytes()))
+        });
+        denied.truncate(max);
+        for entry in &mut denied {
+            entry.value = self.value_of(&entry.key);
+        }
+        denied
     }
 
     /// The client's value whose keys include `key`, if the extractor names one: the key

@@ -397,6 +397,7 @@ impl<A: Algorithm, K, C, R> LayerBuilder<A, K, C, R> {
         require_key(keyed)?;
         let headers = policies.iter().map(HeaderParts::new).collect();
         let metrics = LayerMetrics::new(policies, |index| limiter.members(index));
+        let offenders = policies.iter().map(|_| Default::default()).collect();
         Ok(LimitLayer {
             shared: Arc::new(Shared {
                 name,
@@ -407,6 +408,7 @@ impl<A: Algorithm, K, C, R> LayerBuilder<A, K, C, R> {
                 headers,
                 options,
                 metrics,
+                offenders,
                 missing_warning: super::MissingKeyWarning::new(std::any::type_name::<K>()),
             }),
         })

@@ -128,13 +128,8 @@ where
             let settle = settle.map(|s| (shared(), s));
             Self::inner(service.call(request), headers, settle)
         } else {
-            Self::done(respond.reject(
-                policy,
-                request.method(),
-                request.uri(),
-                request.headers(),
-                &decision,
-            ))
+            let (parts, _body) = request.into_parts();
+            Self::done(respond.reject(policy, &parts, &decision))
         }
     }
 

@@ -29,7 +29,7 @@ use bytes::Bytes;
 use http::{Response, StatusCode};
 
 use crate::decision::{Decision, Decisions};
-use crate::key::KeyOrigin;
+use crate::key::{KeyExtractor, KeyOrigin};
 use crate::limiter::Limiter;
 use crate::metrics::LayerMetrics;
 use crate::response::{HeaderParts, OnRejection, Ready, Rejection};
@@ -114,6 +114,8 @@ pub(crate) struct Shared<L, K, C, R> {
     pub(crate) headers: Box<[HeaderParts]>,
     pub(crate) options: Options,
     pub(crate) metrics: LayerMetrics,
+    /// The keys each policy refused most lately (see [`LimitLayer::denied`]).
+    pub(crate) offenders: Box<[crate::denied::Offenders]>,
     /// Rate-limits the warning about requests refused for a missing key.
     pub(crate) missing_warning: MissingKeyWarning,
 }
@@ -258,13 +260,12 @@ impl<L: Limiter, K, C, R> Shared<L, K, C, R> {
 /// The part of [`Shared`] a response future needs, without its type parameters. `policy`
 /// is an index into the limiter's policies.
 pub(crate) trait Respond: SettleUsage {
-    /// The full rejection response (handler's response plus headers).
+    /// The full rejection response (handler's response plus headers); the refused
+    /// request's key is counted among the layer's [offenders](crate::LimitLayer::denied).
     fn reject(
         &self,
         policy: usize,
-        method: &http::Method,
-        uri: &http::Uri,
-        headers: &http::HeaderMap,
+        request: &http::request::Parts,
         decision: &Decision,
     ) -> Response<Bytes>;
     /// The rate-limit headers of an admitted response, built before the inner service
@@ -294,24 +295,29 @@ pub(crate) trait Respond: SettleUsage {
 impl<L, K, C, R> Respond for Shared<L, K, C, R>
 where
     L: Limiter,
-    K: Send + Sync + 'static,
+    K: KeyExtractor,
     C: Send + Sync + 'static,
     R: OnRejection,
 {
     fn reject(
         &self,
         policy: usize,
-        method: &http::Method,
-        uri: &http::Uri,
-        headers: &http::HeaderMap,
+        request: &http::request::Parts,
         decision: &Decision,
     ) -> Response<Bytes> {
+        // (The key again, from the request: a refusal's slow path, so that an admitted
+        // request never carries its key.)
+        if let (Some(offenders), Some(key)) =
+            (self.offenders.get(policy), self.key.extract(request))
+        {
+            offenders.add(&key, std::time::Instant::now());
+        }
         let mut response = self.rejection.on_rejection(&Rejection {
             decision,
             policy: &self.limiter.policies()[policy],
-            method,
-            uri,
-            headers,
+            method: &request.method,
+            uri: &request.uri,
+            headers: &request.headers,
         });
         self.headers[policy].apply(response.headers_mut(), decision);
         response
