@@ -54,6 +54,22 @@ pub enum Source {
     Lease,
 }
 
+impl Source {
+    /// Its name in traces: `redis`, `in_process`, `fallback`, `deny_cache`,
+    /// `fail_open`, `fail_closed` or `lease`.
+    pub(crate) const fn label(self) -> &'static str {
+        match self {
+            Self::Redis => "redis",
+            Self::InProcess => "in_process",
+            Self::Fallback => "fallback",
+            Self::DenyCache => "deny_cache",
+            Self::FailOpen => "fail_open",
+            Self::FailClosed => "fail_closed",
+            Self::Lease => "lease",
+        }
+    }
+}
+
 /// The outcome of one check: state, limit, what is left, and when it resets.
 ///
 /// Admitted requests carry their `Decision` in the request extensions, so a handler can

@@ -213,7 +213,42 @@
 //! # Observability
 //!
 //! Every decision is a `tracing` event of target `tower_redis_ratelimit` (`trace` when
-//! admitted, `debug` when refused, `info` for shadow refusals), with the policy, state,
-//! wait and source, never the key. With the `metrics` feature, the layers count
+//! admitted, `debug` when refused, `info` for shadow refusals), with the fields below,
+//! the state and the wait, never the key. The layer also records the fields on the
+//! caller's span (the request's, where the span declares them: tower-http's
+//! `TraceLayer` with a `make_span_with` of your own), so the request's trace says how
+//! the limit decided:
+//!
+//! | field | value |
+//! |---|---|
+//! | `rate_limit.decision` | `admitted`, `rejected` or `shadow_rejected` |
+//! | `rate_limit.policy` | the policy that decided (`api`; a plan's `api.pro`) |
+//! | `rate_limit.rejected_by` | on a refusal, the limit that refused: a set's limit (`api.minute`), else the policy |
+//! | `rate_limit.source` | who answered: `redis`, `fallback` (Redis unreachable), `deny_cache`, `lease`, `in_process`, `fail_open`, `fail_closed` |
+//! | `rate_limit.shadow` | whether the layer is a [shadow](crate::LayerBuilder::shadow) one |
+//!
+//! ```
+//! use axum::{body::Body, routing::get, Router};
+//! use tower_http::trace::TraceLayer;
+//! use tracing::field::Empty;
+//!
+//! let app: Router = Router::new()
+//!     .route("/", get(|| async { "ok" }))
+//!     // .layer(your limit layer)
+//!     .layer(TraceLayer::new_for_http().make_span_with(|_: &http::Request<Body>| {
+//!         tracing::info_span!(
+//!             "request",
+//!             rate_limit.decision = Empty,
+//!             rate_limit.policy = Empty,
+//!             rate_limit.rejected_by = Empty,
+//!             rate_limit.source = Empty,
+//!             rate_limit.shadow = Empty,
+//!         )
+//!     }));
+//! ```
+//!
+//! With stacked layers the span holds the decision recorded last: the innermost
+//! layer's, or the one that refused. Nothing is recorded, and nothing allocated, where
+//! no subscriber listens. With the `metrics` feature, the layers count
 //! requests by policy and outcome, near-limit requests, decisions taken without Redis,
 //! Redis errors and latency; the [`metrics`](crate::guide::metrics) module lists the names.

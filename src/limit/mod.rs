@@ -332,28 +332,62 @@ where
     fn record(&self, policy: usize, decision: &Decision) {
         self.metrics.decision(policy, decision, self.options.shadow);
         let name = self.limiter.policies()[policy].name();
+        let shadow = self.options.shadow;
+        let outcome = match (decision.is_admitted(), shadow) {
+            (true, _) => "admitted",
+            (false, false) => "rejected",
+            (false, true) => "shadow_rejected",
+        };
+        // The limit that refused: a set's member, else the policy itself.
+        let rejected_by = (!decision.is_admitted()).then(|| {
+            let members = self.limiter.members(policy);
+            decision
+                .rejected_by
+                .and_then(|i| members.get(usize::from(i)))
+                .map_or(name, |member| member.name())
+        });
+        let source = decision.source.label();
+        // The caller's span, where it declares the fields (see `guide::operations`).
+        let span = tracing::Span::current();
+        if !span.is_disabled() {
+            span.record("rate_limit.decision", outcome);
+            span.record("rate_limit.policy", name);
+            span.record("rate_limit.source", source);
+            span.record("rate_limit.shadow", shadow);
+            if let Some(by) = rejected_by {
+                span.record("rate_limit.rejected_by", by);
+            }
+        }
         if decision.is_admitted() {
             tracing::trace!(
-                policy = name,
+                rate_limit.decision = outcome,
+                rate_limit.policy = name,
+                rate_limit.source = source,
+                rate_limit.shadow = shadow,
                 state = ?decision.state,
                 remaining = decision.remaining,
-                source = ?decision.source,
                 "request admitted"
             );
-        } else if self.options.shadow {
+        } else if shadow {
             tracing::info!(
-                policy = name,
+                rate_limit.decision = outcome,
+                rate_limit.policy = name,
+                rate_limit.rejected_by = rejected_by,
+                rate_limit.source = source,
+                rate_limit.shadow = shadow,
                 state = ?decision.state,
                 retry_after = ?decision.retry_after,
-                source = ?decision.source,
                 "shadow mode: request over the limit, served anyway"
             );
         } else {
             tracing::debug!(
-                policy = name,
+                rate_limit.decision = outcome,
+                rate_limit.policy = name,
+                rate_limit.rejected_by = rejected_by,
+                rate_limit.source = source,
+                rate_limit.shadow = shadow,
                 state = ?decision.state,
                 retry_after = ?decision.retry_after,
-                source = ?decision.source,
                 "request rejected by the rate limit"
             );
         }

@@ -201,13 +201,18 @@ where
                     }
                     None => (None, None),
                 };
-                runtime.spawn(async move {
+                // (In the request's span: the decision's fields are recorded on it.)
+                let task = async move {
                     let decision = check.await;
                     respond.record(policy, &decision);
                     if let Some(admitted) = admitted {
                         let _ = admitted.send(decision.is_admitted());
                     }
-                });
+                };
+                runtime.spawn(tracing::Instrument::instrument(
+                    task,
+                    tracing::Span::current(),
+                ));
                 return ResponseFuture::inner(self.inner.call(req), None, settle);
             }
         }
