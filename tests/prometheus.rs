@@ -4,7 +4,8 @@
 //! rendered by `metrics-exporter-prometheus` as in the `prometheus` example, scraped
 //! every second by `/usr/bin/prometheus` with the repository's rules loaded. Every
 //! panel's query returns data and every rule's expression evaluates; then Redis is
-//! killed, and `RateLimitFallbackActive` fires.
+//! killed, and `RateLimitFallbackActive` fires; Redis comes back and goes again, and
+//! every panel has something to show.
 //!
 //! Skipped (with a message) when Prometheus is not installed, unless `CI` is set:
 //! `scripts/test` installs it (Debian's `prometheus` package). `$PROMETHEUS` names
@@ -32,7 +33,7 @@ use serde_json::Value;
 use support::http::Served;
 use support::RedisServer;
 use tower_redis_ratelimit::key::{HeaderKey, PeerIp};
-use tower_redis_ratelimit::{LimitLayer, LimitSet, PeriodConfig};
+use tower_redis_ratelimit::{LimitLayer, LimitSet, PeriodConfig, RedisState};
 
 const DASHBOARD: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/ops/grafana/ratelimit.json");
 const RULES: &str = concat!(
@@ -215,6 +216,18 @@ async fn query(client: &HttpClient, prometheus: &Prometheus, expr: &str) -> Vec<
         .clone()
 }
 
+/// Waits (up to [`DATA_TIMEOUT`]) until `expr` has a result.
+async fn wait_for(client: &HttpClient, prometheus: &Prometheus, expr: &str) {
+    let deadline = Instant::now() + DATA_TIMEOUT;
+    while query(client, prometheus, expr).await.is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "no result after {DATA_TIMEOUT:?}: {expr}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
 /// The queries of every panel of the dashboard (rows' panels included), each with its
 /// panel's title, dashboard variables replaced by concrete values.
 fn panel_queries(dashboard: &Value) -> Vec<(String, String)> {
@@ -359,6 +372,7 @@ async fn dashboard_and_alerts_on_a_real_prometheus() {
         .redis(redis.pool())
         .call_timeout(Duration::from_millis(500))
         .probe_interval(Duration::from_millis(100))
+        .recovery(Duration::from_millis(200))
         .build()
         .unwrap();
     backend.warm_up().await.unwrap();
@@ -483,12 +497,45 @@ async fn dashboard_and_alerts_on_a_real_prometheus() {
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
 
-    // Every panel has data now: the outage's series (fallback decisions, errors,
+    // Redis comes back, and goes again: a second switch to the fallback. The first
+    // switch of a process creates its counter at 1, which `increase()` cannot tell from
+    // a counter that was at 1 before the window (the panel and the flapping alert count
+    // from the second; the fallback gauge shows the first): the second is counted.
+    redis.restart();
+    let deadline = Instant::now() + DATA_TIMEOUT;
+    while backend.redis_state() != Some(RedisState::Healthy) {
+        assert!(
+            Instant::now() < deadline,
+            "not back on Redis after {DATA_TIMEOUT:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    wait_for(&client, &prometheus, "max(ratelimit_fallback_active) == 0").await;
+    redis.kill();
+    wait_for(
+        &client,
+        &prometheus,
+        r#"sum(ratelimit_redis_switches_total{to="fallback"}) >= 2 and max(ratelimit_fallback_active) == 1"#,
+    )
+    .await;
+    // A scrape more, so that every rate has the second outage's samples.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+
+    // Every panel has data now, and something to show (a value above 0: the layers
+    // register their series at 0): the outage's series (fallback decisions, errors,
     // switches) beside the traffic's of before.
     for (title, expr) in &panels {
         let series = query(&client, &prometheus, expr).await;
         assert!(!series.is_empty(), "panel {title:?} has no data: {expr}");
-        eprintln!("panel {title:?}: {} series", series.len());
+        let values: Vec<f64> = series
+            .iter()
+            .map(|s| s["value"][1].as_str().unwrap().parse().unwrap())
+            .collect();
+        assert!(
+            values.iter().any(|v| *v > 0.0),
+            "panel {title:?} shows nothing: {expr}: {series:?}"
+        );
+        eprintln!("panel {title:?}: {} series, {values:?}", series.len());
     }
     for (name, expr) in &rules {
         let _ = query(&client, &prometheus, expr).await;
