@@ -50,6 +50,8 @@ const BUCKETS: [f64; 11] = [
 const READY_TIMEOUT: Duration = Duration::from_secs(15);
 /// How long the panels may take to have data (a few scrapes).
 const DATA_TIMEOUT: Duration = Duration::from_secs(20);
+/// How long a query to Prometheus may take.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long the fallback alert may take to fire once Redis is killed: its `for` (30 s),
 /// a scrape and an evaluation (1 s each), and a busy machine's margin.
 const FIRING_TIMEOUT: Duration = Duration::from_secs(50);
@@ -191,14 +193,22 @@ fn encode(text: &str) -> String {
     out
 }
 
-/// GETs `url` and parses the body as JSON.
+/// GETs `url` (within [`REQUEST_TIMEOUT`]) and parses the body as JSON.
 async fn get_json(client: &HttpClient, url: &str) -> Value {
-    let response = client
-        .get(url.parse().unwrap())
+    let exchange = async {
+        let response = client
+            .get(url.parse().unwrap())
+            .await
+            .unwrap_or_else(|e| panic!("GET {url}: {e}"));
+        let status = response.status();
+        (
+            status,
+            response.into_body().collect().await.unwrap().to_bytes(),
+        )
+    };
+    let (status, body) = tokio::time::timeout(REQUEST_TIMEOUT, exchange)
         .await
-        .unwrap_or_else(|e| panic!("GET {url}: {e}"));
-    let status = response.status();
-    let body = response.into_body().collect().await.unwrap().to_bytes();
+        .unwrap_or_else(|_| panic!("GET {url}: no answer within {REQUEST_TIMEOUT:?}"));
     let json: Value = serde_json::from_slice(&body)
         .unwrap_or_else(|e| panic!("GET {url}: {status}, not JSON ({e}): {body:?}"));
     json
@@ -398,7 +408,8 @@ async fn dashboard_and_alerts_on_a_real_prometheus() {
         .route("/metrics", get(move || std::future::ready(render.render())));
     let served = Arc::new(Served::start(app).await);
 
-    let prometheus = Prometheus::start(&bin, served.addr);
+    // (Its start waits on a blocking socket: off the runtime's worker.)
+    let prometheus = tokio::task::block_in_place(|| Prometheus::start(&bin, served.addr));
     let client: HttpClient = Client::builder(TokioExecutor::new()).build_http();
     let stop = Arc::new(AtomicBool::new(false));
     let traffic = drive(Arc::clone(&served), Arc::clone(&stop));
