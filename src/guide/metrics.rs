@@ -8,6 +8,9 @@
 //! in. A layer registers its handles on the first request it sees, with the recorder
 //! installed at that moment: install the recorder before serving.
 //!
+//! A Grafana dashboard and Prometheus alert rules for these metrics are described in
+//! [Dashboard and alerts](crate::guide::operations#dashboard-and-alerts).
+//!
 //! | name | kind | labels | counts |
 //! |---|---|---|---|
 //! | `ratelimit_requests_total` | counter | `policy`, `outcome`; refusals also `limit` | every request a layer saw, by outcome (below); a refusal by the limit that refused it (below) |

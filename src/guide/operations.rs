@@ -1,5 +1,6 @@
 //! Operations: shadow mode, configuration as data, changes on every instance, listing
-//! what is blocked, the admin flow end to end, rolling upgrades, observability.
+//! what is blocked, the admin flow end to end, rolling upgrades, observability, a
+//! dashboard and alerts.
 //!
 //! # Shadow mode
 //!
@@ -252,3 +253,35 @@
 //! no subscriber listens. With the `metrics` feature, the layers count
 //! requests by policy and outcome, near-limit requests, decisions taken without Redis,
 //! Redis errors and latency; the [`metrics`](crate::guide::metrics) module lists the names.
+//!
+//! # Dashboard and alerts
+//!
+//! The repository has a Grafana dashboard and Prometheus alert rules for these metrics
+//! (they are not in the published package: copy them from the repository):
+//!
+//! - `ops/grafana/ratelimit.json`: import it in Grafana (Dashboards, New, Import) and
+//!   pick the Prometheus data source for its `datasource` variable. Its panels: refusals
+//!   by policy and by the limit that refused (a [set](crate::LimitSet)'s member), admitted
+//!   requests, the refusal ratio, the fallback gauge, decisions taken without Redis, the
+//!   Redis check's p99 and p50, breaker switches, Redis errors by kind, and near-limit
+//!   requests.
+//! - `ops/prometheus/ratelimit.rules.yml`: list it under `rule_files:` in
+//!   `prometheus.yml` (`promtool check rules` checks it; `promtool test rules
+//!   ops/prometheus/ratelimit.rules.test.yml` fires each alert on made-up series).
+//!   Each threshold is stated in its annotations; adjust them to your traffic.
+//!
+//! | alert | fires when | means |
+//! |---|---|---|
+//! | `RateLimitFallbackActive` (critical) | `ratelimit_fallback_active` is 1 for 30 s | a Redis backend decides in process: each instance counts alone, so a limit of N is N per instance (or the failure policy answers) |
+//! | `RateLimitHighRefusalRatio` (warning) | over 25 % of a policy's requests are refused for 10 min, at 1 request/s or more | an abusive client, or a limit too low for the traffic: the dashboard names the refusing limit |
+//! | `RateLimitRedisLatencyHigh` (warning) | the p99 of a Redis check is over 50 ms for 5 min | half the default call timeout: requests wait on Redis, and near the timeout checks fail and the breaker opens |
+//! | `RateLimitBreakerFlapping` (warning) | more than 3 switches to the fallback in 15 min | Redis comes and goes (failovers, timeouts): the limits move between shared and per-instance counts |
+//! | `RateLimitRedisErrors` (warning) | over 0.1 failed Redis calls/s for 5 min, by kind | `transport`: Redis unreachable or slow; `server`: `OOM`, `READONLY`, `LOADING`; `key`: another program wrote the limiter's keys |
+//! | `RateLimitNearLimit` (info) | over half of a policy's admitted requests leave at most 10 % of the limit for 15 min | clients live at the edge of the limit: refusals are near, or the limit is too low |
+//!
+//! The switches and errors counters appear at their first increment, which Prometheus's
+//! `increase()` and `rate()` do not count (a series that starts at 1 has not increased):
+//! the first switch of a process shows on the fallback panel, not in the switches
+//! count. `tests/prometheus.rs` runs a real Prometheus on both files, against an app on
+//! a real Redis: every panel's query returns data, every rule evaluates, and
+//! `RateLimitFallbackActive` fires once Redis is killed.
