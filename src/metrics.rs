@@ -115,9 +115,21 @@ impl LayerMetrics {
     }
 }
 
+/// Registers the series of a new Redis backend with key prefix `prefix`: its fallback
+/// gauge at `0` and its breaker switches at `0`, so that a dashboard's `increase()`
+/// counts the first switch too (a counter that appears at 1 reads as no increase).
+pub(crate) fn redis_backend_built(prefix: &str) {
+    fallback_active(prefix, false);
+    #[cfg(feature = "metrics")]
+    for to in ["fallback", "recovering", "redis"] {
+        metrics::counter!(REDIS_SWITCHES_TOTAL, "prefix" => prefix.to_owned(), "to" => to)
+            .increment(0);
+    }
+}
+
 /// Records whether the Redis backend with key prefix `prefix` answers from its fallback
 /// (call on every switch: `true` when Redis is marked unreachable, `false` when the probe
-/// reaches it again, and `false` once when a Redis backend is built).
+/// reaches it again).
 pub(crate) fn fallback_active(prefix: &str, active: bool) {
     #[cfg(feature = "metrics")]
     metrics::gauge!(FALLBACK_ACTIVE, "prefix" => prefix.to_owned())

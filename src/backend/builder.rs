@@ -406,7 +406,7 @@ impl BackendBuilder {
         // holds the backend weakly (the backend holds the Redis side).
         let inner = Arc::new_cyclic(|inner: &std::sync::Weak<Inner>| {
             let redis = connector.map(|connector| {
-                crate::metrics::fallback_active(&self.prefix, false);
+                crate::metrics::redis_backend_built(&self.prefix);
                 let inner = inner.clone();
                 let on_change: OnChange = Box::new(move |change| {
                     if let Some(inner) = inner.upgrade() {

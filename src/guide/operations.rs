@@ -279,9 +279,9 @@
 //! | `RateLimitRedisErrors` (warning) | over 0.1 failed Redis calls/s for 5 min, by kind | `transport`: Redis unreachable or slow; `server`: `OOM`, `READONLY`, `LOADING`; `key`: another program wrote the limiter's keys |
 //! | `RateLimitNearLimit` (info) | over half of a policy's admitted requests leave at most 10 % of the limit for 15 min | clients live at the edge of the limit: refusals are near, or the limit is too low |
 //!
-//! The switches and errors counters appear at their first increment, which Prometheus's
-//! `increase()` and `rate()` do not count (a series that starts at 1 has not increased):
-//! the first switch of a process shows on the fallback panel, not in the switches
-//! count. `tests/prometheus.rs` runs a real Prometheus on both files, against an app on
+//! A backend registers its switches counters at 0 when it is built, so `increase()`
+//! counts a process's first switch too; the errors counters appear at their first
+//! increment, which `increase()` and `rate()` do not count (a series that starts at 1
+//! has not increased). `tests/prometheus.rs` runs a real Prometheus on both files, against an app on
 //! a real Redis: every panel's query returns data, every rule evaluates, and
 //! `RateLimitFallbackActive` fires once Redis is killed.
