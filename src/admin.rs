@@ -12,15 +12,19 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
+use futures_util::future::BoxFuture;
+use http::request::Parts;
 use serde_json::{json, Value};
 
 use crate::blocked::Blocked;
 use crate::decision::Decision;
+use crate::decision::Policy;
 use crate::denied::Denied;
 use crate::error::AdminError;
 use crate::key::{Key, KeyExtractor};
 use crate::limit::LimitLayer;
 use crate::limiter::Limiter;
+use crate::response::HeaderParts;
 
 /// The answer of an admin action: each key's decision, under the policy named, and the
 /// policies it acted under.
@@ -51,6 +55,9 @@ trait Limit: Send + Sync {
     fn act(&self, value: String, action: Action) -> Pin<Box<dyn Future<Output = Answered> + Send>>;
     fn blocked(&self, max: usize) -> Pin<Box<dyn Future<Output = Listed> + Send>>;
     fn denied(&self, max: usize) -> Vec<Denied>;
+    /// Where the request's own key stands under each of the layer's limits (the policy
+    /// the request selects: a set's members), spending nothing; `None` without a key.
+    fn usage(&self, request: &Parts) -> Option<BoxFuture<'static, Vec<(Policy, Decision)>>>;
 }
 
 impl<L, K, C, R> Limit for LimitLayer<L, K, C, R>
@@ -119,6 +126,17 @@ where
 
     fn denied(&self, max: usize) -> Vec<Denied> {
         LimitLayer::denied(self, max)
+    }
+
+    fn usage(&self, request: &Parts) -> Option<BoxFuture<'static, Vec<(Policy, Decision)>>> {
+        let key = self.key_of(request)?;
+        let limiter = self.limiter();
+        let policy = if limiter.policies().len() > 1 {
+            limiter.select(request)
+        } else {
+            0
+        };
+        limiter.peek_limits(policy, &key, NonZeroU32::MIN)
     }
 }
 
@@ -229,6 +247,45 @@ impl AdminRouter {
         self.limits
             .insert(layer.name().to_owned(), Arc::new(layer.clone()));
         self
+    }
+
+    /// The caller's usage route (feature `admin`), for your customers behind your own
+    /// authentication: `GET /` answers where the request's own key stands under every
+    /// limit of every layer added here, as GitHub's `GET /rate_limit` does, from the
+    /// numbers the limits enforce, spending nothing (and never limited itself: mount it
+    /// outside the layers). Each layer finds the key with its own extractor and picks
+    /// the request's plan as its requests do; a set answers each of its limits.
+    ///
+    /// It answers `{"limits":[{name, algorithm, limit, used, remaining, reset_s,
+    /// window_s}]}` (`remaining` what is left now, `used` the rest of `limit`; `reset_s`
+    /// when the limit is fully available again, in seconds rounded up) and the same
+    /// `RateLimit-Policy` and `RateLimit` headers the layers send, one item per limit. A
+    /// layer that finds no key in the request is left out. All the layers' peeks are
+    /// sent together: one Redis call per layer (a set's or a plan's is one), pipelined
+    /// on the backend's connection.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use axum::{routing::get, Router};
+    /// use tower_redis_ratelimit::{key::HeaderKey, AdminRouter, Backend, LimitLayer, PeriodConfig};
+    ///
+    /// # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
+    /// let config = PeriodConfig::new(5_000, Duration::from_secs(3_600));
+    /// let api = LimitLayer::builder(&Backend::in_process(), config)
+    ///     .name("api")
+    ///     .key(HeaderKey::from_static("x-api-key"))
+    ///     .build()?;
+    /// let limits = AdminRouter::new().limit(&api);
+    /// let app: Router = Router::new()
+    ///     .route("/search", get(|| async { "results" }))
+    ///     .layer(api)
+    ///     // Outside the limit: asking is free.
+    ///     .nest("/rate_limit", limits.usage_router());
+    /// # let _ = app; Ok(()) }
+    /// ```
+    pub fn usage_router<S: Clone + Send + Sync + 'static>(&self) -> Router<S> {
+        let limits: Limits = Arc::new(self.limits.clone());
+        Router::new().route("/", get(usage)).with_state(limits)
     }
 
     /// The axum router of the endpoints (see [`AdminRouter`]).
@@ -380,6 +437,61 @@ async fn denied(State(limits): State<Limits>, RawQuery(query): RawQuery) -> Resp
         })
         .collect();
     (StatusCode::OK, axum::Json(json!({ "denied": denied }))).into_response()
+}
+
+async fn usage(State(limits): State<Limits>, request: axum::extract::Request) -> Response {
+    let (parts, _body) = request.into_parts();
+    let peeks = limits.values().filter_map(|limit| limit.usage(&parts));
+    // Started together: one Redis call per layer, pipelined.
+    let answers = futures_util::future::join_all(peeks).await;
+    let secs = crate::response::ceil_secs;
+    let mut entries = Vec::new();
+    let (mut policies, mut ratelimits) = (Vec::new(), Vec::<u8>::new());
+    for (policy, decision) in answers.into_iter().flatten() {
+        // A peek of one unit: an admitting limit says what that unit would leave.
+        let remaining = if decision.is_admitted() {
+            decision.remaining.saturating_add(1).min(decision.limit)
+        } else {
+            decision.remaining
+        };
+        let now = Decision {
+            remaining,
+            ..decision
+        };
+        let parts = HeaderParts::new(&policy);
+        policies.push(parts.policy_for(&now));
+        if !ratelimits.is_empty() {
+            ratelimits.extend_from_slice(b", ");
+        }
+        parts.write_ratelimit_value(&now, &mut ratelimits);
+        entries.push(json!({
+            "name": policy.name(),
+            "algorithm": policy.algorithm(),
+            "limit": now.limit,
+            "used": now.limit.saturating_sub(remaining),
+            "remaining": remaining,
+            "reset_s": secs(now.reset),
+            "window_s": secs(policy.window()).max(1),
+        }));
+    }
+    let mut response = (StatusCode::OK, axum::Json(json!({ "limits": entries }))).into_response();
+    let headers = response.headers_mut();
+    let joined = policies
+        .iter()
+        .map(|v| v.as_bytes())
+        .collect::<Vec<_>>()
+        .join(&b", "[..]);
+    if let Ok(value) = http::HeaderValue::from_bytes(&joined) {
+        if !joined.is_empty() {
+            headers.insert(crate::response::RATELIMIT_POLICY, value);
+        }
+    }
+    if let Ok(value) = http::HeaderValue::from_bytes(&ratelimits) {
+        if !ratelimits.is_empty() {
+            headers.insert(crate::response::RATELIMIT, value);
+        }
+    }
+    response
 }
 
 async fn peek(

@@ -221,6 +221,9 @@ pub struct Policy {
     name: String,
     quota: u64,
     window: Duration,
+    /// The algorithm's name in a caller's usage (`fixed_window`, ...; `custom` for a
+    /// limiter of your own).
+    algorithm: &'static str,
 }
 
 impl Policy {
@@ -231,7 +234,20 @@ impl Policy {
             name: name.into(),
             quota,
             window,
+            algorithm: "custom",
         }
+    }
+
+    /// The policy of a built-in algorithm, named so in a caller's usage.
+    pub(crate) fn with_algorithm(mut self, algorithm: &'static str) -> Self {
+        self.algorithm = algorithm;
+        self
+    }
+
+    /// The algorithm's name: `fixed_window`, `token_bucket`, `rolling_window`,
+    /// `in_flight`, or `custom`.
+    pub(crate) fn algorithm(&self) -> &'static str {
+        self.algorithm
     }
 
     /// The policy's name, also the namespace of its keys.

@@ -329,6 +329,23 @@ pub trait Limiter: Send + Sync + 'static {
         None
     }
 
+    /// Not part of the API: where `key` stands under each limit decided together under
+    /// the policy at `index` (a [set](crate::LimitSet)'s members, else the policy
+    /// itself) for a check of `cost`, spending nothing, in one round trip: what a
+    /// caller's usage route answers. The default peeks the policy
+    /// ([`peek_policy`](Self::peek_policy)); `None` when this limiter cannot peek.
+    #[doc(hidden)]
+    fn peek_limits(
+        &self,
+        index: usize,
+        key: &[u8],
+        cost: NonZeroU32,
+    ) -> Option<futures_util::future::BoxFuture<'static, Vec<(Policy, Decision)>>> {
+        let policy = self.policies().get(index).unwrap_or(self.policy()).clone();
+        let peek = self.peek_policy(index, key, cost)?;
+        Some(Box::pin(async move { vec![(policy, peek.await)] }))
+    }
+
     /// Not part of the API: the policies of the limits decided together under the
     /// policy at `index` in [`policies`](Self::policies) (a [set](crate::LimitSet)'s
     /// members, in order, which a set's refusal names by index, for its metrics);
@@ -381,6 +398,15 @@ impl<L: Limiter + ?Sized> Limiter for std::sync::Arc<L> {
 
     fn members(&self, index: usize) -> &[Policy] {
         (**self).members(index)
+    }
+
+    fn peek_limits(
+        &self,
+        index: usize,
+        key: &[u8],
+        cost: NonZeroU32,
+    ) -> Option<futures_util::future::BoxFuture<'static, Vec<(Policy, Decision)>>> {
+        (**self).peek_limits(index, key, cost)
     }
 
     fn refund(&self, key: &[u8], cost: NonZeroU32) -> Option<DecisionFuture> {

@@ -343,4 +343,17 @@ crate::hosted::hosted_limiter!(SetLimiter, hosts, {
         let _ = index;
         &self.hosts.limits
     }
+
+    /// Each limit of the set, as [`peek_limits`](SetLimiter::peek_limits) answers.
+    fn peek_limits(
+        &self,
+        index: usize,
+        key: &[u8],
+        cost: ::std::num::NonZeroU32,
+    ) -> Option<futures_util::future::BoxFuture<'static, Vec<(Policy, crate::Decision)>>> {
+        let _ = index;
+        let set = self.clone();
+        let key = key.to_vec();
+        Some(Box::pin(async move { set.peek_limits(&key, cost).await }))
+    }
 });

@@ -492,3 +492,124 @@ async fn the_keys_refused_most_are_listed_with_their_values() {
         StatusCode::BAD_REQUEST
     );
 }
+
+/// The engine calls the server has run (either path, writing or read-only).
+fn engine_calls(redis: &RedisServer) -> u64 {
+    ["evalsha", "evalsha_ro", "fcall_ro"]
+        .iter()
+        .map(|command| redis.command_calls(command))
+        .sum()
+}
+
+/// A caller's usage: a plan layer whose pro plan is a set, inside a per-key token bucket
+/// (two stacked layers), answered from peeks of the limits that enforce, nothing spent,
+/// one engine call per layer; the same numbers a peek of each limit gives.
+#[tokio::test]
+async fn the_usage_route_answers_what_the_limits_enforce() {
+    let redis = RedisServer::start();
+    let backend = redis.backend();
+    let set = LimitSet::new()
+        .limit("minute", PeriodConfig::new(600, MINUTE))
+        .limit("day", PeriodConfig::new(10_000, DAY));
+    let plans =
+        Plans::new(
+            |parts: &http::request::Parts| match parts.headers.get("x-plan")?.as_bytes() {
+                b"pro" => Some("pro"),
+                _ => Some("free"),
+            },
+        )
+        .plan(
+            "free",
+            "free",
+            LimitSet::new().limit("minute", PeriodConfig::new(60, MINUTE)),
+        )
+        .plan("pro", "pro", set);
+    let api = LimitLayer::builder(&backend, plans)
+        .name("api")
+        .key(HeaderKey::from_static("x-api-key"))
+        .build()
+        .unwrap();
+    let burst = LimitLayer::builder(&backend, TokenBucketConfig::new(1, MINUTE, 20))
+        .name("burst")
+        .key(HeaderKey::from_static("x-api-key"))
+        .build()
+        .unwrap();
+    let limits = AdminRouter::new().limit(&api).limit(&burst);
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(api.clone())
+        .layer(burst.clone())
+        .nest("/rate_limit", limits.usage_router());
+    for _ in 0..5 {
+        assert_eq!(call(&app, "GET", "/", &PRO).await.0, StatusCode::OK);
+    }
+
+    let before = engine_calls(&redis);
+    let (status, headers, usage) = call(&app, "GET", "/rate_limit", &PRO).await;
+    assert_eq!(status, StatusCode::OK, "{usage}");
+    // One call per layer: the plan's set is one.
+    assert_eq!(engine_calls(&redis) - before, 2);
+    let rows: Vec<(String, String, u64, u64, u64, u64)> = usage["limits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| {
+            let n = |f: &str| l[f].as_u64().unwrap();
+            let name = l["name"].as_str().unwrap().to_owned();
+            let algorithm = l["algorithm"].as_str().unwrap().to_owned();
+            (
+                name,
+                algorithm,
+                n("limit"),
+                n("used"),
+                n("remaining"),
+                n("window_s"),
+            )
+        })
+        .collect();
+    let row = |name: &str, algorithm: &str, limit: u64, used: u64, window: u64| {
+        (
+            name.to_owned(),
+            algorithm.to_owned(),
+            limit,
+            used,
+            limit - used,
+            window,
+        )
+    };
+    assert_eq!(
+        rows,
+        [
+            row("api.pro.minute", "fixed_window", 600, 5, 60),
+            row("api.pro.day", "fixed_window", 10_000, 5, 86_400),
+            row("burst", "token_bucket", 20, 5, 1_200),
+        ],
+        "{usage}"
+    );
+    // The same headers the layers send, one item per limit.
+    assert_eq!(
+        headers["ratelimit-policy"],
+        "\"api.pro.minute\";q=600;w=60, \"api.pro.day\";q=10000;w=86400, \"burst\";q=20;w=1200"
+    );
+    let ratelimit = headers["ratelimit"].to_str().unwrap();
+    assert!(
+        ratelimit.starts_with("\"api.pro.minute\";r=595;t="),
+        "{ratelimit}"
+    );
+    assert!(ratelimit.contains("\"burst\";r=15;t="), "{ratelimit}");
+    // Nothing spent: what a peek of each limit says (a peek of one unit leaves one
+    // fewer), before and after.
+    let key = b"hdr:x-api-key:k_pro1";
+    let pro = api.limiter().plan(&"pro").unwrap();
+    let each = pro.peek_limits(key, NonZeroU32::MIN).await;
+    let left: Vec<u64> = each.iter().map(|(_, d)| d.remaining + 1).collect();
+    assert_eq!(left, [595, 9_995]);
+    let bucket = burst.limiter().peek(key, NonZeroU32::MIN).unwrap().await;
+    assert_eq!(bucket.remaining + 1, 15);
+    let (_, _, again) = call(&app, "GET", "/rate_limit", &PRO).await;
+    assert_eq!(again["limits"], usage["limits"]);
+    // A free key: the free plan's limit.
+    let (_, _, free) = call(&app, "GET", "/rate_limit", &[("x-api-key", "k_free")]).await;
+    assert_eq!(free["limits"][0]["name"], "api.free.minute", "{free}");
+    assert_eq!(free["limits"][0]["used"], 0, "{free}");
+}

@@ -142,6 +142,22 @@
 //! while the fallback answers) and is not listed from Redis; a listing while Redis does
 //! not answer is an error ([`AdminError::Listing`](crate::AdminError::Listing)), never a guess.
 //!
+//! # A caller's usage
+//!
+//! Customers should not have to infer their standing from `429`s. The layers an
+//! [`AdminRouter`](crate::AdminRouter) knows also serve a route for the callers
+//! themselves, [`usage_router`](crate::AdminRouter::usage_router): `GET /` answers every
+//! limit of the request's own key (each layer's extractor finds it, each plan layer
+//! picks the request's plan, a set lists each of its limits) with `limit`, `used`,
+//! `remaining` (left now), `reset_s` and `window_s`, and the `RateLimit` headers,
+//! from peeks of the limits that enforce: nothing is spent. Mount it outside the
+//! layers and behind the same authentication as the API (the key is the caller's).
+//!
+//! ```text
+//! curl -H 'x-api-key: k_pro1' http://127.0.0.1:3000/rate_limit
+//! # {"limits":[{"name":"api.pro.minute","algorithm":"fixed_window","limit":600,"used":5,"remaining":595,"reset_s":60,"window_s":60}, …]}
+//! ```
+//!
 //! # The keys refused most
 //!
 //! A key is never a metric label (keys are unbounded, and may be secrets), so the

@@ -240,7 +240,9 @@ impl InFlightLimiter {
                 config.slot_ttl,
                 config.retry_after,
             )),
-            policy: Arc::new(Policy::new(name, config.slots, config.slot_ttl)),
+            policy: Arc::new(
+                Policy::new(name, config.slots, config.slot_ttl).with_algorithm("in_flight"),
+            ),
         })
     }
 

@@ -41,6 +41,16 @@ impl<L, K, C, R> LimitLayer<L, K, C, R> {
         &self.shared.key
     }
 
+    /// The key this layer counts the request whose head is `parts` under, if it has one
+    /// (within [`max_key_len`](Self::max_key_len)).
+    pub(crate) fn key_of(&self, parts: &http::request::Parts) -> Option<crate::key::Key<'static>>
+    where
+        K: crate::key::KeyExtractor,
+    {
+        let key = self.shared.key.extract(parts)?;
+        (key.len() <= self.max_key_len()).then(|| key.into_owned())
+    }
+
     /// The longest key this layer counts (longer ones are missing keys to it).
     pub(super) fn max_key_len(&self) -> usize {
         self.shared.options.max_key_len

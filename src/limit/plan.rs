@@ -284,6 +284,15 @@ where
         self.limiter(index).members(0)
     }
 
+    fn peek_limits(
+        &self,
+        index: usize,
+        key: &[u8],
+        cost: NonZeroU32,
+    ) -> Option<futures_util::future::BoxFuture<'static, Vec<(Policy, crate::Decision)>>> {
+        self.limiter(index).peek_limits(0, key, cost)
+    }
+
     /// Gives units back under the default (first) plan; counting by outcome gives them
     /// back under the plan that spent them ([`refund_policy`](Limiter::refund_policy)).
     fn refund(&self, key: &[u8], cost: NonZeroU32) -> Option<DecisionFuture> {

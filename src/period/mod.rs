@@ -313,7 +313,8 @@ impl PeriodLimiter {
         Ok(Self {
             store: Arc::new(PeriodHosts {
                 remote,
-                policy: Policy::new(name, config.quota, Duration::from_millis(period_ms)),
+                policy: Policy::new(name, config.quota, Duration::from_millis(period_ms))
+                    .with_algorithm("fixed_window"),
                 quota: config.quota,
                 local_quota: backend.local_limit(config.quota),
                 period_ms,

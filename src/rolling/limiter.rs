@@ -256,7 +256,8 @@ impl RollingWindowLimiter {
         Ok(Self {
             store: Arc::new(RollingHosts {
                 remote,
-                policy: Policy::new(name, config.limit, Duration::from_millis(window_ms)),
+                policy: Policy::new(name, config.limit, Duration::from_millis(window_ms))
+                    .with_algorithm("rolling_window"),
                 limit: config.limit,
                 local_limit: backend.local_limit(config.limit),
                 buckets: config.buckets,

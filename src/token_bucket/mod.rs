@@ -321,7 +321,7 @@ impl TokenBucketLimiter {
             store: Arc::new(TokenBucketHosts {
                 buckets: Buckets::new(backend.local_store(), remote.local_id(b"state", 0)),
                 remote,
-                policy: Policy::new(name, config.burst, refill),
+                policy: Policy::new(name, config.burst, refill).with_algorithm("token_bucket"),
                 burst: config.burst,
                 local: Bucket {
                     interval_ns: local_interval_ns.max(1),
