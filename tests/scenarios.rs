@@ -1058,6 +1058,19 @@ fn month_utc(backend: &Backend, name: &str) -> Box<dyn Limiter> {
     calendar(1, Calendar::month("UTC"), backend, name)
 }
 
+fn month_from_31st_utc(backend: &Backend, name: &str) -> Box<dyn Limiter> {
+    calendar(1, Calendar::month_from_day("UTC", 31), backend, name)
+}
+
+fn month_from_15th_new_york(backend: &Backend, name: &str) -> Box<dyn Limiter> {
+    calendar(
+        1,
+        Calendar::month_from_day("America/New_York", 15),
+        backend,
+        name,
+    )
+}
+
 fn month_shanghai(backend: &Backend, name: &str) -> Box<dyn Limiter> {
     calendar(1, Calendar::month("Asia/Shanghai"), backend, name)
 }
@@ -1260,6 +1273,53 @@ async fn calendar_window_hosts_agree() {
                 step(at("2028-02-01T00:00:00Z"), 1, HitQuota, 0, 29 * DAY, None),
                 step(at("2028-02-29T23:59:59.999Z"), 1, OverQuota, 0, 1, r(1)),
                 step(at("2028-03-01T00:00:00Z"), 1, HitQuota, 0, 31 * DAY, None),
+            ],
+        },
+        Scenario {
+            name: "months from the 31st: February clamped in a common and a leap year",
+            limiter: month_from_31st_utc,
+            hosts: Hosts::All,
+            steps: vec![
+                step(at("2027-01-31T00:00:00Z"), 1, HitQuota, 0, 28 * DAY, None),
+                step(at("2027-02-27T23:59:59.999Z"), 1, OverQuota, 0, 1, r(1)),
+                step(at("2027-02-28T00:00:00Z"), 1, HitQuota, 0, 31 * DAY, None),
+                step(at("2027-03-30T23:59:59.999Z"), 1, OverQuota, 0, 1, r(1)),
+                step(at("2027-03-31T00:00:00Z"), 1, HitQuota, 0, 30 * DAY, None),
+                step(at("2028-01-31T00:00:00Z"), 1, HitQuota, 0, 29 * DAY, None),
+                step(at("2028-02-28T23:59:59.999Z"), 1, OverQuota, 0, 1, r(1)),
+                step(at("2028-02-29T00:00:00Z"), 1, HitQuota, 0, 31 * DAY, None),
+            ],
+        },
+        Scenario {
+            name: "months from the 15th in New York, across the change to daylight time",
+            limiter: month_from_15th_new_york,
+            hosts: Hosts::All,
+            steps: vec![
+                // February 15th to March 15th holds March 8th: an hour short.
+                step(
+                    at("2026-02-15T00:00:00-05:00"),
+                    1,
+                    HitQuota,
+                    0,
+                    28 * DAY - H,
+                    None,
+                ),
+                step(
+                    at("2026-03-14T23:59:59.999-04:00"),
+                    1,
+                    OverQuota,
+                    0,
+                    1,
+                    r(1),
+                ),
+                step(
+                    at("2026-03-15T00:00:00-04:00"),
+                    1,
+                    HitQuota,
+                    0,
+                    31 * DAY,
+                    None,
+                ),
             ],
         },
         Scenario {

@@ -74,7 +74,9 @@ impl FromStr for Weekday {
 enum Unit {
     Day,
     Week(Weekday),
-    Month,
+    /// Months from the given day of each month (1 for calendar months; clamped to a
+    /// shorter month's last day).
+    Month(u8),
 }
 
 /// Fixed windows that follow the calendar of an IANA time zone: each window is a local
@@ -130,7 +132,7 @@ impl Calendar {
         match self.unit {
             Unit::Day => ("day", None),
             Unit::Week(first) => ("week", Some(first.name())),
-            Unit::Month => ("month", None),
+            Unit::Month(_) => ("month", None),
         }
     }
 
@@ -149,7 +151,30 @@ impl Calendar {
     /// Local calendar months in `zone` (28 to 31 days, leap years included).
     #[must_use]
     pub fn month(zone: &str) -> Self {
-        Self::new(Unit::Month, zone)
+        Self::new(Unit::Month(1), zone)
+    }
+
+    /// Local months in `zone` that start at midnight on `day` of each month (a billing
+    /// month anchored on the day a customer signed up): from the 15th to the 15th. A
+    /// month too short for `day` starts on its last day, and the next window on `day`
+    /// again: with `day` 31, January 31st to February 28th (29th in a leap year), then
+    /// to March 31st. `day` is 1 to 31 (checked when the limit is built); 1 is
+    /// [`month`](Self::month).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_redis_ratelimit::Calendar;
+    ///
+    /// # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
+    /// let billing = Calendar::month_from_day("UTC", 31);
+    /// let february = billing.window_on(2027, 2, 10)?;
+    /// // January 31st to February 28th.
+    /// assert_eq!(february.end.duration_since(february.start).unwrap(), Duration::from_secs(28 * 86_400));
+    /// # Ok(()) }
+    /// ```
+    #[must_use]
+    pub fn month_from_day(zone: &str, day: u8) -> Self {
+        Self::new(Unit::Month(day), zone)
     }
 
     fn new(unit: Unit, zone: &str) -> Self {
@@ -179,7 +204,7 @@ impl Calendar {
         let days = match self.unit {
             Unit::Day => 1,
             Unit::Week(_) => 7,
-            Unit::Month => 30,
+            Unit::Month(_) => 30,
         };
         Duration::from_secs(days * 86_400)
     }
@@ -243,6 +268,12 @@ impl Calendar {
         if self.too_long {
             return Err(unknown(format!("cut: longer than {MAX_ZONE_LEN} bytes")));
         }
+        if let Unit::Month(day @ (0 | 32..)) = self.unit {
+            return Err(ConfigError::InvalidValue {
+                setting: "day",
+                reason: format!("a month starts on a day from 1 to 31, not {day}"),
+            });
+        }
         let tz = TimeZone::get(self.zone()).map_err(|error| unknown(error.to_string()))?;
         Ok(Zoned {
             unit: self.unit,
@@ -250,6 +281,13 @@ impl Calendar {
             cache: ArcSwap::from_pointee(Bounds([0; 4])),
         })
     }
+}
+
+/// The day `day` of the month of `first` (its first day), or its last day when the
+/// month is shorter.
+fn anchor(first: Date, day: u8) -> Option<Date> {
+    let day = i8::try_from(day).ok()?.min(first.days_in_month());
+    Date::new(first.year(), first.month(), day).ok()
 }
 
 /// Unix milliseconds as a [`SystemTime`].
@@ -332,7 +370,7 @@ impl Zoned {
             let len = match self.unit {
                 Unit::Day => 86_400_000,
                 Unit::Week(_) => 7 * 86_400_000,
-                Unit::Month => 30 * 86_400_000,
+                Unit::Month(_) => 30 * 86_400_000,
             };
             Bounds([now_ms - len, now_ms, now_ms + len, now_ms + 2 * len])
         });
@@ -356,7 +394,18 @@ impl Zoned {
                     .rem_euclid(7);
                 date.checked_sub(Span::new().days(back)).ok()
             }
-            Unit::Month => Some(date.first_of_month()),
+            Unit::Month(day) => {
+                let this = anchor(date.first_of_month(), day)?;
+                if date >= this {
+                    Some(this)
+                } else {
+                    let before = date
+                        .first_of_month()
+                        .checked_sub(Span::new().months(1))
+                        .ok()?;
+                    anchor(before, day)
+                }
+            }
         }
     }
 
@@ -365,7 +414,13 @@ impl Zoned {
         let span = match self.unit {
             Unit::Day => Span::new().days(1),
             Unit::Week(_) => Span::new().days(7),
-            Unit::Month => Span::new().months(1),
+            Unit::Month(day) => {
+                let next = first
+                    .first_of_month()
+                    .checked_add(Span::new().months(1))
+                    .ok()?;
+                return anchor(next, day);
+            }
         };
         first.checked_add(span).ok()
     }
@@ -447,6 +502,52 @@ mod tests {
         // Beyond the candidates: a window of the nearest one's length from then on.
         assert_eq!(bounds.window(midnight + 3 * day), (midnight + 4 * day, day));
         assert_eq!(zoned.bounds(now + H), bounds, "cached");
+    }
+
+    /// A month from the 31st: clamped in February (28 days in 2027, 29 in 2028), back
+    /// on the 31st after; from the 15th across New York's change to daylight time.
+    #[test]
+    fn anchored_months() {
+        let utc31 = || Calendar::month_from_day("UTC", 31);
+        let d = 86_400_000;
+        for (at, start, days) in [
+            ("2027-01-15T12:00:00Z", "2026-12-31T00:00:00Z", 31),
+            ("2027-02-15T12:00:00Z", "2027-01-31T00:00:00Z", 28),
+            ("2027-02-28T12:00:00Z", "2027-02-28T00:00:00Z", 31),
+            ("2027-04-30T12:00:00Z", "2027-04-30T00:00:00Z", 31),
+            ("2027-05-30T12:00:00Z", "2027-04-30T00:00:00Z", 31),
+            ("2028-02-15T12:00:00Z", "2028-01-31T00:00:00Z", 29),
+            ("2028-02-29T00:00:00Z", "2028-02-29T00:00:00Z", 31),
+            ("2028-02-28T23:59:59Z", "2028-01-31T00:00:00Z", 29),
+        ] {
+            let (s, e) = window(utc31(), at);
+            assert_eq!((s, e - s), (ms(start), days * d), "at {at}");
+        }
+        // The day before the 15th and the 15th itself, in New York: the window that
+        // holds March 8 (DST) is an hour short.
+        let ny = || Calendar::month_from_day("America/New_York", 15);
+        let (s, e) = window(ny(), "2026-03-10T12:00:00Z");
+        assert_eq!(s, ms("2026-02-15T05:00:00Z"));
+        assert_eq!(e, ms("2026-03-15T04:00:00Z"));
+        assert_eq!(e - s, 28 * d - H);
+        let (s, e) = window(ny(), "2026-03-15T04:00:00Z");
+        assert_eq!(
+            (s, e),
+            (ms("2026-03-15T04:00:00Z"), ms("2026-04-15T04:00:00Z"))
+        );
+        // The first of the month is the calendar month.
+        assert_eq!(
+            window(
+                Calendar::month_from_day("Europe/Berlin", 1),
+                "2026-10-20T00:00:00Z"
+            ),
+            window(Calendar::month("Europe/Berlin"), "2026-10-20T00:00:00Z")
+        );
+        // No such day: refused when built.
+        for day in [0, 32] {
+            let error = Calendar::month_from_day("UTC", day).resolve().unwrap_err();
+            assert!(error.to_string().contains("1 to 31"), "{error}");
+        }
     }
 
     /// Where the system has no time zone database, the copy built into the crate
