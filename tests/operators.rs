@@ -613,3 +613,65 @@ async fn the_usage_route_answers_what_the_limits_enforce() {
     assert_eq!(free["limits"][0]["name"], "api.free.minute", "{free}");
     assert_eq!(free["limits"][0]["used"], 0, "{free}");
 }
+
+/// The usage of two stacked layers on one backend is one round trip: both layers' peeks
+/// reach Redis before the first reply comes back (every reply held 200 ms by the proxy,
+/// both are read from the server within the first 100 ms).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_usage_of_stacked_layers_is_one_round_trip() {
+    let redis = RedisServer::start();
+    let proxy = support::proxy::FaultProxy::start(redis.port());
+    let backend = support::backend_builder()
+        .redis(proxy.pool())
+        .call_timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let key = || HeaderKey::from_static("x-api-key");
+    let minute = LimitLayer::builder(&backend, PeriodConfig::new(60, MINUTE))
+        .name("minute")
+        .key(key())
+        .build()
+        .unwrap();
+    let day = LimitLayer::builder(&backend, PeriodConfig::new(1_000, DAY))
+        .name("day")
+        .key(key())
+        .build()
+        .unwrap();
+    let limits = AdminRouter::new().limit(&minute).limit(&day);
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(minute)
+        .layer(day)
+        .nest("/rate_limit", limits.usage_router());
+    // The connection made and the engine loaded.
+    backend.warm_up().await.unwrap();
+    let (status, headers, _) = call(&app, "GET", "/", &PRO).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(remaining(&headers), 999, "{headers:?}");
+    assert_eq!(
+        call(&app, "GET", "/rate_limit", &PRO).await.0,
+        StatusCode::OK
+    );
+
+    proxy.hold_replies(1.0, Duration::from_millis(200));
+    let before = proxy.stats().replies;
+    let asked = tokio::spawn({
+        let app = app.clone();
+        async move { call(&app, "GET", "/rate_limit", &PRO).await }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(
+        proxy.stats().replies - before,
+        2,
+        "the second peek waited for the first"
+    );
+    let (status, _, usage) = asked.await.unwrap();
+    assert_eq!(status, StatusCode::OK, "{usage}");
+    let used: Vec<u64> = usage["limits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["used"].as_u64().unwrap())
+        .collect();
+    assert_eq!(used, [1, 1], "{usage}");
+}
