@@ -148,7 +148,9 @@ pub use crate::dynamic::{DynamicLimiter, DynamicLimits, LimitSource, OnSourceErr
 pub use crate::error::{AdminError, ConfigError};
 pub use crate::in_flight::{InFlightConfig, InFlightLimitLayer, InFlightLimiter};
 pub use crate::layers::{PeriodLimitLayer, RollingWindowLayer, TokenBucketLayer};
-pub use crate::limit::{ExtensionPlan, LayerBuilder, Limit, LimitLayer, MissingKey, Plans};
+pub use crate::limit::{
+    ExtensionPlan, LayerBuilder, Limit, LimitLayer, MissingKey, Plans, StreamLimit,
+};
 pub use crate::limiter::{DecisionFuture, Limiter};
 #[doc(hidden)]
 pub use crate::lua_texts::lua_texts;

@@ -19,6 +19,7 @@ mod outcome;
 mod plan;
 #[allow(clippy::module_inception)]
 mod service;
+mod stream;
 mod usage;
 mod warn;
 
@@ -44,6 +45,7 @@ pub use self::outcome::CountIf;
 use self::outcome::Settle;
 pub use self::plan::{ExtensionPlan, PlanLimiter, Plans, SelectPlan};
 pub use self::service::Limit;
+pub use self::stream::StreamLimit;
 pub use self::usage::{Finished, Usage};
 use self::usage::{Meter, SettleUsage};
 pub(crate) use self::warn::MissingKeyWarning;

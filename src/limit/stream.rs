@@ -1,0 +1,176 @@
+//! [`StreamLimit`]: a layer's limit for the messages of a long-lived connection
+//! (WebSocket frames, server-sent events, gRPC stream messages), checked one by one
+//! under the key of the request that opened it.
+
+use std::fmt;
+use std::num::NonZeroU32;
+use std::sync::Arc;
+
+use super::{LimitLayer, MissingKey, Shared};
+use crate::decision::{Decision, State};
+use crate::key::{Key, KeyExtractor};
+use crate::limiter::{DecisionFuture, Limiter};
+
+/// A [`LimitLayer`]'s limit for the messages of one long-lived connection, made by
+/// [`LimitLayer::stream`] from the request that opened it (a WebSocket upgrade, an SSE
+/// request, a gRPC streaming call).
+///
+/// It holds the request's key and policy: every [`check`](Self::check) counts one
+/// message (or `cost` units) against that key, so that the connections of one key share
+/// one limit (five browser tabs of a user, one limit of N messages per second), on Redis
+/// across every instance as in process. Each check is counted in the layer's
+/// [metrics](crate::guide::metrics) as a request's decision is
+/// (`ratelimit_requests_total` under the layer's policy). Cloning is cheap; the handle
+/// has no type parameters, so it is stored in a connection's state as it is.
+///
+/// ```
+/// use std::num::NonZeroU32;
+/// use std::time::Duration;
+/// use tower_redis_ratelimit::{key::HeaderKey, Backend, LimitLayer, PeriodConfig};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// // 5 messages per second per user, across all their connections.
+/// let messages = LimitLayer::builder(&Backend::in_process(), PeriodConfig::new(5, Duration::from_secs(1)))
+///     .name("messages")
+///     .key(HeaderKey::from_static("x-user"))
+///     .build()?;
+/// // The request that opened the connection (an upgrade request in a handler).
+/// let (open, ()) = http::Request::get("/ws").header("x-user", "alice").body(())?.into_parts();
+/// let alice = messages.stream(&open).expect("the request has a key");
+/// assert_eq!(alice.key(), b"hdr:x-user:alice");
+/// // A second connection of the same user shares the limit.
+/// let tab = messages.stream(&open).expect("the request has a key");
+/// for _ in 0..3 {
+///     assert!(alice.check(NonZeroU32::MIN).await.is_admitted());
+/// }
+/// for _ in 0..2 {
+///     assert!(tab.check(NonZeroU32::MIN).await.is_admitted());
+/// }
+/// let refused = alice.check(NonZeroU32::MIN).await;
+/// assert!(!refused.is_admitted());
+/// assert!(refused.retry_after.is_some());
+/// // A request without the header has no key.
+/// let (anonymous, ()) = http::Request::get("/ws").body(())?.into_parts();
+/// assert!(messages.stream(&anonymous).is_none());
+/// # Ok(()) }
+/// ```
+///
+/// On a [shadow](super::LayerBuilder::shadow) layer a check over the limit is counted
+/// as `shadow_rejected`, and answered as admitted (state
+/// [`Allowed`](State::Allowed), no `retry_after`; the other figures are the limit's),
+/// as a shadow layer serves every request: code that drops the messages refused drops
+/// none.
+#[derive(Clone)]
+pub struct StreamLimit {
+    shared: Arc<dyn StreamShared>,
+    key: Key<'static>,
+    policy: usize,
+}
+
+/// The part of a layer's [`Shared`] a [`StreamLimit`] asks, without its type
+/// parameters.
+trait StreamShared: Send + Sync + 'static {
+    fn check(&self, policy: usize, key: &[u8], cost: NonZeroU32) -> DecisionFuture;
+    fn record(&self, policy: usize, decision: &Decision);
+    fn is_shadow(&self) -> bool;
+    fn policy_name(&self, policy: usize) -> &str;
+}
+
+impl<L, K, C, R> StreamShared for Shared<L, K, C, R>
+where
+    L: Limiter,
+    K: Send + Sync + 'static,
+    C: Send + Sync + 'static,
+    R: Send + Sync + 'static,
+{
+    fn check(&self, policy: usize, key: &[u8], cost: NonZeroU32) -> DecisionFuture {
+        self.limiter.check_policy(policy, key, cost)
+    }
+
+    fn record(&self, policy: usize, decision: &Decision) {
+        self.metrics.decision(policy, decision, self.options.shadow);
+    }
+
+    fn is_shadow(&self) -> bool {
+        self.options.shadow
+    }
+
+    fn policy_name(&self, policy: usize) -> &str {
+        self.limiter.policies()[policy].name()
+    }
+}
+
+impl<L, K, C, R> LimitLayer<L, K, C, R>
+where
+    L: Limiter,
+    K: KeyExtractor,
+    C: Send + Sync + 'static,
+    R: Send + Sync + 'static,
+{
+    /// This layer's limit for the messages of the long-lived connection that `request`
+    /// opens (a WebSocket upgrade, an SSE request, a gRPC streaming call): made once per
+    /// connection, then [`check`](StreamLimit::check)ed once per message.
+    ///
+    /// The key is the request's, from the layer's own extractor (within
+    /// [`max_key_len`](super::LayerBuilder::max_key_len)); a request without one is
+    /// counted under the layer's [`MissingKey::Key`] when it has one, else there is no
+    /// limit to check: `None` (whether to refuse the connection is the handler's call).
+    /// A layer of several policies (a per-plan layer) applies the request's, as it would
+    /// to the request itself. Exemptions and costs of requests do not apply: every
+    /// message is checked, at the cost its check says.
+    pub fn stream(&self, request: &http::request::Parts) -> Option<StreamLimit> {
+        let shared = &self.shared;
+        let key = match shared.key.extract(request) {
+            Some(key) if key.len() <= shared.options.max_key_len => key.into_owned(),
+            _ => match &shared.options.missing_key {
+                MissingKey::Key(key) => Key::concat(&[key.as_bytes()]),
+                _ => return None,
+            },
+        };
+        let count = shared.headers.len();
+        let policy = if count > 1 {
+            Some(shared.limiter.select(request)).filter(|&index| index < count)
+        } else {
+            None
+        };
+        Some(StreamLimit {
+            shared: Arc::clone(shared) as Arc<dyn StreamShared>,
+            key,
+            policy: policy.unwrap_or(0),
+        })
+    }
+}
+
+impl StreamLimit {
+    /// Counts `cost` units (one message: [`NonZeroU32::MIN`]) against the connection's
+    /// key under its policy, and says whether they fit; recorded in the layer's metrics.
+    /// One round trip on Redis, answered at once in process; nothing is allocated
+    /// beyond what the limiter's check allocates.
+    pub async fn check(&self, cost: NonZeroU32) -> Decision {
+        let mut decision = self.shared.check(self.policy, &self.key, cost).await;
+        self.shared.record(self.policy, &decision);
+        if self.shared.is_shadow() && !decision.is_admitted() {
+            decision.state = State::Allowed;
+            decision.retry_after = None;
+            decision.rejected_by = None;
+        }
+        decision
+    }
+
+    /// The key the connection's messages are counted under, tag and all
+    /// (`hdr:x-user:alice`).
+    pub fn key(&self) -> &[u8] {
+        &self.key
+    }
+}
+
+impl fmt::Debug for StreamLimit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StreamLimit")
+            .field("key", &String::from_utf8_lossy(&self.key))
+            .field("policy", &self.shared.policy_name(self.policy))
+            .field("shadow", &self.shared.is_shadow())
+            .finish()
+    }
+}
