@@ -1,4 +1,5 @@
-//! Limiters in your own code: check, peek, refund, reset and block outside a layer.
+//! Limiters in your own code: check, peek, refund, reset and block outside a layer, and
+//! the messages of long-lived connections.
 //!
 //! # Limiters in your own code
 //!
@@ -60,6 +61,77 @@
 //! assert_eq!(decision.remaining, 3);
 //! # Ok(()) }
 //! ```
+//!
+//! # Messages of long-lived connections
+//!
+//! WebSocket frames, server-sent events and gRPC stream messages are not requests: a
+//! layer sees the request that opens the connection, never what flows over it. To limit
+//! them per user across connections (five browser tabs of one user sharing one limit of
+//! N messages per second), build a [`LimitLayer`](crate::LimitLayer) for the messages,
+//! and make its [`StreamLimit`](crate::StreamLimit) from the opening request with
+//! [`LimitLayer::stream`](crate::LimitLayer::stream), once per connection: the key comes
+//! from the layer's own extractor (and a per-plan layer's policy from the request's plan),
+//! `None` when the request has none. Each message is then one
+//! [`check`](crate::StreamLimit::check), counted in the layer's
+//! [metrics](crate::guide::metrics) as a request's decision is. The layer need not wrap
+//! any route (wrapping the upgrade route would count the connection itself as one more
+//! unit).
+//!
+//! ```
+//! use std::num::NonZeroU32;
+//! use std::time::Duration;
+//!
+//! use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
+//! use axum::response::IntoResponse;
+//! use axum::{routing::get, Router};
+//! use http::{request::Parts, StatusCode};
+//! use tower_redis_ratelimit::{key::HeaderKey, Backend, LimitLayer, PeriodConfig, StreamLimit};
+//!
+//! # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
+//! // 5 messages per second per user, across all their connections.
+//! let messages = LimitLayer::builder(
+//!     &Backend::in_process(),
+//!     PeriodConfig::new(5, Duration::from_secs(1)),
+//! )
+//! .name("ws.messages")
+//! .key(HeaderKey::from_static("x-user"))
+//! .build()?;
+//! let app: Router = Router::new().route(
+//!     "/ws",
+//!     get(move |upgrade: WebSocketUpgrade, request: Parts| {
+//!         let limit = messages.stream(&request);
+//!         async move {
+//!             match limit {
+//!                 Some(limit) => upgrade.on_upgrade(move |socket| echo(socket, limit)),
+//!                 None => StatusCode::UNAUTHORIZED.into_response(),
+//!             }
+//!         }
+//!     }),
+//! );
+//! # let _ = app;
+//! # Ok(()) }
+//!
+//! async fn echo(mut socket: WebSocket, limit: StreamLimit) {
+//!     while let Some(Ok(message)) = socket.recv().await {
+//!         let decision = limit.check(NonZeroU32::MIN).await;
+//!         let reply = if decision.is_admitted() {
+//!             message
+//!         } else {
+//!             let ms = decision.retry_after.unwrap_or_default().as_millis();
+//!             Message::Text(format!(r#"{{"error":"rate_limited","retry_after_ms":{ms}}}"#).into())
+//!         };
+//!         if socket.send(reply).await.is_err() {
+//!             break;
+//!         }
+//!     }
+//! }
+//! ```
+//!
+//! The `websocket` example is this app, with the user also read from a `?user=` query
+//! parameter (browsers set no headers on a WebSocket); `tests/streams.rs` runs it with
+//! five real clients of one user, and an SSE route whose events are checked the same
+//! way. On a [shadow](crate::LayerBuilder::shadow) layer a check over the limit is
+//! counted as `shadow_rejected` and answered as admitted.
 //!
 //! # Admin actions by the client's value
 //!
