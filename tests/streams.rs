@@ -364,3 +364,156 @@ mod metrics_recorded {
         );
     }
 }
+
+/// A gRPC server stream (`grpc.health.v1.Health/Watch`, implemented here): each
+/// message of a call checked with the `StreamLimit` a tower layer before the service
+/// made from the call's head and put into its extensions. Over the limit the stream
+/// ends with `RESOURCE_EXHAUSTED`.
+#[cfg(feature = "grpc")]
+mod grpc {
+    use std::pin::Pin;
+
+    use futures_util::Stream;
+    use tonic::transport::server::TcpIncoming;
+    use tonic::transport::Endpoint;
+    use tonic::{Code, Request, Response, Status};
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::health_client::HealthClient;
+    use tonic_health::pb::health_server::{Health, HealthServer};
+    use tonic_health::pb::{HealthCheckRequest, HealthCheckResponse};
+    use tower_redis_ratelimit::StreamLimit;
+
+    use super::*;
+
+    /// Messages each `Watch` call sends (the limit is 3 per minute per user).
+    const MESSAGES: usize = 5;
+
+    struct Watched;
+
+    type Watch = Pin<Box<dyn Stream<Item = Result<HealthCheckResponse, Status>> + Send>>;
+
+    #[tonic::async_trait]
+    impl Health for Watched {
+        async fn check(
+            &self,
+            _: Request<HealthCheckRequest>,
+        ) -> Result<Response<HealthCheckResponse>, Status> {
+            Err(Status::unimplemented("watch only"))
+        }
+
+        type WatchStream = Watch;
+
+        async fn watch(
+            &self,
+            request: Request<HealthCheckRequest>,
+        ) -> Result<Response<Watch>, Status> {
+            let limit = request
+                .extensions()
+                .get::<StreamLimit>()
+                .cloned()
+                .ok_or_else(|| Status::unauthenticated("x-user is needed"))?;
+            let messages = futures_util::stream::unfold(0, move |sent| {
+                let limit = limit.clone();
+                async move {
+                    if sent == MESSAGES {
+                        return None;
+                    }
+                    let decision = limit.check(NonZeroU32::MIN).await;
+                    if decision.is_admitted() {
+                        let serving = HealthCheckResponse {
+                            status: ServingStatus::Serving.into(),
+                        };
+                        Some((Ok(serving), sent + 1))
+                    } else {
+                        let refused = Status::resource_exhausted("rate_limited");
+                        Some((Err(refused), MESSAGES))
+                    }
+                }
+            });
+            Ok(Response::new(Box::pin(messages) as Watch))
+        }
+    }
+
+    async fn serve(backend: &Backend) -> SocketAddr {
+        let messages = LimitLayer::builder(backend, PeriodConfig::new(3, WINDOW))
+            .name("grpc.messages")
+            .key(HeaderKey::from_static("x-user"))
+            .build()
+            .unwrap();
+        // Once per call: the call's limit, from its head (gRPC metadata are headers).
+        let streams = tower::util::MapRequestLayer::new(move |request: http::Request<_>| {
+            let (mut parts, body) = request.into_parts();
+            if let Some(limit) = messages.stream(&parts) {
+                parts.extensions.insert(limit);
+            }
+            http::Request::from_parts(parts, body)
+        });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            tonic::transport::Server::builder()
+                .layer(streams)
+                .add_service(HealthServer::new(Watched))
+                .serve_with_incoming(TcpIncoming::from(listener))
+                .await
+                .unwrap();
+        });
+        addr
+    }
+
+    /// One `Watch` call of `user`: the messages it got, and how it ended.
+    async fn watch(addr: SocketAddr, user: &str) -> (usize, Option<Code>) {
+        let channel = Endpoint::from_shared(format!("http://{addr}"))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        let mut request = Request::new(HealthCheckRequest::default());
+        request
+            .metadata_mut()
+            .insert("x-user", user.parse().unwrap());
+        let mut stream = HealthClient::new(channel)
+            .watch(request)
+            .await
+            .unwrap()
+            .into_inner();
+        let mut received = 0;
+        loop {
+            match stream.message().await {
+                Ok(Some(message)) => {
+                    assert_eq!(message.status, i32::from(ServingStatus::Serving));
+                    received += 1;
+                }
+                Ok(None) => return (received, None),
+                Err(status) => return (received, Some(status.code())),
+            }
+        }
+    }
+
+    /// Two calls of one user at once: three messages in all, both ended by the limit.
+    async fn calls_share_one_limit(backend: Backend) {
+        let addr = serve(&backend).await;
+        let (a, b) = tokio::join!(watch(addr, "grace"), watch(addr, "grace"));
+        assert_eq!(a.0 + b.0, 3, "{a:?} {b:?}");
+        assert_eq!(
+            (a.1, b.1),
+            (Some(Code::ResourceExhausted), Some(Code::ResourceExhausted))
+        );
+        // Another user has a limit of their own.
+        assert_eq!(
+            watch(addr, "heidi").await,
+            (3, Some(Code::ResourceExhausted))
+        );
+    }
+
+    #[tokio::test]
+    async fn grpc_streams_share_one_limit_in_process() {
+        calls_share_one_limit(Backend::in_process()).await;
+    }
+
+    #[tokio::test]
+    async fn grpc_streams_share_one_limit_on_redis() {
+        let redis = RedisServer::start();
+        calls_share_one_limit(redis.backend()).await;
+    }
+}
