@@ -129,8 +129,9 @@
 //!
 //! The `websocket` example is this app, with the user also read from a `?user=` query
 //! parameter (browsers set no headers on a WebSocket); `tests/streams.rs` runs it with
-//! five real clients of one user, and an SSE route whose events are checked the same
-//! way. On a [shadow](crate::LayerBuilder::shadow) layer a check over the limit is
+//! five real clients of one user, an SSE route whose events are checked the same way,
+//! and a tonic server stream whose `StreamLimit` a tower layer before the service puts
+//! into each call's extensions (gRPC metadata are headers). On a [shadow](crate::LayerBuilder::shadow) layer a check over the limit is
 //! counted as `shadow_rejected` and answered as admitted.
 //!
 //! # Admin actions by the client's value
