@@ -30,7 +30,7 @@ use http::{Response, StatusCode};
 
 use crate::decision::{Decision, Decisions};
 use crate::key::{KeyExtractor, KeyOrigin};
-use crate::limiter::Limiter;
+use crate::limiter::{DecisionFuture, Limiter};
 use crate::metrics::LayerMetrics;
 use crate::response::{HeaderParts, OnRejection, Ready, Rejection};
 
@@ -160,6 +160,8 @@ pub(crate) struct Options {
     pub(crate) admitted_headers: bool,
     pub(crate) decision_extension: bool,
     pub(crate) shadow: bool,
+    /// How long a refused request may wait for its turn ([`LayerBuilder::wait`]).
+    pub(crate) wait: Option<std::time::Duration>,
     pub(crate) missing_key: MissingKey,
     /// The level of the event logged for a missing key that is no misconfiguration.
     pub(crate) missing_key_level: tracing::Level,
@@ -175,6 +177,7 @@ impl Default for Options {
             admitted_headers: true,
             decision_extension: true,
             shadow: false,
+            wait: None,
             missing_key: MissingKey::default(),
             missing_key_level: tracing::Level::DEBUG,
             max_key_len: DEFAULT_MAX_KEY_LEN,
@@ -275,6 +278,12 @@ pub(crate) trait Respond: SettleUsage {
     fn record(&self, policy: usize, decision: &Decision);
     /// Whether the layer only observes (shadow mode).
     fn is_shadow(&self) -> bool;
+    /// How long a refused request may wait for its turn, if the layer lets it
+    /// ([`LayerBuilder::wait`]; never a shadow layer's).
+    fn wait(&self) -> Option<std::time::Duration>;
+    /// The request's check again, after a wait: its key, cost and policy as in `call`
+    /// (`None` when it has no key now, or costs nothing).
+    fn recheck(&self, policy: usize, request: &http::request::Parts) -> Option<DecisionFuture>;
     /// Prepares an admitted request for the inner service: its [`Decision`] goes into
     /// the request extensions unless the layer was told not to.
     fn admit(&self, extensions: &mut http::Extensions, decision: Decision);
@@ -296,7 +305,7 @@ impl<L, K, C, R> Respond for Shared<L, K, C, R>
 where
     L: Limiter,
     K: KeyExtractor,
-    C: Send + Sync + 'static,
+    C: crate::cost::Cost,
     R: OnRejection,
 {
     fn reject(
@@ -395,6 +404,17 @@ where
 
     fn is_shadow(&self) -> bool {
         self.options.shadow
+    }
+
+    fn wait(&self) -> Option<std::time::Duration> {
+        self.options.wait.filter(|_| !self.options.shadow)
+    }
+
+    fn recheck(&self, policy: usize, request: &http::request::Parts) -> Option<DecisionFuture> {
+        let cost = std::num::NonZeroU32::new(self.cost.cost(request))?;
+        let key = self.key.extract(request)?;
+        (key.len() <= self.options.max_key_len)
+            .then(|| self.limiter.check_policy(policy, &key, cost))
     }
 
     fn admit(&self, extensions: &mut http::Extensions, decision: Decision) {
