@@ -23,7 +23,23 @@ fn instance(
     backend: &Backend,
     wait: Duration,
 ) -> (Router, tower_redis_ratelimit::PeriodLimitLayer<HeaderKey>) {
-    let config = PeriodConfig::new(5, Duration::from_secs(1)).align(UtcOffset::UTC);
+    instance_of(backend, wait, Duration::from_secs(1))
+}
+
+/// [`instance`] with windows of `period`.
+fn instance_of(
+    backend: &Backend,
+    wait: Duration,
+    period: Duration,
+) -> (Router, tower_redis_ratelimit::PeriodLimitLayer<HeaderKey>) {
+    // Aligned on the second (windows a handler can name) for windows of a second;
+    // longer ones start at a key's first request.
+    let config = PeriodConfig::new(5, period);
+    let config = if period == Duration::from_secs(1) {
+        config.align(UtcOffset::UTC)
+    } else {
+        config
+    };
     let layer = LimitLayer::builder(backend, config)
         .name("api")
         .key(HeaderKey::from_static("x-user"))
@@ -88,7 +104,11 @@ async fn clients_at_twice_the_rate_wait_their_turn_never_beyond_the_limit() {
 
 #[tokio::test]
 async fn a_turn_past_the_longest_wait_is_refused_at_once() {
-    let (app, _) = instance(&Backend::in_process(), Duration::from_millis(1));
+    let (app, _) = instance_of(
+        &Backend::in_process(),
+        Duration::from_millis(1),
+        Duration::from_secs(30),
+    );
     for _ in 0..5 {
         assert_eq!(get_as(&app, "u").await.0, StatusCode::OK);
     }
@@ -100,7 +120,12 @@ async fn a_turn_past_the_longest_wait_is_refused_at_once() {
 /// A request that waits for the next window, its client gone before its turn: the next
 /// window finds nothing spent (a reservation would have spent it).
 async fn a_waiter_that_goes_away_spends_nothing(backend: &Backend) {
-    let (app, layer) = instance(backend, Duration::from_secs(3));
+    // Windows of 1.5 s from the key's first request.
+    let (app, layer) = instance_of(
+        backend,
+        Duration::from_secs(3),
+        Duration::from_millis(1_500),
+    );
     let key = b"hdr:x-user:gone";
     for _ in 0..5 {
         assert_eq!(get_as(&app, "gone").await.0, StatusCode::OK);
@@ -139,4 +164,53 @@ async fn a_waiter_that_goes_away_spends_nothing_in_process() {
 async fn a_waiter_that_goes_away_spends_nothing_on_redis() {
     let redis = RedisServer::start();
     a_waiter_that_goes_away_spends_nothing(&redis.backend()).await;
+}
+
+/// At most 64 requests of one key wait at once in one process: the next is refused at
+/// once; a waiter gone gives its place back.
+#[tokio::test]
+async fn a_key_has_a_bounded_number_of_waiters() {
+    // Windows of an hour, a wait of two: every waiter waits for as long as the test runs.
+    let hour = Duration::from_secs(3_600);
+    let (app, _) = instance_of(&Backend::in_process(), 2 * hour, hour);
+    for _ in 0..5 {
+        assert_eq!(get_as(&app, "many").await.0, StatusCode::OK);
+    }
+    let waiters: Vec<_> = (0..64)
+        .map(|_| {
+            let app = app.clone();
+            tokio::spawn(async move { get_as(&app, "many").await })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(waiters.iter().all(|w| !w.is_finished()), "they all wait");
+    // The 65th: no place left, refused at once (while the others still wait).
+    let (status, _) = get_as(&app, "many").await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    assert!(waiters.iter().all(|w| !w.is_finished()));
+    // Another key waits as ever.
+    for _ in 0..5 {
+        assert_eq!(get_as(&app, "other").await.0, StatusCode::OK);
+    }
+    let other = tokio::spawn({
+        let app = app.clone();
+        async move { get_as(&app, "other").await }
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(!other.is_finished());
+    other.abort();
+    // Gone, their places are free again.
+    for waiter in &waiters {
+        waiter.abort();
+    }
+    for waiter in waiters {
+        let _ = waiter.await;
+    }
+    let again = tokio::spawn({
+        let app = app.clone();
+        async move { get_as(&app, "many").await }
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(!again.is_finished(), "a place again");
+    again.abort();
 }

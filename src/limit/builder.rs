@@ -213,9 +213,12 @@ impl<A, K, C, R> LayerBuilder<A, K, C, R> {
     /// request holds nothing: it spends only when it is admitted, so a client that goes
     /// away while it waits (its connection closed: the response future dropped) has
     /// spent nothing, and the limit holds exactly across instances as for any check.
-    /// Waiters are not queued in order: each retries at its own `Retry-After`. Needs a
-    /// tokio runtime (the waits are tokio timers); a shadow layer never waits. Off by
-    /// default; `max` of zero turns it off.
+    /// Waiters are not queued in order: each retries at its own `Retry-After`. At most
+    /// 64 requests of one key wait at once in one process; more are refused at once.
+    /// Needs a tokio runtime (the waits are tokio timers; without one, no request
+    /// waits); a shadow layer never waits. While Redis is unreachable the waits follow
+    /// the fallback's decisions as checks do. Off by default; `max` of zero turns it
+    /// off.
     ///
     /// ```
     /// use std::time::Duration;
@@ -439,6 +442,7 @@ impl<A: Algorithm, K, C, R> LayerBuilder<A, K, C, R> {
                 options,
                 metrics,
                 offenders,
+                waiters: Default::default(),
                 missing_warning: super::MissingKeyWarning::new(std::any::type_name::<K>()),
             }),
         })

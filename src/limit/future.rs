@@ -46,8 +46,9 @@ pin_project! {
             policy: usize,
             settle: Option<Settle>,
             // A layer that waits: when the request's wait ends at the latest (set at its
-            // first refusal).
+            // first refusal), and its place among its key's waiters.
             deadline: Option<tokio::time::Instant>,
+            place: Option<Place>,
         },
         // A refused request waiting for its turn (a layer that waits), then checked
         // again; it holds nothing meanwhile.
@@ -59,6 +60,7 @@ pin_project! {
             respond: Arc<dyn Respond>,
             policy: usize,
             settle: Option<Settle>,
+            place: Place,
         },
         Inner {
             #[pin]
@@ -95,6 +97,7 @@ where
                 policy,
                 settle,
                 deadline: None,
+                place: None,
             },
         }
     }
@@ -175,10 +178,19 @@ where
                     policy,
                     settle,
                     deadline,
+                    place,
                 } => {
                     let decision = ready!(Pin::new(check).poll(cx));
-                    // Refused, in a layer that waits: its turn, if it comes in time.
-                    if let Some((turn, deadline)) = turn(&decision, &**respond, deadline) {
+                    // Refused, in a layer that waits: its turn, if it comes in time and
+                    // the key has a place to wait.
+                    let waits = turn(&decision, &**respond, deadline).and_then(|turn| {
+                        let place = match place.take() {
+                            Some(place) => place,
+                            None => Place::of(respond, request)?,
+                        };
+                        Some((turn, place))
+                    });
+                    if let Some(((turn, deadline), place)) = waits {
                         let next = State::Wait {
                             sleep: Box::pin(tokio::time::sleep_until(turn)),
                             deadline,
@@ -187,6 +199,7 @@ where
                             respond: Arc::clone(respond),
                             policy: *policy,
                             settle: settle.take(),
+                            place,
                         };
                         this.state.set(next);
                         continue;
@@ -212,6 +225,7 @@ where
                     respond,
                     policy,
                     settle,
+                    place,
                 } => {
                     ready!(sleep.as_mut().poll(cx));
                     let (parts, body) = request
@@ -229,6 +243,7 @@ where
                             policy: *policy,
                             settle: settle.take(),
                             deadline: Some(*deadline),
+                            place: Some(place.moved()),
                         },
                         // (No key now: the request is served as its first check said
                         // it would not be: never; refused by the layer's rejection.)
@@ -275,6 +290,42 @@ where
                     return Poll::Ready(Ok(response.map(ResponseBody::rejection)));
                 }
             }
+        }
+    }
+}
+
+/// A request's place among its key's waiters in this process, given back when it is
+/// dropped (the request admitted, refused, or its client gone).
+pub(super) struct Place {
+    respond: Option<Arc<dyn Respond>>,
+    key: Box<[u8]>,
+}
+
+impl Place {
+    /// A place for the key of `request` (taken out and put back), if one is free.
+    fn of<B>(respond: &Arc<dyn Respond>, request: &mut Option<Request<B>>) -> Option<Self> {
+        let (parts, body) = request.take()?.into_parts();
+        let key = respond.enter(&parts);
+        *request = Some(Request::from_parts(parts, body));
+        Some(Self {
+            respond: Some(Arc::clone(respond)),
+            key: key?,
+        })
+    }
+
+    /// Moves the place out (the one left behind gives back nothing).
+    fn moved(&mut self) -> Self {
+        Self {
+            respond: self.respond.take(),
+            key: std::mem::take(&mut self.key),
+        }
+    }
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        if let Some(respond) = self.respond.take() {
+            respond.leave(&self.key);
         }
     }
 }

@@ -114,11 +114,18 @@ pub(crate) struct Shared<L, K, C, R> {
     pub(crate) headers: Box<[HeaderParts]>,
     pub(crate) options: Options,
     pub(crate) metrics: LayerMetrics,
+    /// The requests waiting for their turn in this process, by key (a layer that
+    /// waits: [`LayerBuilder::wait`]).
+    pub(crate) waiters: std::sync::Mutex<std::collections::HashMap<Box<[u8]>, u32>>,
     /// The keys each policy refused most lately (see [`LimitLayer::denied`]).
     pub(crate) offenders: Box<[crate::denied::Offenders]>,
     /// Rate-limits the warning about requests refused for a missing key.
     pub(crate) missing_warning: MissingKeyWarning,
 }
+
+/// The most requests of one key that wait for their turn at once in one process (a
+/// layer that waits: [`LayerBuilder::wait`]); more are refused at once.
+pub(crate) const MAX_WAITERS: u32 = 64;
 
 /// The longest key accepted by default, in bytes.
 const DEFAULT_MAX_KEY_LEN: usize = 256;
@@ -284,6 +291,11 @@ pub(crate) trait Respond: SettleUsage {
     /// The request's check again, after a wait: its key, cost and policy as in `call`
     /// (`None` when it has no key now, or costs nothing).
     fn recheck(&self, policy: usize, request: &http::request::Parts) -> Option<DecisionFuture>;
+    /// Takes one of the request's key's [`MAX_WAITERS`] places to wait in this process:
+    /// its key, or `None` when they are all taken (the request is refused at once).
+    fn enter(&self, request: &http::request::Parts) -> Option<Box<[u8]>>;
+    /// Gives back the place `enter` took for `key`.
+    fn leave(&self, key: &[u8]);
     /// Prepares an admitted request for the inner service: its [`Decision`] goes into
     /// the request extensions unless the layer was told not to.
     fn admit(&self, extensions: &mut http::Extensions, decision: Decision);
@@ -408,6 +420,33 @@ where
 
     fn wait(&self) -> Option<std::time::Duration> {
         self.options.wait.filter(|_| !self.options.shadow)
+    }
+
+    fn enter(&self, request: &http::request::Parts) -> Option<Box<[u8]>> {
+        let key = self.key.extract(request)?;
+        let mut waiters = self
+            .waiters
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let count = waiters.entry(Box::from(&*key)).or_insert(0);
+        if *count >= MAX_WAITERS {
+            return None;
+        }
+        *count += 1;
+        Some(Box::from(&*key))
+    }
+
+    fn leave(&self, key: &[u8]) {
+        let mut waiters = self
+            .waiters
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(count) = waiters.get_mut(key) {
+            *count -= 1;
+            if *count == 0 {
+                waiters.remove(key);
+            }
+        }
     }
 
     fn recheck(&self, policy: usize, request: &http::request::Parts) -> Option<DecisionFuture> {
