@@ -104,7 +104,9 @@ impl Default for MissingKey {
 
 /// Everything the service and its futures share, built once per layer.
 pub(crate) struct Shared<L, K, C, R> {
-    /// The layer's name (the builder's [`name`](LayerBuilder::name)).
+    /// The layer's name (the builder's [`name`](LayerBuilder::name)), for the admin
+    /// feature.
+    #[cfg_attr(not(feature = "admin"), allow(dead_code))]
     pub(crate) name: String,
     pub(crate) limiter: L,
     pub(crate) key: K,
