@@ -4,9 +4,6 @@ use std::num::NonZeroU32;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bytes::{BufMut, BytesMut};
-use http::HeaderValue;
-
 use crate::backend::{Backend, Hosts, Owner};
 use crate::decision::{Decision, Policy};
 use crate::error::{validate_name, ConfigError};
@@ -17,7 +14,7 @@ use crate::rolling::{RollingConfig, RollingWindowLimiter};
 use crate::token_bucket::{TokenBucketConfig, TokenBucketLimiter};
 
 mod hosts;
-use hosts::{SetHosts, LOCKS};
+use hosts::{join, SetHosts, LOCKS};
 
 /// The most limits in one set.
 pub(crate) const MAX_LIMITS: usize = 8;
@@ -318,18 +315,6 @@ impl SetLimiter {
     pub(crate) fn smallest_member(&self) -> &Policy {
         &self.hosts.smallest
     }
-}
-
-/// `items` as one comma-separated header value.
-fn join<'a>(items: impl Iterator<Item = &'a [u8]>) -> HeaderValue {
-    let mut v = BytesMut::new();
-    for item in items {
-        if !v.is_empty() {
-            v.put_slice(b", ");
-        }
-        v.put_slice(item);
-    }
-    HeaderValue::from_maybe_shared(v.freeze()).expect("made of valid header values")
 }
 
 crate::hosted::hosted_limiter!(SetLimiter, hosts, {

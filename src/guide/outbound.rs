@@ -9,6 +9,13 @@
 //! [`Waiter::acquire`](crate::outbound::Waiter::acquire) from a queue consumer or a
 //! batch job.
 //!
+//! Received requests can wait too: a layer built with
+//! [`wait(max)`](crate::LayerBuilder::wait) holds a request that would be refused
+//! until its `Retry-After` (at most `max` in all) and checks it again, instead of a
+//! `429`. Unlike an outbound wait, which reserves its turn, an inbound waiter spends
+//! nothing until it is admitted: a client that goes away while it waits has cost
+//! nothing.
+//!
 //! - **Limit**: build a limiter on the Redis backend, named and keyed alike in every
 //!   instance (the same prefix, name and key are the same Redis key). A token bucket
 //!   with a burst of 1 spreads calls evenly, as most upstream quotas expect; the key is

@@ -102,7 +102,6 @@ mod raw;
 mod tagged;
 mod value;
 
-pub use self::hashed::Hashed;
 pub use self::raw::Key;
 use self::raw::Writer;
 pub use self::tagged::TaggedKey;
@@ -375,6 +374,8 @@ pub(crate) use self::value::any_branch;
 pub(crate) use self::value::fitting;
 
 #[cfg(test)]
+mod hashed_tests;
+#[cfg(test)]
 mod ip_tests;
 #[cfg(test)]
 mod tests;
@@ -468,6 +469,96 @@ where
 
     fn origin(&self) -> KeyOrigin {
         self.first.origin().either(self.second.origin())
+    }
+}
+
+// Hashing another extractor's keys (the hash itself in `hashed.rs`).
+
+/// `E`'s keys, each replaced by `h:` and a keyed hash of it: keyed BLAKE3 (the key
+/// derived from your secret with BLAKE3's `derive_key`), its first 128 bits in 32
+/// lowercase hex digits (`h:5f0c…`, 34 bytes whatever the value's length).
+///
+/// Created by [`KeyExtractor::hashed`].
+///
+/// What it protects: Redis holds no client value (an API key from `Authorization`, an
+/// address), so neither `SCAN`, `MONITOR`, a dump nor a replica of it reveals one, and
+/// without the secret a key cannot be tested against a guess (an address has few
+/// possible values: an unkeyed hash would be reversed by trying them all). What it does
+/// not: this process sees the values (it hashes them), the secret must stay secret (with
+/// it, a guess can be tested), and two requests of the same value still share one key
+/// (that is the point of a limit). Changing the secret changes every key, so every
+/// count starts afresh.
+///
+/// Admin by value works as before: [`keys_for`](KeyExtractor::keys_for) hashes the
+/// given value the same way, so [`LimitLayer::reset_value`](crate::LimitLayer::reset_value)
+/// and its siblings find the key; a listing of blocked keys
+/// ([`LimitLayer::blocked`](crate::LimitLayer::blocked)) says the value is unknown
+/// (`None`), since only its hash is kept. `Debug` shows the inner extractor, never the
+/// secret.
+///
+/// ```
+/// use tower_redis_ratelimit::key::{HeaderKey, KeyExtractor};
+///
+/// let key = HeaderKey::from_static("authorization").hashed(b"a secret of 32 random bytes, not this");
+/// let (mut head, ()) = http::Request::new(()).into_parts();
+/// head.headers.insert("authorization", "Bearer live-credential".parse().unwrap());
+/// let hashed = key.extract(&head).unwrap();
+/// assert_eq!(hashed.len(), 34);
+/// assert!(hashed.starts_with(b"h:"));
+/// assert!(!hashed.windows(4).any(|w| w == b"live"));
+/// // By value: the same key.
+/// assert_eq!(key.keys_for(b"Bearer live-credential").unwrap(), [hashed.into_owned()]);
+/// ```
+#[derive(Clone)]
+pub struct Hashed<E> {
+    inner: E,
+    /// BLAKE3's key, derived from the secret.
+    key: [u8; 32],
+}
+
+impl<E> Hashed<E> {
+    /// `inner`'s keys hashed with a key derived from `secret` (keep it as a secret; 32
+    /// random bytes, from your secret store); see [`KeyExtractor::hashed`].
+    pub fn new(inner: E, secret: impl AsRef<[u8]>) -> Self {
+        Self {
+            inner,
+            key: hashed::derive(secret.as_ref()),
+        }
+    }
+
+    /// `key` hashed: `h:` and 32 hex digits.
+    fn hash(&self, key: &[u8]) -> Key<'static> {
+        hashed::hash(&self.key, key)
+    }
+}
+
+impl<E: fmt::Debug> fmt::Debug for Hashed<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Hashed")
+            .field("inner", &self.inner)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<E: KeyExtractor> KeyExtractor for Hashed<E> {
+    fn extract<'r>(&self, parts: &'r Parts) -> Option<Key<'r>> {
+        let key = self.inner.extract(parts)?;
+        Some(self.hash(&key))
+    }
+
+    /// The inner extractor's keys for `value`, hashed.
+    fn keys_for(&self, value: &[u8]) -> Result<Vec<Key<'static>>, KeyForError> {
+        let keys = self.inner.keys_for(value)?;
+        Ok(keys.iter().map(|key| self.hash(key)).collect())
+    }
+
+    fn origin(&self) -> KeyOrigin {
+        self.inner.origin()
+    }
+
+    /// Every hashed key is 34 bytes.
+    fn shortest_key(&self) -> Option<usize> {
+        Some(hashed::HASHED_LEN)
     }
 }
 

@@ -205,6 +205,39 @@ impl<A, K, C, R> LayerBuilder<A, K, C, R> {
         self
     }
 
+    /// Lets a request that would be refused wait its turn, for at most `max` in all,
+    /// instead of a `429` (nginx's `limit_req` without `nodelay`): a refused request
+    /// whose `Retry-After` falls within `max` of its arrival sleeps until then and is
+    /// checked again, and so on until it is admitted (and then served as any other) or
+    /// its next turn would fall past `max` (then refused as without waiting). A waiting
+    /// request holds nothing: it spends only when it is admitted, so a client that goes
+    /// away while it waits (its connection closed: the response future dropped) has
+    /// spent nothing, and the limit holds exactly across instances as for any check.
+    /// Waiters are not queued in order: each retries at its own `Retry-After`. At most
+    /// 64 requests of one key wait at once in one process; more are refused at once.
+    /// Needs a tokio runtime (the waits are tokio timers; without one, no request
+    /// waits); a shadow layer never waits. While Redis is unreachable the waits follow
+    /// the fallback's decisions as checks do. Off by default; `max` of zero turns it
+    /// off.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_redis_ratelimit::{key::PeerIp, Backend, LimitLayer, PeriodConfig};
+    ///
+    /// # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
+    /// // 10 a second per address; a burst beyond that waits up to 2 s for its turn.
+    /// let layer = LimitLayer::builder(&Backend::in_process(), PeriodConfig::new(10, Duration::from_secs(1)))
+    ///     .name("api")
+    ///     .key(PeerIp::new())
+    ///     .wait(Duration::from_secs(2))
+    ///     .build()?;
+    /// # let _ = layer; Ok(()) }
+    /// ```
+    pub fn wait(mut self, max: std::time::Duration) -> Self {
+        self.options.wait = (!max.is_zero()).then_some(max);
+        self
+    }
+
     /// Counts only the requests whose response says so (only failed logins, only
     /// successful exports): each admitted request still reserves its units when it is
     /// checked, so concurrent requests never overshoot the limit, and gets them back
@@ -409,6 +442,7 @@ impl<A: Algorithm, K, C, R> LayerBuilder<A, K, C, R> {
                 options,
                 metrics,
                 offenders,
+                waiters: Default::default(),
                 missing_warning: super::MissingKeyWarning::new(std::any::type_name::<K>()),
             }),
         })

@@ -45,6 +45,22 @@ pin_project! {
             respond: Arc<dyn Respond>,
             policy: usize,
             settle: Option<Settle>,
+            // A layer that waits: when the request's wait ends at the latest (set at its
+            // first refusal), and its place among its key's waiters.
+            deadline: Option<tokio::time::Instant>,
+            place: Option<Place>,
+        },
+        // A refused request waiting for its turn (a layer that waits), then checked
+        // again; it holds nothing meanwhile.
+        Wait {
+            sleep: Pin<Box<tokio::time::Sleep>>,
+            deadline: tokio::time::Instant,
+            request: Option<Request<B>>,
+            service: Option<S>,
+            respond: Arc<dyn Respond>,
+            policy: usize,
+            settle: Option<Settle>,
+            place: Place,
         },
         Inner {
             #[pin]
@@ -80,6 +96,8 @@ where
                 respond,
                 policy,
                 settle,
+                deadline: None,
+                place: None,
             },
         }
     }
@@ -159,8 +177,33 @@ where
                     respond,
                     policy,
                     settle,
+                    deadline,
+                    place,
                 } => {
                     let decision = ready!(Pin::new(check).poll(cx));
+                    // Refused, in a layer that waits: its turn, if it comes in time and
+                    // the key has a place to wait.
+                    let waits = turn(&decision, &**respond, deadline).and_then(|turn| {
+                        let place = match place.take() {
+                            Some(place) => place,
+                            None => Place::of(respond, request)?,
+                        };
+                        Some((turn, place))
+                    });
+                    if let Some(((turn, deadline), place)) = waits {
+                        let next = State::Wait {
+                            sleep: Box::pin(tokio::time::sleep_until(turn)),
+                            deadline,
+                            request: request.take(),
+                            service: service.take(),
+                            respond: Arc::clone(respond),
+                            policy: *policy,
+                            settle: settle.take(),
+                            place,
+                        };
+                        this.state.set(next);
+                        continue;
+                    }
                     let request = request.take().expect("polled after completion");
                     let mut service = service.take().expect("polled after completion");
                     let next = Self::decided(
@@ -173,6 +216,52 @@ where
                         || Arc::clone(respond),
                     );
                     this.state.set(next.state);
+                }
+                StateProj::Wait {
+                    sleep,
+                    deadline,
+                    request,
+                    service,
+                    respond,
+                    policy,
+                    settle,
+                    place,
+                } => {
+                    ready!(sleep.as_mut().poll(cx));
+                    let (parts, body) = request
+                        .take()
+                        .expect("polled after completion")
+                        .into_parts();
+                    let check = respond.recheck(*policy, &parts);
+                    let request = Request::from_parts(parts, body);
+                    let next = match check {
+                        Some(check) => State::Check {
+                            check,
+                            request: Some(request),
+                            service: service.take(),
+                            respond: Arc::clone(respond),
+                            policy: *policy,
+                            settle: settle.take(),
+                            deadline: Some(*deadline),
+                            place: Some(place.moved()),
+                        },
+                        // (No key now: the request is served as its first check said
+                        // it would not be: never; refused by the layer's rejection.)
+                        None => {
+                            let (parts, _body) = request.into_parts();
+                            let refused = crate::Decision::new(
+                                crate::State::OverQuota,
+                                0,
+                                0,
+                                std::time::Duration::ZERO,
+                                crate::Source::InProcess,
+                            );
+                            State::Done {
+                                response: Some(respond.reject(*policy, &parts, &refused)),
+                            }
+                        }
+                    };
+                    this.state.set(next);
                 }
                 StateProj::Inner {
                     future,
@@ -205,6 +294,64 @@ where
     }
 }
 
+/// A request's place among its key's waiters in this process, given back when it is
+/// dropped (the request admitted, refused, or its client gone).
+pub(super) struct Place {
+    respond: Option<Arc<dyn Respond>>,
+    key: Box<[u8]>,
+}
+
+impl Place {
+    /// A place for the key of `request` (taken out and put back), if one is free.
+    fn of<B>(respond: &Arc<dyn Respond>, request: &mut Option<Request<B>>) -> Option<Self> {
+        let (parts, body) = request.take()?.into_parts();
+        let key = respond.enter(&parts);
+        *request = Some(Request::from_parts(parts, body));
+        Some(Self {
+            respond: Some(Arc::clone(respond)),
+            key: key?,
+        })
+    }
+
+    /// Moves the place out (the one left behind gives back nothing).
+    fn moved(&mut self) -> Self {
+        Self {
+            respond: self.respond.take(),
+            key: std::mem::take(&mut self.key),
+        }
+    }
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        if let Some(respond) = self.respond.take() {
+            respond.leave(&self.key);
+        }
+    }
+}
+
+/// When a refused `decision` is checked again in a layer that waits: at its
+/// `Retry-After`, if that falls within the request's wait (`deadline`, or the layer's
+/// longest wait from now at a first refusal); with that deadline.
+pub(super) fn turn(
+    decision: &Decision,
+    respond: &dyn Respond,
+    deadline: &Option<tokio::time::Instant>,
+) -> Option<(tokio::time::Instant, tokio::time::Instant)> {
+    if decision.is_admitted() {
+        return None;
+    }
+    let wait = respond.wait()?;
+    let retry = decision.retry_after?;
+    // The waits are tokio timers: without a runtime, no wait.
+    tokio::runtime::Handle::try_current().ok()?;
+    let now = tokio::time::Instant::now();
+    let deadline = deadline.unwrap_or(now + wait);
+    // (At least a millisecond: a wait never spins.)
+    let turn = now.checked_add(retry.max(std::time::Duration::from_millis(1)))?;
+    (turn <= deadline).then_some((turn, deadline))
+}
+
 impl<S, B> fmt::Debug for ResponseFuture<S, B>
 where
     S: Service<Request<B>>,
@@ -212,6 +359,7 @@ where
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let state = match &self.state {
             State::Check { .. } => "check",
+            State::Wait { .. } => "wait",
             State::Inner { .. } => "inner",
             State::Done { .. } => "done",
         };

@@ -31,6 +31,7 @@ impl<L, K, C, R> LimitLayer<L, K, C, R> {
     }
 
     /// The layer's name (the builder's [`name`](super::LayerBuilder::name)).
+    #[cfg_attr(not(feature = "admin"), allow(dead_code))]
     pub(crate) fn name(&self) -> &str {
         &self.shared.name
     }
@@ -43,6 +44,7 @@ impl<L, K, C, R> LimitLayer<L, K, C, R> {
 
     /// The key this layer counts the request whose head is `parts` under, if it has one
     /// (within [`max_key_len`](Self::max_key_len)).
+    #[cfg_attr(not(feature = "admin"), allow(dead_code))]
     pub(crate) fn key_of(&self, parts: &http::request::Parts) -> Option<crate::key::Key<'static>>
     where
         K: crate::key::KeyExtractor,

@@ -31,7 +31,7 @@ use http::{Response, StatusCode};
 
 use crate::decision::{Decision, Decisions};
 use crate::key::{KeyExtractor, KeyOrigin};
-use crate::limiter::Limiter;
+use crate::limiter::{DecisionFuture, Limiter};
 use crate::metrics::LayerMetrics;
 use crate::response::{HeaderParts, OnRejection, Ready, Rejection};
 
@@ -106,7 +106,9 @@ impl Default for MissingKey {
 
 /// Everything the service and its futures share, built once per layer.
 pub(crate) struct Shared<L, K, C, R> {
-    /// The layer's name (the builder's [`name`](LayerBuilder::name)).
+    /// The layer's name (the builder's [`name`](LayerBuilder::name)), for the admin
+    /// feature.
+    #[cfg_attr(not(feature = "admin"), allow(dead_code))]
     pub(crate) name: String,
     pub(crate) limiter: L,
     pub(crate) key: K,
@@ -116,11 +118,18 @@ pub(crate) struct Shared<L, K, C, R> {
     pub(crate) headers: Box<[HeaderParts]>,
     pub(crate) options: Options,
     pub(crate) metrics: LayerMetrics,
+    /// The requests waiting for their turn in this process, by key (a layer that
+    /// waits: [`LayerBuilder::wait`]).
+    pub(crate) waiters: std::sync::Mutex<std::collections::HashMap<Box<[u8]>, u32>>,
     /// The keys each policy refused most lately (see [`LimitLayer::denied`]).
     pub(crate) offenders: Box<[crate::denied::Offenders]>,
     /// Rate-limits the warning about requests refused for a missing key.
     pub(crate) missing_warning: MissingKeyWarning,
 }
+
+/// The most requests of one key that wait for their turn at once in one process (a
+/// layer that waits: [`LayerBuilder::wait`]); more are refused at once.
+pub(crate) const MAX_WAITERS: u32 = 64;
 
 /// The longest key accepted by default, in bytes.
 const DEFAULT_MAX_KEY_LEN: usize = 256;
@@ -162,6 +171,8 @@ pub(crate) struct Options {
     pub(crate) admitted_headers: bool,
     pub(crate) decision_extension: bool,
     pub(crate) shadow: bool,
+    /// How long a refused request may wait for its turn ([`LayerBuilder::wait`]).
+    pub(crate) wait: Option<std::time::Duration>,
     pub(crate) missing_key: MissingKey,
     /// The level of the event logged for a missing key that is no misconfiguration.
     pub(crate) missing_key_level: tracing::Level,
@@ -177,6 +188,7 @@ impl Default for Options {
             admitted_headers: true,
             decision_extension: true,
             shadow: false,
+            wait: None,
             missing_key: MissingKey::default(),
             missing_key_level: tracing::Level::DEBUG,
             max_key_len: DEFAULT_MAX_KEY_LEN,
@@ -277,6 +289,17 @@ pub(crate) trait Respond: SettleUsage {
     fn record(&self, policy: usize, decision: &Decision);
     /// Whether the layer only observes (shadow mode).
     fn is_shadow(&self) -> bool;
+    /// How long a refused request may wait for its turn, if the layer lets it
+    /// ([`LayerBuilder::wait`]; never a shadow layer's).
+    fn wait(&self) -> Option<std::time::Duration>;
+    /// The request's check again, after a wait: its key, cost and policy as in `call`
+    /// (`None` when it has no key now, or costs nothing).
+    fn recheck(&self, policy: usize, request: &http::request::Parts) -> Option<DecisionFuture>;
+    /// Takes one of the request's key's [`MAX_WAITERS`] places to wait in this process:
+    /// its key, or `None` when they are all taken (the request is refused at once).
+    fn enter(&self, request: &http::request::Parts) -> Option<Box<[u8]>>;
+    /// Gives back the place `enter` took for `key`.
+    fn leave(&self, key: &[u8]);
     /// Prepares an admitted request for the inner service: its [`Decision`] goes into
     /// the request extensions unless the layer was told not to.
     fn admit(&self, extensions: &mut http::Extensions, decision: Decision);
@@ -298,7 +321,7 @@ impl<L, K, C, R> Respond for Shared<L, K, C, R>
 where
     L: Limiter,
     K: KeyExtractor,
-    C: Send + Sync + 'static,
+    C: crate::cost::Cost,
     R: OnRejection,
 {
     fn reject(
@@ -397,6 +420,44 @@ where
 
     fn is_shadow(&self) -> bool {
         self.options.shadow
+    }
+
+    fn wait(&self) -> Option<std::time::Duration> {
+        self.options.wait.filter(|_| !self.options.shadow)
+    }
+
+    fn enter(&self, request: &http::request::Parts) -> Option<Box<[u8]>> {
+        let key = self.key.extract(request)?;
+        let mut waiters = self
+            .waiters
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let count = waiters.entry(Box::from(&*key)).or_insert(0);
+        if *count >= MAX_WAITERS {
+            return None;
+        }
+        *count += 1;
+        Some(Box::from(&*key))
+    }
+
+    fn leave(&self, key: &[u8]) {
+        let mut waiters = self
+            .waiters
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(count) = waiters.get_mut(key) {
+            *count -= 1;
+            if *count == 0 {
+                waiters.remove(key);
+            }
+        }
+    }
+
+    fn recheck(&self, policy: usize, request: &http::request::Parts) -> Option<DecisionFuture> {
+        let cost = std::num::NonZeroU32::new(self.cost.cost(request))?;
+        let key = self.key.extract(request)?;
+        (key.len() <= self.options.max_key_len)
+            .then(|| self.limiter.check_policy(policy, &key, cost))
     }
 
     fn admit(&self, extensions: &mut http::Extensions, decision: Decision) {

@@ -175,17 +175,22 @@ where
         }
         let req = Request::from_parts(parts, body);
         if let Some(decision) = check.take_ready() {
-            // Known at once: the headers are built here, and the decision moves into the
-            // request, so the future holds no reference to the layer.
-            return ResponseFuture::decided(
-                &mut self.inner,
-                req,
-                decision,
-                policy,
-                &**shared,
-                settle,
-                || Arc::clone(shared) as Arc<dyn Respond>,
-            );
+            if super::future::turn(&decision, &**shared, &None).is_some() {
+                // Refused, and the layer waits: the future waits for its turn.
+                check = DecisionFuture::ready(decision);
+            } else {
+                // Known at once: the headers are built here, and the decision moves into the
+                // request, so the future holds no reference to the layer.
+                return ResponseFuture::decided(
+                    &mut self.inner,
+                    req,
+                    decision,
+                    policy,
+                    &**shared,
+                    settle,
+                    || Arc::clone(shared) as Arc<dyn Respond>,
+                );
+            }
         }
         if shared.options.shadow {
             // Never make a request wait for a limit that is not enforced: the round trip

@@ -7,7 +7,9 @@ mod headers;
 mod http;
 mod rejection;
 
-pub(crate) use self::headers::{policy_header, HeaderParts, Ready, RATELIMIT, RATELIMIT_POLICY};
+pub(crate) use self::headers::{policy_header, HeaderParts, Ready};
+#[cfg(feature = "admin")]
+pub(crate) use self::headers::{RATELIMIT, RATELIMIT_POLICY};
 pub(crate) use self::http::missing_key;
 pub use self::http::{DefaultRejection, ProblemJson};
 pub(crate) use self::rejection::ceil_secs;

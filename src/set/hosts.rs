@@ -7,6 +7,7 @@ use std::num::NonZeroU32;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use bytes::{BufMut, BytesMut};
 use http::HeaderValue;
 
 use crate::backend::{Args, Blocks, Call, Hosts, Remote};
@@ -83,7 +84,7 @@ impl SetHosts {
                 .zip(decisions)
                 .map(|(h, d)| h.policy_for(d));
             let items: Vec<HeaderValue> = items.collect();
-            super::join(items.iter().map(HeaderValue::as_bytes))
+            join(items.iter().map(HeaderValue::as_bytes))
         } else {
             self.policy_header.clone()
         });
@@ -329,4 +330,16 @@ impl Hosts for SetHosts {
         });
         Some(each.collect())
     }
+}
+
+/// `items` as one comma-separated header value.
+pub(super) fn join<'a>(items: impl Iterator<Item = &'a [u8]>) -> HeaderValue {
+    let mut v = BytesMut::new();
+    for item in items {
+        if !v.is_empty() {
+            v.put_slice(b", ");
+        }
+        v.put_slice(item);
+    }
+    HeaderValue::from_maybe_shared(v.freeze()).expect("made of valid header values")
 }
