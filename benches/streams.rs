@@ -47,7 +47,10 @@ where
 async fn engine_calls(url: &str) -> Result<u64, Box<dyn std::error::Error>> {
     let client = redis::Client::open(url)?;
     let mut conn = client.get_multiplexed_async_connection().await?;
-    let info: String = redis::cmd("INFO").arg("commandstats").query_async(&mut conn).await?;
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut conn)
+        .await?;
     let calls = |command: &str| {
         let prefix = format!("cmdstat_{command}:calls=");
         info.lines()
@@ -56,7 +59,10 @@ async fn engine_calls(url: &str) -> Result<u64, Box<dyn std::error::Error>> {
             .and_then(|calls| calls.parse::<u64>().ok())
             .unwrap_or(0)
     };
-    Ok(["fcall", "fcall_ro", "evalsha", "evalsha_ro"].iter().map(|c| calls(c)).sum())
+    Ok(["fcall", "fcall_ro", "evalsha", "evalsha_ro"]
+        .iter()
+        .map(|c| calls(c))
+        .sum())
 }
 
 #[tokio::main]
@@ -68,7 +74,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let seconds: u64 = args.next().map_or(Ok(5), |a| a.parse())?;
     let limit = args.next().unwrap_or_else(|| "period".to_owned());
 
-    let backend = Backend::builder().redis_url(&url).prefix("bench-streams").build()?;
+    let backend = Backend::builder()
+        .redis_url(&url)
+        .prefix("bench-streams")
+        .build()?;
     backend.warm_up().await?;
     let hour = Duration::from_secs(3_600);
     let user = || HeaderKey::from_static("x-user");
@@ -89,7 +98,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         other => return Err(format!("no limit {other:?}: `period` or `lease`").into()),
     };
-    let (open, ()) = http::Request::get("/ws").header("x-user", "alice").body(())?.into_parts();
+    let (open, ()) = http::Request::get("/ws")
+        .header("x-user", "alice")
+        .body(())?
+        .into_parts();
 
     let before = engine_calls(&url).await?;
     let started = Instant::now();
@@ -101,7 +113,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 let mut latencies = Vec::new();
                 // Spread the connections' first messages over one interval.
                 let offset = every.mul_f64(f64::from(i) / f64::from(connections));
-                let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + offset, every);
+                let mut tick =
+                    tokio::time::interval_at(tokio::time::Instant::now() + offset, every);
                 tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
                 let end = Instant::now() + Duration::from_secs(seconds);
                 while Instant::now() < end {
