@@ -165,6 +165,18 @@ impl Decision {
         self
     }
 
+    /// This decision for a request that may use only part of the limit (a priority
+    /// class, [`LayerBuilder::priority`](crate::LayerBuilder::priority)), which leaves `keep`
+    /// units of it to other requests: what remains is what remains for this request's
+    /// class; the limit stays the limit's.
+    pub(crate) fn keeping(mut self, keep: u64) -> Self {
+        self.remaining = self.remaining.saturating_sub(keep);
+        if self.state == State::Allowed && self.remaining == 0 {
+            self.state = State::HitQuota;
+        }
+        self
+    }
+
     /// Whether the request was admitted.
     #[must_use]
     pub fn is_admitted(&self) -> bool {
@@ -305,5 +317,65 @@ mod tests {
     fn remaining_never_exceeds_limit() {
         let d = Decision::new(State::Allowed, 5, 9, Duration::ZERO, Source::InProcess);
         assert_eq!(d.remaining, 5);
+    }
+}
+
+/// The part of a limit a request of a priority class may use
+/// ([`LayerBuilder::priority`](crate::LayerBuilder::priority)), in millionths: a check of
+/// `cost` admits when `cost` plus the units the class leaves to other requests
+/// ([`keep`](Self::keep)) fit, and spends only `cost`. Millionths rather than a float,
+/// so that every host works out the same units (`0.29` of 100 is 29, where the float
+/// product is 28.999…).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Priority(u32);
+
+impl Priority {
+    /// The whole limit: a check as without a priority.
+    pub(crate) const WHOLE: Priority = Priority(1_000_000);
+
+    /// `fraction` of the limit, rounded to the millionth: below 0 (or NaN) none of it,
+    /// above 1 all of it.
+    pub(crate) fn new(fraction: f64) -> Self {
+        if fraction.is_nan() || fraction <= 0.0 {
+            return Priority(0);
+        }
+        // (Within 0..=1_000_000 by the clamp: the cast is exact.)
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        Priority((fraction.min(1.0) * 1_000_000.0).round() as u32)
+    }
+
+    /// Whether it is the whole limit.
+    pub(crate) fn is_whole(self) -> bool {
+        self == Self::WHOLE
+    }
+
+    /// The units of a limit of `capacity` this class may use: `capacity × fraction`,
+    /// rounded down.
+    pub(crate) fn allowed(self, capacity: u64) -> u64 {
+        let units = u128::from(capacity) * u128::from(self.0) / 1_000_000;
+        u64::try_from(units).unwrap_or(capacity)
+    }
+
+    /// The units of a limit of `capacity` it leaves to other requests.
+    pub(crate) fn keep(self, capacity: u64) -> u64 {
+        capacity - self.allowed(capacity)
+    }
+}
+
+#[cfg(test)]
+mod priority_tests {
+    use super::Priority;
+
+    #[test]
+    fn a_priority_is_exact_in_units() {
+        assert_eq!(Priority::new(0.29).allowed(100), 29);
+        assert_eq!(Priority::new(0.6).keep(100), 40);
+        assert_eq!(Priority::new(0.85).keep(100), 15);
+        assert_eq!(Priority::new(1.0).keep(100), 0);
+        assert!(Priority::new(2.0).is_whole());
+        assert_eq!(Priority::new(f64::NAN).allowed(100), 0);
+        assert_eq!(Priority::new(-1.0).allowed(u64::MAX), 0);
+        assert_eq!(Priority::new(0.5).allowed(u64::MAX), u64::MAX / 2);
+        assert_eq!(Priority::new(0.6).allowed(7), 4);
     }
 }

@@ -19,6 +19,17 @@ macro_rules! hosted_limiter {
                 $crate::backend::check(&self.$hosts, key, cost)
             }
 
+            fn check_priority(
+                &self,
+                _index: usize,
+                key: &[u8],
+                cost: ::std::num::NonZeroU32,
+                priority: f64,
+            ) -> $crate::limiter::DecisionFuture {
+                let priority = $crate::decision::Priority::new(priority);
+                $crate::backend::check_priority(&self.$hosts, key, cost, priority)
+            }
+
             fn peek(
                 &self,
                 key: &[u8],

@@ -66,6 +66,26 @@ pub trait Limiter: Send + Sync + 'static {
         self.check(key, cost)
     }
 
+    /// [`check_policy`](Self::check_policy) for a request of a priority class that may
+    /// use `priority` (a fraction from 0 to 1) of the limit: admitted when the cost and
+    /// what the class leaves to others fit, spending the cost (see
+    /// [`LayerBuilder::priority`](crate::LayerBuilder::priority)). The built-in limiters
+    /// decide it in one atomic step, on Redis and in process; the default ignores
+    /// `priority`, as a limiter that has no classes.
+    // Plumbing for priority classes (a layer's `priority`); hidden: a limiter of your own
+    // needs none of it.
+    #[doc(hidden)]
+    fn check_priority(
+        &self,
+        index: usize,
+        key: &[u8],
+        cost: NonZeroU32,
+        priority: f64,
+    ) -> DecisionFuture {
+        let _ = priority;
+        self.check_policy(index, key, cost)
+    }
+
     /// What [`check`](Self::check) of `cost` would answer now, spending nothing. `None`
     /// when this limiter cannot tell (the default); the built-in limiters can, in one
     /// round trip on Redis.
@@ -386,6 +406,16 @@ impl<L: Limiter + ?Sized> Limiter for std::sync::Arc<L> {
 
     fn check_policy(&self, index: usize, key: &[u8], cost: NonZeroU32) -> DecisionFuture {
         (**self).check_policy(index, key, cost)
+    }
+
+    fn check_priority(
+        &self,
+        index: usize,
+        key: &[u8],
+        cost: NonZeroU32,
+        priority: f64,
+    ) -> DecisionFuture {
+        (**self).check_priority(index, key, cost, priority)
     }
 
     fn peek(&self, key: &[u8], cost: NonZeroU32) -> Option<DecisionFuture> {

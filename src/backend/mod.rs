@@ -19,7 +19,7 @@ use crate::local::LocalStore;
 
 pub use self::builder::BackendBuilder;
 pub(crate) use self::decide::block::Blocks;
-pub(crate) use self::decide::check::check;
+pub(crate) use self::decide::check::{check, check_priority};
 #[doc(hidden)]
 pub use self::decide::engine::engine_script;
 pub(crate) use self::decide::hosts::{Hosts, Remote};

@@ -172,9 +172,9 @@ impl<A: WithLimit, S: LimitSource> Shared<A, S> {
     }
 
     /// Checks under a resolved outcome.
-    fn apply(&self, outcome: u64, key: &[u8], cost: NonZeroU32) -> DecisionFuture {
+    fn apply(&self, outcome: u64, key: &[u8], cost: NonZeroU32, priority: f64) -> DecisionFuture {
         match outcome {
-            PENDING | DEFAULT => self.default.limiter.check(key, cost),
+            PENDING | DEFAULT => self.default.limiter.check_priority(0, key, cost, priority),
             REFUSE => DecisionFuture::ready(
                 Decision::new(
                     State::OverQuota,
@@ -195,12 +195,14 @@ impl<A: WithLimit, S: LimitSource> Shared<A, S> {
                             self.limiters.insert(limit, limited.clone());
                             limited
                         }
-                        Err(_) => return self.default.limiter.check(key, cost),
+                        Err(_) => {
+                            return self.default.limiter.check_priority(0, key, cost, priority)
+                        }
                     },
                 };
                 limited
                     .limiter
-                    .check(key, cost)
+                    .check_priority(0, key, cost, priority)
                     .with_policy_header(limited.header.clone())
             }
         }
@@ -333,6 +335,16 @@ impl<A: WithLimit, S: LimitSource> Limiter for DynamicLimiter<A, S> {
     }
 
     fn check(&self, key: &[u8], cost: NonZeroU32) -> DecisionFuture {
+        self.check_priority(0, key, cost, 1.0)
+    }
+
+    fn check_priority(
+        &self,
+        _index: usize,
+        key: &[u8],
+        cost: NonZeroU32,
+        priority: f64,
+    ) -> DecisionFuture {
         let shared = &self.shared;
         let slot = match shared.slots.get(key) {
             Some(slot) => slot,
@@ -354,7 +366,7 @@ impl<A: WithLimit, S: LimitSource> Limiter for DynamicLimiter<A, S> {
             outcome
         };
         if outcome != PENDING {
-            return shared.apply(outcome, key, cost);
+            return shared.apply(outcome, key, cost, priority);
         }
         let shared = self.shared.clone();
         let key = key.to_vec();
@@ -364,7 +376,7 @@ impl<A: WithLimit, S: LimitSource> Limiter for DynamicLimiter<A, S> {
                 Ok(outcome) => outcome,
                 Err(_) => shared.on_failure(PENDING),
             };
-            shared.apply(outcome, &key, cost).await
+            shared.apply(outcome, &key, cost, priority).await
         })
     }
 

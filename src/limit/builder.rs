@@ -238,6 +238,56 @@ impl<A, K, C, R> LayerBuilder<A, K, C, R> {
         self
     }
 
+    /// Priority classes sharing one limit: `priority` gives, from a request's head, the
+    /// fraction of the limit (0 to 1) its class may use. A request is admitted when its
+    /// cost fits within that fraction of the limit, counted on the one state every class
+    /// spends from, and spends only its cost. With critical traffic at 1.0, standard at
+    /// 0.85 and sheddable at 0.6, sheddable requests are refused once 60% of the limit is
+    /// used, standard ones from 85%, and critical ones only at the last unit.
+    ///
+    /// It is decided in the same atomic step as any check: one engine call on Redis,
+    /// one step under the key's lock in process; a [set](crate::LimitSet) holds back
+    /// that fraction of each of its limits, in the same call. The `RateLimit` header and
+    /// the [`Decision`](crate::Decision)'s `remaining` tell each class what remains for
+    /// it; `RateLimit-Policy` states the limit itself. A fraction is of whole units,
+    /// rounded down (0.6 of 7 is 4); below 0 (or NaN) counts as 0, which refuses every
+    /// request, and above 1 as 1, a check as without classes. A cost above a class's part
+    /// of the limit can never be admitted (`ExceedsCapacity`).
+    ///
+    /// A check of a class below 1 takes no shortcut that could answer for another
+    /// class: it goes to Redis itself (no coalescing, batching or token-bucket lease),
+    /// and its refusal is neither kept in the deny cache nor starts a
+    /// [lockout](crate::PeriodConfig::lockout), since the limit is not used up; a refusal
+    /// the deny cache holds is the limit's own and refuses every class. While Redis is
+    /// unreachable the fallback applies each class's fraction to the limits in force
+    /// (this instance's share of them). A request of class 1 is checked as any other.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_redis_ratelimit::{key::HeaderKey, Backend, LimitLayer, PeriodConfig};
+    ///
+    /// # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
+    /// // 1000 calls a minute per tenant, by the class the gateway sets.
+    /// let config = PeriodConfig::new(1_000, Duration::from_secs(60));
+    /// let layer = LimitLayer::builder(&Backend::in_process(), config)
+    ///     .name("api")
+    ///     .key(HeaderKey::from_static("x-tenant"))
+    ///     .priority(|parts| match parts.headers.get("x-priority").map(|v| v.as_bytes()) {
+    ///         Some(b"critical") => 1.0,
+    ///         Some(b"sheddable") => 0.6,
+    ///         _ => 0.85,
+    ///     })
+    ///     .build()?;
+    /// # let _ = layer; Ok(()) }
+    /// ```
+    pub fn priority(
+        mut self,
+        priority: impl Fn(&http::request::Parts) -> f64 + Send + Sync + 'static,
+    ) -> Self {
+        self.options.priority = Some(super::Classes(std::sync::Arc::new(priority)));
+        self
+    }
+
     /// Counts only the requests whose response says so (only failed logins, only
     /// successful exports): each admitted request still reserves its units when it is
     /// checked, so concurrent requests never overshoot the limit, and gets them back

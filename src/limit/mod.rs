@@ -164,6 +164,16 @@ impl std::fmt::Debug for Exempt {
     }
 }
 
+/// The fraction of the limit a request's class may use ([`LayerBuilder::priority`]).
+#[derive(Clone)]
+pub(crate) struct Classes(pub(crate) Arc<dyn Fn(&http::request::Parts) -> f64 + Send + Sync>);
+
+impl std::fmt::Debug for Classes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Classes")
+    }
+}
+
 /// The plain settings of a layer, shared by [`LayerBuilder`] and the service.
 #[derive(Debug, Clone)]
 pub(crate) struct Options {
@@ -179,6 +189,8 @@ pub(crate) struct Options {
     pub(crate) max_key_len: usize,
     pub(crate) count_if: Option<CountIf>,
     pub(crate) usage: Option<Usage>,
+    /// The priority classes ([`LayerBuilder::priority`]).
+    pub(crate) priority: Option<Classes>,
 }
 
 impl Default for Options {
@@ -194,6 +206,7 @@ impl Default for Options {
             max_key_len: DEFAULT_MAX_KEY_LEN,
             count_if: None,
             usage: None,
+            priority: None,
         }
     }
 }
@@ -223,6 +236,23 @@ pub(crate) fn log_missing_key(
 }
 
 impl<L: Limiter, K, C, R> Shared<L, K, C, R> {
+    /// Checks `cost` units of `key` under the policy at `policy` for the request whose
+    /// head is `parts`: of its priority class, when the layer has classes.
+    pub(crate) fn check(
+        &self,
+        policy: usize,
+        key: &[u8],
+        cost: std::num::NonZeroU32,
+        parts: &http::request::Parts,
+    ) -> DecisionFuture {
+        match &self.options.priority {
+            Some(classes) => self
+                .limiter
+                .check_priority(policy, key, cost, (classes.0)(parts)),
+            None => self.limiter.check_policy(policy, key, cost),
+        }
+    }
+
     /// Logs a request without a usable key: at `warn`, rate-limited, when the layer
     /// refuses it and the server should have provided the key ([`KeyOrigin::Server`]:
     /// a misconfiguration); at `debug` when a client did not send it (an ordinary
@@ -456,8 +486,7 @@ where
     fn recheck(&self, policy: usize, request: &http::request::Parts) -> Option<DecisionFuture> {
         let cost = std::num::NonZeroU32::new(self.cost.cost(request))?;
         let key = self.key.extract(request)?;
-        (key.len() <= self.options.max_key_len)
-            .then(|| self.limiter.check_policy(policy, &key, cost))
+        (key.len() <= self.options.max_key_len).then(|| self.check(policy, &key, cost, request))
     }
 
     fn admit(&self, extensions: &mut http::Extensions, decision: Decision) {

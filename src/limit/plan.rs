@@ -270,6 +270,16 @@ where
         self.limiter(index).check(key, cost)
     }
 
+    fn check_priority(
+        &self,
+        index: usize,
+        key: &[u8],
+        cost: NonZeroU32,
+        priority: f64,
+    ) -> DecisionFuture {
+        self.limiter(index).check_priority(0, key, cost, priority)
+    }
+
     /// What a check under the default (first) plan would answer; a plan's own limiter
     /// ([`plan`](PlanLimiter::plan)) peeks under that plan.
     fn peek(&self, key: &[u8], cost: NonZeroU32) -> Option<DecisionFuture> {

@@ -131,7 +131,7 @@ where
                         request_bytes: None,
                     });
                 }
-                shared.limiter.check_policy(policy, &key, cost)
+                shared.check(policy, &key, cost, &parts)
             }
             key => {
                 let too_long = key.is_some();
@@ -152,9 +152,7 @@ where
                             None,
                         );
                     }
-                    MissingKey::Key(key) => {
-                        shared.limiter.check_policy(policy, key.as_bytes(), cost)
-                    }
+                    MissingKey::Key(key) => shared.check(policy, key.as_bytes(), cost, &parts),
                 }
             }
         };

@@ -66,12 +66,20 @@ pub struct StreamLimit {
     shared: Arc<dyn StreamShared>,
     key: Key<'static>,
     policy: usize,
+    /// The connection's priority class, when the layer has classes.
+    priority: Option<f64>,
 }
 
 /// The part of a layer's [`Shared`] a [`StreamLimit`] asks, without its type
 /// parameters.
 trait StreamShared: Send + Sync + 'static {
-    fn check(&self, policy: usize, key: &[u8], cost: NonZeroU32) -> DecisionFuture;
+    fn check(
+        &self,
+        policy: usize,
+        key: &[u8],
+        cost: NonZeroU32,
+        priority: Option<f64>,
+    ) -> DecisionFuture;
     fn record(&self, policy: usize, decision: &Decision);
     fn is_shadow(&self) -> bool;
     fn policy_name(&self, policy: usize) -> &str;
@@ -84,8 +92,17 @@ where
     C: Send + Sync + 'static,
     R: Send + Sync + 'static,
 {
-    fn check(&self, policy: usize, key: &[u8], cost: NonZeroU32) -> DecisionFuture {
-        self.limiter.check_policy(policy, key, cost)
+    fn check(
+        &self,
+        policy: usize,
+        key: &[u8],
+        cost: NonZeroU32,
+        priority: Option<f64>,
+    ) -> DecisionFuture {
+        match priority {
+            Some(priority) => self.limiter.check_priority(policy, key, cost, priority),
+            None => self.limiter.check_policy(policy, key, cost),
+        }
     }
 
     fn record(&self, policy: usize, decision: &Decision) {
@@ -117,8 +134,9 @@ where
     /// counted under the layer's [`MissingKey::Key`] when it has one, else there is no
     /// limit to check: `None` (whether to refuse the connection is the handler's call).
     /// A layer of several policies (a per-plan layer) applies the request's, as it would
-    /// to the request itself. Exemptions and costs of requests do not apply: every
-    /// message is checked, at the cost its check says.
+    /// to the request itself, and so does a layer's [priority
+    /// class](super::LayerBuilder::priority). Exemptions and costs of requests do not
+    /// apply: every message is checked, at the cost its check says.
     pub fn stream(&self, request: &http::request::Parts) -> Option<StreamLimit> {
         let shared = &self.shared;
         let key = match shared.key.extract(request) {
@@ -138,6 +156,11 @@ where
             shared: Arc::clone(shared) as Arc<dyn StreamShared>,
             key,
             policy: policy.unwrap_or(0),
+            priority: shared
+                .options
+                .priority
+                .as_ref()
+                .map(|classes| (classes.0)(request)),
         })
     }
 }
@@ -148,7 +171,10 @@ impl StreamLimit {
     /// One round trip on Redis, answered at once in process; nothing is allocated
     /// beyond what the limiter's check allocates.
     pub async fn check(&self, cost: NonZeroU32) -> Decision {
-        let mut decision = self.shared.check(self.policy, &self.key, cost).await;
+        let check = self
+            .shared
+            .check(self.policy, &self.key, cost, self.priority);
+        let mut decision = check.await;
         self.shared.record(self.policy, &decision);
         if self.shared.is_shadow() && !decision.is_admitted() {
             decision.state = State::Allowed;

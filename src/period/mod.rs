@@ -14,7 +14,7 @@ use self::calendar::Zoned;
 use self::memory::{Schedule, Windows};
 use crate::backend::decide::protocol::{Limit, WindowReply};
 use crate::backend::{Args, Backend, Call, Hosts, Owner, Remote};
-use crate::decision::{Decision, Policy, Source, State};
+use crate::decision::{Decision, Policy, Priority, Source, State};
 use crate::error::ConfigError;
 
 /// The largest UTC offset accepted (±18 hours, as in RFC 3339 and most time libraries).
@@ -435,15 +435,24 @@ impl Hosts for PeriodHosts {
         ))
     }
 
-    fn local(&self, key: &[u8], cost: u32, source: Source, spend: bool) -> Decision {
+    fn local_priority(
+        &self,
+        key: &[u8],
+        cost: u32,
+        priority: Priority,
+        source: Source,
+        spend: bool,
+    ) -> Decision {
         let now_us = self.remote.backend().clock().now_us();
         let schedule = self.schedule(now_us);
         let quota = self.local_quota;
+        // A class that leaves `keep` to others admits within the quota less `keep`.
+        let keep = priority.keep(quota);
         let hit = self
             .windows
-            .hit(key, u64::from(cost), quota, schedule, now_us, spend);
+            .hit(key, u64::from(cost), quota - keep, schedule, now_us, spend);
         let reset = Duration::from_micros(hit.ends_at_us.saturating_sub(now_us));
-        Self::decision(quota, hit.count, reset, hit.admitted, source)
+        Self::decision(quota, hit.count, reset, hit.admitted, source).keeping(keep)
     }
 
     fn local_refund(&self, key: &[u8], cost: u32) {

@@ -167,8 +167,9 @@ end
 -- period (ms), UTC offset (ms) to align windows to, or nil for windows that start at the
 -- first request; for a calendar window, a.argv and a.bounds: the call's ARGV and where
 -- its four boundaries are (calendar_window, src/period/period.lua)}:
--- period_state(KEYS, k, a, now_us) reads the key once, period_step(s, cost, write) decides
--- a check on that state (with `write`, counting it; nothing goes to Redis),
+-- period_state(KEYS, k, a, now_us) reads the key once, period_step(s, cost, write, keep)
+-- decides a check on that state (admitted when the cost and `keep`, the units a priority
+-- class leaves to others, fit; with `write`, counting the cost; nothing goes to Redis),
 -- period_save(KEYS, k, s) writes what the steps changed, once. `KEYS[k]` holds the count, with
 -- the window's end as its expiry (counted by the server).
 -- A step returns {admitted (1/0), count, ms until the window ends}:
@@ -247,11 +248,11 @@ local function period_state(KEYS, k, a, now_us)
   return s
 end
 
-local function period_step(s, cost, write)
+local function period_step(s, cost, write, keep)
   if write and (s.stepped or s.skew ~= s.stored_skew) then
     s.rekey = true
   end
-  if s.count + cost > s.quota then
+  if s.count + cost + keep > s.quota then
     return {0, s.count, s.ttl}
   end
   if write then

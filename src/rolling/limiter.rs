@@ -12,7 +12,7 @@ use std::time::Duration;
 use super::memory::{Grid, Rings};
 use crate::backend::decide::protocol::{Limit, RollingReply};
 use crate::backend::{Args, Backend, Hosts, Owner, Remote};
-use crate::decision::{Decision, Policy, Source, State};
+use crate::decision::{Decision, Policy, Priority, Source, State};
 use crate::error::ConfigError;
 use crate::ring::StepBack;
 
@@ -351,10 +351,21 @@ impl Hosts for RollingHosts {
         ))
     }
 
-    fn local(&self, key: &[u8], cost: u32, source: Source, spend: bool) -> Decision {
+    fn local_priority(
+        &self,
+        key: &[u8],
+        cost: u32,
+        priority: Priority,
+        source: Source,
+        spend: bool,
+    ) -> Decision {
         let now_us = self.remote.backend().clock().now_us();
         let limit = self.local_limit;
-        let hit = self.rings.hit(key, u64::from(cost), limit, now_us, spend);
+        // A class that leaves `keep` to others admits within the limit less `keep`.
+        let keep = priority.keep(limit);
+        let hit = self
+            .rings
+            .hit(key, u64::from(cost), limit - keep, now_us, spend);
         Self::decision(
             limit,
             hit.admitted,
@@ -363,6 +374,7 @@ impl Hosts for RollingHosts {
             Duration::from_micros(hit.reset_us),
             source,
         )
+        .keeping(keep)
     }
 
     fn local_refund(&self, key: &[u8], cost: u32) {

@@ -163,8 +163,9 @@ end
 --## general
 -- Rolling window of time buckets, as an algorithm of the engine (src/backend/decide/engine.lua),
 -- with a = {limit, buckets, interval (ms)}: rolling_state(KEYS, k, a, now_us) reads the key
--- once, rolling_step(s, cost, write) decides a check on that state (with `write`,
--- counting it and marking the housekeeping; nothing goes to Redis), rolling_save(KEYS, k, s)
+-- once, rolling_step(s, cost, write, keep) decides a check on that state (admitted when the
+-- cost and `keep`, the units a priority class leaves to others, fit; with `write`,
+-- counting the cost and marking the housekeeping; nothing goes to Redis), rolling_save(KEYS, k, s)
 -- writes what the steps changed, once. `KEYS[k]` is a hash with one field per bucket: the
 -- absolute bucket index floor(now_ms / interval) in decimal, holding that bucket's
 -- count. A decision that does not write leaves the housekeeping to one that does.
@@ -257,11 +258,11 @@ local function rolling_state(KEYS, k, a, now_us)
     sum = sum, added = 0, marked = marked, before = before }
 end
 
-local function rolling_step(s, cost, write)
+local function rolling_step(s, cost, write, keep)
   if write then
     s.housekeep = true
   end
-  if s.sum + cost <= s.limit then
+  if s.sum + cost + keep <= s.limit then
     if write then
       s.added = s.added + cost
       s.sum = s.sum + cost
@@ -276,7 +277,7 @@ local function rolling_step(s, cost, write)
   end
 
   -- Rejected: the oldest buckets expire first; find the one whose expiry frees enough.
-  local need = s.sum + cost - s.limit
+  local need = s.sum + cost + keep - s.limit
   local freed = 0
   local retry = 0
   for _, index in ipairs(s.indices) do

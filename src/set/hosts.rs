@@ -11,7 +11,7 @@ use bytes::{BufMut, BytesMut};
 use http::HeaderValue;
 
 use crate::backend::{Args, Blocks, Call, Hosts, Remote};
-use crate::decision::{Decision, Policy, RateLimitValue, Source, State};
+use crate::decision::{Decision, Policy, Priority, RateLimitValue, Source, State};
 use crate::response::HeaderParts;
 
 /// Locks of the in-process set checks: one is taken per check, by key.
@@ -259,24 +259,49 @@ impl Hosts for SetHosts {
         (members.len() == self.members.len()).then(|| self.combine(members))
     }
 
-    fn local(&self, key: &[u8], cost: u32, source: Source, spend: bool) -> Decision {
+    fn local_priority(
+        &self,
+        key: &[u8],
+        cost: u32,
+        priority: Priority,
+        source: Source,
+        spend: bool,
+    ) -> Decision {
         let _guard = self.lock(key);
         let mut decisions: Vec<_> = self
             .members
             .iter()
             .enumerate()
-            .map(|(i, m)| m.local(key, self.units(i, cost), source, false))
+            .map(|(i, m)| m.local_priority(key, self.units(i, cost), priority, source, false))
             .collect();
         let admitted = decisions.iter().all(Decision::is_admitted);
         for (i, (member, decision)) in self.members.iter().zip(&mut decisions).enumerate() {
             if admitted && spend {
-                *decision = member.local(key, self.units(i, cost), source, true);
+                *decision = member.local_priority(key, self.units(i, cost), priority, source, true);
             } else if !admitted && decision.is_admitted() {
                 // Refused by another limit: this one stands where it was.
-                *decision = member.local(key, 0, source, false);
+                *decision = member.local_priority(key, 0, priority, source, false);
             }
         }
         self.combine(&decisions)
+    }
+
+    fn keeps(&self, priority: Priority) -> Vec<u64> {
+        let keeps = self.members.iter().map(|m| priority.keep(m.capacity()));
+        keeps.collect()
+    }
+
+    fn decide_priority(
+        &self,
+        reply: &[i64],
+        cost: NonZeroU32,
+        priority: Priority,
+    ) -> Option<Decision> {
+        let decisions: Vec<_> = (self.split(reply, cost)?.into_iter())
+            .zip(self.members.iter())
+            .map(|(decision, member)| decision.keeping(priority.keep(member.capacity())))
+            .collect();
+        Some(self.combine(&decisions))
     }
 
     fn local_refund(&self, key: &[u8], cost: u32) {

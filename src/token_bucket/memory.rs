@@ -79,7 +79,20 @@ impl Tat {
     /// to it (see [`key_now`](Self::key_now)), so a step back never blocks a key longer
     /// than refilling an empty bucket takes, and the clock's return refills nothing. A
     /// step forward at most refills the bucket early.
+    #[cfg(test)]
     pub(crate) fn hit(&mut self, bucket: Bucket, cost: u64, now_ns: u64) -> Outcome {
+        self.hit_keeping(bucket, cost, 0, now_ns)
+    }
+
+    /// [`hit`](Self::hit) that admits only when `keep` more tokens would fit too (the
+    /// tokens a priority class leaves to others), spending `cost`.
+    pub(crate) fn hit_keeping(
+        &mut self,
+        bucket: Bucket,
+        cost: u64,
+        keep: u64,
+        now_ns: u64,
+    ) -> Outcome {
         if cost > bucket.burst {
             return Outcome::ExceedsCapacity;
         }
@@ -90,14 +103,15 @@ impl Tat {
         // A TAT beyond the horizon is a reservation's (tokens promised ahead): it counts.
         let tat = self.tat.max(now_ns);
         let new_tat = tat.saturating_add(cost.saturating_mul(interval));
-        if new_tat > horizon {
+        let needed = new_tat.saturating_add(keep.saturating_mul(interval));
+        if needed > horizon {
             if skew != self.skew {
                 // The script stores the new skew of a refused check.
                 self.store(self.tat, now_ns, skew, tau);
             }
             return Outcome::Refused {
                 left: horizon.saturating_sub(tat) / interval,
-                wait_ns: new_tat - horizon,
+                wait_ns: needed - horizon,
                 full_in_ns: tat - now_ns,
             };
         }
@@ -247,20 +261,21 @@ impl Buckets {
         self.store.remove(self.key(key));
     }
 
-    /// Takes `cost` tokens from `key`'s bucket at `now_ns` if it holds them.
-    /// With `spend` false, only says what taking them would answer.
+    /// Takes `cost` tokens from `key`'s bucket at `now_ns` if it holds them and `keep`
+    /// more (see [`Tat::hit_keeping`]). With `spend` false, only says what taking them would answer.
     pub(crate) fn hit(
         &self,
         key: &[u8],
         bucket: Bucket,
         cost: u64,
+        keep: u64,
         now_ns: u64,
         spend: bool,
     ) -> Outcome {
         if cost > bucket.burst {
             return Outcome::ExceedsCapacity;
         }
-        let step = |tat: &mut Tat| tat.hit(bucket, cost, now_ns);
+        let step = |tat: &mut Tat| tat.hit_keeping(bucket, cost, keep, now_ns);
         if spend {
             self.store.update(self.key(key), Tat::default, step)
         } else {

@@ -9,7 +9,7 @@ use std::time::Duration;
 use self::memory::{Bucket, Buckets, Outcome, Reservation};
 use crate::backend::decide::protocol::{BucketReply, Limit};
 use crate::backend::{self, Args, Backend, Hosts, Leases, Operation, Owner, Remote};
-use crate::decision::{Decision, Policy, Source, State};
+use crate::decision::{Decision, Policy, Priority, Source, State};
 use crate::error::ConfigError;
 use crate::limiter::DecisionFuture;
 
@@ -423,14 +423,22 @@ impl Hosts for TokenBucketHosts {
         })
     }
 
-    fn local(&self, key: &[u8], cost: u32, source: Source, spend: bool) -> Decision {
+    fn local_priority(
+        &self,
+        key: &[u8],
+        cost: u32,
+        priority: Priority,
+        source: Source,
+        spend: bool,
+    ) -> Decision {
         let now_ns = self.remote.backend().clock().elapsed_ns();
         let burst = self.local.burst;
+        let keep = priority.keep(burst);
         // Rounded up to the microsecond, as the script's durations are.
         let ns = |ns: u64| Duration::from_micros(ns.div_ceil(1_000));
         match self
             .buckets
-            .hit(key, self.local, u64::from(cost), now_ns, spend)
+            .hit(key, self.local, u64::from(cost), keep, now_ns, spend)
         {
             Outcome::Admitted { left, full_in_ns } => {
                 let state = if left == 0 {
@@ -438,14 +446,15 @@ impl Hosts for TokenBucketHosts {
                 } else {
                     State::Allowed
                 };
-                Decision::new(state, burst, left, ns(full_in_ns), source)
+                Decision::new(state, burst, left, ns(full_in_ns), source).keeping(keep)
             }
             Outcome::Refused {
                 left,
                 wait_ns,
                 full_in_ns,
             } => Decision::new(State::OverQuota, burst, left, ns(full_in_ns), source)
-                .with_retry_after(ns(wait_ns)),
+                .with_retry_after(ns(wait_ns))
+                .keeping(keep),
             // Above the burst, or above the fallback share of it.
             Outcome::ExceedsCapacity => {
                 Decision::new(State::ExceedsCapacity, burst, 0, Duration::ZERO, source)

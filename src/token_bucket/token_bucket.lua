@@ -286,8 +286,9 @@ end
 -- Token bucket as GCRA, as an algorithm of the engine (src/backend/decide/engine.lua), with
 -- a = {emission interval (µs per token, fractional allowed), burst, epoch (whole seconds
 -- since the Unix epoch)}: token_bucket_state(KEYS, k, a, now_us) reads the key once,
--- token_bucket_step(s, cost, write) decides a check on that state (with `write`, moving
--- it as spending does; nothing goes to Redis), token_bucket_save(KEYS, k, s) writes what the
+-- token_bucket_step(s, cost, write, keep) decides a check on that state (admitted when the
+-- cost and `keep`, the tokens a priority class leaves to others, fit; with `write`, moving
+-- it as spending the cost does; nothing goes to Redis), token_bucket_save(KEYS, k, s) writes what the
 -- steps changed, once. `KEYS[k]` holds the bucket's theoretical arrival time (TAT), in
 -- microseconds since the epoch (close to now, so that doubles keep sub-microsecond
 -- precision). A full bucket has TAT <= now; each token moves TAT one interval into the
@@ -328,7 +329,7 @@ local function token_bucket_state(KEYS, k, a, now_us)
   return s
 end
 
-local function token_bucket_step(s, cost, write)
+local function token_bucket_step(s, cost, write, keep)
   local interval, now, tau, eps = s.interval, s.now, s.tau, s.eps
   -- A TAT beyond now + tau is a reservation's (tokens promised ahead): it counts. Only
   -- a caller whose clock is behind reads it as an empty bucket.
@@ -337,7 +338,7 @@ local function token_bucket_step(s, cost, write)
     tat = math.min(tat, now + tau)
   end
   local new_tat = tat + cost * interval
-  local wait = new_tat - tau - now
+  local wait = new_tat + keep * interval - tau - now
   if write and s.skew ~= s.stored_skew then
     -- The key's skew changed (a step back, or the clock came back): store it.
     s.rekey = true

@@ -32,16 +32,17 @@ use std::time::Duration;
 use tokio::sync::oneshot;
 
 use super::batch::{self, Ask, Queued};
-use super::call::engine_call;
+use super::call::{engine_call, engine_call_of};
 use super::coalesce::{Part, Turn};
 use super::hosts::Hosts;
 use super::leased::check_leased;
-use super::policy::{answering, local_check, unavailable};
+use super::policy::{answering, local_check, unavailable, unavailable_priority};
 use super::protocol::Op;
 use super::queued::{batches, calls, queued_part};
-use super::reply::{cached_refusal, conclude};
+use super::reply::{cached_refusal, conclude, read_reply, report};
+use crate::backend::redis::fault::ScriptError;
 use crate::backend::redis::RedisBackend;
-use crate::decision::Source;
+use crate::decision::{Priority, Source};
 use crate::limiter::DecisionFuture;
 
 /// Answers a check from Redis when the breaker lets it through (one round trip, run by
@@ -61,7 +62,14 @@ pub(crate) fn check<T: Hosts + ?Sized>(
         return DecisionFuture::ready(store.exceeds_capacity(answering(redis)));
     }
     let Some(redis) = redis else {
-        return DecisionFuture::ready(local_check(&**store, key, cost.get(), Source::InProcess));
+        let whole = Priority::WHOLE;
+        return DecisionFuture::ready(local_check(
+            &**store,
+            key,
+            cost.get(),
+            whole,
+            Source::InProcess,
+        ));
     };
     if let Some(leases) = store.leases() {
         return check_leased(store, leases, redis, key, cost);
@@ -103,6 +111,66 @@ pub(crate) fn check<T: Hosts + ?Sized>(
         }
     }
     call_redis(leader, key, cost, deny_key)
+}
+
+/// [`check`] for a request of a priority class that may use `priority` of each limit:
+/// on Redis, the engine's `h` (one round trip: each limit admits when the cost and what
+/// the class leaves to others fit, and spends the cost), answering the class's
+/// remaining. A cost above the class's part of the capacity can never be admitted. Such a check takes no
+/// shortcut that would answer for another class: no lease, no coalescing or batching,
+/// and its refusal is neither remembered in the deny cache nor a lockout (it did not use
+/// the limit up); a refusal the deny cache holds is the limit's, and refuses every class.
+/// The fallback applies the class's part to the limits in force.
+pub(crate) fn check_priority<T: Hosts + ?Sized>(
+    store: &Arc<T>,
+    key: &[u8],
+    cost: NonZeroU32,
+    priority: Priority,
+) -> DecisionFuture {
+    if priority.is_whole() {
+        return check(store, key, cost);
+    }
+    let remote = store.remote();
+    let redis = remote.backend.redis_handle();
+    if u64::from(cost.get()) > priority.allowed(store.capacity()) {
+        return DecisionFuture::ready(store.exceeds_capacity(answering(redis)));
+    }
+    let Some(redis) = redis else {
+        return DecisionFuture::ready(local_check(
+            &**store,
+            key,
+            cost.get(),
+            priority,
+            Source::InProcess,
+        ));
+    };
+    if !redis.admit() {
+        return DecisionFuture::ready(unavailable_priority(&**store, key, cost, priority));
+    }
+    let redis_key = remote.redis_key(key);
+    if let Err(refused) = cached_refusal(&**store, &redis_key) {
+        return DecisionFuture::ready(refused);
+    }
+    let keeps = store.keeps(priority);
+    let keys = [(key, &redis_key[..])];
+    let call = engine_call_of(&**store, &keys, Op::Priority, cost, 0, &keeps);
+    let store = Arc::clone(store);
+    let redis = Arc::clone(redis);
+    let key = key.to_vec();
+    DecisionFuture::pending(async move {
+        let started = std::time::Instant::now();
+        let result = redis.eval(&call).await;
+        store.remote().record_duration(started.elapsed());
+        let error = match result {
+            Ok(reply) => match read_reply(&*store, &reply, cost, priority) {
+                Some(decision) => return decision,
+                None => ScriptError::Reply(reply),
+            },
+            Err(error) => error,
+        };
+        report(&*store, &redis, &redis_key, &error);
+        unavailable_priority(&*store, &key, cost, priority)
+    })
 }
 
 /// A check of a key another check's call is in flight for: its part of the key's next

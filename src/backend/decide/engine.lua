@@ -24,9 +24,11 @@
 --   'f' refund: give the cost back to every limit; 's' settle: the cost is a signed
 --   delta, given back when below 0 (as 'f'), spent whatever the limits say when above
 --   0 (debt: see each algorithm's X_charge); 'x' reset: forget the key and its block;
---   'b' block: refuse the key for `cost` ms; 'u' unblock: lift the key's block, keep
---   its counts; 'v' reserve: one token bucket's tokens at
---   the earliest time they fit; 'l' lease: at least the cost of one token bucket's
+--   'h' a check of a priority class: each limit admits when the cost and the units the
+--   class leaves to others (the limit's extra number, one per limit) fit, and spends
+--   the cost; 'b' block: refuse the key for `cost` ms; 'u' unblock: lift the key's
+--   block, keep its counts; 'v' reserve: one token bucket's tokens at the earliest time
+--   they fit; 'l' lease: at least the cost of one token bucket's
 --   tokens, at most `param`, after giving back the unused tokens of the key's expired
 --   lease (their count the first extra number); 'm' several checks of the key at once,
 --   their count in place of the cost and their costs the extra numbers, 'M' several
@@ -201,8 +203,20 @@ local function units(i, c)
   return c
 end
 -- The numbers after the limits' and the boundaries (a lease's unused tokens, coalesced
--- costs).
+-- costs, a class's units left to others).
 at = bounds_at
+-- What each limit keeps back of a check: nothing, or for a priority class's ('h') the
+-- units it leaves to others (a check otherwise).
+local keeps = {}
+for i = 1, n do
+  keeps[i] = 0
+end
+if op == 'h' then
+  for i = 1, n do
+    keeps[i] = tonumber(ARGV[at + i - 1])
+  end
+  op = 'c'
+end
 local now_us = unix_us(ARGV)
 -- The states a settlement charged: decided on and saved below, read once.
 local settled = {}
@@ -287,7 +301,7 @@ local function decide(op, cost)
     if states[i] == nil then
       states[i] = limits[i][1].state(KEYS, i, limits[i][2], now_us)
     end
-    replies[i] = limits[i][1].step(states[i], units(i, cost), spend and n == 1)
+    replies[i] = limits[i][1].step(states[i], units(i, cost), spend and n == 1, keeps[i])
     if replies[i][1] == 0 then
       admitted = 0
     end
@@ -295,14 +309,14 @@ local function decide(op, cost)
   if spend and n > 1 and admitted == 1 then
     -- Every limit admits: each spends what it decided.
     for i = 1, n do
-      limits[i][1].step(states[i], units(i, cost), true)
+      limits[i][1].step(states[i], units(i, cost), true, 0)
     end
   elseif (n > 1 and admitted == 0) or blocked > 0 then
     -- Refused (or blocked): a limit that would have admitted says where it stands,
     -- untouched (a cost of 0 spends nothing).
     for i = 1, n do
       if replies[i][1] == 1 then
-        replies[i] = limits[i][1].step(states[i], 0, false)
+        replies[i] = limits[i][1].step(states[i], 0, false, 0)
       end
     end
   end
@@ -369,6 +383,9 @@ end
 -- A peek writes nothing (FCALL_RO): a mark it reads is the engine's to take off.
 -- (`first`: the op the call asked for, 'M' as 'm'; `op` is 'p' after a settlement.)
 local first = shared and 'm' or H[1]
+if first == 'h' then
+  first = 'c'
+end
 if first ~= 'p' then
   for i = 1, n do
     local marked = states[i] ~= nil and states[i].marked

@@ -15,7 +15,7 @@ use super::listing::Index;
 use crate::backend::redis::call::{Args, Call};
 use crate::backend::redis::fault::ScriptError;
 use crate::backend::Backend;
-use crate::decision::{Decision, Source};
+use crate::decision::{Decision, Priority, Source};
 use crate::metrics::RedisMetrics;
 
 /// What one limiter needs of the backend: the handle, its Redis key layout, and its
@@ -201,7 +201,38 @@ pub(crate) trait Hosts: Send + Sync + 'static {
     }
     /// Answers from the in-process state; with `spend` false, only says what spending
     /// would answer, changing nothing (a `cost` of 0: where the key stands).
-    fn local(&self, key: &[u8], cost: u32, source: Source, spend: bool) -> Decision;
+    fn local(&self, key: &[u8], cost: u32, source: Source, spend: bool) -> Decision {
+        self.local_priority(key, cost, Priority::WHOLE, source, spend)
+    }
+    /// [`local`](Self::local) for a request of a priority class that may use `priority`
+    /// of each limit: admitted when the cost and what the class leaves of the limit in
+    /// force to others ([`Priority::keep`]) fit, spending the cost, in one step under the
+    /// key's lock, as the engine's `h`; its remaining is the class's.
+    fn local_priority(
+        &self,
+        key: &[u8],
+        cost: u32,
+        priority: Priority,
+        source: Source,
+        spend: bool,
+    ) -> Decision;
+    /// What a priority class of `priority` leaves to others of each limit on Redis, in
+    /// order: the engine's `h`'s extra numbers.
+    fn keeps(&self, priority: Priority) -> Vec<u64> {
+        vec![priority.keep(self.capacity())]
+    }
+    /// [`decide`](Self::decide) for a check of a class of `priority`
+    /// ([`keeps`](Self::keeps)): each limit's remaining is the class's.
+    fn decide_priority(
+        &self,
+        reply: &[i64],
+        cost: NonZeroU32,
+        priority: Priority,
+    ) -> Option<Decision> {
+        let keep = priority.keep(self.capacity());
+        self.decide(reply, cost)
+            .map(|decision| decision.keeping(keep))
+    }
     /// What a check of `cost` says of a key blocked for `wait` more, spending nothing:
     /// the limit's refusal of the cost if it would refuse it (so the wait is the longer
     /// of the block's and the limit's own), else where the key stands (as the engine

@@ -14,7 +14,7 @@ use super::policy::unavailable;
 use super::protocol::Op;
 use super::reply::{cached_refusal, conclude, forget_refusal, read_reply};
 use crate::backend::redis::RedisBackend;
-use crate::decision::{Decision, Source, State};
+use crate::decision::{Decision, Priority, Source, State};
 use crate::limiter::DecisionFuture;
 
 /// A check of a limiter with leases: from the key's lease in process when it covers
@@ -135,7 +135,7 @@ fn give_back<T: Hosts + ?Sized>(
         let reply = redis.eval(&call).await;
         if reply
             .ok()
-            .and_then(|reply| read_reply(&*store, &reply, units))
+            .and_then(|reply| read_reply(&*store, &reply, units, Priority::WHOLE))
             .is_none()
         {
             store.local_refund(&key, unused);

@@ -26,7 +26,7 @@ use super::reply::{forget_refusal, read_reply, report};
 use crate::backend::redis::fault::ScriptError;
 use crate::backend::FailurePolicy;
 use crate::blocked::{Blocked, Listing};
-use crate::decision::{Decision, Source};
+use crate::decision::{Decision, Priority, Source};
 use crate::key::Key;
 use crate::limiter::DecisionFuture;
 
@@ -145,7 +145,7 @@ pub(crate) fn operate<T: Hosts + ?Sized>(
                 return DecisionFuture::pending(async move {
                     let part = queued_part(part, deadline).await;
                     let decision = part.map(|reply| {
-                        read_reply(&*store, &reply, NonZeroU32::MIN)
+                        read_reply(&*store, &reply, NonZeroU32::MIN, Priority::WHOLE)
                             .ok_or_else(|| ScriptError::Reply(reply.to_vec()))
                     });
                     match decision {
@@ -192,7 +192,12 @@ pub(crate) fn operate<T: Hosts + ?Sized>(
         let reply = result.as_ref().ok();
         let decision = reply.and_then(|reply| {
             let cost = u32::try_from(cost).ok().and_then(NonZeroU32::new);
-            read_reply(&*store, reply, cost.unwrap_or(NonZeroU32::MIN))
+            read_reply(
+                &*store,
+                reply,
+                cost.unwrap_or(NonZeroU32::MIN),
+                Priority::WHOLE,
+            )
         });
         match (&result, &decision) {
             (Err(error), _) => report(&*store, &redis, &redis_key, error),

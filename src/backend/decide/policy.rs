@@ -11,14 +11,25 @@ use std::time::Duration;
 use super::hosts::Hosts;
 use crate::backend::redis::RedisBackend;
 use crate::backend::{FailurePolicy, DEFAULT_PROBE_INTERVAL};
-use crate::decision::{Decision, Source, State};
+use crate::decision::{Decision, Priority, Source, State};
 
 /// The answer while Redis is unreachable, by the layer's failure policy.
 pub(super) fn unavailable<T: Hosts + ?Sized>(store: &T, key: &[u8], cost: NonZeroU32) -> Decision {
+    unavailable_priority(store, key, cost, Priority::WHOLE)
+}
+
+/// [`unavailable`] for a priority class of `priority`: the fallback applies it to the
+/// limits in force.
+pub(super) fn unavailable_priority<T: Hosts + ?Sized>(
+    store: &T,
+    key: &[u8],
+    cost: NonZeroU32,
+    priority: Priority,
+) -> Decision {
     let backend = &store.remote().backend;
     match backend.failover.policy {
         FailurePolicy::Fallback if no_share(store) => refused_until_probe(store, Source::Fallback),
-        FailurePolicy::Fallback => local_check(store, key, cost.get(), Source::Fallback),
+        FailurePolicy::Fallback => local_check(store, key, cost.get(), priority, Source::Fallback),
         FailurePolicy::FailOpen => {
             let limit = store.capacity();
             Decision::new(
@@ -52,11 +63,13 @@ pub(super) fn refused_until_probe<T: Hosts + ?Sized>(store: &T, source: Source) 
 }
 
 /// A check on the in-process state: refused while the key is blocked (spending
-/// nothing), and a refusal starts the limit's lockout.
+/// nothing), and a refusal starts the limit's lockout (a priority class's refusal, of
+/// a `priority` below the whole, does not: the limit is not used up).
 pub(super) fn local_check<T: Hosts + ?Sized>(
     store: &T,
     key: &[u8],
     cost: u32,
+    priority: Priority,
     source: Source,
 ) -> Decision {
     let blocks = store.blocks();
@@ -66,8 +79,8 @@ pub(super) fn local_check<T: Hosts + ?Sized>(
         let wait = Duration::from_micros(until.saturating_sub(now_us()));
         return store.local_blocked(key, cost, source, wait);
     }
-    let decision = store.local(key, cost, source, true);
-    if decision.is_admitted() || decision.state == State::ExceedsCapacity {
+    let decision = store.local_priority(key, cost, priority, source, true);
+    if decision.is_admitted() || decision.state == State::ExceedsCapacity || !priority.is_whole() {
         return decision;
     }
     let now = now_us();

@@ -23,6 +23,10 @@ use crate::backend::redis::call::Args;
 pub(crate) enum Op {
     /// Decides a check, and spends when every limit admits.
     Check,
+    /// Decides a check of a priority class: each limit admits when the cost and the
+    /// units the class leaves to others (the extra numbers, one per limit) fit, and
+    /// spends the cost.
+    Priority,
     /// Decides a check, spending nothing.
     Peek,
     /// Gives the cost back to every limit.
@@ -57,8 +61,9 @@ pub(crate) enum Op {
 impl Op {
     /// Every operation (for the tests that hold the Lua to them).
     #[cfg(test)]
-    pub(crate) const ALL: [Op; 13] = [
+    pub(crate) const ALL: [Op; 14] = [
         Op::Check,
+        Op::Priority,
         Op::Peek,
         Op::Refund,
         Op::Settle,
@@ -77,6 +82,7 @@ impl Op {
     pub(crate) const fn word(self) -> &'static str {
         match self {
             Op::Check => "c",
+            Op::Priority => "h",
             Op::Peek => "p",
             Op::Refund => "f",
             Op::Settle => "s",

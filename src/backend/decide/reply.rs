@@ -15,7 +15,7 @@ use super::policy::unavailable;
 use super::protocol::Reply;
 use crate::backend::redis::fault::{Fault, ScriptError};
 use crate::backend::redis::RedisBackend;
-use crate::decision::{Decision, Source, State};
+use crate::decision::{Decision, Priority, Source, State};
 
 /// The deny cache's entry for `redis_key`: `Err` with the refusal when Redis refused the
 /// key moments ago until a time not reached yet; else `Ok` with the key's hash in the
@@ -96,7 +96,7 @@ pub(super) fn conclude<T: Hosts + ?Sized, R: Deref<Target = [i64]>>(
 ) -> Decision {
     let remote = store.remote();
     let error = match reply {
-        Ok(reply) => match read_reply(store, &reply, cost) {
+        Ok(reply) => match read_reply(store, &reply, cost, Priority::WHOLE) {
             Some(decision) => {
                 // A refusal that locked the key out: listed in the background.
                 let locked_ms = reply.get(1).and_then(|&ms| u64::try_from(ms).ok());
@@ -168,17 +168,21 @@ pub(super) fn report<T: Hosts + ?Sized>(
     }
 }
 
-/// The engine's reply ([`Reply`]) read into a decision.
+/// The engine's reply ([`Reply`]) read into a decision, of a priority class of
+/// `priority` (the whole limit for any check but the engine's `h`).
 pub(super) fn read_reply<T: Hosts + ?Sized>(
     store: &T,
     reply: &[i64],
     cost: NonZeroU32,
+    priority: Priority,
 ) -> Option<Decision> {
     let reply = Reply::read(reply)?;
     if reply.blocked_ms > 0 {
         let blocked = Duration::from_millis(reply.blocked_ms);
         store.decide_blocked(reply.limits, cost, blocked)
-    } else {
+    } else if priority.is_whole() {
         store.decide(reply.limits, cost)
+    } else {
+        store.decide_priority(reply.limits, cost, priority)
     }
 }

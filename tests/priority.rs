@@ -1,0 +1,266 @@
+//! Priority classes sharing one limit (issue 54, item 3: `LayerBuilder::priority`):
+//! critical, standard and sheddable traffic spend from one limit; sheddable is refused
+//! from 60% of it, standard from 85%, critical only at the last unit, in the same atomic
+//! decision, in process and on Redis across two instances; the headers tell each class
+//! its own remaining; a class's refusal is neither cached nor a lockout; the fallback
+//! applies the classes to the limits in force.
+
+mod support;
+
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::routing::get;
+use axum::Router;
+use http::{Request, StatusCode};
+use support::RedisServer;
+use tower::ServiceExt;
+use tower_redis_ratelimit::key::HeaderKey;
+use tower_redis_ratelimit::{Backend, FailurePolicy, LimitLayer, LimitSet, PeriodConfig};
+use tower_redis_ratelimit::{TokenBucketConfig, TokenBucketLayer};
+
+/// The class a request names in `x-priority`: critical 1.0, sheddable 0.6, else 0.85.
+fn class(parts: &http::request::Parts) -> f64 {
+    match parts.headers.get("x-priority").map(|v| v.as_bytes()) {
+        Some(b"critical") => 1.0,
+        Some(b"sheddable") => 0.6,
+        _ => 0.85,
+    }
+}
+
+/// An app limited to 100 a minute per tenant, by class.
+fn app(backend: &Backend, config: PeriodConfig) -> Router {
+    let layer = LimitLayer::builder(backend, config)
+        .name("api")
+        .key(HeaderKey::from_static("x-tenant"))
+        .priority(class)
+        .build()
+        .unwrap();
+    Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(layer)
+}
+
+/// A request of `class` for tenant `t1`: its status and its `RateLimit` header.
+async fn call(app: &Router, class: &str) -> (StatusCode, String) {
+    let request = Request::get("/")
+        .header("x-tenant", "t1")
+        .header("x-priority", class)
+        .body(Body::empty())
+        .unwrap();
+    let response = app.clone().oneshot(request).await.unwrap();
+    let header = response
+        .headers()
+        .get("ratelimit")
+        .map(|v| v.to_str().unwrap().to_owned())
+        .unwrap_or_default();
+    (response.status(), header)
+}
+
+/// The `r=` of a `RateLimit` value.
+fn remaining(header: &str) -> u64 {
+    let r = header.split(';').find_map(|item| item.strip_prefix("r="));
+    r.unwrap_or_else(|| panic!("no r= in {header:?}"))
+        .parse()
+        .unwrap()
+}
+
+/// Sends requests of `class` through `apps` in turn until one is refused: the number
+/// admitted, and the remaining each admitted one was told, in order.
+async fn until_refused(apps: &[&Router], class: &str) -> (usize, Vec<u64>) {
+    let mut told = Vec::new();
+    for i in 0..1_000 {
+        let (status, header) = call(apps[i % apps.len()], class).await;
+        if status == StatusCode::TOO_MANY_REQUESTS {
+            assert_eq!(remaining(&header), 0, "a refusal leaves its class nothing");
+            return (told.len(), told);
+        }
+        assert_eq!(status, StatusCode::OK);
+        told.push(remaining(&header));
+    }
+    panic!("never refused");
+}
+
+/// Sheddable gets 60 of 100, standard 25 more, critical the last 15; each admitted
+/// request is told its own class's remaining; a lower class's refusal never refuses a
+/// higher one (the deny cache keeps none of them); once critical has used the last unit
+/// every class is refused.
+async fn classes_on(apps: &[&Router]) {
+    let (shed, told) = until_refused(apps, "sheddable").await;
+    assert_eq!(shed, 60);
+    assert_eq!(told, (0..60).rev().collect::<Vec<u64>>());
+    // Refused again, and a standard request right after is admitted all the same.
+    assert_eq!(
+        call(apps[0], "sheddable").await.0,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    let (standard, told) = until_refused(apps, "standard").await;
+    assert_eq!(standard, 25);
+    assert_eq!(told, (0..25).rev().collect::<Vec<u64>>());
+    let (critical, told) = until_refused(apps, "critical").await;
+    assert_eq!(critical, 15);
+    assert_eq!(told, (0..15).rev().collect::<Vec<u64>>());
+    for class in ["critical", "standard", "sheddable"] {
+        let (status, header) = call(apps[1 % apps.len()], class).await;
+        assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{class}");
+        assert_eq!(remaining(&header), 0);
+    }
+}
+
+#[tokio::test]
+async fn classes_share_one_limit_in_process() {
+    let backend = Backend::in_process();
+    let app = app(&backend, PeriodConfig::new(100, Duration::from_secs(60)));
+    classes_on(&[&app]).await;
+}
+
+#[tokio::test]
+async fn classes_share_one_limit_across_two_instances_on_redis() {
+    let redis = RedisServer::start();
+    let backend = || {
+        support::backend_builder()
+            .redis_url(redis.url())
+            .build()
+            .unwrap()
+    };
+    let config = PeriodConfig::new(100, Duration::from_secs(60));
+    let (one, two) = (app(&backend(), config.clone()), app(&backend(), config));
+    classes_on(&[&one, &two]).await;
+    // One counter on Redis, spent by every class: 100 units, each request one.
+    let count = redis.cmd(&["GET", "ratelimit:{v1:hdr:x-tenant:t1}:period:api"]);
+    assert_eq!(count.trim(), "100");
+}
+
+/// A lockout punishes a limit used up, not a class held back: sheddable refusals lock
+/// nothing, so critical goes on; critical's own refusal then locks the tenant out.
+#[tokio::test]
+async fn a_class_refusal_is_no_lockout() {
+    let redis = RedisServer::start();
+    for backend in [
+        Backend::in_process(),
+        support::backend_builder()
+            .redis_url(redis.url())
+            .build()
+            .unwrap(),
+    ] {
+        let config =
+            PeriodConfig::new(10, Duration::from_secs(60)).lockout(Duration::from_secs(600));
+        let app = app(&backend, config);
+        for _ in 0..6 {
+            assert_eq!(call(&app, "sheddable").await.0, StatusCode::OK);
+        }
+        for _ in 0..3 {
+            assert_eq!(
+                call(&app, "sheddable").await.0,
+                StatusCode::TOO_MANY_REQUESTS
+            );
+        }
+        for _ in 0..4 {
+            assert_eq!(call(&app, "critical").await.0, StatusCode::OK);
+        }
+        assert_eq!(
+            call(&app, "critical").await.0,
+            StatusCode::TOO_MANY_REQUESTS
+        );
+        // Now locked out: the refusal says so for the lockout's length.
+        let request = Request::get("/")
+            .header("x-tenant", "t1")
+            .header("x-priority", "critical")
+            .body(Body::empty())
+            .unwrap();
+        let response = app.clone().oneshot(request).await.unwrap();
+        let retry: u64 = response.headers()["retry-after"]
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!(retry > 500, "locked out for the lockout: {retry} s");
+    }
+}
+
+/// A set holds each class back on each of its limits, in one call: with 10 a minute
+/// and a bucket of 20, sheddable gets 6 (60% of the window), and the headers list both
+/// limits' remaining for the class.
+#[tokio::test]
+async fn a_set_holds_each_limit_back() {
+    let redis = RedisServer::start();
+    for backend in [
+        Backend::in_process(),
+        support::backend_builder()
+            .redis_url(redis.url())
+            .build()
+            .unwrap(),
+    ] {
+        let set = LimitSet::new()
+            .limit("minute", PeriodConfig::new(10, Duration::from_secs(60)))
+            .limit(
+                "burst",
+                TokenBucketConfig::new(1, Duration::from_secs(3_600), 20),
+            );
+        let layer = LimitLayer::builder(&backend, set)
+            .name("api")
+            .key(HeaderKey::from_static("x-tenant"))
+            .priority(class)
+            .build()
+            .unwrap();
+        let app = Router::new()
+            .route("/", get(|| async { "ok" }))
+            .layer(layer);
+        let (shed, _) = until_refused(&[&app], "sheddable").await;
+        assert_eq!(shed, 6);
+        let (status, header) = call(&app, "critical").await;
+        assert_eq!(status, StatusCode::OK);
+        // 7 spent: 3 left of the window, 13 of the bucket, for critical.
+        assert!(
+            header.contains("r=3;") && header.contains("r=13;"),
+            "{header}"
+        );
+        let (_, header) = call(&app, "sheddable").await;
+        assert!(header.contains("r=0;"), "{header}");
+    }
+}
+
+/// A token bucket with leases: a class below 1 goes to Redis itself (a lease would spend
+/// for every class), and is held back as any check.
+#[tokio::test]
+async fn a_leased_bucket_holds_classes_back_on_redis() {
+    let redis = RedisServer::start();
+    let backend = support::backend_builder()
+        .redis_url(redis.url())
+        .build()
+        .unwrap();
+    let config =
+        TokenBucketConfig::new(1, Duration::from_secs(3_600), 50).lease(10, Duration::from_secs(5));
+    let layer: TokenBucketLayer<HeaderKey> = LimitLayer::builder(&backend, config)
+        .name("api")
+        .key(HeaderKey::from_static("x-tenant"))
+        .priority(class)
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(layer);
+    let (shed, _) = until_refused(&[&app], "sheddable").await;
+    assert_eq!(shed, 30);
+    let (standard, _) = until_refused(&[&app], "standard").await;
+    assert_eq!(standard, 12);
+    // Critical takes the last 8 through leases (a lease holds what is left).
+    let (critical, _) = until_refused(&[&app], "critical").await;
+    assert_eq!(critical, 8);
+}
+
+/// While Redis does not answer, the fallback applies each class to the limit in force
+/// (this instance's share: all of it, as one instance).
+#[tokio::test]
+async fn the_fallback_applies_the_classes() {
+    let backend = support::backend_builder()
+        .redis_url("redis://127.0.0.1:1")
+        .failure_policy(FailurePolicy::Fallback)
+        .build()
+        .unwrap();
+    let app = app(&backend, PeriodConfig::new(100, Duration::from_secs(60)));
+    let (shed, _) = until_refused(&[&app], "sheddable").await;
+    assert_eq!(shed, 60);
+    let (critical, _) = until_refused(&[&app], "critical").await;
+    assert_eq!(critical, 40);
+}
