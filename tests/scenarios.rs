@@ -43,6 +43,8 @@ enum Op {
     Reserve(u64),
     /// Settles the key by this many units (spent past the limit, or given back).
     Settle(i64),
+    /// A check of a priority class that may use this percentage of the limit.
+    Priority(u32),
 }
 
 /// One operation (a check unless said otherwise): at `at` ms from [`T0_MS`], `cost`
@@ -181,6 +183,10 @@ async fn run(
         let cost = NonZeroU32::new(step.cost).unwrap_or(NonZeroU32::MIN);
         let decision = match step.op {
             Op::Check => limiter.check(b"k", cost).await,
+            Op::Priority(percent) => {
+                let priority = f64::from(percent) / 100.0;
+                limiter.check_priority(0, b"k", cost, priority).await
+            }
             Op::Peek => limiter.peek(b"k", cost).expect("built-in").await,
             Op::Refund => limiter.refund(b"k", cost).expect("built-in").await,
             Op::Settle(delta) => limiter.settle(b"k", delta).expect("built-in").await,
@@ -1518,4 +1524,97 @@ async fn calendar_windows_follow_the_server_clock() {
         );
     }
     clock.set_offset_us(0);
+}
+
+// ---------------------------------------------------------------------------
+// Priority classes
+// ---------------------------------------------------------------------------
+
+/// Priority classes on one limit (`LayerBuilder::priority`), on every algorithm and a
+/// set: a class of 60% or 85% is admitted while its cost and what it leaves to the
+/// others fit, spends only its cost, and is told what remains for it; a blocked key
+/// refuses a class as its own check would; a cost above the class's part of the limit
+/// can never be admitted.
+#[tokio::test]
+async fn priority_classes_hosts_agree() {
+    let r = Some;
+    let p = Op::Priority;
+    run_table(&[
+        Scenario {
+            name: "classes on a fixed window: 6, 8 and 10 of 10",
+            limiter: |backend, name| period(10, SEC)(backend, name),
+            hosts: Hosts::All,
+            steps: vec![
+                with(p(60), step(0, 1, Allowed, 5, 1_000, None)),
+                with(p(60), step(0, 4, Allowed, 1, 1_000, None)),
+                with(p(60), step(0, 1, HitQuota, 0, 1_000, None)),
+                with(p(60), step(10, 1, OverQuota, 0, 990, r(990))),
+                with(p(85), step(10, 2, HitQuota, 0, 990, None)),
+                with(p(85), step(20, 1, OverQuota, 0, 980, r(980))),
+                step(20, 1, Allowed, 1, 980, None),
+                // A class of 100%: a check.
+                with(p(100), step(20, 1, HitQuota, 0, 980, None)),
+                // Above 6, the class's part: never admitted.
+                with(p(60), step(30, 7, ExceedsCapacity, 0, 1_000, None)),
+                with(p(60), step(1_000, 6, HitQuota, 0, 1_000, None)),
+            ],
+        },
+        Scenario {
+            name: "classes on a blocked fixed window",
+            limiter: |backend, name| period(10, SEC)(backend, name),
+            hosts: Hosts::All,
+            steps: vec![
+                with(p(60), step(0, 6, HitQuota, 0, 1_000, None)),
+                with(Op::Block, step(10, 100, OverQuota, 0, 990, r(100))),
+                // Refused by its class past the block's end: the class's wait.
+                with(p(60), step(20, 1, OverQuota, 0, 980, r(980))),
+                step(20, 1, OverQuota, 0, 980, r(90)),
+                with(p(60), step(200, 1, OverQuota, 0, 800, r(800))),
+                with(p(85), step(200, 2, HitQuota, 0, 800, None)),
+            ],
+        },
+        Scenario {
+            name: "classes on a token bucket: 3, 4 and 5 of 5",
+            limiter: bucket_10_per_second_burst_5,
+            hosts: Hosts::All,
+            steps: vec![
+                with(p(60), step(0, 1, Allowed, 2, 100, None)),
+                with(p(60), step(0, 2, HitQuota, 0, 300, None)),
+                with(p(60), step(0, 1, OverQuota, 0, 300, r(100))),
+                with(p(85), step(0, 1, HitQuota, 0, 400, None)),
+                step(0, 1, HitQuota, 0, 500, None),
+                with(p(60), step(150, 1, OverQuota, 0, 350, r(150))),
+                with(p(60), step(300, 1, HitQuota, 0, 300, None)),
+                with(p(60), step(400, 4, ExceedsCapacity, 0, 0, None)),
+            ],
+        },
+        Scenario {
+            name: "classes on a rolling window: 3, 4 and 5 of 5",
+            limiter: rolling_5_per_10x100ms,
+            hosts: Hosts::All,
+            steps: vec![
+                with(p(60), step(0, 2, Allowed, 1, 1_000, None)),
+                with(p(60), step(50, 1, HitQuota, 0, 950, None)),
+                with(p(60), step(150, 1, OverQuota, 0, 850, r(850))),
+                with(p(85), step(150, 1, HitQuota, 0, 950, None)),
+                step(200, 1, HitQuota, 0, 1_000, None),
+                // The bucket of 0 ms (3 units) is gone.
+                with(p(85), step(1_000, 1, Allowed, 1, 1_000, None)),
+            ],
+        },
+        Scenario {
+            name: "classes on a set: each limit holds its class back",
+            limiter: set_bucket_and_rolling,
+            hosts: Hosts::All,
+            steps: vec![
+                with(p(60), step(0, 1, HitQuota, 0, 100, None)),
+                // Refused by both; the rolling window waits longest.
+                with(p(60), step(0, 1, OverQuota, 0, 1_000, r(1_000))),
+                step(0, 1, HitQuota, 0, 200, None),
+                with(p(85), step(100, 1, OverQuota, 0, 900, r(900))),
+                step(200, 1, HitQuota, 0, 1_000, None),
+            ],
+        },
+    ])
+    .await;
 }

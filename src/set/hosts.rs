@@ -231,7 +231,14 @@ impl Hosts for SetHosts {
         (members.len() == self.members.len()).then(|| self.combine_blocked(members, wait))
     }
 
-    fn local_blocked(&self, key: &[u8], cost: u32, source: Source, wait: Duration) -> Decision {
+    fn local_blocked(
+        &self,
+        key: &[u8],
+        cost: u32,
+        priority: Priority,
+        source: Source,
+        wait: Duration,
+    ) -> Decision {
         let _guard = self.lock(key);
         // What the set's check would say, spending nothing: its refusal if a limit would
         // refuse (the refusing limits as they refuse, the others where they stand), else
@@ -240,7 +247,7 @@ impl Hosts for SetHosts {
             .members
             .iter()
             .enumerate()
-            .map(|(i, m)| m.local(key, self.units(i, cost), source, false))
+            .map(|(i, m)| m.local_priority(key, self.units(i, cost), priority, source, false))
             .collect();
         let admitted = members.iter().all(Decision::is_admitted);
         for (member, decision) in self.members.iter().zip(&mut members) {

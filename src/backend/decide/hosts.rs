@@ -237,9 +237,17 @@ pub(crate) trait Hosts: Send + Sync + 'static {
     /// the limit's refusal of the cost if it would refuse it (so the wait is the longer
     /// of the block's and the limit's own), else where the key stands (as the engine
     /// does), then blocked. A set blocks each of its limits (see
-    /// [`decide_blocked`](Self::decide_blocked)).
-    fn local_blocked(&self, key: &[u8], cost: u32, source: Source, wait: Duration) -> Decision {
-        let decision = self.local(key, cost, source, false);
+    /// [`decide_blocked`](Self::decide_blocked)). A check of a priority class is refused
+    /// as its class's check would be.
+    fn local_blocked(
+        &self,
+        key: &[u8],
+        cost: u32,
+        priority: Priority,
+        source: Source,
+        wait: Duration,
+    ) -> Decision {
+        let decision = self.local_priority(key, cost, priority, source, false);
         let decision = if decision.is_admitted() {
             self.local(key, 0, source, false)
         } else {

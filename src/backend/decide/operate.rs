@@ -319,7 +319,8 @@ fn operate_locally<T: Hosts + ?Sized>(
     };
     match until {
         Some(until) => {
-            store.local_blocked(key, cost, source, Duration::from_micros(until - now_us))
+            let wait = Duration::from_micros(until - now_us);
+            store.local_blocked(key, cost, Priority::WHOLE, source, wait)
         }
         None => decision.unwrap_or_else(|| store.local(key, 0, source, false)),
     }

@@ -77,7 +77,7 @@ pub(super) fn local_check<T: Hosts + ?Sized>(
     let now_us = || store.remote().backend.clock().now_us();
     if let Some(until) = blocks.until(local, key, now_us) {
         let wait = Duration::from_micros(until.saturating_sub(now_us()));
-        return store.local_blocked(key, cost, source, wait);
+        return store.local_blocked(key, cost, priority, source, wait);
     }
     let decision = store.local_priority(key, cost, priority, source, true);
     if decision.is_admitted() || decision.state == State::ExceedsCapacity || !priority.is_whole() {
@@ -88,7 +88,7 @@ pub(super) fn local_check<T: Hosts + ?Sized>(
         // (The refusal spent nothing: the key stands where the refusal found it.)
         Some(until) => {
             let wait = Duration::from_micros(until.saturating_sub(now));
-            store.local_blocked(key, cost, source, wait)
+            store.local_blocked(key, cost, priority, source, wait)
         }
         None => decision,
     }
