@@ -1,6 +1,6 @@
 //! Every path decided like one model (issue 22): generated sequences of operations
-//! (checks, peeks, refunds, settlements, resets, blocks, reservations, concurrent
-//! batches, time passing, steps of the Redis server's clock back and forward and its
+//! (checks, checks of priority classes, peeks, refunds, settlements, resets, blocks,
+//! reservations, concurrent batches, time passing, steps of the Redis server's clock back and forward and its
 //! return to the true time) on one limit or a set of up to three limits of mixed
 //! algorithms, with costs up to above the capacity, run through every host and path,
 //! and compared with a reference model field by field (state, limit, remaining, reset
@@ -143,6 +143,9 @@ enum Op {
     Reserve(u32, u64),
     /// Settles the key by this many units: spent past the limit (debt), or given back.
     Settle(i64),
+    /// A check of this cost by a priority class that may use this percentage of each
+    /// limit (`LayerBuilder::priority`; 100: a check).
+    Priority(u32, u32),
     /// The Redis server's clock steps by this many milliseconds (negative: back).
     Step(i64),
     /// The Redis server's clock comes back to the true time (after its steps).
@@ -224,6 +227,8 @@ fn op(capacity: u32) -> impl Strategy<Value = Op> {
     let settle = -most..=2 * most;
     prop_oneof![
         6 => cost.clone().prop_map(Op::Check),
+        3 => (cost.clone(), prop::sample::select(vec![0u32, 30, 60, 85, 99, 100]))
+            .prop_map(|(cost, percent)| Op::Priority(cost, percent)),
         2 => cost.clone().prop_map(Op::Peek),
         2 => (1..=capacity).prop_map(Op::Refund),
         1 => Just(Op::Reset),
@@ -328,6 +333,16 @@ fn div_ceil(a: u128, b: u128) -> u128 {
     a.div_ceil(b)
 }
 
+/// `answer` for a priority class that leaves `keep` units to the others: what remains
+/// is the class's (an admission that leaves it nothing is `HitQuota`).
+fn keeping(mut answer: Answer, keep: u64) -> Answer {
+    answer.remaining = answer.remaining.saturating_sub(keep);
+    if answer.state == State::Allowed && answer.remaining == 0 {
+        answer.state = State::HitQuota;
+    }
+    answer
+}
+
 /// A decision of `state` for a limit of `limit`: admitted ones are `HitQuota` when
 /// nothing is left.
 fn answer(
@@ -386,21 +401,51 @@ impl Model {
         self.kept[i].refund(self.limits[i], clock, cost);
     }
 
+    /// [`decide_one`](Self::decide_one) for a priority class that leaves `keep` units of
+    /// limit `i` to the others: admitted when a check of `cost + keep` would be, spending
+    /// `cost` (a refusal is the refusal of `cost + keep`); what remains is the class's.
+    fn decide_one_keeping(
+        &mut self,
+        i: usize,
+        now: u64,
+        cost: u64,
+        keep: u64,
+        write: bool,
+    ) -> Answer {
+        if keep == 0 {
+            return self.decide_one(i, now, cost, write);
+        }
+        let clock = self.clock(now);
+        let probe = self.kept[i]
+            .clone()
+            .decide(self.limits[i], clock, cost + keep, false);
+        let asked = if probe.admitted() { cost } else { cost + keep };
+        let answer = self.kept[i].decide(self.limits[i], clock, asked, write);
+        keeping(answer, keep)
+    }
+
     /// The one decision of every limit: a set's two passes, then its combination.
     fn decide(&mut self, now: u64, cost: u64, spend: bool) -> Answer {
+        let none = vec![0; self.limits.len()];
+        self.decide_keeping(now, cost, &none, spend)
+    }
+
+    /// [`decide`](Self::decide) for a priority class that leaves `keeps` (one per limit)
+    /// to the others.
+    fn decide_keeping(&mut self, now: u64, cost: u64, keeps: &[u64], spend: bool) -> Answer {
         let n = self.limits.len();
         let mut answers: Vec<Answer> = (0..n)
-            .map(|i| self.decide_one(i, now, cost, spend && n == 1))
+            .map(|i| self.decide_one_keeping(i, now, cost, keeps[i], spend && n == 1))
             .collect();
         let all = answers.iter().all(Answer::admitted);
         if n > 1 && spend && all {
             answers = (0..n)
-                .map(|i| self.decide_one(i, now, cost, true))
+                .map(|i| keeping(self.decide_one(i, now, cost, true), keeps[i]))
                 .collect();
         } else if n > 1 && !all {
             for (i, answer) in answers.iter_mut().enumerate() {
                 if answer.admitted() {
-                    *answer = self.decide_one(i, now, 0, false);
+                    *answer = keeping(self.decide_one(i, now, 0, false), keeps[i]);
                 }
             }
         }
@@ -507,6 +552,40 @@ impl Model {
         // Refused: the key is locked out.
         self.blocked_until = now + self.lockout_ms;
         self.blocked(now, answer)
+    }
+
+    /// A check of a priority class that may use `percent` of each limit: each limit keeps
+    /// back what the class leaves to others (`capacity - capacity × percent / 100`, in
+    /// whole units); a cost above the class's part of the smallest limit can never be
+    /// admitted; a blocked key refuses it as its own check would; its refusal locks
+    /// nothing out (the limit is not used up). A class of 100% checks.
+    fn priority(&mut self, now: u64, cost: u64, percent: u32) -> Answer {
+        if percent >= 100 {
+            return self.check(now, cost);
+        }
+        let keep = |capacity: u64| capacity - capacity * u64::from(percent) / 100;
+        let keeps: Vec<u64> = self.limits.iter().map(|l| keep(l.capacity())).collect();
+        let smallest = self
+            .limits
+            .iter()
+            .map(|l| l.capacity())
+            .min()
+            .expect("a limit");
+        if cost > smallest - keep(smallest) {
+            return self
+                .exceeds_capacity(u64::MAX)
+                .expect("above every capacity");
+        }
+        if self.blocked_until > now {
+            let answer = self.decide_keeping(now, cost, &keeps, false);
+            let answer = if answer.admitted() {
+                self.decide(now, 0, false)
+            } else {
+                answer
+            };
+            return self.blocked(now, answer);
+        }
+        self.decide_keeping(now, cost, &keeps, true)
     }
 
     /// A token bucket alone reserving `cost` at most `max_wait_ms` ahead; `None` for
@@ -1005,6 +1084,23 @@ async fn run(case: &Case, host: Host, serial: u64) -> Result<(), String> {
                 let decision = limiter.check(key, one(*cost)).await;
                 let cost = u64::from(*cost);
                 vec![(cost, check(&mut model, t, cost, &decision), decision)]
+            }
+            Op::Priority(cost, percent) => {
+                let priority = f64::from(*percent) / 100.0;
+                let decision = limiter.check_priority(0, key, one(*cost), priority).await;
+                let before = model.clone();
+                let want = model.priority(t, u64::from(*cost), *percent);
+                if decision.source == Source::DenyCache {
+                    model = before;
+                }
+                // A class below 100% is held to a cached refusal as a larger cost is: the
+                // refusal of one unit, whose wait may be earlier than the class's.
+                let cost = if *percent < 100 {
+                    u64::from(*cost).max(2)
+                } else {
+                    u64::from(*cost)
+                };
+                vec![(cost, want, decision)]
             }
             Op::Peek(cost) => vec![(
                 u64::from(*cost),
@@ -1586,6 +1682,10 @@ fn headers_hold(case: &Case) -> Result<(), String> {
             }
             Op::Reserve(cost, max_wait_ms) => {
                 model.reserve(now, u64::from(*cost), *max_wait_ms);
+                continue;
+            }
+            Op::Priority(cost, percent) => {
+                model.priority(now, u64::from(*cost), *percent);
                 continue;
             }
         };
