@@ -1,10 +1,10 @@
 //! Every path decided like one model (issue 22): generated sequences of operations
 //! (checks, checks of priority classes, peeks, refunds, settlements, resets, blocks,
-//! reservations, concurrent batches, time passing, steps of the Redis server's clock back and forward and its
-//! return to the true time) on one limit or a set of up to three limits of mixed
-//! algorithms, with costs up to above the capacity, run through every host and path,
-//! and compared with a reference model field by field (state, limit, remaining, reset
-//! and retry-after, to the microsecond).
+//! reservations, concurrent batches, time passing, steps of the Redis server's clock
+//! back and forward and its return to the true time) on one limit or a set of up to
+//! three limits of mixed algorithms, with costs up to above the capacity, run through
+//! every host and path, and compared with a reference model field by field (state,
+//! limit, remaining, reset and retry-after, to the microsecond).
 //!
 //! The reference model is the plainest statement of each algorithm, written apart from
 //! the crate's steps: a fixed window is a count and an end; a token bucket is a level
