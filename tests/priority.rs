@@ -124,7 +124,7 @@ async fn classes_share_one_limit_across_two_instances_on_redis() {
             .unwrap()
     };
     let config = PeriodConfig::new(100, Duration::from_secs(60));
-    let (one, two) = (app(&backend(), config.clone()), app(&backend(), config));
+    let (one, two) = (app(&backend(), config), app(&backend(), config));
     classes_on(&[&one, &two]).await;
     // One counter on Redis, spent by every class: 100 units, each request one.
     let count = redis.cmd(&["GET", "ratelimit:{v1:hdr:x-tenant:t1}:period:api"]);

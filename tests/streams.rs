@@ -1,7 +1,8 @@
 //! Limits where requests are not the unit (issue 54): the messages of long-lived
 //! connections checked with [`LimitLayer::stream`], per user across connections, over
-//! real WebSocket and SSE connections, in process and on Redis; and counted in the
-//! layer's metrics.
+//! real WebSocket, SSE and gRPC connections, in process and on Redis; streams limited
+//! with `StreamLimit::limit` (a refused item dropped, delayed or ending the stream);
+//! and counted in the layer's metrics.
 
 mod support;
 
@@ -25,6 +26,7 @@ use support::RedisServer;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::Message;
 use tower_redis_ratelimit::key::HeaderKey;
+use tower_redis_ratelimit::limit::Refused;
 use tower_redis_ratelimit::{Backend, LimitLayer, PeriodConfig};
 
 /// A window no test outlives: nothing refills while one runs.
@@ -232,6 +234,84 @@ async fn sse_clients_share_one_limit_on_redis() {
     sse_clients_share_one_limit(redis.backend()).await;
 }
 
+/// `GET /feed`: `ticks` data events, through `StreamLimit::limit` with `refused`
+/// against the user's limit of 2 per `period`; a stream ended by the limit sends a last
+/// `rate_limited` event with the wait in milliseconds.
+fn limited_feed(backend: &Backend, period: Duration, ticks: usize, refused: Refused) -> Router {
+    let feed = LimitLayer::builder(backend, PeriodConfig::new(2, period))
+        .name("sse.feed")
+        .key(HeaderKey::from_static("x-user"))
+        .build()
+        .unwrap();
+    Router::new().route(
+        "/feed",
+        get(move |request: Parts| {
+            let limit = feed.stream(&request).expect("a user");
+            async move {
+                let ticks = futures_util::stream::iter(0..ticks);
+                let events = limit.limit(ticks, |_| 1, refused).map(|tick| {
+                    Ok::<_, Infallible>(match tick {
+                        Ok(i) => Event::default().data(format!("tick {i}")),
+                        Err(refused) => {
+                            let wait = refused.retry_after.unwrap_or_default().as_millis();
+                            Event::default()
+                                .event("rate_limited")
+                                .data(wait.to_string())
+                        }
+                    })
+                });
+                Sse::new(events)
+            }
+        }),
+    )
+}
+
+/// The three ways a limited stream treats a refused item, over real SSE connections:
+/// dropped (2 of 6 ticks arrive, the stream ends as its source does), delayed (all 5
+/// arrive, two per window: the last one no sooner than two windows after the first),
+/// or ending the stream (2 ticks, then the refusal).
+async fn a_limited_stream_drops_delays_or_ends(backend: Backend) {
+    let ticks = |body: &str| body.lines().filter(|l| l.starts_with("data: tick")).count();
+    let limited = |body: &str| body.lines().filter(|l| *l == "event: rate_limited").count();
+    let served = Served::start(limited_feed(&backend, WINDOW, 6, Refused::Drop)).await;
+    let (response, body) = served.get("/feed", &[("x-user", "ivan")]).await;
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!((ticks(&body), limited(&body)), (2, 0), "{body}");
+
+    let window = Duration::from_millis(300);
+    let served = Served::start(limited_feed(&backend, window, 5, Refused::Delay)).await;
+    let started = std::time::Instant::now();
+    let (_, body) = served.get("/feed", &[("x-user", "judy")]).await;
+    assert_eq!((ticks(&body), limited(&body)), (5, 0), "{body}");
+    // Two per window, from the first tick's: the fifth waits for the third window.
+    assert!(
+        started.elapsed() >= 2 * window - Duration::from_millis(20),
+        "{body}"
+    );
+
+    let served = Served::start(limited_feed(&backend, WINDOW, 6, Refused::End)).await;
+    let (_, body) = served.get("/feed", &[("x-user", "mallory")]).await;
+    assert_eq!((ticks(&body), limited(&body)), (2, 1), "{body}");
+    let wait: u64 = body
+        .lines()
+        .skip_while(|l| *l != "event: rate_limited")
+        .find_map(|l| l.strip_prefix("data: "))
+        .and_then(|ms| ms.parse().ok())
+        .expect("the refusal's wait");
+    assert!(wait > 50_000, "the window's end: {wait} ms");
+}
+
+#[tokio::test]
+async fn a_limited_stream_drops_delays_or_ends_in_process() {
+    a_limited_stream_drops_delays_or_ends(Backend::in_process()).await;
+}
+
+#[tokio::test]
+async fn a_limited_stream_drops_delays_or_ends_on_redis() {
+    let redis = RedisServer::start();
+    a_limited_stream_drops_delays_or_ends(redis.backend()).await;
+}
+
 // ---------------------------------------------------------------------------
 // The handle itself
 // ---------------------------------------------------------------------------
@@ -412,24 +492,16 @@ mod grpc {
                 .get::<StreamLimit>()
                 .cloned()
                 .ok_or_else(|| Status::unauthenticated("x-user is needed"))?;
-            let messages = futures_util::stream::unfold(0, move |sent| {
-                let limit = limit.clone();
-                async move {
-                    if sent == MESSAGES {
-                        return None;
-                    }
-                    let decision = limit.check(NonZeroU32::MIN).await;
-                    if decision.is_admitted() {
-                        let serving = HealthCheckResponse {
-                            status: ServingStatus::Serving.into(),
-                        };
-                        Some((Ok(serving), sent + 1))
-                    } else {
-                        let refused = Status::resource_exhausted("rate_limited");
-                        Some((Err(refused), MESSAGES))
-                    }
-                }
-            });
+            let serving = HealthCheckResponse {
+                status: ServingStatus::Serving.into(),
+            };
+            let updates = futures_util::stream::repeat(serving).take(MESSAGES);
+            // Each message checked; the first refused ends the call with the limit's
+            // status.
+            let messages = limit
+                .clone()
+                .limit(updates, |_| 1, Refused::End)
+                .map(move |message| message.map_err(|refused| limit.status(&refused)));
             Ok(Response::new(Box::pin(messages) as Watch))
         }
     }
@@ -461,7 +533,8 @@ mod grpc {
         addr
     }
 
-    /// One `Watch` call of `user`: the messages it got, and how it ended.
+    /// One `Watch` call of `user`: the messages it got, and how it ended (a status
+    /// ending it is the layer's: `RESOURCE_EXHAUSTED` with a retry and the policy).
     async fn watch(addr: SocketAddr, user: &str) -> (usize, Option<Code>) {
         let channel = Endpoint::from_shared(format!("http://{addr}"))
             .unwrap()
@@ -485,7 +558,14 @@ mod grpc {
                     received += 1;
                 }
                 Ok(None) => return (received, None),
-                Err(status) => return (received, Some(status.code())),
+                Err(status) => {
+                    let details = tonic_types::StatusExt::get_error_details(&status);
+                    let retry = details.retry_info().and_then(|r| r.retry_delay);
+                    assert!(retry.is_some_and(|r| r > Duration::ZERO), "{status:?}");
+                    let quota = details.quota_failure().expect("QuotaFailure");
+                    assert_eq!(quota.violations[0].subject, "grpc.messages");
+                    return (received, Some(status.code()));
+                }
             }
         }
     }

@@ -45,7 +45,7 @@ pub use self::outcome::CountIf;
 use self::outcome::Settle;
 pub use self::plan::{ExtensionPlan, PlanLimiter, Plans, SelectPlan};
 pub use self::service::Limit;
-pub use self::stream::StreamLimit;
+pub use self::stream::{Refused, StreamLimit};
 pub use self::usage::{Finished, Usage};
 use self::usage::{Meter, SettleUsage};
 pub(crate) use self::warn::MissingKeyWarning;

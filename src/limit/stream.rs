@@ -7,7 +7,7 @@ use std::num::NonZeroU32;
 use std::sync::Arc;
 
 use super::{LimitLayer, MissingKey, Shared};
-use crate::decision::{Decision, State};
+use crate::decision::{Decision, Policy, State};
 use crate::key::{Key, KeyExtractor};
 use crate::limiter::{DecisionFuture, Limiter};
 
@@ -82,7 +82,7 @@ trait StreamShared: Send + Sync + 'static {
     ) -> DecisionFuture;
     fn record(&self, policy: usize, decision: &Decision);
     fn is_shadow(&self) -> bool;
-    fn policy_name(&self, policy: usize) -> &str;
+    fn policy(&self, policy: usize) -> &Policy;
 }
 
 impl<L, K, C, R> StreamShared for Shared<L, K, C, R>
@@ -113,8 +113,8 @@ where
         self.options.shadow
     }
 
-    fn policy_name(&self, policy: usize) -> &str {
-        self.limiter.policies()[policy].name()
+    fn policy(&self, policy: usize) -> &Policy {
+        &self.limiter.policies()[policy]
     }
 }
 
@@ -189,13 +189,132 @@ impl StreamLimit {
     pub fn key(&self) -> &[u8] {
         &self.key
     }
+
+    /// The gRPC status that ends a server stream on `refused`, a refusal of this limit:
+    /// `RESOURCE_EXHAUSTED` with `RetryInfo` and `QuotaFailure` details, as the layer
+    /// answers a refused call (see [the gRPC guide](crate::guide::grpc)); tonic sends it in
+    /// the stream's trailers. Feature `grpc`.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::time::Duration;
+    /// use futures_util::StreamExt;
+    /// use tower_redis_ratelimit::limit::Refused;
+    /// use tower_redis_ratelimit::{key::HeaderKey, Backend, LimitLayer, PeriodConfig};
+    ///
+    /// let watch = LimitLayer::builder(&Backend::in_process(), PeriodConfig::new(2, Duration::from_secs(60)))
+    ///     .name("watch")
+    ///     .key(HeaderKey::from_static("x-user"))
+    ///     .build()?;
+    /// let (open, ()) = http::Request::get("/pkg.Svc/Watch").header("x-user", "alice").body(())?.into_parts();
+    /// let limit = watch.stream(&open).expect("a user");
+    /// let updates = futures_util::stream::repeat("update");
+    /// // What a tonic server-streaming method returns: its messages, then the status.
+    /// let replies = limit.clone().limit(updates, |_| 1, Refused::End)
+    ///     .map(move |item| item.map_err(|refused| limit.status(&refused)));
+    /// let replies: Vec<_> = replies.collect().await;
+    /// assert_eq!(replies.len(), 3);
+    /// assert_eq!(replies[2].as_ref().unwrap_err().code(), tonic::Code::ResourceExhausted);
+    /// # Ok(()) }
+    /// ```
+    #[cfg(feature = "grpc")]
+    pub fn status(&self, refused: &Decision) -> tonic::Status {
+        crate::response::grpc::status(self.shared.policy(self.policy), refused)
+    }
+
+    /// `stream`'s items, each [`check`](Self::check)ed at `cost(&item)` units (0: not
+    /// checked, passed on) before it is passed on; an item the limit refuses is dropped,
+    /// delayed or ends the stream, as `refused` says. Items are checked one at a time,
+    /// in order, as they are pulled: a slow consumer is never charged ahead.
+    ///
+    /// The stream's items are `Ok`; its last one is `Err` with the refusal when it ends
+    /// on one ([`Refused::End`], or [`Refused::Delay`] for an item that can never fit),
+    /// for the caller to turn into its protocol's error (a tonic `Status` of
+    /// `RESOURCE_EXHAUSTED`, sent in the trailers; an SSE event; a WebSocket close frame).
+    /// Every check is counted in the layer's metrics, and rate-limit metadata is the
+    /// caller's to send: nothing is attached per item. While Redis is unreachable the
+    /// checks are answered by the layer's failure policy, as requests are.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use futures_util::StreamExt;
+    /// use tower_redis_ratelimit::limit::Refused;
+    /// use tower_redis_ratelimit::{key::HeaderKey, Backend, LimitLayer, PeriodConfig};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // 1 000 bytes a minute per user, across all their streams.
+    /// let bytes = LimitLayer::builder(&Backend::in_process(), PeriodConfig::new(1_000, Duration::from_secs(60)))
+    ///     .name("bytes")
+    ///     .key(HeaderKey::from_static("x-user"))
+    ///     .build()?;
+    /// let (open, ()) = http::Request::get("/feed").header("x-user", "alice").body(())?.into_parts();
+    /// let chunks = futures_util::stream::iter(vec![vec![0u8; 600], vec![0; 300], vec![0; 200]]);
+    /// let limited = bytes.stream(&open).expect("a user").limit(chunks, |chunk| chunk.len() as u32, Refused::End);
+    /// let sent: Vec<_> = limited.collect().await;
+    /// assert_eq!(sent.len(), 3);
+    /// assert!(sent[0].is_ok() && sent[1].is_ok());
+    /// let refused = sent[2].as_ref().unwrap_err();
+    /// assert_eq!(refused.remaining, 100);
+    /// # Ok(()) }
+    /// ```
+    pub fn limit<S, F>(
+        self,
+        stream: S,
+        cost: F,
+        refused: Refused,
+    ) -> impl futures_util::Stream<Item = Result<S::Item, Decision>> + Send + 'static
+    where
+        S: futures_util::Stream + Send + 'static,
+        S::Item: Send,
+        F: Fn(&S::Item) -> u32 + Send + 'static,
+    {
+        use futures_util::StreamExt;
+        let state = Some((self, Box::pin(stream), cost));
+        futures_util::stream::unfold(state, move |state| async move {
+            let (limit, mut stream, cost) = state?;
+            loop {
+                let item = stream.next().await?;
+                let Some(units) = NonZeroU32::new(cost(&item)) else {
+                    return Some((Ok(item), Some((limit, stream, cost))));
+                };
+                loop {
+                    let decision = limit.check(units).await;
+                    if decision.is_admitted() {
+                        return Some((Ok(item), Some((limit, stream, cost))));
+                    }
+                    match (refused, decision.retry_after) {
+                        (Refused::Drop, _) => break,
+                        (Refused::Delay, Some(wait)) => tokio::time::sleep(wait).await,
+                        (Refused::Delay | Refused::End, _) => return Some((Err(decision), None)),
+                    }
+                }
+            }
+        })
+    }
+}
+
+/// What a [limited stream](StreamLimit::limit) does with an item its limit refuses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Refused {
+    /// Drops the item and goes on with the next one (a feed that may lose ticks).
+    Drop,
+    /// Holds the item until its limit admits it, checked again at each refusal's
+    /// `retry_after`, and the items behind it with it: the stream slows to the limit
+    /// (backpressure). An item that can never fit (a cost above the limit) ends the
+    /// stream, as [`End`](Self::End) does. Needs a tokio runtime with its timer.
+    Delay,
+    /// Ends the stream: its last item is `Err` with the refusal.
+    End,
 }
 
 impl fmt::Debug for StreamLimit {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("StreamLimit")
             .field("key", &String::from_utf8_lossy(&self.key))
-            .field("policy", &self.shared.policy_name(self.policy))
+            .field("policy", &self.shared.policy(self.policy).name())
             .field("shadow", &self.shared.is_shadow())
             .finish()
     }

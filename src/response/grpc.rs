@@ -8,7 +8,7 @@ use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, StatusExt};
 
 use super::rejection::{ceil_secs, Rejection};
-use crate::decision::State;
+use crate::decision::{Decision, Policy, State};
 
 /// Whether a request is a gRPC call: its `content-type` starts with `application/grpc`
 /// (`application/grpc`, `application/grpc+proto`, `application/grpc-web`, ...).
@@ -22,8 +22,12 @@ pub(crate) fn is_grpc(headers: &HeaderMap) -> bool {
 /// A rejection as a gRPC status: `RESOURCE_EXHAUSTED`, trailers-only, with `RetryInfo`
 /// and `QuotaFailure` details (the wire format is in [the gRPC guide](crate::guide::grpc)).
 pub(crate) fn rejection(rejection: &Rejection<'_>) -> Response<Bytes> {
-    let policy = rejection.policy;
-    let decision = rejection.decision;
+    status(rejection.policy, rejection.decision).into_http()
+}
+
+/// The gRPC status of `decision`, a refusal under `policy`: `RESOURCE_EXHAUSTED` with
+/// `RetryInfo` and `QuotaFailure` details.
+pub(crate) fn status(policy: &Policy, decision: &Decision) -> Status {
     let window = ceil_secs(policy.window()).max(1);
     let (message, retry) = match decision.state {
         State::ExceedsCapacity => (
@@ -46,7 +50,7 @@ pub(crate) fn rejection(rejection: &Rejection<'_>) -> Response<Bytes> {
         policy.name(),
         format!("at most {} units per {window}s", policy.quota()),
     );
-    Status::with_error_details(Code::ResourceExhausted, message, details).into_http()
+    Status::with_error_details(Code::ResourceExhausted, message, details)
 }
 
 /// A trailers-only gRPC status for a call without a usable key, mapped from the HTTP
