@@ -219,13 +219,19 @@ struct Row {
 }
 
 fn limiter_row<L: Limiter + 'static>(name: &str, limiter: L) -> Row {
+    class_row(name, limiter, 1.0)
+}
+
+/// [`limiter_row`] for requests of a priority class that may use `priority` of the
+/// limit (`LayerBuilder::priority`; 1.0: a check).
+fn class_row<L: Limiter + 'static>(name: &str, limiter: L, priority: f64) -> Row {
     let limiter = Arc::new(limiter);
     Row {
         name: name.to_owned(),
         run: Arc::new(move |key| {
             let limiter = Arc::clone(&limiter);
             Box::pin(async move {
-                let decision = limiter.check(key.as_bytes(), ONE).await;
+                let decision = limiter.check_priority(0, key.as_bytes(), ONE, priority).await;
                 assert!(decision.is_admitted(), "refused: {decision:?}");
                 assert!(
                     matches!(decision.source, Source::Redis | Source::Lease),
@@ -520,6 +526,28 @@ fn crate_rows(backend: &Backend, path: &str) -> Vec<Row> {
                     .limit("daily", PeriodConfig::new(HUGE, MINUTE)),
             )
             .unwrap(),
+        ),
+        class_row(
+            &p("token bucket, a class of 60%"),
+            TokenBucketLimiter::new(backend, "tbp", tb).unwrap(),
+            0.6,
+        ),
+        class_row(
+            &p("fixed window, a class of 60%"),
+            PeriodLimiter::new(backend, "fwp", PeriodConfig::new(HUGE, MINUTE)).unwrap(),
+            0.6,
+        ),
+        class_row(
+            &p("set: token bucket + fixed window, a class of 60%"),
+            SetLimiter::new(
+                backend,
+                "setp",
+                LimitSet::new()
+                    .limit("burst", tb)
+                    .limit("daily", PeriodConfig::new(HUGE, MINUTE)),
+            )
+            .unwrap(),
+            0.6,
         ),
         limiter_row(
             &p("token bucket, lockout (never blocked)"),

@@ -149,16 +149,21 @@ end
 -- `batch` in engine.lua); `cost` and `cost_text` are its cost, as a number and as sent;
 -- `now_us` the time if already read. With `out` (a batch's reply), the limits' admits
 -- go there from `pos`, and it returns the position after them (or nil, what it wrote
--- there the caller's to take back).
+-- there the caller's to take back). With `keep` (a priority class's check of one fixed,
+-- calendar or rolling window, 'h'), it admits within the limit less `keep`.
 -- Each limit's own key is all it reads: a blocked key's limits are marked (X_mark: the
 -- engine marks them when it blocks a key, and the fast path leaves a marked key to the
 -- engine), and a fixed window reads the block only when its window starts.
-local function fast_check(KEYS, ARGV, L, k, n, cost, cost_text, now_us, out, pos)
+local function fast_check(KEYS, ARGV, L, k, n, cost, cost_text, now_us, out, pos, keep)
   if n == 1 then
     -- One limit (L: its letter, its count of arguments, its arguments): the reply made
     -- at once.
     local kind = L[1]
     local ok, count, t
+    local quota = L[3]
+    if keep then
+      quota = quota - keep
+    end
     if kind == 't' then
       local tat, now, tau
       ok, count, t, tat, now, tau = token_bucket_try(redis.call('GET', KEYS[k + 1]), L[3], L[4],
@@ -172,11 +177,11 @@ local function fast_check(KEYS, ARGV, L, k, n, cost, cost_text, now_us, out, pos
         -- (L[5]: the offset of an aligned window, nil for one that starts at the first
         -- request.)
         local offset = L[5]
-        ok, count, t = period_try(KEYS, k + 1, k + 2, L[3], L[4], offset, cost, cost_text,
+        ok, count, t = period_try(KEYS, k + 1, k + 2, quota, L[4], offset, cost, cost_text,
           offset and (now_us or unix_us(ARGV)))
       elseif kind == 'r' then
         local current, dead, kept
-        ok, count, t, current, dead, kept = rolling_try(KEYS, k + 1, L[3], L[4], L[5], cost,
+        ok, count, t, current, dead, kept = rolling_try(KEYS, k + 1, quota, L[4], L[5], cost,
           now_us or unix_us(ARGV))
         if ok then
           rolling_commit(KEYS, k + 1, dead, current, cost, cost_text, L[4], L[5], kept)
@@ -186,7 +191,7 @@ local function fast_check(KEYS, ARGV, L, k, n, cost, cost_text, now_us, out, pos
         -- length of the window holding now, aligned to its end.
         now_us = now_us or unix_us(ARGV)
         local deadline, length = calendar_window(ARGV, 3, floor(now_us / 1000))
-        ok, count, t = period_try(KEYS, k + 1, k + 2, L[3], length, -deadline, cost, cost_text,
+        ok, count, t = period_try(KEYS, k + 1, k + 2, quota, length, -deadline, cost, cost_text,
           now_us)
       end
       if not ok then
@@ -501,6 +506,15 @@ local H = texts[1][ARGV[1]] or list_of(1, ARGV[1])
 local L = texts[2][ARGV[2]] or list_of(2, ARGV[2])
 if H[1] == 'c' then
   local out = fast_check(KEYS, ARGV, L, 0, #KEYS - 1, H[2], H[4], nil)
+  if out then
+    return out
+  end
+elseif H[1] == 'h' and #KEYS == 2 and L[1] ~= 't' then
+  -- A priority class's check of one window: within the limit less what the class leaves
+  -- to others (the one extra number, after a calendar window's four boundaries). A
+  -- token bucket's and a set's go to the engine.
+  local keep = ARGV[L[1] == 'c' and 7 or 3] + 0
+  local out = fast_check(KEYS, ARGV, L, 0, 1, H[2], H[4], nil, nil, nil, keep)
   if out then
     return out
   end
