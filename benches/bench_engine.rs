@@ -231,7 +231,9 @@ fn class_row<L: Limiter + 'static>(name: &str, limiter: L, priority: f64) -> Row
         run: Arc::new(move |key| {
             let limiter = Arc::clone(&limiter);
             Box::pin(async move {
-                let decision = limiter.check_priority(0, key.as_bytes(), ONE, priority).await;
+                let decision = limiter
+                    .check_priority(0, key.as_bytes(), ONE, priority)
+                    .await;
                 assert!(decision.is_admitted(), "refused: {decision:?}");
                 assert!(
                     matches!(decision.source, Source::Redis | Source::Lease),

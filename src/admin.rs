@@ -14,7 +14,7 @@ use axum::routing::{get, post};
 use axum::Router;
 use futures_util::future::BoxFuture;
 use http::request::Parts;
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
 
 use crate::blocked::Blocked;
 use crate::decision::Decision;
@@ -342,18 +342,15 @@ async fn blocked(State(limits): State<Limits>, RawQuery(query): RawQuery) -> Res
     });
     entries.truncate(max);
     let now = SystemTime::now();
-    let millis = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
     let blocked: Vec<Value> = entries
         .iter()
         .map(|(name, entry)| {
-            json!({
-                "limit": name,
-                "policy": entry.limit,
-                "key": String::from_utf8_lossy(&entry.key),
-                "value": entry.value.as_ref().map(|value| String::from_utf8_lossy(value)),
-                "until_ms": millis(entry.until.duration_since(UNIX_EPOCH).unwrap_or_default()),
-                "remaining_ms": millis(entry.until.duration_since(now).unwrap_or_default()),
-            })
+            let mut listed = listed_key(name, &entry.limit, &entry.key, entry.value.as_deref());
+            let until = entry.until.duration_since(UNIX_EPOCH).unwrap_or_default();
+            let remaining = entry.until.duration_since(now).unwrap_or_default();
+            listed.insert("until_ms".into(), millis(until).into());
+            listed.insert("remaining_ms".into(), millis(remaining).into());
+            Value::Object(listed)
         })
         .collect();
     (StatusCode::OK, axum::Json(json!({ "blocked": blocked }))).into_response()
@@ -421,19 +418,14 @@ async fn denied(State(limits): State<Limits>, RawQuery(query): RawQuery) -> Resp
         (b.count, a_name, a.key.as_bytes()).cmp(&(a.count, b_name, b.key.as_bytes()))
     });
     entries.truncate(max);
-    let millis = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
     let denied: Vec<Value> = entries
         .iter()
         .map(|(name, entry)| {
-            json!({
-                "limit": name,
-                "policy": entry.limit,
-                "key": String::from_utf8_lossy(&entry.key),
-                "value": entry.value.as_ref().map(|value| String::from_utf8_lossy(value)),
-                "count": entry.count,
-                "error": entry.error,
-                "since_ms": millis(entry.since),
-            })
+            let mut listed = listed_key(name, &entry.limit, &entry.key, entry.value.as_deref());
+            listed.insert("count".into(), entry.count.into());
+            listed.insert("error".into(), entry.error.into());
+            listed.insert("since_ms".into(), millis(entry.since).into());
+            Value::Object(listed)
         })
         .collect();
     (StatusCode::OK, axum::Json(json!({ "denied": denied }))).into_response()
@@ -571,9 +563,26 @@ async fn act(limits: &Limits, limit: String, value: String, action: Action) -> R
     }
 }
 
+/// A listed key (blocked, or among the most refused) as JSON: the layer that limits it,
+/// its policy, the key and the client's value when known; each listing adds its own
+/// fields.
+fn listed_key(name: &str, policy: &str, key: &[u8], value: Option<&[u8]>) -> Map<String, Value> {
+    let mut listed = Map::new();
+    listed.insert("limit".into(), name.into());
+    listed.insert("policy".into(), policy.into());
+    listed.insert("key".into(), String::from_utf8_lossy(key).into());
+    let value = value.map(|value| Value::from(String::from_utf8_lossy(value)));
+    listed.insert("value".into(), value.unwrap_or(Value::Null));
+    listed
+}
+
+/// A duration in whole milliseconds, as the JSON answers give them.
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
 /// One key's decision as JSON.
 fn describe(key: &Key<'_>, policy: &str, decision: &Decision) -> Value {
-    let millis = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
     json!({
         "key": String::from_utf8_lossy(key),
         "policy": policy,

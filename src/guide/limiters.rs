@@ -134,6 +134,44 @@
 //! into each call's extensions (gRPC metadata are headers). On a [shadow](crate::LayerBuilder::shadow) layer a check over the limit is
 //! counted as `shadow_rejected` and answered as admitted.
 //!
+//! A stream the server produces (SSE events, a gRPC server stream, chunks of a
+//! download) can be limited as a whole with [`StreamLimit::limit`](crate::StreamLimit::limit):
+//! each item is checked at the cost a closure gives it (one message, its bytes) as it is
+//! pulled, and a refused item is dropped, delayed until it fits (the stream slows to the
+//! limit), or ends the stream with the refusal, as [`Refused`](crate::limit::Refused)
+//! says. A gRPC stream ends with [`StreamLimit::status`](crate::StreamLimit::status)
+//! (feature `grpc`): `RESOURCE_EXHAUSTED` with `RetryInfo` and `QuotaFailure`, in the
+//! trailers, as a refused call gets. Rate-limit metadata is never attached per message.
+//!
+//! ```
+//! use std::time::Duration;
+//! use futures_util::StreamExt;
+//! use tower_redis_ratelimit::limit::Refused;
+//! use tower_redis_ratelimit::{key::HeaderKey, Backend, LimitLayer, PeriodConfig};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! // 3 ticks a minute per user, the rest dropped.
+//! let ticks = LimitLayer::builder(&Backend::in_process(), PeriodConfig::new(3, Duration::from_secs(60)))
+//!     .name("ticks")
+//!     .key(HeaderKey::from_static("x-user"))
+//!     .build()?;
+//! let (open, ()) = http::Request::get("/ticks").header("x-user", "alice").body(())?.into_parts();
+//! let source = futures_util::stream::iter(0..10);
+//! let sent: Vec<_> = ticks.stream(&open).expect("a user").limit(source, |_| 1, Refused::Drop).collect().await;
+//! assert_eq!(sent.len(), 3);
+//! # Ok(()) }
+//! ```
+//!
+//! Each check is one round trip on Redis (a token bucket's
+//! [leases](crate::TokenBucketConfig::lease) take most of them off: `BENCHMARKS.md`
+//! counts 1.0 Redis call per message at 1 000 messages a second, 0.05 with leases of
+//! 20). While Redis is unreachable, the checks are answered by the layer's failure
+//! policy, as requests are: the fallback counts the messages in process (this instance's
+//! share of the limit), `FailOpen` admits them, `FailClosed` refuses them, so a
+//! `Refused::End` stream ends at its next item and a `Refused::Delay` stream waits at the
+//! probe's pace (500 ms by default) until Redis answers again.
+//!
 //! # Admin actions by the client's value
 //!
 //! An administrator knows the client's API key, user id or address, not the key the

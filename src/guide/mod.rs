@@ -12,8 +12,9 @@
 //! | [keys] | Choosing a key; Limits from your own store | whose limit a request counts against (user, tenant, address, plan), and a limit per key looked up in your database |
 //! | [stacking] | Stacked limits; Several limits at once, all or nothing; Exemptions | a burst limit and a daily quota on one route: which goes outermost, sets decided together, requests that never count (preflights, health checks) and the limit's place beside a CORS layer |
 //! | [calendar] | Calendar windows | a local day, week or month of an IANA zone, daylight saving time included |
-//! | [limiters] | Limiters in your own code | `check`, `peek`, `refund`, `reset` and `block` from jobs and admin tools; per-message limits of WebSocket, SSE and gRPC streams (`LimitLayer::stream`) |
+//! | [limiters] | Limiters in your own code | `check`, `peek`, `refund`, `reset` and `block` from jobs and admin tools; per-message limits of WebSocket, SSE and gRPC streams (`LimitLayer::stream`), and streams limited item by item (`StreamLimit::limit`) |
 //! | [usage] | Counting by outcome; Limits on usage; Lockouts | counting failures or successes only, settling costs known once the response has ended (tokens, bytes), fail2ban-style lockouts |
+//! | [shaping] | Waiting instead of refusing; Priority classes | requests that wait their turn instead of a `429`, and critical, standard and sheddable traffic sharing one limit |
 //! | [in_flight] | In-flight limits | at most N requests of one key at once, held until the response body ends |
 //! | [outbound] | Outbound limits | waiting for a turn before calling an upstream whose quota every replica shares |
 //! | [proxies] | Running behind a proxy | the client address behind load balancers and reverse proxies, without spoofing |
@@ -37,5 +38,6 @@ pub mod metrics;
 pub mod operations;
 pub mod outbound;
 pub mod proxies;
+pub mod shaping;
 pub mod stacking;
 pub mod usage;
