@@ -15,7 +15,8 @@
 //! - `keys/*`: one key extraction with the built-in extractors (see `keys.rs`).
 //! - `service/*`: one HTTP request through an axum `Router` (no network) on the routes of
 //!   the `loadtest` harness: no limiter, the in-process token bucket with and without
-//!   headers, `tower_governor` with and without headers (see `service.rs`).
+//!   headers, `tower_governor` with and without headers, and both refusing (see
+//!   `service.rs`).
 //!
 //! Rates are huge (nothing is refused) except in the `refused` groups. Each check is one
 //! element (`Throughput::Elements`), so criterion reports checks per second as well.

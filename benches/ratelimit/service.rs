@@ -3,7 +3,10 @@
 //! in-process `TokenBucketLayer` with its defaults: `RateLimit` / `RateLimit-Policy`
 //! headers and the `Decision` extension), `token_bucket_no_headers` (both off),
 //! `governor` (`tower_governor` 0.8, same quota and key) and `governor_headers` (with its
-//! `x-ratelimit-*` headers). One key, nothing refused; each iteration builds the request
+//! `x-ratelimit-*` headers), and `token/in-process/refused` and `governor/refused`,
+//! which refuse every request after the key's first (the cost of a `429`: the crate's
+//! carries `Retry-After` and the `RateLimit` headers, and is counted among the top
+//! offenders). One key; each iteration builds the request
 //! (with a `ConnectInfo`, as hyper's server adds it), calls the router and drops the
 //! response, so the difference to `unlimited` is what the layer adds per request in the
 //! server's own code (what the network and the client cost is left out).
@@ -46,12 +49,14 @@ fn request(route: &str) -> Request<Body> {
     req
 }
 
-const ROUTES: [&str; 5] = [
+const ROUTES: [&str; 7] = [
     "unlimited",
     "token/in-process",
     "token/in-process/no-headers",
     "governor",
     "governor/headers",
+    "token/in-process/refused",
+    "governor/refused",
 ];
 
 pub(crate) fn benches(c: &mut Criterion) {

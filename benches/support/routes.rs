@@ -62,8 +62,9 @@ pub(crate) fn token_bucket(
     .build()
 }
 
-/// The five in-process routes on `backend`, at `rate` per second and burst `rate` (rate
-/// at least 1, at most 10⁹).
+/// The in-process routes on `backend`, at `rate` per second and burst `rate` (rate at
+/// least 1, at most 10⁹), and two that refuse every request after a key's first (one
+/// per hour, burst 1): the crate's token bucket with its headers, and `tower_governor`'s.
 pub(crate) fn router(backend: &Backend, rate: u64) -> Result<Router, Box<dyn std::error::Error>> {
     let builder = || {
         let mut config = GovernorConfigBuilder::default();
@@ -73,6 +74,14 @@ pub(crate) fn router(backend: &Backend, rate: u64) -> Result<Router, Box<dyn std
         config.key_extractor(ApiKey)
     };
     let governor = builder().finish().ok_or("invalid tower_governor quota")?;
+    let governor_refused = {
+        let mut config = GovernorConfigBuilder::default();
+        config.per_second(3_600).burst_size(1);
+        config
+            .key_extractor(ApiKey)
+            .finish()
+            .ok_or("invalid tower_governor quota")?
+    };
     // `use_headers` returns a builder of another type (it does not change this one).
     let governor_headers = builder()
         .use_headers()
@@ -87,6 +96,22 @@ pub(crate) fn router(backend: &Backend, rate: u64) -> Result<Router, Box<dyn std
         .route(
             "/token/in-process/no-headers",
             get(ok).layer(token_bucket(backend, rate, false)?),
+        )
+        .route(
+            "/token/in-process/refused",
+            get(ok).layer(
+                LimitLayer::builder(
+                    backend,
+                    TokenBucketConfig::new(1, Duration::from_secs(3_600), 1),
+                )
+                .name("loadtest.refused")
+                .key(HeaderKey::from_static(API_KEY))
+                .build()?,
+            ),
+        )
+        .route(
+            "/governor/refused",
+            get(ok).layer(GovernorLayer::new(governor_refused)),
         )
         .route("/governor", get(ok).layer(GovernorLayer::new(governor)))
         .route(
