@@ -33,16 +33,17 @@ end
 
 -- The fast path (src/backend/decide/fast.lua): the common case of token_bucket_state and
 -- token_bucket_step in the fewest commands and no tables, deciding exactly as they do.
--- token_bucket_try(value, interval, burst, epoch, cost, now_us), on the key's value alone
+-- token_bucket_try(value, interval, burst, epoch, cost, now_us, keep), on the key's value alone
 -- (`value`: as the caller's GET of the key read it, or the TAT a check before this one
 -- left in the same call), returns true, the tokens left, the µs until full and the new
 -- TAT when the bucket admits the cost with the key's time the server's (no skew, no step
--- back, no block: a blocked key's value is marked, see token_bucket_mark); else false,
+-- back, no block: a blocked key's value is marked, see token_bucket_mark) and, with
+-- `keep` (a priority class's check), `keep` tokens more would fit too; else false,
 -- and the steps decide (a refusal, a skew, a step back, a block). Nothing is written:
 -- token_bucket_commit(KEYS, k, tat, now, tau) stores the new TAT as token_bucket_store does.
 -- (The caller reads the key: for Redis a call of a function costs as much as ten
 -- operations.)
-local function token_bucket_try(value, interval, burst, epoch, cost, now_us)
+local function token_bucket_try(value, interval, burst, epoch, cost, now_us, keep)
   local tat = nil
   if value then
     -- (A skew, a floor or a block's mark: a value of more than one word.)
@@ -67,6 +68,9 @@ local function token_bucket_try(value, interval, burst, epoch, cost, now_us)
   end
   local new_tat = tat + cost * interval
   if new_tat - tau - now > eps then
+    return false
+  end
+  if keep and new_tat + keep * interval - tau - now > eps then
     return false
   end
   local full_in = new_tat - now

@@ -149,8 +149,8 @@ end
 -- `batch` in engine.lua); `cost` and `cost_text` are its cost, as a number and as sent;
 -- `now_us` the time if already read. With `out` (a batch's reply), the limits' admits
 -- go there from `pos`, and it returns the position after them (or nil, what it wrote
--- there the caller's to take back). With `keep` (a priority class's check of one fixed,
--- calendar or rolling window, 'h'), it admits within the limit less `keep`.
+-- there the caller's to take back). With `keep` (a priority class's check of one limit,
+-- 'h'), it admits only when `keep` units more would fit too.
 -- Each limit's own key is all it reads: a blocked key's limits are marked (X_mark: the
 -- engine marks them when it blocks a key, and the fast path leaves a marked key to the
 -- engine), and a fixed window reads the block only when its window starts.
@@ -160,19 +160,20 @@ local function fast_check(KEYS, ARGV, L, k, n, cost, cost_text, now_us, out, pos
     -- at once.
     local kind = L[1]
     local ok, count, t
-    local quota = L[3]
-    if keep then
-      quota = quota - keep
-    end
     if kind == 't' then
       local tat, now, tau
       ok, count, t, tat, now, tau = token_bucket_try(redis.call('GET', KEYS[k + 1]), L[3], L[4],
-        L[5], cost, now_us or unix_us(ARGV))
+        L[5], cost, now_us or unix_us(ARGV), keep)
       if not ok then
         return nil
       end
       token_bucket_commit(KEYS, k + 1, tat, now, tau)
     else
+      -- A window's limit (less what a priority class leaves to others).
+      local quota = L[3]
+      if keep then
+        quota = quota - keep
+      end
       if kind == 'w' then
         -- (L[5]: the offset of an aligned window, nil for one that starts at the first
         -- request.)
@@ -509,10 +510,10 @@ if H[1] == 'c' then
   if out then
     return out
   end
-elseif H[1] == 'h' and #KEYS == 2 and L[1] ~= 't' then
-  -- A priority class's check of one window: within the limit less what the class leaves
+elseif H[1] == 'h' and #KEYS == 2 then
+  -- A priority class's check of one limit: within the limit less what the class leaves
   -- to others (the one extra number, after a calendar window's four boundaries). A
-  -- token bucket's and a set's go to the engine.
+  -- set's goes to the engine.
   local keep = ARGV[L[1] == 'c' and 7 or 3] + 0
   local out = fast_check(KEYS, ARGV, L, 0, 1, H[2], H[4], nil, nil, nil, keep)
   if out then
