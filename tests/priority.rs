@@ -15,8 +15,11 @@ use axum::Router;
 use http::{Request, StatusCode};
 use support::RedisServer;
 use tower::ServiceExt;
-use tower_redis_ratelimit::key::HeaderKey;
-use tower_redis_ratelimit::{Backend, FailurePolicy, LimitLayer, LimitSet, PeriodConfig};
+use tower_redis_ratelimit::key::{HeaderKey, TaggedKey};
+use tower_redis_ratelimit::limit::Plans;
+use tower_redis_ratelimit::{
+    Backend, DynamicLimits, FailurePolicy, LimitLayer, LimitSet, PeriodConfig,
+};
 use tower_redis_ratelimit::{TokenBucketConfig, TokenBucketLayer};
 
 /// The class a request names in `x-priority`: critical 1.0, sheddable 0.6, else 0.85.
@@ -263,4 +266,85 @@ async fn the_fallback_applies_the_classes() {
     assert_eq!(shed, 60);
     let (critical, _) = until_refused(&[&app], "critical").await;
     assert_eq!(critical, 40);
+}
+
+/// A layer of plans and one of limits from a store apply the classes to the limit that
+/// applies to the request: its plan's, or the store's for its key.
+#[tokio::test]
+async fn classes_apply_under_plans_and_dynamic_limits() {
+    let minute = Duration::from_secs(60);
+    let plans = Plans::new(|parts: &http::request::Parts| {
+        parts
+            .headers
+            .get("x-plan")
+            .and_then(|v| v.to_str().ok().map(str::to_owned))
+    })
+    .plan("free".to_owned(), "free", PeriodConfig::new(10, minute))
+    .plan("pro".to_owned(), "pro", PeriodConfig::new(100, minute));
+    let layer = LimitLayer::builder(&Backend::in_process(), plans)
+        .name("api")
+        .key(HeaderKey::from_static("x-tenant"))
+        .priority(class)
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(layer);
+    let sheddable_pro = || {
+        Request::get("/")
+            .header("x-tenant", "t1")
+            .header("x-plan", "pro")
+            .header("x-priority", "sheddable")
+            .body(Body::empty())
+            .unwrap()
+    };
+    let mut admitted = 0;
+    while app.clone().oneshot(sheddable_pro()).await.unwrap().status() == StatusCode::OK {
+        admitted += 1;
+    }
+    assert_eq!(admitted, 60, "60% of the pro plan's 100");
+
+    // The store says 20 for t1: sheddable gets 12.
+    let source = |key: TaggedKey<'_>| {
+        let tenant = key.value().to_vec();
+        async move { Ok::<_, std::io::Error>((tenant == b"t1").then_some(20)) }
+    };
+    let limits = DynamicLimits::new(PeriodConfig::new(100, minute), source);
+    let layer = LimitLayer::builder(&Backend::in_process(), limits)
+        .name("dynamic")
+        .key(HeaderKey::from_static("x-tenant"))
+        .priority(class)
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(layer);
+    let (shed, _) = until_refused(&[&app], "sheddable").await;
+    assert_eq!(shed, 12);
+}
+
+/// A stream limit keeps the class of the request that opened it.
+#[tokio::test]
+async fn a_stream_keeps_its_class() {
+    let layer = LimitLayer::builder(
+        &Backend::in_process(),
+        PeriodConfig::new(10, Duration::from_secs(60)),
+    )
+    .name("messages")
+    .key(HeaderKey::from_static("x-tenant"))
+    .priority(class)
+    .build()
+    .unwrap();
+    let (open, ()) = Request::get("/ws")
+        .header("x-tenant", "t1")
+        .header("x-priority", "sheddable")
+        .body(())
+        .unwrap()
+        .into_parts();
+    let stream = layer.stream(&open).unwrap();
+    let mut admitted = 0;
+    for _ in 0..10 {
+        admitted += usize::from(stream.check(std::num::NonZeroU32::MIN).await.is_admitted());
+    }
+    assert_eq!(admitted, 6);
 }
