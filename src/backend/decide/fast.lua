@@ -72,10 +72,18 @@ end
 -- one does not, take back what it counted). Returns the position after the last
 -- limit's admit, or nil (the general engine decides; what this wrote in `out` is the
 -- caller's to take back). Each limit's values wait in its call's locals (a table for
--- them costs Redis more).
-local function fast_from(KEYS, ARGV, L, k, cost, cost_text, n, i, now_us, bounds_at, out, pos)
+-- them costs Redis more). With `keeps` (a priority class's check), limit i admits only
+-- when keeps[i] units more would fit too.
+local function fast_from(KEYS, ARGV, L, k, cost, cost_text, n, i, now_us, bounds_at, out, pos,
+    keeps)
   local m = L.members[i]
   local kind = m[1]
+  -- What a priority class leaves to others of this limit; a window's limit less that.
+  local keep = keeps and keeps[i]
+  local capacity = m[6]
+  if keep then
+    capacity = capacity - keep
+  end
   -- A member that counts requests spends one.
   local spent, spent_text = cost, cost_text
   if m[3] then
@@ -85,7 +93,7 @@ local function fast_from(KEYS, ARGV, L, k, cost, cost_text, n, i, now_us, bounds
   if kind == 't' then
     now_us = now_us or unix_us(ARGV)
     ok, r1, r2, c1, c2, c3 = token_bucket_try(redis.call('GET', KEYS[k + i]), m[6], m[7], m[8],
-      spent, now_us)
+      spent, now_us, keep)
   elseif kind == 'w' then
     -- A fixed window. (The block is read when the window starts, unless another limit's
     -- mark tells: m[12].)
@@ -93,7 +101,7 @@ local function fast_from(KEYS, ARGV, L, k, cost, cost_text, n, i, now_us, bounds
     if offset then
       now_us = now_us or unix_us(ARGV)
     end
-    ok, r1, r2 = period_try(KEYS, k + i, m[12] and k + n + 1, m[6], m[7], offset, spent,
+    ok, r1, r2 = period_try(KEYS, k + i, m[12] and k + n + 1, capacity, m[7], offset, spent,
       spent_text, now_us)
   elseif kind == 'c' then
     -- A calendar window: one aligned to the end of the window holding now (its
@@ -102,11 +110,11 @@ local function fast_from(KEYS, ARGV, L, k, cost, cost_text, n, i, now_us, bounds
     local deadline, length = calendar_window(ARGV, bounds_at, floor(now_us / 1000))
     bounds_at = bounds_at + 4
     kind = 'w'
-    ok, r1, r2 = period_try(KEYS, k + i, m[12] and k + n + 1, m[6], length, -deadline, spent,
-      spent_text, now_us)
+    ok, r1, r2 = period_try(KEYS, k + i, m[12] and k + n + 1, capacity, length, -deadline,
+      spent, spent_text, now_us)
   else
     now_us = now_us or unix_us(ARGV)
-    ok, r1, r2, c1, c2, c3 = rolling_try(KEYS, k + i, m[6], m[7], m[8], spent, now_us)
+    ok, r1, r2, c1, c2, c3 = rolling_try(KEYS, k + i, capacity, m[7], m[8], spent, now_us)
   end
   if not ok then
     return nil
@@ -120,7 +128,8 @@ local function fast_from(KEYS, ARGV, L, k, cost, cost_text, n, i, now_us, bounds
     after = pos + 3
   end
   if i < n then
-    after = fast_from(KEYS, ARGV, L, k, cost, cost_text, n, i + 1, now_us, bounds_at, out, after)
+    after = fast_from(KEYS, ARGV, L, k, cost, cost_text, n, i + 1, now_us, bounds_at, out, after,
+      keeps)
     if not after then
       -- A later limit does not admit: what a fixed window counted is taken back. (A
       -- window it started, the count the cost: a key that held nothing.)
@@ -149,13 +158,14 @@ end
 -- `batch` in engine.lua); `cost` and `cost_text` are its cost, as a number and as sent;
 -- `now_us` the time if already read. With `out` (a batch's reply), the limits' admits
 -- go there from `pos`, and it returns the position after them (or nil, what it wrote
--- there the caller's to take back). With `keep` (a priority class's check of one limit,
--- 'h'), it admits only when `keep` units more would fit too.
+-- there the caller's to take back). With `keeps` (a priority class's check, 'h': one
+-- number per limit), each limit admits only when its keep would fit too.
 -- Each limit's own key is all it reads: a blocked key's limits are marked (X_mark: the
 -- engine marks them when it blocks a key, and the fast path leaves a marked key to the
 -- engine), and a fixed window reads the block only when its window starts.
-local function fast_check(KEYS, ARGV, L, k, n, cost, cost_text, now_us, out, pos, keep)
+local function fast_check(KEYS, ARGV, L, k, n, cost, cost_text, now_us, out, pos, keeps)
   if n == 1 then
+    local keep = keeps and keeps[1]
     -- One limit (L: its letter, its count of arguments, its arguments): the reply made
     -- at once.
     local kind = L[1]
@@ -214,12 +224,12 @@ local function fast_check(KEYS, ARGV, L, k, n, cost, cost_text, now_us, out, pos
     end
     return { m[11], count, t }
   elseif out then
-    return fast_from(KEYS, ARGV, L, k, cost, cost_text, n, 1, now_us, 3, out, pos)
+    return fast_from(KEYS, ARGV, L, k, cost, cost_text, n, 1, now_us, 3, out, pos, keeps)
   end
   -- (A pair's table made at the size of a packed and a wide admit, the common pair:
   -- a table that grows costs Redis more than two slots emptied.)
   out = n == 2 and { false, false, false, false } or {}
-  local after = fast_from(KEYS, ARGV, L, k, cost, cost_text, n, 1, now_us, 3, out, 1)
+  local after = fast_from(KEYS, ARGV, L, k, cost, cost_text, n, 1, now_us, 3, out, 1, keeps)
   if after then
     for x = after, 4 do
       out[x] = nil
@@ -510,12 +520,19 @@ if H[1] == 'c' then
   if out then
     return out
   end
-elseif H[1] == 'h' and #KEYS == 2 then
-  -- A priority class's check of one limit: within the limit less what the class leaves
-  -- to others (the one extra number, after a calendar window's four boundaries). A
-  -- set's goes to the engine.
-  local keep = ARGV[L[1] == 'c' and 7 or 3] + 0
-  local out = fast_check(KEYS, ARGV, L, 0, 1, H[2], H[4], nil, nil, nil, keep)
+elseif H[1] == 'h' then
+  -- A priority class's check: each limit within what the class leaves to others (one
+  -- extra number per limit, after the calendar windows' four boundaries each).
+  local members, at, keeps = L.members, 3, {}
+  for i = 1, #members do
+    if members[i][1] == 'c' then
+      at = at + 4
+    end
+  end
+  for i = 1, #members do
+    keeps[i] = ARGV[at + i - 1] + 0
+  end
+  local out = fast_check(KEYS, ARGV, L, 0, #KEYS - 1, H[2], H[4], nil, nil, nil, keeps)
   if out then
     return out
   end
