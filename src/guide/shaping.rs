@@ -97,10 +97,9 @@
 //! | a class of 1 | a check as without classes, every shortcut included |
 //!
 //! The cost on Redis (`scripts/bench-engine`, 64 checks in flight, see `BENCHMARKS.md`):
-//! a class's check of one limit takes the fast path, with what the class leaves to others
+//! a class's check takes the fast path, each limit with what the class leaves to others
 //! in its test, and costs Redis about 1.7 times the instructions of a plain check, which
-//! goes in batches at that concurrency (a class's check makes a call of its own); a set's
-//! goes to the general engine, about 3.4 times.
+//! goes in batches at that concurrency where a class's check makes a call of its own.
 //!
 //! While Redis is unreachable, [`FailurePolicy::Fallback`](crate::FailurePolicy::Fallback)
 //! applies each class's fraction to the limits in force (this instance's share of
