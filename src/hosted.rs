@@ -30,6 +30,10 @@ macro_rules! hosted_limiter {
                 $crate::backend::check_priority(&self.$hosts, key, cost, priority)
             }
 
+            fn decides_priority(&self) -> bool {
+                true
+            }
+
             fn peek(
                 &self,
                 key: &[u8],

@@ -86,6 +86,15 @@ pub trait Limiter: Send + Sync + 'static {
         self.check_policy(index, key, cost)
     }
 
+    /// Whether [`check_priority`](Self::check_priority) decides priority classes (the
+    /// built-in limiters do; the default, `false`, makes a layer with classes fail to
+    /// build rather than ignore them).
+    // Plumbing for priority classes; hidden: a limiter of your own needs none of it.
+    #[doc(hidden)]
+    fn decides_priority(&self) -> bool {
+        false
+    }
+
     /// What [`check`](Self::check) of `cost` would answer now, spending nothing. `None`
     /// when this limiter cannot tell (the default); the built-in limiters can, in one
     /// round trip on Redis.
@@ -416,6 +425,10 @@ impl<L: Limiter + ?Sized> Limiter for std::sync::Arc<L> {
         priority: f64,
     ) -> DecisionFuture {
         (**self).check_priority(index, key, cost, priority)
+    }
+
+    fn decides_priority(&self) -> bool {
+        (**self).decides_priority()
     }
 
     fn peek(&self, key: &[u8], cost: NonZeroU32) -> Option<DecisionFuture> {

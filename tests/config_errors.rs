@@ -547,6 +547,18 @@ fn a_layer_without_a_key_does_not_build() {
         "{error:?}"
     );
     in_flight().key(GlobalKey).build().unwrap();
+    // What only a rate limit does fails to build, never ignored.
+    for error in [
+        in_flight()
+            .key(GlobalKey)
+            .wait(std::time::Duration::from_secs(1))
+            .build(),
+        in_flight().key(GlobalKey).priority(|_| 0.5).build(),
+    ]
+    .map(Result::unwrap_err)
+    {
+        assert!(matches!(error, ConfigError::Conflict { .. }), "{error:?}");
+    }
 
     // A rule file without `key` keeps its documented default, the global key.
     parse(

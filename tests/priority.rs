@@ -348,3 +348,44 @@ async fn a_stream_keeps_its_class() {
     }
     assert_eq!(admitted, 6);
 }
+
+/// A limiter of your own has no classes: a layer that names them fails to build rather
+/// than ignore them.
+#[test]
+fn classes_on_a_limiter_of_your_own_do_not_build() {
+    use tower_redis_ratelimit::limit::Algorithm;
+    use tower_redis_ratelimit::{ConfigError, Limiter, PeriodLimiter, Policy};
+
+    /// A built-in limiter wrapped in a limiter of your own.
+    struct Wrapped(PeriodLimiter);
+    impl Limiter for Wrapped {
+        fn policy(&self) -> &Policy {
+            self.0.policy()
+        }
+        fn check(
+            &self,
+            key: &[u8],
+            cost: std::num::NonZeroU32,
+        ) -> tower_redis_ratelimit::DecisionFuture {
+            self.0.check(key, cost)
+        }
+    }
+    struct Mine;
+    impl Algorithm for Mine {
+        type Limiter = Wrapped;
+        fn build(self, backend: &Backend, name: &str) -> Result<Wrapped, ConfigError> {
+            let config = PeriodConfig::new(10, Duration::from_secs(60));
+            Ok(Wrapped(PeriodLimiter::new(backend, name, config)?))
+        }
+    }
+    let backend = Backend::in_process();
+    let mine = || {
+        LimitLayer::builder(&backend, Mine)
+            .name("mine")
+            .key(HeaderKey::from_static("x-tenant"))
+    };
+    let error = mine().priority(class).build().unwrap_err();
+    assert!(matches!(error, ConfigError::Conflict { .. }), "{error:?}");
+    assert!(error.to_string().contains("priority"), "{error}");
+    mine().build().unwrap();
+}

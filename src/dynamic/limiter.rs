@@ -338,6 +338,10 @@ impl<A: WithLimit, S: LimitSource> Limiter for DynamicLimiter<A, S> {
         self.check_priority(0, key, cost, 1.0)
     }
 
+    fn decides_priority(&self) -> bool {
+        self.shared.default.limiter.decides_priority()
+    }
+
     fn check_priority(
         &self,
         _index: usize,

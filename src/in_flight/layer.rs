@@ -137,7 +137,8 @@ impl<K, R> LayerBuilder<InFlightConfig, K, u32, R> {
     /// request), zero slots, a zero slot TTL or `retry_after`, a zero maximum key
     /// length, invalid failure settings, or a setting an in-flight limit has no use for
     /// ([`count_if`](LayerBuilder::count_if), [`settle`](LayerBuilder::settle): a slot is
-    /// given back when the response ends, whatever it was).
+    /// given back when the response ends, whatever it was; [`wait`](LayerBuilder::wait),
+    /// [`priority`](LayerBuilder::priority): those shape a rate limit's checks).
     pub fn build(self) -> Result<InFlightLimitLayer<K, R>, ConfigError>
     where
         K: KeyExtractor,
@@ -148,6 +149,12 @@ impl<K, R> LayerBuilder<InFlightConfig, K, u32, R> {
             return Err(ConfigError::Conflict {
                 reason: "an in-flight limit neither counts by outcome nor settles usage: \
                          `count_if` and `settle` are for rate limits",
+            });
+        }
+        if checked.options.wait.is_some() || checked.options.priority.is_some() {
+            return Err(ConfigError::Conflict {
+                reason: "an in-flight limit neither waits nor has priority classes: \
+                         `wait` and `priority` are for rate limits",
             });
         }
         let limiter = InFlightLimiter::new(&checked.backend, &checked.name, checked.algorithm)?;

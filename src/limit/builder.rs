@@ -261,6 +261,9 @@ impl<A, K, C, R> LayerBuilder<A, K, C, R> {
     /// the deny cache holds is the limit's own and refuses every class. While Redis is
     /// unreachable the fallback applies each class's fraction to the limits in force
     /// (this instance's share of them). A request of class 1 is checked as any other.
+    /// The built-in limiters (their sets, plans and dynamic limits included) decide
+    /// classes; a layer with `priority` over a limiter of your own, or an in-flight layer,
+    /// fails to build.
     ///
     /// ```
     /// use std::time::Duration;
@@ -447,7 +450,8 @@ impl<A: Algorithm, K, C, R> LayerBuilder<A, K, C, R> {
     /// fixed cost (a `u32`) above the capacity of a policy (a fixed window's
     /// quota, a token bucket's burst, a rolling window's limit, a set's smallest member;
     /// on Redis with the [`Fallback`](FailurePolicy::Fallback) policy, also that capacity
-    /// times the fallback share), or any setting of the algorithm that cannot work.
+    /// times the fallback share), [`priority`](Self::priority) on a limiter that has no
+    /// classes (one of your own), or any setting of the algorithm that cannot work.
     pub fn build(self) -> Result<LimitLayer<A::Limiter, K, C, R>, ConfigError>
     where
         K: KeyExtractor,
@@ -477,6 +481,12 @@ impl<A: Algorithm, K, C, R> LayerBuilder<A, K, C, R> {
         // member bounds a request's cost (for a set wrapped in plans too).
         let bound = limiter.bounding_policy();
         check_fixed_cost(&cost, policies.iter().chain(bound), &backend)?;
+        if options.priority.is_some() && !limiter.decides_priority() {
+            return Err(ConfigError::Conflict {
+                reason: "this limiter has no priority classes: `priority` needs a built-in \
+                         limiter (or plans and dynamic limits of them)",
+            });
+        }
         require_key(keyed)?;
         let headers = policies.iter().map(HeaderParts::new).collect();
         let metrics = LayerMetrics::new(policies, |index| limiter.members(index));

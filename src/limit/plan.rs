@@ -280,6 +280,12 @@ where
         self.limiter(index).check_priority(0, key, cost, priority)
     }
 
+    fn decides_priority(&self) -> bool {
+        self.plans
+            .iter()
+            .all(|(_, limiter)| limiter.decides_priority())
+    }
+
     /// What a check under the default (first) plan would answer; a plan's own limiter
     /// ([`plan`](PlanLimiter::plan)) peeks under that plan.
     fn peek(&self, key: &[u8], cost: NonZeroU32) -> Option<DecisionFuture> {

@@ -116,11 +116,12 @@ pub(crate) fn check<T: Hosts + ?Sized>(
 /// [`check`] for a request of a priority class that may use `priority` of each limit:
 /// on Redis, the engine's `h` (one round trip: each limit admits when the cost and what
 /// the class leaves to others fit, and spends the cost), answering the class's
-/// remaining. A cost above the class's part of the capacity can never be admitted. Such a check takes no
-/// shortcut that would answer for another class: no lease, no coalescing or batching,
-/// and its refusal is neither remembered in the deny cache nor a lockout (it did not use
-/// the limit up); a refusal the deny cache holds is the limit's, and refuses every class.
-/// The fallback applies the class's part to the limits in force.
+/// remaining. A cost above the class's part of the capacity can never be admitted.
+/// Such a check takes no shortcut that would answer for another class (no lease, no
+/// coalescing or batching), and its refusal is neither remembered in the deny cache nor
+/// a lockout (it did not use the limit up); a refusal the deny cache holds is the
+/// limit's, and refuses every class. The fallback applies the class's part to the limits
+/// in force.
 pub(crate) fn check_priority<T: Hosts + ?Sized>(
     store: &Arc<T>,
     key: &[u8],
