@@ -118,7 +118,7 @@ pub(crate) fn check<T: Hosts + ?Sized>(
 /// the class leaves to others fit, and spends the cost), answering the class's
 /// remaining. A cost above the class's part of the capacity can never be admitted.
 /// Such a check takes no shortcut that would answer for another class (no lease, no
-/// coalescing or batching), and its refusal is neither remembered in the deny cache nor
+/// coalescing; it may go in a batch, as an item of its own), and its refusal is neither remembered in the deny cache nor
 /// a lockout (it did not use the limit up); a refusal the deny cache holds is the
 /// limit's, and refuses every class. The fallback applies the class's part to the limits
 /// in force.
@@ -152,26 +152,78 @@ pub(crate) fn check_priority<T: Hosts + ?Sized>(
     if let Err(refused) = cached_refusal(&**store, &redis_key) {
         return DecisionFuture::ready(refused);
     }
+    // Batching, as a check's: past the bound of calls in flight, it goes with the next
+    // batch (an item that carries its keeps); else its own call holds a turn.
+    let mut route = None;
+    let after = remote.backend.batch_after();
+    if after > 0 {
+        let on = redis.route(&redis_key);
+        let deadline = redis.call_timeout();
+        let queued = |reply| Queued {
+            redis_key: redis_key.clone(),
+            ask: Ask::Priority(cost, priority),
+            reply,
+        };
+        match remote.batcher.turn(on, after, deadline, queued) {
+            batch::Turn::Queued(part) => {
+                let store = Arc::clone(store);
+                let redis = Arc::clone(redis);
+                return DecisionFuture::pending(async move {
+                    let part = queued_part(part, deadline).await;
+                    conclude_priority(&*store, &redis, part, &redis_key, cost, priority)
+                });
+            }
+            batch::Turn::Call => route = Some(Leader::of_route(store, redis, on)),
+        }
+    }
     let keeps = store.keeps(priority);
     let keys = [(key, &redis_key[..])];
     let call = engine_call_of(&**store, &keys, Op::Priority, cost, 0, &keeps);
     let store = Arc::clone(store);
     let redis = Arc::clone(redis);
-    let key = key.to_vec();
     DecisionFuture::pending(async move {
         let started = std::time::Instant::now();
         let result = redis.eval(&call).await;
-        store.remote().record_duration(started.elapsed());
-        let error = match result {
-            Ok(reply) => match read_reply(&*store, &reply, cost, priority) {
-                Some(decision) => return decision,
-                None => ScriptError::Reply(reply),
-            },
-            Err(error) => error,
-        };
-        report(&*store, &redis, &redis_key, &error);
-        unavailable_priority(&*store, &key, cost, priority)
+        let elapsed = started.elapsed();
+        store.remote().record_duration(elapsed);
+        if let Some(leader) = route {
+            // The checks that queued for this route meanwhile go now.
+            store.remote().batcher.observe(elapsed);
+            leader.hand_over();
+        }
+        let result = result.map_err(Some);
+        conclude_priority(&*store, &redis, result, &redis_key, cost, priority)
     })
+}
+
+/// A priority class's check concluded from its reply (its own call's, or its part of a
+/// batch), or, when the call failed (`Err(Some)`: the error; `Err(None)`: reported by
+/// the batch), by the failure policy; nothing goes into the deny cache.
+fn conclude_priority<T: Hosts + ?Sized, R: std::ops::Deref<Target = [i64]>>(
+    store: &T,
+    redis: &Arc<RedisBackend>,
+    reply: Result<R, Option<ScriptError>>,
+    redis_key: &[u8],
+    cost: NonZeroU32,
+    priority: Priority,
+) -> crate::decision::Decision {
+    let error = match reply {
+        Ok(reply) => match read_reply(store, &reply, cost, priority) {
+            Some(decision) => return decision,
+            None => Some(ScriptError::Reply(reply.to_vec())),
+        },
+        Err(error) => error,
+    };
+    if let Some(error) = error {
+        report(store, redis, redis_key, &error);
+    }
+    // The key, read back from the Redis key (only on this failure path).
+    let key = store
+        .remote()
+        .layout()
+        .key_of(redis_key)
+        .unwrap_or_default();
+    unavailable_priority(store, &key, cost, priority)
 }
 
 /// A check of a key another check's call is in flight for: its part of the key's next

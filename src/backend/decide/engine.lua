@@ -212,8 +212,10 @@ for i = 1, n do
   keeps[i] = 0
 end
 if op == 'h' then
+  -- (A batch's item brings its keeps in its head: H[5].)
+  local given = H[5]
   for i = 1, n do
-    keeps[i] = tonumber(ARGV[at + i - 1])
+    keeps[i] = given and given[i] or tonumber(ARGV[at + i - 1])
   end
   op = 'c'
 end
@@ -432,22 +434,31 @@ end
 -- place[2] on: `place` says, for an item that raises an error, which item it was and
 -- where its reply begins.
 local function batch_from(KEYS, ARGV, L, H, out, place, n, at, step, now_us)
-  local op, text, number = 'c', nil, 0
+  local op, text, number, keeps = 'c', nil, 0, nil
   local from, pos = place[1], place[2]
   for j = from, H[2] do
     place[1], place[2] = j, pos
     local k = (j - 1) * (n + 1)
     -- (The one text of 'K' read once.)
     if j == from or step == 1 then
-      op, text = 'c', ARGV[at + 1 + (j - 1) * step]
-      if string.byte(text) == 115 then
+      op, text, keeps = 'c', ARGV[at + 1 + (j - 1) * step], nil
+      local first = string.byte(text)
+      if first == 115 then
         op, text = 's', string.sub(text, 2)
+      elseif first == 104 then
+        -- A priority class's check: its cost, then each limit's keep, after ':' each.
+        op, keeps = 'h', {}
+        for word in string.gmatch(string.sub(text, 2), '[^:]+') do
+          keeps[#keeps + 1] = word + 0
+        end
+        text = string.match(text, '^h(%d+)')
+        table.remove(keeps, 1)
       end
       number = text + 0
     end
     local after = nil
-    if op == 'c' then
-      after = fast_check(KEYS, ARGV, L, k, n, number, text, now_us, out, pos)
+    if op == 'c' or op == 'h' then
+      after = fast_check(KEYS, ARGV, L, k, n, number, text, now_us, out, pos, keeps)
     else
       local reply = fast_settle(KEYS, ARGV, L, k, n, number, text, now_us)
       if type(reply) == 'number' then
@@ -474,7 +485,8 @@ local function batch_from(KEYS, ARGV, L, H, out, place, n, at, step, now_us)
       for i = 1, n + 1 do
         keys[i] = KEYS[k + i]
       end
-      out[pos] = engine(keys, ARGV, L, { op, number, H[3], text })
+      -- (A priority class's check locks nothing out: its lockout is 0.)
+      out[pos] = engine(keys, ARGV, L, { op, number, keeps and 0 or H[3], text, keeps })
       after = pos + 1
     end
     pos = after
@@ -485,8 +497,9 @@ end
 -- Checks and settlements of several keys of one limiter in one call ('k',
 -- src/backend/decide/batch.rs): the head's count is how many; item j has its n + 1 keys
 -- (its limits', then its block) from KEYS[(j - 1) * (n + 1) + 1], and its text is the
--- j-th of the last `count` arguments (before the caller's time): a check's cost, or a
--- settlement's delta after an 's' ('s-3'); with 'K', every item's text is the one last
+-- j-th of the last `count` arguments (before the caller's time): a check's cost, a
+-- settlement's delta after an 's' ('s-3'), or a priority class's check ('h'), its cost
+-- and then each limit's keep after a ':' each ('h1:40:12'); with 'K', every item's text is the one last
 -- argument (checks that cost the same: an argument costs Redis about as much as a
 -- key). Each is decided as its own call would decide it: by the fast path (its
 -- settlement), else by the engine on its own keys (a refusal, a block, a skew, a

@@ -128,7 +128,11 @@ async fn send_batch<T: Hosts + ?Sized>(
         let pairs: Vec<(&[u8], &[u8])> = keys.iter().map(|(key, rk)| (&key[..], *rk)).collect();
         let asks: Vec<Ask> = batch.iter().map(|item| item.ask).collect();
         // Checks that all cost the same send their cost once.
-        if matches!(asks[0], Ask::Check(_)) && asks.iter().all(|ask| *ask == asks[0]) {
+        if asks.iter().any(|ask| matches!(ask, Ask::Priority(..))) {
+            // A priority class's item carries its limits' keeps.
+            let texts: Vec<Vec<u8>> = asks.iter().map(|ask| ask.text(&**store)).collect();
+            engine_call_of(&**store, &pairs, Op::Batch, batch.len(), lockout, &texts)
+        } else if matches!(asks[0], Ask::Check(_)) && asks.iter().all(|ask| *ask == asks[0]) {
             engine_call_of(
                 &**store,
                 &pairs,
@@ -205,6 +209,11 @@ async fn alone<T: Hosts + ?Sized>(store: &Arc<T>, redis: &Arc<RedisBackend>, bat
                     ),
                     Ask::Settle(delta) => {
                         engine_call(&**store, &key, redis_key, Op::Settle, delta, lockout, &[])
+                    }
+                    Ask::Priority(cost, priority) => {
+                        let keeps = store.keeps(priority);
+                        let keys = [(&key[..], &redis_key[..])];
+                        engine_call_of(&**store, &keys, Op::Priority, cost.get(), 0, &keeps)
                     }
                 };
                 let started = std::time::Instant::now();
