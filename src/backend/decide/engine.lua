@@ -34,7 +34,8 @@
 --   their count in place of the cost and their costs the extra numbers, 'M' several
 --   that all cost the same, their cost the one extra number; 'k' checks and
 --   settlements of several keys at once (`batch`, at the end), 'K' checks of several
---   keys that all cost the same, their cost the one extra number;
+--   keys that all cost the same (of one priority class, if any), their text the one
+--   extra argument;
 -- - count: the cost;
 -- - param: the lockout (ms the key is blocked for when a check is refused; 0: none;
 --   for 'v': the longest wait in µs; for 'l': the lease's size).

@@ -52,9 +52,11 @@ pub(crate) enum Op {
     /// [`Op::Coalesced`] checks that all cost the same, their cost the one extra number.
     SharedCoalesced,
     /// Checks and settlements of several keys of one limiter (`count` of them, each
-    /// one's cost, or `s` and its delta, an extra argument), each decided as its own.
+    /// one's cost, `s` and its delta, or `h`, its cost and its keeps, an extra
+    /// argument), each decided as its own.
     Batch,
-    /// [`Op::Batch`] checks that all cost the same, their cost the one extra number.
+    /// [`Op::Batch`] checks that all cost the same (of one priority class, if any), their
+    /// text the one extra argument.
     SharedBatch,
 }
 

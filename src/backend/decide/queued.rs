@@ -129,9 +129,22 @@ async fn send_batch<T: Hosts + ?Sized>(
         let asks: Vec<Ask> = batch.iter().map(|item| item.ask).collect();
         // Checks that all cost the same send their cost once.
         if asks.iter().any(|ask| matches!(ask, Ask::Priority(..))) {
-            // A priority class's item carries its limits' keeps.
-            let texts: Vec<Vec<u8>> = asks.iter().map(|ask| ask.text(&**store)).collect();
-            engine_call_of(&**store, &pairs, Op::Batch, batch.len(), lockout, &texts)
+            // A priority class's item carries its limits' keeps; the checks of one class
+            // that all cost the same send theirs once too.
+            if asks.iter().all(|ask| *ask == asks[0]) {
+                let text = [asks[0].text(&**store)];
+                engine_call_of(
+                    &**store,
+                    &pairs,
+                    Op::SharedBatch,
+                    batch.len(),
+                    lockout,
+                    &text,
+                )
+            } else {
+                let texts: Vec<Vec<u8>> = asks.iter().map(|ask| ask.text(&**store)).collect();
+                engine_call_of(&**store, &pairs, Op::Batch, batch.len(), lockout, &texts)
+            }
         } else if matches!(asks[0], Ask::Check(_)) && asks.iter().all(|ask| *ask == asks[0]) {
             engine_call_of(
                 &**store,
