@@ -255,9 +255,10 @@ impl<A, K, C, R> LayerBuilder<A, K, C, R> {
     /// of the limit can never be admitted (`ExceedsCapacity`).
     ///
     /// A check of a class below 1 takes no shortcut that could answer for another
-    /// class: it goes to Redis itself (no coalescing, batching or token-bucket lease),
-    /// and its refusal is neither kept in the deny cache nor starts a
-    /// [lockout](crate::PeriodConfig::lockout), since the limit is not used up; a refusal
+    /// class: no coalescing and no token-bucket lease (its checks still go in batches,
+    /// each with its class's part), and its refusal is neither kept in the deny cache
+    /// nor starts a [lockout](crate::PeriodConfig::lockout), since the limit is not used
+    /// up; a refusal
     /// the deny cache holds is the limit's own and refuses every class. While Redis is
     /// unreachable the fallback applies each class's fraction to the limits in force
     /// (this instance's share of them). A request of class 1 is checked as any other.

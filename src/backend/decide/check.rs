@@ -118,7 +118,7 @@ pub(crate) fn check<T: Hosts + ?Sized>(
 /// the class leaves to others fit, and spends the cost), answering the class's
 /// remaining. A cost above the class's part of the capacity can never be admitted.
 /// Such a check takes no shortcut that would answer for another class (no lease, no
-/// coalescing; it may go in a batch, as an item of its own), and its refusal is neither remembered in the deny cache nor
+/// coalescing; it goes in a batch as an item of its own), and its refusal is neither remembered in the deny cache nor
 /// a lockout (it did not use the limit up); a refusal the deny cache holds is the
 /// limit's, and refuses every class. The fallback applies the class's part to the limits
 /// in force.
