@@ -20,7 +20,6 @@ use deadpool_redis::redis::{RedisWrite, ToRedisArgs};
 use tokio::sync::oneshot;
 
 use super::coalesce::Part;
-use super::hosts::Hosts;
 use crate::decision::Priority;
 
 /// The most checks one call carries (the rest go with the next).
@@ -68,29 +67,10 @@ pub(crate) enum Ask {
     Priority(NonZeroU32, Priority),
 }
 
-impl Ask {
-    /// Its text in a batch, for a limiter whose hosts are `store`: as
-    /// [`ToRedisArgs`] writes it, or for a priority class's check `h`, its cost, then
-    /// each limit's keep ([`Hosts::keeps`]), after a `:` each (`h1:40:12`).
-    pub(crate) fn text<T: Hosts + ?Sized>(self, store: &T) -> Vec<u8> {
-        let Self::Priority(cost, priority) = self else {
-            return self.to_redis_args().concat();
-        };
-        let mut digits = itoa::Buffer::new();
-        let mut text = b"h".to_vec();
-        text.extend_from_slice(digits.format(cost.get()).as_bytes());
-        for keep in store.keeps(priority) {
-            text.push(b':');
-            text.extend_from_slice(digits.format(keep).as_bytes());
-        }
-        text
-    }
-}
-
 impl ToRedisArgs for Ask {
     /// Its text in a batch (see `batch` in `engine.lua`): a check's cost, a settlement's
     /// delta after an `s`; a priority class's check, its cost after an `h` (its keeps
-    /// are the limiter's: [`Ask::text`]).
+    /// are the limiter's: `item_text` in `queued.rs`).
     fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
         let mut digits = itoa::Buffer::new();
         match *self {

@@ -132,7 +132,7 @@ async fn send_batch<T: Hosts + ?Sized>(
             // A priority class's item carries its limits' keeps; the checks of one class
             // that all cost the same send theirs once too.
             if asks.iter().all(|ask| *ask == asks[0]) {
-                let text = [asks[0].text(&**store)];
+                let text = [item_text(&**store, asks[0])];
                 engine_call_of(
                     &**store,
                     &pairs,
@@ -142,7 +142,8 @@ async fn send_batch<T: Hosts + ?Sized>(
                     &text,
                 )
             } else {
-                let texts: Vec<Vec<u8>> = asks.iter().map(|ask| ask.text(&**store)).collect();
+                let texts: Vec<Vec<u8>> =
+                    asks.iter().map(|ask| item_text(&**store, *ask)).collect();
                 engine_call_of(&**store, &pairs, Op::Batch, batch.len(), lockout, &texts)
             }
         } else if matches!(asks[0], Ask::Check(_)) && asks.iter().all(|ask| *ask == asks[0]) {
@@ -266,6 +267,23 @@ pub(super) async fn queued_part(part: oneshot::Receiver<Part>, deadline: Duratio
         Ok(Ok(part)) => part,
         _ => Err(None),
     }
+}
+
+/// An item's text in a batch, for a limiter whose hosts are `store`: as
+/// [`Ask`]'s `ToRedisArgs` writes it, or for a priority class's check `h`, its cost, then
+/// each limit's keep ([`Hosts::keeps`]), after a `:` each (`h1:40:12`).
+fn item_text<T: Hosts + ?Sized>(store: &T, ask: Ask) -> Vec<u8> {
+    let Ask::Priority(cost, priority) = ask else {
+        return deadpool_redis::redis::ToRedisArgs::to_redis_args(&ask).concat();
+    };
+    let mut digits = itoa::Buffer::new();
+    let mut text = b"h".to_vec();
+    text.extend_from_slice(digits.format(cost.get()).as_bytes());
+    for keep in store.keeps(priority) {
+        text.push(b':');
+        text.extend_from_slice(digits.format(keep).as_bytes());
+    }
+    text
 }
 
 #[cfg(test)]
